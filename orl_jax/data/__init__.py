@@ -1,0 +1,1 @@
+"""Tasks, tokenizers and grain pipelines."""

@@ -1,0 +1,23 @@
+"""Problems and the verifier interface (DESIGN §2.4)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One task instance. Text only; tokenization happens in the data pipeline."""
+  problem_id: str
+  prompt: str                      # what the model is conditioned on
+  target: str = ""                 # a reference response (SFT target); "" when none exists
+  answer: str | None = None        # gold final answer (arithmetic, GSM8K)
+  tests: str | None = None         # unit tests (HumanEval-style code tasks)
+  entry_point: str | None = None   # function under test (code tasks)
+
+
+class Verifier(Protocol):
+  """Scores finished responses: 1.0 correct, 0.0 otherwise."""
+
+  def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
+    ...

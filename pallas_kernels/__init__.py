@@ -1,0 +1,1 @@
+"""Attention kernels for orl_jax (staircase-masked attention for packed replay)."""

@@ -1,0 +1,85 @@
+"""Per-token metadata of packed rows and the staircase visibility rule (DESIGN §2.5).
+
+Every attention in the project (SFT rows, packed replay, KV-cache decoding, bidirectional
+canvases) is described by two `TokenMeta` — one for the queries, one for the keys — and the rule
+in `staircase_visible`. Simple layouts are special cases:
+
+* bidirectional canvas: every token `kind=PROMPT`, `block=0` -> everyone sees everyone in the
+  segment;
+* block-causal stream: every token `kind=PROMPT` (or CLEAN of one response), `block=pos // b`;
+* a decoding step of block j: queries `kind=STATE, block=j, state_id=s` against the KV cache
+  (`kind=CLEAN/PROMPT`, earlier blocks) plus the step's own keys (`kind=STATE, state_id=s`).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KIND_PAD = 0
+KIND_PROMPT = 1
+KIND_CLEAN = 2
+KIND_STATE = 3
+
+
+class TokenMeta(NamedTuple):
+  """Per-token ids of a packed row. All fields are int32 `[B, T]` (or `[T]`)."""
+  segment: jax.Array   # prompt group; tokens of different segments never interact
+  response: jax.Array  # response index inside the segment, -1 for prompt tokens
+  kind: jax.Array      # KIND_PAD | KIND_PROMPT | KIND_CLEAN | KIND_STATE
+  block: jax.Array     # absolute position // block_size (a state: the block it denoises)
+  state_id: jax.Array  # unique per captured state within a row, -1 for non-state tokens
+
+  @property
+  def shape(self):
+    return self.kind.shape
+
+  def slice(self, start: int, size: int, axis: int = -1) -> "TokenMeta":
+    return TokenMeta(*(jax.lax.slice_in_dim(f, start, start + size, axis=axis) for f in self))
+
+  def concat(self, other: "TokenMeta", axis: int = -1) -> "TokenMeta":
+    return TokenMeta(*(jnp.concatenate([a, b], axis=axis) for a, b in zip(self, other)))
+
+
+def make_meta(kind, block, *, segment=None, response=None, state_id=None) -> TokenMeta:
+  """Builds a TokenMeta, defaulting segment to 0 (1 for non-pad), response and state_id to -1."""
+  kind = jnp.asarray(kind, jnp.int32)
+  block = jnp.broadcast_to(jnp.asarray(block, jnp.int32), kind.shape)
+  full = lambda x, default: (jnp.full(kind.shape, default, jnp.int32) if x is None
+                             else jnp.broadcast_to(jnp.asarray(x, jnp.int32), kind.shape))
+  return TokenMeta(segment=full(segment, 0), response=full(response, -1), kind=kind,
+                   block=block, state_id=full(state_id, -1))
+
+
+def _pairwise(q, k, xp):
+  """Broadcasts q-side [..., Tq] and k-side [..., Tk] ids to [..., Tq, Tk]."""
+  return q[..., :, None], k[..., None, :]
+
+
+def staircase_visible(q: TokenMeta, k: TokenMeta, xp=jnp):
+  """Boolean [..., Tq, Tk]: may query q attend to key k (DESIGN §2.5).
+
+  Works with jax.numpy or numpy (`xp=np`) so kernels, tile maps and tests share one rule.
+  """
+  seg_q, seg_k = _pairwise(q.segment, k.segment, xp)
+  res_q, res_k = _pairwise(q.response, k.response, xp)
+  kind_q, kind_k = _pairwise(q.kind, k.kind, xp)
+  blk_q, blk_k = _pairwise(q.block, k.block, xp)
+  sid_q, sid_k = _pairwise(q.state_id, k.state_id, xp)
+
+  real = (kind_q != KIND_PAD) & (kind_k != KIND_PAD)
+  same_group = (seg_q == seg_k) & ((kind_k == KIND_PROMPT) | (res_k == res_q))
+  q_ctx = (kind_q == KIND_PROMPT) | (kind_q == KIND_CLEAN)
+  k_ctx = (kind_k == KIND_PROMPT) | (kind_k == KIND_CLEAN)
+  q_state = kind_q == KIND_STATE
+  k_state = kind_k == KIND_STATE
+  ctx_ctx = q_ctx & k_ctx & (blk_k <= blk_q)
+  state_ctx = q_state & k_ctx & (blk_k < blk_q)
+  state_state = q_state & k_state & (sid_q == sid_k)
+  return real & same_group & (ctx_ctx | state_ctx | state_state)
+
+
+def to_numpy(meta: TokenMeta) -> TokenMeta:
+  return TokenMeta(*(np.asarray(f) for f in meta))
