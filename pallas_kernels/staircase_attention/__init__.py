@@ -5,3 +5,4 @@ from pallas_kernels.staircase_attention.meta import (KIND_CLEAN, KIND_PAD, KIND_
                                                      staircase_visible)
 from pallas_kernels.staircase_attention.reference import (masked_attention,
                                                           staircase_attention_reference)
+from pallas_kernels.staircase_attention.tile_map import TileMap, build_tile_map

@@ -53,31 +53,31 @@ def make_meta(kind, block, *, segment=None, response=None, state_id=None) -> Tok
                    block=block, state_id=full(state_id, -1))
 
 
-def _pairwise(q, k, xp):
-  """Broadcasts q-side [..., Tq] and k-side [..., Tk] ids to [..., Tq, Tk]."""
-  return q[..., :, None], k[..., None, :]
-
-
 def staircase_visible(q: TokenMeta, k: TokenMeta, xp=jnp):
   """Boolean [..., Tq, Tk]: may query q attend to key k (DESIGN §2.5).
 
   Works with jax.numpy or numpy (`xp=np`) so kernels, tile maps and tests share one rule.
   """
-  seg_q, seg_k = _pairwise(q.segment, k.segment, xp)
-  res_q, res_k = _pairwise(q.response, k.response, xp)
-  kind_q, kind_k = _pairwise(q.kind, k.kind, xp)
-  blk_q, blk_k = _pairwise(q.block, k.block, xp)
-  sid_q, sid_k = _pairwise(q.state_id, k.state_id, xp)
+  q_cols = TokenMeta(*(f[..., :, None] for f in q))
+  k_rows = TokenMeta(*(f[..., None, :] for f in k))
+  return staircase_visible_pairs(q_cols, k_rows)
 
-  real = (kind_q != KIND_PAD) & (kind_k != KIND_PAD)
-  same_group = (seg_q == seg_k) & ((kind_k == KIND_PROMPT) | (res_k == res_q))
-  q_ctx = (kind_q == KIND_PROMPT) | (kind_q == KIND_CLEAN)
-  k_ctx = (kind_k == KIND_PROMPT) | (kind_k == KIND_CLEAN)
-  q_state = kind_q == KIND_STATE
-  k_state = kind_k == KIND_STATE
-  ctx_ctx = q_ctx & k_ctx & (blk_k <= blk_q)
-  state_ctx = q_state & k_ctx & (blk_k < blk_q)
-  state_state = q_state & k_state & (sid_q == sid_k)
+
+def staircase_visible_pairs(q: TokenMeta, k: TokenMeta):
+  """The staircase rule on fields that already broadcast against each other.
+
+  Kernels call this on a `[bq, 1]` query tile and a `[1, bk]` key tile of ids, so the
+  in-kernel mask is the very rule the dense reference uses (one implementation).
+  """
+  real = (q.kind != KIND_PAD) & (k.kind != KIND_PAD)
+  same_group = (q.segment == k.segment) & ((k.kind == KIND_PROMPT) | (k.response == q.response))
+  q_ctx = (q.kind == KIND_PROMPT) | (q.kind == KIND_CLEAN)
+  k_ctx = (k.kind == KIND_PROMPT) | (k.kind == KIND_CLEAN)
+  q_state = q.kind == KIND_STATE
+  k_state = k.kind == KIND_STATE
+  ctx_ctx = q_ctx & k_ctx & (k.block <= q.block)
+  state_ctx = q_state & k_ctx & (k.block < q.block)
+  state_state = q_state & k_state & (q.state_id == k.state_id)
   return real & same_group & (ctx_ctx | state_ctx | state_state)
 
 

@@ -1,0 +1,118 @@
+"""The embedded default: a ~1M-parameter block-diffusion LM on procedural arithmetic.
+
+Launch lines:
+  python launch/train.py --config=configs/tiny.py            # the full demo (base -> eval)
+  python launch/train.py --config=configs/tiny.py:sft        # train the base model only
+  python launch/eval.py  --config=configs/tiny.py:eval --config.model.init_from=PATH
+  python launch/decode.py --config=configs/tiny.py:eval --config.model.init_from=PATH
+
+Variants (`get_config(arg)`):
+  ""/"demo" : SFT base model (reused from the committed `assets/tiny_base` or the work
+              directory when present) then evaluation; writes results.json.
+  "sft"     : masked-diffusion SFT of the base model from scratch (what `make base` runs).
+  "eval"    : evaluation of `model.init_from` with the decoder settings in `eval.settings`.
+  "smoke"   : a few steps of everything on small shapes (tests).
+"""
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.workdir = "work_dirs/tiny"
+  c.dry_run = False
+  c.pipeline = "train"            # "demo": base -> (orl) -> evaluation -> results.json
+
+  c.model = ml_collections.ConfigDict()
+  c.model.family = "block_causal"
+  c.model.d_model = 128
+  c.model.n_layers = 4
+  c.model.n_heads = 4
+  c.model.n_kv_heads = 2
+  c.model.head_dim = 32
+  c.model.mlp_dim = 384
+  c.model.rope_theta = 10000.0
+  c.model.norm_eps = 1e-6
+  c.model.qk_norm = True
+  c.model.tie_embeddings = False
+  c.model.embed_scale = 1.0
+  c.model.dtype = "float32"
+  c.model.param_dtype = "float32"
+  c.model.attention_impl = "auto"
+  c.model.init_from = ""          # checkpoint directory to start from ("" = fresh init)
+  c.model.residual = ml_collections.ConfigDict()
+  c.model.residual.mode = "none"
+  c.model.residual.hidden = 128
+  c.model.residual.scale = 1.0
+  c.model.residual.temperature = 1.0
+  c.model.residual.lr_scale = 0.1
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "tiny"
+  c.task.prompt_len = 32
+  c.task.tiny = ml_collections.ConfigDict(dict(min_ops=2, max_ops=3, max_operand=20,
+                                               max_product_operand=9))
+
+  c.decode = ml_collections.ConfigDict()
+  c.decode.block_size = 32
+  c.decode.gen_length = 32
+  c.decode.rule = "threshold"
+  c.decode.rule_value = 0.9
+  c.decode.temperature = 0.0
+  c.decode.max_steps_per_block = 0
+  c.decode.top_k = 16
+
+  c.train = ml_collections.ConfigDict()
+  c.train.mode = "sft"
+  c.train.steps = 4000
+  c.train.batch_size = 64
+  c.train.lr = 2e-3
+  c.train.warmup_steps = 200
+  c.train.final_lr_fraction = 0.05
+  c.train.b1 = 0.9
+  c.train.b2 = 0.98
+  c.train.weight_decay = 0.01
+  c.train.grad_clip = 1.0
+  c.train.freeze_base = False
+  c.train.log_every = 50
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.n_problems = 512
+  c.eval.batch_size = 128
+  c.eval.settings = ("fixed_steps_1", "threshold_0.9", "threshold_0.7", "entropy_budget_0.5")
+  c.eval.name = "base"            # the model's key in results.json
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 500
+  c.checkpoint.keep = 2
+  c.checkpoint.save_rollouts = False
+
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` reproduces it)
+  return c
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = base_config()
+  arg = arg or "demo"
+  if arg == "demo":
+    c.pipeline = "demo"
+    c.workdir = "work_dirs/tiny_demo"
+  elif arg == "sft":
+    c.train.mode = "sft"
+    c.workdir = "work_dirs/tiny_sft"
+  elif arg == "eval":
+    c.train.mode = "eval"
+    c.workdir = "work_dirs/tiny_eval"
+  elif arg == "smoke":
+    c.workdir = "work_dirs/tiny_smoke"
+    c.model.d_model, c.model.n_layers, c.model.mlp_dim, c.model.head_dim = 32, 2, 64, 8
+    c.decode.block_size = 8
+    c.task.prompt_len = 32
+    c.train.steps, c.train.batch_size, c.train.warmup_steps, c.train.log_every = 4, 8, 2, 2
+    c.checkpoint.every = 2
+    c.eval.n_problems, c.eval.batch_size = 8, 8
+    c.eval.settings = ("fixed_steps_1", "threshold_0.9")
+  else:
+    raise ValueError(f"configs/tiny.py has variants demo, sft, eval, smoke; got {arg!r}")
+  return c

@@ -1,0 +1,87 @@
+"""Config helpers: `validate(config)` and conversions to the frozen dataclasses used in jit.
+
+Configs are `ml_collections.ConfigDict`s defined in `configs/*.py` (`get_config(arg)`).
+`validate` rejects inconsistent settings with one message per problem naming the fields.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from orl_jax.decoding import DecodeConfig
+from orl_jax.models.transformer import ModelConfig
+from orl_jax.residual import MODES as RESIDUAL_MODES
+from orl_jax.unmasking import RULES, UnmaskRule
+from pallas_kernels.staircase_attention import IMPLS
+
+TRAIN_MODES = ("sft", "orl", "rcd_offline", "eval")
+FAMILIES = ("block_causal", "bidirectional")
+
+
+class ConfigError(ValueError):
+  """A config that cannot run; the message names the fields."""
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError listing every inconsistency found."""
+  errors = []
+  m, d, t = config.model, config.decode, config.train
+  check = lambda cond, msg: None if cond else errors.append(msg)
+  check(t.mode in TRAIN_MODES, f"train.mode={t.mode!r} must be one of {TRAIN_MODES}")
+  check(m.family in FAMILIES, f"model.family={m.family!r} must be one of {FAMILIES}")
+  check(m.residual.mode in RESIDUAL_MODES,
+        f"model.residual.mode={m.residual.mode!r} must be one of {RESIDUAL_MODES}")
+  check(m.attention_impl in IMPLS, f"model.attention_impl={m.attention_impl!r} must be one of {IMPLS}")
+  check(m.n_heads % m.n_kv_heads == 0,
+        f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={m.n_kv_heads}")
+  check(d.rule in RULES, f"decode.rule={d.rule!r} must be one of {RULES}")
+  check(d.block_size > 0 and d.gen_length % d.block_size == 0,
+        f"decode.gen_length={d.gen_length} must be a positive multiple of "
+        f"decode.block_size={d.block_size}")
+  check(config.task.prompt_len % d.block_size == 0,
+        f"task.prompt_len={config.task.prompt_len} must be a multiple of "
+        f"decode.block_size={d.block_size} (prompts are left-padded to a block boundary)")
+  check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
+  check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
+  check(t.warmup_steps <= max(t.steps, 1),
+        f"train.warmup_steps={t.warmup_steps} exceeds train.steps={t.steps}")
+  if t.mode == "orl":
+    check(m.residual.mode != "rcd",
+          "train.mode='orl' trains the residual pathway: model.residual.mode must be "
+          "'adapter' or 'none' (the 'rcd' pathway has no parameters)")
+  n_data = config.mesh.data
+  if n_data > 0:
+    check(t.batch_size % n_data == 0,
+          f"train.batch_size={t.batch_size} must be divisible by mesh.data={n_data}")
+  for label in config.eval.settings:
+    try:
+      UnmaskRule.parse(label)
+    except ValueError as e:
+      errors.append(f"eval.settings: {e}")
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id: int) -> ModelConfig:
+  m = config.model
+  return ModelConfig(
+      vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+      n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim, mask_id=mask_id,
+      rope_theta=m.rope_theta, norm_eps=m.norm_eps, qk_norm=m.qk_norm,
+      tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale, family=m.family,
+      block_size=config.decode.block_size, dtype=m.dtype, param_dtype=m.param_dtype,
+      attention_impl=m.attention_impl, residual_mode=m.residual.mode,
+      residual_hidden=m.residual.hidden, residual_scale=m.residual.scale,
+      residual_temperature=m.residual.temperature)
+
+
+def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: int,
+                  rule: UnmaskRule | None = None, temperature: float | None = None,
+                  capture_states: int = 0) -> DecodeConfig:
+  d = config.decode
+  if rule is None:
+    rule = UnmaskRule(d.rule, d.rule_value)
+  return DecodeConfig(gen_length=d.gen_length, block_size=d.block_size, mask_id=mask_id,
+                      eos_id=eos_id, rule=rule,
+                      temperature=d.temperature if temperature is None else temperature,
+                      max_steps_per_block=d.max_steps_per_block, capture_states=capture_states,
+                      top_k=d.top_k)

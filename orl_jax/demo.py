@@ -1,0 +1,69 @@
+"""The embedded default, end to end: base model -> (ORL) -> evaluation -> results.json + plots."""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+from orl_jax import evaluate as eval_lib
+from orl_jax import params_io, plots
+from orl_jax.train import loop
+
+
+def _repo_path(path: str) -> str:
+  if os.path.isabs(path) or os.path.exists(path):
+    return path
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return os.path.join(here, path)
+
+
+def base_params_dir(config, *, progress=True) -> str:
+  """The committed base model if it matches the config, else one trained (and cached) in the
+  work directory by the `sft` stage."""
+  s = loop.setup(config)
+  committed = _repo_path(config.base_checkpoint) if config.base_checkpoint else ""
+  if committed and os.path.exists(os.path.join(committed, params_io.META_FILE)):
+    try:
+      loop.check_compatible(committed, s)
+      return committed
+    except ValueError as e:
+      logging.warning("not using %s: %s", committed, e)
+  cached = os.path.join(config.workdir, "base", "params")
+  if os.path.exists(os.path.join(cached, params_io.META_FILE)):
+    return cached
+  sft_cfg = copy.deepcopy(config)
+  with sft_cfg.unlocked():
+    sft_cfg.train.mode = "sft"
+    sft_cfg.model.residual.mode = "none"
+    sft_cfg.model.init_from = ""
+    sft_cfg.workdir = os.path.join(config.workdir, "base")
+  return loop.train(sft_cfg, progress=progress)
+
+
+def evaluate_params(config, params_dir: str, name: str, *, progress=True) -> dict:
+  """Evaluates the parameters in `params_dir` with `eval.settings`; merges into results.json."""
+  cfg = copy.deepcopy(config)
+  with cfg.unlocked():
+    cfg.model.init_from = params_dir
+  s = loop.setup(cfg)
+  graphdef, params = loop.initial_params(s)
+  results = eval_lib.evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress)
+  return eval_lib.update_results(results_path(config), name, results)
+
+
+def results_path(config) -> str:
+  return os.path.join(config.workdir, "results.json")
+
+
+def run_demo(config, *, progress=True) -> str:
+  """Base model -> evaluation. Prints the table and returns the results.json path."""
+  os.makedirs(config.workdir, exist_ok=True)
+  base = base_params_dir(config, progress=progress)
+  print(f"base model: {base}")
+  all_results = evaluate_params(config, base, "base", progress=progress)
+  png = plots.plot_frontier(all_results, os.path.join(config.workdir, "accuracy_vs_tpf.png"))
+  print(eval_lib.format_table(all_results))
+  print(f"plot: {png}")
+  path = results_path(config)
+  print(f"results: {os.path.abspath(path)}")
+  return path

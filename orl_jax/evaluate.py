@@ -1,0 +1,108 @@
+"""Evaluation (DESIGN §6): accuracy, mean and pooled TPF, NFE, TPS per decoder setting.
+
+TPS is generated tokens / wall seconds of the jitted decoder after an ahead-of-time compile
+(compilation excluded); verification and detokenisation are not timed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from orl_jax import config as config_lib
+from orl_jax.data.pipeline import encode_prompts
+from orl_jax.decoding import make_decoder
+from orl_jax.unmasking import UnmaskRule
+
+
+def _batches(n: int, batch_size: int):
+  for start in range(0, n, batch_size):
+    yield start, min(start + batch_size, n)
+
+
+def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, *,
+                    batch_size: int, temperature: float = 0.0, seed: int = 0, progress=False):
+  """Decodes `problems`; returns host arrays (tokens, nfe, n_generated) and decode seconds."""
+  tok = task.tokenizer
+  dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id, rule=rule,
+                                  temperature=temperature)
+  prompts, valid = encode_prompts(problems, tok, config.task.prompt_len)
+  n = len(problems)
+  pad = (-n) % batch_size  # static batch shape: pad the last batch by repeating the first rows
+  prompts = np.concatenate([prompts, prompts[:pad]]) if pad else prompts
+  valid = np.concatenate([valid, valid[:pad]]) if pad else valid
+  run = make_decoder(graphdef, dcfg)
+  key = jax.random.key(seed)
+  compiled = run.lower(params, prompts[:batch_size], valid[:batch_size], key).compile()
+  outs, seconds = [], 0.0
+  it = _batches(len(prompts), batch_size)
+  for i, (s, e) in enumerate(tqdm(list(it), desc=f"eval {rule.label}", disable=not progress,
+                                  leave=False)):
+    t0 = time.perf_counter()
+    out = compiled(params, prompts[s:e], valid[s:e], jax.random.fold_in(key, i))
+    out = jax.block_until_ready(out)
+    seconds += time.perf_counter() - t0
+    outs.append(jax.device_get((out.tokens, out.nfe, out.n_generated)))
+  tokens, nfe, n_gen = (np.concatenate(x)[:n] for x in zip(*outs))
+  return tokens, nfe, n_gen, seconds
+
+
+def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule, *,
+                     batch_size: int, progress=False) -> dict:
+  tokens, nfe, n_gen, seconds = decode_problems(graphdef, params, problems, task, config, rule,
+                                                batch_size=batch_size, progress=progress)
+  texts = [task.tokenizer.decode(t, stop_at_eos=True) for t in tokens]
+  scores = np.asarray(task.verifier.score_batch(problems, texts), np.float64)
+  nfe = np.maximum(nfe, 1)
+  return {
+      "accuracy": float(scores.mean()),
+      "tpf_mean": float(np.mean(n_gen / nfe)),
+      "tpf_pooled": float(n_gen.sum() / nfe.sum()),
+      "nfe_mean": float(nfe.mean()),
+      "tokens_mean": float(n_gen.mean()),
+      "tps": float(n_gen.sum() / max(seconds, 1e-9)),
+      "n_problems": len(problems),
+      "batch_size": batch_size,
+      "device": jax.devices()[0].device_kind,
+      "examples": [{"prompt": p.prompt, "response": r, "score": float(s)}
+                   for p, r, s in list(zip(problems, texts, scores))[:3]],
+  }
+
+
+def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progress=True) -> dict:
+  problems = task.eval_problems()[:config.eval.n_problems]
+  return {label: evaluate_setting(graphdef, params, problems, task, config,
+                                  UnmaskRule.parse(label), batch_size=config.eval.batch_size,
+                                  progress=progress)
+          for label in settings}
+
+
+def update_results(path: str, model_name: str, results: dict) -> dict:
+  """Merges `{model_name: results}` into the JSON file at `path` (created if missing)."""
+  all_results = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      all_results = json.load(f)
+  all_results[model_name] = results
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(all_results, f, indent=2)
+  os.replace(tmp, path)
+  return all_results
+
+
+def format_table(all_results: dict) -> str:
+  """A plain-text table: model, setting, accuracy, TPF (mean / pooled), NFE, TPS."""
+  head = f"{'model':<14} {'decoder':<22} {'acc':>6} {'tpf_mean':>9} {'tpf_pool':>9} {'nfe':>6} {'tps':>9}"
+  lines = [head, "-" * len(head)]
+  for model, settings in all_results.items():
+    for label, r in settings.items():
+      lines.append(f"{model:<14} {label:<22} {r['accuracy']:>6.3f} {r['tpf_mean']:>9.2f} "
+                   f"{r['tpf_pooled']:>9.2f} {r['nfe_mean']:>6.1f} {r['tps']:>9.0f}")
+  return "\n".join(lines)

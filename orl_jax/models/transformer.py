@@ -1,0 +1,243 @@
+"""One NNX transformer for every DLM family (DESIGN §4).
+
+Switches: GQA, optional per-head q/k RMSNorm before RoPE (Qwen3), partial RoPE, tied or untied
+head, embedding scale, residual pathway mode. Attention always goes through the staircase
+dispatch with per-token metadata, so training rows, KV-cache decoding and bidirectional canvases
+share one code path.
+
+Cache protocol (`cache_mode`):
+* ``None``    — self-attention among the given tokens (q_meta == k_meta).
+* ``"read"``  — keys are the cache followed by the tokens' own keys; the cache is unchanged
+               (a denoising step of the active block).
+* ``"write"`` — the tokens' keys are written into the cache at `cache_offset`, then the tokens
+               attend to the whole cache (prompt prefill; the commit forward of a finished block).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from orl_jax import residual as residual_lib
+from orl_jax.residual import Residual, ResidualAdapter, RMSNorm
+from pallas_kernels.staircase_attention import KIND_PAD, TokenMeta, attention
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  mask_id: int
+  rope_theta: float = 10000.0
+  rope_fraction: float = 1.0        # share of head_dim that is rotated (LLaDA2: 0.5)
+  norm_eps: float = 1e-6
+  qk_norm: bool = False
+  tie_embeddings: bool = False
+  embed_scale: float = 1.0
+  family: str = "block_causal"      # block_causal | bidirectional
+  block_size: int = 32
+  dtype: str = "float32"            # compute dtype
+  param_dtype: str = "float32"
+  attention_impl: str = "auto"
+  residual_mode: str = "none"       # none | rcd | adapter
+  residual_hidden: int = 0          # adapter width F_r (0 -> d_model)
+  residual_scale: float = 1.0
+  residual_temperature: float = 1.0
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+
+class KVCache(NamedTuple):
+  k: jax.Array      # [L, B, Tc, Hkv, Dh]
+  v: jax.Array      # [L, B, Tc, Hkv, Dh]
+  meta: TokenMeta   # [B, Tc] metadata of what is stored (KIND_PAD where nothing is)
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
+  shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.head_dim)
+  zeros = jnp.zeros((batch, length), jnp.int32)
+  meta = TokenMeta(segment=zeros, response=zeros - 1, kind=zeros + KIND_PAD, block=zeros,
+                   state_id=zeros - 1)
+  return KVCache(jnp.zeros(shape, cfg.compute_dtype), jnp.zeros(shape, cfg.compute_dtype), meta)
+
+
+def apply_rope(x, positions, theta: float, fraction: float = 1.0):
+  """Half-split (non-interleaved) RoPE in f32. x: [B, T, H, Dh]; positions: [B, T]."""
+  dh = x.shape[-1]
+  rot = int(dh * fraction) // 2 * 2
+  half = rot // 2
+  freqs = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / rot))
+  angles = positions.astype(jnp.float32)[..., None] * freqs        # [B, T, half]
+  cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+  xf = x.astype(jnp.float32)
+  x1, x2, rest = xf[..., :half], xf[..., half:rot], xf[..., rot:]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
+  return out.astype(x.dtype)
+
+
+def _linear(cfg: ModelConfig, i: int, o: int, rngs: nnx.Rngs, **kw):
+  return nnx.Linear(i, o, use_bias=False, dtype=cfg.compute_dtype,
+                    param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs, **kw)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * cfg.head_dim, rngs)
+    self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, rngs)
+    self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, rngs)
+    self.o_proj = _linear(cfg, cfg.n_heads * cfg.head_dim, cfg.d_model, rngs)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
+      self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
+
+  def __call__(self, x, positions, meta: TokenMeta, layer_cache, cache_meta, cache_mode,
+               cache_offset):
+    cfg = self.cfg
+    b, t, _ = x.shape
+    q = self.q_proj(x).reshape(b, t, cfg.n_heads, cfg.head_dim)
+    k = self.k_proj(x).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    v = self.v_proj(x).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:  # Qwen3: per-head norm before RoPE
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_fraction)
+    k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_fraction)
+    new_cache = layer_cache
+    if cache_mode is None:
+      keys, values, k_meta = k, v, meta
+    elif cache_mode == "read":
+      ck, cv = layer_cache
+      keys = jnp.concatenate([ck, k.astype(ck.dtype)], axis=1)
+      values = jnp.concatenate([cv, v.astype(cv.dtype)], axis=1)
+      k_meta = cache_meta.concat(meta)
+    elif cache_mode == "write":
+      ck, cv = layer_cache
+      keys = jax.lax.dynamic_update_slice_in_dim(ck, k.astype(ck.dtype), cache_offset, axis=1)
+      values = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), cache_offset, axis=1)
+      k_meta = cache_meta  # already updated by the caller
+      new_cache = (keys, values)
+    else:
+      raise ValueError(f"unknown cache_mode {cache_mode!r}")
+    out = attention(q, keys.astype(q.dtype), values.astype(q.dtype), meta, k_meta,
+                    impl=cfg.attention_impl)
+    return self.o_proj(out.reshape(b, t, cfg.n_heads * cfg.head_dim)), new_cache
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.gate_proj = _linear(cfg, cfg.d_model, cfg.mlp_dim, rngs)
+    self.up_proj = _linear(cfg, cfg.d_model, cfg.mlp_dim, rngs)
+    self.down_proj = _linear(cfg, cfg.mlp_dim, cfg.d_model, rngs)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    pd = jnp.dtype(cfg.param_dtype)
+    self.input_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    self.attn = Attention(cfg, rngs)
+    self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x, positions, meta, layer_cache, cache_meta, cache_mode, cache_offset):
+    h, new_cache = self.attn(self.input_norm(x), positions, meta, layer_cache, cache_meta,
+                             cache_mode, cache_offset)
+    x = x + h
+    return x + self.mlp(self.post_attn_norm(x)), new_cache
+
+
+class ForwardOutput(NamedTuple):
+  logits: jax.Array               # [B, T, V] f32
+  cache: KVCache | None
+  residual_norm_ratio: jax.Array  # scalar, DESIGN §2.1 metric
+
+
+class Transformer(nnx.Module):
+  """Decoder stack with the residual pathway on its input embeddings."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    pd = jnp.dtype(cfg.param_dtype)
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=pd,
+                           embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    if not cfg.tie_embeddings:
+      self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs)
+    if cfg.residual_mode not in residual_lib.MODES:
+      raise ValueError(f"model.residual.mode must be one of {residual_lib.MODES}, "
+                       f"got {cfg.residual_mode!r}")
+    if cfg.residual_mode == "adapter":
+      self.adapter = ResidualAdapter(cfg.d_model, cfg.residual_hidden or cfg.d_model, cfg.norm_eps,
+                                     dtype=cfg.compute_dtype, param_dtype=pd, rngs=rngs)
+
+  @property
+  def embedding_table(self) -> jax.Array:
+    """[V, D] input embedding table (unscaled)."""
+    return self.embed.embedding[...]
+
+  def embed_inputs(self, tokens, residual: Residual | None):
+    cfg = self.cfg
+    embeds = self.embed(tokens) * jnp.asarray(cfg.embed_scale, cfg.compute_dtype)
+    mask_embed = (self.embedding_table[cfg.mask_id] * cfg.embed_scale).astype(cfg.compute_dtype)
+    return residual_lib.residual_inputs(
+        cfg.residual_mode, embeds, mask_embed, tokens == cfg.mask_id, residual,
+        getattr(self, "adapter", None), cfg.residual_scale)
+
+  def head(self, x):
+    if self.cfg.tie_embeddings:
+      return jnp.einsum("btd,vd->btv", x, self.embedding_table.astype(x.dtype),
+                        preferred_element_type=jnp.float32)
+    return self.lm_head(x).astype(jnp.float32)
+
+  def hidden_states(self, tokens, positions, meta: TokenMeta, *, residual: Residual | None = None,
+                    cache: KVCache | None = None, cache_mode: str | None = None,
+                    cache_offset=0):
+    """Final-normed hidden states [B, T, D] (logits are `head(...)` of these; the chunked
+    large-vocabulary losses call this to avoid materialising [B, T, V])."""
+    x, norm_ratio = self.embed_inputs(tokens, residual)
+    cache_meta = None
+    if cache is not None:
+      cache_meta = cache.meta
+      if cache_mode == "write":
+        cache_meta = TokenMeta(*(jax.lax.dynamic_update_slice_in_dim(c, m.astype(c.dtype),
+                                                                     cache_offset, axis=1)
+                                 for c, m in zip(cache.meta, meta)))
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+      x, layer_cache = layer(x, positions, meta, layer_cache, cache_meta, cache_mode, cache_offset)
+      if cache_mode == "write":
+        new_k.append(layer_cache[0])
+        new_v.append(layer_cache[1])
+    new_cache = cache
+    if cache_mode == "write":
+      new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), cache_meta)
+    return self.final_norm(x), new_cache, norm_ratio
+
+  def __call__(self, tokens, positions, meta: TokenMeta, *, residual: Residual | None = None,
+               cache: KVCache | None = None, cache_mode: str | None = None,
+               cache_offset=0) -> ForwardOutput:
+    h, new_cache, norm_ratio = self.hidden_states(tokens, positions, meta, residual=residual,
+                                                  cache=cache, cache_mode=cache_mode,
+                                                  cache_offset=cache_offset)
+    return ForwardOutput(self.head(h), new_cache, norm_ratio)
+
+
+def count_params(model: nnx.Module) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -1,0 +1,154 @@
+"""Training entry points: `train(config)` for SFT (and, later, ORL / offline RCD), `run_demo`.
+
+One obvious loop: data -> jitted step -> metrics -> checkpoint. The step RNG is
+`fold_in(base_key, step)`, the data stream is a pure function of the iterator state, and both
+are checkpointed, so a killed run resumes exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from tqdm.auto import tqdm
+
+from orl_jax import config as config_lib
+from orl_jax import params_io
+from orl_jax import sharding as sharding_lib
+from orl_jax.batch import weighted_cross_entropy
+from orl_jax.checkpoint import Checkpointer, abstract_like
+from orl_jax.data.pipeline import train_dataset
+from orl_jax.metrics import MetricsWriter
+from orl_jax.tasks import get_task
+from orl_jax.train import sft
+from orl_jax.train.state import create_train_state, init_model_params, make_optimizer, make_train_step
+
+
+@dataclasses.dataclass
+class Setup:
+  """What every run derives from its config."""
+  config: ml_collections.ConfigDict
+  task: object
+  model_cfg: object
+  mesh: object
+
+  @property
+  def tokenizer(self):
+    return self.task.tokenizer
+
+
+def setup(config) -> Setup:
+  config_lib.validate(config)
+  task = get_task(config.task)
+  tok = task.tokenizer
+  model_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  return Setup(config, task, model_cfg, mesh)
+
+
+def initial_params(s: Setup):
+  """(graphdef, params): fresh, or loaded from `model.init_from` (missing adapter weights keep
+  their zero-output initialisation)."""
+  graphdef, params = init_model_params(s.model_cfg, s.config.seed)
+  if s.config.model.init_from:
+    check_compatible(s.config.model.init_from, s)
+    params, kept = params_io.load_params(s.config.model.init_from, params)
+    if kept:
+      logging.info("initialised from %s; freshly initialised: %s", s.config.model.init_from, kept)
+  return graphdef, params
+
+
+def check_compatible(params_dir: str, s: Setup) -> None:
+  meta = params_io.read_meta(params_dir)
+  vocab = meta.get("vocab_hash")
+  if vocab and hasattr(s.tokenizer, "vocab_hash") and vocab != s.tokenizer.vocab_hash():
+    raise ValueError(f"{params_dir} was trained with another vocabulary (hash {vocab}, the "
+                     f"tokenizer has {s.tokenizer.vocab_hash()}); retrain it with `make base`")
+
+
+def sft_loss(model, batch, key, *, block_size: int, mask_id: int):
+  pb = sft.sft_batch(key, batch["prompt_tokens"], batch["prompt_valid"], batch["response"],
+                     block_size=block_size, mask_id=mask_id)
+  logits = model(pb.tokens, pb.positions, pb.meta).logits
+  total, nll = weighted_cross_entropy(logits, pb.targets, pb.ce_weight)
+  masked = pb.ce_weight > 0
+  acc = jnp.argmax(logits, -1) == pb.targets
+  metrics = {"masked_nll": jnp.sum(nll * masked) / jnp.sum(masked),
+             "masked_acc": jnp.sum(acc * masked) / jnp.sum(masked)}
+  return total / pb.tokens.shape[0], metrics
+
+
+def params_meta(s: Setup, extra: dict | None = None) -> dict:
+  meta = {"model": dataclasses.asdict(s.model_cfg), "task": s.config.task.to_dict(),
+          "decode": s.config.decode.to_dict()}
+  if hasattr(s.tokenizer, "vocab_hash"):
+    meta["vocab_hash"] = s.tokenizer.vocab_hash()
+  meta.update(extra or {})
+  return meta
+
+
+def train(config, *, progress: bool = True, stop_after: int | None = None) -> str:
+  """Runs `config.train.mode` ('sft') to `train.steps`, resuming from the work directory's
+  latest checkpoint. Returns the folder of the exported final parameters.
+
+  `stop_after` ends the run early after that many steps (tests use it to simulate a kill).
+  """
+  s = setup(config)
+  if config.train.mode == "orl":
+    from orl_jax.train import orl
+    return orl.train_orl(s, progress=progress, stop_after=stop_after)
+  if config.train.mode != "sft":
+    raise ValueError(f"train() runs train.mode 'sft' or 'orl', got {config.train.mode!r}")
+  tc, workdir = config.train, config.workdir
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+
+  optimizer = make_optimizer(tc, config.model.residual.lr_scale, tc.freeze_base)
+  graphdef, params = initial_params(s)
+  graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
+                                                 params=params)
+  data = train_dataset(s.task.train_problem, s.tokenizer, prompt_len=config.task.prompt_len,
+                       gen_length=config.decode.gen_length, batch_size=tc.batch_size,
+                       shard_index=jax.process_index(), shard_count=jax.process_count())
+  data_iter = iter(data)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), every=config.checkpoint.every,
+                      keep=config.checkpoint.keep)
+  start = ckpt.latest_step() or 0
+  if start:
+    state, _ = ckpt.restore(start, abstract_like(state), data_iter)
+    logging.info("resumed from step %d", start)
+
+  loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
+                                               block_size=config.decode.block_size,
+                                               mask_id=s.model_cfg.mask_id)
+  step_fn = make_train_step(graphdef, optimizer, loss_fn, s.mesh, state_sh)
+  base_key = jax.random.key(config.seed)
+  writer = MetricsWriter(workdir)
+  last = tc.steps if stop_after is None else min(tc.steps, stop_after)
+  bar = tqdm(total=tc.steps, initial=start, desc="sft", disable=not progress, dynamic_ncols=True)
+  t0, step = time.perf_counter(), start
+  while step < last:
+    batch = sharding_lib.shard_batch(next(data_iter), s.mesh)
+    state, metrics = step_fn(state, batch, base_key)
+    step += 1
+    bar.update(1)
+    if step % tc.log_every == 0 or step == last:
+      scalars = writer.write(step, dict(metrics, steps_per_s=(step - start) / (time.perf_counter() - t0)))
+      bar.set_postfix(loss=f"{scalars['loss']:.3f}", acc=f"{scalars['masked_acc']:.3f}")
+    if ckpt.should_save(step, final=step == last):
+      ckpt.save(step, state, data_iter)
+  bar.close()
+  ckpt.close()
+  writer.close()
+  out = os.path.join(workdir, "params")
+  if jax.process_index() == 0:
+    params_io.save_params(out, jax.device_get(state.params),
+                          params_meta(s, {"train_steps": int(step), "seed": config.seed}))
+  return out

@@ -1,0 +1,66 @@
+"""Unmasking rules (DESIGN §2.2 step 3): which masked positions a denoising step commits.
+
+Shared by evaluation decoding and rollouts. All functions are pure and batched over rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+RULES = ("threshold", "entropy_budget", "fixed_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class UnmaskRule:
+  name: str = "threshold"   # threshold | entropy_budget | fixed_steps
+  value: float = 0.9        # tau, gamma, or k
+
+  def __post_init__(self):
+    if self.name not in RULES:
+      raise ValueError(f"decode.rule must be one of {RULES}, got {self.name!r}")
+
+  @property
+  def label(self) -> str:
+    """Results key, e.g. 'threshold_0.9', 'entropy_budget_0.5', 'fixed_steps_1'."""
+    v = int(self.value) if self.name == "fixed_steps" else self.value
+    return f"{self.name}_{v}"
+
+  @classmethod
+  def parse(cls, label: str) -> "UnmaskRule":
+    for name in RULES:
+      if label.startswith(name + "_"):
+        return cls(name, float(label[len(name) + 1:]))
+    raise ValueError(f"cannot parse decoder setting {label!r}; expected e.g. 'threshold_0.9', "
+                     f"'entropy_budget_0.5' or 'fixed_steps_1'")
+
+
+def select_commits(rule: UnmaskRule, masked, confidence, entropy):
+  """Boolean [B, b]: positions to commit this step.
+
+  masked: [B, b] bool, still-masked positions; confidence: [B, b] probability of each position's
+  candidate token; entropy: [B, b] normalized entropy of each position's distribution.
+  Every row with at least one masked position commits at least one (the most confident, or
+  for entropy_budget the lowest-entropy one).
+  """
+  if rule.name == "entropy_budget":
+    score = -entropy
+  else:
+    score = confidence
+  score = jnp.where(masked, score, -jnp.inf)
+  order = jnp.argsort(-score, axis=-1, stable=True)          # best first
+  rank = jnp.argsort(order, axis=-1, stable=True)            # rank of each position
+  n_masked = jnp.sum(masked, axis=-1)
+  if rule.name == "threshold":
+    n_take = jnp.sum(masked & (confidence >= rule.value), axis=-1)
+  elif rule.name == "fixed_steps":
+    n_take = jnp.minimum(jnp.int32(rule.value), n_masked)
+  else:  # entropy_budget: longest ascending-entropy prefix with cumsum(H) - max(H) <= gamma
+    h_sorted = jnp.take_along_axis(jnp.where(masked, entropy, jnp.inf), order, axis=-1)
+    h_sorted = jnp.where(jnp.isfinite(h_sorted), h_sorted, 0.0)
+    in_prefix = (jnp.cumsum(h_sorted, axis=-1) - h_sorted) <= rule.value
+    valid = jnp.arange(masked.shape[-1])[None, :] < n_masked[:, None]
+    n_take = jnp.sum(jnp.cumprod(in_prefix & valid, axis=-1), axis=-1)
+  n_take = jnp.clip(n_take, jnp.minimum(1, n_masked), n_masked)
+  return masked & (rank < n_take[:, None])

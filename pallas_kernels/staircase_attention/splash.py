@@ -1,0 +1,110 @@
+"""Staircase attention through JAX's TPU splash attention (DESIGN §3, §8).
+
+Splash takes one mask per kernel, shared by the whole batch, and tiles of 128. The staircase
+depends on each row's metadata, so every batch row gets its own kernel:
+
+* concrete metadata (an eager call, or metadata packed on the host): a dense `NumpyMask` per
+  distinct row, whose block sparsity splash precomputes on the host (kernels are cached);
+* traced metadata (under `jit` / `shard_map`): splash's dynamic-mask path, which takes the dense
+  [Tq, Tk] mask as an array and still skips empty 128-blocks, at the price of storing the mask.
+
+A computable mask (`_ComputableMask`) is not used: its mask function sees only positions, and a
+Pallas TPU kernel cannot close over the per-row metadata arrays.
+
+Splash leaves queries that see no key undefined (0/0 or a mean of values), so their outputs are
+zeroed afterwards; with a zero cotangent they receive zero gradients, like the reference.
+GQA runs as splash MQA per key/value head.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+from pallas_kernels.staircase_attention import block_sparse
+from pallas_kernels.staircase_attention.meta import TokenMeta, staircase_visible
+
+TILE = 128
+
+
+def _block_sizes(tq: int, tk: int) -> splash.BlockSizes:
+  bq, bk = min(TILE, tq), min(TILE, tk)
+  return splash.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq,
+                           block_kv_dkv=bk, block_kv_dkv_compute=bk, block_q_dq=bq,
+                           block_kv_dq=bk)
+
+
+@functools.lru_cache(maxsize=64)
+def _static_kernel(mask_bytes: bytes, tq: int, tk: int, groups: int, interpret: bool):
+  """An MQA splash kernel for one row's dense mask (host-side block analysis, cached)."""
+  dense = np.frombuffer(mask_bytes, np.bool_).reshape(tq, tk)
+  heads = mask_lib.MultiHeadMask([mask_lib.NumpyMask(dense)] * groups)
+  return splash.make_splash_mqa_single_device(heads, block_sizes=_block_sizes(tq, tk),
+                                              interpret=interpret)
+
+
+def _dynamic_kernel(visible, groups: int, interpret: bool):
+  """An MQA splash kernel for a traced [Tq, Tk] mask."""
+  tq, tk = visible.shape
+  heads = jnp.broadcast_to(visible, (groups, tq, tk))
+  kernel = splash.make_splash_mqa_single_device(heads, block_sizes=_block_sizes(tq, tk),
+                                                interpret=interpret)
+  # JAX 0.10 stores the `is_dynamic_mask` flag as an array, which is a tracer under jit and
+  # breaks splash's Python branch on it; it is known statically here.
+  infos = (kernel.fwd_mask_info, kernel.dq_mask_info, kernel.dkv_mask_info)
+  infos = [i if i is None else i._replace(is_dynamic_mask=True) for i in infos]
+  return splash.SplashAttentionKernel(*infos, **kernel.kwargs)
+
+
+def _concrete(meta: TokenMeta):
+  """The metadata as numpy, or None when it is traced."""
+  try:
+    return TokenMeta(*(np.asarray(f) for f in meta))
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return None
+
+
+def unsupported(q, k, v) -> str | None:
+  reason = block_sparse.check_shapes(q, k, v)
+  if reason:
+    return reason
+  tq, tk = q.shape[1], k.shape[1]
+  if tq % TILE or tk % TILE:
+    return f"splash needs sequence lengths that are multiples of {TILE}, got ({tq}, {tk})"
+  return None
+
+
+def staircase_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale=None, *,
+                        interpret: bool = False):
+  """Staircase attention with splash. q [B,Tq,Hq,Dh], k/v [B,Tk,Hkv,Dh] -> [B,Tq,Hq,Dh].
+
+  Returns a reason string instead when splash cannot run the case.
+  """
+  reason = unsupported(q, k, v)
+  if reason:
+    return reason
+  b, tq, hq, dh = q.shape
+  tk, hkv = k.shape[1], k.shape[2]
+  groups = hq // hkv
+  scale = dh ** -0.5 if scale is None else scale
+  q_np, k_np = _concrete(q_meta), _concrete(k_meta)
+  static = q_np is not None and k_np is not None
+  visible = (staircase_visible(q_np, k_np, xp=np) if static
+             else staircase_visible(q_meta, k_meta))              # [B, Tq, Tk]
+  # [B, Hkv, groups, Tq, Dh]: splash does not scale logits, so q is pre-scaled.
+  q_heads = (q * scale).astype(q.dtype).reshape(b, tq, hkv, groups, dh).transpose(0, 2, 3, 1, 4)
+  k_heads, v_heads = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, Tk, Dh]
+  rows = []
+  for row in range(b):
+    kernel = (_static_kernel(np.ascontiguousarray(visible[row]).tobytes(), tq, tk, groups,
+                             interpret) if static
+              else _dynamic_kernel(visible[row], groups, interpret))
+    rows.append(jax.vmap(kernel)(q_heads[row], k_heads[row], v_heads[row]))
+  out = jnp.stack(rows)                                            # [B, Hkv, groups, Tq, Dh]
+  out = out.transpose(0, 3, 1, 2, 4).reshape(b, tq, hq, dh)
+  sees_any = jnp.any(jnp.asarray(visible), axis=-1)[:, :, None, None]
+  return jnp.where(sees_any, out, 0).astype(q.dtype)

@@ -1,0 +1,77 @@
+"""Small shared builders for tests."""
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from orl_jax.models import ModelConfig, Transformer
+from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
+                                                TokenMeta)
+
+TINY = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                   mlp_dim=64, mask_id=1, qk_norm=True, block_size=4)
+
+
+def tiny_model(seed=0, **overrides):
+  cfg = dataclasses.replace(TINY, **overrides)
+  return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def random_packed_meta(rng: np.random.Generator, length: int, block_size: int):
+  """A random packed row: several segments, each `[prompt | (clean blocks | states) per response]`,
+  then padding. Returns numpy TokenMeta fields of shape [length]."""
+  seg, res, kind, blk, sid = [], [], [], [], []
+  segment, state_counter = 0, 0
+  while True:
+    n_prompt_blocks = int(rng.integers(1, 3))
+    n_resp = int(rng.integers(1, 4))
+    n_blocks = int(rng.integers(1, 4))
+    need = n_prompt_blocks * block_size + n_resp * n_blocks * block_size * 3
+    if len(kind) + need > length:
+      break
+    pad_front = int(rng.integers(0, block_size))
+    for i in range(n_prompt_blocks * block_size):
+      seg.append(segment); res.append(-1); blk.append(i // block_size); sid.append(-1)
+      kind.append(KIND_PAD if i < pad_front else KIND_PROMPT)
+    for r in range(n_resp):
+      for j in range(n_blocks):
+        for _ in range(block_size):
+          seg.append(segment); res.append(r); kind.append(KIND_CLEAN); sid.append(-1)
+          blk.append(n_prompt_blocks + j)
+      for j in range(n_blocks):
+        for _ in range(int(rng.integers(1, 3))):
+          if len(kind) + block_size > length:
+            break
+          for _ in range(block_size):
+            seg.append(segment); res.append(r); kind.append(KIND_STATE); sid.append(state_counter)
+            blk.append(n_prompt_blocks + j)
+          state_counter += 1
+    segment += 1
+  fill = length - len(kind)
+  seg += [0] * fill; res += [-1] * fill; kind += [KIND_PAD] * fill; blk += [0] * fill
+  sid += [-1] * fill
+  arr = lambda x: np.asarray(x[:length], np.int32)
+  return TokenMeta(segment=arr(seg), response=arr(res), kind=arr(kind), block=arr(blk),
+                   state_id=arr(sid))
+
+
+def brute_force_visible(meta: TokenMeta) -> np.ndarray:
+  """DESIGN §2.5 written as literally as possible, one (q, k) pair at a time."""
+  n = len(meta.kind)
+  out = np.zeros((n, n), bool)
+  ctx = (KIND_PROMPT, KIND_CLEAN)
+  for q in range(n):
+    for k in range(n):
+      kq, kk = meta.kind[q], meta.kind[k]
+      if kq == KIND_PAD or kk == KIND_PAD or meta.segment[q] != meta.segment[k]:
+        continue
+      if not (kk == KIND_PROMPT or meta.response[k] == meta.response[q]):
+        continue
+      if kq in ctx and kk in ctx:
+        out[q, k] = meta.block[k] <= meta.block[q]
+      elif kq == KIND_STATE and kk in ctx:
+        out[q, k] = meta.block[k] < meta.block[q]
+      elif kq == KIND_STATE and kk == KIND_STATE:
+        out[q, k] = meta.state_id[q] == meta.state_id[k]
+  return out

@@ -1,0 +1,113 @@
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from orl_jax.decoding import DecodeConfig, make_decoder
+from orl_jax.residual import Residual, residual_from_logits
+from orl_jax.unmasking import UnmaskRule
+from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
+from tests.helpers import TINY, tiny_model
+
+
+def _inputs(b=2, t=12, seed=0):
+  tokens = jax.random.randint(jax.random.key(seed), (b, t), 2, TINY.vocab_size)
+  tokens = tokens.at[:, 5:9].set(TINY.mask_id)
+  pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+  meta = make_meta(jnp.full((b, t), KIND_PROMPT), pos // TINY.block_size)
+  z = jax.random.normal(jax.random.key(seed + 1), (b, t, TINY.d_model))
+  alpha = jax.random.uniform(jax.random.key(seed + 2), (b, t))
+  return tokens, pos, meta, Residual(z, alpha)
+
+
+def _same_base(model_a, model_b):
+  """Copies model_a's shared parameters into model_b (the adapter keeps its own init)."""
+  pa = nnx.state(model_a, nnx.Param).to_pure_dict()
+  sb = nnx.state(model_b, nnx.Param)
+  pb = sb.to_pure_dict()
+  for k in pa:
+    pb[k] = pa[k]
+  nnx.replace_by_pure_dict(sb, pb)
+  nnx.update(model_b, sb)
+
+
+def test_adapter_model_equals_plain_model_at_init():
+  tokens, pos, meta, res = _inputs()
+  plain = tiny_model(0)
+  adapter = tiny_model(1, residual_mode="adapter")
+  _same_base(plain, adapter)
+  a = plain(tokens, pos, meta).logits
+  b = adapter(tokens, pos, meta, residual=res)
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b.logits))
+  assert float(b.residual_norm_ratio) == 0.0
+  # ... and it is a real pathway: a non-zero output projection changes the masked positions only.
+  st = nnx.state(adapter, nnx.Param)
+  st["adapter"]["down_proj"]["kernel"][...] = jnp.ones_like(st["adapter"]["down_proj"]["kernel"][...])
+  nnx.update(adapter, st)
+  c = adapter(tokens, pos, meta, residual=res)
+  assert float(c.residual_norm_ratio) > 0
+  assert not np.allclose(np.asarray(c.logits), np.asarray(a))
+
+
+def test_rcd_with_zero_residual_equals_plain_model():
+  tokens, pos, meta, res = _inputs()
+  plain = tiny_model(0)
+  rcd = tiny_model(0, residual_mode="rcd")
+  zero = Residual(jnp.zeros_like(res.z), jnp.zeros_like(res.alpha))
+  np.testing.assert_array_equal(np.asarray(plain(tokens, pos, meta).logits),
+                                np.asarray(rcd(tokens, pos, meta, residual=zero).logits))
+  # alpha = 0 with a non-zero z is still the mask embedding; alpha > 0 moves it.
+  np.testing.assert_allclose(np.asarray(plain(tokens, pos, meta).logits),
+                             np.asarray(rcd(tokens, pos, meta, residual=res._replace(
+                                 alpha=jnp.zeros_like(res.alpha))).logits), atol=1e-6)
+  assert not np.allclose(np.asarray(plain(tokens, pos, meta).logits),
+                         np.asarray(rcd(tokens, pos, meta, residual=res).logits))
+
+
+def test_rope_is_relative():
+  """Shifting every position by a constant leaves the logits unchanged (RoPE, no abs. emb.)."""
+  tokens, pos, meta, _ = _inputs()
+  m = tiny_model(0)
+  np.testing.assert_allclose(np.asarray(m(tokens, pos, meta).logits),
+                             np.asarray(m(tokens, pos + 17, meta).logits), atol=2e-5)
+
+
+def test_residual_soft_embedding_is_probability_weighted_table():
+  logits = jax.random.normal(jax.random.key(0), (1, 3, 5))
+  table = jax.random.normal(jax.random.key(1), (5, 4))
+  r = residual_from_logits(logits, table, embed_scale=2.0, temperature=1.0, dtype=jnp.float32)
+  p = np.asarray(jax.nn.softmax(logits, -1))
+  np.testing.assert_allclose(np.asarray(r.z), 2.0 * p @ np.asarray(table), rtol=1e-5)
+  h = -(p * np.log(p)).sum(-1) / np.log(5)
+  np.testing.assert_allclose(np.asarray(r.alpha), h, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode,rule,temperature", [
+    ("none", UnmaskRule("threshold", 0.3), 0.0),
+    ("adapter", UnmaskRule("entropy_budget", 0.4), 1.0),
+    ("rcd", UnmaskRule("fixed_steps", 2), 0.7),
+])
+def test_kv_cache_decoding_equals_full_recompute(mode, rule, temperature):
+  model = tiny_model(3, residual_mode=mode)
+  if mode == "adapter":  # make the pathway non-trivial
+    st = nnx.state(model, nnx.Param)
+    k = st["adapter"]["down_proj"]["kernel"]
+    k[...] = 0.05 * jax.random.normal(jax.random.key(9), k[...].shape)
+    nnx.update(model, st)
+  graphdef, params = nnx.split(model)
+  cfg = DecodeConfig(gen_length=12, block_size=4, mask_id=TINY.mask_id, eos_id=2, rule=rule,
+                     temperature=temperature, capture_states=40)
+  prompts = jax.random.randint(jax.random.key(0), (3, 8), 3, TINY.vocab_size)
+  valid = jnp.arange(8)[None] >= jnp.array([0, 3, 6])[:, None]
+  key = jax.random.key(4)
+  cached = make_decoder(graphdef, cfg)(params, prompts, valid, key)
+  full = make_decoder(graphdef, dataclasses.replace(cfg, kv_cache=False))(params, prompts, valid, key)
+  np.testing.assert_array_equal(np.asarray(cached.tokens), np.asarray(full.tokens))
+  np.testing.assert_array_equal(np.asarray(cached.nfe), np.asarray(full.nfe))
+  np.testing.assert_allclose(np.asarray(cached.capture.topk_logprobs),
+                             np.asarray(full.capture.topk_logprobs), atol=1e-4)
+  # every block takes >= 1 step; commit forwards only where a later block needs the cache
+  assert np.all(np.asarray(cached.nfe) >= 3)

@@ -1,0 +1,38 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from orl_jax.train.sft import noise_blocks, sft_batch
+from pallas_kernels.staircase_attention import KIND_CLEAN, KIND_STATE, staircase_visible
+
+
+def test_noise_masks_at_least_one_token_per_block():
+  resp = jnp.arange(2, 2 + 4 * 16).reshape(4, 16)
+  for seed in range(20):
+    noised, masked, t = noise_blocks(jax.random.key(seed), resp, block_size=4, mask_id=1)
+    per_block = np.asarray(masked).reshape(4, 4, 4).sum(-1)
+    assert per_block.min() >= 1
+    np.testing.assert_array_equal(np.asarray(noised) == 1, np.asarray(masked))
+    assert np.all((np.asarray(t) > 0) & (np.asarray(t) <= 1))
+
+
+def test_sft_row_layout_and_visibility():
+  b, p, n = 2, 8, 8
+  prompt = jnp.full((b, p), 5)
+  valid = jnp.arange(p)[None] >= jnp.array([0, 3])[:, None]
+  resp = jnp.arange(10, 10 + n)[None].repeat(b, 0)
+  pb = sft_batch(jax.random.key(0), prompt, valid, resp, block_size=4, mask_id=1)
+  assert pb.tokens.shape == (b, p + 2 * n)
+  pos = np.asarray(pb.positions[0])
+  np.testing.assert_array_equal(pos[p:p + n], pos[p + n:])       # states reuse block positions
+  vis = np.asarray(staircase_visible(pb.meta, pb.meta))[0]
+  kind, blk = np.asarray(pb.meta.kind[0]), np.asarray(pb.meta.block[0])
+  for q in np.where(kind == KIND_STATE)[0]:
+    seen_clean = {int(blk[k]) for k in np.where(vis[q] & (kind == KIND_CLEAN))[0]}
+    assert seen_clean == set(range(p // 4, blk[q]))                # only earlier clean blocks
+  # the loss touches masked state tokens only, normalised by the response length
+  w = np.asarray(pb.ce_weight)
+  assert np.all(w[:, :p + n] == 0)
+  masked = np.asarray(pb.tokens[:, p + n:]) == 1
+  assert np.all((w[:, p + n:] > 0) == masked)
+  assert np.all(w[:, p + n:][masked] >= 1.0 / n)

@@ -1,0 +1,90 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from configs import tiny
+from orl_jax.config import ConfigError, validate
+from orl_jax.train import loop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _smoke(workdir, **train):
+  c = tiny.get_config("smoke")
+  c.workdir = str(workdir)
+  for k, v in train.items():
+    c.train[k] = v
+  return c
+
+
+def test_validate_names_the_fields():
+  c = tiny.get_config("smoke")
+  c.decode.gen_length = 30
+  c.task.prompt_len = 20
+  c.model.n_kv_heads = 3
+  c.eval.settings = ("threshold_0.9", "beam_4")
+  with pytest.raises(ConfigError) as e:
+    validate(c)
+  msg = str(e.value)
+  for field in ("decode.gen_length", "task.prompt_len", "model.n_kv_heads", "eval.settings"):
+    assert field in msg
+
+
+def test_exact_resume_is_bit_identical(tmp_path):
+  straight = loop.train(_smoke(tmp_path / "a", steps=4), progress=False)
+  loop.train(_smoke(tmp_path / "b", steps=4), progress=False, stop_after=2)  # "killed" at step 2
+  resumed = loop.train(_smoke(tmp_path / "b", steps=4), progress=False)
+  a = load_file(os.path.join(straight, "params.safetensors"))
+  b = load_file(os.path.join(resumed, "params.safetensors"))
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  # and resuming really skipped the first two steps (metrics logged from step 2 on)
+  with open(os.path.join(tmp_path / "b", "metrics.jsonl")) as f:
+    steps = [int(line.split('"step": ')[1].split(",")[0]) for line in f]
+  assert steps == [2, 4]
+
+
+_SHARDED = textwrap.dedent("""
+  import jax
+  jax.config.update("jax_num_cpu_devices", 4)
+  import numpy as np
+  from configs import tiny
+  from orl_jax import sharding
+  from orl_jax.data.pipeline import train_dataset
+  from orl_jax.train import loop
+  from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+  assert len(jax.devices()) == 4
+  c = tiny.get_config("smoke")
+  c.train.batch_size = 8
+  s = loop.setup(c)
+  batch = next(iter(train_dataset(s.task.train_problem, s.tokenizer, prompt_len=32,
+                                  gen_length=32, batch_size=8)))
+  losses = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    mesh = sharding.make_mesh(devices=devices)
+    opt = make_optimizer(c.train, 0.1)
+    g, state, sh = create_train_state(s.model_cfg, opt, mesh, 0)
+    fn = lambda m, b, k: loop.sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)
+    step = make_train_step(g, opt, fn, mesh, sh)
+    sharded = sharding.shard_batch(batch, mesh)
+    assert len(sharded["response"].sharding.device_set) == len(devices)
+    for _ in range(2):
+      state, m = step(state, sharded, jax.random.key(0))
+    losses.append(float(m["loss"]))
+  print("LOSSES", losses)
+  np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+""")
+
+
+def test_one_and_four_devices_give_the_same_loss():
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-c", _SHARDED], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "LOSSES" in out.stdout
