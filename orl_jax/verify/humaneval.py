@@ -153,6 +153,8 @@ class HumanEvalVerifier:
         raise RuntimeError(
             "The HumanEval sandbox cannot run a trivial program that imports the standard "
             f"library (isolation={result.isolation}, returncode={result.returncode}, "
-            f"timed_out={result.timed_out}); every sample would score 0. stderr:\n"
+            f"timed_out={result.timed_out}); every sample would score 0. If the launcher is "
+            "root, Python must be readable by uid 65534 or the kernel must offer Landlock "
+            "(Linux >= 5.13). stderr:\n"
             f"{result.stderr[-2000:]}")
       self._checked = True

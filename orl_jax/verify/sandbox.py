@@ -10,8 +10,10 @@ Layers, outermost first. Each one that took effect is named in `SandboxResult.is
 
 * launcher (the calling process): a fresh private directory (the runner's cwd is `work/` inside
   it; deleted afterwards), a new environment with nothing inherited (a fixed `PATH`, `LANG`,
-  `LC_ALL`; `HOME` and `TMPDIR` point at `work/`), stdin `/dev/null`, stdout/stderr to files that are read back truncated, a new session
-  (process group), and a wall-clock timeout after which the whole group is `SIGKILL`ed.
+  `LC_ALL`; `HOME` and `TMPDIR` point at `work/`), stdin `/dev/null`, stdout/stderr to files
+  that are read back truncated, a new session (process group), and a wall-clock timeout after
+  which the whole group is `SIGKILL`ed (without a PID namespace, also every process whose cwd
+  is still inside `work/`).
 * runner, outer process: `unshare` of new network, PID and IPC namespaces (`netns`, `pidns`;
   plus a user namespace when not root) — the code then has only a down loopback device and
   cannot see or signal any process outside; it runs as PID 1 of its namespace, so when it exits
@@ -19,11 +21,15 @@ Layers, outermost first. Each one that took effect is named in `SandboxResult.is
 * runner, inner process (runs the code): parent-death signal (dies with the runner),
   `RLIMIT_AS`, `RLIMIT_CPU`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`, `RLIMIT_NOFILE`, `RLIMIT_CORE`=0;
   when started as root it drops to an unprivileged uid (`nobody`, 65534) — root ignores
-  `RLIMIT_NPROC` and file permissions; Landlock (Linux ≥ 5.13) allows file writes only beneath
-  the sandbox directory, denies TCP bind/connect (ABI ≥ 4) and signals / abstract unix sockets
-  outside the sandbox (ABI ≥ 6), and denies ptrace-style access (`/proc/<pid>/environ`, `mem`)
-  to processes outside it; finally `socket.socket` is replaced by a function that raises (a
-  courtesy for honest code: it is bypassable and not a security boundary).
+  `RLIMIT_NPROC` and file permissions. Landlock (Linux ≥ 5.13) confines file *reads* to the
+  interpreter's own directories, system libraries (`/usr`, `/lib*`) and the sandbox directory,
+  and file *writes* to the sandbox directory; it denies TCP bind/connect (ABI ≥ 4), signals and
+  abstract unix sockets outside the sandbox (ABI ≥ 6), and ptrace-style access
+  (`/proc/<pid>/environ`, `mem`) to processes outside it. With Landlock in force the dropped
+  process keeps one capability, CAP_DAC_READ_SEARCH, so it can read an interpreter installed
+  under a private directory such as `/root/.pyenv` (Landlock still bounds what it reads);
+  without Landlock it keeps none. Finally `socket.socket` is replaced by a function that raises
+  (a courtesy for honest code: bypassable, not a security boundary).
 
 A run passes only if the inner process finished the whole program without an exception and
 wrote its pass marker; `sys.exit(0)` / `os._exit(0)` before the tests therefore fail. The marker
@@ -56,7 +62,9 @@ class SandboxLimits:
     timeout_s: wall-clock seconds before the whole process tree is killed.
     memory_bytes: `RLIMIT_AS` (virtual address space) of each process.
     cpu_s: `RLIMIT_CPU` seconds; None → `ceil(timeout_s) + 1`.
-    max_processes: `RLIMIT_NPROC` (counted per uid by the kernel).
+    max_processes: `RLIMIT_NPROC`. The kernel counts it per uid: under a root launcher all
+      concurrent sandboxes share uid 65534 (they need no forks of their own, so a fork bomb in
+      one does not stop the others).
     max_file_bytes: `RLIMIT_FSIZE`: the largest file the code can write (stdout/stderr too).
     max_output_bytes: how much of stdout and of stderr is kept in the result.
     max_open_files: `RLIMIT_NOFILE`.

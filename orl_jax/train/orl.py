@@ -1,0 +1,186 @@
+"""The on-policy loop (DESIGN §2.7): rollout -> verify -> select & pack -> one update -> discard.
+
+Each iteration draws fresh prompts, rolls out `G` responses per prompt with the *current*
+parameters (capturing every denoising state), verifies them, packs the verified responses'
+states into staircase rows and takes exactly one optimizer step on them. Trajectories are
+never reused: a ledger counts how many updates consumed each rollout, and the jitted step
+reports the policy lag (update step minus the step the rollout was drawn for), which must be 0.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from orl_jax import config as config_lib
+from orl_jax import params_io
+from orl_jax import sharding as sharding_lib
+from orl_jax.checkpoint import Checkpointer, abstract_like
+from orl_jax.data.pipeline import encode_prompts, prompt_dataset
+from orl_jax.losses import LossConfig, orl_loss
+from orl_jax.metrics import MetricsWriter
+from orl_jax.replay import ReplayConfig, build_plan, gather_batch
+from orl_jax.rollout import make_rollout
+from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+from orl_jax.unmasking import UnmaskRule
+
+
+class RolloutLedger:
+  """Counts updates per rollout id; on-policy means every count is exactly one."""
+
+  def __init__(self):
+    self.uses = collections.Counter()
+
+  def consume(self, rollout_id: int):
+    if self.uses[rollout_id]:
+      raise RuntimeError(f"rollout {rollout_id} was already used for an update (off-policy reuse)")
+    self.uses[rollout_id] += 1
+
+
+def loss_config(config) -> LossConfig:
+  return LossConfig(**config.loss.to_dict())
+
+
+def replay_config(config, n_shards: int) -> ReplayConfig:
+  r = config.replay
+  return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
+                      max_responses=r.max_responses, states_per_response=r.states_per_response,
+                      layout=r.layout, n_shards=n_shards)
+
+
+def rollout_decode_config(config, tok):
+  o = config.orl
+  dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id,
+                                  rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
+                                  temperature=o.rollout_temperature, capture_states=1)
+  steps = dcfg.n_blocks * dcfg.steps_bound
+  import dataclasses
+  return dataclasses.replace(dcfg, capture_states=o.capture_states or steps)
+
+
+def entropy_by_step(capture_entropy, capture_step, capture_valid, canvas, mask_id, n_steps=8):
+  """Mean rollout entropy over masked positions per step index (host, small arrays)."""
+  out = {}
+  masked = canvas == mask_id
+  for k in range(n_steps):
+    sel = capture_valid & (capture_step == k)
+    m = masked & sel[..., None]
+    if m.any():
+      out[f"rollout_entropy_step{k}"] = float(capture_entropy[m].mean())
+  return out
+
+
+def train_orl(s, *, progress=True, stop_after=None) -> str:
+  config = s.config
+  tc, workdir, o = config.train, config.workdir, config.orl
+  tok = s.tokenizer
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  from orl_jax.train.loop import initial_params, params_meta
+
+  optimizer = make_optimizer(tc, config.model.residual.lr_scale, tc.freeze_base)
+  graphdef, params = initial_params(s)
+  graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
+                                                 params=params)
+  prompts = prompt_dataset(s.task.train_problem, batch_size=o.prompts_per_step,
+                           shard_index=jax.process_index(), shard_count=jax.process_count())
+  prompt_iter = iter(prompts)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), every=config.checkpoint.every,
+                      keep=config.checkpoint.keep)
+  start = ckpt.latest_step() or 0
+  if start:
+    state, _ = ckpt.restore(start, abstract_like(state), prompt_iter)
+    logging.info("resumed ORL from step %d", start)
+
+  dcfg = rollout_decode_config(config, tok)
+  rollout_fn = make_rollout(graphdef, dcfg, o.group_size)
+  n_shards = s.mesh.shape["data"] * s.mesh.shape["fsdp"]
+  rcfg = replay_config(config, n_shards)
+  lcfg = loss_config(config)
+  gather = jax.jit(lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
+                                                   block_size=dcfg.block_size))
+
+  def loss_fn(model, batch, key):
+    del key
+    return orl_loss(model, batch, lcfg)
+
+  rows = sharding_lib.batch_sharding(s.mesh)
+  repl = sharding_lib.replicated(s.mesh)
+  step_fn = None
+  base_key = jax.random.key(config.seed)
+  rollout_key = jax.random.fold_in(base_key, 1)
+  ledger = RolloutLedger()
+  writer = MetricsWriter(workdir)
+  last = tc.steps if stop_after is None else min(tc.steps, stop_after)
+  bar = tqdm(total=tc.steps, initial=start, desc="orl", disable=not progress, dynamic_ncols=True)
+  step = start
+  batch = None
+  while step < last:
+    t0 = time.perf_counter()
+    idx = next(prompt_iter)
+    problems = [s.task.train_problem(int(i)) for i in idx]
+    pt, pv = encode_prompts(problems, tok, config.task.prompt_len)
+    traj = rollout_fn(state.params, pt, pv, jax.random.fold_in(rollout_key, step), step)
+    host = jax.device_get({"responses": traj.responses, "nfe": traj.nfe, "n_gen": traj.n_generated,
+                           "valid": traj.capture.valid, "block": traj.capture.block,
+                           "step": traj.capture.step, "entropy": traj.capture.entropy,
+                           "canvas": traj.capture.canvas, "overflow": traj.capture.overflow})
+    t_rollout = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    texts = [tok.decode(r, stop_at_eos=True) for r in host["responses"]]
+    group_problems = [p for p in problems for _ in range(o.group_size)]
+    rewards = np.asarray(s.task.verifier.score_batch(group_problems, texts), np.float32)
+    t_verify = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    plan, pstats = build_plan(prompt_valid=pv, capture_valid=host["valid"],
+                              capture_block=host["block"], rewards=rewards,
+                              group_size=o.group_size, block_size=dcfg.block_size, cfg=rcfg,
+                              rng=np.random.default_rng([config.seed, step]))
+    batch = gather(traj, plan)
+    del traj  # discard: nothing is kept across updates
+    if step_fn is None:
+      batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
+      step_fn = make_train_step(graphdef, optimizer, loss_fn, s.mesh, state_sh, batch_sh)
+    batch = jax.device_put(batch, jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
+    t_pack = time.perf_counter() - t2
+
+    t3 = time.perf_counter()
+    policy_lag = int(state.step) - int(batch.rollout_step)
+    ledger.consume(int(batch.rollout_step))
+    state, metrics = step_fn(state, batch, base_key)
+    jax.block_until_ready(metrics)
+    t_update = time.perf_counter() - t3
+    step += 1
+    bar.update(1)
+    if step % tc.log_every == 0 or step == last:
+      extra = dict(rollout_id=int(batch.rollout_step),
+                   rollout_uses=ledger.uses[int(batch.rollout_step)], reward=rewards.mean(), rollout_tpf=host["n_gen"].sum() / max(host["nfe"].sum(), 1),
+                   rollout_nfe=host["nfe"].mean(), rollout_tokens=host["n_gen"].mean(),
+                   capture_overflow=host["overflow"].mean(), policy_lag=policy_lag,
+                   sec_rollout=t_rollout, sec_verify=t_verify, sec_pack=t_pack,
+                   sec_update=t_update, **pstats,
+                   **entropy_by_step(host["entropy"], host["step"], host["valid"], host["canvas"],
+                                     tok.mask_id))
+      scalars = writer.write(step, dict(metrics, **extra))
+      bar.set_postfix(reward=f"{scalars['reward']:.2f}", tpf=f"{scalars['rollout_tpf']:.2f}",
+                      loss=f"{scalars['loss']:.3f}")
+    if ckpt.should_save(step, final=step == last):
+      ckpt.save(step, state, prompt_iter)
+  bar.close()
+  ckpt.close()
+  writer.close()
+  out = os.path.join(workdir, "params")
+  if jax.process_index() == 0:
+    params_io.save_params(out, jax.device_get(state.params),
+                          params_meta(s, {"train_steps": int(step), "seed": config.seed,
+                                          "mode": "orl"}))
+  return out
