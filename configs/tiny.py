@@ -83,10 +83,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.orl.rollout_temperature = 1.0
   c.orl.rollout_rule = "threshold"  # the decoder the rollouts (and so the training states) use
   c.orl.rollout_rule_value = 0.9
+  c.orl.min_reward = 1.0            # responses scoring >= this produce gradient (verified)
   c.orl.capture_states = 0          # 0 = n_blocks * max steps per block (every step fits)
 
   c.replay = ml_collections.ConfigDict()
-  c.replay.row_len = 512
+  c.replay.row_len = 544           # a prompt (32) + 16 states of 32
   c.replay.n_rows = 16
   c.replay.max_states = 320
   c.replay.max_responses = 64

@@ -75,10 +75,10 @@ class _Unit:
     return (self.clean_blocks + len(self.states)) * b
 
 
-def select_states(valid, blocks, rewards, cfg: ReplayConfig, rng: np.random.Generator):
-  """{response index: [(capture index, block)]} for verified responses (reward > 0)."""
+def select_states(valid, blocks, eligible, cfg: ReplayConfig, rng: np.random.Generator):
+  """{response index: [(capture index, block)]} for eligible (verified) responses."""
   out = {}
-  for r in np.flatnonzero(np.asarray(rewards) > 0):
+  for r in np.flatnonzero(np.asarray(eligible)):
     idx = np.flatnonzero(valid[r])
     if idx.size == 0:
       continue
@@ -113,7 +113,7 @@ def _units(selected, group_size, prompt_len, b, row_len, naive):
   return units
 
 
-def build_plan(*, prompt_valid, capture_valid, capture_block, rewards, group_size: int,
+def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_size: int,
                block_size: int, cfg: ReplayConfig, rng: np.random.Generator):
   """Packs selected states into `cfg.n_rows` rows of `cfg.row_len` tokens.
 
@@ -123,7 +123,7 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, rewards, group_siz
   b = block_size
   n_prompts, prompt_len = prompt_valid.shape
   naive = cfg.layout == "naive"
-  selected = select_states(capture_valid, capture_block, rewards, cfg, rng)
+  selected = select_states(capture_valid, capture_block, eligible, cfg, rng)
   units = _units(selected, group_size, prompt_len, b, cfg.row_len, naive)
   if any(prompt_len + u.size(b) > cfg.row_len for u in units):
     raise ValueError(f"replay.row_len={cfg.row_len} cannot hold a prompt ({prompt_len}) plus "
@@ -138,6 +138,8 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, rewards, group_siz
 
   def place(group, us):
     need = prompt_len + sum(u.size(b) for u in us)
+    if need > cfg.row_len:
+      return False
     for i in range(len(rows)):
       if used[i] + need <= cfg.row_len:
         rows[i].append((group, us))
@@ -152,10 +154,21 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, rewards, group_siz
   dropped = 0
   groups = sorted(by_group.items(), key=lambda kv: -sum(u.size(b) for u in kv[1]))
   for group, us in groups:
-    if naive or not place(group, us):
+    if naive:
+      chunks = [[u] for u in us]
+    elif place(group, us):
+      continue
+    else:  # split the group into segments that each fill a row, each with a prompt copy
+      chunks, size = [], cfg.row_len
       for u in sorted(us, key=lambda u: -u.size(b)):
-        if not place(group, [u]):
-          dropped += len(u.states)
+        if size + u.size(b) > cfg.row_len - prompt_len:
+          chunks.append([])
+          size = 0
+        chunks[-1].append(u)
+        size += u.size(b)
+    for chunk in chunks:
+      if not place(group, chunk):
+        dropped += sum(len(u.states) for u in chunk)
 
   # Lay out tokens.
   r_, t_ = cfg.n_rows, cfg.row_len
@@ -216,7 +229,8 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, rewards, group_siz
     if nxt is not None and nxt[1] == block:
       pairs.append((slot, nxt[0], resp_slots[r]))
   q = max(cfg.max_states, 1)
-  pa, pb, pr, pv = (np.zeros((q,), np.int32) for _ in range(3)) + (np.zeros((q,), bool),)
+  pa, pb, pr = (np.zeros((q,), np.int32) for _ in range(3))
+  pv = np.zeros((q,), bool)
   for i, (a, bb, rs) in enumerate(pairs[:q]):
     pa[i], pb[i], pr[i], pv[i] = a, bb, rs, True
   plan = ReplayPlan(src_type=src_type, src_group=src_group, src_resp=src_resp, src_state=src_state,

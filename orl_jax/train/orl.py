@@ -142,7 +142,8 @@ def train_orl(s, *, progress=True, stop_after=None) -> str:
 
     t2 = time.perf_counter()
     plan, pstats = build_plan(prompt_valid=pv, capture_valid=host["valid"],
-                              capture_block=host["block"], rewards=rewards,
+                              capture_block=host["block"],
+                              eligible=rewards >= o.min_reward,
                               group_size=o.group_size, block_size=dcfg.block_size, cfg=rcfg,
                               rng=np.random.default_rng([config.seed, step]))
     batch = gather(traj, plan)

@@ -1,0 +1,130 @@
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from orl_jax import losses
+from orl_jax.decoding import DecodeConfig
+from orl_jax.losses import LossConfig, orl_loss
+from orl_jax.replay import ReplayConfig, build_plan, gather_batch
+from orl_jax.rollout import make_rollout
+from orl_jax.unmasking import UnmaskRule
+from tests.helpers import TINY, tiny_model
+
+B_SIZE, GEN, G = 4, 12, 3
+
+
+@pytest.fixture(scope="module")
+def rolled_out():
+  model = tiny_model(7, residual_mode="adapter")
+  st = nnx.state(model, nnx.Param)
+  k = st["adapter"]["down_proj"]["kernel"]
+  k[...] = 0.1 * jax.random.normal(jax.random.key(3), k[...].shape)   # a live pathway
+  nnx.update(model, st)
+  graphdef, params = nnx.split(model)
+  cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
+                     rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=16)
+  prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
+  valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
+  traj = make_rollout(graphdef, cfg, G)(params, prompts, valid, jax.random.key(5), 0)
+  return graphdef, params, traj, np.asarray(valid)
+
+
+def _plan(traj, valid, **kw):
+  defaults = dict(row_len=160, n_rows=40, max_states=96, max_responses=8)
+  defaults.update(kw)
+  cap = jax.device_get(traj.capture)
+  return build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
+                    eligible=np.ones(traj.responses.shape[0], bool), group_size=G,
+                    block_size=B_SIZE, cfg=ReplayConfig(**defaults),
+                    rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("layout", ["packed", "naive"])
+def test_replay_reproduces_rollout_logits(rolled_out, layout):
+  graphdef, params, traj, valid = rolled_out
+  plan, stats = _plan(traj, valid, layout=layout)
+  assert stats["states_dropped"] == 0 and stats["states_packed"] == int(traj.capture.valid.sum())
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  model = nnx.merge(graphdef, params)
+  logits = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual).logits
+  logp = jax.nn.log_softmax(logits, -1)
+  is_state = np.asarray(plan.state_slot) >= 0
+  replayed = np.asarray(jnp.take_along_axis(logp, batch.topk_ids, -1))[is_state]
+  np.testing.assert_allclose(replayed, np.asarray(batch.topk_logprobs)[is_state], atol=1e-4)
+  # the residual really was consumed (states after a block's first step carry z != 0)
+  assert np.abs(np.asarray(batch.residual.z)[is_state]).sum() > 0
+
+
+def test_packing_does_not_change_the_loss(rolled_out):
+  graphdef, params, traj, valid = rolled_out
+  model = nnx.merge(graphdef, params)
+  cfg = LossConfig(gate_entropy=0.0, conf_entropy=0.99)  # a random model is never confident
+  values = []
+  for kw in (dict(layout="naive"), dict(row_len=64), dict(row_len=160), dict(row_len=400)):
+    plan, stats = _plan(traj, valid, **kw)
+    assert stats["states_dropped"] == 0
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+    loss, m = orl_loss(model, batch, cfg)
+    values.append((float(loss), float(m["loss_ce"]), float(m["loss_aec"]), float(m["loss_rkl"])))
+    assert m["responses_aec"] > 0 and m["responses_kl"] > 0
+  for v in values[1:]:
+    np.testing.assert_allclose(v, values[0], atol=1e-5)
+
+
+def test_packed_rows_share_the_prompt(rolled_out):
+  _, _, traj, valid = rolled_out
+  packed, _ = _plan(traj, valid, row_len=400)
+  naive, _ = _plan(traj, valid, layout="naive")
+  n_prompt = lambda p: int((np.asarray(p.src_type) == 1).sum())
+  assert n_prompt(packed) < n_prompt(naive) / 4
+
+
+def test_gated_ce_hand_computed():
+  nll = jnp.array([1.0, 2.0, 3.0, 4.0, 5.0])
+  masked = jnp.array([True, True, False, True, True])
+  ent = jnp.array([0.5, 0.05, 0.9, 0.3, 0.3])
+  resp = jnp.array([0, 0, 0, 1, 1])
+  value, count = losses.gated_ce(nll, masked, ent, resp, 4, gate=0.0)
+  assert count == 2 and math.isclose(float(value), ((1 + 2) / 2 + (4 + 5) / 2) / 2)
+  value, _ = losses.gated_ce(nll, masked, ent, resp, 4, gate=0.1)   # drops the 0.05 position
+  assert math.isclose(float(value), (1.0 + 4.5) / 2)
+
+
+def test_aec_hinge_and_stop_gradient():
+  h = jnp.array([0.4, 0.35, 0.2, 0.1])
+  pa, pb = jnp.array([0, 1, 2]), jnp.array([1, 2, 3])
+  pr, pv = jnp.array([0, 0, 1]), jnp.array([True, True, True])
+  # rho = 0.25: pair (0,1): 0.35 - 0.75*0.4 = 0.05 -> 0.0025; (1,2): 0.2 - 0.2625 < 0 -> 0
+  # (2,3) in response 1: 0.1 - 0.15 < 0 -> 0. Per response: r0 = 0.00125, r1 = 0.
+  value, count, active = losses.aec(h, pa, pb, pr, pv, 4, rho=0.25)
+  assert count == 2 and math.isclose(float(value), 0.00125 / 2, rel_tol=1e-5)
+  assert math.isclose(float(active), 1 / 3, rel_tol=1e-6)
+  grad = jax.grad(lambda h: losses.aec(h, pa, pb, pr, pv, 4, rho=0.25)[0])(h)
+  assert float(grad[0]) == 0.0                                  # source entropy: stop-gradient
+  assert math.isclose(float(grad[1]), 2 * 0.05 / 2 / 2, rel_tol=1e-4)  # d/dH1 of hinge^2 / 2 / 2
+
+
+def test_capped_reverse_kl_cap_reached_and_not():
+  v = 4
+  # rollout distribution: top-2 ids {0, 1} with probs 0.7, 0.2, rest 0.1
+  topk_ids = jnp.array([[0, 1], [0, 1]])
+  topk_lp = jnp.log(jnp.array([[0.7, 0.2], [0.7, 0.2]]))
+  q_close = jnp.log(jnp.array([0.6, 0.3, 0.05, 0.05]))
+  q_far = jnp.log(jnp.array([0.001, 0.001, 0.499, 0.499]))
+  logp = jnp.stack([q_close, q_far])
+  masked = jnp.array([True, True])
+  ent = jnp.array([0.05, 0.05])
+  expected = 0.6 * math.log(0.6 / 0.7) + 0.3 * math.log(0.3 / 0.2) + 0.1 * math.log(0.1 / 0.1)
+  value, _, kl = losses.capped_reverse_kl(logp, topk_ids, topk_lp, masked, ent, jnp.array([0, 1]),
+                                          2, conf_entropy=0.1, cap=1.0)
+  assert math.isclose(float(kl[0]), expected, rel_tol=1e-4)
+  assert float(kl[1]) > 1.0
+  assert math.isclose(float(value), (expected + 1.0) / 2, rel_tol=1e-4)  # far one capped at c
+  # not confident in the rollout -> no anchor
+  value, count, _ = losses.capped_reverse_kl(logp, topk_ids, topk_lp, masked, ent + 0.5,
+                                             jnp.array([0, 1]), 2, conf_entropy=0.1, cap=1.0)
+  assert float(value) == 0.0 and int(count) == 0
