@@ -5,8 +5,7 @@ checked on random packed rows (several prompt groups per row, clean context, sta
 padding that covers whole query tiles), eagerly, under `jax.jit` and under `jax.shard_map` on 4
 fake CPU devices; the tile map is checked against a brute-force dense mask, and the tiles the
 kernels visit against the non-empty tiles. Tolerances: f32 1e-4, bf16 4e-2 (relative to the
-largest reference magnitude). The exhaustive sweep is `@pytest.mark.slow` and runs only when
-selected (`pytest -m slow tests/test_staircase_kernels.py`).
+largest reference magnitude). The exhaustive sweep is `@pytest.mark.slow` (`make test-slow`; `make test` deselects it).
 """
 from __future__ import annotations
 
@@ -27,13 +26,6 @@ from pallas_kernels.staircase_attention import (TokenMeta, attention, build_tile
 
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 4e-2}
 BACKENDS = {"tpu": tpu, "gpu": gpu}
-
-
-@pytest.fixture(autouse=True)
-def _slow_only_when_selected(request):
-  """`slow` tests run only when the marker expression asks for them (`-m slow`)."""
-  if request.node.get_closest_marker("slow") and "slow" not in request.config.option.markexpr:
-    pytest.skip("slow sweep: run with -m slow")
 
 
 def _meta(seed, batch, seq_len, block_size, fill=1.0, **sizes) -> TokenMeta:
