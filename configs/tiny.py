@@ -12,8 +12,21 @@ Variants (`get_config(arg)`):
   "sft"     : masked-diffusion SFT of the base model from scratch (what `make base` runs).
   "eval"    : evaluation of `model.init_from` with the decoder settings in `eval.settings`.
   "smoke"   : a few steps of everything on small shapes (tests).
+  "orl", "no_aec", "no_kl", "no_residual", "rcd_offline"
+            : one stage of the demo alone, starting from `model.init_from` (default: the
+              committed base model).
 """
 import ml_collections
+
+
+STAGES = ("orl", "no_aec", "no_kl", "no_residual", "rcd_offline")
+
+
+def _merge(a: dict, b: dict) -> dict:
+  out = dict(a)
+  for k, v in b.items():
+    out[k] = _merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+  return out
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -39,7 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"
   c.model.param_dtype = "float32"
   c.model.attention_impl = "auto"
-  c.model.init_from = ""          # checkpoint directory to start from ("" = fresh init)
+  c.model.init_from = ""          # params folder to start from ("" = fresh init; stages: base)
   c.model.residual = ml_collections.ConfigDict()
   c.model.residual.mode = "none"
   c.model.residual.hidden = 128
@@ -114,22 +127,30 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.save_rollouts = False
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+
+  # Stages of the demo, each a set of overrides merged into this config (`config.update`).
+  # The demo runs base -> "orl" (+ "rcd_offline" with compare_offline, + each of `ablations`);
+  # `--config=configs/tiny.py:orl` runs one stage alone from the base model.
+  c.compare_offline = False
+  c.ablations = ()                  # e.g. ("no_aec", "no_kl", "no_residual")
+  orl_train = dict(mode="orl", steps=200, lr=3e-4, warmup_steps=20, final_lr_fraction=0.1,
+                   log_every=5)
+  orl = dict(train=orl_train, model=dict(residual=dict(mode="adapter")),
+             checkpoint=dict(every=50), eval=dict(name="orl"))
+  c.stages = ml_collections.ConfigDict(dict(
+      orl=orl,
+      no_aec=_merge(orl, dict(loss=dict(w_aec=0.0), eval=dict(name="orl_no_aec"))),
+      no_kl=_merge(orl, dict(loss=dict(w_kl=0.0), eval=dict(name="orl_no_kl"))),
+      no_residual=_merge(orl, dict(model=dict(residual=dict(mode="none")),
+                                   eval=dict(name="orl_no_residual"))),
+      # Offline RCD with the same optimizer budget: as many SFT-layout steps as ORL updates.
+      rcd_offline=dict(train=dict(mode="rcd_offline", steps=200, lr=3e-4, warmup_steps=20,
+                                  final_lr_fraction=0.1, log_every=5),
+                       model=dict(residual=dict(mode="rcd")), checkpoint=dict(every=50),
+                       eval=dict(name="rcd_offline")),
+  ))
   c.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` reproduces it)
   return c
-
-
-def orl_overrides(c: ml_collections.ConfigDict) -> None:
-  """ORL from the base model: adapter pathway, short on-policy run."""
-  c.train.mode = "orl"
-  c.model.residual.mode = "adapter"
-  c.model.init_from = c.base_checkpoint
-  c.train.steps = 200
-  c.train.lr = 3e-4
-  c.train.warmup_steps = 20
-  c.train.final_lr_fraction = 0.1
-  c.train.log_every = 5
-  c.checkpoint.every = 50
-  c.eval.name = "orl"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -141,9 +162,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg == "sft":
     c.train.mode = "sft"
     c.workdir = "work_dirs/tiny_sft"
-  elif arg == "orl":
-    orl_overrides(c)
-    c.workdir = "work_dirs/tiny_orl"
+  elif arg in STAGES:
+    c.update(c.stages[arg].to_dict())
+    c.model.init_from = c.base_checkpoint
+    c.workdir = f"work_dirs/tiny_{arg}"
   elif arg == "eval":
     c.train.mode = "eval"
     c.workdir = "work_dirs/tiny_eval"
@@ -157,5 +179,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.n_problems, c.eval.batch_size = 8, 8
     c.eval.settings = ("fixed_steps_1", "threshold_0.9")
   else:
-    raise ValueError(f"configs/tiny.py has variants demo, sft, eval, smoke; got {arg!r}")
+    raise ValueError(f"configs/tiny.py has variants demo, sft, eval, smoke, {', '.join(STAGES)}; "
+                     f"got {arg!r}")
   return c

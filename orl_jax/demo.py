@@ -1,4 +1,6 @@
-"""The embedded default, end to end: base model -> (ORL) -> evaluation -> results.json + plots."""
+"""The embedded default, end to end: base model -> ORL (+ baselines, ablations) -> evaluation
+with identical decoder settings -> results.json, a table, training curves and the
+accuracy-vs-TPF plot."""
 from __future__ import annotations
 
 import copy
@@ -9,12 +11,26 @@ from orl_jax import evaluate as eval_lib
 from orl_jax import params_io, plots
 from orl_jax.train import loop
 
+CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
+              "replay_entropy", "rollout_entropy_step0", "rollout_entropy_step2")
+
 
 def _repo_path(path: str) -> str:
   if os.path.isabs(path) or os.path.exists(path):
     return path
   here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   return os.path.join(here, path)
+
+
+def stage_config(config, stage: str, init_from: str):
+  """A copy of `config` with the stage's overrides, its own work directory and start point."""
+  cfg = copy.deepcopy(config)
+  with cfg.unlocked():
+    cfg.update(config.stages[stage].to_dict())
+    cfg.model.init_from = init_from
+    cfg.workdir = os.path.join(config.workdir, stage)
+    cfg.pipeline = "train"
+  return cfg
 
 
 def base_params_dir(config, *, progress=True) -> str:
@@ -55,14 +71,39 @@ def results_path(config) -> str:
   return os.path.join(config.workdir, "results.json")
 
 
+def demo_stages(config) -> list[str]:
+  stages = ["orl"]
+  if config.get("compare_offline"):
+    stages.append("rcd_offline")
+  stages += [a for a in config.get("ablations", ()) if a not in stages]
+  unknown = [s for s in stages if s not in config.stages]
+  if unknown:
+    raise ValueError(f"unknown demo stages {unknown}; config.stages has {list(config.stages)}")
+  return stages
+
+
 def run_demo(config, *, progress=True) -> str:
-  """Base model -> evaluation. Prints the table and returns the results.json path."""
+  """Base -> stages -> evaluation. Prints the table and returns the results.json path."""
   os.makedirs(config.workdir, exist_ok=True)
   base = base_params_dir(config, progress=progress)
   print(f"base model: {base}")
-  all_results = evaluate_params(config, base, "base", progress=progress)
+  trained = {"base": base}
+  curves = []
+  for stage in demo_stages(config):
+    cfg = stage_config(config, stage, base)
+    trained[cfg.eval.name] = loop.train(cfg, progress=progress)
+    metrics = os.path.join(cfg.workdir, "metrics.jsonl")
+    png = os.path.join(config.workdir, f"curves_{stage}.png")
+    keys = CURVE_KEYS if cfg.train.mode == "orl" else None
+    if os.path.exists(metrics):
+      curves.append(plots.plot_training_curves(metrics, png, keys=keys, title=stage))
+  all_results = {}
+  for name, params_dir in trained.items():
+    all_results = evaluate_params(config, params_dir, name, progress=progress)
   png = plots.plot_frontier(all_results, os.path.join(config.workdir, "accuracy_vs_tpf.png"))
   print(eval_lib.format_table(all_results))
+  for c in curves:
+    print(f"training curves: {c}")
   print(f"plot: {png}")
   path = results_path(config)
   print(f"results: {os.path.abspath(path)}")

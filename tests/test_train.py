@@ -92,7 +92,7 @@ def test_one_and_four_devices_give_the_same_loss():
 
 def _orl_smoke(workdir, steps=4):
   c = tiny.get_config("smoke")
-  tiny.orl_overrides(c)
+  c.update(c.stages.orl.to_dict())
   c.workdir = str(workdir)
   c.model.init_from = ""                 # a random model: every response is trained on below
   c.orl.min_reward = 0.0
@@ -128,3 +128,18 @@ def test_ledger_refuses_reuse():
   ledger.consume(1)
   with pytest.raises(RuntimeError, match="already used"):
     ledger.consume(1)
+
+
+def test_rcd_offline_trains_from_a_frozen_reference(tmp_path):
+  base = loop.train(_smoke(tmp_path / "base", steps=2, warmup_steps=1), progress=False)
+  c = _smoke(tmp_path / "rcd", steps=2, warmup_steps=1)
+  c.update(c.stages.rcd_offline.to_dict())
+  c.train.steps, c.train.warmup_steps = 2, 1
+  c.model.init_from = base
+  out = loop.train(c, progress=False)
+  trained = load_file(os.path.join(out, "params.safetensors"))
+  ref = load_file(os.path.join(base, "params.safetensors"))
+  assert any(not np.array_equal(trained[k], ref[k]) for k in ref)   # the model moved ...
+  c.model.residual.mode = "none"                                       # ... and needs rcd mode
+  with pytest.raises(ValueError, match="rcd"):
+    loop.train(c, progress=False)

@@ -72,10 +72,13 @@ def check_compatible(params_dir: str, s: Setup) -> None:
                      f"tokenizer has {s.tokenizer.vocab_hash()}); retrain it with `make base`")
 
 
-def sft_loss(model, batch, key, *, block_size: int, mask_id: int):
+def sft_loss(model, batch, key, *, block_size: int, mask_id: int, residual_fn=None):
+  """1/t-weighted masked CE on the [prompt | x_0 | x_t] layout. `residual_fn(packed, batch)`
+  supplies the residual fed at the noised tokens (offline RCD); None for plain SFT."""
   pb = sft.sft_batch(key, batch["prompt_tokens"], batch["prompt_valid"], batch["response"],
                      block_size=block_size, mask_id=mask_id)
-  logits = model(pb.tokens, pb.positions, pb.meta).logits
+  residual = None if residual_fn is None else residual_fn(pb, batch)
+  logits = model(pb.tokens, pb.positions, pb.meta, residual=residual).logits
   total, nll = weighted_cross_entropy(logits, pb.targets, pb.ce_weight)
   masked = pb.ce_weight > 0
   acc = jnp.argmax(logits, -1) == pb.targets
@@ -103,8 +106,9 @@ def train(config, *, progress: bool = True, stop_after: int | None = None) -> st
   if config.train.mode == "orl":
     from orl_jax.train import orl
     return orl.train_orl(s, progress=progress, stop_after=stop_after)
-  if config.train.mode != "sft":
-    raise ValueError(f"train() runs train.mode 'sft' or 'orl', got {config.train.mode!r}")
+  if config.train.mode not in ("sft", "rcd_offline"):
+    raise ValueError(f"train() runs train.mode 'sft', 'rcd_offline' or 'orl', "
+                     f"got {config.train.mode!r}")
   tc, workdir = config.train, config.workdir
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -125,17 +129,26 @@ def train(config, *, progress: bool = True, stop_after: int | None = None) -> st
     state, _ = ckpt.restore(start, abstract_like(state), data_iter)
     logging.info("resumed from step %d", start)
 
+  residual_fn, extra_inputs = None, {}
+  if config.train.mode == "rcd_offline":
+    from orl_jax.train import rcd
+    residual_fn, extra_inputs = rcd.reference_residual_fn(s, params)
   loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
                                                block_size=config.decode.block_size,
-                                               mask_id=s.model_cfg.mask_id)
-  step_fn = make_train_step(graphdef, optimizer, loss_fn, s.mesh, state_sh)
+                                               mask_id=s.model_cfg.mask_id,
+                                               residual_fn=residual_fn)
+  rows = sharding_lib.batch_sharding(s.mesh)
+  repl = sharding_lib.replicated(s.mesh)
+  batch_sh = {"prompt_tokens": rows, "prompt_valid": rows, "response": rows,
+              **jax.tree.map(lambda _: repl, extra_inputs)}
+  step_fn = make_train_step(graphdef, optimizer, loss_fn, s.mesh, state_sh, batch_sh)
   base_key = jax.random.key(config.seed)
   writer = MetricsWriter(workdir)
   last = tc.steps if stop_after is None else min(tc.steps, stop_after)
-  bar = tqdm(total=tc.steps, initial=start, desc="sft", disable=not progress, dynamic_ncols=True)
+  bar = tqdm(total=tc.steps, initial=start, desc=config.train.mode, disable=not progress, dynamic_ncols=True)
   t0, step = time.perf_counter(), start
   while step < last:
-    batch = sharding_lib.shard_batch(next(data_iter), s.mesh)
+    batch = dict(sharding_lib.shard_batch(next(data_iter), s.mesh), **extra_inputs)
     state, metrics = step_fn(state, batch, base_key)
     step += 1
     bar.update(1)

@@ -52,8 +52,9 @@ def init_model_params(model_cfg: ModelConfig, seed: int):
 
 
 def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None):
-  """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded (replicated
-  parameters here; partition rules for fsdp/tensor apply on the same path)."""
+  """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded: parameters
+  and optimizer moments follow `sharding.PARTITION_RULES` on the fsdp/tensor axes (replicated
+  when the mesh has fsdp = tensor = 1)."""
   graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg,
                                                                           rngs=nnx.Rngs(seed))),
                                         nnx.Param)
@@ -63,7 +64,7 @@ def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, param
     return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=optimizer.init(p))
 
   abstract = jax.eval_shape(init, params)
-  shardings = jax.tree.map(lambda _: sharding_lib.replicated(mesh), abstract)
+  shardings = sharding_lib.tree_shardings(abstract, mesh)
   state = jax.jit(init, out_shardings=shardings)(params)
   return graphdef, state, shardings
 

@@ -1,0 +1,43 @@
+"""Offline RCD baseline (`train.mode="rcd_offline"`, DESIGN §2.7).
+
+Residuals come from a frozen reference model (the base the run starts from) evaluated on the
+same noised input; the trained model (residual mode `rcd`) consumes them and is trained with
+the 1/t-weighted masked CE of SFT. Off-policy by construction: the residuals a model sees at
+inference are its own, not the reference's — which is what ORL fixes.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from orl_jax import params_io
+from orl_jax.residual import Residual, residual_from_logits
+from orl_jax.train.state import init_model_params
+from pallas_kernels.staircase_attention import KIND_STATE
+
+
+def reference_residual_fn(s, params):
+  """(residual_fn, extra batch inputs). The reference is the `model.init_from` model with no
+  residual pathway; its parameters travel in the batch (replicated), never into the graph."""
+  if not s.config.model.init_from:
+    raise ValueError("train.mode='rcd_offline' needs model.init_from (the frozen reference)")
+  if s.model_cfg.residual_mode != "rcd":
+    raise ValueError("train.mode='rcd_offline' trains model.residual.mode='rcd', got "
+                     f"{s.model_cfg.residual_mode!r}")
+  ref_cfg = dataclasses.replace(s.model_cfg, residual_mode="none")
+  ref_graphdef, ref_params = init_model_params(ref_cfg, s.config.seed)
+  ref_params, _ = params_io.load_params(s.config.model.init_from, ref_params)
+
+  def residual_fn(pb, batch):
+    ref = nnx.merge(ref_graphdef, jax.lax.stop_gradient(batch["ref_params"]))
+    logits = ref(pb.tokens, pb.positions, pb.meta).logits
+    res = residual_from_logits(logits, ref.embedding_table, embed_scale=ref.cfg.embed_scale,
+                               temperature=ref.cfg.residual_temperature,
+                               dtype=ref.cfg.compute_dtype)
+    at_state = (pb.meta.kind == KIND_STATE) & (pb.tokens == ref.cfg.mask_id)
+    return Residual(jnp.where(at_state[..., None], res.z, 0), jnp.where(at_state, res.alpha, 0))
+
+  return residual_fn, {"ref_params": ref_params}
