@@ -53,6 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"
   c.model.attention_impl = "auto"
   c.model.init_from = ""          # params folder to start from ("" = fresh init; stages: base)
+  c.model.hf_dir = ""             # local Hugging Face model directory ("" = none)
   c.model.residual = ml_collections.ConfigDict()
   c.model.residual.mode = "none"
   c.model.residual.hidden = 128
@@ -114,6 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.kl_cap = 1.0
   c.loss.w_aec = 1.0
   c.loss.w_kl = 1.0
+  c.loss.vocab_chunk = 0          # tokens per chunk of the head statistics (0 = off)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.n_problems = 512

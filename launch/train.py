@@ -2,6 +2,9 @@
 
   python launch/train.py --config=configs/tiny.py                 # the embedded demo
   python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000
+  python launch/train.py --config=configs/llada.py:debug          # tiny random LLaDA, 2 ORL steps
+  python launch/train.py --config=configs/llada.py:8b-instruct --config.dry_run=True \
+      --config.mesh.fsdp=8                                        # per-device sizing, no allocation
 """
 import _common  # noqa: F401  (repo on sys.path)
 from absl import app, logging
@@ -18,7 +21,11 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
-  if config.get("pipeline", "train") == "demo":
+  if config.get("dry_run", False):
+    from orl_jax import dry_run
+    rows, info = dry_run.sizing_rows(config)
+    print(dry_run.format_table(rows, info))
+  elif config.get("pipeline", "train") == "demo":
     demo.run_demo(config)
   else:
     out = loop.train(config)

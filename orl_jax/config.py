@@ -14,6 +14,7 @@ from orl_jax.unmasking import RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
 
 TRAIN_MODES = ("sft", "orl", "rcd_offline", "eval")
+HF_FAMILIES = ("llada", "qwen3")
 FAMILIES = ("block_causal", "bidirectional")
 
 
@@ -40,6 +41,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(config.task.prompt_len % d.block_size == 0,
         f"task.prompt_len={config.task.prompt_len} must be a multiple of "
         f"decode.block_size={d.block_size} (prompts are left-padded to a block boundary)")
+  check(config.loss.get("vocab_chunk", 0) >= 0,
+        f"loss.vocab_chunk={config.loss.get('vocab_chunk', 0)} must be >= 0 (0 = off)")
+  hf_dir = m.get("hf_dir", "")
+  if hf_dir:
+    check(not m.init_from or m.init_from == hf_dir,
+          f"model.hf_dir={hf_dir!r} and model.init_from={m.init_from!r} both give weights; "
+          "set one")
+  check(m.get("hf_family", "") in ("",) + HF_FAMILIES,
+        f"model.hf_family={m.get('hf_family', '')!r} must be one of {HF_FAMILIES} (or '' to "
+        "read it from config.json)")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
   check(t.warmup_steps <= max(t.steps, 1),

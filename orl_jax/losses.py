@@ -5,12 +5,11 @@ global segment sums over the batch, so the packing of states into rows never cha
 from __future__ import annotations
 
 import dataclasses
-import math
-
 import jax
 import jax.numpy as jnp
 
 from orl_jax.replay import ReplayBatch
+from orl_jax.vocab_chunks import token_stats
 
 _EPS = 1e-6
 
@@ -23,6 +22,7 @@ class LossConfig:
   kl_cap: float = 1.0         # c
   w_aec: float = 1.0          # lambda_AEC
   w_kl: float = 1.0           # lambda_KL
+  vocab_chunk: int = 0        # tokens per chunk of the head statistics (0 = all at once)
 
 
 def _segment_sum(values, ids, n):
@@ -52,6 +52,13 @@ def capped_reverse_kl(logp, topk_ids, topk_logprobs, masked, rollout_entropy, re
                       conf_entropy: float, cap: float):
   """min(c, KL(q || p_rollout)) over the stored top-K support plus one bucket for the rest."""
   lq = jnp.take_along_axis(logp, topk_ids, axis=-1)                     # [..., K]
+  return capped_reverse_kl_at(lq, topk_logprobs, masked, rollout_entropy, resp_slot, n,
+                              conf_entropy, cap)
+
+
+def capped_reverse_kl_at(lq, topk_logprobs, masked, rollout_entropy, resp_slot, n,
+                         conf_entropy: float, cap: float):
+  """`capped_reverse_kl` from lq [..., K], the replayed log-probabilities at the top-K ids."""
   q = jnp.exp(lq)
   p = jnp.exp(topk_logprobs)
   q_rest = jnp.clip(1.0 - jnp.sum(q, -1), _EPS, 1.0)
@@ -82,15 +89,16 @@ def aec(h_state, pair_a, pair_b, pair_resp, pair_valid, n, rho: float):
 
 
 def orl_loss(model, batch: ReplayBatch, cfg: LossConfig):
-  """Returns (loss, metrics)."""
-  out = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual)
-  logp = jax.nn.log_softmax(out.logits.astype(jnp.float32), axis=-1)
-  entropy = -jnp.sum(jnp.exp(logp) * logp, -1) / math.log(logp.shape[-1])
-  nll = -jnp.take_along_axis(logp, batch.targets[..., None], axis=-1)[..., 0]
+  """Returns (loss, metrics). The head statistics are computed `cfg.vocab_chunk` tokens at a
+  time when that is > 0 (same values, no [R, T, V] array; see vocab_chunks.py)."""
+  hidden, _, norm_ratio = model.hidden_states(batch.tokens, batch.positions, batch.meta,
+                                              residual=batch.residual)
+  stats = token_stats(model.head, hidden, batch.targets, batch.topk_ids, chunk=cfg.vocab_chunk)
+  entropy, nll = stats.entropy, stats.nll
   n = batch.state_resp.shape[0]   # response slots <= state slots
   ce, n_ce = gated_ce(nll, batch.masked, batch.rollout_entropy, batch.resp_slot, n,
                       cfg.gate_entropy)
-  kl, n_kl, kl_raw = capped_reverse_kl(logp, batch.topk_ids, batch.topk_logprobs, batch.masked,
+  kl, n_kl, kl_raw = capped_reverse_kl_at(stats.logp_at, batch.topk_logprobs, batch.masked,
                                        batch.rollout_entropy, batch.resp_slot, n,
                                        cfg.conf_entropy, cfg.kl_cap)
   h_state, _ = state_entropies(entropy, batch.masked, batch.state_slot, n)
@@ -103,8 +111,8 @@ def orl_loss(model, batch: ReplayBatch, cfg: LossConfig):
       "aec_hinge_active": hinge_active, "responses_ce": n_ce, "responses_kl": n_kl,
       "responses_aec": n_aec,
       "replay_entropy": jnp.sum(entropy * m) / jnp.maximum(jnp.sum(m), 1),
-      "replay_token_acc": jnp.sum((jnp.argmax(logp, -1) == batch.targets) * m)
+      "replay_token_acc": jnp.sum((stats.argmax == batch.targets) * m)
                           / jnp.maximum(jnp.sum(m), 1),
-      "residual_norm_ratio": out.residual_norm_ratio,
+      "residual_norm_ratio": norm_ratio,
   }
   return loss, metrics

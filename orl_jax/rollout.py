@@ -53,5 +53,6 @@ def make_rollout(graphdef, cfg: DecodeConfig, group_size: int):
 def capture_bytes(n_rows: int, cfg: DecodeConfig, d_model: int, dtype_bytes: int) -> int:
   """Bytes of the capture buffers for `n_rows` responses (reported by the dry-run)."""
   s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k
-  per_state = b * d_model * dtype_bytes + b * 4 * 3 + b * k * 8 + b + 3 * 4 + 1
-  return n_rows * s * per_state
+  # z; canvas, alpha, entropy; top-K ids and log-probs; commit; block, step; valid
+  per_state = b * d_model * dtype_bytes + b * 4 * 3 + b * k * 8 + b + 2 * 4 + 1
+  return n_rows * (s * per_state + 4 + 1)   # + n_states, overflow

@@ -1,12 +1,23 @@
-"""Task registry: problems, tokenizer and verifier for `config.task.name`."""
+"""Task registry: problems, tokenizer and verifier for `config.task.name`.
+
+* ``tiny``      — the procedural arithmetic task (train and eval, its own word tokenizer).
+* ``gsm8k``     — GSM8K test (1319, evaluation only: there is no offline train split);
+                  prompts by `prompts.gsm8k_prompt(k_shot=task.k_shot, chat=task.chat)`.
+* ``humaneval`` — HumanEval (164, evaluation only), unit tests in the sandbox.
+* ``jsonl``     — a user file (`task.path`, schema in `data/jsonl.py`): train and eval; answer
+                  problems are wrapped in `task.chat`, code problems are verified by their tests.
+
+Real-text tasks take the model's tokenizer (`model.hf_dir` / `model.tokenizer`); without one they
+use the 260-token byte-level debug tokenizer, which is what the `:debug` configs run.
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from orl_jax.verify.base import Problem
 
-TASKS = ("tiny",)
+TASKS = ("tiny", "gsm8k", "humaneval", "jsonl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,12 +29,100 @@ class Task:
   eval_problems: Callable[[], list[Problem]]
 
 
+class CodePromptVerifier:
+  """Verifies code problems whose model input was wrapped in a chat template: the unit tests
+  must run on the bare code prompt, so problems are mapped back by id before verifying."""
+
+  def __init__(self, inner, originals: dict[str, Problem]):
+    self.inner = inner
+    self.originals = originals
+
+  def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
+    return self.inner.score_batch([self.originals.get(p.problem_id, p) for p in problems],
+                                  responses)
+
+
+class AnswerOrCodeVerifier:
+  """GSM8K-style exact answers for answer problems, sandboxed unit tests for code problems."""
+
+  def __init__(self, answer_verifier, code_verifier):
+    self.answer, self.code = answer_verifier, code_verifier
+
+  def score_batch(self, problems, responses):
+    scores = [0.0] * len(problems)
+    for kind, verifier in (("answer", self.answer), ("code", self.code)):
+      idx = [i for i, p in enumerate(problems) if (p.tests is None) == (kind == "answer")]
+      if idx:
+        for i, s in zip(idx, verifier.score_batch([problems[i] for i in idx],
+                                                  [responses[i] for i in idx])):
+          scores[i] = s
+    return scores
+
+
+def _task_field(task_cfg, name, default):
+  return task_cfg.get(name, default) if hasattr(task_cfg, "get") else getattr(task_cfg, name,
+                                                                              default)
+
+
+def _eval_only(name: str):
+  def fail(_):
+    raise ValueError(f"task.name={name!r} has test problems only (no offline train split): train "
+                     "on your own data with task.name='jsonl' and task.path=FILE")
+  return fail
+
+
+def _cycle(problems: list[Problem]):
+  return lambda i: problems[i % len(problems)]
+
+
+def _wrap_code(problems, chat: str):
+  """(model-input problems, verifier mapping) for code problems under a chat template."""
+  from orl_jax.data.prompts import humaneval_prompt
+  wrapped = [dataclasses.replace(p, prompt=humaneval_prompt(p.prompt, chat)) for p in problems]
+  return wrapped, {p.problem_id: p for p in problems}
+
+
 def get_task(task_cfg, tokenizer=None) -> Task:
-  if task_cfg.name == "tiny":
+  name = task_cfg.name
+  if name == "tiny":
     from orl_jax.data import tiny_task
     from orl_jax.data.tokenizer import tiny_tokenizer
     from orl_jax.verify.tiny import TinyVerifier
     cfg = tiny_task.TinyTaskConfig(**dict(task_cfg.tiny))
     return Task("tiny", tokenizer or tiny_tokenizer(), TinyVerifier(),
                 lambda i: tiny_task.train_problem(i, cfg), lambda: tiny_task.eval_problems(cfg))
-  raise ValueError(f"task.name={task_cfg.name!r} is not one of {TASKS}")
+  if name not in TASKS:
+    raise ValueError(f"task.name={name!r} is not one of {TASKS}")
+  from orl_jax.data import prompts
+  from orl_jax.data.hf_tokenizer import byte_level_tokenizer
+  from orl_jax.verify.gsm8k import GSM8KVerifier
+  tokenizer = tokenizer or byte_level_tokenizer()
+  chat = _task_field(task_cfg, "chat", "none")
+  if name == "gsm8k":
+    from orl_jax.data.gsm8k import load_gsm8k_test
+    k_shot = _task_field(task_cfg, "k_shot", 0)
+    path = _task_field(task_cfg, "path", "") or None
+    load = lambda: load_gsm8k_test(path, prompt_fn=lambda q: prompts.gsm8k_prompt(q, k_shot, chat))
+    return Task("gsm8k", tokenizer, GSM8KVerifier(), _eval_only("gsm8k"), load)
+  from orl_jax.verify.humaneval import HumanEvalVerifier
+  if name == "humaneval":
+    from orl_jax.data.humaneval import load_humaneval
+    path = _task_field(task_cfg, "path", "") or None
+    problems, originals = _wrap_code(load_humaneval(path), chat)
+    return Task("humaneval", tokenizer, CodePromptVerifier(HumanEvalVerifier(), originals),
+                _eval_only("humaneval"), lambda: problems)
+  # jsonl
+  from orl_jax.data.jsonl import load_jsonl_problems
+  path = _task_field(task_cfg, "path", "")
+  if not path:
+    raise ValueError("task.name='jsonl' needs task.path=FILE (one JSON object per line: "
+                     "{prompt, answer} or {prompt, tests, entry_point})")
+  raw = load_jsonl_problems(path)
+  answers = [dataclasses.replace(p, prompt=prompts.apply_chat(p.prompt, chat))
+             for p in raw if p.tests is None]
+  code, originals = _wrap_code([p for p in raw if p.tests is not None], chat)
+  by_id = {p.problem_id: p for p in answers + code}
+  problems = [by_id[p.problem_id] for p in raw]
+  code_verifier = CodePromptVerifier(HumanEvalVerifier(), originals) if code else None
+  verifier = AnswerOrCodeVerifier(GSM8KVerifier(), code_verifier)
+  return Task("jsonl", tokenizer, verifier, _cycle(problems), lambda: problems)

@@ -22,9 +22,10 @@ def test_sft_row_layout_and_visibility():
   valid = jnp.arange(p)[None] >= jnp.array([0, 3])[:, None]
   resp = jnp.arange(10, 10 + n)[None].repeat(b, 0)
   pb = sft_batch(jax.random.key(0), prompt, valid, resp, block_size=4, mask_id=1)
-  assert pb.tokens.shape == (b, p + 2 * n)
+  c = n - 4                                                       # no clean copy of the last block
+  assert pb.tokens.shape == (b, p + c + n)
   pos = np.asarray(pb.positions[0])
-  np.testing.assert_array_equal(pos[p:p + n], pos[p + n:])       # states reuse block positions
+  np.testing.assert_array_equal(pos[p:p + c], pos[p + c:p + c + c])  # states reuse block positions
   vis = np.asarray(staircase_visible(pb.meta, pb.meta))[0]
   kind, blk = np.asarray(pb.meta.kind[0]), np.asarray(pb.meta.block[0])
   for q in np.where(kind == KIND_STATE)[0]:
@@ -32,7 +33,7 @@ def test_sft_row_layout_and_visibility():
     assert seen_clean == set(range(p // 4, blk[q]))                # only earlier clean blocks
   # the loss touches masked state tokens only, normalised by the response length
   w = np.asarray(pb.ce_weight)
-  assert np.all(w[:, :p + n] == 0)
-  masked = np.asarray(pb.tokens[:, p + n:]) == 1
-  assert np.all((w[:, p + n:] > 0) == masked)
-  assert np.all(w[:, p + n:][masked] >= 1.0 / n)
+  assert np.all(w[:, :p + c] == 0)
+  masked = np.asarray(pb.tokens[:, p + c:]) == 1
+  assert np.all((w[:, p + c:] > 0) == masked)
+  assert np.all(w[:, p + c:][masked] >= 1.0 / n)

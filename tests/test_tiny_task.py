@@ -102,7 +102,7 @@ def test_distribution_is_sane(train_problems):
   for op in ("+", "-", "*"):
     assert ops[op] / sum(ops.values()) > 0.2, ops
   answers = collections.Counter(p.answer for p in problems)
-  assert len(answers) > 100
+  assert len(answers) > 0.9 * CFG.max_value  # nearly every value in 1..max_value occurs
   assert answers.most_common(1)[0][1] / len(problems) < 0.05
   names = collections.Counter(p.prompt.split()[0] for p in problems)
   assert len(names) == 20

@@ -143,3 +143,26 @@ def test_rcd_offline_trains_from_a_frozen_reference(tmp_path):
   c.model.residual.mode = "none"                                       # ... and needs rcd mode
   with pytest.raises(ValueError, match="rcd"):
     loop.train(c, progress=False)
+
+
+def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_path):
+  import json
+  from orl_jax.train.orl import SimulatedCrash
+
+  def cfg(workdir):
+    c = _orl_smoke(workdir, steps=3)
+    c.checkpoint.every = 1
+    c.checkpoint.save_rollouts = True
+    return c
+
+  straight = loop.train(cfg(tmp_path / "a"), progress=False)
+  with pytest.raises(SimulatedCrash):
+    loop.train(cfg(tmp_path / "b"), progress=False, crash_before_update_at=2)
+  resumed = loop.train(cfg(tmp_path / "b"), progress=False)
+  a = load_file(os.path.join(straight, "params.safetensors"))
+  b = load_file(os.path.join(resumed, "params.safetensors"))
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  with open(tmp_path / "b" / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert [(r["step"], r["rollout_from_snapshot"]) for r in rows] == [(1, 0.0), (2, 0.0), (3, 1.0)]

@@ -74,6 +74,8 @@ class TinyTaskConfig:
     max_operand: largest starting count and largest number added or subtracted.
     ops: the operations drawn from, a subset of ("+", "-", "*").
     max_product_operand: largest multiplier (at least 2), small so that results stay short.
+    max_value: largest count any step may reach (problems that exceed it are re-drawn); keeps
+      every number at two digits by default, which a ~1M-parameter model learns to compute.
     max_prompt_tokens: prompt length limit in tokens (digits count one each; no BOS).
     max_response_tokens: response length limit in tokens, without the closing EOS.
     train_seed: seed of the training stream.
@@ -84,7 +86,8 @@ class TinyTaskConfig:
   max_ops: int = 3
   max_operand: int = 20
   ops: tuple[str, ...] = _OPS
-  max_product_operand: int = 9
+  max_product_operand: int = 3
+  max_value: int = 99
   max_prompt_tokens: int = 32
   max_response_tokens: int = 31
   train_seed: int = 0
@@ -105,6 +108,9 @@ class TinyTaskConfig:
     if "*" in self.ops and self.max_product_operand < 2:
       raise ValueError("TinyTaskConfig.max_product_operand must be at least 2 when '*' is in ops, "
                        f"got {self.max_product_operand}.")
+    if self.max_value < self.max_operand + 1:
+      raise ValueError(f"TinyTaskConfig.max_value={self.max_value} must exceed max_operand="
+                       f"{self.max_operand}.")
     if self.train_seed == self.eval_seed:
       raise ValueError(f"TinyTaskConfig.train_seed and eval_seed are both {self.train_seed}; "
                        "give the evaluation stream its own seed.")
@@ -167,6 +173,8 @@ def _draw(rng: np.random.Generator, cfg: TinyTaskConfig) -> tuple[str, str, int]
     sentences.append(sentence)
     steps.append(f"{count} {op} {n} = {result}")
     count = result
+  if max(int(s.split()[-1]) for s in steps) > cfg.max_value:
+    return "", "", -1  # rejected by the caller (too large)
   prompt = " . ".join(sentences) + " . " + pick(_QUESTION).format(**fields) + " ?"
   response = " . ".join(steps) + f" . #### {count}"
   return prompt, response, count
@@ -184,7 +192,7 @@ def generate_problem(index: int, split: str,
   rng = np.random.default_rng([_split_seed(split, cfg), index])
   for _ in range(_MAX_DRAWS):
     prompt, response, answer = _draw(rng, cfg)
-    if (count_tokens(prompt) <= cfg.max_prompt_tokens
+    if answer >= 0 and (count_tokens(prompt) <= cfg.max_prompt_tokens
         and count_tokens(response) <= cfg.max_response_tokens
         and str(answer) not in prompt.split()):
       return Problem(problem_id=f"tiny-{split}-{index}", prompt=prompt, target=response,

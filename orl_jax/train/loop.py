@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from orl_jax import config as config_lib
 from orl_jax import params_io
 from orl_jax import sharding as sharding_lib
-from orl_jax.batch import weighted_cross_entropy
+from orl_jax.vocab_chunks import token_stats
 from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.data.pipeline import train_dataset
 from orl_jax.metrics import MetricsWriter
@@ -43,18 +43,67 @@ class Setup:
     return self.task.tokenizer
 
 
+def load_tokenizer(config):
+  """The configured tokenizer: `model.tokenizer` ('byte' or a tokenizer.json path), else the
+  `model.hf_dir`'s tokenizer.json, else None (the task's own: tiny's word tokenizer, or the
+  byte-level debug tokenizer for real-text tasks)."""
+  m = config.model
+  path = m.get("tokenizer", "") or m.get("hf_dir", "")
+  if path == "byte":
+    from orl_jax.data.hf_tokenizer import byte_level_tokenizer
+    return byte_level_tokenizer()
+  if not path:
+    return None
+  from orl_jax.data.hf_tokenizer import HFTokenizer
+  return HFTokenizer.from_file(path, dict(m.get("special_tokens", {})))
+
+
+def hf_family(config) -> str:
+  """`model.hf_family`, or the family named by the checkpoint's config.json."""
+  family = config.model.get("hf_family", "")
+  if family:
+    return family
+  from orl_jax.models import hf
+  hf_cfg = hf.read_hf_config(config.model.hf_dir)
+  kind = str(hf_cfg.get("model_type", "")).lower()
+  family = {"llada": "llada", "qwen3": "qwen3", "sdar": "qwen3"}.get(kind)
+  if family is None:
+    raise config_lib.ConfigError(f"{config.model.hf_dir}/config.json has model_type={kind!r}; "
+                                 f"set model.hf_family to one of {config_lib.HF_FAMILIES}")
+  return family
+
+
 def setup(config) -> Setup:
   config_lib.validate(config)
-  task = get_task(config.task)
+  task = get_task(config.task, tokenizer=load_tokenizer(config))
   tok = task.tokenizer
-  model_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  vocab_size = config.model.get("vocab_size", 0) or tok.vocab_size
+  model_cfg = config_lib.model_config(config, vocab_size=vocab_size, mask_id=tok.mask_id)
+  if hasattr(tok, "vocab_hash") and config.model.get("hf_dir", ""):
+    from orl_jax.data.hf_tokenizer import TokenizerError, check_model_vocab
+    from orl_jax.models import hf
+    hf_dir = config.model.hf_dir
+    check_model_vocab(tok, vocab_size, model_cfg.mask_id, where=f"{hf_dir}/config.json")
+    hf.check_architecture(model_cfg, hf_dir, hf_family(config))
+    declared = hf.read_hf_config(hf_dir).get("mask_token_id")
+    if declared is not None and declared != tok.mask_id:
+      raise TokenizerError(f"{hf_dir}/config.json has mask_token_id={declared} but "
+                           f"model.special_tokens.mask resolves to {tok.mask_id}")
   mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   return Setup(config, task, model_cfg, mesh)
 
 
 def initial_params(s: Setup):
-  """(graphdef, params): fresh, or loaded from `model.init_from` (missing adapter weights keep
-  their zero-output initialisation)."""
+  """(graphdef, params): read from `model.hf_dir` (straight into the partition-rule shardings),
+  fresh, or loaded from `model.init_from` (missing adapter weights keep their zero-output
+  initialisation)."""
+  hf_dir = s.config.model.get("hf_dir", "")
+  if hf_dir:
+    from orl_jax.models import hf
+    _, abstract = hf.abstract_params(s.model_cfg, s.config.seed)
+    shardings = sharding_lib.tree_shardings(abstract, s.mesh)
+    return hf.load_model_params(hf_dir, hf_family(s.config), s.model_cfg, shardings=shardings,
+                                seed=s.config.seed)
   graphdef, params = init_model_params(s.model_cfg, s.config.seed)
   if s.config.model.init_from:
     check_compatible(s.config.model.init_from, s)
@@ -72,16 +121,20 @@ def check_compatible(params_dir: str, s: Setup) -> None:
                      f"tokenizer has {s.tokenizer.vocab_hash()}); retrain it with `make base`")
 
 
-def sft_loss(model, batch, key, *, block_size: int, mask_id: int, residual_fn=None):
-  """1/t-weighted masked CE on the [prompt | x_0 | x_t] layout. `residual_fn(packed, batch)`
-  supplies the residual fed at the noised tokens (offline RCD); None for plain SFT."""
+def sft_loss(model, batch, key, *, block_size: int, mask_id: int, vocab_chunk: int = 0,
+             residual_fn=None):
+  """1/t-weighted masked CE in the staircase layout; the head statistics go `vocab_chunk`
+  tokens at a time when that is > 0 (same value, no [R, T, V] logits). `residual_fn(packed,
+  batch)` supplies the residual fed at the noised tokens (offline RCD); None for plain SFT."""
   pb = sft.sft_batch(key, batch["prompt_tokens"], batch["prompt_valid"], batch["response"],
                      block_size=block_size, mask_id=mask_id)
   residual = None if residual_fn is None else residual_fn(pb, batch)
-  logits = model(pb.tokens, pb.positions, pb.meta, residual=residual).logits
-  total, nll = weighted_cross_entropy(logits, pb.targets, pb.ce_weight)
+  hidden, _, _ = model.hidden_states(pb.tokens, pb.positions, pb.meta, residual=residual)
+  stats = token_stats(model.head, hidden, pb.targets, chunk=vocab_chunk)
+  nll = stats.nll
+  total = jnp.sum(nll * pb.ce_weight)
   masked = pb.ce_weight > 0
-  acc = jnp.argmax(logits, -1) == pb.targets
+  acc = stats.argmax == pb.targets
   metrics = {"masked_nll": jnp.sum(nll * masked) / jnp.sum(masked),
              "masked_acc": jnp.sum(acc * masked) / jnp.sum(masked)}
   return total / pb.tokens.shape[0], metrics
@@ -96,7 +149,7 @@ def params_meta(s: Setup, extra: dict | None = None) -> dict:
   return meta
 
 
-def train(config, *, progress: bool = True, stop_after: int | None = None) -> str:
+def train(config, *, progress: bool = True, stop_after: int | None = None, **test_hooks) -> str:
   """Runs `config.train.mode` ('sft') to `train.steps`, resuming from the work directory's
   latest checkpoint. Returns the folder of the exported final parameters.
 
@@ -105,7 +158,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None) -> st
   s = setup(config)
   if config.train.mode == "orl":
     from orl_jax.train import orl
-    return orl.train_orl(s, progress=progress, stop_after=stop_after)
+    return orl.train_orl(s, progress=progress, stop_after=stop_after, **test_hooks)
   if config.train.mode not in ("sft", "rcd_offline"):
     raise ValueError(f"train() runs train.mode 'sft', 'rcd_offline' or 'orl', "
                      f"got {config.train.mode!r}")
@@ -136,7 +189,8 @@ def train(config, *, progress: bool = True, stop_after: int | None = None) -> st
   loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
                                                block_size=config.decode.block_size,
                                                mask_id=s.model_cfg.mask_id,
-                                               residual_fn=residual_fn)
+                                               residual_fn=residual_fn,
+                                               vocab_chunk=config.loss.get("vocab_chunk", 0))
   rows = sharding_lib.batch_sharding(s.mesh)
   repl = sharding_lib.replicated(s.mesh)
   batch_sh = {"prompt_tokens": rows, "prompt_valid": rows, "response": rows,

@@ -76,7 +76,16 @@ def entropy_by_step(capture_entropy, capture_step, capture_valid, canvas, mask_i
   return out
 
 
-def train_orl(s, *, progress=True, stop_after=None) -> str:
+class SimulatedCrash(RuntimeError):
+  """Raised by tests to emulate a kill at a chosen point of an iteration."""
+
+
+def abstract_like_struct(tree):
+  """ShapeDtypeStructs (no shardings) for restoring a tree saved from device arrays."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:
   config = s.config
   tc, workdir, o = config.train, config.workdir, config.orl
   tok = s.tokenizer
@@ -122,12 +131,27 @@ def train_orl(s, *, progress=True, stop_after=None) -> str:
   bar = tqdm(total=tc.steps, initial=start, desc="orl", disable=not progress, dynamic_ncols=True)
   step = start
   batch = None
+  snapshots = None
+  if config.checkpoint.save_rollouts:
+    snapshots = Checkpointer(os.path.join(workdir, "rollouts"), every=1, keep=1)
   while step < last:
     t0 = time.perf_counter()
-    idx = next(prompt_iter)
+    idx = np.asarray(next(prompt_iter))
     problems = [s.task.train_problem(int(i)) for i in idx]
     pt, pv = encode_prompts(problems, tok, config.task.prompt_len)
-    traj = rollout_fn(state.params, pt, pv, jax.random.fold_in(rollout_key, step), step)
+    from_snapshot = snapshots is not None and snapshots.latest_step() == step
+    if from_snapshot:  # killed between rollout and update: replay the saved rollout
+      abstract = jax.eval_shape(rollout_fn, state.params, pt, pv, rollout_key, step)
+      saved, _ = snapshots.restore(step, {"traj": abstract_like_struct(abstract),
+                                          "rewards": np.zeros((len(idx) * o.group_size,),
+                                                              np.float32),
+                                          "prompt_ids": idx})
+      if not np.array_equal(np.asarray(saved["prompt_ids"]), idx):
+        raise RuntimeError(f"rollout snapshot of step {step} was drawn for other prompts; "
+                           "delete the work directory's rollouts/ folder to re-roll")
+      traj, rewards = saved["traj"], np.asarray(saved["rewards"])
+    else:
+      traj = rollout_fn(state.params, pt, pv, jax.random.fold_in(rollout_key, step), step)
     host = jax.device_get({"responses": traj.responses, "nfe": traj.nfe, "n_gen": traj.n_generated,
                            "valid": traj.capture.valid, "block": traj.capture.block,
                            "step": traj.capture.step, "entropy": traj.capture.entropy,
@@ -135,10 +159,16 @@ def train_orl(s, *, progress=True, stop_after=None) -> str:
     t_rollout = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    texts = [tok.decode(r, stop_at_eos=True) for r in host["responses"]]
-    group_problems = [p for p in problems for _ in range(o.group_size)]
-    rewards = np.asarray(s.task.verifier.score_batch(group_problems, texts), np.float32)
+    if not from_snapshot:
+      texts = [tok.decode(r, stop_at_eos=True) for r in host["responses"]]
+      group_problems = [p for p in problems for _ in range(o.group_size)]
+      rewards = np.asarray(s.task.verifier.score_batch(group_problems, texts), np.float32)
+      if snapshots is not None:
+        snapshots.save(step, {"traj": traj, "rewards": rewards, "prompt_ids": idx})
+        snapshots.wait()
     t_verify = time.perf_counter() - t1
+    if crash_before_update_at == step:
+      raise SimulatedCrash(f"simulated kill between rollout and update at step {step}")
 
     t2 = time.perf_counter()
     plan, pstats = build_plan(prompt_valid=pv, capture_valid=host["valid"],
@@ -163,7 +193,7 @@ def train_orl(s, *, progress=True, stop_after=None) -> str:
     step += 1
     bar.update(1)
     if step % tc.log_every == 0 or step == last:
-      extra = dict(rollout_id=int(batch.rollout_step),
+      extra = dict(rollout_id=int(batch.rollout_step), rollout_from_snapshot=float(from_snapshot),
                    rollout_uses=ledger.uses[int(batch.rollout_step)], reward=rewards.mean(), rollout_tpf=host["n_gen"].sum() / max(host["nfe"].sum(), 1),
                    rollout_nfe=host["nfe"].mean(), rollout_tokens=host["n_gen"].mean(),
                    capture_overflow=host["overflow"].mean(), policy_lag=policy_lag,
@@ -178,6 +208,8 @@ def train_orl(s, *, progress=True, stop_after=None) -> str:
       ckpt.save(step, state, prompt_iter)
   bar.close()
   ckpt.close()
+  if snapshots is not None:
+    snapshots.close()
   writer.close()
   out = os.path.join(workdir, "params")
   if jax.process_index() == 0:

@@ -1,7 +1,7 @@
 """Masked-diffusion SFT in the block-diffusion layout `[prompt | x_0 | x_t]` (DESIGN §2.7).
 
-Each response block j appears twice: clean (x_0, kind CLEAN) and noised (x_t, kind STATE of block
-j, its own state_id). Under the staircase mask the noised block sees the prompt and the clean
+Each response block j appears noised (x_t, kind STATE of block j, its own state_id) and, except
+the last block (no state ever sees it), clean (x_0, kind CLEAN). Under the staircase mask the noised block sees the prompt and the clean
 blocks before j — exactly what a decoding step of block j sees through the KV cache — so SFT,
 ORL replay and decoding share one layout. Loss: 1/t-weighted CE on masked response tokens,
 normalised per response (by its length N), at least one masked token per block.
@@ -38,23 +38,24 @@ def noise_blocks(key, response, *, block_size: int, mask_id: int):
 
 def sft_batch(key, prompt_tokens, prompt_valid, response, *, block_size: int,
               mask_id: int) -> PackedBatch:
-  """One row per example: [prompt (P) | clean response (N) | noised response (N)]."""
+  """One row per example: [prompt (P) | clean blocks 0..n-2 (N - b) | noised response (N)]."""
   b_rows, p = prompt_tokens.shape
   n = response.shape[1]
+  c = n - block_size                       # the last clean block is visible to no state
   noised, masked, t = noise_blocks(key, response, block_size=block_size, mask_id=mask_id)
-  tokens = jnp.concatenate([prompt_tokens, response, noised], axis=1)
+  tokens = jnp.concatenate([prompt_tokens, response[:, :c], noised], axis=1)
   resp_pos = p + jnp.arange(n, dtype=jnp.int32)
-  positions = jnp.concatenate([jnp.arange(p, dtype=jnp.int32), resp_pos, resp_pos])
+  positions = jnp.concatenate([jnp.arange(p, dtype=jnp.int32), resp_pos[:c], resp_pos])
   positions = jnp.broadcast_to(positions, tokens.shape)
   kind = jnp.concatenate([jnp.where(prompt_valid, KIND_PROMPT, KIND_PAD),
-                          jnp.full((b_rows, n), KIND_CLEAN), jnp.full((b_rows, n), KIND_STATE)],
+                          jnp.full((b_rows, c), KIND_CLEAN), jnp.full((b_rows, n), KIND_STATE)],
                          axis=1)
   block = positions // block_size
-  response_id = jnp.where(jnp.arange(p + 2 * n) < p, -1, 0)
+  response_id = jnp.where(jnp.arange(p + c + n) < p, -1, 0)
   state_id = jnp.where(kind == KIND_STATE, block, -1)
   meta = make_meta(kind, block, segment=0, response=response_id, state_id=state_id)
   weight = jnp.where(masked, 1.0 / t, 0.0) / n
-  zeros = jnp.zeros((b_rows, p + n), jnp.float32)
+  zeros = jnp.zeros((b_rows, p + c), jnp.float32)
   return PackedBatch(tokens=tokens, positions=positions, meta=meta,
-                     targets=jnp.concatenate([prompt_tokens, response, response], axis=1),
+                     targets=jnp.concatenate([prompt_tokens, response[:, :c], response], axis=1),
                      ce_weight=jnp.concatenate([zeros, weight], axis=1))

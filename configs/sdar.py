@@ -1,0 +1,44 @@
+"""SDAR-4B / SDAR-8B: Qwen3-based block-diffusion LMs (DESIGN §4): block-causal, block size 4,
+mask <|MASK|> (151669), no logit shift, untied head.
+
+Launch lines:
+  python launch/train.py --config=configs/sdar.py:4b --config.model.hf_dir=/path/SDAR-4B-Chat \
+      --config.task.path=my_train.jsonl
+  python launch/train.py --config=configs/sdar.py:8b --config.dry_run=True
+  python launch/eval.py  --config=configs/sdar.py:4b --config.task.name=gsm8k \
+      --config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar/hf:orl
+  python launch/train.py --config=configs/sdar.py:debug       # tiny random SDAR, 2 ORL steps (CPU)
+
+Variants: "4b" (default), "8b", "debug".
+"""
+from configs import dlm_common
+
+
+def get_config(arg: str | None = None):
+  arg = arg or "4b"
+  c = dlm_common.real_base(family="block_causal", hf_family="qwen3")
+  if arg in ("4b", "debug"):
+    dlm_common.set_shapes(c, d_model=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
+                          mlp_dim=9728, vocab_size=151936, rope_theta=1e6, norm_eps=1e-6,
+                          qk_norm=True, tie_embeddings=False)
+  elif arg == "8b":
+    dlm_common.set_shapes(c, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
+                          mlp_dim=12288, vocab_size=151936, rope_theta=1e6, norm_eps=1e-6,
+                          qk_norm=True, tie_embeddings=False)
+  else:
+    raise ValueError(f"configs/sdar.py has variants 4b, 8b, debug; got {arg!r}")
+  c.model.special_tokens.update(dict(mask="<|MASK|>", eos="<|im_end|>", pad="<|endoftext|>",
+                                     bos=""))
+  c.task.chat = "qwen3"
+  c.task.prompt_len = 512
+  c.decode.block_size = 4
+  c.decode.gen_length = 256
+  c.orl.prompts_per_step, c.orl.group_size = 8, 16
+  c.orl.rollout_rule, c.orl.rollout_rule_value = "entropy_budget", 0.5
+  c.replay.row_len, c.replay.n_rows = 4096, 16
+  c.replay.max_states, c.replay.max_responses = 1024, 128
+  c.workdir = f"work_dirs/sdar_{arg}"
+  if arg == "debug":
+    dlm_common.debug_overrides(c, block_size=4, workdir="work_dirs/sdar_debug")
+    c.model.special_tokens.update(dict(mask="", eos="", pad="", bos=""))
+  return c

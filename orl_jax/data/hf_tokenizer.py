@@ -1,0 +1,151 @@
+"""A Hugging Face `tokenizer.json` behind our tokenizer interface (DESIGN §5).
+
+Interface shared with the tiny task's `WordTokenizer`: `encode(text) -> list[int]`,
+`decode(ids, stop_at_eos=...)`, `vocab_size`, `pad_id`, `mask_id`, `eos_id`, `bos_id`,
+`vocab_hash()`. Special tokens are named in the config (`model.special_tokens`, a token string or
+an id each) and resolved against the file, so a wrong name stops at start-up. Chat templates live
+in `data/prompts.py`; prompts already contain the template's special tokens as text, so `encode`
+adds none.
+
+`byte_level_tokenizer()` builds a 260-token byte-level tokenizer in memory (no file, no
+download): the debug configs use it to run real-task prompts (GSM8K) through tiny random models.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Sequence
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+SPECIAL_ROLES = ("mask", "eos", "pad", "bos")
+
+
+class TokenizerError(ValueError):
+  """A tokenizer that does not fit the configured model; the message names file and field."""
+
+
+class HFTokenizer:
+  """Wraps a `tokenizers.Tokenizer`.
+
+  Args:
+    tokenizer: the loaded tokenizer.
+    special: {role: token string, or id (int or digit string)} for roles mask, eos, pad
+      (default: eos) and bos (optional); "" leaves a role unset.
+    source: where it came from (for error messages).
+  """
+
+  def __init__(self, tokenizer: Tokenizer, special: dict, source: str = "tokenizer"):
+    self._tok = tokenizer
+    self.source = source
+    ids = {}
+    for role in SPECIAL_ROLES:
+      value = special.get(role)
+      if value is None or value == "" or value == -1:
+        continue
+      ids[role] = self._resolve(role, value)
+    for role in ("mask", "eos"):
+      if role not in ids:
+        raise TokenizerError(f"{source}: no {role} token configured (model.special_tokens.{role})")
+    ids.setdefault("pad", ids["eos"])
+    self._ids = ids
+
+  def _resolve(self, role, value) -> int:
+    if isinstance(value, str) and value.isdigit():   # an id written as a string in a config
+      value = int(value)
+    if isinstance(value, int):
+      if not 0 <= value < self.vocab_size:
+        raise TokenizerError(f"{self.source}: model.special_tokens.{role}={value} is outside the "
+                             f"tokenizer's {self.vocab_size} ids")
+      return value
+    token_id = self._tok.token_to_id(value)
+    if token_id is None:
+      raise TokenizerError(f"{self.source}: model.special_tokens.{role}={value!r} is not a token "
+                           "of this tokenizer")
+    return token_id
+
+  @classmethod
+  def from_file(cls, path: str, special: dict) -> "HFTokenizer":
+    if os.path.isdir(path):
+      path = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(path):
+      raise TokenizerError(f"{path} not found: the model directory must contain tokenizer.json "
+                           "(or set model.tokenizer to a tokenizer.json file)")
+    return cls(Tokenizer.from_file(path), special, source=path)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tok.get_vocab_size(with_added_tokens=True)
+
+  @property
+  def mask_id(self) -> int:
+    return self._ids["mask"]
+
+  @property
+  def eos_id(self) -> int:
+    return self._ids["eos"]
+
+  @property
+  def pad_id(self) -> int:
+    return self._ids["pad"]
+
+  @property
+  def bos_id(self) -> int | None:
+    return self._ids.get("bos")
+
+  @property
+  def backend(self) -> Tokenizer:
+    return self._tok
+
+  def vocab_hash(self) -> str:
+    items = sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    data = json.dumps([items, sorted(self._ids.items())], ensure_ascii=False)
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    ids = self._tok.encode(text, add_special_tokens=False).ids
+    if add_bos and self.bos_id is not None:
+      ids = [self.bos_id] + ids
+    return ids + ([self.eos_id] if add_eos else [])
+
+  def decode(self, ids: Sequence[int], *, skip_special: bool = True,
+             stop_at_eos: bool = False) -> str:
+    ids = [int(i) for i in ids]
+    if stop_at_eos and self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    if skip_special:
+      ids = [i for i in ids if i != self.mask_id]
+    return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+
+def check_model_vocab(tokenizer, vocab_size: int, mask_id: int, where: str = "model") -> None:
+  """Raises TokenizerError unless every token id fits the model and the mask ids agree."""
+  problems = []
+  if tokenizer.vocab_size > vocab_size:
+    problems.append(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
+                    f"(model.vocab_size / embedding rows) is {vocab_size}")
+  for role in ("mask_id", "eos_id", "pad_id", "bos_id"):
+    value = getattr(tokenizer, role, None)
+    if value is not None and not 0 <= value < vocab_size:
+      problems.append(f"{role}={value} is outside the model's {vocab_size} embedding rows")
+  if tokenizer.mask_id != mask_id:
+    problems.append(f"tokenizer mask_id={tokenizer.mask_id} but {where} mask_id={mask_id}")
+  if problems:
+    raise TokenizerError(f"{getattr(tokenizer, 'source', 'tokenizer')} does not match {where}: "
+                         + "; ".join(problems))
+
+
+BYTE_SPECIALS = ("<|pad|>", "<|mask|>", "<|eos|>", "<|bos|>")
+
+
+def byte_level_tokenizer() -> HFTokenizer:
+  """256 byte tokens (GPT-2 byte alphabet) + pad, mask, eos, bos: encodes any text, no merges."""
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+  vocab = {tok: i for i, tok in enumerate(list(BYTE_SPECIALS) + alphabet)}
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens(list(BYTE_SPECIALS))
+  return HFTokenizer(tok, {"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|eos|>",
+                           "bos": "<|bos|>"}, source="byte-level debug tokenizer")

@@ -1,0 +1,151 @@
+"""Sizing dry-run (`--config.dry_run=True`): per-device bytes of what a run would allocate.
+
+Everything is computed from `jax.eval_shape` (parameters, optimizer state, rollout
+trajectories, one replay batch) and the partition rules on an abstract mesh of the configured
+size, so an 8B model on 8 devices is sized on one CPU without allocating anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from orl_jax import config as config_lib
+from orl_jax import sharding as sharding_lib
+from orl_jax.models.transformer import Transformer
+from orl_jax.rollout import capture_bytes
+
+
+@dataclasses.dataclass
+class SizingRow:
+  name: str
+  total_bytes: int
+  per_device_bytes: int
+  note: str = ""
+
+
+def mesh_shape(config, n_devices: int | None = None) -> dict[str, int]:
+  """{axis: size} of the configured mesh; a -1 axis fills `n_devices` (default: local devices)."""
+  sizes = [config.mesh.data, config.mesh.fsdp, config.mesh.tensor]
+  if -1 in sizes:
+    n = n_devices or jax.device_count()
+    known = math.prod(s for s in sizes if s != -1)
+    sizes[sizes.index(-1)] = max(n // known, 1)
+  return dict(zip(sharding_lib.AXES, sizes))
+
+
+def abstract_mesh(shape: dict[str, int]) -> jax.sharding.AbstractMesh:
+  return jax.sharding.AbstractMesh(tuple(shape.values()), tuple(shape.keys()))
+
+
+def _special_id(value, default=0) -> int:
+  return int(value) if isinstance(value, str) and value.isdigit() else default
+
+
+def sizing_model_config(config):
+  """The ModelConfig of `config` without reading a tokenizer (`model.vocab_size` must be set,
+  or the task's tokenizer is used)."""
+  vocab = config.model.get("vocab_size", 0)
+  mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
+  if not vocab:
+    from orl_jax.train import loop
+    tok = loop.setup(config).tokenizer
+    vocab, mask_id = tok.vocab_size, tok.mask_id
+  return config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
+
+
+def _per_device(tree, shape: dict[str, int]) -> tuple[int, int]:
+  """(total bytes, bytes on one device) of a tree of ShapeDtypeStructs under the rules."""
+  total = per = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    nbytes = int(np.prod(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+    spec = sharding_lib.partition_spec(sharding_lib.path_name(path), leaf.shape, shape)
+    split = math.prod(shape[a] for a in jax.tree.leaves(tuple(spec)) if a is not None)
+    total += nbytes
+    per += nbytes // split
+  return total, per
+
+
+def _tree_bytes(tree) -> int:
+  return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
+  from orl_jax.replay import ReplayConfig, ReplayPlan, gather_batch
+  from orl_jax.rollout import rollout
+  from orl_jax.train.orl import rollout_decode_config
+  from orl_jax.train.state import make_optimizer
+  from pallas_kernels.staircase_attention import TokenMeta
+
+  shape = mesh_shape(config, n_devices)
+  cfg = sizing_model_config(config)
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))),
+                               nnx.Param)
+  optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
+                             config.train.freeze_base)
+  opt_state = jax.eval_shape(optimizer.init, params)
+  rows = []
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  total, per = _per_device(params, shape)
+  rows.append(SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}"))
+  total, per = _per_device(opt_state, shape)
+  rows.append(SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)"))
+
+  # Rollouts: P prompts x G responses, rows split over the data-parallel axes.
+  data_par = shape["data"] * shape["fsdp"]
+  o = config.orl
+  specials = config.model.get("special_tokens", {})
+  tok = types.SimpleNamespace(mask_id=cfg.mask_id, eos_id=_special_id(specials.get("eos", "")))
+  dcfg = rollout_decode_config(config, tok)
+  n_rollouts = o.prompts_per_step * o.group_size
+  p_len = config.task.prompt_len
+  cap = capture_bytes(n_rollouts, dcfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
+  rows.append(SizingRow("rollout capture buffers", cap, cap // data_par,
+                        f"{n_rollouts} responses x {dcfg.capture_states} states x "
+                        f"b={dcfg.block_size} x D={cfg.d_model}"))
+  prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
+  valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
+  traj = jax.eval_shape(
+      lambda p, t, v: rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0), dcfg,
+                              o.group_size, 0), params, prompts, valid)
+
+  # One replay batch: R rows x T tokens.
+  r = config.replay
+  rcfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
+                      max_responses=r.max_responses)
+  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+  rt = (rcfg.n_rows, rcfg.row_len)
+  plan = ReplayPlan(src_type=i32(*rt), src_group=i32(*rt), src_resp=i32(*rt), src_state=i32(*rt),
+                    src_pos=i32(*rt), positions=i32(*rt), meta=TokenMeta(*(i32(*rt),) * 5),
+                    state_slot=i32(*rt), resp_slot=i32(*rt), pair_a=i32(rcfg.max_states),
+                    pair_b=i32(rcfg.max_states), pair_resp=i32(rcfg.max_states),
+                    pair_valid=jax.ShapeDtypeStruct((rcfg.max_states,), jnp.bool_),
+                    state_resp=i32(rcfg.max_states), n_responses=i32())
+  batch = jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=cfg.mask_id,
+                                                   block_size=dcfg.block_size), traj, plan)
+  replay = _tree_bytes(batch)
+  rows.append(SizingRow("replay batch", replay, replay // data_par,
+                        f"{rcfg.n_rows} rows x {rcfg.row_len} tokens"))
+  info = {"mesh": shape, "n_params": n_params, "model": dataclasses.asdict(cfg),
+          "capture_bytes_traced": _tree_bytes(traj.capture)}
+  return rows, info
+
+
+def format_table(rows: list[SizingRow], info: dict) -> str:
+  gib = lambda b: f"{b / 2**30:10.3f}"
+  mesh = " x ".join(f"{k}={v}" for k, v in info["mesh"].items())
+  head = f"{'what':<26} {'total GiB':>10} {'per-device GiB':>15}  note"
+  lines = [f"dry run on mesh {mesh} ({math.prod(info['mesh'].values())} devices), "
+           f"{info['n_params']:,} parameters", head, "-" * len(head)]
+  for r in rows:
+    lines.append(f"{r.name:<26} {gib(r.total_bytes)} {gib(r.per_device_bytes):>15}  {r.note}")
+  per = sum(r.per_device_bytes for r in rows)
+  lines.append(f"{'sum':<26} {gib(sum(r.total_bytes for r in rows))} {gib(per):>15}  "
+               "(activations not included)")
+  lines.append(f"per_device_total_gib: {per / 2**30:.3f}")
+  return "\n".join(lines)
