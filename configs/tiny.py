@@ -129,6 +129,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.save_rollouts = False
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Multi-host start-up (orl_jax/distributed.py): auto-detects SLURM / TPU pods / coordinator
+  # variables; "on" with coordinator, num_processes, process_id for an explicit job.
+  c.distributed = ml_collections.ConfigDict(dict(mode="auto", coordinator="", num_processes=0,
+                                                 process_id=-1))
 
   # Stages of the demo, each a set of overrides merged into this config (`config.update`).
   # The demo runs base -> "orl" (+ "rcd_offline" with compare_offline, + each of `ablations`);

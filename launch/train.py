@@ -10,7 +10,7 @@ import _common  # noqa: F401  (repo on sys.path)
 from absl import app, logging
 from ml_collections import config_flags
 
-from orl_jax import demo
+from orl_jax import demo, distributed
 from orl_jax.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
@@ -21,6 +21,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
+  distributed.maybe_initialize(config.get("distributed"))
   if config.get("dry_run", False):
     from orl_jax import dry_run
     rows, info = dry_run.sizing_rows(config)

@@ -1,0 +1,65 @@
+"""Multi-host start-up (DESIGN §3): `jax.distributed.initialize()` when the config or the
+environment asks for it; a no-op on one host and in Colab.
+
+`config.distributed.mode`:
+* ``"auto"`` (default) — initialise when the environment describes a multi-process job: explicit
+  coordinator variables (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`), a
+  SLURM job with more than one task, or a multi-host TPU slice (`TPU_WORKER_HOSTNAMES` with
+  several hosts); JAX itself then reads the cluster details.
+* ``"on"`` — always initialise (with `coordinator`, `num_processes`, `process_id` when set).
+* ``"off"`` — never.
+Must run before anything touches a JAX backend.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+
+
+def _env_multiprocess(env) -> str | None:
+  if env.get("JAX_COORDINATOR_ADDRESS"):
+    return "coordinator variables"
+  if int(env.get("SLURM_NTASKS", "1") or 1) > 1:
+    return "SLURM"
+  hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
+  if len(hosts) > 1:
+    return "TPU pod slice"
+  return None
+
+
+def should_initialize(dist_cfg, env=None) -> tuple[bool, str]:
+  env = os.environ if env is None else env
+  mode = dist_cfg.mode if dist_cfg is not None else "auto"
+  if mode == "off":
+    return False, "distributed.mode='off'"
+  if mode == "on":
+    return True, "distributed.mode='on'"
+  if mode != "auto":
+    raise ValueError(f"distributed.mode must be auto, on or off; got {mode!r}")
+  why = _env_multiprocess(env)
+  return (why is not None), (why or "single process")
+
+
+def maybe_initialize(dist_cfg=None, env=None) -> dict:
+  """Initialises the distributed runtime if asked; returns process/device counts for logging."""
+  ok, why = should_initialize(dist_cfg, env)
+  if ok:
+    kwargs = {}
+    if dist_cfg is not None and dist_cfg.get("coordinator"):
+      kwargs = dict(coordinator_address=dist_cfg.coordinator,
+                    num_processes=dist_cfg.num_processes, process_id=dist_cfg.process_id)
+    jax.distributed.initialize(**kwargs)
+  info = {"reason": why, "process_index": jax.process_index(),
+          "process_count": jax.process_count(), "local_devices": jax.local_device_count(),
+          "global_devices": jax.device_count(), "platform": jax.default_backend()}
+  logging.info("process %d/%d, %d local / %d global %s devices (%s)", info["process_index"],
+               info["process_count"], info["local_devices"], info["global_devices"],
+               info["platform"], why)
+  return info
+
+
+def is_lead_process() -> bool:
+  """Only process 0 writes logs, plots and configs (every process checkpoints)."""
+  return jax.process_index() == 0

@@ -1,0 +1,60 @@
+"""HTML view of denoising trajectories: which token settled at which step (DESIGN §3).
+
+Each response is a row of tokens; a token's colour and superscript give the denoising step
+(counted over the whole response) at which it was committed. Several models can be shown side
+by side for the same prompts (e.g. Base vs ORL).
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+
+
+def commit_steps(capture, n_rows: int, block_size: int, gen_length: int) -> np.ndarray:
+  """[n_rows, gen_length] global step index at which each response token was committed (-1 =
+  never, e.g. EOS fill after the end)."""
+  commit = np.asarray(capture.commit)[:n_rows]
+  valid = np.asarray(capture.valid)[:n_rows]
+  block = np.asarray(capture.block)[:n_rows]
+  out = np.full((n_rows, gen_length), -1, np.int32)
+  for r in range(n_rows):
+    for k in np.flatnonzero(valid[r]):
+      pos = block[r, k] * block_size + np.flatnonzero(commit[r, k])
+      out[r, pos] = k
+  return out
+
+
+def _colour(step: int, n_steps: int) -> str:
+  if step < 0:
+    return "#eeeeee"
+  x = step / max(n_steps - 1, 1)
+  r, g, b = int(60 + 195 * x), int(170 - 90 * x), int(240 - 200 * x)
+  return f"rgb({r},{g},{b})"
+
+
+def render(prompts, columns: dict, tokenizer, eos_id: int) -> str:
+  """columns: {model name: (tokens [n, N], steps [n, N], nfe [n])}. Returns an HTML page."""
+  parts = ["<html><head><meta charset='utf-8'><style>",
+           "body{font-family:sans-serif;font-size:13px} td{vertical-align:top;padding:6px}",
+           ".t{display:inline-block;margin:1px;padding:1px 3px;border-radius:3px}",
+           "sup{font-size:8px;color:#333}</style></head><body>",
+           "<h3>Denoising trajectories (colour and superscript = step a token was committed)</h3>",
+           "<table border=1 cellspacing=0><tr><th>prompt</th>"]
+  parts += [f"<th>{html.escape(name)}</th>" for name in columns]
+  parts.append("</tr>")
+  for i, prompt in enumerate(prompts):
+    parts.append(f"<tr><td>{html.escape(prompt)}</td>")
+    for tokens, steps, nfe in columns.values():
+      n_steps = int(steps[i].max()) + 1
+      cells = []
+      for tok, st in zip(tokens[i], steps[i]):
+        word = html.escape(tokenizer.decode([int(tok)], skip_special=False))
+        cells.append(f"<span class='t' style='background:{_colour(int(st), n_steps)}'>"
+                     f"{word}<sup>{int(st) if st >= 0 else ''}</sup></span>")
+        if tok == eos_id:
+          break
+      parts.append(f"<td>{''.join(cells)}<br><small>forwards: {int(nfe[i])}</small></td>")
+    parts.append("</tr>")
+  parts.append("</table></body></html>")
+  return "\n".join(parts)
