@@ -70,6 +70,7 @@ def debug_overrides(c, *, block_size: int, workdir: str):
   m.dtype = m.param_dtype = "float32"
   c.task.name = "tiny"
   c.task.prompt_len = 32
+  c.task.chat = "none"                # the debug tokenizers have no chat special tokens
   c.decode.block_size = block_size
   c.decode.gen_length = 16
   c.decode.temperature = 0.0

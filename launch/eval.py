@@ -1,34 +1,51 @@
-"""Evaluate parameters on a task with several decoder settings; write results.json and a PNG.
+"""Evaluate models on a task with several decoder settings; write results.json, a table and a PNG.
 
   python launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=assets/tiny_base
   python launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=DIR \
       --config.eval.name=orl --config.eval.settings="('threshold_0.9','entropy_budget_0.5')"
+  # Base vs ORL side by side on GSM8K (HF directories or params folders; 'random' = fresh init):
+  python launch/eval.py --config=configs/llada.py:8b-instruct --config.task.name=gsm8k \
+      --config.eval.compare=/path/LLaDA-8B-Instruct:base,work_dirs/llada/params:orl
+  python launch/eval.py --config=configs/llada.py:debug --config.task.name=gsm8k \
+      --config.task.prompt_len=512 --config.eval.compare=random:base
 """
-import os
-
 import _common  # noqa: F401
 from absl import app, logging
 from ml_collections import config_flags
 
-from orl_jax import demo, plots
+from orl_jax import distributed
 from orl_jax import evaluate as eval_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
 
 
+def models_to_evaluate(config) -> list[tuple[str, str]]:
+  compare = config.eval.get("compare", "")
+  if compare:
+    return eval_lib.parse_compare(compare)
+  weights = config.model.init_from or config.model.get("hf_dir", "")
+  if weights:
+    return [(weights, config.eval.name)]
+  if config.eval.get("random_init", False):
+    return [(eval_lib.RANDOM_INIT, config.eval.name)]
+  raise app.UsageError("give weights: --config.model.init_from=DIR (params folder), "
+                       "--config.model.hf_dir=DIR (HF model) or --config.eval.compare="
+                       "DIR:name,DIR:name")
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
-  if not config.model.init_from:
-    raise app.UsageError("--config.model.init_from=DIR is required (a params folder, e.g. "
-                         "assets/tiny_base or WORKDIR/params)")
-  all_results = demo.evaluate_params(config, config.model.init_from, config.eval.name)
-  png = plots.plot_frontier(all_results, os.path.join(config.workdir, "accuracy_vs_tpf.png"))
+  distributed.maybe_initialize(config.get("distributed"))
+  all_results = eval_lib.evaluate_models(config, models_to_evaluate(config))
+  table, png = eval_lib.write_report(all_results, config.workdir,
+                                     title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))
+  print(f"table: {table}")
   print(f"plot: {png}")
-  print(f"results: {os.path.abspath(demo.results_path(config))}")
+  print(f"results: {config.workdir}/results.json")
 
 
 if __name__ == "__main__":

@@ -106,3 +106,68 @@ def format_table(all_results: dict) -> str:
       lines.append(f"{model:<14} {label:<22} {r['accuracy']:>6.3f} {r['tpf_mean']:>9.2f} "
                    f"{r['tpf_pooled']:>9.2f} {r['nfe_mean']:>6.1f} {r['tps']:>9.0f}")
   return "\n".join(lines)
+
+
+RANDOM_INIT = "random"   # an `eval.compare` path that means "freshly initialised from config.seed"
+
+
+def parse_compare(spec: str) -> list[tuple[str, str]]:
+  """'DIR:name,DIR:name' -> [(DIR, name)]; a DIR without ':name' is named after its folder."""
+  out = []
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    path, _, name = item.rpartition(":") if ":" in item else (item, "", "")
+    path = path or item
+    out.append((path, name or os.path.basename(os.path.normpath(path))))
+  names = [n for _, n in out]
+  if len(set(names)) != len(names):
+    raise ValueError(f"eval.compare={spec!r} names a model twice: {names}")
+  return out
+
+
+def model_config_for(config, path: str):
+  """A copy of `config` whose weights come from `path`: a Hugging Face directory (has
+  config.json) -> model.hf_dir; an orl_jax params folder -> model.init_from; 'random' -> a fresh
+  model from config.seed."""
+  import copy
+  cfg = copy.deepcopy(config)
+  with cfg.unlocked():
+    cfg.model.init_from = ""
+    if "hf_dir" in cfg.model:
+      cfg.model.hf_dir = ""
+    if path == RANDOM_INIT:
+      pass
+    elif os.path.isfile(os.path.join(path, "config.json")):
+      cfg.model.hf_dir = path
+    elif os.path.isdir(path):
+      cfg.model.init_from = path
+    else:
+      raise FileNotFoundError(f"eval.compare: {path!r} is neither a Hugging Face model directory "
+                              "(config.json), an orl_jax params folder, nor 'random'")
+  return cfg
+
+
+def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True) -> dict:
+  """Evaluates each (weights path, name) with `eval.settings` on `config.task`, side by side;
+  merges `{name: {setting: metrics}}` into WORKDIR/results.json and returns all results."""
+  from orl_jax.train import loop
+  path = os.path.join(config.workdir, "results.json")
+  all_results = {}
+  for weights, name in models:
+    cfg = model_config_for(config, weights)
+    s = loop.setup(cfg)
+    graphdef, params = loop.initial_params(s)
+    results = evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress)
+    all_results = update_results(path, name, results)
+  return all_results
+
+
+def write_report(all_results: dict, workdir: str, title: str = "") -> tuple[str, str]:
+  """Writes the table (results_table.txt) and the accuracy-vs-TPF Pareto plot (PNG)."""
+  from orl_jax import plots
+  os.makedirs(workdir, exist_ok=True)
+  table_path = os.path.join(workdir, "results_table.txt")
+  with open(table_path, "w") as f:
+    f.write(format_table(all_results) + "\n")
+  png = plots.plot_frontier(all_results, os.path.join(workdir, "accuracy_vs_tpf.png"),
+                            title=title or "accuracy vs tokens per forward")
+  return table_path, png

@@ -261,3 +261,38 @@ def test_tokenizer_and_model_must_agree():
     check_model_vocab(tok, 200, tok.mask_id)
   with pytest.raises(TokenizerError, match="mask_id"):
     check_model_vocab(tok, 300, 7)
+
+
+_SHARDED_LOAD = """
+import jax
+jax.config.update("jax_num_cpu_devices", 4)
+import numpy as np
+from orl_jax import sharding
+from orl_jax.models import hf
+from tests.test_hf_models import _llada_cfg, _write_llada_dir
+cfg = _llada_cfg()
+tensors = _write_llada_dir(PATH, cfg)
+mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2)
+_, abstract = hf.abstract_params(cfg)
+sh = sharding.tree_shardings(abstract, mesh)
+_, params = hf.load_model_params(PATH, "llada", cfg, shardings=sh)
+flat = hf._flat_params(params)
+q = flat["layers.0.attn.q_proj.kernel"]
+assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor"), q.sharding.spec
+assert q.addressable_shards[0].data.shape == (24, 24)
+np.testing.assert_array_equal(np.asarray(q), tensors["model.transformer.blocks.0.q_proj.weight"].T)
+e = flat["embed.embedding"]
+assert e.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
+np.testing.assert_array_equal(np.asarray(e), tensors["model.transformer.wte.weight"])
+print("SHARDED_OK")
+"""
+
+
+def test_load_straight_into_fsdp_tensor_shardings(tmp_path):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = _SHARDED_LOAD.replace("PATH", repr(str(tmp_path / "l")))
+  out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root), timeout=300)
+  assert out.returncode == 0 and "SHARDED_OK" in out.stdout, out.stderr[-3000:]

@@ -39,7 +39,7 @@ def test_problem_fields(eval_set):
   assert eval_set[5].problem_id == "tiny-eval-5"
   assert tiny_task.train_problem(123, CFG).problem_id == "tiny-train-123"
   for problem in eval_set:
-    assert problem.target.endswith(f"#### {problem.answer}")
+    assert problem.target.endswith(f"#### {int(problem.answer):02d}")
     assert problem.answer.isdigit()
 
 
@@ -60,11 +60,11 @@ def test_token_limits_respected(train_problems):
 
 
 def test_tighter_limits_are_respected_and_impossible_ones_fail_loudly():
-  tight = dataclasses.replace(CFG, max_prompt_tokens=24, max_response_tokens=20)
+  tight = dataclasses.replace(CFG, max_prompt_tokens=24, max_response_tokens=21)
   for i in range(300):
     problem = tiny_task.train_problem(i, tight)
     assert tiny_task.count_tokens(problem.prompt) <= 24
-    assert tiny_task.count_tokens(problem.target) <= 20
+    assert tiny_task.count_tokens(problem.target) <= 21
   with pytest.raises(ValueError, match="max_response_tokens"):
     tiny_task.train_problem(0, dataclasses.replace(CFG, max_response_tokens=5))
 
@@ -113,7 +113,8 @@ def test_distribution_is_sane(train_problems):
 
 
 def test_op_knobs():
-  only_add = dataclasses.replace(CFG, ops=("+",), min_ops=4, max_ops=4, max_operand=5)
+  only_add = dataclasses.replace(CFG, ops=("+",), min_ops=4, max_ops=4, max_operand=5,
+                                 fixed_width=False)
   for i in range(50):
     steps = tiny_task.parse_steps(tiny_task.train_problem(i, only_add).target)
     assert len(steps) == 4 and {s[1] for s in steps} == {"+"}
@@ -216,3 +217,13 @@ def test_verifier_reads_the_last_answer_mark():
   assert extract_answer("x #### 027 .") == "27"
   with pytest.raises(ValueError, match="responses"):
     verifier.score_batch([problem], [])
+
+
+def test_fixed_width_layout_depends_only_on_the_number_of_operations(train_problems):
+  for problem in train_problems[:2000]:
+    steps = tiny_task.parse_steps(problem.target)
+    numbers = [w for w in problem.target.split() if w.isdigit()]
+    assert all(len(w) == 2 for w in numbers)                    # every number two digits
+    assert tiny_task.count_tokens(problem.target) == 9 * len(steps) + 3
+  plain = dataclasses.replace(CFG, fixed_width=False)
+  assert "07 - 04" not in tiny_task.generate_problem(1, "eval", plain).target

@@ -76,6 +76,10 @@ class TinyTaskConfig:
     max_product_operand: largest multiplier (at least 2), small so that results stay short.
     max_value: largest count any step may reach (problems that exceed it are re-drawn); keeps
       every number at two digits by default, which a ~1M-parameter model learns to compute.
+    fixed_width: write the response's numbers zero-padded to the width of `max_value`
+      (`07 + 05 = 12`), so the response layout never depends on the values: a masked diffusion
+      model then only has to compute digits, not to plan how many digit slots each result
+      takes before knowing it (with one block of 32 that planning dominated the errors).
     max_prompt_tokens: prompt length limit in tokens (digits count one each; no BOS).
     max_response_tokens: response length limit in tokens, without the closing EOS.
     train_seed: seed of the training stream.
@@ -86,8 +90,9 @@ class TinyTaskConfig:
   max_ops: int = 3
   max_operand: int = 20
   ops: tuple[str, ...] = _OPS
-  max_product_operand: int = 3
+  max_product_operand: int = 5
   max_value: int = 99
+  fixed_width: bool = True
   max_prompt_tokens: int = 32
   max_response_tokens: int = 31
   train_seed: int = 0
@@ -141,6 +146,10 @@ def _split_seed(split: str, cfg: TinyTaskConfig) -> int:
   raise ValueError(f"Unknown split {split!r}; the tiny task has splits {_SPLITS}.")
 
 
+def _num(value: int, cfg: TinyTaskConfig) -> str:
+  return f"{value:0{len(str(cfg.max_value))}d}" if cfg.fixed_width else str(value)
+
+
 def _draw(rng: np.random.Generator, cfg: TinyTaskConfig) -> tuple[str, str, int]:
   """One candidate problem as (prompt, response, answer); limits are checked by the caller."""
   def pick(options):
@@ -171,12 +180,12 @@ def _draw(rng: np.random.Generator, cfg: TinyTaskConfig) -> tuple[str, str, int]
     if step > 0 and rng.random() < _THEN_PROBABILITY:
       sentence = f"{_THEN} {sentence}"
     sentences.append(sentence)
-    steps.append(f"{count} {op} {n} = {result}")
+    steps.append(f"{_num(count, cfg)} {op} {_num(n, cfg)} = {_num(result, cfg)}")
     count = result
   if max(int(s.split()[-1]) for s in steps) > cfg.max_value:
     return "", "", -1  # rejected by the caller (too large)
   prompt = " . ".join(sentences) + " . " + pick(_QUESTION).format(**fields) + " ?"
-  response = " . ".join(steps) + f" . #### {count}"
+  response = " . ".join(steps) + f" . #### {_num(count, cfg)}"
   return prompt, response, count
 
 
