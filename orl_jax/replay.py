@@ -14,6 +14,10 @@ block) and its states:
 
 A group that does not fit one row is split into segments, each with its own prompt copy.
 The naive layout (`layout="naive"`) puts every state in its own row with its whole prefix.
+Fully bidirectional families (LLaDA) cannot share context — their prompt attends to the canvas
+— so `layout="canvas"` replays every state as its own full canvas segment
+`[prompt | committed blocks | active block | future masks]` under plain segment masking (all
+tokens of a segment see each other), exactly what the decoder forwarded.
 Losses are normalised per response (see losses.py), so packing never changes the loss.
 """
 from __future__ import annotations
@@ -29,7 +33,8 @@ from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 TokenMeta)
 
-SRC_PAD, SRC_PROMPT, SRC_CLEAN, SRC_STATE = 0, 1, 2, 3
+SRC_PAD, SRC_PROMPT, SRC_CLEAN, SRC_STATE, SRC_MASK = 0, 1, 2, 3, 4
+LAYOUTS = ("packed", "naive", "canvas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +44,8 @@ class ReplayConfig:
   max_states: int               # selected-state slots per update
   max_responses: int            # response slots per update
   states_per_response: int = 0  # 0 = all captured states; else a random contiguous window
-  layout: str = "packed"        # packed | naive
+  layout: str = "packed"        # packed | naive | canvas (bidirectional families)
+  response_blocks: int = 0      # canvas layout: blocks per response (future blocks are masks)
   n_shards: int = 1             # data-parallel shards rows are balanced over
 
 
@@ -70,9 +76,10 @@ class _Unit:
   resp: int
   clean_blocks: int          # number of clean response blocks placed before its states
   states: list               # [(capture index, block)]
+  mask_blocks: int = 0       # canvas layout: masked future blocks after the state
 
   def size(self, b):
-    return (self.clean_blocks + len(self.states)) * b
+    return (self.clean_blocks + len(self.states) + self.mask_blocks) * b
 
 
 def select_states(valid, blocks, eligible, cfg: ReplayConfig, rng: np.random.Generator):
@@ -94,11 +101,13 @@ def state_cost(block: int, prompt_blocks: int, b: int) -> int:
   return b * (prompt_blocks + block) * b + b * b
 
 
-def _units(selected, group_size, prompt_len, b, row_len, naive):
+def _units(selected, group_size, prompt_len, b, row_len, naive, future_blocks=None):
   units = []
   for r, states in selected.items():
-    if naive:
-      units += [_Unit(r // group_size, r, blk, [(i, blk)]) for i, blk in states]
+    if naive:  # one state per unit; canvas units also carry the masked future blocks
+      units += [_Unit(r // group_size, r, blk, [(i, blk)],
+                      0 if future_blocks is None else future_blocks - 1 - blk)
+                for i, blk in states]
       continue
     pending = list(states)
     while pending:  # split a response whose states overflow a row
@@ -122,9 +131,15 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
   """
   b = block_size
   n_prompts, prompt_len = prompt_valid.shape
-  naive = cfg.layout == "naive"
+  if cfg.layout not in LAYOUTS:
+    raise ValueError(f"replay.layout must be one of {LAYOUTS}, got {cfg.layout!r}")
+  canvas = cfg.layout == "canvas"
+  if canvas and cfg.response_blocks <= 0:
+    raise ValueError("the canvas replay layout needs response_blocks > 0")
+  naive = cfg.layout == "naive" or canvas
   selected = select_states(capture_valid, capture_block, eligible, cfg, rng)
-  units = _units(selected, group_size, prompt_len, b, cfg.row_len, naive)
+  units = _units(selected, group_size, prompt_len, b, cfg.row_len, naive,
+                 cfg.response_blocks if canvas else None)
   if any(prompt_len + u.size(b) > cfg.row_len for u in units):
     raise ValueError(f"replay.row_len={cfg.row_len} cannot hold a prompt ({prompt_len}) plus "
                      f"one state with its context; raise replay.row_len")
@@ -189,6 +204,9 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
       src_pos[ri, sl] = positions[ri, sl] = np.arange(prompt_len)
       seg[ri, sl], blk[ri, sl] = si + 1, np.arange(prompt_len) // b
       kind[ri, sl] = np.where(prompt_valid[group], KIND_PROMPT, KIND_PAD)
+      if canvas:
+        blk[ri, sl] = 0
+      seg_start = t
       t += prompt_len
       local = {}
       for u in us:
@@ -222,6 +240,17 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
           t += b
           state_tokens += b
           slot_of[(u.resp, cap_i)] = (slot, block)
+        for j in range(u.mask_blocks):  # canvas layout: the still-masked future blocks
+          sl = slice(t, t + b)
+          src_type[ri, sl], src_resp[ri, sl] = SRC_MASK, u.resp
+          first = u.states[-1][1] + 1 + j
+          positions[ri, sl] = prompt_len + first * b + np.arange(b)
+          seg[ri, sl] = si + 1
+          t += b
+      if canvas:  # one bidirectional segment: every real token sees every other
+        sl = slice(seg_start, t)
+        kind[ri, sl] = np.where(src_type[ri, sl] == SRC_PROMPT, kind[ri, sl], KIND_PROMPT)
+        blk[ri, sl], resp[ri, sl], sid[ri, sl] = 0, -1, -1
   # AEC pairs: consecutive captured steps (k, k+1) of the same block, wherever they were packed.
   pairs = []
   for (r, cap_i), (slot, block) in slot_of.items():
@@ -312,7 +341,9 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int) -> Re
   state_pos = jnp.clip(pos, 0, block_size - 1)
   state_tok = cap.canvas[resp, sidx, state_pos]
   tokens = jnp.where(st == SRC_PROMPT, prompt_tok,
-                     jnp.where(st == SRC_CLEAN, clean_tok, jnp.where(is_state, state_tok, 0)))
+                     jnp.where(st == SRC_CLEAN, clean_tok,
+                               jnp.where(is_state, state_tok,
+                                         jnp.where(st == SRC_MASK, mask_id, 0))))
   resp_block = cap.block[resp, sidx]
   target = traj.responses[resp, jnp.clip(resp_block * block_size + state_pos, 0, n - 1)]
   z = jnp.where(is_state[..., None], cap.z[resp, sidx, state_pos], 0)

@@ -17,9 +17,8 @@ from tests.helpers import TINY, tiny_model
 B_SIZE, GEN, G = 4, 12, 3
 
 
-@pytest.fixture(scope="module")
-def rolled_out():
-  model = tiny_model(7, residual_mode="adapter")
+def _rollout(family):
+  model = tiny_model(7, residual_mode="adapter", family=family)
   st = nnx.state(model, nnx.Param)
   k = st["adapter"]["down_proj"]["kernel"]
   k[...] = 0.1 * jax.random.normal(jax.random.key(3), k[...].shape)   # a live pathway
@@ -33,8 +32,14 @@ def rolled_out():
   return graphdef, params, traj, np.asarray(valid)
 
 
+@pytest.fixture(scope="module")
+def rolled_out():
+  return _rollout("block_causal")
+
+
 def _plan(traj, valid, **kw):
-  defaults = dict(row_len=160, n_rows=40, max_states=96, max_responses=8)
+  defaults = dict(row_len=160, n_rows=40, max_states=96, max_responses=8,
+                  response_blocks=GEN // B_SIZE)
   defaults.update(kw)
   cap = jax.device_get(traj.capture)
   return build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
@@ -57,6 +62,26 @@ def test_replay_reproduces_rollout_logits(rolled_out, layout):
   np.testing.assert_allclose(replayed, np.asarray(batch.topk_logprobs)[is_state], atol=1e-4)
   # the residual really was consumed (states after a block's first step carry z != 0)
   assert np.abs(np.asarray(batch.residual.z)[is_state]).sum() > 0
+
+
+def test_bidirectional_canvas_replay_reproduces_rollout_logits():
+  graphdef, params, traj, valid = _rollout("bidirectional")
+  plan, stats = _plan(traj, valid, layout="canvas", row_len=60)
+  assert stats["states_dropped"] == 0
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  model = nnx.merge(graphdef, params)
+  logits = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual).logits
+  logp = jax.nn.log_softmax(logits, -1)
+  is_state = np.asarray(plan.state_slot) >= 0
+  replayed = np.asarray(jnp.take_along_axis(logp, batch.topk_ids, -1))[is_state]
+  np.testing.assert_allclose(replayed, np.asarray(batch.topk_logprobs)[is_state], atol=1e-4)
+  # the block-causal packing would not be exact for this family
+  packed, _ = _plan(traj, valid, layout="packed")
+  pb = gather_batch(traj, packed, mask_id=TINY.mask_id, block_size=B_SIZE)
+  lp = jax.nn.log_softmax(model(pb.tokens, pb.positions, pb.meta, residual=pb.residual).logits, -1)
+  st = np.asarray(packed.state_slot) >= 0
+  assert np.abs(np.asarray(jnp.take_along_axis(lp, pb.topk_ids, -1))[st]
+                - np.asarray(pb.topk_logprobs)[st]).max() > 1e-3
 
 
 def test_packing_does_not_change_the_loss(rolled_out):

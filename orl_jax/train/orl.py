@@ -48,10 +48,13 @@ def loss_config(config) -> LossConfig:
 
 
 def replay_config(config, n_shards: int) -> ReplayConfig:
+  """Bidirectional families always replay full canvases (their context cannot be shared)."""
   r = config.replay
+  bidirectional = config.model.family == "bidirectional"
   return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
                       max_responses=r.max_responses, states_per_response=r.states_per_response,
-                      layout=r.layout, n_shards=n_shards)
+                      layout="canvas" if bidirectional else r.layout, n_shards=n_shards,
+                      response_blocks=config.decode.gen_length // config.decode.block_size)
 
 
 def rollout_decode_config(config, tok):
