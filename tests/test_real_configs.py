@@ -27,6 +27,15 @@ def test_debug_config_runs_two_orl_iterations(tmp_path, name):
   assert [r["step"] for r in rows] == [1, 2]
   assert all(r["policy_lag"] == 0 and r["states_packed"] > 0 for r in rows)
   assert os.path.isfile(tmp_path / "params" / "params.safetensors")
+  # ... and the trained model exports as a Hugging Face directory that loads back exactly
+  out = subprocess.run(
+      [sys.executable, "launch/export.py", f"--config=configs/{name}.py:debug",
+       f"--params={tmp_path / 'params'}", f"--out={tmp_path / 'hf'}"],
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert {"config.json", "model.safetensors", "adapter.safetensors"} <= set(
+      os.listdir(tmp_path / "hf"))
 
 
 @pytest.mark.parametrize("module,arg,family,tied", [
