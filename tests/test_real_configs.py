@@ -27,7 +27,7 @@ def test_debug_config_runs_two_orl_iterations(tmp_path, name):
   assert [r["step"] for r in rows] == [1, 2]
   assert all(r["policy_lag"] == 0 and r["states_packed"] > 0 for r in rows)
   assert os.path.isfile(tmp_path / "params" / "params.safetensors")
-  # ... and the trained model exports as a Hugging Face directory that loads back exactly
+  # ... and the trained model exports as a Hugging Face directory (round trip: test_hf_models)
   out = subprocess.run(
       [sys.executable, "launch/export.py", f"--config=configs/{name}.py:debug",
        f"--params={tmp_path / 'params'}", f"--out={tmp_path / 'hf'}"],
