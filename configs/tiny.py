@@ -123,6 +123,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.batch_size = 128
   c.eval.settings = ("fixed_steps_1", "threshold_0.9", "threshold_0.7", "entropy_budget_0.5")
   c.eval.name = "base"            # the model's key in results.json
+  c.eval.compare = ""             # "DIR:name,DIR:name": models evaluated side by side
+  c.eval.random_init = False
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 500

@@ -58,13 +58,7 @@ def base_params_dir(config, *, progress=True) -> str:
 
 def evaluate_params(config, params_dir: str, name: str, *, progress=True) -> dict:
   """Evaluates the parameters in `params_dir` with `eval.settings`; merges into results.json."""
-  cfg = copy.deepcopy(config)
-  with cfg.unlocked():
-    cfg.model.init_from = params_dir
-  s = loop.setup(cfg)
-  graphdef, params = loop.initial_params(s)
-  results = eval_lib.evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress)
-  return eval_lib.update_results(results_path(config), name, results)
+  return eval_lib.evaluate_models(config, [(params_dir, name)], progress=progress)
 
 
 def results_path(config) -> str:
