@@ -163,20 +163,13 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
     raise ValueError(f"train() runs train.mode 'sft', 'rcd_offline' or 'orl', "
                      f"got {config.train.mode!r}")
   tc, workdir = config.train, config.workdir
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
-
-  optimizer = make_optimizer(tc, config.model.residual.lr_scale, tc.freeze_base)
-  graphdef, params = initial_params(s)
-  graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
-                                                 params=params)
+  run = prepare_run(s)
+  graphdef, state, state_sh, optimizer, ckpt = (run.graphdef, run.state, run.state_shardings,
+                                                run.optimizer, run.ckpt)
   data = train_dataset(s.task.train_problem, s.tokenizer, prompt_len=config.task.prompt_len,
                        gen_length=config.decode.gen_length, batch_size=tc.batch_size,
                        shard_index=jax.process_index(), shard_count=jax.process_count())
   data_iter = iter(data)
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), every=config.checkpoint.every,
-                      keep=config.checkpoint.keep)
   start = ckpt.latest_step() or 0
   if start:
     state, _ = ckpt.restore(start, abstract_like(state), data_iter)
@@ -185,7 +178,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
   residual_fn, extra_inputs = None, {}
   if config.train.mode == "rcd_offline":
     from orl_jax.train import rcd
-    residual_fn, extra_inputs = rcd.reference_residual_fn(s, params)
+    residual_fn, extra_inputs = rcd.reference_residual_fn(s)
   loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
                                                block_size=config.decode.block_size,
                                                mask_id=s.model_cfg.mask_id,
@@ -212,10 +205,44 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
     if ckpt.should_save(step, final=step == last):
       ckpt.save(step, state, data_iter)
   bar.close()
-  ckpt.close()
   writer.close()
-  out = os.path.join(workdir, "params")
+  return finish_run(s, run, state, step)
+
+
+@dataclasses.dataclass
+class Run:
+  """What every training loop starts from."""
+  graphdef: object
+  state: object
+  state_shardings: object
+  optimizer: object
+  ckpt: Checkpointer
+
+
+def prepare_run(s: Setup) -> Run:
+  """Records the config, builds the optimizer and the sharded train state (from
+  `model.init_from` when set) and opens the work directory's checkpoint manager."""
+  config = s.config
+  os.makedirs(config.workdir, exist_ok=True)
+  if jax.process_index() == 0:
+    with open(os.path.join(config.workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+  optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
+                             config.train.freeze_base)
+  graphdef, params = initial_params(s)
+  graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
+                                                 params=params)
+  ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
+                      keep=config.checkpoint.keep)
+  return Run(graphdef, state, state_sh, optimizer, ckpt)
+
+
+def finish_run(s: Setup, run: Run, state, step: int) -> str:
+  """Waits for checkpoints and exports the final parameters to WORKDIR/params."""
+  run.ckpt.close()
+  out = os.path.join(s.config.workdir, "params")
   if jax.process_index() == 0:
     params_io.save_params(out, jax.device_get(state.params),
-                          params_meta(s, {"train_steps": int(step), "seed": config.seed}))
+                          params_meta(s, {"train_steps": int(step), "seed": s.config.seed,
+                                          "mode": s.config.train.mode}))
   return out

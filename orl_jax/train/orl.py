@@ -9,17 +9,16 @@ reports the policy lag (update step minus the step the rollout was drawn for), w
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
-from orl_jax import params_io
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
@@ -27,7 +26,7 @@ from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.metrics import MetricsWriter
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout
-from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+from orl_jax.train.state import make_train_step
 from orl_jax.unmasking import UnmaskRule
 
 
@@ -63,7 +62,6 @@ def rollout_decode_config(config, tok):
                                   rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
                                   temperature=o.rollout_temperature, capture_states=1)
   steps = dcfg.n_blocks * dcfg.steps_bound
-  import dataclasses
   return dataclasses.replace(dcfg, capture_states=o.capture_states or steps)
 
 
@@ -92,20 +90,13 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
   config = s.config
   tc, workdir, o = config.train, config.workdir, config.orl
   tok = s.tokenizer
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
-  from orl_jax.train.loop import initial_params, params_meta
-
-  optimizer = make_optimizer(tc, config.model.residual.lr_scale, tc.freeze_base)
-  graphdef, params = initial_params(s)
-  graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
-                                                 params=params)
+  from orl_jax.train.loop import finish_run, prepare_run
+  run = prepare_run(s)
+  graphdef, state, state_sh, optimizer, ckpt = (run.graphdef, run.state, run.state_shardings,
+                                                run.optimizer, run.ckpt)
   prompts = prompt_dataset(s.task.train_problem, batch_size=o.prompts_per_step,
                            shard_index=jax.process_index(), shard_count=jax.process_count())
   prompt_iter = iter(prompts)
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), every=config.checkpoint.every,
-                      keep=config.checkpoint.keep)
   start = ckpt.latest_step() or 0
   if start:
     state, _ = ckpt.restore(start, abstract_like(state), prompt_iter)
@@ -210,13 +201,7 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
     if ckpt.should_save(step, final=step == last):
       ckpt.save(step, state, prompt_iter)
   bar.close()
-  ckpt.close()
   if snapshots is not None:
     snapshots.close()
   writer.close()
-  out = os.path.join(workdir, "params")
-  if jax.process_index() == 0:
-    params_io.save_params(out, jax.device_get(state.params),
-                          params_meta(s, {"train_steps": int(step), "seed": config.seed,
-                                          "mode": "orl"}))
-  return out
+  return finish_run(s, run, state, step)

@@ -19,7 +19,7 @@ from orl_jax.train.state import init_model_params
 from pallas_kernels.staircase_attention import KIND_STATE
 
 
-def reference_residual_fn(s, params):
+def reference_residual_fn(s):
   """(residual_fn, extra batch inputs). The reference is the `model.init_from` model with no
   residual pathway; its parameters travel in the batch (replicated), never into the graph."""
   if not s.config.model.init_from:
