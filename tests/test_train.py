@@ -166,3 +166,57 @@ def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_pat
   with open(tmp_path / "b" / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
   assert [(r["step"], r["rollout_from_snapshot"]) for r in rows] == [(1, 0.0), (2, 0.0), (3, 1.0)]
+
+
+_SHARDED_REPLAY = textwrap.dedent("""
+  import jax
+  jax.config.update("jax_num_cpu_devices", 4)
+  import numpy as np
+  from flax import nnx
+  from orl_jax import sharding
+  from orl_jax.decoding import DecodeConfig
+  from orl_jax.losses import LossConfig, orl_loss
+  from orl_jax.replay import ReplayConfig, build_plan, gather_batch
+  from orl_jax.rollout import make_rollout
+  from orl_jax.unmasking import UnmaskRule
+  from tests.helpers import TINY, tiny_model
+  model = tiny_model(7, residual_mode="adapter")
+  graphdef, params = nnx.split(model)
+  cfg = DecodeConfig(gen_length=8, block_size=4, mask_id=TINY.mask_id, eos_id=2,
+                     rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=8)
+  prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
+  valid = np.ones((2, 8), bool)
+  traj = make_rollout(graphdef, cfg, 3)(params, prompts, valid, jax.random.key(5), 0)
+  cap = jax.device_get(traj.capture)
+  results = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    mesh = sharding.make_mesh(devices=devices)
+    plan, stats = build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
+                             eligible=np.ones(6, bool), group_size=3, block_size=4,
+                             cfg=ReplayConfig(row_len=48, n_rows=8, max_states=48,
+                                              max_responses=6, n_shards=len(devices)),
+                             rng=np.random.default_rng(0))
+    assert stats["states_dropped"] == 0
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=4)
+    rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    batch = jax.device_put(batch, jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
+    assert len(batch.tokens.sharding.device_set) == len(devices)
+    fn = jax.jit(jax.value_and_grad(lambda p: orl_loss(nnx.merge(graphdef, p), batch,
+                                                        LossConfig(conf_entropy=0.99))[0]))
+    loss, grads = fn(params)
+    results.append((float(loss), jax.tree.leaves(jax.device_get(grads))))
+  print("LOSSES", results[0][0], results[1][0])
+  np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5)
+  for a, b in zip(results[0][1], results[1][1]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+""")
+
+
+def test_replay_loss_and_grads_agree_on_one_and_four_devices():
+  """Cost-balanced rows on 4 data shards give the 1-device loss and gradients (the loss is
+  normalised per response across shards)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-c", _SHARDED_REPLAY], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "LOSSES" in out.stdout
