@@ -94,7 +94,8 @@ def run_demo(config, *, progress=True) -> str:
   all_results = {}
   for name, params_dir in trained.items():
     all_results = evaluate_params(config, params_dir, name, progress=progress)
-  png = plots.plot_frontier(all_results, os.path.join(config.workdir, "accuracy_vs_tpf.png"))
+  _, png = eval_lib.write_report(all_results, config.workdir,
+                                 title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))
   for c in curves:
     print(f"training curves: {c}")

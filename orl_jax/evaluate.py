@@ -97,14 +97,19 @@ def update_results(path: str, model_name: str, results: dict) -> dict:
   return all_results
 
 
-def format_table(all_results: dict) -> str:
-  """A plain-text table: model, setting, accuracy, TPF (mean / pooled), NFE, TPS."""
-  head = f"{'model':<14} {'decoder':<22} {'acc':>6} {'tpf_mean':>9} {'tpf_pool':>9} {'nfe':>6} {'tps':>9}"
+def format_table(all_results: dict, reference: str = "base") -> str:
+  """A plain-text table: model, setting, accuracy, TPF (mean / pooled), NFE, TPS, and the
+  pooled-TPF ratio to the `reference` model at the same decoder setting when it was evaluated."""
+  head = (f"{'model':<16} {'decoder':<20} {'acc':>6} {'tpf_mean':>9} {'tpf_pool':>9} "
+          f"{'vs_' + reference:>9} {'nfe':>6} {'tps':>9}")
   lines = [head, "-" * len(head)]
+  ref = all_results.get(reference, {})
   for model, settings in all_results.items():
     for label, r in settings.items():
-      lines.append(f"{model:<14} {label:<22} {r['accuracy']:>6.3f} {r['tpf_mean']:>9.2f} "
-                   f"{r['tpf_pooled']:>9.2f} {r['nfe_mean']:>6.1f} {r['tps']:>9.0f}")
+      ratio = (f"{r['tpf_pooled'] / ref[label]['tpf_pooled']:>8.2f}x" if label in ref
+               else f"{'':>9}")
+      lines.append(f"{model:<16} {label:<20} {r['accuracy']:>6.3f} {r['tpf_mean']:>9.2f} "
+                   f"{r['tpf_pooled']:>9.2f} {ratio} {r['nfe_mean']:>6.1f} {r['tps']:>9.0f}")
   return "\n".join(lines)
 
 
