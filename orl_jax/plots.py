@@ -20,7 +20,13 @@ def plot_training_curves(jsonl_path: str, png_path: str, keys=None, title: str =
                            squeeze=False)
   for ax, key in zip(axes.flat, keys):
     pts = [(r["step"], r[key]) for r in rows if key in r]
-    ax.plot([p[0] for p in pts], [p[1] for p in pts])
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    ax.plot(xs, ys, alpha=0.35, color="tab:blue")
+    if len(ys) >= 8:  # a running mean makes trends readable through rollout noise
+      w = max(len(ys) // 10, 3)
+      smooth = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1])
+                for i in range(len(ys))]
+      ax.plot(xs, smooth, color="tab:blue")
     ax.set_title(key, fontsize=9)
     ax.set_xlabel("step", fontsize=8)
     ax.grid(alpha=0.3)
