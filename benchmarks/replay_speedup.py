@@ -15,7 +15,6 @@ import _common  # noqa: F401
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from configs import tiny
 from orl_jax import config as config_lib

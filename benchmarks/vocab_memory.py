@@ -8,7 +8,6 @@ either way (tests/test_chunked_losses.py); only the peak changes.
   python benchmarks/vocab_memory.py [--tokens 4096] [--vocab 126464] [--chunk 512]
 """
 import argparse
-import dataclasses
 import os
 
 import _common  # noqa: F401

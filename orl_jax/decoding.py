@@ -21,11 +21,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.models.transformer import KVCache, Transformer, init_cache
+from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
 from orl_jax.unmasking import UnmaskRule, select_commits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
-                                                TokenMeta, make_meta)
+                                                make_meta)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,7 +111,7 @@ def _units(selected, group_size, prompt_len, b, row_len, naive, future_blocks=No
       continue
     pending = list(states)
     while pending:  # split a response whose states overflow a row
-      take, need = [], 0
+      take = []
       for i, blk in pending:
         clean = max([x[1] for x in take] + [blk])
         if prompt_len + (clean + len(take) + 1) * b > row_len and take:

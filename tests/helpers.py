@@ -1,7 +1,6 @@
 """Small shared builders for tests."""
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 

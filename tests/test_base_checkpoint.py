@@ -1,8 +1,5 @@
 """The committed tiny base model (assets/tiny_base, made by `make base`) loads and is accurate."""
-import json
 import os
-
-import pytest
 
 from configs import tiny
 from orl_jax import evaluate as eval_lib

@@ -134,7 +134,6 @@ def test_aec_hinge_and_stop_gradient():
 
 
 def test_capped_reverse_kl_cap_reached_and_not():
-  v = 4
   # rollout distribution: top-2 ids {0, 1} with probs 0.7, 0.2, rest 0.1
   topk_ids = jnp.array([[0, 1], [0, 1]])
   topk_lp = jnp.log(jnp.array([[0.7, 0.2], [0.7, 0.2]]))

@@ -24,7 +24,6 @@ import tempfile
 from typing import Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from safetensors import safe_open

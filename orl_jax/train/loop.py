@@ -7,7 +7,6 @@ are checkpointed, so a killed run resumes exactly.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -15,7 +14,6 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
