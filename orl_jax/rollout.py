@@ -39,15 +39,22 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
                       rollout_step=jnp.asarray(rollout_step, jnp.int32))
 
 
-def make_rollout(graphdef, cfg: DecodeConfig, group_size: int):
-  """Jitted `(params, prompt_tokens, prompt_valid, key, rollout_step) -> Trajectories`."""
+def make_rollout(graphdef, cfg: DecodeConfig, group_size: int, mesh=None):
+  """Jitted `(params, prompt_tokens, prompt_valid, key, rollout_step) -> Trajectories`.
 
-  @jax.jit
+  With a mesh, prompts are split over the data axes and the rollout runs data-parallel (each
+  shard decodes its prompts' groups; parameters keep their own shardings).
+  """
+
   def run(params, prompt_tokens, prompt_valid, key, rollout_step):
     return rollout(nnx.merge(graphdef, params), prompt_tokens, prompt_valid, key, cfg,
                    group_size, rollout_step)
 
-  return run
+  if mesh is None:
+    return jax.jit(run)
+  from orl_jax import sharding as sharding_lib
+  rows = sharding_lib.batch_sharding(mesh)
+  return jax.jit(run, in_shardings=(None, rows, rows, None, None))
 
 
 def capture_bytes(n_rows: int, cfg: DecodeConfig, d_model: int, dtype_bytes: int) -> int:

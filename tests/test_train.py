@@ -220,3 +220,36 @@ def test_replay_loss_and_grads_agree_on_one_and_four_devices():
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "LOSSES" in out.stdout
+
+
+_SHARDED_ROLLOUT = textwrap.dedent("""
+  import jax
+  jax.config.update("jax_num_cpu_devices", 4)
+  import numpy as np
+  from flax import nnx
+  from orl_jax import sharding
+  from orl_jax.decoding import DecodeConfig
+  from orl_jax.rollout import make_rollout
+  from orl_jax.unmasking import UnmaskRule
+  from tests.helpers import TINY, tiny_model
+  graphdef, params = nnx.split(tiny_model(3, residual_mode="adapter"))
+  cfg = DecodeConfig(gen_length=8, block_size=4, mask_id=TINY.mask_id, eos_id=2,
+                     rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=8)
+  prompts = np.asarray(jax.random.randint(jax.random.key(0), (4, 8), 3, TINY.vocab_size))
+  valid = np.ones((4, 8), bool)
+  mesh = sharding.make_mesh()
+  single = make_rollout(graphdef, cfg, 2)(params, prompts, valid, jax.random.key(1), 0)
+  parallel = make_rollout(graphdef, cfg, 2, mesh)(params, prompts, valid, jax.random.key(1), 0)
+  assert len(parallel.responses.sharding.device_set) == 4, parallel.responses.sharding
+  for a, b in zip(jax.tree.leaves(jax.device_get(single)), jax.tree.leaves(jax.device_get(parallel))):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  print("SAME")
+""")
+
+
+def test_data_parallel_rollout_equals_single_device():
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-c", _SHARDED_ROLLOUT], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "SAME" in out.stdout

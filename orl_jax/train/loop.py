@@ -88,7 +88,21 @@ def setup(config) -> Setup:
       raise TokenizerError(f"{hf_dir}/config.json has mask_token_id={declared} but "
                            f"model.special_tokens.mask resolves to {tok.mask_id}")
   mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  check_divisible_by_shards(config, mesh.shape["data"] * mesh.shape["fsdp"])
   return Setup(config, task, model_cfg, mesh)
+
+
+def check_divisible_by_shards(config, n_shards: int) -> None:
+  """Batch dimensions split over the data axes must divide evenly (checked once the mesh,
+  and so the device count, is known)."""
+  sizes = {"train.batch_size": config.train.batch_size}
+  if config.train.mode == "orl":
+    sizes.update({"orl.prompts_per_step": config.orl.prompts_per_step,
+                  "replay.n_rows": config.replay.n_rows})
+  bad = [f"{k}={v}" for k, v in sizes.items() if v % n_shards]
+  if bad:
+    raise config_lib.ConfigError(f"{', '.join(bad)} must be divisible by the {n_shards} data "
+                                 "shards of the mesh (mesh.data x mesh.fsdp)")
 
 
 def initial_params(s: Setup):

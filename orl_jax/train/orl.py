@@ -103,7 +103,7 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
     logging.info("resumed ORL from step %d", start)
 
   dcfg = rollout_decode_config(config, tok)
-  rollout_fn = make_rollout(graphdef, dcfg, o.group_size)
+  rollout_fn = make_rollout(graphdef, dcfg, o.group_size, s.mesh)
   n_shards = s.mesh.shape["data"] * s.mesh.shape["fsdp"]
   rcfg = replay_config(config, n_shards)
   lcfg = loss_config(config)
