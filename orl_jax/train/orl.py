@@ -124,7 +124,6 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
   last = tc.steps if stop_after is None else min(tc.steps, stop_after)
   bar = tqdm(total=tc.steps, initial=start, desc="orl", disable=not progress, dynamic_ncols=True)
   step = start
-  batch = None
   snapshots = None
   if config.checkpoint.save_rollouts:
     snapshots = Checkpointer(os.path.join(workdir, "rollouts"), every=1, keep=1)
@@ -172,10 +171,10 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
                               rng=np.random.default_rng([config.seed, step]))
     batch = gather(traj, plan)
     del traj  # discard: nothing is kept across updates
+    batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)  # rows over data
     if step_fn is None:
-      batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
       step_fn = make_train_step(graphdef, optimizer, loss_fn, s.mesh, state_sh, batch_sh)
-    batch = jax.device_put(batch, jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
+    batch = jax.device_put(batch, batch_sh)
     t_pack = time.perf_counter() - t2
 
     t3 = time.perf_counter()
@@ -188,7 +187,8 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
     bar.update(1)
     if step % tc.log_every == 0 or step == last:
       extra = dict(rollout_id=int(batch.rollout_step), rollout_from_snapshot=float(from_snapshot),
-                   rollout_uses=ledger.uses[int(batch.rollout_step)], reward=rewards.mean(), rollout_tpf=host["n_gen"].sum() / max(host["nfe"].sum(), 1),
+                   rollout_uses=ledger.uses[int(batch.rollout_step)], reward=rewards.mean(),
+                   rollout_tpf=host["n_gen"].sum() / max(host["nfe"].sum(), 1),
                    rollout_nfe=host["nfe"].mean(), rollout_tokens=host["n_gen"].mean(),
                    capture_overflow=host["overflow"].mean(), policy_lag=policy_lag,
                    sec_rollout=t_rollout, sec_verify=t_verify, sec_pack=t_pack,
