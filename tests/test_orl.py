@@ -48,19 +48,26 @@ def _plan(traj, valid, **kw):
                     rng=np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("layout", ["packed", "naive"])
-def test_replay_reproduces_rollout_logits(rolled_out, layout):
-  graphdef, params, traj, valid = rolled_out
-  plan, stats = _plan(traj, valid, layout=layout)
-  assert stats["states_dropped"] == 0 and stats["states_packed"] == int(traj.capture.valid.sum())
+def _replayed_vs_captured(graphdef, params, traj, plan):
+  """(replayed log-probs at the captured top-K ids, captured log-probs, batch) at state tokens."""
   batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
   model = nnx.merge(graphdef, params)
   logits = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual).logits
   logp = jax.nn.log_softmax(logits, -1)
   is_state = np.asarray(plan.state_slot) >= 0
   replayed = np.asarray(jnp.take_along_axis(logp, batch.topk_ids, -1))[is_state]
-  np.testing.assert_allclose(replayed, np.asarray(batch.topk_logprobs)[is_state], atol=1e-4)
+  return replayed, np.asarray(batch.topk_logprobs)[is_state], batch
+
+
+@pytest.mark.parametrize("layout", ["packed", "naive"])
+def test_replay_reproduces_rollout_logits(rolled_out, layout):
+  graphdef, params, traj, valid = rolled_out
+  plan, stats = _plan(traj, valid, layout=layout)
+  assert stats["states_dropped"] == 0 and stats["states_packed"] == int(traj.capture.valid.sum())
+  replayed, captured, batch = _replayed_vs_captured(graphdef, params, traj, plan)
+  np.testing.assert_allclose(replayed, captured, atol=1e-4)
   # the residual really was consumed (states after a block's first step carry z != 0)
+  is_state = np.asarray(plan.state_slot) >= 0
   assert np.abs(np.asarray(batch.residual.z)[is_state]).sum() > 0
 
 
@@ -68,20 +75,12 @@ def test_bidirectional_canvas_replay_reproduces_rollout_logits():
   graphdef, params, traj, valid = _rollout("bidirectional")
   plan, stats = _plan(traj, valid, layout="canvas", row_len=60)
   assert stats["states_dropped"] == 0
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
-  model = nnx.merge(graphdef, params)
-  logits = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual).logits
-  logp = jax.nn.log_softmax(logits, -1)
-  is_state = np.asarray(plan.state_slot) >= 0
-  replayed = np.asarray(jnp.take_along_axis(logp, batch.topk_ids, -1))[is_state]
-  np.testing.assert_allclose(replayed, np.asarray(batch.topk_logprobs)[is_state], atol=1e-4)
+  replayed, captured, _ = _replayed_vs_captured(graphdef, params, traj, plan)
+  np.testing.assert_allclose(replayed, captured, atol=1e-4)
   # the block-causal packing would not be exact for this family
   packed, _ = _plan(traj, valid, layout="packed")
-  pb = gather_batch(traj, packed, mask_id=TINY.mask_id, block_size=B_SIZE)
-  lp = jax.nn.log_softmax(model(pb.tokens, pb.positions, pb.meta, residual=pb.residual).logits, -1)
-  st = np.asarray(packed.state_slot) >= 0
-  assert np.abs(np.asarray(jnp.take_along_axis(lp, pb.topk_ids, -1))[st]
-                - np.asarray(pb.topk_logprobs)[st]).max() > 1e-3
+  replayed, captured, _ = _replayed_vs_captured(graphdef, params, traj, packed)
+  assert np.abs(replayed - captured).max() > 1e-3
 
 
 def test_packing_does_not_change_the_loss(rolled_out):
