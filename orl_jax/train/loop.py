@@ -1,4 +1,5 @@
-"""Training entry points: `train(config)` for SFT (and, later, ORL / offline RCD), `run_demo`.
+"""Training entry point `train(config)`: SFT and offline RCD here, ORL in `orl.py`; `setup`,
+`prepare_run` and `finish_run` are shared by every loop.
 
 One obvious loop: data -> jitted step -> metrics -> checkpoint. The step RNG is
 `fold_in(base_key, step)`, the data stream is a pure function of the iterator state, and both
