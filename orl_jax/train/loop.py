@@ -183,10 +183,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
                        gen_length=config.decode.gen_length, batch_size=tc.batch_size,
                        shard_index=jax.process_index(), shard_count=jax.process_count())
   data_iter = iter(data)
-  start = ckpt.latest_step() or 0
-  if start:
-    state, _ = ckpt.restore(start, abstract_like(state), data_iter)
-    logging.info("resumed from step %d", start)
+  state, start = resume(run, data_iter)
 
   residual_fn, extra_inputs = None, {}
   if config.train.mode == "rcd_offline":
@@ -248,6 +245,17 @@ def prepare_run(s: Setup) -> Run:
   ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
                       keep=config.checkpoint.keep)
   return Run(graphdef, state, state_sh, optimizer, ckpt)
+
+
+def resume(run: Run, data_iter) -> tuple[object, int]:
+  """(state, step) from the work directory's latest checkpoint, restoring `data_iter` in place;
+  the fresh state and step 0 when there is none."""
+  start = run.ckpt.latest_step() or 0
+  if not start:
+    return run.state, 0
+  state, _ = run.ckpt.restore(start, abstract_like(run.state), data_iter)
+  logging.info("resumed %s from step %d", run.ckpt.directory, start)
+  return state, start
 
 
 def finish_run(s: Setup, run: Run, state, step: int) -> str:

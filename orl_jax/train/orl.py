@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
 import os
 import time
 
@@ -20,7 +19,7 @@ from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.checkpoint import Checkpointer, abstract_like
+from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.metrics import MetricsWriter
@@ -90,17 +89,14 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
   config = s.config
   tc, workdir, o = config.train, config.workdir, config.orl
   tok = s.tokenizer
-  from orl_jax.train.loop import finish_run, prepare_run
+  from orl_jax.train.loop import finish_run, prepare_run, resume
   run = prepare_run(s)
   graphdef, state, state_sh, optimizer, ckpt = (run.graphdef, run.state, run.state_shardings,
                                                 run.optimizer, run.ckpt)
   prompts = prompt_dataset(s.task.train_problem, batch_size=o.prompts_per_step,
                            shard_index=jax.process_index(), shard_count=jax.process_count())
   prompt_iter = iter(prompts)
-  start = ckpt.latest_step() or 0
-  if start:
-    state, _ = ckpt.restore(start, abstract_like(state), prompt_iter)
-    logging.info("resumed ORL from step %d", start)
+  state, start = resume(run, prompt_iter)
 
   dcfg = rollout_decode_config(config, tok)
   rollout_fn = make_rollout(graphdef, dcfg, o.group_size, s.mesh)
