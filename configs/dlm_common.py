@@ -10,6 +10,7 @@ They extend `configs/tiny.py`'s schema with the fields a real model needs:
   eval.compare          "DIR:name,DIR:name" models evaluated side by side (HF or params dirs)
   eval.random_init      evaluate a freshly initialised model when no weights are given (debug)
   loss.vocab_chunk      tokens per chunk of the large-vocabulary losses (0 = off)
+  mesh.dcn              {data, fsdp, tensor} ways over the data-center network (hybrid mesh)
 """
 import ml_collections
 

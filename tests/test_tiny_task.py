@@ -227,3 +227,27 @@ def test_fixed_width_layout_depends_only_on_the_number_of_operations(train_probl
     assert tiny_task.count_tokens(problem.target) == 9 * len(steps) + 3
   plain = dataclasses.replace(CFG, fixed_width=False)
   assert "07 - 04" not in tiny_task.generate_problem(1, "eval", plain).target
+
+
+def test_commuted_operands_keep_the_arithmetic_and_the_layout():
+  commuting = dataclasses.replace(CFG, commute_probability=0.3)
+  n_steps = n_swapped = 0
+  for i in range(2000):
+    problem = tiny_task.train_problem(i, commuting)
+    steps = tiny_task.parse_steps(problem.target)
+    assert tiny_task.count_tokens(problem.target) == 9 * len(steps) + 3
+    count = int([w for w in problem.prompt.split() if w.isdigit()][0])
+    for left, op, right, result in steps:
+      assert result == {"+": left + right, "-": left - right, "*": left * right}[op]
+      swapped = left != count
+      if swapped:                                   # the running count is written second
+        assert op in "+*" and right == count
+      n_steps += op in "+*"
+      n_swapped += swapped
+      count = result
+    assert problem.answer == str(count)
+  assert 0.25 < n_swapped / n_steps < 0.35          # left == right steps never count as swapped
+  # Off by default, and then the stream is exactly the one without the knob.
+  assert TinyTaskConfig().commute_probability == 0.0
+  with pytest.raises(ValueError, match="commute_probability"):
+    dataclasses.replace(CFG, commute_probability=1.5)

@@ -7,13 +7,20 @@ asks for the final count:
             how many apples does ann have ?
   response: 7 + 5 = 12 . 12 - 3 = 9 . 9 * 3 = 27 . #### 27
 
-The response has one step per operation; each step's left operand is the previous result, so the
-model has to compute rather than copy, and a problem whose answer also appears as a number in the
+The response has one step per operation; each step's left operand is the previous result (with
+`commute_probability`, a `+` or `*` step may write it second: `05 + 12 = 17`), so the model has
+to compute rather than copy, and a problem whose answer also appears as a number in the
 prompt is re-drawn. Counts never go below 1 (a subtraction takes at most the current count minus
 one). Every problem is a pure function of `(split seed, index)`; a problem that breaks a token
 limit is re-drawn from the same generator, so re-drawing is deterministic too. Token counts use
 `tokenizer.pretokenize` (one token per digit) and exclude BOS/EOS: `max_response_tokens` leaves
 room for the EOS that closes a 32-token block.
+
+Why commuted operands: a block-diffusion model commits every position it is confident about in
+one forward. When the data allow two orders, the operand positions of a step are split between
+them until one of them is committed, so a confidence-threshold decoder spends extra forwards
+on choices that do not change the answer: the under-commitment that ORL's on-policy entropy
+contraction removes in real models, whose data always admit several phrasings.
 """
 from __future__ import annotations
 
@@ -80,6 +87,11 @@ class TinyTaskConfig:
       (`07 + 05 = 12`), so the response layout never depends on the values: a masked diffusion
       model then only has to compute digits, not to plan how many digit slots each result
       takes before knowing it (with one block of 32 that planning dominated the errors).
+    commute_probability: chance that a `+` or `*` step writes its operands in the other order
+      (`05 + 12 = 17` instead of `12 + 05 = 17`). Both orders are correct and the layout is the
+      same; like the several valid phrasings of natural text, it makes the training data
+      multimodal, so a model trained on it hedges between the orders at positions it decodes in
+      parallel (see the module docstring).
     max_prompt_tokens: prompt length limit in tokens (digits count one each; no BOS).
     max_response_tokens: response length limit in tokens, without the closing EOS.
     train_seed: seed of the training stream.
@@ -93,6 +105,7 @@ class TinyTaskConfig:
   max_product_operand: int = 5
   max_value: int = 99
   fixed_width: bool = True
+  commute_probability: float = 0.0
   max_prompt_tokens: int = 32
   max_response_tokens: int = 31
   train_seed: int = 0
@@ -116,6 +129,9 @@ class TinyTaskConfig:
     if self.max_value < self.max_operand + 1:
       raise ValueError(f"TinyTaskConfig.max_value={self.max_value} must exceed max_operand="
                        f"{self.max_operand}.")
+    if not 0.0 <= self.commute_probability <= 1.0:
+      raise ValueError("TinyTaskConfig.commute_probability must be in [0, 1], got "
+                       f"{self.commute_probability}.")
     if self.train_seed == self.eval_seed:
       raise ValueError(f"TinyTaskConfig.train_seed and eval_seed are both {self.train_seed}; "
                        "give the evaluation stream its own seed.")
@@ -180,7 +196,11 @@ def _draw(rng: np.random.Generator, cfg: TinyTaskConfig) -> tuple[str, str, int]
     if step > 0 and rng.random() < _THEN_PROBABILITY:
       sentence = f"{_THEN} {sentence}"
     sentences.append(sentence)
-    steps.append(f"{_num(count, cfg)} {op} {_num(n, cfg)} = {_num(result, cfg)}")
+    left, right = _num(count, cfg), _num(n, cfg)
+    # The extra draw only happens when commuting is on, so streams without it stay unchanged.
+    if op != "-" and cfg.commute_probability > 0 and rng.random() < cfg.commute_probability:
+      left, right = right, left
+    steps.append(f"{left} {op} {right} = {_num(result, cfg)}")
     count = result
   if max(int(s.split()[-1]) for s in steps) > cfg.max_value:
     return "", "", -1  # rejected by the caller (too large)
