@@ -8,7 +8,7 @@ import logging
 import os
 
 from orl_jax import evaluate as eval_lib
-from orl_jax import params_io, plots
+from orl_jax import distributed, params_io, plots
 from orl_jax.train import loop
 
 CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
@@ -89,7 +89,7 @@ def run_demo(config, *, progress=True) -> str:
     metrics = os.path.join(cfg.workdir, "metrics.jsonl")
     png = os.path.join(config.workdir, f"curves_{stage}.png")
     keys = CURVE_KEYS if cfg.train.mode == "orl" else None
-    if os.path.exists(metrics):
+    if os.path.exists(metrics) and distributed.is_lead_process():
       curves.append(plots.plot_training_curves(metrics, png, keys=keys, title=stage))
   all_results = {}
   for name, params_dir in trained.items():

@@ -3,9 +3,10 @@ environment asks for it; a no-op on one host and in Colab.
 
 `config.distributed.mode`:
 * ``"auto"`` (default) — initialise when the environment describes a multi-process job: explicit
-  coordinator variables (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`), a
-  SLURM job with more than one task, or a multi-host TPU slice (`TPU_WORKER_HOSTNAMES` with
-  several hosts); JAX itself then reads the cluster details.
+  coordinator variables (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`; JAX
+  reads only the first itself, so the other two are passed on), a SLURM job with more than one
+  task, or a multi-host TPU slice (`TPU_WORKER_HOSTNAMES` with several hosts), whose details
+  JAX's cluster detection reads.
 * ``"on"`` — always initialise (with `coordinator`, `num_processes`, `process_id` when set).
 * ``"off"`` — never.
 Must run before anything touches a JAX backend.
@@ -42,15 +43,31 @@ def should_initialize(dist_cfg, env=None) -> tuple[bool, str]:
   return (why is not None), (why or "single process")
 
 
+def initialize_kwargs(dist_cfg, env=None) -> dict:
+  """Arguments for `jax.distributed.initialize`: the config's coordinator, else the
+  `JAX_COORDINATOR_ADDRESS`/`JAX_NUM_PROCESSES`/`JAX_PROCESS_ID` variables, else none (JAX
+  detects SLURM, TPU pods and other clusters)."""
+  env = os.environ if env is None else env
+  if dist_cfg is not None and dist_cfg.get("coordinator"):
+    return dict(coordinator_address=dist_cfg.coordinator,
+                num_processes=dist_cfg.num_processes, process_id=dist_cfg.process_id)
+  if not env.get("JAX_COORDINATOR_ADDRESS"):
+    return {}
+  kwargs = {"coordinator_address": env["JAX_COORDINATOR_ADDRESS"]}
+  for name, key in (("JAX_NUM_PROCESSES", "num_processes"), ("JAX_PROCESS_ID", "process_id")):
+    if env.get(name):
+      try:
+        kwargs[key] = int(env[name])
+      except ValueError:
+        raise ValueError(f"{name}={env[name]!r} must be an integer") from None
+  return kwargs
+
+
 def maybe_initialize(dist_cfg=None, env=None) -> dict:
   """Initialises the distributed runtime if asked; returns process/device counts for logging."""
   ok, why = should_initialize(dist_cfg, env)
   if ok:
-    kwargs = {}
-    if dist_cfg is not None and dist_cfg.get("coordinator"):
-      kwargs = dict(coordinator_address=dist_cfg.coordinator,
-                    num_processes=dist_cfg.num_processes, process_id=dist_cfg.process_id)
-    jax.distributed.initialize(**kwargs)
+    jax.distributed.initialize(**initialize_kwargs(dist_cfg, env))
   info = {"reason": why, "process_index": jax.process_index(),
           "process_count": jax.process_count(), "local_devices": jax.local_device_count(),
           "global_devices": jax.device_count(), "platform": jax.default_backend()}
@@ -63,3 +80,10 @@ def maybe_initialize(dist_cfg=None, env=None) -> dict:
 def is_lead_process() -> bool:
   """Only process 0 writes logs, plots and configs (every process checkpoints)."""
   return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches `name` (e.g. process 0's files are written)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)

@@ -15,6 +15,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
+from orl_jax import distributed
+from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decoding import make_decoder
 from orl_jax.unmasking import UnmaskRule
@@ -47,7 +49,7 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     out = compiled(params, prompts[s:e], valid[s:e], jax.random.fold_in(key, i))
     out = jax.block_until_ready(out)
     seconds += time.perf_counter() - t0
-    outs.append(jax.device_get((out.tokens, out.nfe, out.n_generated)))
+    outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.n_generated)))
   tokens, nfe, n_gen = (np.concatenate(x)[:n] for x in zip(*outs))
   return tokens, nfe, n_gen, seconds
 
@@ -158,7 +160,8 @@ def model_config_for(config, path: str):
 
 def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True) -> dict:
   """Evaluates each (weights path, name) with `eval.settings` on `config.task`, side by side;
-  merges `{name: {setting: metrics}}` into WORKDIR/results.json and returns all results."""
+  merges `{name: {setting: metrics}}` into WORKDIR/results.json (process 0) and returns all
+  results (on other processes: this call's)."""
   from orl_jax.train import loop
   path = os.path.join(config.workdir, "results.json")
   all_results = {}
@@ -167,17 +170,22 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True)
     s = loop.setup(cfg)
     graphdef, params = loop.initial_params(s)
     results = evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress)
-    all_results = update_results(path, name, results)
+    if distributed.is_lead_process():
+      all_results = update_results(path, name, results)
+    else:
+      all_results[name] = results
   return all_results
 
 
 def write_report(all_results: dict, workdir: str, title: str = "") -> tuple[str, str]:
-  """Writes the table (results_table.txt) and the accuracy-vs-TPF Pareto plot (PNG)."""
+  """Writes the table (results_table.txt) and the accuracy-vs-TPF Pareto plot (PNG); only
+  process 0 writes, every process gets the paths."""
   from orl_jax import plots
-  os.makedirs(workdir, exist_ok=True)
   table_path = os.path.join(workdir, "results_table.txt")
-  with open(table_path, "w") as f:
-    f.write(format_table(all_results) + "\n")
-  png = plots.plot_frontier(all_results, os.path.join(workdir, "accuracy_vs_tpf.png"),
-                            title=title or "accuracy vs tokens per forward")
+  png = os.path.join(workdir, "accuracy_vs_tpf.png")
+  if distributed.is_lead_process():
+    os.makedirs(workdir, exist_ok=True)
+    with open(table_path, "w") as f:
+      f.write(format_table(all_results) + "\n")
+    png = plots.plot_frontier(all_results, png, title=title or "accuracy vs tokens per forward")
   return table_path, png

@@ -5,27 +5,95 @@ import re
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> jax.sharding.Mesh:
-  """A mesh over all (or the given) devices; one axis size may be -1 (fill)."""
-  devices = jax.devices() if devices is None else devices
-  sizes = [data, fsdp, tensor]
+def fill_axis_sizes(sizes, n_devices: int) -> list[int]:
+  """`[data, fsdp, tensor]` with the one -1 entry (if any) filled so they multiply to
+  `n_devices`; a ValueError naming the mesh fields otherwise."""
+  sizes = list(sizes)
   if sizes.count(-1) > 1:
     raise ValueError("at most one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
   known = int(np.prod([s for s in sizes if s != -1]))
   if -1 in sizes:
-    if len(devices) % known:
-      raise ValueError(f"{len(devices)} devices cannot be split by the fixed mesh axes {sizes}")
-    sizes[sizes.index(-1)] = len(devices) // known
-  if int(np.prod(sizes)) != len(devices):
+    if n_devices % known:
+      raise ValueError(f"{n_devices} devices cannot be split by the fixed mesh axes {sizes}")
+    sizes[sizes.index(-1)] = n_devices // known
+  if int(np.prod(sizes)) != n_devices:
     raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {int(np.prod(sizes))} devices, "
-                     f"{len(devices)} available")
-  return jax.make_mesh(tuple(sizes), AXES, axis_types=(AxisType.Auto,) * 3,
-                       devices=devices)
+                     f"{n_devices} available")
+  return sizes
+
+
+def hybrid_shapes(sizes, dcn, n_granules: int) -> tuple[list[int], list[int]]:
+  """(per-granule ICI shape, DCN shape) for total axis sizes `sizes` of which `dcn` ways cross
+  the slow network between `n_granules` granules (TPU slices, or processes)."""
+  dcn = dcn_sizes(dcn)
+  if any(d < 1 for d in dcn) or any(t % d for t, d in zip(sizes, dcn)):
+    raise ValueError(f"mesh.dcn {dict(zip(AXES, dcn))} must be positive and divide the mesh "
+                     f"axes {dict(zip(AXES, sizes))}")
+  if int(np.prod(dcn)) != n_granules:
+    raise ValueError(f"mesh.dcn {dict(zip(AXES, dcn))} spans {int(np.prod(dcn))} granules "
+                     f"(slices or processes) but the job has {n_granules}")
+  return [t // d for t, d in zip(sizes, dcn)], dcn
+
+
+def dcn_sizes(dcn) -> list[int]:
+  """`[data, fsdp, tensor]` DCN ways from None (all 1), a `{axis: ways}` mapping or a
+  3-sequence."""
+  if dcn is None:
+    return [1] * len(AXES)
+  if hasattr(dcn, "keys"):
+    unknown = set(dcn.keys()) - set(AXES)
+    if unknown:
+      raise ValueError(f"mesh.dcn has unknown axes {sorted(unknown)}; use {AXES}")
+    dcn = [dcn.get(a, 1) for a in AXES]
+  if len(dcn) != len(AXES):
+    raise ValueError(f"mesh.dcn needs one size per axis {AXES}; got {dcn}")
+  return [int(d) for d in dcn]
+
+
+def _granules(devices) -> tuple[int, bool]:
+  """(number of granules, process_is_granule): TPU slices when the devices report more than
+  one `slice_index`, processes otherwise (CPU, GPU and single-slice TPU report one slice)."""
+  slices = {getattr(d, "slice_index", 0) for d in devices}
+  if len(slices) > 1:
+    return len(slices), False
+  return len({d.process_index for d in devices}), True
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None,
+              dcn=None) -> jax.sharding.Mesh:
+  """A mesh over all (or the given) devices; one axis size may be -1 (fill).
+
+  `data`, `fsdp`, `tensor` are the total axis sizes. `dcn` (a `{axis: ways}` mapping or a
+  3-sequence, default none) says how many ways of each axis cross the data-center network
+  between slices (or processes, where devices have no slice index); the mesh is then built by
+  `mesh_utils.create_hybrid_device_mesh` so the remaining ways stay inside a granule.
+  """
+  devices = jax.devices() if devices is None else devices
+  sizes = fill_axis_sizes([data, fsdp, tensor], len(devices))
+  axis_types = (AxisType.Auto,) * len(AXES)
+  dcn = dcn_sizes(dcn)
+  if all(d == 1 for d in dcn):   # nothing crosses the DCN: the plain mesh
+    return jax.make_mesh(tuple(sizes), AXES, axis_types=axis_types, devices=devices)
+  n_granules, process_is_granule = _granules(devices)
+  ici, dcn = hybrid_shapes(sizes, dcn, n_granules)
+  grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                              process_is_granule=process_is_granule,
+                                              allow_split_physical_axes=True)
+  return jax.sharding.Mesh(grid, AXES, axis_types=axis_types)
+
+
+def mesh_from_config(config, devices=None) -> jax.sharding.Mesh:
+  """The mesh of `config.mesh` (`data`, `fsdp`, `tensor`, optional `dcn`)."""
+  m = config.mesh
+  dcn = m.get("dcn", None)
+  dcn = dcn.to_dict() if hasattr(dcn, "to_dict") else dcn
+  return make_mesh(m.data, m.fsdp, m.tensor, devices=devices, dcn=dcn)
 
 
 def replicated(mesh) -> NamedSharding:
@@ -37,11 +105,41 @@ def batch_sharding(mesh) -> NamedSharding:
   return NamedSharding(mesh, P(("data", "fsdp")))
 
 
-def shard_batch(tree, mesh):
-  """Places a host batch (numpy leaves, leading dim = global batch) on the mesh."""
+def process_rows(mesh, global_batch: int) -> tuple[int, ...]:
+  """The rows of a `global_batch`-row batch (split by `batch_sharding`) that this process's
+  devices hold, ascending: the rows this process loads, in the order
+  `make_array_from_process_local_data` expects them."""
+  index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch,))
+  rows = set()
+  for idx in index_map.values():
+    rows.update(range(*idx[0].indices(global_batch)))
+  return tuple(sorted(rows))
+
+
+def shard_batch(tree, mesh, global_batch: int | None = None):
+  """Global arrays from this process's rows of a batch (numpy leaves, leading dim = rows).
+
+  `global_batch` is the batch size over all processes; each process passes the rows
+  `process_rows(mesh, global_batch)` names. None: every process holds an equal share (one process:
+  the whole batch).
+  """
   sharding = batch_sharding(mesh)
-  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
-                      tree)
+
+  def one(x):
+    x = np.asarray(x)
+    shape = None if global_batch is None else (global_batch,) + x.shape[1:]
+    return jax.make_array_from_process_local_data(sharding, x, shape)
+
+  return jax.tree.map(one, tree)
+
+
+def to_host(tree):
+  """Numpy copies of (possibly globally sharded) arrays, identical on every process: the
+  process-spanning ones are all-gathered, so host-side logic (the replay plan, verification,
+  metrics) sees the whole batch everywhere."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
 
 
 # ----------------------------------------------------------------------------- partition rules

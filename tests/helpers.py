@@ -74,3 +74,19 @@ def brute_force_visible(meta: TokenMeta) -> np.ndarray:
       elif kq == KIND_STATE and kk == KIND_STATE:
         out[q, k] = meta.state_id[q] == meta.state_id[k]
   return out
+
+
+def orl_smoke_config(workdir, steps=4):
+  """The tiny config's smoke shapes as a short ORL run from a random model (every response
+  trains), logging every step and checkpointing every 2."""
+  from configs import tiny
+  c = tiny.get_config("smoke")
+  c.update(c.stages.orl.to_dict())
+  c.workdir = str(workdir)
+  c.model.init_from = ""                 # a random model: every response is trained on below
+  c.orl.min_reward = 0.0
+  c.orl.prompts_per_step, c.orl.group_size = 2, 3
+  c.replay.row_len, c.replay.n_rows, c.replay.max_states, c.replay.max_responses = 128, 8, 48, 6
+  c.train.steps, c.train.warmup_steps, c.train.log_every = steps, 1, 1
+  c.checkpoint.every = 2
+  return c

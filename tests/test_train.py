@@ -10,6 +10,7 @@ from safetensors.numpy import load_file
 from configs import tiny
 from orl_jax.config import ConfigError, validate
 from orl_jax.train import loop
+from tests.helpers import orl_smoke_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,24 +91,11 @@ def test_one_and_four_devices_give_the_same_loss():
   assert "LOSSES" in out.stdout
 
 
-def _orl_smoke(workdir, steps=4):
-  c = tiny.get_config("smoke")
-  c.update(c.stages.orl.to_dict())
-  c.workdir = str(workdir)
-  c.model.init_from = ""                 # a random model: every response is trained on below
-  c.orl.min_reward = 0.0
-  c.orl.prompts_per_step, c.orl.group_size = 2, 3
-  c.replay.row_len, c.replay.n_rows, c.replay.max_states, c.replay.max_responses = 128, 8, 48, 6
-  c.train.steps, c.train.warmup_steps, c.train.log_every = steps, 1, 1
-  c.checkpoint.every = 2
-  return c
-
-
 def test_orl_is_on_policy_and_resumes_exactly(tmp_path):
   import json
-  straight = loop.train(_orl_smoke(tmp_path / "a"), progress=False)
-  loop.train(_orl_smoke(tmp_path / "b"), progress=False, stop_after=2)
-  resumed = loop.train(_orl_smoke(tmp_path / "b"), progress=False)
+  straight = loop.train(orl_smoke_config(tmp_path / "a"), progress=False)
+  loop.train(orl_smoke_config(tmp_path / "b"), progress=False, stop_after=2)
+  resumed = loop.train(orl_smoke_config(tmp_path / "b"), progress=False)
   a = load_file(os.path.join(straight, "params.safetensors"))
   b = load_file(os.path.join(resumed, "params.safetensors"))
   for k in a:
@@ -150,7 +138,7 @@ def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_pat
   from orl_jax.train.orl import SimulatedCrash
 
   def cfg(workdir):
-    c = _orl_smoke(workdir, steps=3)
+    c = orl_smoke_config(workdir, steps=3)
     c.checkpoint.every = 1
     c.checkpoint.save_rollouts = True
     return c
@@ -209,6 +197,22 @@ _SHARDED_REPLAY = textwrap.dedent("""
   np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5)
   for a, b in zip(results[0][1], results[1][1]):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  # gradient accumulation: 2 row micro-batches on each of the 4 shards
+  from orl_jax.losses import OrlObjective
+  from orl_jax.train.state import loss_and_grads
+  plan, _ = build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
+                       eligible=np.ones(6, bool), group_size=3, block_size=4,
+                       cfg=ReplayConfig(row_len=48, n_rows=8, max_states=48, max_responses=6,
+                                        n_shards=4, micro_batches=2),
+                       rng=np.random.default_rng(0))
+  batch = jax.device_put(gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=4),
+                         jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
+  objective = OrlObjective(LossConfig(conf_entropy=0.99))
+  (loss, _), grads = loss_and_grads(graphdef, objective, params, batch, jax.random.key(0),
+                                    micro_batches=2, n_shards=4)
+  np.testing.assert_allclose(float(loss), results[0][0], rtol=1e-5)
+  for a, b in zip(results[0][1], jax.tree.leaves(jax.device_get(grads))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 """)
 
 

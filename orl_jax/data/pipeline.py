@@ -50,21 +50,34 @@ def encode_prompts(problems: Sequence[Problem], tokenizer, prompt_len: int):
   return np.stack([t for t, _ in pairs]), np.stack([v for _, v in pairs])
 
 
+def global_indices(batch_size: int, rows: Sequence[int] | None = None,
+                   size: int = 2**31 - 1) -> grain.MapDataset:
+  """Problem indices of this process's `rows` of consecutive global batches (default: every
+  row): element j of local batch k is problem `k * batch_size + rows[j]`. The global stream
+  is the same for any number of processes."""
+  rows = tuple(range(batch_size)) if rows is None else tuple(int(r) for r in rows)
+  local = len(rows)
+  ds = grain.MapDataset.range(size // batch_size * local)
+  return ds.map(lambda i: (i // local) * batch_size + rows[i % local])
+
+
 def train_dataset(problem_at: Callable[[int], Problem], tokenizer, *, prompt_len: int,
-                  gen_length: int, batch_size: int, shard_index: int = 0, shard_count: int = 1,
+                  gen_length: int, batch_size: int, rows: Sequence[int] | None = None,
                   size: int = 2**31 - 1) -> grain.MapDataset:
-  """Batches of encoded training problems; index i of process s is problem i*count + s.
+  """This process's `rows` of global batches of `batch_size` encoded training problems.
 
   The stream is a pure function of the index, so the grain iterator state (one integer) is all
   a checkpoint needs for an exact resume.
   """
-  ds = grain.MapDataset.range(shard_index, size, shard_count)
+  ds = global_indices(batch_size, rows, size)
   ds = ds.map(lambda i: encode_example(problem_at(int(i)), tokenizer, prompt_len, gen_length))
-  return ds.batch(batch_size, drop_remainder=True)
+  return ds.batch(batch_size if rows is None else len(rows), drop_remainder=True)
 
 
-def prompt_dataset(problem_at: Callable[[int], Problem], *, batch_size: int, shard_index: int = 0,
-                   shard_count: int = 1, size: int = 2**31 - 1) -> grain.MapDataset:
-  """Batches of problem indices for on-policy rollouts (problems are materialised by the loop)."""
-  ds = grain.MapDataset.range(shard_index, size, shard_count)
-  return ds.batch(batch_size, drop_remainder=True)
+def prompt_dataset(problem_at: Callable[[int], Problem], *, batch_size: int,
+                   rows: Sequence[int] | None = None,
+                   size: int = 2**31 - 1) -> grain.MapDataset:
+  """This process's `rows` of global batches of problem indices for on-policy rollouts
+  (problems are materialised by the loop)."""
+  ds = global_indices(batch_size, rows, size)
+  return ds.batch(batch_size if rows is None else len(rows), drop_remainder=True)

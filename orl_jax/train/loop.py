@@ -18,7 +18,7 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
-from orl_jax import params_io
+from orl_jax import distributed, params_io
 from orl_jax import sharding as sharding_lib
 from orl_jax.vocab_chunks import token_stats
 from orl_jax.checkpoint import Checkpointer, abstract_like
@@ -88,7 +88,7 @@ def setup(config) -> Setup:
     if declared is not None and declared != tok.mask_id:
       raise TokenizerError(f"{hf_dir}/config.json has mask_token_id={declared} but "
                            f"model.special_tokens.mask resolves to {tok.mask_id}")
-  mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  mesh = sharding_lib.mesh_from_config(config)
   check_divisible_by_shards(config, mesh.shape["data"] * mesh.shape["fsdp"])
   return Setup(config, task, model_cfg, mesh)
 
@@ -181,7 +181,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
                                                 run.optimizer, run.ckpt)
   data = train_dataset(s.task.train_problem, s.tokenizer, prompt_len=config.task.prompt_len,
                        gen_length=config.decode.gen_length, batch_size=tc.batch_size,
-                       shard_index=jax.process_index(), shard_count=jax.process_count())
+                       rows=sharding_lib.process_rows(s.mesh, tc.batch_size))
   data_iter = iter(data)
   state, start = resume(run, data_iter)
 
@@ -202,10 +202,12 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
   base_key = jax.random.key(config.seed)
   writer = MetricsWriter(workdir)
   last = tc.steps if stop_after is None else min(tc.steps, stop_after)
-  bar = tqdm(total=tc.steps, initial=start, desc=config.train.mode, disable=not progress, dynamic_ncols=True)
+  bar = tqdm(total=tc.steps, initial=start, desc=config.train.mode, dynamic_ncols=True,
+             disable=not (progress and distributed.is_lead_process()))
   t0, step = time.perf_counter(), start
   while step < last:
-    batch = dict(sharding_lib.shard_batch(next(data_iter), s.mesh), **extra_inputs)
+    batch = dict(sharding_lib.shard_batch(next(data_iter), s.mesh, tc.batch_size),
+                 **extra_inputs)
     state, metrics = step_fn(state, batch, base_key)
     step += 1
     bar.update(1)
@@ -234,7 +236,7 @@ def prepare_run(s: Setup) -> Run:
   `model.init_from` when set) and opens the work directory's checkpoint manager."""
   config = s.config
   os.makedirs(config.workdir, exist_ok=True)
-  if jax.process_index() == 0:
+  if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
   optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
@@ -259,11 +261,14 @@ def resume(run: Run, data_iter) -> tuple[object, int]:
 
 
 def finish_run(s: Setup, run: Run, state, step: int) -> str:
-  """Waits for checkpoints and exports the final parameters to WORKDIR/params."""
+  """Waits for checkpoints and exports the final parameters to WORKDIR/params (process 0
+  writes; every process returns once the folder is complete)."""
   run.ckpt.close()
   out = os.path.join(s.config.workdir, "params")
-  if jax.process_index() == 0:
-    params_io.save_params(out, jax.device_get(state.params),
-                          params_meta(s, {"train_steps": int(step), "seed": s.config.seed,
-                                          "mode": s.config.train.mode}))
+  params = sharding_lib.to_host(state.params)   # a collective: every process takes part
+  if distributed.is_lead_process():
+    params_io.save_params(out, params, params_meta(s, {"train_steps": int(step),
+                                                       "seed": s.config.seed,
+                                                       "mode": s.config.train.mode}))
+  distributed.barrier("export_params")
   return out

@@ -15,9 +15,11 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
+from orl_jax import distributed
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
@@ -80,9 +82,21 @@ class SimulatedCrash(RuntimeError):
   """Raised by tests to emulate a kill at a chosen point of an iteration."""
 
 
-def abstract_like_struct(tree):
-  """ShapeDtypeStructs (no shardings) for restoring a tree saved from device arrays."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+def sharded_like(abstract, mesh):
+  """Restore targets for a rollout snapshot: leading dimension over the data axes (as the
+  rollout's prompts), scalars replicated."""
+  rows, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                     sharding=rows if x.ndim else repl),
+                      abstract)
+
+
+def agreed(rewards: np.ndarray) -> np.ndarray:
+  """Process 0's rewards on every process: a verifier that is not deterministic (a sandbox
+  timeout under load) must not give the processes different replay plans."""
+  if jax.process_count() == 1:
+    return rewards
+  return np.asarray(multihost_utils.broadcast_one_to_all(rewards))
 
 
 def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:
@@ -93,8 +107,9 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
   run = prepare_run(s)
   graphdef, state, state_sh, optimizer, ckpt = (run.graphdef, run.state, run.state_shardings,
                                                 run.optimizer, run.ckpt)
-  prompts = prompt_dataset(s.task.train_problem, batch_size=o.prompts_per_step,
-                           shard_index=jax.process_index(), shard_count=jax.process_count())
+  n_prompts = o.prompts_per_step
+  prompts = prompt_dataset(s.task.train_problem, batch_size=n_prompts,
+                           rows=sharding_lib.process_rows(s.mesh, n_prompts))
   prompt_iter = iter(prompts)
   state, start = resume(run, prompt_iter)
 
@@ -118,40 +133,47 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
   ledger = RolloutLedger()
   writer = MetricsWriter(workdir)
   last = tc.steps if stop_after is None else min(tc.steps, stop_after)
-  bar = tqdm(total=tc.steps, initial=start, desc="orl", disable=not progress, dynamic_ncols=True)
+  bar = tqdm(total=tc.steps, initial=start, desc="orl", dynamic_ncols=True,
+             disable=not (progress and distributed.is_lead_process()))
   step = start
   snapshots = None
   if config.checkpoint.save_rollouts:
     snapshots = Checkpointer(os.path.join(workdir, "rollouts"), every=1, keep=1)
   while step < last:
     t0 = time.perf_counter()
-    idx = np.asarray(next(prompt_iter))
-    problems = [s.task.train_problem(int(i)) for i in idx]
-    pt, pv = encode_prompts(problems, tok, config.task.prompt_len)
+    # this process's prompts -> global [P, ...] arrays split over the data axes
+    local_idx = np.asarray(next(prompt_iter), np.int32)
+    local_pt, local_pv = encode_prompts([s.task.train_problem(int(i)) for i in local_idx], tok,
+                                        config.task.prompt_len)
+    idx_dev, pt, pv_dev = sharding_lib.shard_batch((local_idx, local_pt, local_pv), s.mesh,
+                                                   n_prompts)
     from_snapshot = snapshots is not None and snapshots.latest_step() == step
     if from_snapshot:  # killed between rollout and update: replay the saved rollout
-      abstract = jax.eval_shape(rollout_fn, state.params, pt, pv, rollout_key, step)
-      saved, _ = snapshots.restore(step, {"traj": abstract_like_struct(abstract),
-                                          "rewards": np.zeros((len(idx) * o.group_size,),
+      abstract = jax.eval_shape(rollout_fn, state.params, pt, pv_dev, rollout_key, step)
+      saved, _ = snapshots.restore(step, {"traj": sharded_like(abstract, s.mesh),
+                                          "rewards": np.zeros((n_prompts * o.group_size,),
                                                               np.float32),
-                                          "prompt_ids": idx})
-      if not np.array_equal(np.asarray(saved["prompt_ids"]), idx):
-        raise RuntimeError(f"rollout snapshot of step {step} was drawn for other prompts; "
-                           "delete the work directory's rollouts/ folder to re-roll")
+                                          "prompt_ids": np.zeros((n_prompts,), np.int32)})
       traj, rewards = saved["traj"], np.asarray(saved["rewards"])
     else:
-      traj = rollout_fn(state.params, pt, pv, jax.random.fold_in(rollout_key, step), step)
-    host = jax.device_get({"responses": traj.responses, "nfe": traj.nfe, "n_gen": traj.n_generated,
-                           "valid": traj.capture.valid, "block": traj.capture.block,
-                           "step": traj.capture.step, "entropy": traj.capture.entropy,
-                           "canvas": traj.capture.canvas, "overflow": traj.capture.overflow})
+      traj = rollout_fn(state.params, pt, pv_dev, jax.random.fold_in(rollout_key, step), step)
+    # every process gets the whole batch on the host, so all build the same replay plan
+    host = sharding_lib.to_host({
+        "prompt_ids": idx_dev, "prompt_valid": pv_dev, "responses": traj.responses,
+        "nfe": traj.nfe, "n_gen": traj.n_generated, "valid": traj.capture.valid,
+        "block": traj.capture.block, "step": traj.capture.step, "entropy": traj.capture.entropy,
+        "canvas": traj.capture.canvas, "overflow": traj.capture.overflow})
+    idx, pv = host["prompt_ids"], host["prompt_valid"]   # [P] problem ids, [P, Lp] bool
+    if from_snapshot and not np.array_equal(np.asarray(saved["prompt_ids"]), idx):
+      raise RuntimeError(f"rollout snapshot of step {step} was drawn for other prompts; "
+                         "delete the work directory's rollouts/ folder to re-roll")
     t_rollout = time.perf_counter() - t0
 
     t1 = time.perf_counter()
     if not from_snapshot:
       texts = [tok.decode(r, stop_at_eos=True) for r in host["responses"]]
-      group_problems = [p for p in problems for _ in range(o.group_size)]
-      rewards = np.asarray(s.task.verifier.score_batch(group_problems, texts), np.float32)
+      group_problems = [s.task.train_problem(int(i)) for i in idx for _ in range(o.group_size)]
+      rewards = agreed(np.asarray(s.task.verifier.score_batch(group_problems, texts), np.float32))
       if snapshots is not None:
         snapshots.save(step, {"traj": traj, "rewards": rewards, "prompt_ids": idx})
         snapshots.wait()
