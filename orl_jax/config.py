@@ -63,6 +63,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if n_data > 0:
     check(t.batch_size % n_data == 0,
           f"train.batch_size={t.batch_size} must be divisible by mesh.data={n_data}")
+  r = config.get("replay")
+  if r is not None:
+    micro = r.get("micro_batches", 1)
+    shards = n_data * config.mesh.fsdp if n_data > 0 and config.mesh.fsdp > 0 else 1
+    check(micro >= 1 and r.n_rows % (micro * shards) == 0,
+          f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
+          + (f" per data shard (mesh.data x mesh.fsdp = {shards})" if shards > 1 else ""))
   for label in config.eval.settings:
     try:
       UnmaskRule.parse(label)

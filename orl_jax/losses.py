@@ -1,14 +1,20 @@
 """ORL losses on a replayed batch (DESIGN §2.6): gated CE, adjacent entropy contraction (AEC) and
 the capped reverse KL anchor. Every term is averaged per response, then over responses, using
 global segment sums over the batch, so the packing of states into rows never changes the loss.
+
+Gradient accumulation: `OrlObjective` also computes the loss of one row micro-batch with the
+per-response normalisers of the whole update (`LossTotals`, data only), so the micro-batch
+losses sum to the full-batch loss and their gradients to its gradient. AEC pairs that cross
+micro-batches take the earlier state's entropy from the carried `AecCarry`.
 """
 from __future__ import annotations
 
 import dataclasses
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from orl_jax.replay import ReplayBatch
+from orl_jax.replay import ReplayBatch, split_rows
 from orl_jax.vocab_chunks import token_stats
 
 _EPS = 1e-6
@@ -32,20 +38,31 @@ def _segment_sum(values, ids, n):
       values.reshape(-1).astype(jnp.float32), mode="drop")
 
 
-def per_response_mean(values, weight, resp_ids, n):
+def per_response_mean(values, weight, resp_ids, n, den=None):
   """Mean over responses (that have any weight) of each response's weighted mean of `values`.
-  Returns (mean, number of responses that contributed)."""
+  Returns (mean, number of responses that contributed). `den` [n]: the per-response weight
+  mass when the rows here are part of a larger batch (default: the sum of `weight` here)."""
   num = _segment_sum(values * weight, resp_ids, n)
-  den = _segment_sum(weight, resp_ids, n)
+  den = _segment_sum(weight, resp_ids, n) if den is None else den
   has = den > 0
   per_resp = jnp.where(has, num / jnp.where(has, den, 1.0), 0.0)
   count = jnp.sum(has)
   return jnp.sum(per_resp) / jnp.maximum(count, 1), count
 
 
-def gated_ce(nll, masked, rollout_entropy, resp_slot, n, gate: float):
-  gate_mask = (masked & (rollout_entropy >= gate)).astype(jnp.float32)
-  return per_response_mean(nll, gate_mask, resp_slot, n)
+def ce_positions(masked, rollout_entropy, gate: float):
+  """Weight of the gated CE: masked positions whose rollout entropy is >= tau_gate."""
+  return (masked & (rollout_entropy >= gate)).astype(jnp.float32)
+
+
+def kl_positions(masked, rollout_entropy, conf_entropy: float):
+  """Weight of the KL anchor: masked positions where the rollout was confident."""
+  return (masked & (rollout_entropy < conf_entropy)).astype(jnp.float32)
+
+
+def gated_ce(nll, masked, rollout_entropy, resp_slot, n, gate: float, den=None):
+  gate_mask = ce_positions(masked, rollout_entropy, gate)
+  return per_response_mean(nll, gate_mask, resp_slot, n, den)
 
 
 def capped_reverse_kl(logp, topk_ids, topk_logprobs, masked, rollout_entropy, resp_slot, n,
@@ -57,7 +74,7 @@ def capped_reverse_kl(logp, topk_ids, topk_logprobs, masked, rollout_entropy, re
 
 
 def capped_reverse_kl_at(lq, topk_logprobs, masked, rollout_entropy, resp_slot, n,
-                         conf_entropy: float, cap: float):
+                         conf_entropy: float, cap: float, den=None):
   """`capped_reverse_kl` from lq [..., K], the replayed log-probabilities at the top-K ids."""
   q = jnp.exp(lq)
   p = jnp.exp(topk_logprobs)
@@ -65,8 +82,8 @@ def capped_reverse_kl_at(lq, topk_logprobs, masked, rollout_entropy, resp_slot, 
   p_rest = jnp.clip(1.0 - jnp.sum(p, -1), _EPS, 1.0)
   kl = jnp.sum(q * (lq - topk_logprobs), -1) + q_rest * (jnp.log(q_rest) - jnp.log(p_rest))
   capped = jnp.minimum(cap, kl)
-  where = (masked & (rollout_entropy < conf_entropy)).astype(jnp.float32)
-  value, count = per_response_mean(capped, where, resp_slot, n)
+  where = kl_positions(masked, rollout_entropy, conf_entropy)
+  value, count = per_response_mean(capped, where, resp_slot, n, den)
   return value, count, kl
 
 
@@ -78,41 +95,147 @@ def state_entropies(entropy, masked, state_slot, n_states):
   return num / jnp.maximum(den, 1.0), den > 0
 
 
-def aec(h_state, pair_a, pair_b, pair_resp, pair_valid, n, rho: float):
-  """[max(0, H_{k+1} - (1 - rho) * sg(H_k))]^2, averaged per response then over responses."""
-  h_a = jax.lax.stop_gradient(h_state[pair_a])
+def aec(h_state, pair_a, pair_b, pair_resp, pair_valid, n, rho: float, *, h_source=None,
+        den=None, n_pairs=None):
+  """[max(0, H_{k+1} - (1 - rho) * sg(H_k))]^2, averaged per response then over responses.
+
+  For a micro-batch of a larger update: `h_source` gives H_k (states trained in earlier
+  micro-batches included), `den` [n] the pairs per response and `n_pairs` the pairs of the
+  whole update (the denominator of the returned fraction of active hinges)."""
+  h_a = jax.lax.stop_gradient((h_state if h_source is None else h_source)[pair_a])
   h_b = h_state[pair_b]
   hinge = jnp.maximum(0.0, h_b - (1.0 - rho) * h_a)
-  value, count = per_response_mean(hinge ** 2, pair_valid.astype(jnp.float32), pair_resp, n)
-  active = jnp.sum((hinge > 0) & pair_valid) / jnp.maximum(jnp.sum(pair_valid), 1)
+  value, count = per_response_mean(hinge ** 2, pair_valid.astype(jnp.float32), pair_resp, n, den)
+  n_pairs = jnp.sum(pair_valid) if n_pairs is None else n_pairs
+  active = jnp.sum((hinge > 0) & pair_valid) / jnp.maximum(n_pairs, 1)
   return value, count, active
 
 
-def orl_loss(model, batch: ReplayBatch, cfg: LossConfig):
+@struct.dataclass
+class LossTotals:
+  """Per-response normalisers and metric denominators over all rows of one update (data only:
+  no parameter enters them), shared by every micro-batch of a gradient-accumulation step."""
+  ce_weight: jax.Array    # [n] gated-CE positions per response slot
+  kl_weight: jax.Array    # [n] KL-anchor positions per response slot
+  aec_pairs: jax.Array    # [n] valid AEC pairs per response slot
+  n_pairs: jax.Array      # scalar: valid AEC pairs
+  n_masked: jax.Array     # scalar: masked state positions
+  n_carried: jax.Array    # scalar: masked positions that carry a residual (z != 0)
+
+  def response_counts(self) -> dict:
+    """Responses that contribute to each term (the metrics of a whole update)."""
+    return {"responses_ce": jnp.sum(self.ce_weight > 0),
+            "responses_kl": jnp.sum(self.kl_weight > 0),
+            "responses_aec": jnp.sum(self.aec_pairs > 0)}
+
+
+@struct.dataclass
+class AecCarry:
+  """Replayed entropies of the states trained by earlier micro-batches (stop-gradient)."""
+  h_state: jax.Array      # [n] mean normalized entropy per state slot
+  seen: jax.Array         # [n] bool: the state was in an earlier micro-batch
+
+  @classmethod
+  def empty(cls, n: int) -> "AecCarry":
+    return cls(jnp.zeros((n,), jnp.float32), jnp.zeros((n,), bool))
+
+
+def _n_carried(batch: ReplayBatch):
+  """Masked positions that consume a residual (z is zero off state tokens and on cold starts)."""
+  return jnp.sum(batch.masked & jnp.any(batch.residual.z != 0, axis=-1))
+
+
+def loss_totals(batch: ReplayBatch, cfg: LossConfig) -> LossTotals:
+  n = batch.state_resp.shape[0]
+  seg = lambda w, ids: _segment_sum(w, ids, n)
+  return LossTotals(
+      ce_weight=seg(ce_positions(batch.masked, batch.rollout_entropy, cfg.gate_entropy),
+                    batch.resp_slot),
+      kl_weight=seg(kl_positions(batch.masked, batch.rollout_entropy, cfg.conf_entropy),
+                    batch.resp_slot),
+      aec_pairs=seg(batch.pair_valid.astype(jnp.float32), batch.pair_resp),
+      n_pairs=jnp.sum(batch.pair_valid), n_masked=jnp.sum(batch.masked),
+      n_carried=_n_carried(batch))
+
+
+def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | None = None,
+             carry: AecCarry | None = None):
   """Returns (loss, metrics). The head statistics are computed `cfg.vocab_chunk` tokens at a
-  time when that is > 0 (same values, no [R, T, V] array; see vocab_chunks.py)."""
+  time when that is > 0 (same values, no [R, T, V] array; see vocab_chunks.py).
+
+  With `totals` (and `carry`), `batch` is one micro-batch of rows of a larger update: the loss
+  and the metrics are its additive share of the update's (they sum over micro-batches), and
+  the metrics gain `aec_carry` (the AecCarry for the next micro-batch) and
+  `aec_pairs_out_of_order` (pairs whose earlier state comes in a later micro-batch: must be 0,
+  see replay.order_rows_for_micro_batches).
+  """
   hidden, _, norm_ratio = model.hidden_states(batch.tokens, batch.positions, batch.meta,
                                               residual=batch.residual)
   stats = token_stats(model.head, hidden, batch.targets, batch.topk_ids, chunk=cfg.vocab_chunk)
   entropy, nll = stats.entropy, stats.nll
   n = batch.state_resp.shape[0]   # response slots <= state slots
+  t = totals if totals is not None else LossTotals(*(None,) * 6)
   ce, n_ce = gated_ce(nll, batch.masked, batch.rollout_entropy, batch.resp_slot, n,
-                      cfg.gate_entropy)
+                      cfg.gate_entropy, t.ce_weight)
   kl, n_kl, kl_raw = capped_reverse_kl_at(stats.logp_at, batch.topk_logprobs, batch.masked,
                                        batch.rollout_entropy, batch.resp_slot, n,
-                                       cfg.conf_entropy, cfg.kl_cap)
+                                       cfg.conf_entropy, cfg.kl_cap, t.kl_weight)
   h_state, _ = state_entropies(entropy, batch.masked, batch.state_slot, n)
+  pair_valid, h_source, extra = batch.pair_valid, None, {}
+  if totals is not None:  # micro-batch: pairs whose state k+1 is here; H_k here or carried
+    here = _segment_sum(jnp.ones_like(batch.state_slot, jnp.float32), batch.state_slot, n) > 0
+    carry = carry if carry is not None else AecCarry.empty(n)
+    h_source = jnp.where(here, h_state, carry.h_state)
+    pair_valid = pair_valid & here[batch.pair_b]
+    extra = {"aec_carry": AecCarry(jax.lax.stop_gradient(h_source), carry.seen | here),
+             "aec_pairs_out_of_order": jnp.sum(pair_valid & ~(here | carry.seen)[batch.pair_a])}
   l_aec, n_aec, hinge_active = aec(h_state, batch.pair_a, batch.pair_b, batch.pair_resp,
-                                   batch.pair_valid, n, cfg.aec_rho)
+                                   pair_valid, n, cfg.aec_rho, h_source=h_source,
+                                   den=t.aec_pairs, n_pairs=t.n_pairs)
   loss = ce + cfg.w_aec * l_aec + cfg.w_kl * kl
   m = batch.masked.astype(jnp.float32)
+  n_masked = jnp.sum(m) if totals is None else totals.n_masked
+  counts = {"responses_ce": n_ce, "responses_kl": n_kl, "responses_aec": n_aec}
+  if totals is not None:  # this micro-batch's share of the mean over carrying positions
+    norm_ratio = norm_ratio * _n_carried(batch) / jnp.maximum(totals.n_carried, 1)
+    counts = totals.response_counts()
   metrics = {
-      "loss_ce": ce, "loss_aec": l_aec, "loss_rkl": kl,
-      "aec_hinge_active": hinge_active, "responses_ce": n_ce, "responses_kl": n_kl,
-      "responses_aec": n_aec,
-      "replay_entropy": jnp.sum(entropy * m) / jnp.maximum(jnp.sum(m), 1),
+      "loss_ce": ce, "loss_aec": l_aec, "loss_rkl": kl, "aec_hinge_active": hinge_active,
+      **counts,
+      "replay_entropy": jnp.sum(entropy * m) / jnp.maximum(n_masked, 1),
       "replay_token_acc": jnp.sum((stats.argmax == batch.targets) * m)
-                          / jnp.maximum(jnp.sum(m), 1),
+                          / jnp.maximum(n_masked, 1),
       "residual_norm_ratio": norm_ratio,
+      **extra,
   }
   return loss, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class OrlObjective:
+  """The ORL loss as a train-step objective: `objective(model, batch, key)` on a whole batch,
+  and the gradient-accumulation protocol of `train.state.make_train_step(micro_batches > 1)`:
+  `prepare` (what every micro-batch needs from the whole batch), `split` (rows into
+  micro-batches) and `micro_loss` (one micro-batch's additive share of loss and metrics)."""
+  cfg: LossConfig
+
+  def __call__(self, model, batch: ReplayBatch, key):
+    del key
+    return orl_loss(model, batch, self.cfg)
+
+  def prepare(self, batch: ReplayBatch):
+    """(totals, initial carry, metrics that are already final: the response counts)."""
+    totals = loss_totals(batch, self.cfg)
+    return totals, AecCarry.empty(batch.state_resp.shape[0]), totals.response_counts()
+
+  def split(self, batch: ReplayBatch, micro_batches: int, n_shards: int) -> ReplayBatch:
+    return split_rows(batch, micro_batches, n_shards)
+
+  def micro_loss(self, model, micro: ReplayBatch, key, totals: LossTotals, carry: AecCarry):
+    """(loss share, (additive metrics, next carry))."""
+    del key
+    loss, metrics = orl_loss(model, micro, self.cfg, totals, carry)
+    carry = metrics.pop("aec_carry")
+    for k in totals.response_counts():   # not additive: `prepare` returns them once
+      metrics.pop(k)
+    return loss, (metrics, carry)

@@ -19,10 +19,17 @@ Fully bidirectional families (LLaDA) cannot share context — their prompt atten
 `[prompt | committed blocks | active block | future masks]` under plain segment masking (all
 tokens of a segment see each other), exactly what the decoder forwarded.
 Losses are normalised per response (see losses.py), so packing never changes the loss.
+
+Gradient accumulation (`micro_batches > 1`) splits the rows of an update into micro-batches
+(`split_rows`) whose losses use normalisers summed over all rows. The one term that couples rows
+is AEC: a pair (k, k+1) needs the (stop-gradient) entropy of state k when state k+1 is trained,
+so `build_plan` orders rows so that state k's micro-batch never comes after state k+1's
+(`order_rows_for_micro_batches`), and the step carries the entropies of earlier micro-batches.
 """
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +54,7 @@ class ReplayConfig:
   layout: str = "packed"        # packed | naive | canvas (bidirectional families)
   response_blocks: int = 0      # canvas layout: blocks per response (future blocks are masks)
   n_shards: int = 1             # data-parallel shards rows are balanced over
+  micro_batches: int = 1        # row micro-batches per update (gradient accumulation)
 
 
 @struct.dataclass
@@ -137,6 +145,10 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
   if canvas and cfg.response_blocks <= 0:
     raise ValueError("the canvas replay layout needs response_blocks > 0")
   naive = cfg.layout == "naive" or canvas
+  if cfg.micro_batches < 1 or cfg.n_rows % (cfg.n_shards * cfg.micro_batches):
+    raise ValueError(f"replay.n_rows={cfg.n_rows} must be divisible by replay.micro_batches="
+                     f"{cfg.micro_batches} times the {cfg.n_shards} data shards (add rows; "
+                     "unused rows are padding)")
   selected = select_states(capture_valid, capture_block, eligible, cfg, rng)
   units = _units(selected, group_size, prompt_len, b, cfg.row_len, naive,
                  cfg.response_blocks if canvas else None)
@@ -272,6 +284,8 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
     plan, shard_cost = balance_rows(plan, cfg.n_shards, prompt_len, b)
   else:
     shard_cost = np.asarray([row_costs(plan, prompt_len, b).sum()])
+  if cfg.micro_batches > 1:
+    plan = order_rows_for_micro_batches(plan, cfg.micro_batches, cfg.n_shards)
   stats = {"states_selected": sum(len(v) for v in selected.values()),
            "states_packed": n_state_slots, "states_dropped": dropped,
            "responses_trained": len(resp_slots), "rows_used": len(rows),
@@ -307,6 +321,71 @@ def balance_rows(plan: ReplayPlan, n_shards: int, prompt_len: int, b: int):
                       plan), loads
 
 
+def micro_batch_of_rows(n_rows: int, micro_batches: int, n_shards: int = 1) -> np.ndarray:
+  """[R] micro-batch index of each row under `split_rows`: every data shard's block of rows
+  is cut into `micro_batches` consecutive chunks, so a micro-batch keeps rows on their shard."""
+  per_shard = n_rows // n_shards
+  return (np.arange(n_rows) % per_shard) // (per_shard // micro_batches)
+
+
+def _row_graph(plan: ReplayPlan):
+  """Edges row(k) -> row(k + 1) of the AEC pairs whose two states sit in different rows."""
+  is_state = plan.state_slot >= 0
+  slot_row = np.full(plan.state_resp.shape[0], -1)
+  slot_row[plan.state_slot[is_state]] = np.nonzero(is_state)[0]
+  row_a, row_b = slot_row[plan.pair_a], slot_row[plan.pair_b]
+  cross = plan.pair_valid & (row_a != row_b)
+  return set(zip(row_a[cross].tolist(), row_b[cross].tolist()))
+
+
+def _topological_rank(n_rows: int, edges) -> np.ndarray:
+  """Rank of each row in a topological order of the row graph, smallest row first among the
+  ready ones (Kahn). Rows on a cycle (two responses split over the same rows in opposite
+  orders) and the rows after them keep their order at the end."""
+  succ, indeg = [[] for _ in range(n_rows)], np.zeros(n_rows, int)
+  for a, b in edges:
+    succ[a].append(b)
+    indeg[b] += 1
+  ready = [r for r in range(n_rows) if indeg[r] == 0]
+  heapq.heapify(ready)
+  order = []
+  while ready:
+    r = heapq.heappop(ready)
+    order.append(r)
+    for b in succ[r]:
+      indeg[b] -= 1
+      if indeg[b] == 0:
+        heapq.heappush(ready, b)
+  order += sorted(set(range(n_rows)) - set(order))
+  rank = np.empty(n_rows, int)
+  rank[order] = np.arange(n_rows)
+  return rank
+
+
+def order_rows_for_micro_batches(plan: ReplayPlan, micro_batches: int, n_shards: int = 1):
+  """Reorders rows (within each data shard, so shard costs are unchanged) so that for every AEC
+  pair (k, k+1) the micro-batch of state k is not after that of state k + 1: a stable
+  topological order of the rows. Raises if the order found does not achieve that (a cycle of
+  split responses, or pairs across shards, straddling micro-batches)."""
+  n_rows = plan.state_slot.shape[0]
+  edges = _row_graph(plan)
+  if not edges:
+    return plan
+  rank = _topological_rank(n_rows, edges)
+  per = n_rows // n_shards
+  order = np.concatenate([s * per + np.argsort(rank[s * per:(s + 1) * per], kind="stable")
+                          for s in range(n_shards)])
+  plan = jax.tree.map(lambda x: x[order] if (x.ndim == 2 and x.shape[0] == n_rows) else x, plan)
+  micro = micro_batch_of_rows(n_rows, micro_batches, n_shards)
+  new_row = np.argsort(order)
+  bad = [(a, b) for a, b in edges if micro[new_row[a]] > micro[new_row[b]]]
+  if bad:
+    raise ValueError(f"replay.micro_batches={micro_batches}: {len(bad)} AEC pairs of responses "
+                     "split across rows cannot be ordered across micro-batches (rows "
+                     f"{bad[:3]} ...); raise replay.row_len or lower replay.micro_batches")
+  return plan
+
+
 @struct.dataclass
 class ReplayBatch:
   tokens: jax.Array          # [R, T]
@@ -327,6 +406,31 @@ class ReplayBatch:
   state_resp: jax.Array      # [S]
   n_responses: jax.Array     # scalar
   rollout_step: jax.Array    # scalar: update the trajectories were drawn for
+
+
+# ReplayBatch fields with one entry per row; the others (AEC pairs, state slots) are per update.
+ROW_FIELDS = ("tokens", "positions", "meta", "residual", "targets", "masked", "rollout_entropy",
+              "topk_ids", "topk_logprobs", "state_slot", "resp_slot")
+
+
+def split_rows(batch: ReplayBatch, micro_batches: int, n_shards: int = 1) -> ReplayBatch:
+  """The batch with a leading [micro_batches] axis on every leaf, for `lax.scan`: row fields
+  are cut as `micro_batch_of_rows` says ([R, ...] -> [M, R / M, ...]), per-update fields are
+  repeated."""
+  n_rows = batch.tokens.shape[0]
+  if n_rows % (n_shards * micro_batches):
+    raise ValueError(f"{n_rows} replay rows cannot be split into {micro_batches} micro-batches "
+                     f"on each of {n_shards} data shards; make replay.n_rows a multiple of "
+                     f"{n_shards * micro_batches}")
+
+  def rows(x):  # [R, ...] = [shard, micro, row, ...] -> [micro, shard * row, ...]
+    x = x.reshape((n_shards, micro_batches, n_rows // (n_shards * micro_batches)) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape((micro_batches, n_rows // micro_batches) + x.shape[3:])
+
+  repeat = lambda x: jnp.broadcast_to(x, (micro_batches,) + jnp.shape(x))
+  return batch.replace(**{f.name: jax.tree.map(rows if f.name in ROW_FIELDS else repeat,
+                                               getattr(batch, f.name))
+                          for f in dataclasses.fields(batch)})
 
 
 def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int) -> ReplayBatch:

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import jax
@@ -151,3 +152,84 @@ def test_capped_reverse_kl_cap_reached_and_not():
   value, count, _ = losses.capped_reverse_kl(logp, topk_ids, topk_lp, masked, ent + 0.5,
                                              jnp.array([0, 1]), 2, conf_entropy=0.1, cap=1.0)
   assert float(value) == 0.0 and int(count) == 0
+
+
+def _loss_and_grads(graphdef, params, traj, plan, micro_batches, n_shards=1):
+  from orl_jax.train.state import loss_and_grads
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  objective = losses.OrlObjective(LossConfig(conf_entropy=0.99))
+  fn = lambda p, b: loss_and_grads(graphdef, objective, p, b, jax.random.key(0),
+                                   micro_batches=micro_batches, n_shards=n_shards)
+  # micro-batches: the loop of jitted calls the train step runs (one jit would unroll it)
+  return (fn if micro_batches > 1 else jax.jit(fn))(params, batch)
+
+
+# naive: one state per row (AEC pairs always cross rows); packed rows of 24 tokens split
+# responses across rows, so some pairs cross rows there too.
+@pytest.mark.parametrize("layout,kw", [("naive", dict(row_len=20, n_rows=40)),
+                                       ("packed", dict(row_len=24, n_rows=24)),
+                                       ("packed", dict(row_len=64, n_rows=8, n_shards=2))])
+def test_micro_batches_give_the_full_batch_loss_and_grads(rolled_out, layout, kw):
+  graphdef, params, traj, valid = rolled_out
+  n_shards = kw.get("n_shards", 1)
+  plan, stats = _plan(traj, valid, layout=layout, **kw)
+  assert stats["states_dropped"] == 0 and stats["rows_used"] >= kw["n_rows"] // 2
+  (loss, metrics), grads = _loss_and_grads(graphdef, params, traj, plan, 1)
+  assert float(metrics["loss_aec"]) > 0 and float(metrics["loss_rkl"]) != 0
+  for m in (2, 4):
+    plan_m, _ = _plan(traj, valid, layout=layout, micro_batches=m, **kw)
+    (loss_m, metrics_m), grads_m = _loss_and_grads(graphdef, params, traj, plan_m, m, n_shards)
+    assert int(metrics_m["aec_pairs_out_of_order"]) == 0
+    np.testing.assert_allclose(float(loss_m), float(loss), atol=1e-5)
+    for k, v in metrics.items():
+      np.testing.assert_allclose(float(metrics_m[k]), float(v), atol=1e-5, err_msg=k)
+    for g, g_m in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_m)):
+      np.testing.assert_allclose(np.asarray(g_m), np.asarray(g), atol=1e-5)
+
+
+def test_micro_batches_need_aec_pairs_in_order(rolled_out):
+  graphdef, params, traj, valid = rolled_out
+  plan, _ = _plan(traj, valid, layout="naive", row_len=20, n_rows=40)
+  (loss, _), _ = _loss_and_grads(graphdef, params, traj, plan, 1)
+  # odd rows first: state k + 1 (odd row) is now trained a micro-batch before state k
+  order = np.concatenate([np.arange(1, 40, 2), np.arange(0, 40, 2)])
+  backwards = jax.tree.map(lambda x: x[order] if x.ndim == 2 else x, plan)
+  (loss_b, metrics_b), _ = _loss_and_grads(graphdef, params, traj, backwards, 2)
+  assert int(metrics_b["aec_pairs_out_of_order"]) > 0
+  assert abs(float(loss_b) - float(loss)) > 1e-4
+
+
+def test_micro_batches_must_divide_the_rows(rolled_out):
+  _, _, traj, valid = rolled_out
+  with pytest.raises(ValueError, match="replay.micro_batches=3"):
+    _plan(traj, valid, micro_batches=3, n_rows=40)
+  from orl_jax.replay import split_rows
+  plan, _ = _plan(traj, valid, n_rows=40)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  with pytest.raises(ValueError, match="micro-batches"):
+    split_rows(batch, 3)
+
+
+def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
+  import ml_collections
+  from orl_jax import sharding
+  from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+  _, params, traj, valid = rolled_out
+  train = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=2, steps=10, final_lr_fraction=0.1,
+                                         b1=0.9, b2=0.98, weight_decay=0.01, grad_clip=1.0))
+  optimizer, mesh = make_optimizer(train, 1.0), sharding.make_mesh()
+  rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  metrics = {}
+  for m in (1, 4):
+    plan, _ = _plan(traj, valid, layout="naive", row_len=20, n_rows=40, micro_batches=m)
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+    graphdef, state, state_sh = create_train_state(
+        dataclasses.replace(TINY, residual_mode="adapter"), optimizer, mesh, 0, params=params)
+    step = make_train_step(graphdef, optimizer, losses.OrlObjective(LossConfig(conf_entropy=0.99)),
+                           mesh, state_sh, jax.tree.map(lambda x: rows if x.ndim >= 2 else repl,
+                                                        batch), micro_batches=m)
+    for _ in range(2):   # the returned (donated) state feeds the next step
+      state, metrics[m] = step(state, batch, jax.random.key(0))
+    assert int(state.step) == 2
+  for k, v in metrics[1].items():
+    np.testing.assert_allclose(float(metrics[4][k]), float(v), atol=1e-5, err_msg=k)
