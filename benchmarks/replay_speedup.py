@@ -23,13 +23,16 @@ compiled step on one micro-batch: temp + arguments + outputs, plus the rest of t
 user would; a count that still runs out of memory is recorded and the next is tried. As a check
 of that choice each layout is also timed with `--check-factor` times as many micro-batches
 (`speedup_best_measured` uses each layout's faster count). Timing: the median of `--repeats`
-steps after one warm-up step. The machine may be shared with other work, so only the ratio of
-the two layouts within one run is meaningful. The last line printed is the headline
+steps after one warm-up step, the steps of all variants of one G interleaved (one step of each
+in turn), since the machine may be shared with other work whose load changes: only the ratio
+of the layouts within one G of one run is meaningful. The last line printed is the headline
 `replay_speedup_G16: X` (naive / packed seconds at G = 16, largest micro-batches that fit).
 
   python benchmarks/replay_speedup.py [--groups 8 16 24] [--responses-per-row 1 2] [--repeats 3]
 """
 import argparse
+import statistics
+import time
 
 import _common  # noqa: F401
 import jax
@@ -129,30 +132,36 @@ def estimated_peak_bytes(s_cfg, optimizer, mesh, objective, batch, micro_batches
              + extra)
 
 
-def time_step(traj, group, layout, row_len, rows, m, repeats, s_cfg, optimizer, mesh, objective):
-  """(median seconds, runs, first-step metrics) of the training step with `m` micro-batches."""
-  plan, _ = _plan(traj, group, layout, row_len, rows, m)
-  batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id, block_size=BLOCK)
-  graphdef, state, state_sh = create_train_state(s_cfg, optimizer, mesh, 0)
-  repl = sharding_lib.replicated(mesh)
-  step = make_train_step(graphdef, optimizer, objective, mesh, state_sh,
-                         jax.tree.map(lambda _: repl, batch), micro_batches=m)
-  key = jax.random.key(0)
-  state, metrics = step(state, batch, key)              # compile + warm-up
-  metrics = jax.device_get(metrics)
-  holder = {"state": state}
+class Runner:
+  """One layout's training step at one micro-batch count, warmed up and ready to time."""
 
-  def run():
-    holder["state"], m_ = step(holder["state"], batch, key)
-    jax.block_until_ready(m_)
+  def __init__(self, traj, group, layout, row_len, rows, m, s_cfg, optimizer, mesh, objective):
+    plan, _ = _plan(traj, group, layout, row_len, rows, m)
+    self.batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id, block_size=BLOCK)
+    graphdef, state, state_sh = create_train_state(s_cfg, optimizer, mesh, 0)
+    repl = sharding_lib.replicated(mesh)
+    self.step = make_train_step(graphdef, optimizer, objective, mesh, state_sh,
+                                jax.tree.map(lambda _: repl, self.batch), micro_batches=m)
+    self.key = jax.random.key(0)
+    self.state, metrics = self.step(state, self.batch, self.key)   # compile + warm-up
+    self.first_metrics = jax.device_get(metrics)
+    self.runs = []
 
-  t, runs = _common.median_time(run, repeats)
-  return t, runs, metrics
+  def run_once(self):
+    t0 = time.perf_counter()
+    self.state, metrics = self.step(self.state, self.batch, self.key)
+    jax.block_until_ready(metrics)
+    self.runs.append(time.perf_counter() - t0)
+
+  def result(self) -> dict:
+    return {"seconds_median": statistics.median(self.runs), "runs": self.runs,
+            "loss_first_step": float(self.first_metrics["loss"]),
+            "aec_pairs_out_of_order": int(self.first_metrics.get("aec_pairs_out_of_order", 0))}
 
 
-def measure_layout(traj, group, layout, row_len, args, s_cfg, optimizer, mesh, objective):
-  """Times one training step of `layout` with the fewest micro-batches that fit the budget
-  and, as a check of that choice, with `args.check_factor` times as many."""
+def prepare_layout(traj, group, layout, row_len, args, s_cfg, optimizer, mesh, objective):
+  """(description, runners): the fewest micro-batches that fit the budget and, as a check of
+  that choice, `args.check_factor` times as many; each runner is warmed up."""
   budget = int(args.memory_gb * 2**30)
   _, stats = _plan(traj, group, layout, row_len, group * STATES, 1)
   assert stats["states_dropped"] == 0 and stats["states_packed"] == group * STATES
@@ -162,53 +171,64 @@ def measure_layout(traj, group, layout, row_len, args, s_cfg, optimizer, mesh, o
          "attention_pairs_dense": rows * row_len ** 2, "attention_pairs_visible":
          visible_pairs(plan), "micro_batch_trials": []}
   batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id, block_size=BLOCK)
-  key = jax.random.key(0)
+  make = lambda m: Runner(traj, group, layout, row_len, rows, m, s_cfg, optimizer, mesh,
+                          objective)
   for m in [d for d in range(1, rows + 1) if rows % d == 0]:
     trial = {"micro_batches": m, "rows_per_micro_batch": rows // m,
              "estimated_peak_bytes": estimated_peak_bytes(s_cfg, optimizer, mesh, objective,
-                                                          batch, m, key)}
+                                                          batch, m, jax.random.key(0))}
     out["micro_batch_trials"].append(trial)
     if trial["estimated_peak_bytes"] > budget:
       trial["result"] = "over budget"
       continue
     try:
-      t, runs, metrics = time_step(traj, group, layout, row_len, rows, m, args.repeats, s_cfg,
-                                   optimizer, mesh, objective)
+      runners = {"chosen": make(m)}
     except jax.errors.JaxRuntimeError as e:              # the estimate was low for this host
       if not _is_oom(e):
         raise
       trial["result"] = "out of memory: " + str(e).splitlines()[0][:160]
       continue
     trial["result"] = "ran"
-    out.update(seconds_median=t, runs=runs, micro_batches=m, rows_per_micro_batch=rows // m,
-               estimated_peak_bytes=trial["estimated_peak_bytes"],
-               loss_first_step=float(metrics["loss"]),
-               aec_pairs_out_of_order=int(metrics.get("aec_pairs_out_of_order", 0)))
+    out.update(micro_batches=m, rows_per_micro_batch=rows // m,
+               estimated_peak_bytes=trial["estimated_peak_bytes"])
     check = m * args.check_factor
     if args.check_factor > 1 and rows % check == 0:
-      t2, runs2, metrics2 = time_step(traj, group, layout, row_len, rows, check, args.repeats,
-                                      s_cfg, optimizer, mesh, objective)
-      out["check_more_micro_batches"] = {
-          "micro_batches": check, "rows_per_micro_batch": rows // check, "seconds_median": t2,
-          "runs": runs2, "loss_first_step": float(metrics2["loss"])}
-    return out
+      runners["check"] = make(check)
+      out["check_more_micro_batches"] = {"micro_batches": check,
+                                         "rows_per_micro_batch": rows // check}
+    return out, runners
   out["error"] = f"no micro-batch count fits {budget / 2**30:.1f} GiB"
-  return out
+  return out, {}
 
 
 def measure(group, args, s_cfg, optimizer, mesh, objective):
+  """Every layout variant of this G, their timed steps interleaved (run 1 of each, run 2 of
+  each, ...) so a change in the machine's load hits all of them alike."""
   rng = np.random.default_rng(group)
   traj = synthetic_trajectories(group, s_cfg, rng)
-  out = {"states": group * STATES, "packed_by_responses_per_row": {}}
+  variants = {}   # name -> (description, runners)
   for k in args.responses_per_row:
-    if k > group:
-      continue
-    r = measure_layout(traj, group, "packed", PROMPT + k * CLEAN_AND_STATES, args, s_cfg,
-                       optimizer, mesh, objective)
-    out["packed_by_responses_per_row"][str(k)] = r
+    if k <= group:
+      variants[f"packed_{k}"] = prepare_layout(traj, group, "packed", PROMPT + k * CLEAN_AND_STATES,
+                                               args, s_cfg, optimizer, mesh, objective)
+  variants["naive"] = prepare_layout(traj, group, "naive", PROMPT + N_BLOCKS * BLOCK, args, s_cfg,
+                                     optimizer, mesh, objective)
+  for _ in range(args.repeats):
+    for _, runners in variants.values():
+      for runner in runners.values():
+        runner.run_once()
+  for desc, runners in variants.values():
+    if "chosen" in runners:
+      desc.update(runners["chosen"].result())
+    if "check" in runners:
+      desc["check_more_micro_batches"].update(runners["check"].result())
+  out = {"states": group * STATES,
+         "packed_by_responses_per_row": {name.split("_")[1]: desc
+                                         for name, (desc, _) in variants.items()
+                                         if name.startswith("packed")},
+         "naive": variants["naive"][0]}
+  for k, r in out["packed_by_responses_per_row"].items():
     print(f"  G={group} packed, {k} response(s)/row: " + _summary(r), flush=True)
-  out["naive"] = measure_layout(traj, group, "naive", PROMPT + N_BLOCKS * BLOCK, args, s_cfg,
-                                optimizer, mesh, objective)
   print(f"  G={group} naive: " + _summary(out["naive"]), flush=True)
   ran = {k: r for k, r in out["packed_by_responses_per_row"].items() if "seconds_median" in r}
   best = min(ran, key=lambda k: ran[k]["seconds_median"]) if ran else None
