@@ -126,7 +126,7 @@ def main():
   ref = run_jitted()  # compile + warm-up
   naive_out = naive_decode(graphdef, params, prompts, valid, dcfg)  # compile + warm-up
   same = (np.array_equal(np.asarray(ref.tokens), naive_out[0])
-          and np.array_equal(np.asarray(ref.nfe), naive_out[1]))
+          and np.array_equal(np.asarray(ref.nfe_engine), naive_out[1]))
   if not same:
     raise SystemExit("jitted and naive decoders disagree; the comparison would be meaningless")
   n_tokens = int(np.asarray(ref.n_generated).sum())

@@ -84,6 +84,7 @@ def synthetic_trajectories(group: int, model_cfg, rng: np.random.Generator):
   prompt = rng.integers(5, v, (1, PROMPT)).astype(np.int32)
   return Trajectories(prompt_tokens=jnp.asarray(prompt), prompt_valid=jnp.ones((1, PROMPT), bool),
                       responses=jnp.asarray(responses), nfe=jnp.zeros((group,), jnp.int32),
+                      nfe_engine=jnp.zeros((group,), jnp.int32),
                       n_generated=jnp.full((group,), n, jnp.int32),
                       finished=jnp.ones((group,), bool), capture=cap,
                       rollout_step=jnp.asarray(0, jnp.int32))

@@ -3,6 +3,7 @@
 Launch lines:
   python launch/train.py --config=configs/tiny.py            # the full demo (base -> eval)
   python launch/train.py --config=configs/tiny.py:sft        # train the base model only
+  python launch/train.py --config=configs/tiny.py:ablations  # ORL and ablations x 3 seeds
   python launch/eval.py  --config=configs/tiny.py:eval --config.model.init_from=PATH
   python launch/decode.py --config=configs/tiny.py:eval --config.model.init_from=PATH
 
@@ -12,14 +13,21 @@ Variants (`get_config(arg)`):
   "sft"     : masked-diffusion SFT of the base model from scratch (what `make base` runs).
   "eval"    : evaluation of `model.init_from` with the decoder settings in `eval.settings`.
   "smoke"   : a few steps of everything on small shapes (tests).
-  "orl", "no_aec", "no_kl", "no_residual", "rcd_offline"
+  "ablations": the demo with full ORL and every ablation (no_aec, no_kl, kl_rollout,
+              no_residual, no_warmup, rcd_offline), each over rollout seeds 0, 1, 2;
+              results.json holds seed means and per-seed figures.
+  "warmup"  : the residual warm-up alone, from the committed base (-> work_dirs/tiny_warmup).
+  "orl", "no_aec", "no_kl", "kl_rollout", "no_warmup", "no_residual", "rcd_offline"
             : one stage of the demo alone, starting from `model.init_from` (default: the
-              committed base model).
+              warm-up's output for stages that start from it, else the committed base).
 """
 import ml_collections
 
 
-STAGES = ("orl", "no_aec", "no_kl", "no_residual", "rcd_offline")
+STAGES = ("warmup", "orl", "no_aec", "no_kl", "kl_rollout", "no_residual", "no_warmup",
+          "rcd_offline")
+# The `ablations` variant: full ORL and each ablation (DESIGN §2.6-§2.7), over rollout seeds.
+ABLATIONS = ("no_aec", "no_kl", "kl_rollout", "no_residual", "no_warmup", "rcd_offline")
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -90,6 +98,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.grad_clip = 1.0
   c.train.freeze_base = False
   c.train.log_every = 50
+  # residual_warmup: share of rows whose second pass consumes the model's own first-pass z
+  c.train.self_condition_probability = 0.5
 
   # ORL (DESIGN §2.3-§2.7). Used when train.mode == "orl".
   c.orl = ml_collections.ConfigDict()
@@ -100,6 +110,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.orl.rollout_rule_value = 0.9
   c.orl.min_reward = 1.0            # responses scoring >= this produce gradient (verified)
   c.orl.capture_states = 0          # 0 = n_blocks * max steps per block (every step fits)
+  c.orl.rollout_seed = -1           # seed of the rollout sampling noise (-1 = `seed`)
 
   c.replay = ml_collections.ConfigDict()
   c.replay.row_len = 544           # a prompt (32) + 16 states of 32
@@ -108,6 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.replay.max_responses = 64
   c.replay.states_per_response = 4  # our choice for the 2-core budget (0 = every state)
   c.replay.layout = "packed"
+  c.replay.micro_batches = 1        # gradient accumulation over row micro-batches (one update)
 
   c.loss = ml_collections.ConfigDict()
   c.loss.gate_entropy = 0.0
@@ -117,6 +129,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.w_aec = 1.0
   c.loss.w_kl = 1.0
   c.loss.vocab_chunk = 0          # tokens per chunk of the head statistics (0 = off)
+  # the anchor's reference: "initial" = the frozen model ORL starts from (one more forward and
+  # one more copy of the weights); "rollout" = the rollout's own top-K (an ablation: zero
+  # under one update per fresh rollout)
+  c.loss.kl_reference = "initial"
 
   c.eval = ml_collections.ConfigDict()
   c.eval.n_problems = 512
@@ -141,30 +157,47 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed = ml_collections.ConfigDict(dict(mode="auto", coordinator="", num_processes=0,
                                                  process_id=-1))
 
-  # Stages of the demo, each a set of overrides merged into this config (`config.update`).
-  # The demo runs base -> "orl" (+ "rcd_offline" with compare_offline, + each of `ablations`);
-  # `--config=configs/tiny.py:orl` runs one stage alone from the base model.
+  # Stages of the demo, each a set of overrides merged into this config (`config.update`),
+  # started from the model `stage_start` names: "base" (the SFT base model) or "warmup" (the
+  # base after the residual warm-up stage, DESIGN §2.1; trained once and shared). The demo runs
+  # base -> warmup -> "orl" (+ "rcd_offline" with compare_offline, + each of `ablations`);
+  # `--config=configs/tiny.py:STAGE` runs one stage alone from `model.init_from`.
   c.compare_offline = False
-  c.ablations = ()                  # e.g. ("no_aec", "no_kl", "no_residual")
-  # lr 5e-5 x 300 updates: pooled TPF 2.4x the base's at threshold 0.9 within 2 points of its
-  # accuracy; lr 1e-4 gained as much TPF but lost 2.2 points (README, "Results")
+  c.ablations = ()                  # e.g. ("no_aec", "no_kl", "no_residual"); see ABLATIONS
+  # Residual warm-up: masked-diffusion training where half the rows consume the model's own
+  # first-pass prediction through the adapter (self-conditioning); the adapter (zero-initialised
+  # output) learns at the full learning rate here, so the pathway carries signal when ORL starts.
+  warmup = dict(train=dict(mode="residual_warmup", steps=400, lr=3e-4, warmup_steps=40,
+                           final_lr_fraction=0.1, log_every=20),
+                model=dict(residual=dict(mode="adapter", lr_scale=1.0)),
+                checkpoint=dict(every=200), eval=dict(name="warmup"))
   orl_train = dict(mode="orl", steps=300, lr=5e-5, warmup_steps=20, final_lr_fraction=0.1,
                    log_every=5)
   orl = dict(train=orl_train, model=dict(residual=dict(mode="adapter")),
              checkpoint=dict(every=50), eval=dict(name="orl"))
   c.stages = ml_collections.ConfigDict(dict(
+      warmup=warmup,
       orl=orl,
       no_aec=_merge(orl, dict(loss=dict(w_aec=0.0), eval=dict(name="orl_no_aec"))),
       no_kl=_merge(orl, dict(loss=dict(w_kl=0.0), eval=dict(name="orl_no_kl"))),
+      kl_rollout=_merge(orl, dict(loss=dict(kl_reference="rollout"),
+                                  eval=dict(name="orl_kl_rollout"))),
+      # no pathway at all: no adapter, no warm-up (starts from the base)
       no_residual=_merge(orl, dict(model=dict(residual=dict(mode="none")),
                                    eval=dict(name="orl_no_residual"))),
+      # the pathway without the warm-up: a zero-output adapter trained by ORL alone
+      no_warmup=_merge(orl, dict(eval=dict(name="orl_no_warmup"))),
       # Offline RCD with the same optimizer budget: as many SFT-layout steps as ORL updates.
       rcd_offline=dict(train=dict(mode="rcd_offline", steps=300, lr=5e-5, warmup_steps=20,
                                   final_lr_fraction=0.1, log_every=5),
                        model=dict(residual=dict(mode="rcd")), checkpoint=dict(every=50),
                        eval=dict(name="rcd_offline")),
   ))
+  c.stage_start = ml_collections.ConfigDict(dict(
+      warmup="base", orl="warmup", no_aec="warmup", no_kl="warmup", kl_rollout="warmup",
+      no_residual="base", no_warmup="base", rcd_offline="base"))
   c.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` reproduces it)
+  c.seeds = ()                      # demo: rollout seeds of every ORL stage (() = `seed` only)
   return c
 
 
@@ -177,9 +210,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg == "sft":
     c.train.mode = "sft"
     c.workdir = "work_dirs/tiny_sft"
+  elif arg == "ablations":
+    c.pipeline = "demo"
+    c.workdir = "work_dirs/tiny_ablations"
+    c.ablations = ABLATIONS
+    c.seeds = (0, 1, 2)
   elif arg in STAGES:
     c.update(c.stages[arg].to_dict())
-    c.model.init_from = c.base_checkpoint
+    start = c.stage_start[arg]
+    c.model.init_from = c.base_checkpoint if start == "base" else "work_dirs/tiny_warmup/params"
     c.workdir = f"work_dirs/tiny_{arg}"
   elif arg == "eval":
     c.train.mode = "eval"

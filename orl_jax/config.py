@@ -8,12 +8,13 @@ from __future__ import annotations
 import ml_collections
 
 from orl_jax.decoding import DecodeConfig
+from orl_jax.losses import KL_REFERENCES
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
 
-TRAIN_MODES = ("sft", "orl", "rcd_offline", "eval")
+TRAIN_MODES = ("sft", "residual_warmup", "orl", "rcd_offline", "eval")
 HF_FAMILIES = ("llada", "qwen3")
 FAMILIES = ("block_causal", "bidirectional")
 
@@ -55,10 +56,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
   check(t.warmup_steps <= max(t.steps, 1),
         f"train.warmup_steps={t.warmup_steps} exceeds train.steps={t.steps}")
-  if t.mode == "orl":
-    check(m.residual.mode != "rcd",
-          "train.mode='orl' trains the residual pathway: model.residual.mode must be "
-          "'adapter' or 'none' (the 'rcd' pathway has no parameters)")
+  if t.mode == "residual_warmup":
+    check(m.residual.mode == "adapter",
+          f"train.mode='residual_warmup' trains the adapter: model.residual.mode must be "
+          f"'adapter', got {m.residual.mode!r}")
+    p_self = t.get("self_condition_probability", 0.5)
+    check(0 < p_self <= 1, f"train.self_condition_probability={p_self} must be in (0, 1]")
+  kl_ref = config.loss.get("kl_reference", "initial")
+  check(kl_ref in KL_REFERENCES,
+        f"loss.kl_reference={kl_ref!r} must be one of {KL_REFERENCES}")
   n_data = config.mesh.data
   if n_data > 0:
     check(t.batch_size % n_data == 0,

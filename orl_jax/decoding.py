@@ -8,8 +8,12 @@ Bidirectional families (LLaDA) forward the whole canvas each step and need no co
 Everything runs in `lax.while_loop`s with static shapes: a batch of prompts decodes together,
 rows finish independently (EOS), and there is no host synchronisation per step.
 
-Commit forwards are spent only where a later block needs the cache: not after the last block and
-not for a row whose EOS was committed in this block (generation stops there).
+Forwards are counted two ways (DESIGN §2.2, §6). `nfe` is the paper's count, which TPF uses:
+denoising steps plus one commit forward per decoded block, the last block included. The engine
+spends commit forwards only where a later block needs the cache (not after the last block, not
+for a row whose EOS was committed in this block); `nfe_engine` counts the forwards it actually
+ran. Bidirectional families have no KV cache and so no commit forward: both counts are the
+denoising steps.
 """
 from __future__ import annotations
 
@@ -74,7 +78,8 @@ class Capture(NamedTuple):
 
 class DecodeOutput(NamedTuple):
   tokens: jax.Array         # [B, N] response, EOS-filled after the first EOS
-  nfe: jax.Array            # [B] int32 forwards spent on the row (commit forwards included)
+  nfe: jax.Array            # [B] int32 forwards, the paper's count: steps + 1 commit per block
+  nfe_engine: jax.Array     # [B] int32 forwards the engine ran (commits nobody needs skipped)
   n_generated: jax.Array    # [B] int32 tokens through the first EOS
   finished: jax.Array       # [B] bool an EOS was generated
   capture: Capture | None
@@ -186,7 +191,7 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
     return model(block_tokens, pos, meta, residual=res, cache=cache, cache_mode="read").logits
 
   def block_body(carry):
-    j, canvas, cache, finished, nfe, cap, key = carry
+    j, canvas, cache, finished, nfe, skipped, cap, key = carry
     start = p + j * b
     active = ~finished                                                   # [B]
 
@@ -235,16 +240,18 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
           lambda c: model(tokens, pos, meta, cache=c, cache_mode="write", cache_offset=start).cache,
           lambda c: c, cache)
       nfe = nfe + needs_commit.astype(jnp.int32)
-    return j + 1, canvas, cache, finished | eos_here, nfe, cap, key
+      skipped = skipped + (active & ~needs_commit).astype(jnp.int32)  # counted, not run
+    return j + 1, canvas, cache, finished | eos_here, nfe, skipped, cap, key
 
   def block_cond(carry):
     j, _, _, finished, *_ = carry
     return (j < cfg.n_blocks) & jnp.any(~finished)
 
   cap = _empty_capture(b_rows, cfg, mcfg.d_model, dtype) if cfg.capture_states else None
-  init = (jnp.int32(0), canvas, cache, jnp.zeros((b_rows,), bool), jnp.zeros((b_rows,), jnp.int32),
-          cap, key)
-  _, canvas, _, finished, nfe, cap, _ = jax.lax.while_loop(block_cond, block_body, init)
+  zeros = jnp.zeros((b_rows,), jnp.int32)
+  init = (jnp.int32(0), canvas, cache, jnp.zeros((b_rows,), bool), zeros, zeros, cap, key)
+  _, canvas, _, finished, nfe_engine, skipped, cap, _ = jax.lax.while_loop(block_cond,
+                                                                           block_body, init)
 
   response = canvas[:, p:]
   response = jnp.where(response == cfg.mask_id, cfg.eos_id, response)  # never-decoded blocks
@@ -253,7 +260,7 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
   after = jnp.arange(n)[None, :] > first_eos[:, None]
   response = jnp.where(after, cfg.eos_id, response)
   n_generated = (first_eos + 1).astype(jnp.int32)
-  return DecodeOutput(response, nfe, n_generated, finished, cap)
+  return DecodeOutput(response, nfe_engine + skipped, nfe_engine, n_generated, finished, cap)
 
 
 def make_decoder(graphdef, cfg: DecodeConfig):

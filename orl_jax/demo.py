@@ -1,6 +1,6 @@
-"""The embedded default, end to end: base model -> ORL (+ baselines, ablations) -> evaluation
-with identical decoder settings -> results.json, a table, training curves and the
-accuracy-vs-TPF plot."""
+"""The embedded default, end to end: base model -> residual warm-up -> ORL (+ baselines,
+ablations, over rollout seeds) -> evaluation with identical decoder settings -> results.json, a
+table, training curves and the accuracy-vs-TPF plot."""
 from __future__ import annotations
 
 import copy
@@ -13,6 +13,7 @@ from orl_jax.train import loop
 
 CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
               "replay_entropy", "rollout_entropy_step0", "rollout_entropy_step2")
+WARMUP_CURVE_KEYS = ("loss", "masked_nll", "masked_acc", "residual_norm_ratio")
 
 
 def _repo_path(path: str) -> str:
@@ -22,14 +23,22 @@ def _repo_path(path: str) -> str:
   return os.path.join(here, path)
 
 
-def stage_config(config, stage: str, init_from: str):
-  """A copy of `config` with the stage's overrides, its own work directory and start point."""
+def stage_config(config, stage: str, init_from: str, seed: int | None = None):
+  """A copy of `config` with the stage's overrides, its own work directory and start point.
+  `seed`: the rollout seed of an ORL stage (the data/noise seed of other stages); the work
+  directory gets a `seed{k}` folder."""
   cfg = copy.deepcopy(config)
   with cfg.unlocked():
     cfg.update(config.stages[stage].to_dict())
     cfg.model.init_from = init_from
     cfg.workdir = os.path.join(config.workdir, stage)
     cfg.pipeline = "train"
+    if seed is not None:
+      cfg.workdir = os.path.join(cfg.workdir, f"seed{seed}")
+      if cfg.train.mode == "orl":
+        cfg.orl.rollout_seed = seed
+      else:
+        cfg.seed = seed
   return cfg
 
 
@@ -76,24 +85,48 @@ def demo_stages(config) -> list[str]:
   return stages
 
 
+def _train_stage(config, stage: str, init_from: str, seed: int | None, progress: bool,
+                 curves: list) -> tuple[str, str]:
+  """(eval name, params folder) of one trained stage; its training curves go to `curves`."""
+  cfg = stage_config(config, stage, init_from, seed)
+  params_dir = loop.train(cfg, progress=progress)
+  metrics = os.path.join(cfg.workdir, "metrics.jsonl")
+  suffix = "" if seed is None else f"_seed{seed}"
+  png = os.path.join(config.workdir, f"curves_{stage}{suffix}.png")
+  keys = {"orl": CURVE_KEYS, "residual_warmup": WARMUP_CURVE_KEYS}.get(cfg.train.mode)
+  if os.path.exists(metrics) and distributed.is_lead_process():
+    curves.append(plots.plot_training_curves(metrics, png, keys=keys, title=stage + suffix))
+  return cfg.eval.name, params_dir
+
+
 def run_demo(config, *, progress=True) -> str:
-  """Base -> stages -> evaluation. Prints the table and returns the results.json path."""
+  """Base -> warm-up -> stages (each over `config.seeds`) -> evaluation. Prints the table and
+  returns the results.json path."""
   os.makedirs(config.workdir, exist_ok=True)
   base = base_params_dir(config, progress=progress)
   print(f"base model: {base}")
   trained = {"base": base}
+  starts = {"base": base}
   curves = []
-  for stage in demo_stages(config):
-    cfg = stage_config(config, stage, base)
-    trained[cfg.eval.name] = loop.train(cfg, progress=progress)
-    metrics = os.path.join(cfg.workdir, "metrics.jsonl")
-    png = os.path.join(config.workdir, f"curves_{stage}.png")
-    keys = CURVE_KEYS if cfg.train.mode == "orl" else None
-    if os.path.exists(metrics) and distributed.is_lead_process():
-      curves.append(plots.plot_training_curves(metrics, png, keys=keys, title=stage))
+  stages = demo_stages(config)
+  if any(config.stage_start[st] == "warmup" for st in stages):
+    name, starts["warmup"] = _train_stage(config, "warmup", base, None, progress, curves)
+    trained[name] = starts["warmup"]
+  seeds = tuple(config.get("seeds", ())) or (None,)
+  seed_groups = {}
+  for stage in stages:
+    for seed in seeds:
+      name, params_dir = _train_stage(config, stage, starts[config.stage_start[stage]], seed,
+                                      progress, curves)
+      key = name if seed is None else eval_lib.seed_name(name, seed)
+      trained[key] = params_dir
+      if seed is not None:
+        seed_groups.setdefault(name, []).append(key)
   all_results = {}
   for name, params_dir in trained.items():
     all_results = evaluate_params(config, params_dir, name, progress=progress)
+  for name, keys in seed_groups.items():
+    all_results = eval_lib.merge_seeds(results_path(config), name, keys)
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))

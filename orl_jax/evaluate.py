@@ -49,23 +49,27 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     out = compiled(params, prompts[s:e], valid[s:e], jax.random.fold_in(key, i))
     out = jax.block_until_ready(out)
     seconds += time.perf_counter() - t0
-    outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.n_generated)))
-  tokens, nfe, n_gen = (np.concatenate(x)[:n] for x in zip(*outs))
-  return tokens, nfe, n_gen, seconds
+    outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated)))
+  tokens, nfe, nfe_engine, n_gen = (np.concatenate(x)[:n] for x in zip(*outs))
+  return tokens, nfe, nfe_engine, n_gen, seconds
 
 
 def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule, *,
                      batch_size: int, progress=False) -> dict:
-  tokens, nfe, n_gen, seconds = decode_problems(graphdef, params, problems, task, config, rule,
+  tokens, nfe, nfe_engine, n_gen, seconds = decode_problems(graphdef, params, problems, task, config, rule,
                                                 batch_size=batch_size, progress=progress)
   texts = [task.tokenizer.decode(t, stop_at_eos=True) for t in tokens]
   scores = np.asarray(task.verifier.score_batch(problems, texts), np.float64)
-  nfe = np.maximum(nfe, 1)
-  return {
+  nfe, nfe_engine = np.maximum(nfe, 1), np.maximum(nfe_engine, 1)
+  return {   # TPF: the paper's count (one commit forward per decoded block, the last included)
       "accuracy": float(scores.mean()),
       "tpf_mean": float(np.mean(n_gen / nfe)),
       "tpf_pooled": float(n_gen.sum() / nfe.sum()),
       "nfe_mean": float(nfe.mean()),
+      # the forwards the engine ran (commits no later block needs are skipped)
+      "tpf_mean_engine": float(np.mean(n_gen / nfe_engine)),
+      "tpf_pooled_engine": float(n_gen.sum() / nfe_engine.sum()),
+      "nfe_mean_engine": float(nfe_engine.mean()),
       "tokens_mean": float(n_gen.mean()),
       "tps": float(n_gen.sum() / max(seconds, 1e-9)),
       "n_problems": len(problems),
@@ -91,11 +95,44 @@ def update_results(path: str, model_name: str, results: dict) -> dict:
     with open(path) as f:
       all_results = json.load(f)
   all_results[model_name] = results
+  _write_json_atomic(path, all_results)
+  return all_results
+
+
+def _write_json_atomic(path: str, obj) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    json.dump(all_results, f, indent=2)
+    json.dump(obj, f, indent=2)
   os.replace(tmp, path)
+
+
+def seed_name(name: str, seed: int) -> str:
+  """The results.json key of one seed's model before `merge_seeds` folds it into `name`."""
+  return f"{name}@seed{seed}"
+
+
+def merge_seeds(path: str, name: str, keys: Sequence[str]) -> dict:
+  """Replaces the per-seed entries `keys` of results.json by one model `name` whose usual
+  fields are the seed means, with `<field>_std` for accuracy and pooled TPF and a `seeds` list
+  of per-seed {seed, accuracy, tpf_pooled}. Returns all results (process 0 writes)."""
+  with open(path) as f:
+    all_results = json.load(f)
+  per_seed = [all_results.pop(k) for k in keys]
+  merged = {}
+  for label in per_seed[0]:
+    runs = [r[label] for r in per_seed]
+    out = {k: float(np.mean([r[k] for r in runs])) for k, v in runs[0].items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out.update({k: v for k, v in runs[0].items() if k not in out and k != "examples"})
+    for k in ("accuracy", "tpf_pooled"):
+      out[f"{k}_std"] = float(np.std([r[k] for r in runs]))
+    out["seeds"] = [{"seed": key.rpartition("@seed")[2], "accuracy": r["accuracy"],
+                     "tpf_pooled": r["tpf_pooled"]} for key, r in zip(keys, runs)]
+    merged[label] = out
+  all_results[name] = merged
+  if distributed.is_lead_process():
+    _write_json_atomic(path, all_results)
   return all_results
 
 
@@ -110,8 +147,11 @@ def format_table(all_results: dict, reference: str = "base") -> str:
     for label, r in settings.items():
       ratio = (f"{r['tpf_pooled'] / ref[label]['tpf_pooled']:>8.2f}x" if label in ref
                else f"{'':>9}")
+      spread = (f"  (+-{r['accuracy_std']:.3f} / +-{r['tpf_pooled_std']:.2f} over "
+                f"{len(r['seeds'])} seeds)" if "seeds" in r else "")
       lines.append(f"{model:<16} {label:<20} {r['accuracy']:>6.3f} {r['tpf_mean']:>9.2f} "
-                   f"{r['tpf_pooled']:>9.2f} {ratio} {r['nfe_mean']:>6.1f} {r['tps']:>9.0f}")
+                   f"{r['tpf_pooled']:>9.2f} {ratio} {r['nfe_mean']:>6.1f} {r['tps']:>9.0f}"
+                   + spread)
   return "\n".join(lines)
 
 

@@ -2,6 +2,13 @@
 the capped reverse KL anchor. Every term is averaged per response, then over responses, using
 global segment sums over the batch, so the packing of states into rows never changes the loss.
 
+The anchor's reference (`LossConfig.kl_reference`): "initial" (default) is the frozen model ORL
+started from, replayed without gradient on the same rows with the same captured residuals
+(`attach_reference`), KL over the full vocabulary, gated where *it* is confident. "rollout" (an
+ablation) compares with the rollout's own top-K distribution: with one update per fresh rollout
+and exact replay, q equals that distribution where the term is evaluated, so the term and its
+gradient are zero up to rounding.
+
 Gradient accumulation: `OrlObjective` also computes the loss of one row micro-batch with the
 per-response normalisers of the whole update (`LossTotals`, data only), so the micro-batch
 losses sum to the full-batch loss and their gradients to its gradient. AEC pairs that cross
@@ -18,6 +25,7 @@ from orl_jax.replay import ReplayBatch, split_rows
 from orl_jax.vocab_chunks import token_stats
 
 _EPS = 1e-6
+KL_REFERENCES = ("initial", "rollout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +37,16 @@ class LossConfig:
   w_aec: float = 1.0          # lambda_AEC
   w_kl: float = 1.0           # lambda_KL
   vocab_chunk: int = 0        # tokens per chunk of the head statistics (0 = all at once)
+  kl_reference: str = "initial"  # "initial" (frozen start model) | "rollout" (ablation)
+
+  def __post_init__(self):
+    if self.kl_reference not in KL_REFERENCES:
+      raise ValueError(f"loss.kl_reference={self.kl_reference!r} must be one of {KL_REFERENCES}")
+
+  @property
+  def uses_reference(self) -> bool:
+    """The anchor needs the frozen reference model (its forward is skipped when w_kl = 0)."""
+    return self.w_kl > 0 and self.kl_reference == "initial"
 
 
 def _segment_sum(values, ids, n):
@@ -55,9 +73,41 @@ def ce_positions(masked, rollout_entropy, gate: float):
   return (masked & (rollout_entropy >= gate)).astype(jnp.float32)
 
 
-def kl_positions(masked, rollout_entropy, conf_entropy: float):
-  """Weight of the KL anchor: masked positions where the rollout was confident."""
-  return (masked & (rollout_entropy < conf_entropy)).astype(jnp.float32)
+def kl_positions(masked, confidence_entropy, conf_entropy: float):
+  """Weight of the KL anchor: masked positions where the reference (the frozen model, or the
+  rollout for kl_reference='rollout') was confident."""
+  return (masked & (confidence_entropy < conf_entropy)).astype(jnp.float32)
+
+
+def anchor_entropy(batch: ReplayBatch, cfg: LossConfig):
+  """The entropy that gates the anchor: the frozen reference's, or the rollout's."""
+  if cfg.kl_reference == "initial":
+    if batch.ref_entropy is None:
+      raise ValueError("kl_reference='initial': attach the reference first (attach_reference)")
+    return batch.ref_entropy
+  return batch.rollout_entropy
+
+
+def attach_reference(batch: ReplayBatch, reference, cfg: LossConfig) -> ReplayBatch:
+  """`batch` with the frozen reference's final hidden states and normalized entropies on its
+  rows: one no-gradient forward on the same replayed rows with the same captured residuals."""
+  if reference is None:
+    raise ValueError("loss.kl_reference='initial' needs the frozen reference model (the train "
+                     "state's `reference`, created when the loss uses it)")
+  hidden, _, _ = reference.hidden_states(batch.tokens, batch.positions, batch.meta,
+                                         residual=batch.residual)
+  hidden = jax.lax.stop_gradient(hidden)
+  stats = token_stats(reference.head, hidden, batch.targets, chunk=cfg.vocab_chunk)
+  return batch.replace(ref_hidden=hidden, ref_entropy=jax.lax.stop_gradient(stats.entropy))
+
+
+def capped_kl_to_reference(kl, masked, ref_entropy, resp_slot, n, conf_entropy: float,
+                           cap: float, den=None):
+  """min(c, KL(q || p_ref)) per position, where the reference is confident; per response."""
+  capped = jnp.minimum(cap, kl)
+  where = kl_positions(masked, ref_entropy, conf_entropy)
+  value, count = per_response_mean(capped, where, resp_slot, n, den)
+  return value, count
 
 
 def gated_ce(nll, masked, rollout_entropy, resp_slot, n, gate: float, den=None):
@@ -146,22 +196,28 @@ def _n_carried(batch: ReplayBatch):
 
 
 def loss_totals(batch: ReplayBatch, cfg: LossConfig) -> LossTotals:
+  """Needs the reference attached when `cfg.uses_reference`."""
   n = batch.state_resp.shape[0]
   seg = lambda w, ids: _segment_sum(w, ids, n)
+  kl_where = (kl_positions(batch.masked, anchor_entropy(batch, cfg), cfg.conf_entropy)
+              if cfg.w_kl > 0 else jnp.zeros(batch.masked.shape, jnp.float32))
   return LossTotals(
       ce_weight=seg(ce_positions(batch.masked, batch.rollout_entropy, cfg.gate_entropy),
                     batch.resp_slot),
-      kl_weight=seg(kl_positions(batch.masked, batch.rollout_entropy, cfg.conf_entropy),
-                    batch.resp_slot),
+      kl_weight=seg(kl_where, batch.resp_slot),
       aec_pairs=seg(batch.pair_valid.astype(jnp.float32), batch.pair_resp),
       n_pairs=jnp.sum(batch.pair_valid), n_masked=jnp.sum(batch.masked),
       n_carried=_n_carried(batch))
 
 
 def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | None = None,
-             carry: AecCarry | None = None):
+             carry: AecCarry | None = None, reference=None):
   """Returns (loss, metrics). The head statistics are computed `cfg.vocab_chunk` tokens at a
   time when that is > 0 (same values, no [R, T, V] array; see vocab_chunks.py).
+
+  `reference`: the frozen reference model (no gradient reaches it), needed when
+  `cfg.uses_reference`; its forward runs here unless `batch` already carries it
+  (`attach_reference`, as a gradient-accumulation step does once for all micro-batches).
 
   With `totals` (and `carry`), `batch` is one micro-batch of rows of a larger update: the loss
   and the metrics are its additive share of the update's (they sum over micro-batches), and
@@ -169,17 +225,28 @@ def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | No
   `aec_pairs_out_of_order` (pairs whose earlier state comes in a later micro-batch: must be 0,
   see replay.order_rows_for_micro_batches).
   """
+  if cfg.uses_reference and batch.ref_hidden is None:
+    batch = attach_reference(batch, reference, cfg)
   hidden, _, norm_ratio = model.hidden_states(batch.tokens, batch.positions, batch.meta,
                                               residual=batch.residual)
-  stats = token_stats(model.head, hidden, batch.targets, batch.topk_ids, chunk=cfg.vocab_chunk)
+  ref = dict(ref_head=reference.head, ref_hidden=batch.ref_hidden) if cfg.uses_reference else {}
+  stats = token_stats(model.head, hidden, batch.targets, batch.topk_ids, chunk=cfg.vocab_chunk,
+                      **ref)
   entropy, nll = stats.entropy, stats.nll
   n = batch.state_resp.shape[0]   # response slots <= state slots
   t = totals if totals is not None else LossTotals(*(None,) * 6)
   ce, n_ce = gated_ce(nll, batch.masked, batch.rollout_entropy, batch.resp_slot, n,
                       cfg.gate_entropy, t.ce_weight)
-  kl, n_kl, kl_raw = capped_reverse_kl_at(stats.logp_at, batch.topk_logprobs, batch.masked,
+  if cfg.uses_reference:
+    kl, n_kl = capped_kl_to_reference(stats.kl_ref, batch.masked, batch.ref_entropy,
+                                      batch.resp_slot, n, cfg.conf_entropy, cfg.kl_cap,
+                                      t.kl_weight)
+  elif cfg.w_kl > 0:
+    kl, n_kl, _ = capped_reverse_kl_at(stats.logp_at, batch.topk_logprobs, batch.masked,
                                        batch.rollout_entropy, batch.resp_slot, n,
                                        cfg.conf_entropy, cfg.kl_cap, t.kl_weight)
+  else:   # no anchor: no reference forward, no term
+    kl, n_kl = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
   h_state, _ = state_entropies(entropy, batch.masked, batch.state_slot, n)
   pair_valid, h_source, extra = batch.pair_valid, None, {}
   if totals is not None:  # micro-batch: pairs whose state k+1 is here; H_k here or carried
@@ -219,22 +286,30 @@ class OrlObjective:
   micro-batches) and `micro_loss` (one micro-batch's additive share of loss and metrics)."""
   cfg: LossConfig
 
-  def __call__(self, model, batch: ReplayBatch, key):
+  def __call__(self, model, batch: ReplayBatch, key, reference=None):
     del key
-    return orl_loss(model, batch, self.cfg)
+    return orl_loss(model, batch, self.cfg, reference=reference)
 
-  def prepare(self, batch: ReplayBatch):
-    """(totals, initial carry, metrics that are already final: the response counts)."""
+  @property
+  def uses_reference(self) -> bool:
+    return self.cfg.uses_reference
+
+  def prepare(self, batch: ReplayBatch, reference=None):
+    """(batch with the reference attached when the anchor uses it, totals, initial carry,
+    metrics that are already final: the response counts)."""
+    if self.cfg.uses_reference:
+      batch = attach_reference(batch, reference, self.cfg)
     totals = loss_totals(batch, self.cfg)
-    return totals, AecCarry.empty(batch.state_resp.shape[0]), totals.response_counts()
+    return batch, totals, AecCarry.empty(batch.state_resp.shape[0]), totals.response_counts()
 
   def split(self, batch: ReplayBatch, micro_batches: int, n_shards: int) -> ReplayBatch:
     return split_rows(batch, micro_batches, n_shards)
 
-  def micro_loss(self, model, micro: ReplayBatch, key, totals: LossTotals, carry: AecCarry):
+  def micro_loss(self, model, micro: ReplayBatch, key, totals: LossTotals, carry: AecCarry,
+                 reference=None):
     """(loss share, (additive metrics, next carry))."""
     del key
-    loss, metrics = orl_loss(model, micro, self.cfg, totals, carry)
+    loss, metrics = orl_loss(model, micro, self.cfg, totals, carry, reference)
     carry = metrics.pop("aec_carry")
     for k in totals.response_counts():   # not additive: `prepare` returns them once
       metrics.pop(k)

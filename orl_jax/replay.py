@@ -406,11 +406,15 @@ class ReplayBatch:
   state_resp: jax.Array      # [S]
   n_responses: jax.Array     # scalar
   rollout_step: jax.Array    # scalar: update the trajectories were drawn for
+  # The frozen KL reference on these rows (losses.attach_reference; None until attached):
+  ref_hidden: jax.Array | None = None   # [R, T, D] its final hidden states
+  ref_entropy: jax.Array | None = None  # [R, T] its normalized entropy (the anchor's gate)
 
 
 # ReplayBatch fields with one entry per row; the others (AEC pairs, state slots) are per update.
 ROW_FIELDS = ("tokens", "positions", "meta", "residual", "targets", "masked", "rollout_entropy",
-              "topk_ids", "topk_logprobs", "state_slot", "resp_slot")
+              "topk_ids", "topk_logprobs", "state_slot", "resp_slot", "ref_hidden",
+              "ref_entropy")
 
 
 def split_rows(batch: ReplayBatch, micro_batches: int, n_shards: int = 1) -> ReplayBatch:

@@ -19,7 +19,8 @@ class Trajectories:
   prompt_tokens: jax.Array   # [P, Lp] int32 left-padded prompts (one copy per prompt)
   prompt_valid: jax.Array    # [P, Lp] bool
   responses: jax.Array       # [P*G, N] int32 final tokens (EOS-filled); row i is prompt i // G
-  nfe: jax.Array             # [P*G] int32
+  nfe: jax.Array             # [P*G] int32 forwards, the paper's count (decoding.DecodeOutput)
+  nfe_engine: jax.Array      # [P*G] int32 forwards the engine ran
   n_generated: jax.Array     # [P*G] int32
   finished: jax.Array        # [P*G] bool
   capture: Capture           # [P*G, S, ...] every forward step
@@ -34,7 +35,8 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   out = decode(model, reps(prompt_tokens), reps(prompt_valid), key, cfg)
   return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
-                      responses=out.tokens, nfe=out.nfe, n_generated=out.n_generated,
+                      responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
+                      n_generated=out.n_generated,
                       finished=out.finished, capture=out.capture,
                       rollout_step=jnp.asarray(rollout_step, jnp.int32))
 

@@ -17,9 +17,13 @@ from orl_jax.vocab_chunks import token_stats
 from tests.helpers import TINY, tiny_model
 
 
-def _close_trees(a, b, atol):
+def _close_trees(a, b, rtol):
+  """Leaf by leaf, equal up to rounding relative to the leaf's largest magnitude (the chunked
+  and whole computations sum in different orders)."""
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=1e-5,
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    scale = max(np.abs(x).max(initial=0), np.abs(y).max(initial=0), 1e-30)
+    np.testing.assert_allclose(x, y, atol=rtol * scale, rtol=0,
                                err_msg=jax.tree_util.keystr(path))
 
 
@@ -32,7 +36,7 @@ def test_token_stats_chunked_equals_whole(tied):
   whole = token_stats(model.head, h, tgt, ids, chunk=0)
   for chunk in (4, 8, 21):   # 21 = exactly the tokens, 4 and 8 need padding
     part = token_stats(model.head, h, tgt, ids, chunk=chunk)
-    _close_trees(part, whole, 1e-6)
+    _close_trees(part, whole, 1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -48,32 +52,43 @@ def replay_batch():
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
   traj = make_rollout(graphdef, cfg, 2)(params, prompts, valid, jax.random.key(5), 0)
+  # a frozen reference the policy has moved away from, so the anchor is a live term
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(11), len(leaves))
+  reference = jax.tree.unflatten(treedef, [x + 0.05 * jnp.std(x) * jax.random.normal(k, x.shape)
+                                           for x, k in zip(leaves, keys)])
   cap = jax.device_get(traj.capture)
   plan, _ = build_plan(prompt_valid=np.asarray(valid), capture_valid=cap.valid,
                        capture_block=cap.block, eligible=np.ones(4, bool), group_size=2,
                        block_size=4, cfg=ReplayConfig(row_len=64, n_rows=6, max_states=32,
                                                       max_responses=4),
                        rng=np.random.default_rng(0))
-  return graphdef, params, gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=4)
+  return (graphdef, params, reference,
+          gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=4))
 
 
-def test_orl_loss_chunked_equals_unchunked_values_and_grads(replay_batch):
-  graphdef, params, batch = replay_batch
-  base = LossConfig(conf_entropy=0.99)
+@pytest.mark.parametrize("kl_reference", ["initial", "rollout"])
+def test_orl_loss_chunked_equals_unchunked_values_and_grads(replay_batch, kl_reference):
+  graphdef, params, reference, batch = replay_batch
+  base = LossConfig(conf_entropy=0.99, kl_reference=kl_reference)
 
   def run(chunk):
     cfg = dataclasses.replace(base, vocab_chunk=chunk)
-    f = lambda p: orl_loss(nnx.merge(graphdef, p), batch, cfg)
+    f = lambda p: orl_loss(nnx.merge(graphdef, p), batch, cfg,
+                           reference=nnx.merge(graphdef, reference))
     return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
 
   (loss0, m0), g0 = run(0)
-  assert float(m0["loss_rkl"]) > 0 and float(m0["loss_aec"]) >= 0
+  if kl_reference == "initial":   # a live anchor (vs "rollout": zero up to rounding)
+    assert float(m0["loss_rkl"]) > 1e-4
   for chunk in (16, 50):
     (loss, m), g = run(chunk)
-    np.testing.assert_allclose(float(loss), float(loss0), rtol=1e-6)
+    np.testing.assert_allclose(float(loss), float(loss0), rtol=1e-5)
     for key in ("loss_ce", "loss_aec", "loss_rkl", "replay_entropy", "replay_token_acc"):
-      np.testing.assert_allclose(float(m[key]), float(m0[key]), rtol=1e-6, atol=1e-7)
-    _close_trees(g, g0, 1e-6)
+      # each term to rounding of the loss's magnitude (a term can be ~0 in exact arithmetic)
+      np.testing.assert_allclose(float(m[key]), float(m0[key]), rtol=1e-5,
+                                 atol=1e-6 * max(abs(float(loss0)), 1.0), err_msg=key)
+    _close_trees(g, g0, 1e-4)
 
 
 def test_sft_loss_chunked_equals_unchunked_values_and_grads():
@@ -91,6 +106,6 @@ def test_sft_loss_chunked_equals_unchunked_values_and_grads():
 
   (loss0, m0), g0 = run(0)
   (loss, m), g = run(10)
-  np.testing.assert_allclose(float(loss), float(loss0), rtol=1e-6)
+  np.testing.assert_allclose(float(loss), float(loss0), rtol=1e-5)
   np.testing.assert_allclose(float(m["masked_acc"]), float(m0["masked_acc"]))
-  _close_trees(g, g0, 1e-6)
+  _close_trees(g, g0, 1e-4)

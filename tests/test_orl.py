@@ -38,6 +38,30 @@ def rolled_out():
   return _rollout("block_causal")
 
 
+def _perturbed(params, scale=0.05, seed=11):
+  """A different model near `params` (a frozen KL reference the policy has moved away from)."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(treedef, [x + scale * jnp.std(x) * jax.random.normal(k, x.shape)
+                                      for x, k in zip(leaves, keys)])
+
+
+@pytest.fixture(scope="module")
+def reference(rolled_out):
+  graphdef, params, _, _ = rolled_out
+  return _perturbed(params)
+
+
+KL_CFG = LossConfig(conf_entropy=0.99)   # a random reference is never confident below 0.1
+
+
+def _close(a, b, rtol=1e-5):
+  """Equal up to rounding: tolerance relative to the largest magnitude compared."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  scale = max(np.abs(a).max(initial=0), np.abs(b).max(initial=0), 1e-30)
+  np.testing.assert_allclose(a, b, atol=rtol * scale, rtol=0)
+
+
 def _plan(traj, valid, **kw):
   defaults = dict(row_len=160, n_rows=40, max_states=96, max_responses=8,
                   response_blocks=GEN // B_SIZE)
@@ -84,20 +108,22 @@ def test_bidirectional_canvas_replay_reproduces_rollout_logits():
   assert np.abs(replayed - captured).max() > 1e-3
 
 
-def test_packing_does_not_change_the_loss(rolled_out):
+def test_packing_does_not_change_the_loss(rolled_out, reference):
   graphdef, params, traj, valid = rolled_out
-  model = nnx.merge(graphdef, params)
-  cfg = LossConfig(gate_entropy=0.0, conf_entropy=0.99)  # a random model is never confident
+  model, ref = nnx.merge(graphdef, params), nnx.merge(graphdef, reference)
   values = []
   for kw in (dict(layout="naive"), dict(row_len=64), dict(row_len=160), dict(row_len=400)):
     plan, stats = _plan(traj, valid, **kw)
     assert stats["states_dropped"] == 0
     batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
-    loss, m = orl_loss(model, batch, cfg)
-    values.append((float(loss), float(m["loss_ce"]), float(m["loss_aec"]), float(m["loss_rkl"])))
+    loss, m = orl_loss(model, batch, KL_CFG, reference=ref)
+    values.append([float(m[k]) for k in ("loss_ce", "loss_aec", "loss_rkl")] + [float(loss)])
     assert m["responses_aec"] > 0 and m["responses_kl"] > 0
+  values = np.asarray(values)
+  assert values[0, 2] > 1e-3 * values[0, 0]   # the anchor is a live term here, not rounding
   for v in values[1:]:
-    np.testing.assert_allclose(v, values[0], atol=1e-5)
+    for term in range(values.shape[1]):   # each term to rounding of its own magnitude
+      _close(v[term], values[0, term])
 
 
 def test_packed_rows_share_the_prompt(rolled_out):
@@ -154,14 +180,16 @@ def test_capped_reverse_kl_cap_reached_and_not():
   assert float(value) == 0.0 and int(count) == 0
 
 
-def _loss_and_grads(graphdef, params, traj, plan, micro_batches, n_shards=1):
+def _loss_and_grads(graphdef, params, traj, plan, micro_batches, n_shards=1, reference=None):
   from orl_jax.train.state import loss_and_grads
   batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
-  objective = losses.OrlObjective(LossConfig(conf_entropy=0.99))
-  fn = lambda p, b: loss_and_grads(graphdef, objective, p, b, jax.random.key(0),
-                                   micro_batches=micro_batches, n_shards=n_shards)
+  cfg = KL_CFG if reference is not None else dataclasses.replace(KL_CFG, kl_reference="rollout")
+  objective = losses.OrlObjective(cfg)
+  fn = lambda p, b, r: loss_and_grads(graphdef, objective, p, b, jax.random.key(0),
+                                      micro_batches=micro_batches, n_shards=n_shards,
+                                      reference=r)
   # micro-batches: the loop of jitted calls the train step runs (one jit would unroll it)
-  return (fn if micro_batches > 1 else jax.jit(fn))(params, batch)
+  return (fn if micro_batches > 1 else jax.jit(fn))(params, batch, reference)
 
 
 # naive: one state per row (AEC pairs always cross rows); packed rows of 24 tokens split
@@ -169,22 +197,24 @@ def _loss_and_grads(graphdef, params, traj, plan, micro_batches, n_shards=1):
 @pytest.mark.parametrize("layout,kw", [("naive", dict(row_len=20, n_rows=40)),
                                        ("packed", dict(row_len=24, n_rows=24)),
                                        ("packed", dict(row_len=64, n_rows=8, n_shards=2))])
-def test_micro_batches_give_the_full_batch_loss_and_grads(rolled_out, layout, kw):
+def test_micro_batches_give_the_full_batch_loss_and_grads(rolled_out, reference, layout, kw):
   graphdef, params, traj, valid = rolled_out
   n_shards = kw.get("n_shards", 1)
   plan, stats = _plan(traj, valid, layout=layout, **kw)
   assert stats["states_dropped"] == 0 and stats["rows_used"] >= kw["n_rows"] // 2
-  (loss, metrics), grads = _loss_and_grads(graphdef, params, traj, plan, 1)
-  assert float(metrics["loss_aec"]) > 0 and float(metrics["loss_rkl"]) != 0
+  (loss, metrics), grads = _loss_and_grads(graphdef, params, traj, plan, 1, reference=reference)
+  assert float(metrics["loss_aec"]) > 0 and float(metrics["loss_rkl"]) > 0
   for m in (2, 4):
     plan_m, _ = _plan(traj, valid, layout=layout, micro_batches=m, **kw)
-    (loss_m, metrics_m), grads_m = _loss_and_grads(graphdef, params, traj, plan_m, m, n_shards)
+    (loss_m, metrics_m), grads_m = _loss_and_grads(graphdef, params, traj, plan_m, m, n_shards,
+                                                   reference=reference)
     assert int(metrics_m["aec_pairs_out_of_order"]) == 0
-    np.testing.assert_allclose(float(loss_m), float(loss), atol=1e-5)
+    _close(float(loss_m), float(loss))
     for k, v in metrics.items():
-      np.testing.assert_allclose(float(metrics_m[k]), float(v), atol=1e-5, err_msg=k)
+      np.testing.assert_allclose(float(metrics_m[k]), float(v), rtol=1e-5,
+                                 atol=1e-5 * max(abs(float(v)), 1e-3), err_msg=k)
     for g, g_m in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_m)):
-      np.testing.assert_allclose(np.asarray(g_m), np.asarray(g), atol=1e-5)
+      _close(g_m, g, rtol=1e-4)
 
 
 def test_micro_batches_need_aec_pairs_in_order(rolled_out):
@@ -224,8 +254,9 @@ def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
     plan, _ = _plan(traj, valid, layout="naive", row_len=20, n_rows=40, micro_batches=m)
     batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
     graphdef, state, state_sh = create_train_state(
-        dataclasses.replace(TINY, residual_mode="adapter"), optimizer, mesh, 0, params=params)
-    step = make_train_step(graphdef, optimizer, losses.OrlObjective(LossConfig(conf_entropy=0.99)),
+        dataclasses.replace(TINY, residual_mode="adapter"), optimizer, mesh, 0, params=params,
+        with_reference=True)
+    step = make_train_step(graphdef, optimizer, losses.OrlObjective(KL_CFG),
                            mesh, state_sh, jax.tree.map(lambda x: rows if x.ndim >= 2 else repl,
                                                         batch), micro_batches=m)
     for _ in range(2):   # the returned (donated) state feeds the next step
@@ -233,3 +264,96 @@ def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
     assert int(state.step) == 2
   for k, v in metrics[1].items():
     np.testing.assert_allclose(float(metrics[4][k]), float(v), atol=1e-5, err_msg=k)
+
+
+# --- the KL anchor to the frozen initial model (DESIGN §2.6) ---------------------------------
+
+def _kl_loss(graphdef, batch, cfg=KL_CFG):
+  def f(p, ref):
+    return orl_loss(nnx.merge(graphdef, p), batch, cfg, reference=nnx.merge(graphdef, ref))
+  return f
+
+
+@pytest.fixture(scope="module")
+def kl_batch(rolled_out):
+  graphdef, params, traj, valid = rolled_out
+  plan, _ = _plan(traj, valid)
+  return gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+
+
+def test_kl_to_reference_is_zero_at_start_and_live_after_a_change(rolled_out, reference,
+                                                                  kl_batch):
+  graphdef, params, _, _ = rolled_out
+  f = jax.jit(_kl_loss(graphdef, kl_batch))
+  _, at_start = f(params, params)            # ORL's first update: policy == reference
+  _, moved = f(params, reference)
+  assert int(moved["responses_kl"]) > 0
+  assert float(moved["loss_rkl"]) > 1e-4
+  assert abs(float(at_start["loss_rkl"])) <= 1e-6 * float(moved["loss_rkl"]) + 1e-9
+
+
+def test_kl_only_step_decreases_it_and_no_gradient_reaches_the_reference(rolled_out, reference,
+                                                                         kl_batch):
+  graphdef, params, _, _ = rolled_out
+  f = _kl_loss(graphdef, kl_batch)
+  kl = jax.jit(lambda p, r: f(p, r)[1]["loss_rkl"])
+  g_policy, g_ref = jax.jit(jax.grad(kl, argnums=(0, 1)))(params, reference)
+  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(g_ref))
+  # total loss too: the reference is a constant of the objective
+  g_total_ref = jax.jit(jax.grad(lambda p, r: f(p, r)[0], argnums=1))(params, reference)
+  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(g_total_ref))
+  before = float(kl(params, reference))
+  norm2 = sum(float(jnp.sum(g * g)) for g in jax.tree.leaves(g_policy))
+  lr = 0.1 * before / norm2            # a step whose first-order decrease is 10% of the KL
+  stepped = jax.tree.map(lambda p, g: p - lr * g, params, g_policy)
+  after = float(kl(stepped, reference))
+  assert after < 0.95 * before
+
+
+def test_kl_anchor_in_the_vocabulary_chunks_equals_the_whole_vocabulary(rolled_out, reference,
+                                                                        kl_batch):
+  graphdef, params, _, _ = rolled_out
+  vg = lambda cfg: jax.jit(jax.value_and_grad(
+      lambda p: _kl_loss(graphdef, kl_batch, cfg)(p, reference)[1]["loss_rkl"]))(params)
+  whole, g_whole = vg(KL_CFG)
+  chunked, g_chunked = vg(dataclasses.replace(KL_CFG, vocab_chunk=7))
+  _close(float(chunked), float(whole))
+  for a, b in zip(jax.tree.leaves(g_chunked), jax.tree.leaves(g_whole)):
+    _close(a, b, rtol=1e-4)
+
+
+def test_anchor_weight_changes_the_second_update_not_the_first(rolled_out):
+  """With w_kl 1 vs 0 the first update is the same (policy == reference: KL and its gradient
+  vanish) and the second differs (the anchor now pulls back)."""
+  import ml_collections
+  from orl_jax import sharding
+  from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+  _, params, traj, valid = rolled_out
+  train = ml_collections.ConfigDict(dict(lr=3e-3, warmup_steps=1, steps=10, final_lr_fraction=1.0,
+                                         b1=0.9, b2=0.98, weight_decay=0.0, grad_clip=1.0))
+  optimizer, mesh = make_optimizer(train, 1.0), sharding.make_mesh()
+  plan, _ = _plan(traj, valid)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
+  history = {}
+  for w_kl in (0.0, 1.0):
+    cfg = dataclasses.replace(KL_CFG, w_kl=w_kl)
+    graphdef, state, state_sh = create_train_state(
+        dataclasses.replace(TINY, residual_mode="adapter"), optimizer, mesh, 0, params=params,
+        with_reference=cfg.uses_reference)
+    step = make_train_step(graphdef, optimizer, losses.OrlObjective(cfg), mesh, state_sh, batch_sh)
+    history[w_kl] = []
+    for _ in range(3):
+      state, metrics = step(state, batch, jax.random.key(0))
+      history[w_kl].append((jax.device_get(state.params), float(metrics["loss_rkl"])))
+    if cfg.uses_reference:   # the reference never moves
+      for a, b in zip(jax.tree.leaves(state.reference), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  diff = lambda i: max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(
+      jax.tree.leaves(history[0.0][i][0]), jax.tree.leaves(history[1.0][i][0])))
+  moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(
+      jax.tree.leaves(history[1.0][1][0]), jax.tree.leaves(params)))
+  assert diff(0) <= 1e-3 * diff(1)        # update 1: the same up to rounding
+  assert diff(1) > 1e-4 * moved           # update 2: the anchor changed it
+  assert history[1.0][1][1] > 0 and abs(history[1.0][0][1]) <= 1e-6

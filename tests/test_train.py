@@ -257,3 +257,75 @@ def test_data_parallel_rollout_equals_single_device():
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "SAME" in out.stdout
+
+
+class _EveryOtherResponse:
+  """A verifier that passes rollout rows 0, 2, 4, ... of each batch (or none)."""
+
+  def __init__(self, none=False):
+    self.none = none
+
+  def score_batch(self, problems, responses):
+    return [0.0 if self.none or i % 2 else 1.0 for i in range(len(responses))]
+
+
+def _orl_with_verifier(monkeypatch, workdir, verifier, steps):
+  """An ORL smoke run whose task scores with `verifier`; returns (params dir, [(eligible,
+  plan)] of every iteration that built a replay plan)."""
+  from orl_jax.train import orl
+  plans = []
+  real_build, real_setup = orl.build_plan, loop.setup
+
+  def build_plan(**kw):
+    plan, stats = real_build(**kw)
+    plans.append((np.asarray(kw["eligible"]), plan))
+    return plan, stats
+
+  def setup(config):
+    import dataclasses
+    s = real_setup(config)
+    s.task = dataclasses.replace(s.task, verifier=verifier)
+    return s
+
+  monkeypatch.setattr(orl, "build_plan", build_plan)
+  monkeypatch.setattr(loop, "setup", setup)
+  c = orl_smoke_config(workdir, steps=steps)
+  c.orl.min_reward = 1.0
+  return loop.train(c, progress=False), plans
+
+
+def test_orl_trains_only_on_verified_responses(tmp_path, monkeypatch):
+  from orl_jax.replay import SRC_CLEAN, SRC_STATE
+  _, plans = _orl_with_verifier(monkeypatch, tmp_path, _EveryOtherResponse(), steps=2)
+  assert len(plans) == 2
+  for eligible, plan in plans:
+    assert eligible.any() and not eligible.all()
+    src = np.asarray(plan.src_type)
+    for kind in (SRC_STATE, SRC_CLEAN):
+      used = set(np.asarray(plan.src_resp)[src == kind].tolist())
+      assert used and all(eligible[r] for r in used), (kind, used)
+
+
+def test_orl_iteration_without_verified_responses_takes_no_step(tmp_path, monkeypatch):
+  import json
+  from orl_jax import params_io
+  out, plans = _orl_with_verifier(monkeypatch, tmp_path, _EveryOtherResponse(none=True),
+                                  steps=3)
+  assert plans == []
+  with open(tmp_path / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert [r["updates_skipped"] for r in rows] == [1, 2, 3]
+  assert all(r["updates"] == 0 and "loss" not in r for r in rows)
+  assert params_io.read_meta(out)["train_steps"] == 3
+  # no update: the checkpointed state holds the starting parameters and untouched moments
+  import jax
+  c = orl_smoke_config(tmp_path, steps=3)
+  run = loop.prepare_run(loop.setup(c))
+  fresh = jax.device_get(run.state)
+  state, at = loop.resume(run, None)
+  run.ckpt.close()
+  assert at == 3 and int(state.step) == 0
+  for a, b in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(fresh)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert all(float(np.abs(np.asarray(x)).max(initial=0)) == 0
+             for x in jax.tree.leaves(state.opt_state) if np.asarray(x).dtype.kind == "f")

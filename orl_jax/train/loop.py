@@ -1,5 +1,5 @@
-"""Training entry point `train(config)`: SFT and offline RCD here, ORL in `orl.py`; `setup`,
-`prepare_run` and `finish_run` are shared by every loop.
+"""Training entry point `train(config)`: SFT, the residual warm-up and offline RCD here, ORL in
+`orl.py`; `setup`, `prepare_run` and `finish_run` are shared by every loop.
 
 One obvious loop: data -> jitted step -> metrics -> checkpoint. The step RNG is
 `fold_in(base_key, step)`, the data stream is a pure function of the iterator state, and both
@@ -22,6 +22,7 @@ from orl_jax import distributed, params_io
 from orl_jax import sharding as sharding_lib
 from orl_jax.vocab_chunks import token_stats
 from orl_jax.checkpoint import Checkpointer, abstract_like
+from orl_jax.losses import LossConfig
 from orl_jax.data.pipeline import train_dataset
 from orl_jax.metrics import MetricsWriter
 from orl_jax.tasks import get_task
@@ -93,6 +94,11 @@ def setup(config) -> Setup:
   return Setup(config, task, model_cfg, mesh)
 
 
+def loss_config(config) -> LossConfig:
+  """The ORL loss settings of `config.loss`."""
+  return LossConfig(**config.loss.to_dict())
+
+
 def check_divisible_by_shards(config, n_shards: int) -> None:
   """Batch dimensions split over the data axes must divide evenly (checked once the mesh,
   and so the device count, is known)."""
@@ -137,12 +143,15 @@ def check_compatible(params_dir: str, s: Setup) -> None:
 def sft_loss(model, batch, key, *, block_size: int, mask_id: int, vocab_chunk: int = 0,
              residual_fn=None):
   """1/t-weighted masked CE in the staircase layout; the head statistics go `vocab_chunk`
-  tokens at a time when that is > 0 (same value, no [R, T, V] logits). `residual_fn(packed,
-  batch)` supplies the residual fed at the noised tokens (offline RCD); None for plain SFT."""
+  tokens at a time when that is > 0 (same value, no [R, T, V] logits). `residual_fn(model,
+  packed, batch, key)` supplies the residual fed at the noised tokens (offline RCD, the
+  residual warm-up); None for plain SFT."""
   pb = sft.sft_batch(key, batch["prompt_tokens"], batch["prompt_valid"], batch["response"],
                      block_size=block_size, mask_id=mask_id)
-  residual = None if residual_fn is None else residual_fn(pb, batch)
-  hidden, _, _ = model.hidden_states(pb.tokens, pb.positions, pb.meta, residual=residual)
+  residual = (None if residual_fn is None
+              else residual_fn(model, pb, batch, jax.random.fold_in(key, 1)))
+  hidden, _, norm_ratio = model.hidden_states(pb.tokens, pb.positions, pb.meta,
+                                              residual=residual)
   stats = token_stats(model.head, hidden, pb.targets, chunk=vocab_chunk)
   nll = stats.nll
   total = jnp.sum(nll * pb.ce_weight)
@@ -150,6 +159,8 @@ def sft_loss(model, batch, key, *, block_size: int, mask_id: int, vocab_chunk: i
   acc = stats.argmax == pb.targets
   metrics = {"masked_nll": jnp.sum(nll * masked) / jnp.sum(masked),
              "masked_acc": jnp.sum(acc * masked) / jnp.sum(masked)}
+  if residual is not None:
+    metrics["residual_norm_ratio"] = norm_ratio
   return total / pb.tokens.shape[0], metrics
 
 
@@ -172,9 +183,9 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
   if config.train.mode == "orl":
     from orl_jax.train import orl
     return orl.train_orl(s, progress=progress, stop_after=stop_after, **test_hooks)
-  if config.train.mode not in ("sft", "rcd_offline"):
-    raise ValueError(f"train() runs train.mode 'sft', 'rcd_offline' or 'orl', "
-                     f"got {config.train.mode!r}")
+  if config.train.mode not in ("sft", "rcd_offline", "residual_warmup"):
+    raise ValueError(f"train() runs train.mode 'sft', 'residual_warmup', 'rcd_offline' or "
+                     f"'orl', got {config.train.mode!r}")
   tc, workdir = config.train, config.workdir
   run = prepare_run(s)
   graphdef, state, state_sh, optimizer, ckpt = (run.graphdef, run.state, run.state_shardings,
@@ -189,6 +200,10 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
   if config.train.mode == "rcd_offline":
     from orl_jax.train import rcd
     residual_fn, extra_inputs = rcd.reference_residual_fn(s)
+  elif config.train.mode == "residual_warmup":
+    p_self = config.train.self_condition_probability
+    residual_fn = lambda model, pb, batch, key: sft.self_conditioning_residual(model, pb, key,
+                                                                               p_self)
   loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
                                                block_size=config.decode.block_size,
                                                mask_id=s.model_cfg.mask_id,
@@ -242,8 +257,9 @@ def prepare_run(s: Setup) -> Run:
   optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
                              config.train.freeze_base)
   graphdef, params = initial_params(s)
+  with_reference = config.train.mode == "orl" and loss_config(config).uses_reference
   graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
-                                                 params=params)
+                                                 params=params, with_reference=with_reference)
   ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
                       keep=config.checkpoint.keep)
   return Run(graphdef, state, state_sh, optimizer, ckpt)

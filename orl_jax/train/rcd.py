@@ -15,8 +15,8 @@ from flax import nnx
 
 from orl_jax import params_io
 from orl_jax.residual import Residual, residual_from_logits
+from orl_jax.train.sft import masked_state_tokens
 from orl_jax.train.state import init_model_params
-from pallas_kernels.staircase_attention import KIND_STATE
 
 
 def reference_residual_fn(s):
@@ -31,13 +31,14 @@ def reference_residual_fn(s):
   ref_graphdef, ref_params = init_model_params(ref_cfg, s.config.seed)
   ref_params, _ = params_io.load_params(s.config.model.init_from, ref_params)
 
-  def residual_fn(pb, batch):
+  def residual_fn(model, pb, batch, key):
+    del model, key
     ref = nnx.merge(ref_graphdef, jax.lax.stop_gradient(batch["ref_params"]))
     logits = ref(pb.tokens, pb.positions, pb.meta).logits
     res = residual_from_logits(logits, ref.embedding_table, embed_scale=ref.cfg.embed_scale,
                                temperature=ref.cfg.residual_temperature,
                                dtype=ref.cfg.compute_dtype)
-    at_state = (pb.meta.kind == KIND_STATE) & (pb.tokens == ref.cfg.mask_id)
+    at_state = masked_state_tokens(pb, ref.cfg.mask_id)
     return Residual(jnp.where(at_state[..., None], res.z, 0), jnp.where(at_state, res.alpha, 0))
 
   return residual_fn, {"ref_params": ref_params}

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from orl_jax.batch import PackedBatch
+from orl_jax.residual import Residual, residual_from_logits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 make_meta)
 
@@ -59,3 +60,23 @@ def sft_batch(key, prompt_tokens, prompt_valid, response, *, block_size: int,
   return PackedBatch(tokens=tokens, positions=positions, meta=meta,
                      targets=jnp.concatenate([prompt_tokens, response[:, :c], response], axis=1),
                      ce_weight=jnp.concatenate([zeros, weight], axis=1))
+
+
+def masked_state_tokens(pb: PackedBatch, mask_id: int):
+  """[R, T] bool: the noised tokens a residual is fed at (masked tokens of state blocks)."""
+  return (pb.meta.kind == KIND_STATE) & (pb.tokens == mask_id)
+
+
+def self_conditioning_residual(model, pb: PackedBatch, key, probability: float) -> Residual:
+  """The residual warm-up's input (`train.mode = "residual_warmup"`, DESIGN §2.1): for a random
+  `probability` share of the rows, a first no-gradient pass of the model itself gives p on the
+  noised input and the second pass consumes z = p @ E (scaled like the token embeddings) at the
+  masked state tokens; the other rows get no residual (a block's first step: cold start)."""
+  cfg = model.cfg
+  logits = jax.lax.stop_gradient(model(pb.tokens, pb.positions, pb.meta).logits)
+  res = residual_from_logits(logits, jax.lax.stop_gradient(model.embedding_table),
+                             embed_scale=cfg.embed_scale, temperature=cfg.residual_temperature,
+                             dtype=cfg.compute_dtype)
+  use = jax.random.bernoulli(key, probability, (pb.tokens.shape[0], 1))
+  at = masked_state_tokens(pb, cfg.mask_id) & use
+  return Residual(jnp.where(at[..., None], res.z, 0), jnp.where(at, res.alpha, 0))

@@ -15,9 +15,11 @@ from orl_jax import sharding as sharding_lib
 
 @struct.dataclass
 class TrainState:
-  step: jax.Array     # scalar int32
+  step: jax.Array     # scalar int32: optimizer updates applied
   params: Any         # nnx.State of nnx.Param
   opt_state: Any
+  reference: Any = None  # frozen copy of the starting params (ORL's KL anchor), or None;
+                         # sharded like params, checkpointed with the state, never updated
 
 
 def param_labels(params) -> Any:
@@ -52,17 +54,21 @@ def init_model_params(model_cfg: ModelConfig, seed: int):
   return graphdef, params
 
 
-def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None):
+def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None, *,
+                       with_reference: bool = False):
   """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded: parameters
   and optimizer moments follow `sharding.PARTITION_RULES` on the fsdp/tensor axes (replicated
-  when the mesh has fsdp = tensor = 1)."""
+  when the mesh has fsdp = tensor = 1). `with_reference` adds a frozen copy of the starting
+  parameters (the KL anchor's reference, DESIGN §2.6), sharded like them."""
   graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg,
                                                                           rngs=nnx.Rngs(seed))),
                                         nnx.Param)
 
   def init(given):
     p = given if given is not None else init_model_params(model_cfg, seed)[1]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=optimizer.init(p))
+    reference = jax.tree.map(jnp.copy, p) if with_reference else None
+    return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=optimizer.init(p),
+                      reference=reference)
 
   abstract = jax.eval_shape(init, params)
   shardings = sharding_lib.tree_shardings(abstract, mesh)
@@ -76,31 +82,47 @@ def _check_accumulable(loss_fn, micro_batches: int):
                      f"(e.g. losses.OrlObjective); got {loss_fn!r}")
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _prepare(loss_fn, micro_batches: int, n_shards: int, batch):
+def _frozen(graphdef, reference):
+  """The reference model (no gradient reaches its parameters), or None."""
+  if reference is None:
+    return None
+  return nnx.merge(graphdef, jax.lax.stop_gradient(reference))
+
+
+def _ref_kwargs(graphdef, reference) -> dict:
+  return {} if reference is None else {"reference": _frozen(graphdef, reference)}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _prepare(graphdef, loss_fn, micro_batches: int, n_shards: int, batch, reference):
   """What every micro-batch needs from the whole batch, and the batch cut into micro-batches."""
-  totals, carry, fixed = loss_fn.prepare(batch)
+  batch, totals, carry, fixed = loss_fn.prepare(batch, **_ref_kwargs(graphdef, reference))
   return totals, carry, fixed, loss_fn.split(batch, micro_batches, n_shards)
 
 
-def _micro_grads(graphdef, loss_fn, params, mb, key, totals, carry):
+def _micro_grads(graphdef, loss_fn, params, mb, key, totals, carry, reference):
+  kwargs = _ref_kwargs(graphdef, reference)
+
   def objective(p):
-    return loss_fn.micro_loss(nnx.merge(graphdef, p), mb, key, totals, carry)
+    return loss_fn.micro_loss(nnx.merge(graphdef, p), mb, key, totals, carry, **kwargs)
 
   (loss, (metrics, carry)), grads = jax.value_and_grad(objective, has_aux=True)(params)
   return ((loss, metrics), grads), carry
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(7,))
-def _accumulate(graphdef, loss_fn, params, mb, key, totals, carry, sums):
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(8,))
+def _accumulate(graphdef, loss_fn, params, mb, key, totals, carry, reference, sums):
   """sums + ((loss, metrics), grads) of micro-batch `mb`, and the carry for the next one."""
-  out, carry = _micro_grads(graphdef, loss_fn, params, mb, key, totals, carry)
+  out, carry = _micro_grads(graphdef, loss_fn, params, mb, key, totals, carry, reference)
   return jax.tree.map(jnp.add, sums, out), carry
 
 
 def loss_and_grads(graphdef, loss_fn: Callable, params, batch, key, *, micro_batches: int = 1,
-                   n_shards: int = 1):
+                   n_shards: int = 1, reference=None):
   """((loss, metrics), grads) of one update.
+
+  `reference`: frozen parameters (same graph as `params`) handed to the loss as a model,
+  `loss_fn(..., reference=model)`, when not None (ORL's KL anchor); no gradient reaches them.
 
   `micro_batches` = 1: `loss_fn(model, batch, key) -> (loss, metrics)` on the whole batch.
   `micro_batches` > 1 (gradient accumulation): the batch's rows are split into micro-batches
@@ -109,24 +131,29 @@ def loss_and_grads(graphdef, loss_fn: Callable, params, batch, key, *, micro_bat
   `lax.scan`: indexing the micro-batch with the loop counter made XLA:CPU's replay forward and
   backward ~2.3x slower than the same ops on a statically sliced micro-batch. Under an outer
   `jit` the loop is unrolled: same values, no memory bound.) `loss_fn` then follows the protocol
-  of `losses.OrlObjective`: `prepare(batch) -> (totals, carry, fixed_metrics)` from the whole
-  batch (the per-response normalisers), `split(batch, M, n_shards)` and
+  of `losses.OrlObjective`: `prepare(batch) -> (batch, totals, carry, fixed_metrics)` from the
+  whole batch (the per-response normalisers; the batch gains what the reference computes once),
+  `split(batch, M, n_shards)` and
   `micro_loss(model, micro, key, totals, carry) -> (loss, (metrics, carry))` whose losses and
   metrics are additive shares, so the sums equal the full-batch values.
   """
   if micro_batches == 1:
+    kwargs = _ref_kwargs(graphdef, reference)
+
     def objective(p):
-      return loss_fn(nnx.merge(graphdef, p), batch, key)
+      return loss_fn(nnx.merge(graphdef, p), batch, key, **kwargs)
     return jax.value_and_grad(objective, has_aux=True)(params)
   _check_accumulable(loss_fn, micro_batches)
-  totals, carry, fixed, micro = _prepare(loss_fn, micro_batches, n_shards, batch)
+  totals, carry, fixed, micro = _prepare(graphdef, loss_fn, micro_batches, n_shards, batch,
+                                         reference)
   one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro)
   shapes = jax.eval_shape(functools.partial(_micro_grads, graphdef, loss_fn), params, one, key,
-                          totals, carry)
+                          totals, carry, reference)
   sums = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0])
   for i in range(micro_batches):  # a static slice per micro-batch
     mb = jax.tree.map(lambda x: x[i], micro)
-    sums, carry = _accumulate(graphdef, loss_fn, params, mb, key, totals, carry, sums)
+    sums, carry = _accumulate(graphdef, loss_fn, params, mb, key, totals, carry, reference,
+                              sums)
   (loss, metrics), grads = sums
   return (loss, dict(metrics, **fixed)), grads
 
@@ -135,7 +162,15 @@ def _apply_update(optimizer, state: TrainState, loss, metrics, grads):
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def _lag_metrics(state: TrainState, batch) -> dict:
+  """Policy lag of an on-policy batch: updates applied since its rollout was drawn (must be
+  0); computed from the parameter version the batch carries, inside the step."""
+  if not hasattr(batch, "rollout_step"):
+    return {}
+  return {"policy_lag": state.step - batch.rollout_step}
 
 
 def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_shardings,
@@ -156,7 +191,9 @@ def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_sharding
   if micro_batches == 1:
     def step(state: TrainState, batch, base_key):
       key = jax.random.fold_in(base_key, state.step)
-      (loss, metrics), grads = loss_and_grads(graphdef, loss_fn, state.params, batch, key)
+      (loss, metrics), grads = loss_and_grads(graphdef, loss_fn, state.params, batch, key,
+                                              reference=state.reference)
+      metrics = dict(metrics, **_lag_metrics(state, batch))
       return _apply_update(optimizer, state, loss, metrics, grads)
 
     return jax.jit(step, in_shardings=(state_shardings, batch_shardings, repl),
@@ -171,7 +208,9 @@ def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_sharding
     batch = jax.device_put(batch, batch_shardings)
     key = step_key(base_key, state.step)
     (loss, metrics), grads = loss_and_grads(graphdef, loss_fn, state.params, batch, key,
-                                            micro_batches=micro_batches, n_shards=n_shards)
+                                            micro_batches=micro_batches, n_shards=n_shards,
+                                            reference=state.reference)
+    metrics = dict(metrics, **_lag_metrics(state, batch))
     return update(state, loss, metrics, grads)
 
   return accumulated_step
