@@ -17,7 +17,8 @@ Variants (`get_config(arg)`):
               no_residual, no_warmup, rcd_offline), each over rollout seeds 0, 1, 2;
               results.json holds seed means and per-seed figures.
   "warmup"  : the residual warm-up alone, from the committed base (-> work_dirs/tiny_warmup).
-  "orl", "no_aec", "no_kl", "kl_rollout", "no_warmup", "no_residual", "rcd_offline"
+  "orl", "no_aec", "no_kl", "kl_rollout", "no_warmup", "no_residual", "lr_scale_1",
+  "rcd_offline"
             : one stage of the demo alone, starting from `model.init_from` (default: the
               warm-up's output for stages that start from it, else the committed base).
 """
@@ -25,7 +26,7 @@ import ml_collections
 
 
 STAGES = ("warmup", "orl", "no_aec", "no_kl", "kl_rollout", "no_residual", "no_warmup",
-          "rcd_offline")
+          "lr_scale_1", "rcd_offline")
 # The `ablations` variant: full ORL and each ablation (DESIGN §2.6-§2.7), over rollout seeds.
 ABLATIONS = ("no_aec", "no_kl", "kl_rollout", "no_residual", "no_warmup", "rcd_offline")
 
@@ -187,6 +188,9 @@ def base_config() -> ml_collections.ConfigDict:
                                    eval=dict(name="orl_no_residual"))),
       # the pathway without the warm-up: a zero-output adapter trained by ORL alone
       no_warmup=_merge(orl, dict(eval=dict(name="orl_no_warmup"))),
+      # residual scaling isolated: the adapter at the full learning rate (lr_scale 1 vs 0.1)
+      lr_scale_1=_merge(orl, dict(model=dict(residual=dict(lr_scale=1.0)),
+                                  eval=dict(name="orl_lr_scale_1"))),
       # Offline RCD with the same optimizer budget: as many SFT-layout steps as ORL updates.
       rcd_offline=dict(train=dict(mode="rcd_offline", steps=300, lr=5e-5, warmup_steps=20,
                                   final_lr_fraction=0.1, log_every=5),
@@ -195,7 +199,7 @@ def base_config() -> ml_collections.ConfigDict:
   ))
   c.stage_start = ml_collections.ConfigDict(dict(
       warmup="base", orl="warmup", no_aec="warmup", no_kl="warmup", kl_rollout="warmup",
-      no_residual="base", no_warmup="base", rcd_offline="base"))
+      no_residual="base", no_warmup="base", lr_scale_1="warmup", rcd_offline="base"))
   c.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` reproduces it)
   c.seeds = ()                      # demo: rollout seeds of every ORL stage (() = `seed` only)
   return c

@@ -4,11 +4,15 @@ table, training curves and the accuracy-vs-TPF plot."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 
+import numpy as np
+
 from orl_jax import evaluate as eval_lib
 from orl_jax import distributed, params_io, plots
+from orl_jax.metrics import read_jsonl
 from orl_jax.train import loop
 
 CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
@@ -85,6 +89,26 @@ def demo_stages(config) -> list[str]:
   return stages
 
 
+def training_summary(metrics_path: str) -> dict:
+  """What a reader checks first in a run's metrics.jsonl: the residual norm ratio at the start
+  and end, the anchor's mean value over the second half, the reward at the start and end (means
+  over the first and last tenth of the logged iterations) and the skipped updates."""
+  rows = read_jsonl(metrics_path)
+  out = {"iterations": rows[-1]["step"] if rows else 0}
+  tenth = max(len(rows) // 10, 1)
+  for key in ("residual_norm_ratio", "reward", "rollout_tpf", "loss_ce", "loss_aec"):
+    vals = [r[key] for r in rows if key in r]
+    if vals:
+      out[f"{key}_start"] = float(np.mean(vals[:tenth]))
+      out[f"{key}_end"] = float(np.mean(vals[-tenth:]))
+  rkl = [r["loss_rkl"] for r in rows[len(rows) // 2:] if "loss_rkl" in r]
+  if rkl:
+    out["loss_rkl_mean_second_half"] = float(np.mean(rkl))
+  if rows and "updates_skipped" in rows[-1]:
+    out["updates_skipped"] = rows[-1]["updates_skipped"]
+  return out
+
+
 def _train_stage(config, stage: str, init_from: str, seed: int | None, progress: bool,
                  curves: list) -> tuple[str, str]:
   """(eval name, params folder) of one trained stage; its training curves go to `curves`."""
@@ -95,8 +119,25 @@ def _train_stage(config, stage: str, init_from: str, seed: int | None, progress:
   png = os.path.join(config.workdir, f"curves_{stage}{suffix}.png")
   keys = {"orl": CURVE_KEYS, "residual_warmup": WARMUP_CURVE_KEYS}.get(cfg.train.mode)
   if os.path.exists(metrics) and distributed.is_lead_process():
-    curves.append(plots.plot_training_curves(metrics, png, keys=keys, title=stage + suffix))
+    curves.append((stage + suffix, cfg.train.mode, metrics,
+                   plots.plot_training_curves(metrics, png, keys=keys, title=stage + suffix)))
   return cfg.eval.name, params_dir
+
+
+def _report_training(config, curves: list) -> None:
+  """training_summary.json (per stage run) and the ORL runs' reward curves side by side."""
+  if not distributed.is_lead_process() or not curves:
+    return
+  summary = {label: dict(training_summary(path), mode=mode) for label, mode, path, _ in curves}
+  with open(os.path.join(config.workdir, "training_summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  orl_runs = {label: path for label, mode, path, _ in curves if mode == "orl"}
+  if len(orl_runs) > 1:
+    plots.plot_curves_side_by_side(orl_runs, os.path.join(config.workdir, "reward_curves.png"),
+                                   title="ORL runs side by side")
+  for label, s in summary.items():
+    print(f"training {label}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
+                                            f"{k}={v}" for k, v in s.items()))
 
 
 def run_demo(config, *, progress=True) -> str:
@@ -130,8 +171,9 @@ def run_demo(config, *, progress=True) -> str:
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))
-  for c in curves:
-    print(f"training curves: {c}")
+  _report_training(config, curves)
+  for *_, png_curves in curves:
+    print(f"training curves: {png_curves}")
   print(f"plot: {png}")
   path = results_path(config)
   print(f"results: {os.path.abspath(path)}")

@@ -40,6 +40,33 @@ def plot_training_curves(jsonl_path: str, png_path: str, keys=None, title: str =
   return png_path
 
 
+def plot_curves_side_by_side(runs: dict, png_path: str, keys=("reward", "rollout_tpf"),
+                             title: str = "") -> str:
+  """One panel per metric, one line (running mean over the raw values) per run.
+  `runs`: {label: metrics.jsonl path}."""
+  fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.4), squeeze=False)
+  for ax, key in zip(axes.flat, keys):
+    for label, path in runs.items():
+      pts = [(r["step"], r[key]) for r in read_jsonl(path) if key in r]
+      if not pts:
+        continue
+      xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+      w = max(len(ys) // 10, 1)
+      smooth = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1])
+                for i in range(len(ys))]
+      ax.plot(xs, smooth, label=label)
+    ax.set_title(key, fontsize=9)
+    ax.set_xlabel("iteration", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(png_path, dpi=110)
+  plt.close(fig)
+  return png_path
+
+
 def plot_frontier(all_results: dict, png_path: str, title: str = "accuracy vs tokens per forward"):
   """One marker series per model; each point a decoder setting (x = pooled TPF)."""
   fig, ax = plt.subplots(figsize=(6, 4.2))

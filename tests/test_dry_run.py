@@ -32,6 +32,10 @@ def test_llada_8b_table_matches_hand_calculation():
   # AdamW keeps mu and nu in the parameter dtype, sharded like the parameters (+ step counters)
   opt = by["optimizer state"]
   assert 0 <= opt.per_device_bytes - 2 * by["params"].per_device_bytes < 64
+  # the KL anchor's frozen reference: one more copy of the params, sharded like them
+  ref = by["KL reference (frozen)"]
+  assert (ref.total_bytes, ref.per_device_bytes) == (by["params"].total_bytes,
+                                                     by["params"].per_device_bytes)
   # capture: 64 responses x (8 blocks x 32 steps) states x b=32 x D=4096 in bf16 dominate
   cap = by["rollout capture buffers"]
   assert cap.total_bytes == info["capture_bytes_traced"]
@@ -49,3 +53,11 @@ def test_launcher_prints_the_table():
   assert out.returncode == 0, out.stderr[-2000:]
   assert "fsdp=8" in out.stdout and "params" in out.stdout
   assert out.stdout.strip().splitlines()[-1].startswith("per_device_total_gib: ")
+
+
+def test_no_reference_copy_without_the_anchor():
+  c = _llada_8b_fsdp8()
+  c.loss.w_kl = 0.0
+  assert "KL reference (frozen)" not in {r.name for r in dry_run.sizing_rows(c)[0]}
+  c.loss.w_kl, c.loss.kl_reference = 1.0, "rollout"
+  assert "KL reference (frozen)" not in {r.name for r in dry_run.sizing_rows(c)[0]}

@@ -18,12 +18,13 @@ from tests.helpers import TINY, tiny_model
 B_SIZE, GEN, G = 4, 12, 3
 
 
-def _rollout(family):
-  model = tiny_model(7, residual_mode="adapter", family=family)
-  st = nnx.state(model, nnx.Param)
-  k = st["adapter"]["down_proj"]["kernel"]
-  k[...] = 0.1 * jax.random.normal(jax.random.key(3), k[...].shape)   # a live pathway
-  nnx.update(model, st)
+def _rollout(family, residual_mode="adapter"):
+  model = tiny_model(7, residual_mode=residual_mode, family=family)
+  if residual_mode == "adapter":
+    st = nnx.state(model, nnx.Param)
+    k = st["adapter"]["down_proj"]["kernel"]
+    k[...] = 0.1 * jax.random.normal(jax.random.key(3), k[...].shape)   # a live pathway
+    nnx.update(model, st)
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
                      rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=16)
@@ -94,6 +95,16 @@ def test_replay_reproduces_rollout_logits(rolled_out, layout):
   # the residual really was consumed (states after a block's first step carry z != 0)
   is_state = np.asarray(plan.state_slot) >= 0
   assert np.abs(np.asarray(batch.residual.z)[is_state]).sum() > 0
+
+
+def test_rcd_pathway_replay_reproduces_rollout_logits():
+  """ORL can train an `rcd`-mode model: the interpolation weight alpha is captured with z."""
+  graphdef, params, traj, valid = _rollout("block_causal", residual_mode="rcd")
+  plan, _ = _plan(traj, valid)
+  replayed, captured, batch = _replayed_vs_captured(graphdef, params, traj, plan)
+  np.testing.assert_allclose(replayed, captured, atol=1e-4)
+  is_state = np.asarray(plan.state_slot) >= 0
+  assert np.abs(np.asarray(batch.residual.alpha)[is_state]).sum() > 0
 
 
 def test_bidirectional_canvas_replay_reproduces_rollout_logits():
