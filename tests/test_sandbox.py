@@ -366,6 +366,11 @@ def test_judged_run_records_the_protocol():
               "  except BaseException:\n    pass\n")
   result = sandbox.run_judged(sly, "f", catching, limits=limits)
   assert not result.passed and "not plain data" in result.detail
+  # A candidate raising StopIteration must not end the tests' loop over `map(candidate, ...)`.
+  stopper = "def f(a, b):\n  raise StopIteration\n"
+  looping = "def check(candidate):\n  for got in map(candidate, [1], [2]):\n    assert got == 3\n"
+  result = sandbox.run_judged(stopper, "f", looping, limits=limits)
+  assert not result.passed and "CandidateError" in result.detail
   missing = sandbox.run_judged("def g():\n  pass\n", "f", tests, limits=limits)
   assert not missing.passed and "did not load" in missing.detail
 

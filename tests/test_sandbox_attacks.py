@@ -496,6 +496,48 @@ def test_processes_outside_cannot_be_signalled(verifier, tracker):
     victim.wait()
 
 
+_LIBC = "    import ctypes, os\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+PRIVILEGE = {
+    # A user namespace would give the sample root over new mount namespaces (an unlimited
+    # tmpfs) and more kernel surface; it answers correctly only if it got one.
+    "nested_user_namespace": _LIBC + f"""\
+    if libc.unshare(0x10000000) == 0:
+        return {CORRECT}
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if libc.unshare(0x10000000 | 0x00020000) == 0 else 1)
+    return {CORRECT} if os.waitpid(pid, 0)[1] == 0 else -1.0
+""",
+    "ptrace_the_supervisor": _LIBC + f"""\
+    return {CORRECT} if libc.ptrace(16, 1, 0, 0) == 0 else -1.0
+""",
+    "kernel_keyring": _LIBC + f"""\
+    key = libc.syscall(248, b"user", b"orl", b"secret", 6, -4)
+    return {CORRECT} if key >= 0 else -1.0
+""",
+    "setuid_root": f"""\
+    import os
+    try:
+        os.setuid(0)
+        return {CORRECT}
+    except OSError:
+        return -1.0
+""",
+    "mount_a_tmpfs": _LIBC + f"""\
+    os.makedirs("m", exist_ok=True)
+    return {CORRECT} if libc.mount(b"t", b"m", b"tmpfs", 0, None) == 0 else -1.0
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRIVILEGE))
+def test_privilege_escalation_fails(verifier, tracker, name):
+  if os.uname().machine != "x86_64" and name == "kernel_keyring":
+    pytest.skip("syscall number written for x86_64")
+  hostile, honest = _score_beside_honest(verifier, PRIVILEGE[name], name)
+  assert (hostile, honest) == (0.0, [1.0])
+
+
 # ------------------------------------------------------------------------------ interference
 
 

@@ -763,7 +763,9 @@ class _CandidateProxy:
     if set(reply) == {"raise"} and type(reply["raise"]) is list and len(reply["raise"]) == 2:
       name, message = (str(x) for x in reply["raise"])
       kind = getattr(builtins, name, None)
-      if not (isinstance(kind, type) and issubclass(kind, Exception)):
+      # StopIteration would end a loop over `map(candidate, ...)` in the tests early.
+      if not (isinstance(kind, type) and issubclass(kind, Exception)) or issubclass(
+          kind, (StopIteration, StopAsyncIteration)):
         kind = CandidateError
       try:
         error = kind(message)
