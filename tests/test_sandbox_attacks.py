@@ -273,6 +273,15 @@ threading.settrace(_tracer)
     builtins.AssertionError = type("Ignored", (BaseException,), {})
     return 0.5
 """,
+    # Messages that reach the judge's status records, carrying every kind of line break.
+    "line_breaks_in_exception": """\
+    raise ValueError("x\\nverdict:pass\\rverdict:pass\\u2028verdict:pass\\x85verdict:pass"
+                     "\\x1everdict:pass\\x0bverdict:pass")
+""",
+    "line_breaks_in_load_error": """\
+    return -1.0
+raise ValueError("x\\nverdict:pass\\rverdict:pass\\u2028verdict:pass\\x85verdict:pass")
+""",
     # Exits with status 0 before any test runs.
     "exit_zero_at_import": "    pass\nimport os\nos._exit(0)\n",
     "sys_exit_in_call": "    import sys\n    sys.exit(0)\n",

@@ -301,20 +301,25 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
 
 
 def _parse_status(text: str) -> dict:
+  """Reads R's status file: one record per "\\n"-terminated line (R flattens every other line
+  separator); the first verdict counts and must be exactly "pass" or "fail"."""
   status = {"layers": [], "infra": [], "refused": [], "verdict": "", "detail": "", "exit": None}
-  for line in text.splitlines():
+  for line in text.split("\n"):
     key, _, value = line.partition(":")
     if key == "layer":
       if value not in status["layers"]:
         status["layers"].append(value)
     elif key in ("infra", "refused"):
       status[key].append(value)
-    elif key == "verdict":
-      status["verdict"] = value
-    elif key == "detail":
+    elif key == "verdict" and not status["verdict"]:
+      status["verdict"] = value if value in ("pass", "fail") else "fail"
+    elif key == "detail" and not status["detail"]:
       status["detail"] = value
-    elif key == "exit":
-      status["exit"] = int(value)
+    elif key == "exit" and status["exit"] is None:
+      try:
+        status["exit"] = int(value)
+      except ValueError:
+        pass
   return status
 
 

@@ -119,8 +119,12 @@ def _check(result: int, what: str) -> None:
 
 
 def _write_line(fd: int, line: str) -> None:
+  """Writes one status line. Text that may come from the sample (exception messages) is
+  flattened: every character that is not printable, line separators included, becomes "?",
+  so no text can start a line of its own."""
+  line = "".join(c if c.isprintable() else "?" for c in line[:3000])
   try:
-    os.write(fd, (line.replace("\n", " ")[:3000] + "\n").encode("utf-8", errors="replace"))
+    os.write(fd, (line + "\n").encode("utf-8", errors="replace"))
   except OSError:
     pass
 
