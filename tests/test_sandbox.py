@@ -1,8 +1,11 @@
 """The sandbox holds against hostile completions (DESIGN §5 "Sandboxed execution").
 
 Each hostile completion is written so that it would *pass* if the attack worked: a score of 0
-therefore shows the attack failed, not merely that the sample crashed for another reason.
+therefore shows the attack failed, not merely that the sample crashed for another reason. The
+adversarial suite through the training loop's verifier stack is `test_sandbox_attacks.py`; this
+file covers the sandbox's own API, its layers, the codec and the cleanup.
 """
+import dataclasses
 import os
 import pathlib
 import signal
@@ -14,7 +17,7 @@ import time
 
 import pytest
 
-from orl_jax.verify import sandbox
+from orl_jax.verify import humaneval, sandbox, wire
 from orl_jax.verify.base import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 
@@ -48,7 +51,7 @@ def canary(tmp_path):
 
 def _sandbox_processes() -> list[int]:
   """Pids of live (non-zombie) processes running the sandbox runner."""
-  runner = pathlib.Path(sandbox.__file__).resolve().as_posix().encode()
+  runner = pathlib.Path(sandbox.RUNNER_PATH).resolve().as_posix().encode()
   pids = []
   for entry in pathlib.Path("/proc").iterdir():
     if not entry.name.isdigit():
@@ -81,6 +84,8 @@ def test_wrong_and_early_exit_completions_fail(verifier):
                  "  import sys; sys.exit(0)\n",
                  "  return a + b\n" + ")syntax error(\n"]
   assert verifier.score_batch([ADD] * 4, completions) == [0.0] * 4
+  result = verifier.run(ADD, "  return a - b\n")
+  assert result.verdict == "fail" and "AssertionError" in result.detail
 
 
 def test_infinite_loop_times_out(verifier):
@@ -135,16 +140,19 @@ def test_huge_file_is_capped(verifier):
             "      f.write(b'0' * (1 << 20))\n  return a + b\n")
   assert _score_alone(verifier, writer)[0] == 0.0
   result = verifier.run(ADD, writer)
-  assert "File too large" in result.stderr
+  assert "File too large" in result.detail   # the candidate's OSError, reported by the judge
 
 
-def test_writing_outside_the_sandbox_directory_fails(verifier, isolation):
-  if "landlock-fs" not in isolation:
-    pytest.skip(f"no Landlock on this machine ({isolation}): world-writable dirs stay writable")
+def test_writes_outside_the_sandbox_never_reach_the_host(verifier, isolation):
   target = pathlib.Path(tempfile.gettempdir()) / f"orl_sandbox_escape_{os.getpid()}"
-  attack = f"  open({str(target)!r}, 'w').write('x')\n  return a + b\n"
+  attack = (f"  open({str(target)!r}, 'w').write('x')\n"
+            "  open('/usr/orl_escape', 'w').write('x')\n  return a + b\n")
   try:
-    assert _score_alone(verifier, attack)[0] == 0.0
+    assert _score_alone(verifier, attack)[0] == 0.0   # /usr is read-only in there
+    assert not target.exists() and not os.path.exists("/usr/orl_escape")
+    # With a private root, the sample's /tmp is its own tmpfs: the write lands there.
+    private = f"  open({str(target)!r}, 'w').write('x')\n  return a + b\n"
+    assert _score_alone(verifier, private)[0] == (1.0 if "mountns" in isolation else 0.0)
     assert not target.exists()
   finally:
     target.unlink(missing_ok=True)
@@ -216,17 +224,197 @@ def test_result_record_and_limits():
                               limits)
   assert result.passed and not result.timed_out and result.returncode == 0
   assert result.stdout == "x" * 1000 and result.stderr == "err\n"
-  assert {"rlimits", "socket-patch"} <= set(result.isolation)
+  assert result.verdict == "pass" and result.infra_error is None
+  assert "rlimits" in result.isolation
   failed = sandbox.run_python("raise ValueError('boom')\n", limits)
   assert not failed.passed and failed.returncode == 1 and "ValueError: boom" in failed.stderr
   # stdin is closed: reading it gives EOF at once instead of blocking until the timeout.
   eof = sandbox.run_python("import sys\nassert sys.stdin.read() == ''\n", limits)
   assert eof.passed
+  # run_python's verdict is the program's own exit status (never used to score samples).
+  assert sandbox.run_python("import sys\nsys.exit(3)\n", limits).returncode == 3
 
 
 def test_isolation_layers_on_linux(isolation):
-  """Reports what this machine enforces; the kernel layers are expected on the CI machine."""
+  """Reports what this machine enforces; the essential layers are expected here as root."""
   print(f"sandbox isolation layers: {isolation}")
-  assert {"rlimits", "socket-patch"} <= set(isolation)
+  assert "rlimits" in isolation
   if os.geteuid() == 0:
-    assert f"uid:{sandbox.SANDBOX_UID}" in isolation   # root ignores RLIMIT_NPROC otherwise
+    assert any(layer.startswith("uid:") for layer in isolation), isolation
+    assert sandbox.missing_essentials(isolation) == [], isolation
+
+
+# ----------------------------------------------------------------------------- refusal, opt-out
+
+
+def test_missing_essential_layer_refuses_to_run(tmp_path):
+  canary = tmp_path / "ran"
+  program = f"open({str(canary)!r}, 'w').write('ran')\n"
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S, skip_layers=("netns",))
+  with pytest.raises(sandbox.SandboxUnavailableError, match="network namespace"):
+    sandbox.run_python(program, limits)
+  with pytest.raises(sandbox.SandboxUnavailableError, match="require_isolation=False"):
+    with HumanEvalVerifier(limits) as weak:
+      weak.score_batch([ADD], ["  return a + b\n"])
+  assert not canary.exists()
+
+
+def test_explicit_opt_out_runs_with_weaker_layers(monkeypatch):
+  """Without the private root the sample works in a host directory; a tree deeper than the
+  recursion limit and locked directories left there are still removed, and nothing raises."""
+  tree = ("import os\nfor _ in range(1100):\n  os.mkdir('d')\n  os.chdir('d')\n"
+          "os.chdir(os.environ['HOME'])\nos.mkdir('locked')\nopen('locked/f', 'w').write('x')\n"
+          "os.chmod('locked', 0)\nos.symlink('/etc', 'link')\n")
+  before = set(pathlib.Path(tempfile.gettempdir()).glob("orl_sandbox_*"))
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 5, skip_layers=("mountns",),
+                                 require_isolation=False)
+  result = sandbox.run_python(tree, limits)
+  assert result.passed, result
+  assert "mountns" not in result.isolation
+  monkeypatch.setenv(sandbox.ALLOW_WEAK_ENV, "1")
+  weak = dataclasses.replace(limits, require_isolation=True)
+  assert sandbox.run_python("pass\n", weak).passed
+  after = set(pathlib.Path(tempfile.gettempdir()).glob("orl_sandbox_*"))
+  assert after <= before
+  assert os.path.isdir("/etc")
+
+
+def test_remove_tree_handles_depth_locks_and_symlinks(tmp_path):
+  if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+    tmp_path = pathlib.Path(tempfile.mkdtemp(dir="/dev/shm"))   # fast to fill and empty
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  (outside / "keep").write_text("keep")
+  root = tmp_path / "tree"
+  root.mkdir()
+  fd = os.open(root, os.O_RDONLY)
+  for _ in range(3000):   # deeper than PATH_MAX allows as one path
+    os.mkdir("d", dir_fd=fd)
+    next_fd = os.open("d", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = next_fd
+  os.close(fd)
+  (root / "locked").mkdir()
+  (root / "locked" / "f").write_text("x")
+  os.chmod(root / "locked", 0)
+  os.symlink(outside, root / "link")
+  os.symlink(outside / "keep", root / "file_link")
+  assert sandbox._remove_tree(str(root))
+  assert not root.exists()
+  assert (outside / "keep").read_text() == "keep"
+  assert sandbox._remove_tree(str(tmp_path / "missing"))
+  assert sandbox._remove_tree(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- judge protocol
+
+
+@pytest.mark.parametrize("value", [
+    None, True, False, 0, -7, 1 << 80, -(1 << 70), 0.5, -0.0, float("inf"), float("-inf"), "",
+    "h\u00e9llo\x00", b"\x00\xff", 1 + 2j, [], [1, [2, (3,)]], (), (1, "a", None), {1, 2},
+    frozenset({"a"}), {}, {"a": 1, 2: [3], (4, 5): frozenset({6})}, [True, 1, 1.0],
+])
+def test_wire_round_trips_exact_types(value):
+  message = wire.loads(wire.dumps({"v": wire.encode(value)})[4:])
+  decoded = wire.decode(message["v"])
+  assert decoded == value and type(decoded) is type(value)
+  assert repr(decoded) == repr(value)
+
+
+def test_wire_nan_and_bare_constants():
+  nan = wire.decode(wire.encode(float("nan")))
+  assert nan != nan
+  with pytest.raises(wire.WireError):
+    wire.loads(b'{"v": NaN}')
+  with pytest.raises(wire.WireError):
+    wire.loads(b'[1]')
+
+
+class _SubInt(int):
+  pass
+
+
+@pytest.mark.parametrize("value", [
+    _SubInt(3), object(), len, (x for x in ()), bytearray(b"x"), range(3), [object()],
+    {"k": object()},
+])
+def test_wire_rejects_everything_else(value):
+  with pytest.raises(wire.WireError):
+    wire.encode(value)
+
+
+@pytest.mark.parametrize("data", [
+    {"$tuple": 3}, {"$set": [[1]]}, {"$dict": [[[1], 2]]}, {"$bytes": "***"}, {"$x": []},
+    {"$tuple": [], "$set": []}, {"a": 1}, {"$float": "1.5"}, {"$complex": [1, 2]},
+])
+def test_wire_decoder_rejects_malformed_data(data):
+  with pytest.raises(wire.WireError):
+    wire.decode(data)
+
+
+def test_judged_run_records_the_protocol():
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S)
+  tests = ("def check(candidate):\n  assert candidate((1, 2), b=[3]) == ((1, 2), [3])\n"
+           "  try:\n    candidate(None, b=0)\n  except ZeroDivisionError:\n    pass\n"
+           "  else:\n    assert False\n")
+  good = "def f(a, b):\n  if b == 0:\n    return 1 / b\n  return a, b\n"
+  result = sandbox.run_judged(good, "f", tests, limits=limits)
+  assert result.passed and result.detail == "2 calls" and "judge-process" in result.isolation
+  # A non-data answer is a protocol violation that `except` in the tests cannot swallow.
+  sly = "def f(a, b):\n  return iter([a, b])\n"
+  catching = ("def check(candidate):\n  try:\n    candidate(1, b=2)\n"
+              "  except BaseException:\n    pass\n")
+  result = sandbox.run_judged(sly, "f", catching, limits=limits)
+  assert not result.passed and "not plain data" in result.detail
+  # A candidate raising StopIteration must not end the tests' loop over `map(candidate, ...)`.
+  stopper = "def f(a, b):\n  raise StopIteration\n"
+  looping = "def check(candidate):\n  for got in map(candidate, [1], [2]):\n    assert got == 3\n"
+  result = sandbox.run_judged(stopper, "f", looping, limits=limits)
+  assert not result.passed and "CandidateError" in result.detail
+  missing = sandbox.run_judged("def g():\n  pass\n", "f", tests, limits=limits)
+  assert not missing.passed and "did not load" in missing.detail
+
+
+def test_prompt_helpers_run_in_the_judge():
+  prompt = 'def helper(x):\n  return 2 * x\n\ndef f(x):\n  "Doubles x."\n'
+  tests = "def check(candidate):\n  assert helper(candidate(3)) == 12\n"
+  result = sandbox.run_judged(prompt + "  return 2 * x\n", "f", tests, prelude=prompt,
+                              limits=sandbox.SandboxLimits(timeout_s=TIMEOUT_S))
+  assert result.passed, result
+
+
+# ----------------------------------------------------------------------------- caching
+
+
+def _fake_result(**overrides):
+  fields = dict(passed=False, timed_out=False, returncode=None, stdout="", stderr="",
+                isolation=(), wall_s=0.0, verdict="fail", detail="", infra_error=None)
+  fields.update(overrides)
+  return sandbox.SandboxResult(**fields)
+
+
+def test_infrastructure_failures_and_timeouts_are_never_cached(verifier, monkeypatch):
+  calls = []
+  outcomes = iter([
+      _fake_result(verdict="", infra_error="fork failed"),      # first try fails ...
+      _fake_result(verdict="", infra_error="fork failed"),      # ... and its retry too
+      _fake_result(passed=True, verdict="pass"),                # next batch: a real verdict
+      _fake_result(timed_out=True, verdict=""),                 # another sample times out
+      _fake_result(passed=True, verdict="pass"),                # and passes next time
+  ])
+
+  def fake_judge_run(problem, completion, limits):
+    calls.append(completion)
+    return next(outcomes)
+
+  verifier.score_batch([ADD], ["  return a + b\n"])   # the smoke check runs for real first
+  monkeypatch.setattr(humaneval, "judge_run", fake_judge_run)
+  monkeypatch.setattr(humaneval.time, "sleep", lambda seconds: None)
+  honest = "  return a + b  # uncached\n"
+  assert verifier.score_batch([ADD], [honest]) == [0.0]
+  assert verifier.score_batch([ADD], [honest]) == [1.0]   # not served from the cache
+  assert verifier.score_batch([ADD], [honest]) == [1.0]   # now cached: no new run
+  slow = "  return a + b  # slow\n"
+  assert verifier.score_batch([ADD], [slow]) == [0.0]
+  assert verifier.score_batch([ADD], [slow]) == [1.0]
+  assert len(calls) == 5

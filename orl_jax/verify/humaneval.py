@@ -1,27 +1,46 @@
 """HumanEval-style unit-test verification in the sandbox (DESIGN §2.4, §5).
 
 A response is the model's continuation of `Problem.prompt` (a function signature and docstring).
-The program `prompt + completion + "\\n" + tests + "\\ncheck(entry_point)\\n"` runs in
-`sandbox.run_python`, in a fresh, limited interpreter, never in the training process; it scores
-1.0 when it runs to the end. Runs happen on a thread pool (each thread waits on one sandbox
-process), results are cached by the sha256 of the program's inputs, and `submit` lets the loop
-overlap verification with other work.
+`prompt + completion` runs in the sandbox (`sandbox.run_judged`), in a fresh, contained process
+tree, never in the training process; it only defines the candidate function and answers calls.
+The tests run in a separate judge process that executes the prompt (for helpers such as
+`poly`, `encode_cyclic`, `encode_shift` that HumanEval/32, /38 and /50 call), then the tests, then
+`check(candidate)`, where `candidate` sends its arguments to the sample and gets the result back
+as plain data (`wire`). A sample scores 1.0 only when the judge saw `check` return; nothing the
+sample does in its own process can write that verdict.
+
+Consequence for completions: results must be plain data (None, bool, int, float, complex, str,
+bytes, and lists, tuples, sets, frozensets, dicts of them), as every HumanEval canonical
+solution's are; anything else (a generator, a NumPy scalar, a subclass of a built-in) scores 0.
+Arguments are copies: a candidate mutating its argument is not seen by the tests (no HumanEval
+test looks; /70, /120 and /149's canonical solutions mutate theirs).
+
+Runs happen on a thread pool (each thread waits on one sandbox), results are cached by the
+sha256 of the inputs, and `submit` lets the loop overlap verification with other work. Only
+verdicts are cached: a run the sandbox infrastructure failed is retried once, and neither it nor
+a timeout (which may come from a loaded machine) is ever cached.
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures
 import hashlib
+import logging
 import os
 import threading
+import time
 from typing import Sequence
 
 from orl_jax.verify import sandbox
 from orl_jax.verify.base import Problem
 
+_log = logging.getLogger(__name__)
+
 # Smoke program run once before the first batch: a sandbox that cannot import the standard
 # library would silently score every sample 0.
-_SMOKE_PROGRAM = "import collections, functools, hashlib, itertools, math, re, string\n"
+_SMOKE_PROGRAM = ("import collections, functools, hashlib, itertools, math, re, string\n"
+                  "def f(x):\n  return (x, math.sqrt(x))\n")
+_SMOKE_TESTS = "def check(candidate):\n  assert candidate(4) == (4, 2.0)\n"
 
 
 def truncate_completion(completion: str, stop_sequences: Sequence[str]) -> str:
@@ -34,14 +53,29 @@ def truncate_completion(completion: str, stop_sequences: Sequence[str]) -> str:
   return completion[:cut]
 
 
-def humaneval_program(problem: Problem, completion: str) -> str:
-  """The program that passes iff `completion` completes `problem` correctly."""
+def _require_tests(problem: Problem) -> None:
   if problem.tests is None or problem.entry_point is None:
     raise ValueError(f"Problem {problem.problem_id!r} has no tests/entry_point; HumanEvalVerifier "
                      "needs both (code tasks from data/humaneval.py or JSONL with "
                      "'tests' and 'entry_point').")
+
+
+def humaneval_program(problem: Problem, completion: str) -> str:
+  """The single program of the reference harness (prompt, completion, tests, `check` call).
+
+  For reading and debugging only: the verifier never runs tests in the sample's process.
+  """
+  _require_tests(problem)
   return (problem.prompt + completion + "\n" + problem.tests
           + f"\ncheck({problem.entry_point})\n")
+
+
+def judge_run(problem: Problem, completion: str,
+              limits: sandbox.SandboxLimits) -> sandbox.SandboxResult:
+  """Scores one completion: the candidate in the sandbox, the tests in the judge process."""
+  _require_tests(problem)
+  return sandbox.run_judged(problem.prompt + completion + "\n", problem.entry_point,
+                            tests=problem.tests, prelude=problem.prompt, limits=limits)
 
 
 def cache_key(problem: Problem, completion: str) -> str:
@@ -83,7 +117,7 @@ class HumanEvalVerifier:
   def run(self, problem: Problem, response: str) -> sandbox.SandboxResult:
     """Runs one sample (uncached) and returns the full sandbox record, for debugging."""
     completion = truncate_completion(response, self.stop_sequences)
-    return sandbox.run_python(humaneval_program(problem, completion), self.limits)
+    return judge_run(problem, completion, self.limits)
 
   def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
     return self.submit(problems, responses).result()
@@ -93,18 +127,19 @@ class HumanEvalVerifier:
     """Starts verifying a batch; the future resolves to one score per response."""
     if len(problems) != len(responses):
       raise ValueError(f"score_batch got {len(problems)} problems but {len(responses)} responses.")
+    for problem in problems:
+      _require_tests(problem)
     self._check_sandbox()
     completions = [truncate_completion(r, self.stop_sequences) for r in responses]
-    programs = [humaneval_program(p, c) for p, c in zip(problems, completions)]
     keys = [cache_key(p, c) for p, c in zip(problems, completions)]
     known: dict[str, float] = {}
-    pending: dict[str, concurrent.futures.Future[bool]] = {}
-    for key, program in zip(keys, programs):
+    pending: dict[str, concurrent.futures.Future[tuple[float, bool]]] = {}
+    for key, problem, completion in zip(keys, problems, completions):
       if key in known or key in pending:
         continue
       score = self._cached(key)
       if score is None:
-        pending[key] = self._pool.submit(self._passes, program)
+        pending[key] = self._pool.submit(self._score, problem, completion)
       else:
         known[key] = score
     return self._gather.submit(self._collect, keys, known, pending)
@@ -119,14 +154,30 @@ class HumanEvalVerifier:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  def _passes(self, program: str) -> bool:
-    return sandbox.run_python(program, self.limits).passed
+  def _score(self, problem: Problem, completion: str) -> tuple[float, bool]:
+    """(score, cacheable). A run the infrastructure failed is retried once, then scores 0
+    uncached; a timeout scores 0 uncached (it may come from load, not from the sample)."""
+    for attempt in range(2):
+      try:
+        result = judge_run(problem, completion, self.limits)
+      except OSError as error:   # e.g. no memory or pids left to start the sandbox
+        result = None
+        infra = repr(error)
+      else:
+        infra = result.infra_error
+      if infra is None:
+        return (1.0 if result.passed else 0.0), not result.timed_out
+      if attempt == 0:
+        time.sleep(0.5)
+    _log.warning("HumanEval sandbox infrastructure failure (score 0, not cached): %s", infra)
+    return 0.0, False
 
   def _collect(self, keys: list[str], known: dict[str, float],
-               pending: dict[str, concurrent.futures.Future[bool]]) -> list[float]:
+               pending: dict[str, concurrent.futures.Future[tuple[float, bool]]]) -> list[float]:
     for key, future in pending.items():
-      known[key] = 1.0 if future.result() else 0.0
-      self._store(key, known[key])
+      known[key], cacheable = future.result()
+      if cacheable:
+        self._store(key, known[key])
     return [known[key] for key in keys]
 
   def _cached(self, key: str) -> float | None:
@@ -148,13 +199,13 @@ class HumanEvalVerifier:
     with self._lock:
       if self._checked:
         return
-      result = sandbox.run_python(_SMOKE_PROGRAM, self.limits)
+      # Raises SandboxUnavailableError when an essential isolation layer is missing.
+      result = sandbox.run_judged(_SMOKE_PROGRAM, "f", _SMOKE_TESTS, limits=self.limits)
       if not result.passed:
         raise RuntimeError(
-            "The HumanEval sandbox cannot run a trivial program that imports the standard "
-            f"library (isolation={result.isolation}, returncode={result.returncode}, "
-            f"timed_out={result.timed_out}); every sample would score 0. If the launcher is "
-            "root, Python must be readable by uid 65534 or the kernel must offer Landlock "
-            "(Linux >= 5.13). stderr:\n"
+            "The HumanEval sandbox cannot run a trivial function that imports the standard "
+            f"library (isolation={result.isolation}, verdict={result.verdict!r}, "
+            f"detail={result.detail!r}, infra_error={result.infra_error!r}, "
+            f"timed_out={result.timed_out}); every sample would score 0. stderr:\n"
             f"{result.stderr[-2000:]}")
       self._checked = True

@@ -1,57 +1,99 @@
-"""Run untrusted Python in a separate, limited process (DESIGN §5, "Sandboxed execution").
+"""Run untrusted Python in a contained process tree (DESIGN §5, "Sandboxed execution").
 
-Model completions are untrusted code. `run_python(source, limits)` never executes them in the
-calling (JAX) process and never forks it: it starts a *fresh interpreter* with `subprocess`
-(fork+exec in C, no Python `preexec_fn`, so it is safe from a multi-threaded parent) running this
-file as a small runner script. Only the standard library is imported at module level so the file
-can run as that script (`python -I -S sandbox.py <spec.json>`).
+Model completions are untrusted code. Nothing here executes them in the calling (JAX) process or
+forks it: every run starts a *fresh interpreter* with `subprocess` (fork+exec in C, no Python
+`preexec_fn`) running `sandbox_runner.py` as a script; this module is the launcher.
 
-Layers, outermost first. Each one that took effect is named in `SandboxResult.isolation`:
+Two entry points:
 
-* launcher (the calling process): a fresh private directory (the runner's cwd is `work/` inside
-  it; deleted afterwards), a new environment with nothing inherited (a fixed `PATH`, `LANG`,
-  `LC_ALL`; `HOME` and `TMPDIR` point at `work/`), stdin `/dev/null`, stdout/stderr to files
-  that are read back truncated, a new session (process group), and a wall-clock timeout after
-  which the whole group is `SIGKILL`ed (without a PID namespace, also every process whose cwd
-  is still inside `work/`).
-* runner, outer process: `unshare` of new network, PID and IPC namespaces (`netns`, `pidns`;
-  plus a user namespace when not root) — the code then has only a down loopback device and
-  cannot see or signal any process outside; it runs as PID 1 of its namespace, so when it exits
-  or is killed the kernel kills everything it spawned.
-* runner, inner process (runs the code): parent-death signal (dies with the runner),
-  `RLIMIT_AS`, `RLIMIT_CPU`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`, `RLIMIT_NOFILE`, `RLIMIT_CORE`=0;
-  when started as root it drops to an unprivileged uid (`nobody`, 65534) — root ignores
-  `RLIMIT_NPROC` and file permissions. Landlock (Linux ≥ 5.13) confines file *reads* to the
-  interpreter's own directories, system libraries (`/usr`, `/lib*`) and the sandbox directory,
-  and file *writes* to the sandbox directory; it denies TCP bind/connect (ABI ≥ 4), signals and
-  abstract unix sockets outside the sandbox (ABI ≥ 6), and ptrace-style access
-  (`/proc/<pid>/environ`, `mem`) to processes outside it. With Landlock in force the dropped
-  process keeps one capability, CAP_DAC_READ_SEARCH, so it can read an interpreter installed
-  under a private directory such as `/root/.pyenv` (Landlock still bounds what it reads);
-  without Landlock it keeps none. Finally `socket.socket` is replaced by a function that raises
-  (a courtesy for honest code: bypassable, not a security boundary).
+* `run_judged(candidate_source, entry_point, tests, prelude)` — for verdicts. The tests run in a
+  *judge* process that the sample never shares; the sample process only defines the candidate
+  function and answers calls to it. Arguments and results cross the boundary as plain data
+  (`wire`: JSON with exact types); anything else, an exception that is not an `Exception`, the
+  sample exiting, or a malformed message fails the run. The verdict is written by the judge to
+  a file the sample cannot see. So frame walking, tracing, monkeypatching, writing to inherited
+  descriptors and objects with forged `__eq__` cannot change a verdict: the sample can only
+  return data, and the judge compares data with the built-in operators.
+* `run_python(source)` — runs a whole program; `passed` is "exited with status 0", which the
+  program itself controls. Use it for containment, never to score untrusted code.
 
-A run passes only if the inner process finished the whole program without an exception and
-wrote its pass marker; `sys.exit(0)` / `os._exit(0)` before the tests therefore fail. The marker
-is written by code in the same process as the sample, so a sample written to forge it on purpose
-could; no in-process check can prevent that.
+Process tree (R, I and P run `sandbox_runner.py`; the launcher is the calling process):
+
+  launcher ── R: runner and judge (root, host namespaces; holds the tests, reads the verdict)
+                └─ I: supervisor, PID 1 of a new PID namespace (stays root inside the sandbox)
+                     └─ P: the sample (per-sample uid, limits, Landlock, seccomp)
+
+Layers, each named in `SandboxResult.isolation` when it took effect on this machine:
+
+* `judge-process` — tests and verdict live in R, never in P (run_judged only).
+* `pidns` — I is PID 1 of a new PID namespace and is never the sample. When I exits or is killed
+  the kernel kills every process of the namespace (`setsid`, double forks, ignored signals
+  included). I dies with R (parent-death signal, set by a process that never changes uid, and a
+  liveness pipe for the start-up race); R dies with the launcher and on its own alarm. At the
+  end of every run the launcher kills R's group, then every process left in the sample's cgroup,
+  of the sample's uid, or whose command line names the run (R, I), and returns only when none
+  is left (a uid that keeps a process is retired, never reused).
+* `mountns`, `tmpfs-disk` — I builds a new root on a small tmpfs: read-only, nosuid bind mounts of
+  `/usr`, `/lib*` and the interpreter's standard library only (its `site-packages` masked unless
+  `site_packages=True`), `/dev/{null,zero,full,random,urandom}`, a fresh `/proc` for the PID
+  namespace, and `/tmp` (the working directory, `HOME`, `TMPDIR`): a tmpfs capped at
+  `disk_bytes` and `max_inodes`, gone with the namespace (stdout and stderr go to host files
+  capped by `RLIMIT_FSIZE`, in the launcher's temporary directory). It then `pivot_root`s and
+  detaches the host tree. No host path is visible, so no pathname unix socket outside the
+  sandbox is reachable (abstract sockets are per network namespace), and no dataset or test file.
+* `netns`, `ipcns`, `utsns` — no network devices but a down loopback; private SysV/POSIX IPC.
+* `cgroup-memory`, `cgroup-pids`, `cgroup-cpu` — a cgroup per sample (v2, or v1 controllers)
+  caps the memory of all the sample's processes together, tmpfs pages included, at
+  `total_memory_bytes + disk_bytes`, their number at `max_processes`, and their CPU bandwidth
+  at `cpu_cores`.
+* `uid:N` — as root, P runs as a uid reserved for this one run (a lock per uid; a uid still
+  owning a process is never reused), so `RLIMIT_NPROC` counts this sample only and the uid's
+  processes can be found and killed. Without root: `userns` (a user namespace; on Linux >= 5.14
+  `RLIMIT_NPROC` is counted per user namespace) and `caps-dropped`. Without the private root
+  (opted out), `cap-dac-read-search` marks that the sample kept that one capability so that it
+  can read an interpreter installed under a private directory; Landlock then bounds its reads.
+* `rlimits` — `RLIMIT_AS` (per process), `RLIMIT_CPU`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`,
+  `RLIMIT_NOFILE`, `RLIMIT_CORE`=0. Without `cgroup-memory`, total memory is bounded by
+  `max_processes × memory_bytes` (+ `disk_bytes` of tmpfs).
+* `no-new-privs`; `landlock-fs`/`-net`/`-scope` (Linux ≥ 5.13): reads below the bound paths,
+  writes below `/tmp`, no TCP, no signals or abstract sockets outside; `seccomp`: no new user
+  namespaces, no `clone3`, keyrings, `ptrace`, `bpf`, `perf_event_open`, `userfaultfd`,
+  `io_uring`, mounts, and no sockets other than `AF_UNIX`.
+
+Essential layers (`ESSENTIAL_LAYERS`): without one of them the run is refused with
+`SandboxUnavailableError` before any untrusted code runs, unless the caller opts out with
+`SandboxLimits(require_isolation=False)` or `ORL_SANDBOX_ALLOW_WEAK_ISOLATION=1`.
+
+A run the *infrastructure* failed (a spawn, a fork or a setup step failed) has `infra_error`
+set; callers must not treat it as the sample's failure (the HumanEval verifier retries once and
+never caches it). Cleanup (process reaping, cgroup removal, directory removal of any depth)
+never raises.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
-import shutil
+import select
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-SANDBOX_UID = 65534   # `nobody`: the uid untrusted code runs as when the launcher is root
-PASS_MARKER = "PASS"
+from orl_jax.verify import sandbox_runner
+from orl_jax.verify.sandbox_runner import ESSENTIAL_LAYERS, missing_essentials  # noqa: F401
 
-_RUNNER_PATH = os.path.abspath(__file__)
+ALLOW_WEAK_ENV = "ORL_SANDBOX_ALLOW_WEAK_ISOLATION"
+SHARED_UID = 65534   # `nobody`: only when no per-sample uid is free (not a per-sample layer)
+RUNNER_PATH = os.path.abspath(sandbox_runner.__file__)
+
+
+class SandboxUnavailableError(RuntimeError):
+  """This machine cannot provide the essential isolation layers; no untrusted code was run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,25 +101,42 @@ class SandboxLimits:
   """Resource limits of one sandboxed run.
 
   Attributes:
-    timeout_s: wall-clock seconds before the whole process tree is killed.
-    memory_bytes: `RLIMIT_AS` (virtual address space) of each process.
+    timeout_s: wall-clock seconds (start-up included) before the whole process tree is killed.
+    memory_bytes: `RLIMIT_AS` (virtual address space) of each process of the sample.
+    total_memory_bytes: memory cgroup limit for all the sample's processes; None → memory_bytes.
+      tmpfs pages are charged too, so the cgroup gets `total_memory_bytes + disk_bytes`.
     cpu_s: `RLIMIT_CPU` seconds; None → `ceil(timeout_s) + 1`.
-    max_processes: `RLIMIT_NPROC`. The kernel counts it per uid: under a root launcher all
-      concurrent sandboxes share uid 65534 (they need no forks of their own, so a fork bomb in
-      one does not stop the others).
+    max_processes: processes and threads of the sample together (pids cgroup and
+      `RLIMIT_NPROC` of its own uid).
+    cpu_cores: CPU bandwidth of all the sample's processes together (cpu cgroup quota), so a
+      busy sample cannot starve the others; None → no quota.
     max_file_bytes: `RLIMIT_FSIZE`: the largest file the code can write (stdout/stderr too).
+    disk_bytes: size of the sample's tmpfs (`/tmp`, its working directory).
+    max_inodes: files and directories the tmpfs can hold.
     max_output_bytes: how much of stdout and of stderr is kept in the result.
     max_open_files: `RLIMIT_NOFILE`.
-    site_packages: False runs the interpreter with `-S` (stdlib only, faster start-up).
+    max_message_bytes: the largest judge/sample message (run_judged).
+    site_packages: False runs the interpreter with `-S` and masks `site-packages` in the
+      sandbox (stdlib only); True makes installed packages importable (and readable).
+    require_isolation: refuse to run when an essential layer is missing (see module docstring).
+    skip_layers: layers not to set up, to exercise the fallbacks and the refusal: any of
+      "pidns", "mountns", "netns", "ipcns", "utsns", "cgroup", "uid", "landlock", "seccomp".
   """
   timeout_s: float = 10.0
   memory_bytes: int = 1 << 30
+  total_memory_bytes: int | None = None
   cpu_s: int | None = None
   max_processes: int = 16
+  cpu_cores: float | None = 1.0
   max_file_bytes: int = 16 << 20
+  disk_bytes: int = 64 << 20
+  max_inodes: int = 4096
   max_output_bytes: int = 16 << 10
   max_open_files: int = 256
+  max_message_bytes: int = 8 << 20
   site_packages: bool = False
+  require_isolation: bool = True
+  skip_layers: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +144,18 @@ class SandboxResult:
   """What one sandboxed run did.
 
   Attributes:
-    passed: the program ran to its end without an exception (exit 0 and pass marker seen).
+    passed: run_judged: the judge's tests passed; run_python: the program exited with status 0.
     timed_out: the wall-clock timeout fired and the process tree was killed.
-    returncode: exit status of the runner; negative = killed by that signal; None if unknown.
-    stdout: the first `max_output_bytes` of stdout, decoded with replacement.
+    returncode: exit status of the sample process (negative = killed by that signal); None if
+      unknown (timed out, or stopped by the judge).
+    stdout: the first `max_output_bytes` of the sample's stdout, decoded with replacement.
     stderr: the same for stderr (tracebacks land here).
     isolation: names of the isolation layers that took effect (see module docstring).
-    wall_s: seconds from launch to reaping.
+    wall_s: seconds from launch to the end of cleanup.
+    verdict: "pass", "fail" or "" (no verdict: timed out or infrastructure failure).
+    detail: why the judge failed the sample (the test's exception, a protocol violation).
+    infra_error: set when the sandbox itself failed; the score then says nothing about the
+      sample and must not be cached.
   """
   passed: bool
   timed_out: bool
@@ -100,71 +164,224 @@ class SandboxResult:
   stderr: str
   isolation: tuple[str, ...]
   wall_s: float
+  verdict: str = ""
+  detail: str = ""
+  infra_error: str | None = None
 
 
 def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-  """Runs `source` as `__main__` in a fresh, limited interpreter and reports the result.
+  """Runs `source` as `__main__` in the sandbox; `passed` = it exited with status 0.
 
-  Safe to call from many threads at once (each call has its own process and directory).
+  The program decides its own exit status, so this is no verdict on untrusted code (use
+  `run_judged`). Safe to call from many threads at once.
   """
-  base_dir = tempfile.mkdtemp(prefix="orl_sandbox_")
-  try:
-    return _run_in(base_dir, source, limits)
-  finally:
-    _remove_tree(base_dir)
+  return _launch({"mode": "program", "program": source}, None, limits)
 
 
-def _run_in(base_dir: str, source: str, limits: SandboxLimits) -> SandboxResult:
-  """Lays out `base_dir`, launches the runner, waits, kills on timeout, collects the result."""
-  as_root = os.geteuid() == 0
-  work_dir = os.path.join(base_dir, "work")
-  os.mkdir(work_dir, 0o700)
-  # `nobody` must traverse base_dir to reach work/ but may not list or change it.
-  os.chmod(base_dir, 0o711 if as_root else 0o700)
-  paths = {name: os.path.join(base_dir, name)
-           for name in ("program.py", "spec.json", "stdout", "stderr", "status")}
-  _write_private(paths["program.py"], source)
-  spec = {
-      "work_dir": work_dir,
-      "program": paths["program.py"],
-      "status": paths["status"],
-      "uid": SANDBOX_UID if as_root else None,
-      "memory_bytes": int(limits.memory_bytes),
-      "cpu_s": int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1),
-      "max_processes": int(limits.max_processes),
-      "max_file_bytes": int(limits.max_file_bytes),
-      "max_open_files": int(limits.max_open_files),
-  }
-  _write_private(paths["spec.json"], json.dumps(spec))
-  command = [sys.executable, "-I"] + ([] if limits.site_packages else ["-S"])
-  command += [_RUNNER_PATH, paths["spec.json"]]
-  start = time.monotonic()
-  timed_out = False
-  with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
-    proc = subprocess.Popen(command, cwd=work_dir, env=_scrubbed_env(work_dir),
-                            stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                            close_fds=True, start_new_session=True)
-    try:
-      returncode = proc.wait(timeout=limits.timeout_s)
-    except subprocess.TimeoutExpired:
-      timed_out = True
-      _kill_group(proc.pid)
-      returncode = proc.wait()
-  wall_s = time.monotonic() - start
-  status = _read_text(paths["status"], 4096).splitlines()
-  isolation = tuple(line.split(":", 1)[1] for line in status if line.startswith("layer:"))
-  if "pidns" not in isolation:
-    _kill_stragglers(work_dir)   # without a PID namespace, forked children could outlive us
-  passed = (not timed_out and returncode == 0 and PASS_MARKER in status)
-  return SandboxResult(passed=passed, timed_out=timed_out, returncode=returncode,
-                       stdout=_read_text(paths["stdout"], limits.max_output_bytes),
-                       stderr=_read_text(paths["stderr"], limits.max_output_bytes),
-                       isolation=isolation, wall_s=wall_s)
+def run_judged(candidate_source: str, entry_point: str, tests: str, prelude: str = "",
+               limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+  """Runs `tests` (which define `check(candidate)`) in a judge process against the function
+  `entry_point` defined by `candidate_source`, which runs in the sandbox.
+
+  The judge executes `prelude` (errors ignored; e.g. the problem prompt, whose helper functions
+  tests may call), then `tests`, then `check(candidate)` where `candidate` is a proxy that sends
+  its arguments to the sample and returns its answer, both as plain data (`wire`).
+  """
+  return _launch({"mode": "judged", "program": candidate_source, "entry_point": entry_point},
+                 {"prelude": prelude, "tests": tests}, limits)
 
 
 def probe_isolation(limits: SandboxLimits = SandboxLimits(timeout_s=30.0)) -> tuple[str, ...]:
   """Names the isolation layers this machine grants (runs one trivial program)."""
-  return run_python("pass\n", limits).isolation
+  return run_python("pass\n", dataclasses.replace(limits, require_isolation=False)).isolation
+
+
+def isolation_required(limits: SandboxLimits) -> bool:
+  weak = os.environ.get(ALLOW_WEAK_ENV, "").strip().lower() in ("1", "true", "yes")
+  return limits.require_isolation and not weak
+
+
+# --------------------------------------------------------------------------------------------
+# Launcher: runs in the calling process (from any thread). Never forks it without exec.
+# --------------------------------------------------------------------------------------------
+
+_COUNTER = itertools.count()
+
+
+def _log(message: str) -> None:
+  try:
+    print(f"orl_jax sandbox: {message}", file=sys.stderr)
+  except Exception:  # pylint: disable=broad-except
+    pass
+
+
+def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxResult:
+  start = time.monotonic()
+  as_root = os.geteuid() == 0
+  skip = set(limits.skip_layers)
+  base_dir = tempfile.mkdtemp(prefix="orl_sandbox_")
+  paths = {name: os.path.join(base_dir, name)
+           for name in ("spec.json", "judge.json", "status", "runner.log", "stdout", "stderr",
+                        "root", "work")}
+  uid = cgroup = proc = None
+  timed_out = False
+  infra = None
+  try:
+    try:
+      os.chmod(base_dir, 0o711 if as_root else 0o700)   # the sample's uid may reach work/
+      os.mkdir(paths["work"], 0o700)
+      os.mkdir(paths["root"], 0o755)
+      if as_root and "uid" not in skip:
+        uid = _SLOTS.acquire()
+        if uid is None:
+          _log("no free per-sample uid: the sample runs as the shared uid 65534")
+      if "cgroup" not in skip:
+        cgroup = _Cgroup.create(f"orl_sandbox_{os.getpid()}_{next(_COUNTER)}_"
+                                f"{os.urandom(4).hex()}", limits)
+      spec.update({
+          "timeout_s": float(limits.timeout_s),
+          "uid": uid if uid is not None else (SHARED_UID if as_root else None),
+          "per_sample_uid": uid is not None,
+          "root_dir": paths["root"],
+          "host_work_dir": paths["work"],
+          "status": paths["status"],
+          "judge_file": paths["judge.json"] if judge is not None else None,
+          "cgroup_procs": cgroup.procs_files() if cgroup else [],
+          "memory_bytes": int(limits.memory_bytes),
+          "cpu_s": int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1),
+          "max_processes": int(limits.max_processes),
+          "max_file_bytes": int(limits.max_file_bytes),
+          "max_open_files": int(limits.max_open_files),
+          "disk_bytes": int(limits.disk_bytes),
+          "max_inodes": int(limits.max_inodes),
+          "max_message_bytes": int(limits.max_message_bytes),
+          "site_packages": bool(limits.site_packages),
+          "require_isolation": isolation_required(limits),
+          "skip_layers": sorted(skip),
+      })
+      _write_private(paths["spec.json"], json.dumps(spec))
+      if judge is not None:
+        _write_private(paths["judge.json"], json.dumps(judge))
+      _write_private(paths["status"], "")
+      command = [sys.executable, "-I"] + ([] if limits.site_packages else ["-S"])
+      command += [RUNNER_PATH, paths["spec.json"]]
+      with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
+        proc = subprocess.Popen(command, cwd=base_dir, env=_scrubbed_env(paths["work"]),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                close_fds=True, start_new_session=True)
+      timed_out = not _wait_unreaped(proc.pid, start + limits.timeout_s - time.monotonic())
+    except OSError as error:   # spawn or set-up failed: the machine's fault, not the sample's
+      infra = f"launch failed: {error!r}"
+    finally:
+      survivors = _teardown(proc, uid, cgroup, paths["spec.json"])
+    status = _parse_status(_read_text(paths["status"], 1 << 20))
+    stdout = _read_text(paths["stdout"], limits.max_output_bytes)
+    stderr = _read_text(paths["stderr"], limits.max_output_bytes)
+    runner_log = _read_text(paths["runner.log"], 8192)
+  finally:
+    _remove_tree(base_dir)
+  if status["refused"]:
+    raise SandboxUnavailableError(
+        "Refusing to run untrusted code: this machine does not provide "
+        + "; ".join(status["refused"]) + f" (active layers: {status['layers']}). Run as root on "
+        "Linux with namespaces and cgroups available, or opt out explicitly with "
+        f"SandboxLimits(require_isolation=False) or {ALLOW_WEAK_ENV}=1.")
+  returncode = proc.returncode if proc is not None else None
+  if infra is None and status["infra"]:
+    infra = "; ".join(status["infra"])
+  if infra is None and not timed_out and returncode != 0:
+    infra = f"sandbox runner exited with status {returncode}: {runner_log[-2000:]}"
+  if survivors:
+    _log(f"{survivors} process(es) of a sample could not be killed; their uid is retired")
+  verdict = status["verdict"] if not (timed_out or infra) else ""
+  return SandboxResult(passed=verdict == "pass", timed_out=timed_out,
+                       returncode=status["exit"], stdout=stdout, stderr=stderr,
+                       isolation=tuple(status["layers"]), wall_s=time.monotonic() - start,
+                       verdict=verdict, detail=status["detail"], infra_error=infra)
+
+
+def _parse_status(text: str) -> dict:
+  """Reads R's status file: one record per "\\n"-terminated line (R flattens every other line
+  separator); the first verdict counts and must be exactly "pass" or "fail"."""
+  status = {"layers": [], "infra": [], "refused": [], "verdict": "", "detail": "", "exit": None}
+  for line in text.split("\n"):
+    key, _, value = line.partition(":")
+    if key == "layer":
+      if value not in status["layers"]:
+        status["layers"].append(value)
+    elif key in ("infra", "refused"):
+      status[key].append(value)
+    elif key == "verdict" and not status["verdict"]:
+      status["verdict"] = value if value in ("pass", "fail") else "fail"
+    elif key == "detail" and not status["detail"]:
+      status["detail"] = value
+    elif key == "exit" and status["exit"] is None:
+      try:
+        status["exit"] = int(value)
+      except ValueError:
+        pass
+  return status
+
+
+def _wait_unreaped(pid: int, timeout: float) -> bool:
+  """Waits until `pid` (a child) exits, without reaping it. False on timeout."""
+  try:
+    pidfd = os.pidfd_open(pid)
+  except (AttributeError, OSError):
+    pidfd = None
+  deadline = time.monotonic() + max(timeout, 0.0)
+  try:
+    while True:
+      left = deadline - time.monotonic()
+      if pidfd is not None:
+        if select.select([pidfd], [], [], max(left, 0.0))[0]:
+          return True
+        if left <= 0:
+          return False
+        continue
+      if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+        return True
+      if left <= 0:
+        return False
+      time.sleep(min(0.01, left))
+  finally:
+    if pidfd is not None:
+      os.close(pidfd)
+
+
+def _teardown(proc, uid, cgroup, token: str) -> int:
+  """Kills everything the run started and releases its uid and cgroup. Never raises.
+
+  `token` (the spec path) is on the command line of R and I. Returns the number of processes
+  that could not be killed (0 when all are gone)."""
+  survivors = 0
+  try:
+    if proc is not None:
+      # R is not reaped yet, so its process group id cannot have been reused.
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
+      proc.wait()
+    deadline = time.monotonic() + 10.0
+    while True:
+      left = _kill_cmdline(token.encode()) if proc is not None else []
+      if cgroup is not None:
+        left += cgroup.kill_all()
+      if uid is not None:
+        left += _kill_uid(uid)
+      if not left or time.monotonic() > deadline:
+        survivors = len(set(left))
+        break
+      time.sleep(0.005)
+  except Exception as error:  # pylint: disable=broad-except
+    _log(f"cleanup failed: {error!r}")
+    survivors = max(survivors, 1)
+  if cgroup is not None:
+    cgroup.remove()
+  if uid is not None:
+    _SLOTS.release(uid, clean=survivors == 0)
+  return survivors
 
 
 def _scrubbed_env(work_dir: str) -> dict[str, str]:
@@ -174,7 +391,7 @@ def _scrubbed_env(work_dir: str) -> dict[str, str]:
 
 
 def _write_private(path: str, text: str) -> None:
-  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
   with os.fdopen(fd, "w", encoding="utf-8") as f:
     f.write(text)
 
@@ -187,299 +404,413 @@ def _read_text(path: str, max_bytes: int) -> str:
     return ""
 
 
-def _kill_group(pgid: int) -> None:
+def _signal_if(pid: int, belongs) -> None:
+  """SIGKILLs `pid` if `belongs(pid)` still holds once the process is pinned by a pidfd (so a
+  recycled pid is never signalled)."""
   try:
-    os.killpg(pgid, signal.SIGKILL)
-  except (ProcessLookupError, PermissionError):
+    pidfd = os.pidfd_open(pid)
+  except OSError:
+    return
+  try:
+    if belongs(pid):
+      signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+  except OSError:
     pass
+  finally:
+    os.close(pidfd)
 
 
-def _kill_stragglers(work_dir: str) -> None:
-  """Kills processes whose cwd is still inside `work_dir` (fallback when there is no pidns)."""
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      cwd = os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-      continue
-    if cwd == work_dir or cwd.startswith(work_dir + "/") or cwd.startswith(work_dir + " "):
+def _real_uid(pid) -> int | None:
+  try:
+    with open(f"/proc/{pid}/status", "rb") as f:
+      for line in f:
+        if line.startswith(b"Uid:"):
+          return int(line.split()[1])
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+  pids = []
+  try:
+    names = os.listdir("/proc")
+  except OSError:
+    return pids
+  for name in names:
+    if name.isdigit() and _real_uid(name) == uid:
+      pids.append(int(name))
+  return pids
+
+
+def _cmdline_has(pid, token: bytes) -> bool:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return token in f.read()
+  except OSError:
+    return False
+
+
+def _kill_cmdline(token: bytes) -> list[int]:
+  """SIGKILLs every process whose command line contains `token`; returns those found."""
+  try:
+    pids = [int(name) for name in os.listdir("/proc")
+            if name.isdigit() and _cmdline_has(name, token)]
+  except OSError:
+    return []
+  for pid in pids:
+    _signal_if(pid, lambda p: _cmdline_has(p, token))
+  return pids
+
+
+def _kill_uid(uid: int) -> list[int]:
+  """SIGKILLs every process whose real uid is `uid`; returns those that existed (zombies too)."""
+  pids = _pids_of_uid(uid)
+  for pid in pids:
+    _signal_if(pid, lambda p: _real_uid(p) == uid)
+  return pids
+
+
+class _UidSlots:
+  """Per-sample uids for a root launcher: one uid per concurrent run, on this whole machine.
+
+  A uid is held by an exclusive `flock` on a file in a root-only directory, so concurrent
+  launchers (threads or processes) never share one. A uid that still owns a process when its
+  run ends is retired (its lock is kept) rather than reused.
+  """
+  BASE = 1_790_000_000
+  COUNT = 1024
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._held: dict[int, int] = {}
+    self._clean: set[int] = set()   # released by this process with no process left
+    self._candidates: list[int] | None = None
+
+  def _candidate_uids(self) -> list[int]:
+    if self._candidates is None:
+      ranges = []
       try:
-        os.kill(int(pid), signal.SIGKILL)
+        with open("/proc/self/uid_map", encoding="ascii") as f:
+          for line in f:
+            inside, _, count = (int(x) for x in line.split())
+            ranges.append((inside, inside + count))
+      except (OSError, ValueError):
+        ranges = [(0, 1 << 32)]
+      known = set()
+      try:
+        with open("/etc/passwd", encoding="utf-8", errors="replace") as f:
+          known = {int(line.split(":")[2]) for line in f if line.count(":") >= 3
+                   and line.split(":")[2].isdigit()}
+      except OSError:
+        pass
+      if any(lo <= self.BASE and self.BASE + self.COUNT <= hi for lo, hi in ranges):
+        uids = range(self.BASE, self.BASE + self.COUNT)
+      else:   # a container with a small id map: take the top of its largest range
+        lo, hi = max(ranges, key=lambda r: r[1] - r[0])
+        top = min(hi, 65534)
+        uids = range(max(lo + 1000, top - self.COUNT), top)
+      self._candidates = [u for u in uids if u not in known and u not in (65534, 65535)]
+    return self._candidates
+
+  @staticmethod
+  def _lock_dir() -> str | None:
+    for parent in ("/run", tempfile.gettempdir()):
+      path = os.path.join(parent, "orl_sandbox_uids")
+      try:
+        os.mkdir(path, 0o700)
+      except FileExistsError:
+        pass
+      except OSError:
+        continue
+      try:
+        info = os.lstat(path)
+      except OSError:
+        continue
+      if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077:
+        return path
+    return None
+
+  def acquire(self) -> int | None:
+    import fcntl  # pylint: disable=import-outside-toplevel
+    directory = self._lock_dir()
+    candidates = self._candidate_uids()
+    if directory is None or not candidates:
+      return None
+    offset = int.from_bytes(os.urandom(4), "little") % len(candidates)
+    for i in range(len(candidates)):
+      uid = candidates[(offset + i) % len(candidates)]
+      with self._lock:
+        if uid in self._held:
+          continue
+        try:
+          fd = os.open(os.path.join(directory, f"{uid}.lock"),
+                       os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+          continue
+        try:
+          fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+          os.close(fd)
+          continue
+        self._held[uid] = fd
+        if uid in self._clean:
+          return uid
+      # Unlocked but still owning processes: left by a launcher that died. Kill, then verify.
+      deadline = time.monotonic() + 1.0
+      while _kill_uid(uid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+      if not _pids_of_uid(uid):
+        return uid
+      self.release(uid, clean=False)
+    return None
+
+  def release(self, uid: int, clean: bool) -> None:
+    with self._lock:
+      fd = self._held.pop(uid, None) if clean else None
+      if clean:
+        self._clean.add(uid)
+      else:
+        self._clean.discard(uid)
+    if fd is not None:
+      try:
+        os.close(fd)   # drops the flock
       except OSError:
         pass
 
 
-def _remove_tree(path: str) -> None:
-  """Deletes a sandbox directory even if the code made parts of it read-only."""
-  def make_writable_and_retry(function, failed_path, _):
-    try:
-      os.chmod(os.path.dirname(failed_path), 0o700)
-      if os.path.isdir(failed_path) and not os.path.islink(failed_path):
-        os.chmod(failed_path, 0o700)
-      function(failed_path)
-    except OSError:
-      pass
-  shutil.rmtree(path, onerror=make_writable_and_retry)
+_SLOTS = _UidSlots()
 
 
-# --------------------------------------------------------------------------------------------
-# Runner: everything below executes in the fresh interpreter, never in the launcher.
-# --------------------------------------------------------------------------------------------
+class _Cgroup:
+  """A memory + pids cgroup for one sample (cgroup v2, else the v1 controllers), if writable."""
 
-_CLONE_NEWIPC = 0x08000000
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWPID = 0x20000000
-_CLONE_NEWNET = 0x40000000
-_PR_SET_PDEATHSIG = 1
-_PR_SET_KEEPCAPS = 8
-_PR_SET_NO_NEW_PRIVS = 38
-_CAP_DAC_READ_SEARCH = 2
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+  _hierarchy: dict | None = None
+  _hierarchy_lock = threading.Lock()
 
-# Landlock (linux/landlock.h); the syscall numbers are the same on every architecture.
-_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
-_LANDLOCK_CREATE_RULESET_VERSION = 1
-_LANDLOCK_RULE_PATH_BENEATH = 1
-_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-_FS_REMOVE_DIR, _FS_REMOVE_FILE = 1 << 4, 1 << 5
-_FS_MAKE_ALL = sum(1 << bit for bit in range(6, 13))   # char, dir, reg, sock, fifo, block, sym
-_FS_REFER, _FS_TRUNCATE = 1 << 13, 1 << 14
-_FS_FILE_ONLY = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE
-_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
-_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+  def __init__(self):
+    self.dirs: list[tuple[str, str]] = []   # (layer name, directory)
 
-
-def _libc():
-  import ctypes  # pylint: disable=import-outside-toplevel
-  return ctypes, ctypes.CDLL(None, use_errno=True)
-
-
-def _try_unshare(as_root: bool) -> list[str]:
-  """Enters new namespaces (outer runner, still single-threaded). Returns the layers gained."""
-  ctypes, libc = _libc()
-  user = 0 if as_root else _CLONE_NEWUSER
-  candidates = [
-      (user | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC, ["netns", "pidns"]),
-      (user | _CLONE_NEWNET, ["netns"]),
-      (user | _CLONE_NEWPID, ["pidns"]),
-  ]
-  uid, gid = os.getuid(), os.getgid()
-  for flags, layers in candidates:
-    if libc.unshare(ctypes.c_int(flags)) != 0:
-      continue
-    if not as_root:
-      _map_own_ids(uid, gid)   # files created by the code must have a mapped owner
-      layers = ["userns"] + layers
-    return layers
-  return []
-
-
-def _map_own_ids(uid: int, gid: int) -> None:
-  for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                     ("gid_map", f"{gid} {gid} 1")):
-    try:
-      with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
-        f.write(text)
-    except OSError:
-      pass
-
-
-def _set_limits(spec: dict) -> None:
-  import resource  # pylint: disable=import-outside-toplevel
-  cpu = spec["cpu_s"]
-  for limit, value in ((resource.RLIMIT_AS, spec["memory_bytes"]),
-                       (resource.RLIMIT_CPU, cpu),      # soft == hard: SIGKILL, even for PID 1
-                       (resource.RLIMIT_NPROC, spec["max_processes"]),
-                       (resource.RLIMIT_FSIZE, spec["max_file_bytes"]),
-                       (resource.RLIMIT_NOFILE, spec["max_open_files"]),
-                       (resource.RLIMIT_CORE, 0)):
-    resource.setrlimit(limit, (value, value))
-
-
-def _landlock_abi() -> int:
-  """The kernel's Landlock ABI version; 0 when Landlock is unavailable."""
-  ctypes, libc = _libc()
-  libc.syscall.restype = ctypes.c_long
-  abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
-                     ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
-  return max(int(abi), 0)
-
-
-def _drop_privileges(uid: int, keep_read_search: bool) -> None:
-  """Becomes `uid`; optionally keeps only CAP_DAC_READ_SEARCH (see `_inner_main`)."""
-  ctypes, libc = _libc()
-  if keep_read_search:
-    libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
-  os.setgroups([])
-  os.setgid(uid)
-  os.setuid(uid)
-  if os.getuid() != uid or os.geteuid() != uid:
-    raise RuntimeError("sandbox: could not drop root privileges")
-  if keep_read_search:
-
-    class CapHeader(ctypes.Structure):
-      _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class CapData(ctypes.Structure):
-      _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                  ("inheritable", ctypes.c_uint32)]
-
-    keep = 1 << _CAP_DAC_READ_SEARCH
-    data = (CapData * 2)(CapData(keep, keep, 0), CapData(0, 0, 0))
-    if libc.capset(ctypes.byref(CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data) != 0:
-      raise RuntimeError("sandbox: capset failed")
-
-
-def _readable_roots(work_dir: str) -> list[str]:
-  """Paths the code may read beneath: the interpreter, system libraries, its own directory."""
-  roots = [sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix]
-  roots += [path for path in sys.path if path]
-  roots += ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/etc/localtime",
-            "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", work_dir]
-  return [path for path in dict.fromkeys(os.path.realpath(p) for p in roots)
-          if os.path.exists(path)]
-
-
-def _landlock_layers(work_dir: str, abi: int) -> list[str]:
-  """Confines file reads to `_readable_roots`, writes to `work_dir`; no TCP, no outside signals."""
-  if abi < 1:
-    return []
-  ctypes, libc = _libc()
-  libc.syscall.restype = ctypes.c_long
-
-  class RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
-
-  class PathBeneathAttr(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-  truncate = _FS_TRUNCATE if abi >= 3 else 0
-  write_access = _FS_WRITE_FILE | _FS_REMOVE_DIR | _FS_REMOVE_FILE | _FS_MAKE_ALL | truncate
-  write_access |= _FS_REFER if abi >= 2 else 0
-  read_access = _FS_READ_FILE | _FS_READ_DIR
-  layers = ["landlock-fs"]
-  attr = RulesetAttr(handled_access_fs=read_access | write_access)
-  attr_size = 8
-  if abi >= 4:
-    attr.handled_access_net = _NET_BIND_TCP | _NET_CONNECT_TCP   # no rule: all TCP denied
-    attr_size, layers = 16, layers + ["landlock-net"]
-  if abi >= 6:
-    attr.scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
-    attr_size, layers = 24, layers + ["landlock-scope"]
-  rules = [(path, read_access) for path in _readable_roots(work_dir)]
-  rules += [(work_dir, read_access | write_access), ("/dev/null", _FS_WRITE_FILE | truncate)]
-  ruleset_fd = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
-                            ctypes.c_size_t(attr_size), ctypes.c_uint32(0))
-  if ruleset_fd < 0:
-    return []
-  try:
-    for path, access in rules:
-      path_fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-      if not os.path.isdir(path):
-        access &= _FS_FILE_ONLY   # a rule on a file may name only file rights
+  @classmethod
+  def _parents(cls) -> dict:
+    """{controller: (version, dir)} of this process's own cgroups, for memory, pids, cpu."""
+    with cls._hierarchy_lock:
+      if cls._hierarchy is not None:
+        return cls._hierarchy
+      found = {}
       try:
-        rule = PathBeneathAttr(allowed_access=access, parent_fd=path_fd)
-        if libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset_fd),
-                        ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule),
-                        ctypes.c_uint32(0)) != 0:
-          raise RuntimeError(f"sandbox: landlock_add_rule failed for {path}")
-      finally:
-        os.close(path_fd)
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-      raise RuntimeError("sandbox: PR_SET_NO_NEW_PRIVS failed")
-    if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset_fd),
-                    ctypes.c_uint32(0)) != 0:
-      raise RuntimeError("sandbox: landlock_restrict_self failed")
-  finally:
-    os.close(ruleset_fd)
-  return layers
+        own = {}
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+          for line in f:
+            hid, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in (controllers.split(",") if hid != "0" else ["<v2>"]):
+              own[name] = path
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+          mounts = []
+          for line in f:
+            left, _, right = line.partition(" - ")
+            fields, tail = left.split(), right.split()
+            mounts.append((tail[0], fields[3], fields[4], set(tail[2].split(","))))
+        for fstype, root, mount_point, options in mounts:
+          if fstype == "cgroup2" and "<v2>" in own:
+            path = own["<v2>"]
+            rel = path[len(root):] if root != "/" and path.startswith(root) else path
+            directory = mount_point + rel.rstrip("/")
+            try:
+              with open(os.path.join(directory, "cgroup.subtree_control"), encoding="ascii") as f:
+                enabled = set(f.read().split())
+            except OSError:
+              enabled = set()
+            for controller in ("memory", "pids", "cpu"):
+              if controller in enabled:
+                found[controller] = ("v2", directory)
+        for fstype, root, mount_point, options in mounts:
+          if fstype != "cgroup":
+            continue
+          for controller in ("memory", "pids", "cpu"):
+            if controller in options and controller in own and controller not in found:
+              path = own[controller]
+              rel = path[len(root):] if root != "/" and path.startswith(root) else path
+              found[controller] = ("v1", mount_point + rel.rstrip("/"))
+      except (OSError, ValueError, IndexError):
+        pass
+      cls._hierarchy = found
+      return found
+
+  @classmethod
+  def create(cls, name: str, limits: SandboxLimits) -> _Cgroup | None:
+    total = int(limits.total_memory_bytes or limits.memory_bytes) + int(limits.disk_bytes)
+    quota = max(1000, int(float(limits.cpu_cores or 0) * 100_000))
+    settings = {
+        ("memory", "v1"): [("memory.limit_in_bytes", total), ("memory.memsw.limit_in_bytes", total)],
+        ("memory", "v2"): [("memory.max", total), ("memory.swap.max", 0)],
+        ("pids", "v1"): [("pids.max", int(limits.max_processes))],
+        ("pids", "v2"): [("pids.max", int(limits.max_processes))],
+        ("cpu", "v1"): [("cpu.cfs_period_us", 100_000), ("cpu.cfs_quota_us", quota)],
+        ("cpu", "v2"): [("cpu.max", f"{quota} 100000")],
+    }
+    optional = ("memory.memsw.limit_in_bytes", "memory.swap.max")
+    by_parent: dict[tuple[str, str], list[str]] = {}
+    for controller, (version, parent) in sorted(cls._parents().items()):
+      if controller == "cpu" and not limits.cpu_cores:
+        continue
+      by_parent.setdefault((version, parent), []).append(controller)
+    group = cls()
+    for (version, parent), controllers in by_parent.items():
+      directory = os.path.join(parent, name)
+      try:
+        os.mkdir(directory)
+      except OSError:
+        continue
+      try:
+        for controller in controllers:
+          for file_name, value in settings[(controller, version)]:
+            target = os.path.join(directory, file_name)
+            if file_name in optional and not os.path.exists(target):
+              continue
+            with open(target, "w", encoding="ascii") as f:
+              f.write(str(value))
+      except OSError:
+        _rmdir_quiet(directory)
+        continue
+      group.dirs += [(f"cgroup-{controller}", directory) for controller in controllers]
+    return group if group.dirs else None
+
+  def procs_files(self) -> list[list[str]]:
+    """[cgroup.procs path, comma-separated layer names] per directory."""
+    by_dir: dict[str, list[str]] = {}
+    for layer, directory in self.dirs:
+      by_dir.setdefault(directory, []).append(layer)
+    return [[os.path.join(d, "cgroup.procs"), ",".join(names)] for d, names in by_dir.items()]
+
+  def _members(self) -> list[int]:
+    pids = set()
+    for _, directory in self.dirs:
+      try:
+        with open(os.path.join(directory, "cgroup.procs"), encoding="ascii") as f:
+          pids.update(int(x) for x in f.read().split())
+      except (OSError, ValueError):
+        pass
+    return sorted(pids)
+
+  def kill_all(self) -> list[int]:
+    """SIGKILLs every process in the cgroup; returns those that were there."""
+    pids = self._members()
+    for _, directory in self.dirs:
+      kill_file = os.path.join(directory, "cgroup.kill")
+      if pids and os.path.exists(kill_file):
+        try:
+          with open(kill_file, "w", encoding="ascii") as f:
+            f.write("1")
+        except OSError:
+          pass
+    for pid in pids:
+      _signal_if(pid, self._contains)
+    return pids
+
+  def _contains(self, pid: int) -> bool:
+    try:
+      with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+        text = f.read()
+    except OSError:
+      return False
+    leaf = "/" + os.path.basename(self.dirs[0][1])
+    return any(line.endswith(leaf) for line in text.splitlines())
+
+  def remove(self) -> None:
+    deadline = time.monotonic() + 5.0
+    for directory in dict.fromkeys(d for _, d in self.dirs):
+      while not _rmdir_quiet(directory) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
-def _block_socket_module() -> None:
-  """Makes `socket.socket(...)` raise: a courtesy layer, bypassable, not a boundary."""
-  import _socket  # pylint: disable=import-outside-toplevel
-  import socket  # pylint: disable=import-outside-toplevel
-
-  def refuse(*args, **kwargs):
-    del args, kwargs
-    raise PermissionError("network access is disabled in the sandbox")
-
-  for module in (socket, _socket):
-    for name in ("socket", "SocketType", "socketpair", "create_connection", "create_server",
-                 "fromfd", "getaddrinfo"):
-      if hasattr(module, name):
-        setattr(module, name, refuse)
-
-
-def _inner_main(spec: dict, source: str, status_fd: int, outer_pid: int) -> None:
-  """Applies the per-process limits, runs the program, writes the pass marker. Never returns."""
-  import traceback  # pylint: disable=import-outside-toplevel
-  exit_code = 1
+def _rmdir_quiet(path: str) -> bool:
   try:
-    ctypes, libc = _libc()
-    libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
-    # The runner died before prctl took effect (a parent outside our PID namespace reads as 0).
-    if os.getppid() not in (outer_pid, 0):
-      os._exit(1)
-    layers = ["rlimits"]
-    _set_limits(spec)
-    abi = _landlock_abi()
-    if spec["uid"] is not None:
-      # The interpreter may live where `nobody` cannot read (e.g. /root/.pyenv). With Landlock
-      # confining reads to the interpreter and system directories, the code keeps the one
-      # capability that bypasses read permission checks; without Landlock it gets none.
-      _drop_privileges(spec["uid"], keep_read_search=abi >= 1)
-      layers.append(f"uid:{spec['uid']}")
-    layers += _landlock_layers(spec["work_dir"], abi)
-    _block_socket_module()
-    layers.append("socket-patch")
-    os.write(status_fd, "".join(f"layer:{name}\n" for name in layers).encode())
-    os.chdir(spec["work_dir"])
-    sys.argv = ["program.py"]
-    code = compile(source, "program.py", "exec")
-    my_pid = os.getpid()
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})  # pylint: disable=exec-used
-    if os.getpid() == my_pid:   # a forked child finishing the program does not count
-      os.write(status_fd, f"{PASS_MARKER}\n".encode())
-      exit_code = 0
-  except BaseException:  # pylint: disable=broad-except
+    os.rmdir(path)
+    return True
+  except FileNotFoundError:
+    return True
+  except OSError:
+    return False
+
+
+def _remove_tree(path: str) -> bool:
+  """Deletes `path` and everything below it, at any depth, never following symlinks.
+
+  Iterative and relative to directory descriptors (no recursion, no path length limit); gives
+  up on entries it cannot delete. Never raises; returns whether `path` is gone.
+  """
+  flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+  try:
     try:
-      traceback.print_exc()
-    except BaseException:  # pylint: disable=broad-except
-      pass
-  for stream in (sys.stdout, sys.stderr):
+      fd = os.open(path, flags)
+    except FileNotFoundError:
+      return True
+    except NotADirectoryError:
+      os.unlink(path)
+      return True
+    stack: list[str] = []      # names from `path` down to the directory `fd` refers to
+    skip: set[int] = set()     # inodes of entries that could not be deleted
+    budget = 10_000_000
     try:
-      stream.flush()
-    except BaseException:  # pylint: disable=broad-except
-      pass
-  os._exit(exit_code)
-
-
-def _runner_main(spec_path: str) -> int:
-  """Outer runner: namespaces, then fork the process that runs the code, relay its status."""
-  with open(spec_path, encoding="utf-8") as f:
-    spec = json.load(f)
-  with open(spec["program"], encoding="utf-8") as f:
-    source = f.read()
-  status_fd = os.open(spec["status"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-  as_root = os.geteuid() == 0
-  layers = _try_unshare(as_root)
-  os.write(status_fd, "".join(f"layer:{name}\n" for name in layers).encode())
-  if spec["uid"] is not None:
-    os.chown(spec["work_dir"], spec["uid"], spec["uid"])
-  outer_pid = os.getpid()
-  sys.stdout.flush()
-  sys.stderr.flush()
-  child = os.fork()   # safe: this fresh interpreter has a single thread
-  if child == 0:
-    _inner_main(spec, source, status_fd, outer_pid)
-  os.close(status_fd)
-  _, wait_status = os.waitpid(child, 0)
-  if os.WIFSIGNALED(wait_status):
-    return 128 + os.WTERMSIG(wait_status)
-  return os.WEXITSTATUS(wait_status)
-
-
-if __name__ == "__main__":
-  sys.exit(_runner_main(sys.argv[1]))
+      while budget > 0:
+        budget -= 1
+        descended = False
+        try:
+          os.fchmod(fd, 0o700)
+        except OSError:
+          pass
+        with os.scandir(fd) as entries:
+          listing = list(entries)
+        for entry in listing:
+          key = entry.inode()
+          if key in skip:
+            continue
+          try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+          except OSError:
+            is_dir = False
+          if not is_dir:
+            try:
+              os.unlink(entry.name, dir_fd=fd)
+            except FileNotFoundError:
+              pass
+            except OSError:
+              skip.add(key)
+            continue
+          try:
+            try:
+              os.chmod(entry.name, 0o700, dir_fd=fd)
+            except OSError:
+              pass
+            child = os.open(entry.name, flags, dir_fd=fd)
+          except OSError:
+            skip.add(key)
+            continue
+          os.close(fd)
+          fd = child
+          stack.append(entry.name)
+          descended = True
+          break
+        if descended:
+          continue
+        if not stack:
+          break
+        name = stack.pop()
+        inode = os.fstat(fd).st_ino
+        parent = os.open("..", flags & ~os.O_NOFOLLOW, dir_fd=fd)
+        os.close(fd)
+        fd = parent
+        try:
+          os.rmdir(name, dir_fd=fd)
+        except FileNotFoundError:
+          pass
+        except OSError:
+          skip.add(inode)
+    finally:
+      os.close(fd)
+    os.rmdir(path)
+    return True
+  except Exception as error:  # pylint: disable=broad-except
+    _log(f"could not remove {path}: {error!r}")
+    return False

