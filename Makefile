@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow test-all base bench clean
+.PHONY: venv demo test test-slow test-all base warmup bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ base: venv
 	rm -rf assets/tiny_base && mkdir -p assets && cp -r work_dirs/tiny_base/params assets/tiny_base
 	$(PY) launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=assets/tiny_base \
 	  --config.workdir=work_dirs/tiny_base/eval
+
+# Reproduces the committed residual warm-up of that base in assets/tiny_warmup.
+warmup: venv
+	$(PY) launch/train.py --config=configs/tiny.py:warmup --config.workdir=work_dirs/tiny_warmup
+	mkdir -p assets/tiny_warmup && cp work_dirs/tiny_warmup/params/* assets/tiny_warmup/
 
 bench: venv
 	$(PY) benchmarks/decode_throughput.py

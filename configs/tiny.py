@@ -16,11 +16,11 @@ Variants (`get_config(arg)`):
   "ablations": the demo with full ORL and every ablation (no_aec, no_kl, kl_rollout,
               no_residual, no_warmup, rcd_offline), each over rollout seeds 0, 1, 2;
               results.json holds seed means and per-seed figures.
-  "warmup"  : the residual warm-up alone, from the committed base (-> work_dirs/tiny_warmup).
+  "warmup"  : the residual warm-up alone, from the committed base (what `make warmup` runs).
   "orl", "no_aec", "no_kl", "kl_rollout", "no_warmup", "no_residual", "lr_scale_1",
   "rcd_offline"
             : one stage of the demo alone, starting from `model.init_from` (default: the
-              warm-up's output for stages that start from it, else the committed base).
+              committed warm-up for stages that start from it, else the committed base).
 """
 import ml_collections
 
@@ -201,6 +201,8 @@ def base_config() -> ml_collections.ConfigDict:
       warmup="base", orl="warmup", no_aec="warmup", no_kl="warmup", kl_rollout="warmup",
       no_residual="base", no_warmup="base", lr_scale_1="warmup", rcd_offline="base"))
   c.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` reproduces it)
+  # committed residual warm-up of that base (`make warmup` reproduces it; "" = train it)
+  c.warmup_checkpoint = "assets/tiny_warmup"
   c.seeds = ()                      # demo: rollout seeds of every ORL stage (() = `seed` only)
   return c
 
@@ -222,7 +224,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg in STAGES:
     c.update(c.stages[arg].to_dict())
     start = c.stage_start[arg]
-    c.model.init_from = c.base_checkpoint if start == "base" else "work_dirs/tiny_warmup/params"
+    c.model.init_from = c.base_checkpoint if start == "base" else c.warmup_checkpoint
     c.workdir = f"work_dirs/tiny_{arg}"
   elif arg == "eval":
     c.train.mode = "eval"

@@ -69,6 +69,22 @@ def base_params_dir(config, *, progress=True) -> str:
   return loop.train(sft_cfg, progress=progress)
 
 
+def warmup_params_dir(config, base: str, curves: list, *, progress=True) -> str:
+  """The committed warm-up (`config.warmup_checkpoint`, `make warmup`) when the base is the
+  committed one and the vocabulary matches; else the warm-up stage trained (and cached) in the
+  work directory."""
+  committed = _repo_path(config.warmup_checkpoint) if config.get("warmup_checkpoint") else ""
+  committed_base = _repo_path(config.base_checkpoint) if config.base_checkpoint else ""
+  if (committed and os.path.exists(os.path.join(committed, params_io.META_FILE))
+      and os.path.abspath(base) == os.path.abspath(committed_base)):
+    try:
+      loop.check_compatible(committed, loop.setup(config))
+      return committed
+    except ValueError as e:
+      logging.warning("not using %s: %s", committed, e)
+  return _train_stage(config, "warmup", base, None, progress, curves)[1]
+
+
 def evaluate_params(config, params_dir: str, name: str, *, progress=True) -> dict:
   """Evaluates the parameters in `params_dir` with `eval.settings`; merges into results.json."""
   return eval_lib.evaluate_models(config, [(params_dir, name)], progress=progress)
@@ -151,8 +167,9 @@ def run_demo(config, *, progress=True) -> str:
   curves = []
   stages = demo_stages(config)
   if any(config.stage_start[st] == "warmup" for st in stages):
-    name, starts["warmup"] = _train_stage(config, "warmup", base, None, progress, curves)
-    trained[name] = starts["warmup"]
+    starts["warmup"] = warmup_params_dir(config, base, curves, progress=progress)
+    print(f"warmed-up model: {starts['warmup']}")
+    trained[config.stages.warmup.eval.name] = starts["warmup"]
   seeds = tuple(config.get("seeds", ())) or (None,)
   seed_groups = {}
   for stage in stages:
