@@ -1,0 +1,53 @@
+"""The demo's reports: seed means in results.json and the per-stage training summary."""
+import json
+
+import numpy as np
+import pytest
+
+from orl_jax import evaluate
+from orl_jax.demo import training_summary
+
+
+def _setting(acc, tpf):
+  return {"accuracy": acc, "tpf_pooled": tpf, "tpf_mean": tpf + 0.5, "nfe_mean": 32 / tpf,
+          "tps": 1000.0, "n_problems": 512, "device": "cpu", "examples": [{"prompt": "p", "score": 1.0}]}
+
+
+def test_merge_seeds_keeps_means_spreads_and_per_seed_figures(tmp_path):
+  path = str(tmp_path / "results.json")
+  runs = {0: (0.95, 6.0), 1: (0.93, 7.0), 2: (0.94, 8.0)}
+  evaluate.update_results(path, "base", {"threshold_0.9": _setting(0.96, 3.0)})
+  keys = []
+  for seed, (acc, tpf) in runs.items():
+    keys.append(evaluate.seed_name("orl", seed))
+    evaluate.update_results(path, keys[-1], {"threshold_0.9": _setting(acc, tpf)})
+  merged = evaluate.merge_seeds(path, "orl", keys)
+  with open(path) as f:
+    on_disk = json.load(f)
+  assert on_disk == merged and sorted(merged) == ["base", "orl"]
+  r = merged["orl"]["threshold_0.9"]
+  accs, tpfs = [a for a, _ in runs.values()], [t for _, t in runs.values()]
+  assert r["accuracy"] == pytest.approx(np.mean(accs))
+  assert r["tpf_pooled"] == pytest.approx(np.mean(tpfs))
+  assert r["tpf_mean"] == pytest.approx(np.mean(tpfs) + 0.5)
+  assert r["accuracy_std"] == pytest.approx(np.std(accs))
+  assert r["tpf_pooled_std"] == pytest.approx(np.std(tpfs))
+  assert [s["seed"] for s in r["seeds"]] == ["0", "1", "2"]
+  assert [s["tpf_pooled"] for s in r["seeds"]] == tpfs
+  assert r["n_problems"] == 512 and r["device"] == "cpu" and "examples" not in r
+  table = evaluate.format_table(merged)
+  assert "over 3 seeds" in table and "2.33x" in table   # mean 7.0 / base 3.0
+
+
+def test_training_summary_reads_start_end_and_the_anchor(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  with open(path, "w") as f:
+    for step in range(1, 21):
+      f.write(json.dumps({"step": step, "reward": step / 20, "residual_norm_ratio": 0.5,
+                          "loss_rkl": 0.0 if step <= 10 else 0.002,
+                          "updates_skipped": 1}) + "\n")
+  s = training_summary(str(path))
+  assert s["iterations"] == 20 and s["updates_skipped"] == 1
+  assert s["reward_start"] == pytest.approx(0.075) and s["reward_end"] == pytest.approx(0.975)
+  assert s["loss_rkl_mean_second_half"] == pytest.approx(0.002)
+  assert s["residual_norm_ratio_start"] == pytest.approx(0.5)
