@@ -284,12 +284,12 @@ def prepare_run(s: Setup) -> Run:
 
 
 def resume(run: Run, data_iter) -> tuple[object, int]:
-  """(state, step) from the work directory's latest checkpoint, restoring `data_iter` in place;
-  the fresh state and step 0 when there is none."""
-  start = run.ckpt.latest_step() or 0
+  """(state, step) from the work directory's newest checkpoint that restores (damaged newer ones
+  are moved aside with a warning), restoring `data_iter` in place; the fresh state and step 0
+  when there is none."""
+  start, state, _ = run.ckpt.restore_latest(abstract_like(run.state), data_iter)
   if not start:
     return run.state, 0
-  state, _ = run.ckpt.restore(start, abstract_like(run.state), data_iter)
   logging.info("resumed %s from step %d", run.ckpt.directory, start)
   return state, start
 
