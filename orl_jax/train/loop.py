@@ -234,7 +234,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
               **jax.tree.map(lambda _: repl, extra_inputs)}
   step_fn = make_train_step(graphdef, optimizer, loss_fn, s.mesh, state_sh, batch_sh)
   base_key = jax.random.key(config.seed)
-  writer = MetricsWriter(workdir)
+  writer = MetricsWriter(workdir, resume_step=start)
   last = tc.steps if stop_after is None else min(tc.steps, stop_after)
   bar = tqdm(total=tc.steps, initial=start, desc=config.train.mode, dynamic_ncols=True,
              disable=not (progress and distributed.is_lead_process()))
