@@ -133,8 +133,9 @@ def abstract_like(tree):
 
 def _drop_closed_loop_reports() -> None:
   """After a failed restore, TensorStore reads still in flight call back into the asyncio loop
-  Orbax has already closed, and each prints an 'Event loop is closed' traceback through
-  `sys.unraisablehook`; this drops exactly those (once installed, for the process)."""
+  Orbax has already closed (an 'Event loop is closed' traceback each), and Orbax's abandoned
+  per-array read coroutines report their errors when collected; both go through
+  `sys.unraisablehook`, and this drops exactly those (once installed, for the process)."""
   previous = sys.unraisablehook
   if getattr(previous, "drops_closed_loop_reports", False):
     return
@@ -142,6 +143,8 @@ def _drop_closed_loop_reports() -> None:
   def hook(unraisable):
     if (isinstance(unraisable.exc_value, RuntimeError)
         and str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    if getattr(unraisable.object, "__qualname__", "") == "_read_array_index_and_device_put":
       return
     previous(unraisable)
 
