@@ -10,7 +10,7 @@ every token is coloured by the step at which it was committed (Base vs ORL side 
 import copy
 import os
 
-import _common  # noqa: F401
+import _common  # repo on sys.path; run()
 import jax
 import numpy as np
 from absl import app, flags, logging
@@ -82,4 +82,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _common.run(main)

@@ -9,7 +9,7 @@
   python launch/eval.py --config=configs/llada.py:debug --config.task.name=gsm8k \
       --config.task.prompt_len=512 --config.eval.compare=random:base
 """
-import _common  # noqa: F401
+import _common  # repo on sys.path; run()
 from absl import app, logging
 from ml_collections import config_flags
 
@@ -49,4 +49,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _common.run(main)

@@ -6,7 +6,7 @@ residual adapter in a separate file) so existing engines can serve the model.
 """
 import os
 
-import _common  # noqa: F401
+import _common  # repo on sys.path; run()
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -45,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _common.run(main)

@@ -6,8 +6,8 @@
   python launch/train.py --config=configs/llada.py:8b-instruct --config.dry_run=True \
       --config.mesh.fsdp=8                                        # per-device sizing, no allocation
 """
-import _common  # noqa: F401  (repo on sys.path)
-from absl import app, logging
+import _common  # repo on sys.path; run()
+from absl import logging
 from ml_collections import config_flags
 
 from orl_jax import demo, distributed
@@ -34,4 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _common.run(main)

@@ -33,7 +33,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(m.residual.mode in RESIDUAL_MODES,
         f"model.residual.mode={m.residual.mode!r} must be one of {RESIDUAL_MODES}")
   check(m.attention_impl in IMPLS, f"model.attention_impl={m.attention_impl!r} must be one of {IMPLS}")
-  check(m.n_heads % m.n_kv_heads == 0,
+  for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
+    check(m[field] > 0, f"model.{field}={m[field]} must be positive")
+  check(m.n_kv_heads <= 0 or m.n_heads % m.n_kv_heads == 0,
         f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={m.n_kv_heads}")
   check(d.rule in RULES, f"decode.rule={d.rule!r} must be one of {RULES}")
   check(d.block_size > 0 and d.gen_length % d.block_size == 0,
@@ -54,8 +56,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "read it from config.json)")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
-  check(t.warmup_steps <= max(t.steps, 1),
-        f"train.warmup_steps={t.warmup_steps} exceeds train.steps={t.steps}")
+  check(t.lr > 0, f"train.lr={t.lr} must be positive")
+  check(t.steps >= 0, f"train.steps={t.steps} must be >= 0")
+  check(t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0")
+  check(max(t.warmup_steps, 1) < max(t.steps, 2),
+        f"train.warmup_steps={t.warmup_steps} must be below train.steps={t.steps} (the cosine "
+        "decay after the warmup needs at least one step)")
+  check(0 <= t.final_lr_fraction <= 1,
+        f"train.final_lr_fraction={t.final_lr_fraction} must be in [0, 1]")
+  check(t.log_every > 0, f"train.log_every={t.log_every} must be positive")
+  check(config.eval.batch_size > 0, f"eval.batch_size={config.eval.batch_size} must be positive")
+  check(config.checkpoint.every >= 0,
+        f"checkpoint.every={config.checkpoint.every} must be >= 0 (0 = only the final step)")
+  check(config.checkpoint.keep > 0, f"checkpoint.keep={config.checkpoint.keep} must be positive")
+  if t.mode == "orl":
+    o = config.orl
+    check(o.group_size > 0, f"orl.group_size={o.group_size} must be positive (rollouts per "
+          "prompt)")
+    check(o.prompts_per_step > 0, f"orl.prompts_per_step={o.prompts_per_step} must be positive")
   if t.mode == "residual_warmup":
     check(m.residual.mode == "adapter",
           f"train.mode='residual_warmup' trains the adapter: model.residual.mode must be "
@@ -71,6 +89,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
           f"train.batch_size={t.batch_size} must be divisible by mesh.data={n_data}")
   r = config.get("replay")
   if r is not None:
+    check(r.n_rows > 0 and r.row_len > 0,
+          f"replay.n_rows={r.n_rows} and replay.row_len={r.row_len} must be positive")
     micro = r.get("micro_batches", 1)
     shards = n_data * config.mesh.fsdp if n_data > 0 and config.mesh.fsdp > 0 else 1
     check(micro >= 1 and r.n_rows % (micro * shards) == 0,
@@ -81,6 +101,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
       UnmaskRule.parse(label)
     except ValueError as e:
       errors.append(f"eval.settings: {e}")
+  if len(errors) == 1:
+    raise ConfigError(f"invalid config: {errors[0]}")
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 

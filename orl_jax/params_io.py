@@ -2,8 +2,10 @@
 `meta.json` (model config and anything else worth recording). Used for the committed tiny base
 model, `model.init_from`, and the end-of-run export of every training run.
 
-Loading into a model of another residual mode is allowed: parameters absent from the file (a
-fresh adapter) keep their initialisation and are reported; shape mismatches are errors.
+Loading into a model with a residual adapter is allowed: adapter parameters absent from the file
+keep their initialisation and are reported. Any other missing tensor, a tensor the model does not
+have, a shape mismatch, or a file that cannot be read (truncated, another format) is an error
+whose message names the file.
 """
 from __future__ import annotations
 
@@ -15,10 +17,56 @@ import tempfile
 import jax
 import numpy as np
 from flax import nnx
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 PARAMS_FILE = "params.safetensors"
 META_FILE = "meta.json"
+
+
+class ParamsFileError(ValueError):
+  """A parameter or model file that cannot be used; the message names the file."""
+
+
+def is_adapter(name: str) -> bool:
+  """Parameters of the residual adapter: the only ones a loaded model may add."""
+  return "adapter" in name.split(".")
+
+
+def _safetensors_problem(path: str, e: Exception) -> ParamsFileError:
+  reason = str(e).replace("Error while deserializing header: ", "")
+  return ParamsFileError(f"{path} is not a readable safetensors file ({reason}): it is truncated "
+                         "or in another format, so copy or export it again")
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """All tensors of a safetensors file; a truncated or foreign file is a ParamsFileError."""
+  try:
+    return load_file(path)
+  except Exception as e:  # safetensors raises its own SafetensorError (and OSError)
+    raise _safetensors_problem(path, e) from None
+
+
+def open_safetensors(path: str):
+  """`safe_open(path, "np")`, with a ParamsFileError naming the file when it cannot be read."""
+  try:
+    return safe_open(path, "np")
+  except Exception as e:
+    raise _safetensors_problem(path, e) from None
+
+
+def read_json(path: str) -> dict:
+  """A JSON object from `path`; a truncated or non-JSON file is a ParamsFileError naming it."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    reason = str(e).split(" (char")[0] if isinstance(e, json.JSONDecodeError) else e.reason
+    raise ParamsFileError(f"{path} is not valid JSON ({reason}): the file is truncated or not a "
+                          "JSON file, so copy or write it again") from None
+  if not isinstance(value, dict):
+    raise ParamsFileError(f"{path} holds a JSON {type(value).__name__}, not the expected object")
+  return value
 
 
 def flatten(pure: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -67,27 +115,42 @@ def read_meta(directory: str) -> dict:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: {directory!r} is not a parameter folder written by "
                             "orl_jax (expected params.safetensors and meta.json)")
-  with open(path) as f:
-    return json.load(f)
+  return read_json(path)
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+  more = f" and {len(names) - limit} more" if len(names) > limit else ""
+  return ", ".join(names[:limit]) + more
 
 
 def load_params(directory: str, params: nnx.State) -> tuple[nnx.State, list[str]]:
-  """Returns (params with the file's values, names that kept their initialisation)."""
+  """Returns (params with the file's values, adapter names that kept their initialisation).
+
+  Raises ParamsFileError when the file is unreadable, lacks a non-adapter tensor of the model,
+  holds a tensor the model does not have, or a shape differs.
+  """
   path = os.path.join(directory, PARAMS_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: run `make base` or point model.init_from at a "
                             "folder written by a training run (its `params/` folder)")
-  stored = load_file(path)
+  stored = read_safetensors(path)
   target = flatten(params.to_pure_dict())
   unexpected = sorted(set(stored) - set(target))
   if unexpected:
-    raise ValueError(f"{path}: tensors not in the configured model: {unexpected[:8]}"
-                     f"{' ...' if len(unexpected) > 8 else ''} (does the config match the "
-                     "checkpoint's model?)")
-  bad = [f"{k}: file {stored[k].shape} vs model {target[k].shape}" for k in stored
-         if stored[k].shape != target[k].shape]
+    raise ParamsFileError(f"{path} holds {len(unexpected)} tensor(s) the configured model does "
+                          f"not have ({_names(unexpected)}): set the model.* fields (and "
+                          f"model.residual.mode) to those in {META_FILE} next to it")
+  missing = sorted(k for k in set(target) - set(stored) if not is_adapter(k))
+  if missing:
+    raise ParamsFileError(f"{path} lacks {len(missing)} tensor(s) of the configured model "
+                          f"({_names(missing)}) and only residual adapter parameters may start "
+                          f"fresh: set the model.* fields to those in {META_FILE} next to it or "
+                          "point model.init_from at the right folder")
+  bad = [f"{k} is {stored[k].shape} in the file but {target[k].shape} in the model"
+         for k in sorted(stored) if stored[k].shape != target[k].shape]
   if bad:
-    raise ValueError(f"{path}: shape mismatch: " + "; ".join(bad[:8]))
+    raise ParamsFileError(f"{path} does not fit the configured model ({'; '.join(bad[:4])}): "
+                          f"set the model.* fields to those in {META_FILE} next to it")
   kept = sorted(set(target) - set(stored))
   merged = {k: stored.get(k, v) for k, v in target.items()}
   pure = params.to_pure_dict()

@@ -1,5 +1,8 @@
 """Small shared builders for tests."""
 import dataclasses
+import glob
+import os
+import struct
 
 import numpy as np
 from flax import nnx
@@ -90,3 +93,43 @@ def orl_smoke_config(workdir, steps=4):
   c.train.steps, c.train.warmup_steps, c.train.log_every = steps, 1, 1
   c.checkpoint.every = 2
   return c
+
+
+def _largest(pattern):
+  return max(glob.glob(pattern, recursive=True), key=os.path.getsize)
+
+
+# Each kind of file in an Orbax step folder whose damage stops a restore.
+CHECKPOINT_FILE_KINDS = {
+    "array data": lambda d: _largest(f"{d}/state/ocdbt.process_0/d/*"),
+    "_METADATA": lambda d: f"{d}/state/_METADATA",
+    "OCDBT manifest": lambda d: f"{d}/state/manifest.ocdbt",
+    "array metadata": lambda d: f"{d}/state/array_metadatas/process_0",
+    "grain state": lambda d: f"{d}/data/process_0-of-1.json",
+}
+
+
+def truncate_half(path):
+  """Cuts a file to half its size (a damaged copy, a full disk)."""
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def tensorboard_scalars(logdir: str, tag: str) -> list[int]:
+  """Steps of `tag` as TensorBoard shows them: event files in order, and a session START at
+  step s (tensorboardX's `purge_step`) hides the events of earlier files at steps >= s."""
+  from tensorboardX.proto import event_pb2
+  steps = []
+  for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+    with open(path, "rb") as f:
+      data = f.read()
+    pos = 0
+    while pos + 12 <= len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
+      if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+        steps = [s for s in steps if s < event.step]
+      elif event.HasField("summary") and any(v.tag == tag for v in event.summary.value):
+        steps.append(event.step)
+  return steps

@@ -56,9 +56,9 @@ class RecordingWriter:
   """Stands in for MetricsWriter on every process (the real one writes on process 0 only)."""
   rows = []
 
-  def __init__(self, workdir, name="metrics"):
+  def __init__(self, workdir, name="metrics", **kwargs):
     from orl_jax.metrics import MetricsWriter
-    self.inner = MetricsWriter(workdir, name)
+    self.inner = MetricsWriter(workdir, name, **kwargs)
 
   def write(self, step, metrics):
     scalars = self.inner.write(step, metrics)

@@ -1,3 +1,4 @@
+import logging
 import os
 import subprocess
 import sys
@@ -9,8 +10,10 @@ from safetensors.numpy import load_file
 
 from configs import tiny
 from orl_jax.config import ConfigError, validate
+from orl_jax.metrics import read_jsonl
 from orl_jax.train import loop
-from tests.helpers import orl_smoke_config
+from tests.helpers import (CHECKPOINT_FILE_KINDS, orl_smoke_config, tensorboard_scalars,
+                           truncate_half)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,19 +39,30 @@ def test_validate_names_the_fields():
     assert field in msg
 
 
-def test_exact_resume_is_bit_identical(tmp_path):
+def test_exact_resume_is_bit_identical(tmp_path, caplog):
+  """Killed after step 3 with checkpoints at steps 2 and 3, and step 3's array data damaged
+  afterwards: the run resumes from step 2 and ends bit-identical to an uninterrupted one."""
   straight = loop.train(_smoke(tmp_path / "a", steps=4), progress=False)
-  loop.train(_smoke(tmp_path / "b", steps=4), progress=False, stop_after=2)  # "killed" at step 2
-  resumed = loop.train(_smoke(tmp_path / "b", steps=4), progress=False)
+  killed = _smoke(tmp_path / "b", steps=4)
+  killed.checkpoint.every = 1
+  loop.train(killed, progress=False, stop_after=3)                      # "killed" at step 3
+  truncate_half(CHECKPOINT_FILE_KINDS["array data"](tmp_path / "b" / "checkpoints" / "3"))
+  before = read_jsonl(str(tmp_path / "b" / "metrics.jsonl"))
+  assert [r["step"] for r in before] == [2, 3]                          # log_every=2, and the last
+  with caplog.at_level(logging.WARNING):
+    resumed = loop.train(killed, progress=False)
+  warnings = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
+  assert len(warnings) == 1 and "step 3" in warnings[0] and "resuming from step 2" in warnings[0]
+  assert os.path.isdir(tmp_path / "b" / "checkpoints-corrupt" / "3")   # moved aside, kept
   a = load_file(os.path.join(straight, "params.safetensors"))
   b = load_file(os.path.join(resumed, "params.safetensors"))
   assert a.keys() == b.keys()
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-  # and resuming really skipped the first two steps (metrics logged from step 2 on)
-  with open(os.path.join(tmp_path / "b", "metrics.jsonl")) as f:
-    steps = [int(line.split('"step": ')[1].split(",")[0]) for line in f]
-  assert steps == [2, 4]
+  # each step logged once: step 2's row is the killed run's, its step 3 row was dropped
+  after = read_jsonl(str(tmp_path / "b" / "metrics.jsonl"))
+  assert [r["step"] for r in after] == [2, 4] and after[0] == before[0]
+  assert tensorboard_scalars(str(tmp_path / "b" / "tensorboard" / "metrics"), "loss") == [2, 4]
 
 
 _SHARDED = textwrap.dedent("""
@@ -94,12 +108,14 @@ def test_one_and_four_devices_give_the_same_loss():
 def test_orl_is_on_policy_and_resumes_exactly(tmp_path):
   import json
   straight = loop.train(orl_smoke_config(tmp_path / "a"), progress=False)
-  loop.train(orl_smoke_config(tmp_path / "b"), progress=False, stop_after=2)
+  # killed after step 3 (logged) with the last checkpoint at step 2
+  loop.train(orl_smoke_config(tmp_path / "b"), progress=False, stop_after=3)
   resumed = loop.train(orl_smoke_config(tmp_path / "b"), progress=False)
   a = load_file(os.path.join(straight, "params.safetensors"))
   b = load_file(os.path.join(resumed, "params.safetensors"))
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  assert [r["step"] for r in read_jsonl(str(tmp_path / "b" / "metrics.jsonl"))] == [1, 2, 3, 4]
   with open(tmp_path / "a" / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
   assert [r["step"] for r in rows] == [1, 2, 3, 4]

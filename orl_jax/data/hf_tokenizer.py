@@ -72,7 +72,13 @@ class HFTokenizer:
     if not os.path.isfile(path):
       raise TokenizerError(f"{path} not found: the model directory must contain tokenizer.json "
                            "(or set model.tokenizer to a tokenizer.json file)")
-    return cls(Tokenizer.from_file(path), special, source=path)
+    try:
+      tokenizer = Tokenizer.from_file(path)
+    except Exception as e:  # the tokenizers library raises a bare Exception
+      raise TokenizerError(f"{path} is not a readable tokenizer.json ({e}): the file is truncated "
+                           "or not a Hugging Face tokenizer, so copy it again from the model "
+                           "directory") from None
+    return cls(tokenizer, special, source=path)
 
   @property
   def vocab_size(self) -> int:
@@ -119,21 +125,26 @@ class HFTokenizer:
     return self._tok.decode(ids, skip_special_tokens=skip_special)
 
 
-def check_model_vocab(tokenizer, vocab_size: int, mask_id: int, where: str = "model") -> None:
-  """Raises TokenizerError unless every token id fits the model and the mask ids agree."""
+def check_model_vocab(tokenizer, vocab_size: int, mask_id: int, where: str = "") -> None:
+  """Raises TokenizerError, naming the tokenizer and the model side (`where`: the file that
+  sets the model's vocabulary, e.g. a config.json; default the model.vocab_size field), unless
+  every token id fits the model's embedding rows and the mask ids agree."""
+  model = "the model's vocabulary"
   problems = []
   if tokenizer.vocab_size > vocab_size:
-    problems.append(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
-                    f"(model.vocab_size / embedding rows) is {vocab_size}")
+    problems.append(f"the tokenizer has {tokenizer.vocab_size} tokens but {model} has "
+                    f"{vocab_size} embedding rows")
   for role in ("mask_id", "eos_id", "pad_id", "bos_id"):
     value = getattr(tokenizer, role, None)
     if value is not None and not 0 <= value < vocab_size:
-      problems.append(f"{role}={value} is outside the model's {vocab_size} embedding rows")
+      problems.append(f"the tokenizer's {role}={value} is outside {model}'s {vocab_size} rows")
   if tokenizer.mask_id != mask_id:
-    problems.append(f"tokenizer mask_id={tokenizer.mask_id} but {where} mask_id={mask_id}")
+    problems.append(f"the tokenizer's mask_id={tokenizer.mask_id} but {model} uses "
+                    f"mask_id={mask_id}")
   if problems:
-    raise TokenizerError(f"{getattr(tokenizer, 'source', 'tokenizer')} does not match {where}: "
-                         + "; ".join(problems))
+    raise TokenizerError(f"{getattr(tokenizer, 'source', 'tokenizer')} does not fit "
+                         f"{where or 'the model (model.vocab_size)'}: " + "; ".join(problems)
+                         + " (use the tokenizer the model was trained with)")
 
 
 BYTE_SPECIALS = ("<|pad|>", "<|mask|>", "<|eos|>", "<|bos|>")

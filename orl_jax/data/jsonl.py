@@ -13,6 +13,7 @@ import gzip
 import importlib.util
 import json
 import pathlib
+import zlib
 from typing import Any, Iterator
 
 from orl_jax.verify.base import Problem
@@ -48,22 +49,38 @@ def package_data_file(package: str, relative_path: str, install_hint: str) -> pa
 
 
 def iter_jsonl(path: str | pathlib.Path) -> Iterator[tuple[int, dict[str, Any]]]:
-  """Yields (1-based line number, object) for each non-blank line; `.gz` is read transparently."""
+  """Yields (1-based line number, object) for each non-blank line; `.gz` is read transparently.
+  A file that is not UTF-8 text, a damaged gzip stream or a line cut short are DatasetErrors
+  naming the file."""
   path = pathlib.Path(path)
   opener = gzip.open if path.suffix == ".gz" else open
-  with opener(path, "rt", encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}:{line_number}: not valid JSON ({e.msg} at column "
-                           f"{e.colno}).") from None
-      if not isinstance(record, dict):
-        raise DatasetError(f"{path}:{line_number}: expected a JSON object, got "
-                           f"{type(record).__name__}.")
-      yield line_number, record
+  line_number = 0
+  try:
+    with opener(path, "rt", encoding="utf-8") as f:
+      for line_number, line in enumerate(f, start=1):
+        if not line.strip():
+          continue
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError as e:
+          cut = "" if line.endswith("\n") else "; the line is cut short, so the file is truncated"
+          raise DatasetError(f"{path}:{line_number}: not valid JSON ({e.msg}, column "
+                             f"{e.colno}){cut}.") from None
+        if not isinstance(record, dict):
+          raise DatasetError(f"{path}:{line_number}: expected a JSON object, got "
+                             f"{type(record).__name__}.")
+        yield line_number, record
+  except UnicodeDecodeError as e:
+    after = f" after line {line_number}" if line_number else ""
+    raise DatasetError(f"{path}: not UTF-8 text{after} ({e.reason}): a "
+                       "dataset must be JSONL (gzip-compressed only with a .gz name).") from None
+  except gzip.BadGzipFile as e:
+    raise DatasetError(f"{path}: not a gzip file ({e}): a .gz name must hold gzip-compressed "
+                       "JSONL.") from None
+  except (EOFError, zlib.error) as e:
+    after = f" after line {line_number}" if line_number else ""
+    raise DatasetError(f"{path}: the gzip data is truncated or damaged{after} ({e}): copy the "
+                       "file again.") from None
 
 
 def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> Problem:

@@ -26,10 +26,10 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from orl_jax.models.transformer import ModelConfig
+from orl_jax.params_io import open_safetensors, read_json
 from orl_jax.sharding import path_name
 
 FAMILIES = ("llada", "qwen3")
@@ -175,8 +175,7 @@ def read_hf_config(hf_dir: str) -> dict:
   if not os.path.isfile(path):
     raise CheckpointError(f"{path} not found: model.hf_dir must be a local Hugging Face model "
                           "directory (config.json, *.safetensors, tokenizer.json)")
-  with open(path) as f:
-    return json.load(f)
+  return read_json(path)
 
 
 def check_architecture(cfg: ModelConfig, hf_dir: str, family: str) -> None:
@@ -206,12 +205,13 @@ def weight_files(hf_dir: str) -> dict[str, str]:
   """{HF tensor name: file path} from the index (sharded) or the single safetensors file."""
   index = os.path.join(hf_dir, INDEX_FILE)
   if os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise CheckpointError(f"{index} has no \"weight_map\" object naming each tensor's file")
     return {name: os.path.join(hf_dir, fname) for name, fname in weight_map.items()}
   single = os.path.join(hf_dir, SINGLE_FILE)
   if os.path.isfile(single):
-    with safe_open(single, "np") as f:
+    with open_safetensors(single) as f:
       return {name: single for name in f.keys()}
   raise CheckpointError(f"{hf_dir}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
 
@@ -225,7 +225,9 @@ class _Reader:
 
   def _handle(self, path):
     if path not in self._open:
-      self._open[path] = safe_open(path, "np")
+      if not os.path.isfile(path):
+        raise CheckpointError(f"{path} not found: {INDEX_FILE} names it as a weight file")
+      self._open[path] = open_safetensors(path)
     return self._open[path]
 
   def shape(self, name) -> tuple[int, ...]:
@@ -275,7 +277,7 @@ def load_hf_params(hf_dir: str, family: str, abstract_params: nnx.State,
   adapter_path = os.path.join(hf_dir, ADAPTER_FILE)
   adapter_names = set()
   if os.path.isfile(adapter_path):
-    with safe_open(adapter_path, "np") as f:
+    with open_safetensors(adapter_path) as f:
       adapter_names = set(f.keys())
     files.update({n: adapter_path for n in adapter_names})
   reader = _Reader(files)

@@ -79,11 +79,17 @@ def setup(config) -> Setup:
   tok = task.tokenizer
   vocab_size = config.model.get("vocab_size", 0) or tok.vocab_size
   model_cfg = config_lib.model_config(config, vocab_size=vocab_size, mask_id=tok.mask_id)
+  if hasattr(tok, "vocab_hash") and not config.model.get("hf_dir", ""):
+    from orl_jax.data.hf_tokenizer import check_model_vocab
+    check_model_vocab(tok, vocab_size, model_cfg.mask_id)
   if hasattr(tok, "vocab_hash") and config.model.get("hf_dir", ""):
     from orl_jax.data.hf_tokenizer import TokenizerError, check_model_vocab
     from orl_jax.models import hf
     hf_dir = config.model.hf_dir
-    check_model_vocab(tok, vocab_size, model_cfg.mask_id, where=f"{hf_dir}/config.json")
+    # the tokenizer against the checkpoint's own vocabulary (not model.vocab_size, which
+    # defaults to the tokenizer's size), so a foreign tokenizer is named as the culprit
+    check_model_vocab(tok, hf.read_hf_config(hf_dir).get("vocab_size", vocab_size),
+                      model_cfg.mask_id, where=f"{hf_dir}/config.json")
     hf.check_architecture(model_cfg, hf_dir, hf_family(config))
     declared = hf.read_hf_config(hf_dir).get("mask_token_id")
     if declared is not None and declared != tok.mask_id:
@@ -114,8 +120,9 @@ def check_divisible_by_shards(config, n_shards: int) -> None:
 
 def initial_params(s: Setup):
   """(graphdef, params): read from `model.hf_dir` (straight into the partition-rule shardings),
-  fresh, or loaded from `model.init_from` (missing adapter weights keep their zero-output
-  initialisation)."""
+  fresh, or loaded from `model.init_from`. Only residual adapter parameters may be absent from
+  the weights (they keep their zero-output initialisation, and are logged); any other missing or
+  extra tensor is an error."""
   hf_dir = s.config.model.get("hf_dir", "")
   if hf_dir:
     from orl_jax.models import hf
@@ -128,16 +135,43 @@ def initial_params(s: Setup):
     check_compatible(s.config.model.init_from, s)
     params, kept = params_io.load_params(s.config.model.init_from, params)
     if kept:
-      logging.info("initialised from %s; freshly initialised: %s", s.config.model.init_from, kept)
+      logging.warning("model.init_from=%s has no residual adapter: %d adapter parameters start "
+                      "from their initialisation (%s)", s.config.model.init_from, len(kept),
+                      ", ".join(kept))
   return graphdef, params
 
 
+# ModelConfig fields that decide which tensors exist and their shapes
+_SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
+                 "qk_norm", "tie_embeddings")
+
+
 def check_compatible(params_dir: str, s: Setup) -> None:
+  """Raises ValueError naming both sides when the folder's meta.json records another vocabulary
+  or another model shape than the configured one."""
+  meta_path = os.path.join(params_dir, params_io.META_FILE)
   meta = params_io.read_meta(params_dir)
   vocab = meta.get("vocab_hash")
-  if vocab and hasattr(s.tokenizer, "vocab_hash") and vocab != s.tokenizer.vocab_hash():
-    raise ValueError(f"{params_dir} was trained with another vocabulary (hash {vocab}, the "
-                     f"tokenizer has {s.tokenizer.vocab_hash()}); retrain it with `make base`")
+  stored = meta.get("model", {})
+  tok = s.tokenizer
+  tok_name = getattr(tok, "source", None) or f"the {s.config.task.name} task's tokenizer"
+  if vocab and hasattr(tok, "vocab_hash") and vocab != tok.vocab_hash():
+    raise params_io.ParamsFileError(
+        f"{meta_path} records another vocabulary (hash {vocab}) than {tok_name} (hash "
+        f"{tok.vocab_hash()}, {tok.vocab_size} tokens): use the "
+        "tokenizer the parameters were trained with, or retrain them (`make base`)")
+  ours = dataclasses.asdict(s.model_cfg)
+  if "vocab_size" in stored and stored["vocab_size"] != ours["vocab_size"]:
+    raise params_io.ParamsFileError(
+        f"{meta_path} has vocab_size={stored['vocab_size']} but the model built from {tok_name} "
+        f"has {ours['vocab_size']} rows: use the tokenizer the parameters were trained with (or "
+        "set model.vocab_size)")
+  bad = [f"model.{k}={ours[k]!r} but {params_io.META_FILE} says {stored[k]!r}"
+         for k in _SHAPE_FIELDS if k in stored and stored[k] != ours[k]]
+  if bad:
+    raise params_io.ParamsFileError(f"{meta_path} describes another model than the config "
+                                    f"({'; '.join(bad)}): set those fields or point "
+                                    "model.init_from at another folder")
 
 
 def sft_loss(model, batch, key, *, block_size: int, mask_id: int, vocab_chunk: int = 0,
@@ -215,7 +249,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
               **jax.tree.map(lambda _: repl, extra_inputs)}
   step_fn = make_train_step(graphdef, optimizer, loss_fn, s.mesh, state_sh, batch_sh)
   base_key = jax.random.key(config.seed)
-  writer = MetricsWriter(workdir)
+  writer = MetricsWriter(workdir, resume_step=start)
   last = tc.steps if stop_after is None else min(tc.steps, stop_after)
   bar = tqdm(total=tc.steps, initial=start, desc=config.train.mode, dynamic_ncols=True,
              disable=not (progress and distributed.is_lead_process()))
@@ -266,12 +300,12 @@ def prepare_run(s: Setup) -> Run:
 
 
 def resume(run: Run, data_iter) -> tuple[object, int]:
-  """(state, step) from the work directory's latest checkpoint, restoring `data_iter` in place;
-  the fresh state and step 0 when there is none."""
-  start = run.ckpt.latest_step() or 0
+  """(state, step) from the work directory's newest checkpoint that restores (damaged newer ones
+  are moved aside with a warning), restoring `data_iter` in place; the fresh state and step 0
+  when there is none."""
+  start, state, _ = run.ckpt.restore_latest(abstract_like(run.state), data_iter)
   if not start:
     return run.state, 0
-  state, _ = run.ckpt.restore(start, abstract_like(run.state), data_iter)
   logging.info("resumed %s from step %d", run.ckpt.directory, start)
   return state, start
 

@@ -130,7 +130,7 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
   rollout_seed = o.rollout_seed if o.rollout_seed >= 0 else config.seed
   rollout_key = jax.random.fold_in(jax.random.key(rollout_seed), 1)
   ledger = RolloutLedger()
-  writer = MetricsWriter(workdir)
+  writer = MetricsWriter(workdir, resume_step=start)
   last = tc.steps if stop_after is None else min(tc.steps, stop_after)
   bar = tqdm(total=tc.steps, initial=start, desc="orl", dynamic_ncols=True,
              disable=not (progress and distributed.is_lead_process()))

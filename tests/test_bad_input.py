@@ -1,0 +1,251 @@
+"""Bad input stops with one sentence that names the file or field (STYLE: "Errors are for
+people"): damaged or foreign weight, config, tokenizer and data files; tokenizers that do not fit
+the model; `model.init_from` folders with missing or extra tensors; values `validate` rejects;
+misspelled command-line overrides."""
+import gzip
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from configs import sdar, tiny
+from orl_jax import params_io
+from orl_jax.config import ConfigError, validate
+from orl_jax.data.hf_tokenizer import HFTokenizer, TokenizerError, byte_level_tokenizer
+from orl_jax.data.jsonl import DatasetError, load_jsonl_problems
+from orl_jax.models import hf
+from orl_jax.train import loop
+from orl_jax.train.state import init_model_params
+from tests.helpers import orl_smoke_config, truncate_half
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FOREIGN = b"PK\x03\x04" + bytes(range(256)) * 4        # a zip archive's start, then noise
+
+
+def _one_sentence(message: str):
+  assert "\n" not in message and "Traceback" not in message, message
+
+
+def _damage(path, how):
+  if how == "truncated":
+    truncate_half(path)
+  else:
+    with open(path, "wb") as f:
+      f.write(FOREIGN)
+
+
+# ------------------------------------------------------------------------ files
+
+
+@pytest.fixture(scope="module")
+def smoke_setup():
+  return loop.setup(tiny.get_config("smoke"))
+
+
+@pytest.fixture()
+def params_dir(tmp_path, smoke_setup):
+  """A params folder of the smoke model, as a training run exports it."""
+  _, params = init_model_params(smoke_setup.model_cfg, 0)
+  path = str(tmp_path / "params")
+  params_io.save_params(path, params, loop.params_meta(smoke_setup))
+  return path
+
+
+@pytest.mark.parametrize("how", ["truncated", "foreign"])
+def test_unreadable_safetensors_are_named(tmp_path, smoke_setup, params_dir, how):
+  weights = os.path.join(params_dir, params_io.PARAMS_FILE)
+  _damage(weights, how)
+  _, params = init_model_params(smoke_setup.model_cfg, 0)
+  with pytest.raises(params_io.ParamsFileError, match="not a readable safetensors file") as e:
+    params_io.load_params(params_dir, params)
+  assert weights in str(e.value)
+  _one_sentence(str(e.value))
+  # the same for a Hugging Face model directory
+  hf_dir = tmp_path / "hf"
+  hf_dir.mkdir()
+  single = str(hf_dir / hf.SINGLE_FILE)
+  save_file({"lm_head.weight": np.ones((96, 64), np.float32)}, single)
+  _damage(single, how)
+  with pytest.raises(params_io.ParamsFileError, match=single):
+    hf.weight_files(str(hf_dir))
+
+
+@pytest.mark.parametrize("how", ["truncated", "foreign"])
+def test_unreadable_json_files_are_named(tmp_path, params_dir, how):
+  hf_dir = tmp_path / "hf"
+  hf_dir.mkdir()
+  config = hf_dir / hf.CONFIG_FILE
+  config.write_text(json.dumps({"model_type": "qwen3", "vocab_size": 96, "hidden_size": 64}))
+  _damage(str(config), how)
+  with pytest.raises(params_io.ParamsFileError, match="not valid JSON") as e:
+    hf.read_hf_config(str(hf_dir))
+  assert str(config) in str(e.value)
+  _one_sentence(str(e.value))
+  meta = os.path.join(params_dir, params_io.META_FILE)
+  _damage(meta, how)
+  with pytest.raises(params_io.ParamsFileError, match=meta):
+    params_io.read_meta(params_dir)
+
+
+@pytest.mark.parametrize("how", ["truncated", "foreign"])
+def test_unreadable_tokenizer_json_is_named(tmp_path, how):
+  path = str(tmp_path / "tokenizer.json")
+  byte_level_tokenizer().backend.save(path)
+  _damage(path, how)
+  with pytest.raises(TokenizerError, match="not a readable tokenizer.json") as e:
+    HFTokenizer.from_file(path, {"mask": "<|mask|>", "eos": "<|eos|>"})
+  assert path in str(e.value)
+  _one_sentence(str(e.value))
+
+
+def test_damaged_jsonl_files_are_named(tmp_path):
+  good = '{"prompt": "1+1", "answer": 2}\n'
+  cut = tmp_path / "cut.jsonl"
+  cut.write_text(good + '{"prompt": "2+')
+  binary = tmp_path / "binary.jsonl"
+  binary.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(128, 256)))
+  gz = tmp_path / "data.jsonl.gz"
+  with gzip.open(gz, "wt") as f:
+    f.write(good * 500)
+  truncate_half(gz)
+  plain_gz = tmp_path / "plain.jsonl.gz"
+  plain_gz.write_text(good)
+  for path, phrase in ((cut, "cut.jsonl:2: not valid JSON"), (binary, "not UTF-8 text"),
+                       (gz, "gzip data is truncated"), (plain_gz, "not a gzip file")):
+    with pytest.raises(DatasetError, match=phrase) as e:
+      load_jsonl_problems(path)
+    assert str(path) in str(e.value)
+    _one_sentence(str(e.value))
+  with pytest.raises(DatasetError, match="truncated"):
+    load_jsonl_problems(cut)
+
+
+# ------------------------------------------------------------------ vocabularies
+
+
+def test_a_tokenizer_larger_than_the_checkpoint_vocabulary_is_blamed(tmp_path):
+  """model.vocab_size defaults to the tokenizer's size, so the check must compare the
+  tokenizer with the checkpoint's config.json, and name both."""
+  hf_dir = tmp_path / "model"
+  hf_dir.mkdir()
+  (hf_dir / hf.CONFIG_FILE).write_text(json.dumps({"model_type": "qwen3", "vocab_size": 260}))
+  bigger = byte_level_tokenizer().backend
+  bigger.add_tokens([f"<extra_{i}>" for i in range(40)])
+  tok_path = str(tmp_path / "other_tokenizer.json")
+  bigger.save(tok_path)
+  c = sdar.get_config("debug")
+  c.model.hf_dir, c.model.tokenizer = str(hf_dir), tok_path
+  c.model.special_tokens.update(dict(mask="<|mask|>", eos="<|eos|>", pad="<|pad|>", bos=""))
+  with pytest.raises(TokenizerError) as e:
+    loop.setup(c)
+  msg = str(e.value)
+  assert msg.startswith(tok_path) and f"{hf_dir}/config.json" in msg
+  assert "300 tokens" in msg and "260 embedding rows" in msg
+  _one_sentence(msg)
+
+
+def test_init_from_with_another_vocabulary_names_both_sides(params_dir, smoke_setup):
+  meta_path = os.path.join(params_dir, params_io.META_FILE)
+  meta = params_io.read_meta(params_dir)
+  meta["vocab_hash"] = "0123456789abcdef"
+  with open(meta_path, "w") as f:
+    json.dump(meta, f)
+  c = tiny.get_config("smoke")
+  c.model.init_from = params_dir
+  with pytest.raises(params_io.ParamsFileError, match="another vocabulary") as e:
+    loop.initial_params(loop.setup(c))
+  msg = str(e.value)
+  assert meta_path in msg and "0123456789abcdef" in msg
+  assert smoke_setup.tokenizer.vocab_hash() in msg and "tiny task's tokenizer" in msg
+  _one_sentence(msg)
+
+
+# ------------------------------------------------------------ init_from tensors
+
+
+def _rewrite(params_dir, edit):
+  path = os.path.join(params_dir, params_io.PARAMS_FILE)
+  tensors = load_file(path)
+  edit(tensors)
+  save_file(tensors, path)
+
+
+def test_init_from_missing_a_tensor_is_an_error(params_dir):
+  _rewrite(params_dir, lambda t: t.pop("lm_head.kernel"))
+  c = tiny.get_config("smoke")
+  c.model.init_from = params_dir
+  with pytest.raises(params_io.ParamsFileError) as e:
+    loop.initial_params(loop.setup(c))
+  msg = str(e.value)
+  assert os.path.join(params_dir, params_io.PARAMS_FILE) in msg
+  assert "lacks 1 tensor" in msg and "lm_head.kernel" in msg
+  _one_sentence(msg)
+
+
+def test_init_from_with_an_extra_tensor_is_an_error(params_dir):
+  _rewrite(params_dir, lambda t: t.update({"layers.9.mlp.up_proj.kernel": np.zeros((2, 2),
+                                                                                 np.float32)}))
+  c = tiny.get_config("smoke")
+  c.model.init_from = params_dir
+  with pytest.raises(params_io.ParamsFileError, match="layers.9.mlp.up_proj.kernel") as e:
+    loop.initial_params(loop.setup(c))
+  _one_sentence(str(e.value))
+
+
+def test_init_from_adds_only_adapter_parameters_and_logs_them(params_dir, caplog):
+  c = orl_smoke_config(params_dir + "_orl")             # residual.mode = "adapter"
+  c.model.init_from = params_dir
+  with caplog.at_level(logging.WARNING):
+    _, params = loop.initial_params(loop.setup(c))
+  fresh = [n for n in params_io.flatten(params.to_pure_dict()) if params_io.is_adapter(n)]
+  assert fresh
+  logged = [r.getMessage() for r in caplog.records if "adapter parameters start" in r.getMessage()]
+  assert len(logged) == 1 and all(n in logged[0] for n in fresh), logged
+
+
+# ----------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("field,value", [
+    ("train.lr", -1.0), ("train.lr", 0.0), ("train.steps", -3), ("train.batch_size", 0),
+    ("train.log_every", 0), ("train.warmup_steps", -1), ("eval.batch_size", 0),
+    ("orl.group_size", 0), ("orl.prompts_per_step", 0), ("model.n_kv_heads", 0),
+    ("checkpoint.keep", 0), ("replay.n_rows", 0)])
+def test_validate_rejects_values_that_cannot_run(field, value):
+  c = orl_smoke_config("unused")
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ConfigError) as e:
+    validate(c)
+  assert f"{field}={value}" in str(e.value)
+
+
+def _launch(*args):
+  return subprocess.run([sys.executable, "launch/train.py", "--config=configs/tiny.py:smoke",
+                         *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def test_misspelled_override_prints_one_line_with_the_suggestion():
+  out = _launch("--config.train.lrr=1e-3")
+  assert out.returncode == 2
+  assert out.stderr.strip() == ("train.py: --config.train.lrr: config.train has no field 'lrr'; "
+                                "did you mean --config.train.lr?"), out.stderr
+
+
+def test_launcher_reports_bad_input_in_one_line(tmp_path, params_dir):
+  out = _launch("--config.train.lr=-1", f"--config.workdir={tmp_path / 'w1'}")
+  assert out.returncode == 1
+  assert out.stderr.strip() == "train.py: invalid config: train.lr=-1.0 must be positive", \
+      out.stderr
+  _rewrite(params_dir, lambda t: t.pop("lm_head.kernel"))
+  out = _launch(f"--config.model.init_from={params_dir}", f"--config.workdir={tmp_path / 'w2'}")
+  assert out.returncode == 1
+  lines = [ln for ln in out.stderr.splitlines() if not ln.startswith(("W0", "I0"))]
+  assert len(lines) == 1 and "lacks 1 tensor" in lines[0] and "lm_head.kernel" in lines[0], \
+      out.stderr
