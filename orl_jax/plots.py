@@ -9,6 +9,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 from orl_jax.metrics import read_jsonl  # noqa: E402
 
 
+def running_mean(ys, window: int) -> list[float]:
+  """Trailing mean over `window` values (fewer at the start)."""
+  return [sum(ys[max(0, i - window + 1):i + 1]) / len(ys[max(0, i - window + 1):i + 1])
+          for i in range(len(ys))]
+
+
+def _finish(fig, png_path: str, title: str) -> str:
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(png_path, dpi=110)
+  plt.close(fig)
+  return png_path
+
+
 def plot_training_curves(jsonl_path: str, png_path: str, keys=None, title: str = "") -> str:
   rows = read_jsonl(jsonl_path)
   if not rows:
@@ -23,21 +38,13 @@ def plot_training_curves(jsonl_path: str, png_path: str, keys=None, title: str =
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     ax.plot(xs, ys, alpha=0.35, color="tab:blue")
     if len(ys) >= 8:  # a running mean makes trends readable through rollout noise
-      w = max(len(ys) // 10, 3)
-      smooth = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1])
-                for i in range(len(ys))]
-      ax.plot(xs, smooth, color="tab:blue")
+      ax.plot(xs, running_mean(ys, max(len(ys) // 10, 3)), color="tab:blue")
     ax.set_title(key, fontsize=9)
     ax.set_xlabel("step", fontsize=8)
     ax.grid(alpha=0.3)
   for ax in list(axes.flat)[n:]:
     ax.axis("off")
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(png_path, dpi=110)
-  plt.close(fig)
-  return png_path
+  return _finish(fig, png_path, title)
 
 
 def plot_curves_side_by_side(runs: dict, png_path: str, keys=("reward", "rollout_tpf"),
@@ -51,20 +58,12 @@ def plot_curves_side_by_side(runs: dict, png_path: str, keys=("reward", "rollout
       if not pts:
         continue
       xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-      w = max(len(ys) // 10, 1)
-      smooth = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1])
-                for i in range(len(ys))]
-      ax.plot(xs, smooth, label=label)
+      ax.plot(xs, running_mean(ys, max(len(ys) // 10, 1)), label=label)
     ax.set_title(key, fontsize=9)
     ax.set_xlabel("iteration", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(png_path, dpi=110)
-  plt.close(fig)
-  return png_path
+  return _finish(fig, png_path, title)
 
 
 def plot_frontier(all_results: dict, png_path: str, title: str = "accuracy vs tokens per forward"):
