@@ -56,8 +56,8 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
 
 def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule, *,
                      batch_size: int, progress=False) -> dict:
-  tokens, nfe, nfe_engine, n_gen, seconds = decode_problems(graphdef, params, problems, task, config, rule,
-                                                batch_size=batch_size, progress=progress)
+  tokens, nfe, nfe_engine, n_gen, seconds = decode_problems(
+      graphdef, params, problems, task, config, rule, batch_size=batch_size, progress=progress)
   texts = [task.tokenizer.decode(t, stop_at_eos=True) for t in tokens]
   scores = np.asarray(task.verifier.score_batch(problems, texts), np.float64)
   nfe, nfe_engine = np.maximum(nfe, 1), np.maximum(nfe_engine, 1)
