@@ -95,8 +95,8 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   rows.append(SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}"))
   total, per = _per_device(opt_state, shape)
   rows.append(SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)"))
-  from orl_jax.train.loop import loss_config
-  if config.train.mode == "orl" and loss_config(config).uses_reference:
+  from orl_jax.train.loop import needs_reference
+  if needs_reference(config):
     total, per = _per_device(params, shape)   # sharded like the params
     rows.append(SizingRow("KL reference (frozen)", total, per,
                           "copy of the starting params (loss.kl_reference='initial')"))

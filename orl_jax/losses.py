@@ -290,10 +290,6 @@ class OrlObjective:
     del key
     return orl_loss(model, batch, self.cfg, reference=reference)
 
-  @property
-  def uses_reference(self) -> bool:
-    return self.cfg.uses_reference
-
   def prepare(self, batch: ReplayBatch, reference=None):
     """(batch with the reference attached when the anchor uses it, totals, initial carry,
     metrics that are already final: the response counts)."""

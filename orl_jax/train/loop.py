@@ -105,6 +105,11 @@ def loss_config(config) -> LossConfig:
   return LossConfig(**config.loss.to_dict())
 
 
+def needs_reference(config) -> bool:
+  """The run keeps a frozen copy of its starting params (ORL with the KL anchor to it)."""
+  return config.train.mode == "orl" and loss_config(config).uses_reference
+
+
 def check_divisible_by_shards(config, n_shards: int) -> None:
   """Batch dimensions split over the data axes must divide evenly (checked once the mesh,
   and so the device count, is known)."""
@@ -291,9 +296,9 @@ def prepare_run(s: Setup) -> Run:
   optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
                              config.train.freeze_base)
   graphdef, params = initial_params(s)
-  with_reference = config.train.mode == "orl" and loss_config(config).uses_reference
   graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
-                                                 params=params, with_reference=with_reference)
+                                                 params=params,
+                                                 with_reference=needs_reference(config))
   ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
                       keep=config.checkpoint.keep)
   return Run(graphdef, state, state_sh, optimizer, ckpt)

@@ -82,15 +82,11 @@ def _check_accumulable(loss_fn, micro_batches: int):
                      f"(e.g. losses.OrlObjective); got {loss_fn!r}")
 
 
-def _frozen(graphdef, reference):
-  """The reference model (no gradient reaches its parameters), or None."""
-  if reference is None:
-    return None
-  return nnx.merge(graphdef, jax.lax.stop_gradient(reference))
-
-
 def _ref_kwargs(graphdef, reference) -> dict:
-  return {} if reference is None else {"reference": _frozen(graphdef, reference)}
+  """`{"reference": model}` for the loss (no gradient reaches its parameters), or {}."""
+  if reference is None:
+    return {}
+  return {"reference": nnx.merge(graphdef, jax.lax.stop_gradient(reference))}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
