@@ -75,7 +75,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.prompt_len = 32
   c.task.tiny = ml_collections.ConfigDict(dict(min_ops=2, max_ops=3, max_operand=20,
                                                max_product_operand=5, max_value=99,
-                                               fixed_width=True, commute_probability=0.3))
+                                               fixed_width=True, commute_probability=0.3,
+                                               n_eval=512))
 
   c.decode = ml_collections.ConfigDict()
   c.decode.block_size = 32

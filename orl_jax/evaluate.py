@@ -81,7 +81,11 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
 
 
 def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progress=True) -> dict:
-  problems = task.eval_problems()[:config.eval.n_problems]
+  problems = task.eval_problems()
+  if config.eval.n_problems > len(problems):
+    raise ValueError(f"eval.n_problems={config.eval.n_problems} but the task's evaluation set has "
+                     f"{len(problems)} problems (the tiny task: raise task.tiny.n_eval).")
+  problems = problems[:config.eval.n_problems]
   return {label: evaluate_setting(graphdef, params, problems, task, config,
                                   UnmaskRule.parse(label), batch_size=config.eval.batch_size,
                                   progress=progress)
