@@ -76,7 +76,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.tiny = ml_collections.ConfigDict(dict(min_ops=2, max_ops=3, max_operand=20,
                                                max_product_operand=5, max_value=99,
                                                fixed_width=True, commute_probability=0.3,
-                                               n_eval=512))
+                                               n_eval=2048))
 
   c.decode = ml_collections.ConfigDict()
   c.decode.block_size = 32
@@ -137,9 +137,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.kl_reference = "initial"
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.n_problems = 512
-  c.eval.batch_size = 128
-  c.eval.settings = ("fixed_steps_1", "threshold_0.9", "threshold_0.7", "entropy_budget_0.5")
+  # 2048 problems: a standard error of about 0.5 point on accuracies near 0.95 (512 gave about
+  # 1 point, the size of the demo's accuracy bar; the base measured 0.963 on the first 512 and
+  # 0.948 on 2048). `fixed_steps_1` (one token per forward: 33 forwards) is left out of the demo
+  # for time; `:eval` and `eval.settings` still take it.
+  c.eval.n_problems = 2048
+  c.eval.batch_size = 256
+  c.eval.settings = ("threshold_0.9", "threshold_0.7", "entropy_budget_0.5")
   c.eval.name = "base"            # the model's key in results.json
   c.eval.compare = ""             # "DIR:name,DIR:name": models evaluated side by side
   c.eval.random_init = False

@@ -66,6 +66,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"train.final_lr_fraction={t.final_lr_fraction} must be in [0, 1]")
   check(t.log_every > 0, f"train.log_every={t.log_every} must be positive")
   check(config.eval.batch_size > 0, f"eval.batch_size={config.eval.batch_size} must be positive")
+  n_eval = config.task.get("tiny", {}).get("n_eval", 512) if config.task.name == "tiny" else None
+  check(n_eval is None or 0 < config.eval.n_problems <= n_eval,
+        f"eval.n_problems={config.eval.n_problems} must be in [1, task.tiny.n_eval={n_eval}] "
+        "(the size of the tiny task's evaluation set)")
   check(config.checkpoint.every >= 0,
         f"checkpoint.every={config.checkpoint.every} must be >= 0 (0 = only the final step)")
   check(config.checkpoint.keep > 0, f"checkpoint.keep={config.checkpoint.keep} must be positive")

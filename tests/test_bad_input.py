@@ -215,7 +215,8 @@ def test_init_from_adds_only_adapter_parameters_and_logs_them(params_dir, caplog
     ("train.lr", -1.0), ("train.lr", 0.0), ("train.steps", -3), ("train.batch_size", 0),
     ("train.log_every", 0), ("train.warmup_steps", -1), ("eval.batch_size", 0),
     ("orl.group_size", 0), ("orl.prompts_per_step", 0), ("model.n_kv_heads", 0),
-    ("checkpoint.keep", 0), ("replay.n_rows", 0)])
+    ("checkpoint.keep", 0), ("replay.n_rows", 0), ("eval.n_problems", 0),
+    ("eval.n_problems", 10**6)])
 def test_validate_rejects_values_that_cannot_run(field, value):
   c = orl_smoke_config("unused")
   section, name = field.split(".")
