@@ -4,8 +4,16 @@ Every kernel, forward and forward+backward, is exported for its platform (Pallas
 for `tpu`, Pallas GPU for `cuda`) at paper-like shapes (head_dim 64 and 128, f32 and bf16, one
 8k packed row) with JAX's default flags, and the lowered module must hold the kernel's custom
 calls: one per `pallas_call` (forward; dq; dk/dv), none replaced by a dense fallback.
+
+The whole ORL train step and rollout decode step of the `:debug` configs are lowered the same
+way on a 4-device data x fsdp mesh (tests/sharded_lowering.py, a subprocess).
 """
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -69,3 +77,30 @@ def test_dispatch_auto_lowers_to_the_platform_kernel(platform):
   text = lowered_text(_forward_backward(auto),
                       *_operands(*SHAPES["8k-d128-bf16"]), platform=platform)
   assert custom_calls(text)[KERNEL_CALLS[platform]] == 3
+
+
+def _sharded_lowering(name: str) -> dict:
+  """tests/sharded_lowering.py on 4 fake CPU devices (its own process: the device count)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "tests/sharded_lowering.py", name, "tpu,cuda"], cwd=root,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                       timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])[name]
+
+
+@pytest.mark.parametrize("name", ["sdar", pytest.param("llada", marks=pytest.mark.slow)])
+def test_train_and_decode_steps_lower_sharded(name):
+  """The jitted ORL train step and rollout decode step of `<name>:debug` (head_dim 16) on a
+  data=2 x fsdp=2 mesh with impl=auto, lowered for tpu and cuda: the kernels are in the module,
+  every one of them inside a shard_map that splits its rows over data and fsdp (so XLA never
+  gathers attention operands across the batch axes), and the sharded kernels (interpret mode)
+  equal the unsharded dense reference."""
+  result = _sharded_lowering(name)
+  for platform in ("tpu", "cuda"):
+    for step in ("decode", "train"):
+      r = result[platform][step]
+      assert r["kernel_calls"] >= 1, (platform, step, r)
+      assert r["pallas_calls_rows_split"] == r["pallas_calls"] >= 1, (platform, step, r)
+      assert r["all_gathers"] == 0, (platform, step, r)
+  assert result["sharded_max_abs_err"] < 1e-4, result["sharded_max_abs_err"]
