@@ -54,6 +54,14 @@ STATES = N_BLOCKS * STEPS                      # per response
 CLEAN_AND_STATES = (N_BLOCKS - 1 + STATES) * BLOCK   # a response's tokens in a packed row
 
 
+def set_workload(prompt: int, n_blocks: int, steps: int) -> None:
+  """A smaller workload than the paper-like one (device_check.py's CPU smoke run)."""
+  global PROMPT, N_BLOCKS, STEPS, STATES, CLEAN_AND_STATES
+  PROMPT, N_BLOCKS, STEPS = prompt, n_blocks, steps
+  STATES = N_BLOCKS * STEPS
+  CLEAN_AND_STATES = (N_BLOCKS - 1 + STATES) * BLOCK
+
+
 def synthetic_trajectories(group: int, model_cfg, rng: np.random.Generator):
   """One prompt, `group` responses; every block decoded in STEPS steps (8 tokens per step)."""
   v, d, k = model_cfg.vocab_size, model_cfg.d_model, 16
@@ -275,7 +283,7 @@ def main():
   s_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
   mesh = sharding_lib.make_mesh()
   optimizer = make_optimizer(config.train, 1.0)
-  objective = OrlObjective(LossConfig(conf_entropy=0.9))
+  objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))
   results = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
              "attention_impl": s_cfg.attention_impl, "prompt_len": PROMPT, "block": BLOCK,
              "blocks": N_BLOCKS, "steps_per_block": STEPS, "repeats": args.repeats,

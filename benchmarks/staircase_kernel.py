@@ -68,23 +68,24 @@ def _median_seconds(fn, *args, runs: int = 7) -> float:
   return statistics.median(times)
 
 
-def time_impls(meta: TokenMeta, visible_pairs: int) -> dict:
+def time_impls(meta: TokenMeta, visible_pairs: int, *, heads_q: int = HEADS_Q,
+               heads_kv: int = HEADS_KV, head_dim: int = HEAD_DIM, runs: int = 7) -> dict:
   """Median seconds, ratio to xla and TFLOP/s of visible work for each available impl."""
   t = meta.kind.shape[-1]
   keys = jax.random.split(jax.random.key(0), 3)
-  q = jax.random.normal(keys[0], (1, t, HEADS_Q, HEAD_DIM), jnp.bfloat16)
-  k = jax.random.normal(keys[1], (1, t, HEADS_KV, HEAD_DIM), jnp.bfloat16)
-  v = jax.random.normal(keys[2], (1, t, HEADS_KV, HEAD_DIM), jnp.bfloat16)
+  q = jax.random.normal(keys[0], (1, t, heads_q, head_dim), jnp.bfloat16)
+  k = jax.random.normal(keys[1], (1, t, heads_kv, head_dim), jnp.bfloat16)
+  v = jax.random.normal(keys[2], (1, t, heads_kv, head_dim), jnp.bfloat16)
   impls = ["xla", "pallas"] + (["splash"] if jax.default_backend() == "tpu" else [])
-  fwd_flops = 4 * visible_pairs * HEADS_Q * HEAD_DIM  # QK^T and PV on visible pairs
+  fwd_flops = 4 * visible_pairs * heads_q * head_dim  # QK^T and PV on visible pairs
   results = {}
   for impl in impls:
     fwd = jax.jit(lambda q, k, v, impl=impl: attention(q, k, v, meta, meta, impl=impl))
     loss = lambda q, k, v, impl=impl: jnp.sum(
         attention(q, k, v, meta, meta, impl=impl).astype(jnp.float32))
     fwd_bwd = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    results[impl] = dict(fwd_s=_median_seconds(fwd, q, k, v),
-                         fwd_bwd_s=_median_seconds(fwd_bwd, q, k, v))
+    results[impl] = dict(fwd_s=_median_seconds(fwd, q, k, v, runs=runs),
+                         fwd_bwd_s=_median_seconds(fwd_bwd, q, k, v, runs=runs))
   for impl, r in results.items():
     r["fwd_speedup_vs_xla"] = results["xla"]["fwd_s"] / r["fwd_s"]
     r["fwd_bwd_speedup_vs_xla"] = results["xla"]["fwd_bwd_s"] / r["fwd_bwd_s"]

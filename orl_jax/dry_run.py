@@ -75,12 +75,29 @@ def _tree_bytes(tree) -> int:
   return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
+def abstract_replay_batch(config, traj, *, mask_id: int, block_size: int):
+  """The ShapeDtypeStructs of one replay batch (`config.replay` rows) gathered from `traj`."""
   from orl_jax.replay import ReplayConfig, ReplayPlan, gather_batch
+  from pallas_kernels.staircase_attention import TokenMeta
+  r = config.replay
+  rcfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
+                      max_responses=r.max_responses)
+  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+  rt = (rcfg.n_rows, rcfg.row_len)
+  plan = ReplayPlan(src_type=i32(*rt), src_group=i32(*rt), src_resp=i32(*rt), src_state=i32(*rt),
+                    src_pos=i32(*rt), positions=i32(*rt), meta=TokenMeta(*(i32(*rt),) * 5),
+                    state_slot=i32(*rt), resp_slot=i32(*rt), pair_a=i32(rcfg.max_states),
+                    pair_b=i32(rcfg.max_states), pair_resp=i32(rcfg.max_states),
+                    pair_valid=jax.ShapeDtypeStruct((rcfg.max_states,), jnp.bool_),
+                    state_resp=i32(rcfg.max_states), n_responses=i32())
+  return jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=mask_id, block_size=block_size),
+                        traj, plan)
+
+
+def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
   from orl_jax.rollout import rollout
   from orl_jax.train.orl import rollout_decode_config
   from orl_jax.train.state import make_optimizer
-  from pallas_kernels.staircase_attention import TokenMeta
 
   shape = mesh_shape(config, n_devices)
   cfg = sizing_model_config(config)
@@ -120,22 +137,11 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
                               o.group_size, 0), params, prompts, valid)
 
   # One replay batch: R rows x T tokens.
+  batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id, block_size=dcfg.block_size)
   r = config.replay
-  rcfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
-                      max_responses=r.max_responses)
-  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-  rt = (rcfg.n_rows, rcfg.row_len)
-  plan = ReplayPlan(src_type=i32(*rt), src_group=i32(*rt), src_resp=i32(*rt), src_state=i32(*rt),
-                    src_pos=i32(*rt), positions=i32(*rt), meta=TokenMeta(*(i32(*rt),) * 5),
-                    state_slot=i32(*rt), resp_slot=i32(*rt), pair_a=i32(rcfg.max_states),
-                    pair_b=i32(rcfg.max_states), pair_resp=i32(rcfg.max_states),
-                    pair_valid=jax.ShapeDtypeStruct((rcfg.max_states,), jnp.bool_),
-                    state_resp=i32(rcfg.max_states), n_responses=i32())
-  batch = jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=cfg.mask_id,
-                                                   block_size=dcfg.block_size), traj, plan)
   replay = _tree_bytes(batch)
   rows.append(SizingRow("replay batch", replay, replay // data_par,
-                        f"{rcfg.n_rows} rows x {rcfg.row_len} tokens"))
+                        f"{r.n_rows} rows x {r.row_len} tokens"))
   info = {"mesh": shape, "n_params": n_params, "model": dataclasses.asdict(cfg),
           "capture_bytes_traced": _tree_bytes(traj.capture)}
   return rows, info

@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.staircase_attention import (TokenMeta, attention, build_tile_map, gpu,
-                                                splash, staircase_attention_reference,
-                                                staircase_visible, testing, tpu)
+from pallas_kernels.staircase_attention import (TokenMeta, attention, build_tile_map, dispatch,
+                                                gpu, splash, staircase_attention_reference,
+                                                staircase_visible, target_platform, testing,
+                                                tpu)
 
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 4e-2}
 BACKENDS = {"tpu": tpu, "gpu": gpu}
@@ -152,17 +153,30 @@ def test_splash_matches_reference(jit):
   _check_against_reference(kernel_fn, meta, q, k, v, d_out, jnp.float32, jit=jit)
 
 
-def test_dispatch_uses_pallas_and_falls_back_loudly(caplog):
+def test_dispatch_runs_an_explicit_kernel_or_says_why_not():
   meta = _meta(9, 2, 96, 8, fill=0.8)
   q, k, v, _ = _qkv(9, 2, 96, 2, 2, 64, jnp.float32)
   want = staircase_attention_reference(q, k, v, meta, meta)
   got = attention(q, k, v, meta, meta, impl="pallas")  # CPU: TPU-style kernel, interpret mode
   _assert_close(got, want, jnp.float32, "pallas via dispatch")
-  assert splash.unsupported(q, k, v)  # 96 is not a multiple of 128
-  with caplog.at_level(logging.WARNING):
-    fallback = attention(q, k, v, meta, meta, impl="splash")
-  assert any("falling back to 'xla'" in r.message for r in caplog.records)
-  np.testing.assert_array_equal(fallback, want)
+  with pytest.raises(ValueError, match="'splash' cannot run: splash needs sequence lengths"):
+    attention(q, k, v, meta, meta, impl="splash")  # 96 is not a multiple of 128
+  with target_platform("cuda"), pytest.raises(ValueError, match="no 'splash' kernel for .*gpu"):
+    attention(q, k, v, meta, meta, impl="splash")
+
+
+def test_dispatch_auto_falls_back_once_with_a_warning(caplog, monkeypatch):
+  monkeypatch.setattr(dispatch, "_warned", set())
+  meta = _meta(9, 2, 96, 8, fill=0.8)
+  q, k, v, _ = _qkv(9, 2, 96, 2, 2, 12, jnp.float32)  # head_dim 12: not for the GPU kernel
+  want = staircase_attention_reference(q, k, v, meta, meta)
+  with target_platform("cuda"), caplog.at_level(logging.WARNING):
+    first = attention(q, k, v, meta, meta, impl="auto")
+    second = attention(q, k, v, meta, meta, impl="auto")
+  warnings = [r.message for r in caplog.records if "falling back to 'xla'" in r.message]
+  assert len(warnings) == 1 and "power-of-two head_dim" in warnings[0], warnings
+  np.testing.assert_array_equal(first, want)
+  np.testing.assert_array_equal(second, want)
 
 
 _SHARD_MAP_SCRIPT = textwrap.dedent("""
@@ -228,3 +242,16 @@ SWEEP = [(bs, s, fill, hq, hkv, dh, dtype, tq, tk)
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_kernel_sweep(backend, case):
   _run_case(backend, SWEEP[case], seed=100 + case)
+
+
+def test_splash_kernel_cache_does_not_leak_tracers():
+  """A splash kernel cached while tracing one `jit` is reused by the next trace: it must hold no
+  tracer (jit(f) then jit(grad(f)) with the same concrete metadata raised UnexpectedTracerError)."""
+  meta = TokenMeta(*(np.asarray(f) for f in _meta(13, 1, 128, 8)))  # concrete: cached kernel
+  q, k, v, _ = _qkv(13, 1, 128, 2, 1, 64, jnp.float32)
+  loss = lambda q: jnp.sum(splash.staircase_attention(q, k, v, meta, meta, interpret=True))
+  value = jax.jit(loss)(q)
+  grad = jax.jit(jax.grad(loss))(q)
+  want = jax.value_and_grad(lambda q: jnp.sum(staircase_attention_reference(q, k, v, meta, meta)))(q)
+  _assert_close(value, want[0], jnp.float32, "value")
+  _assert_close(grad, want[1], jnp.float32, "grad")

@@ -92,8 +92,9 @@ def _linear(cfg: ModelConfig, i: int, o: int, rngs: nnx.Rngs, **kw):
 
 class Attention(nnx.Module):
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, mesh=None):
     self.cfg = cfg
+    self.mesh = mesh  # kernels run per device inside shard_map over its batch axes (DESIGN §3)
     self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * cfg.head_dim, rngs)
     self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, rngs)
     self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, rngs)
@@ -130,7 +131,7 @@ class Attention(nnx.Module):
     else:
       raise ValueError(f"unknown cache_mode {cache_mode!r}")
     out = attention(q, keys.astype(q.dtype), values.astype(q.dtype), meta, k_meta,
-                    impl=cfg.attention_impl)
+                    impl=cfg.attention_impl, mesh=self.mesh)
     return self.o_proj(out.reshape(b, t, cfg.n_heads * cfg.head_dim)), new_cache
 
 
@@ -147,10 +148,10 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, mesh=None):
     pd = jnp.dtype(cfg.param_dtype)
     self.input_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
-    self.attn = Attention(cfg, rngs)
+    self.attn = Attention(cfg, rngs, mesh)
     self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
     self.mlp = MLP(cfg, rngs)
 
@@ -168,14 +169,18 @@ class ForwardOutput(NamedTuple):
 
 
 class Transformer(nnx.Module):
-  """Decoder stack with the residual pathway on its input embeddings."""
+  """Decoder stack with the residual pathway on its input embeddings.
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  `mesh` (optional): the device mesh the model runs on; attention kernels then run inside
+  `shard_map` over its batch axes instead of having XLA gather their operands.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, mesh=None):
     self.cfg = cfg
     pd = jnp.dtype(cfg.param_dtype)
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=pd,
                            embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-    self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    self.layers = nnx.List([Block(cfg, rngs, mesh) for _ in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
     if not cfg.tie_embeddings:
       self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs)

@@ -59,10 +59,10 @@ def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, param
   """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded: parameters
   and optimizer moments follow `sharding.PARTITION_RULES` on the fsdp/tensor axes (replicated
   when the mesh has fsdp = tensor = 1). `with_reference` adds a frozen copy of the starting
-  parameters (the KL anchor's reference, DESIGN §2.6), sharded like them."""
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg,
-                                                                          rngs=nnx.Rngs(seed))),
-                                        nnx.Param)
+  parameters (the KL anchor's reference, DESIGN §2.6), sharded like them. The returned graphdef
+  carries the mesh to the model's attention (kernels run per device inside `shard_map`)."""
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Transformer(
+      model_cfg, rngs=nnx.Rngs(seed), mesh=mesh)), nnx.Param)
 
   def init(given):
     p = given if given is not None else init_model_params(model_cfg, seed)[1]

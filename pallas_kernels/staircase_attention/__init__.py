@@ -1,5 +1,6 @@
 """Staircase attention for packed ORL replay rows (DESIGN §2.5, §3)."""
-from pallas_kernels.staircase_attention.dispatch import IMPLS, attention, register_kernel
+from pallas_kernels.staircase_attention.dispatch import (IMPLS, KERNELS, attention,
+                                                         current_platform, target_platform)
 from pallas_kernels.staircase_attention.meta import (KIND_CLEAN, KIND_PAD, KIND_PROMPT,
                                                      KIND_STATE, TokenMeta, make_meta,
                                                      staircase_visible)

@@ -1,34 +1,84 @@
-"""One attention entry point: `attention(q, k, v, q_meta, k_meta, impl=...)` (DESIGN §3).
+"""One attention entry point: `attention(q, k, v, q_meta, k_meta, impl=..., mesh=...)` (DESIGN §3).
 
 `impl`:
 * ``xla``    — dense mask from the metadata (the reference; always available);
-* ``pallas`` — the Pallas staircase kernel for the current platform (TPU Mosaic / GPU Triton;
-  on CPU it runs in interpret mode, which is for tests, not speed);
-* ``splash`` — TPU splash attention with a computable staircase mask;
-* ``auto``   — the fastest implementation for the platform.
+* ``pallas`` — the Pallas staircase kernel of the platform (TPU Mosaic / GPU Triton; on CPU the
+  TPU-style kernel in interpret mode, which is for tests, not speed);
+* ``splash`` — TPU splash attention with the staircase mask (interpret mode on CPU);
+* ``auto``   — on TPU splash, else (a case splash cannot run) the Pallas kernel; on GPU the
+  Pallas kernel; ``xla`` elsewhere.
 
-A kernel that cannot handle a case returns ``None`` from its ``try_*`` function with a reason;
-the dispatch then falls back to ``xla`` and warns once per reason (never silently).
+Kernels come from `KERNELS`, a table this module builds from the kernel modules (which know
+nothing of it). An explicitly chosen kernel that cannot run (none for the platform, or a case it
+does not support) raises a ValueError saying why; ``auto`` falls back to ``xla`` and warns once
+per reason (loud, never silent).
+
+The platform is the one the computation is traced for: this host's backend, or the one set by
+`target_platform` while lowering for another platform (`lowering.lowered_text`).
+
+With a `mesh`, a kernel runs inside `jax.shard_map`: rows split over the mesh's batch axes
+(`data`, `fsdp`), heads over `tensor`. XLA cannot partition a kernel's custom call; outside a
+`shard_map` it would gather or replicate the kernel's operands.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
+from jax.sharding import PartitionSpec as P
 
+from pallas_kernels.staircase_attention import gpu, splash, tpu
 from pallas_kernels.staircase_attention.meta import TokenMeta
 from pallas_kernels.staircase_attention.reference import staircase_attention_reference
 
 IMPLS = ("auto", "xla", "pallas", "splash")
+BATCH_AXES = ("data", "fsdp")
+HEAD_AXIS = "tensor"
 
-# name -> fn(q, k, v, q_meta, k_meta, scale) returning the output, or a string saying why not.
-_KERNELS: dict[str, Callable] = {}
+
+class Kernel(NamedTuple):
+  run: Callable          # (q, k, v, q_meta, k_meta, scale) -> out, like q
+  unsupported: Callable  # (q, k, v) -> a reason it cannot run, or None
+
+
+# (impl, platform) -> Kernel. Platforms as `jax.default_backend()` names them (`gpu` for CUDA).
+KERNELS = {
+    ("pallas", "tpu"): Kernel(tpu.staircase_attention, tpu.unsupported),
+    ("pallas", "gpu"): Kernel(gpu.staircase_attention, gpu.unsupported),
+    ("pallas", "cpu"): Kernel(functools.partial(tpu.staircase_attention, interpret=True),
+                              tpu.unsupported),
+    ("splash", "tpu"): Kernel(splash.staircase_attention, splash.unsupported),
+    ("splash", "cpu"): Kernel(functools.partial(splash.staircase_attention, interpret=True),
+                              splash.unsupported),
+}
+AUTO = {"tpu": ("splash", "pallas"), "gpu": ("pallas",)}  # platform -> impls tried; else xla
+
+_target: list[str] = []
 _warned: set[str] = set()
 
 
-def register_kernel(name: str, fn: Callable) -> None:
-  _KERNELS[name] = fn
+@contextlib.contextmanager
+def target_platform(platform: str):
+  """Traces attention for `platform` (`tpu`, `cuda`, `gpu`, `cpu`) instead of this host's.
+
+  `jit` caches traces without knowing this setting, so the caches are cleared on entry and exit
+  (a function traced for the host is retraced for the target, and the other way round).
+  """
+  jax.clear_caches()
+  _target.append(platform)
+  try:
+    yield
+  finally:
+    _target.pop()
+    jax.clear_caches()
+
+
+def current_platform() -> str:
+  platform = _target[-1] if _target else jax.default_backend()
+  return "gpu" if platform in ("cuda", "rocm") else platform
 
 
 def _warn_once(msg: str) -> None:
@@ -37,37 +87,58 @@ def _warn_once(msg: str) -> None:
     logging.warning(msg)
 
 
-def _auto_impl() -> str:
-  platform = jax.default_backend()
-  if platform == "tpu":
-    return "splash"
-  if platform == "gpu":
-    return "pallas"
-  return "xla"
+def _kernel(impl: str, platform: str, q, k, v) -> tuple[Kernel | None, str | None]:
+  """(the kernel, None) or (None, why it cannot run)."""
+  kernel = KERNELS.get((impl, platform))
+  if kernel is None:
+    where = sorted(p for i, p in KERNELS if i == impl)
+    return None, f"no {impl!r} kernel for platform {platform!r} (it has: {', '.join(where)})"
+  reason = kernel.unsupported(q, k, v)
+  return (None, reason) if reason else (kernel, None)
+
+
+def _split_axes(mesh, names, size: int) -> tuple[str, ...]:
+  """The axes among `names` (in order) that split a dimension of `size` evenly."""
+  axes, ways = [], 1
+  for name in names:
+    n = dict(mesh.shape).get(name, 1)
+    if n > 1 and size % (ways * n) == 0:
+      axes.append(name)
+      ways *= n
+  return tuple(axes)
+
+
+def _sharded(run: Callable, mesh, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale):
+  """`run` per device inside `shard_map`: rows over the batch axes, heads over `tensor`."""
+  rows = _split_axes(mesh, BATCH_AXES, q.shape[0]) or None
+  heads = _split_axes(mesh, (HEAD_AXIS,), k.shape[2]) or None
+  if rows is None and heads is None:
+    return run(q, k, v, q_meta, k_meta, scale)
+  x, ids = P(rows, None, heads, None), P(rows, None)
+  local = lambda q, k, v, q_meta, k_meta: run(q, k, v, q_meta, k_meta, scale)
+  return jax.shard_map(local, mesh=mesh, in_specs=(x, x, x, ids, ids), out_specs=x,
+                       check_vma=False)(q, k, v, q_meta, k_meta)
 
 
 def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, impl: str = "auto",
-              scale: float | None = None):
-  """Staircase-masked attention. q: [B, Tq, Hq, Dh]; k, v: [B, Tk, Hkv, Dh]."""
+              scale: float | None = None, mesh=None):
+  """Staircase-masked attention. q: [B, Tq, Hq, Dh]; k, v: [B, Tk, Hkv, Dh]; metadata [B, T]."""
   if impl not in IMPLS:
     raise ValueError(f"attention impl must be one of {IMPLS}, got {impl!r}")
-  chosen = _auto_impl() if impl == "auto" else impl
-  if chosen != "xla":
-    _load_kernels()
-    fn = _KERNELS.get(chosen)
-    if fn is None:
-      _warn_once(f"attention impl {chosen!r} is not available; falling back to 'xla'.")
-    else:
-      out = fn(q, k, v, q_meta, k_meta, scale)
-      if not isinstance(out, str):
-        return out
-      _warn_once(f"attention impl {chosen!r} cannot run this case ({out}); falling back to 'xla'.")
+  platform = current_platform()
+  if impl == "xla" or (impl == "auto" and platform not in AUTO):
+    return staircase_attention_reference(q, k, v, q_meta, k_meta, scale=scale)
+  reasons = []
+  for chosen in AUTO[platform] if impl == "auto" else (impl,):
+    kernel, reason = _kernel(chosen, platform, q, k, v)
+    if kernel is not None:
+      if mesh is None:
+        return kernel.run(q, k, v, q_meta, k_meta, scale)
+      return _sharded(kernel.run, mesh, q, k, v, q_meta, k_meta, scale)
+    reasons.append(f"{chosen}: {reason}")
+  if impl != "auto":
+    raise ValueError(f"attention impl {impl!r} cannot run: {reason}. "
+                     "Use impl='auto' (falls back to 'xla') or impl='xla'.")
+  _warn_once(f"attention impl 'auto' found no kernel for this case on {platform} "
+             f"({'; '.join(reasons)}); falling back to 'xla'.")
   return staircase_attention_reference(q, k, v, q_meta, k_meta, scale=scale)
-
-
-def _load_kernels() -> None:
-  """Imports the kernel modules, which call `register_kernel` (kept lazy: Pallas is heavy)."""
-  try:
-    import pallas_kernels.staircase_attention.kernels  # noqa: F401
-  except ImportError as e:  # the kernels package is optional until it exists
-    _warn_once(f"Pallas staircase kernels unavailable ({e}).")

@@ -17,6 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.staircase_attention import block_sparse
 from pallas_kernels.staircase_attention.block_sparse import MASKED_LOGIT, KernelConfig
@@ -58,6 +59,13 @@ def _load_meta(ref, start, size):
 def _visible(q_meta: TokenMeta, k_meta: TokenMeta):
   return staircase_visible_pairs(TokenMeta(*(f[:, None] for f in q_meta)),
                                  TokenMeta(*(f[None, :] for f in k_meta)))
+
+
+def _triton_params(head_dim: int) -> pltriton.CompilerParams:
+  """Explicit Triton parameters: without them JAX >= 0.10 lowers `pallas_call` with Mosaic GPU
+  (`jax_pallas_use_mosaic_gpu`), which stages whole blocks in shared memory and overflows it.
+  Warps as in JAX's Pallas GPU flash attention (4 up to head_dim 64, else 8)."""
+  return pltriton.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
 
 
 def _dot(a, b, dims):
@@ -134,7 +142,7 @@ def _forward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, count_visits: bo
                 pl.BlockSpec((None, _META_ROWS, tk), lambda b_, h, i: (b_, 0, 0)),
                 pl.BlockSpec((None, None, lists.shape[-1]), lambda b_, h, i: (b_, i, 0))],
       out_specs=out_specs, out_shape=out_shape, interpret=cfg.interpret,
-      name="staircase_fwd_gpu",
+      compiler_params=_triton_params(dh), name="staircase_fwd_gpu",
   )(q, k, v, _meta_rows(q_meta), _meta_rows(k_meta), lists)
   if not count_visits:
     return results[0], results[1]
@@ -215,7 +223,7 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
                 pl.BlockSpec((None, None, kv_lists.shape[-1]), lambda b_, h, i: (b_, i, 0))],
       out_specs=pl.BlockSpec((None, None, bq, dh), q_tile),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), interpret=cfg.interpret,
-      name="staircase_dq_gpu",
+      compiler_params=_triton_params(dh), name="staircase_dq_gpu",
   )(q, k, v, d_out, lse, delta, q_rows, k_rows, kv_lists)
 
   q_lists, q_offset = _tile_lists(tiles.q_tables, tiles.q_full, tiles.q_counts)
@@ -237,7 +245,7 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
       out_specs=[pl.BlockSpec((None, None, bk, dh), k_tile),
                  pl.BlockSpec((None, None, bk, dh), k_tile)],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      interpret=cfg.interpret, name="staircase_dkdv_gpu",
+      interpret=cfg.interpret, compiler_params=_triton_params(dh), name="staircase_dkdv_gpu",
   )(q, k, v, d_out, lse, delta, q_rows, k_rows, q_lists)
   return dq, dk, dv
 
@@ -245,8 +253,11 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
 BACKEND = block_sparse.Backend("gpu", _forward, _backward)
 
 
-def unsupported(q, k) -> str | None:
+def unsupported(q, k, v) -> str | None:
   """Triton needs power-of-two tile shapes: head_dim a power of two, at least 16."""
+  reason = block_sparse.check_shapes(q, k, v)
+  if reason:
+    return reason
   dh = q.shape[-1]
   if dh < 16 or dh & (dh - 1):
     return f"the GPU kernel needs a power-of-two head_dim >= 16, got {dh}"
@@ -257,9 +268,9 @@ def staircase_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale=Non
                         block_q: int = 64, block_k: int = 64, interpret: bool = False):
   """Staircase attention, GPU kernel. q [B,Tq,Hq,Dh], k/v [B,Tk,Hkv,Dh] -> [B,Tq,Hq,Dh].
 
-  Returns a reason string instead when the case is unsupported (the dispatch then falls back).
+  Returns the reason string of `unsupported` instead when it cannot run the case.
   """
-  reason = block_sparse.check_shapes(q, k, v) or unsupported(q, k)
+  reason = unsupported(q, k, v)
   if reason:
     return reason
   return block_sparse.attention(BACKEND, q, k, v, q_meta, k_meta, scale=scale,

@@ -40,11 +40,18 @@ def _block_sizes(tq: int, tk: int) -> splash.BlockSizes:
 
 @functools.lru_cache(maxsize=64)
 def _static_kernel(mask_bytes: bytes, tq: int, tk: int, groups: int, interpret: bool):
-  """An MQA splash kernel for one row's dense mask (host-side block analysis, cached)."""
+  """An MQA splash kernel for one row's dense mask (host-side block analysis, cached).
+
+  The cached kernel holds numpy arrays only: splash converts its block tables with `jnp.array`,
+  which inside a `jit` trace makes tracers, and a kernel holding them would leak that trace into
+  the next one (`UnexpectedTracerError`).
+  """
   dense = np.frombuffer(mask_bytes, np.bool_).reshape(tq, tk)
   heads = mask_lib.MultiHeadMask([mask_lib.NumpyMask(dense)] * groups)
-  return splash.make_splash_mqa_single_device(heads, block_sizes=_block_sizes(tq, tk),
-                                              interpret=interpret)
+  with jax.ensure_compile_time_eval():
+    kernel = splash.make_splash_mqa_single_device(heads, block_sizes=_block_sizes(tq, tk),
+                                                  interpret=interpret)
+  return jax.tree.map(np.asarray, kernel)
 
 
 def _dynamic_kernel(visible, groups: int, interpret: bool):

@@ -42,6 +42,13 @@ def _meta_rows(meta: TokenMeta):
   return jnp.stack(list(meta), axis=1)
 
 
+def _kv_head(h, groups: int):
+  """The key/value head of query head h (GQA). `lax.div` truncates, which equals floor division
+  for these non-negative ids; `//` would emit a `sign` whose Mosaic lowering asks the chip's
+  generation, so the kernel could not be lowered (exported, AOT-compiled) off a TPU."""
+  return jax.lax.div(h, groups)
+
+
 def _tile_visible(q_meta_tile, k_meta_tile):
   """bool [bq, bk] from a [bq, 5] query-metadata tile and a [5, bk] key-metadata tile."""
   q = TokenMeta(*(q_meta_tile[:, f:f + 1] for f in range(_N_FIELDS)))
@@ -111,7 +118,7 @@ def _forward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, count_visits: bo
   nq, nk = tq // bq, tk // bk
 
   def kv_index(b_, h, i, j, tables, full, counts):
-    return (b_, h // g, tables[(b_ * nq + i) * nk + j], 0)
+    return (b_, _kv_head(h, g), tables[(b_ * nq + i) * nk + j], 0)
 
   def km_index(b_, h, i, j, tables, full, counts):
     return (b_, 0, tables[(b_ * nq + i) * nk + j])
@@ -228,7 +235,7 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
 
   # dq: the forward's loop structure.
   def kv_index(b_, h, i, j, tables, full, counts):
-    return (b_, h // groups, tables[(b_ * nq + i) * nk + j], 0)
+    return (b_, _kv_head(h, groups), tables[(b_ * nq + i) * nk + j], 0)
 
   def km_index(b_, h, i, j, tables, full, counts):
     return (b_, 0, tables[(b_ * nq + i) * nk + j])
@@ -292,13 +299,17 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
 BACKEND = block_sparse.Backend("tpu", _forward, _backward)
 
 
+def unsupported(q, k, v) -> str | None:
+  return block_sparse.check_shapes(q, k, v)
+
+
 def staircase_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale=None, *,
                         block_q: int = 128, block_k: int = 128, interpret: bool = False):
   """Staircase attention, TPU kernel. q [B,Tq,Hq,Dh], k/v [B,Tk,Hkv,Dh] -> [B,Tq,Hq,Dh].
 
-  Returns a reason string instead when the case is unsupported (the dispatch then falls back).
+  Returns the reason string of `unsupported` instead when it cannot run the case.
   """
-  reason = block_sparse.check_shapes(q, k, v)
+  reason = unsupported(q, k, v)
   if reason:
     return reason
   return block_sparse.attention(BACKEND, q, k, v, q_meta, k_meta, scale=scale,

@@ -1,0 +1,213 @@
+"""The first run on a GPU or TPU host (about 8 minutes): is the accelerator path right, and fast?
+
+Four sections, printed and written to JSON:
+* ``parity``      — every kernel of the platform (`dispatch.KERNELS`) against the dense XLA
+  reference, output and gradients, at 3 shapes (relative to the largest reference value);
+* ``kernel_time`` — kernel forward and forward+backward time on a packed row vs the dense XLA
+  time, and vs dense x the non-empty tile fraction (what perfect tile skipping would reach);
+* ``decode``      — jitted decoder tokens/s at batch 1 and 64 on a ~1B-parameter random
+  block-causal model, beside the memory-bandwidth bound
+  `batch x TPF x HBM bandwidth / weight bytes` (each forward reads every weight once);
+* ``orl_step``    — one ORL train step on packed vs naive replay at G = 16
+  (`replay_speedup.measure`; `--small`: one step each at G = 2, a 64-token prompt, 2 blocks
+  of 2 steps).
+
+  python benchmarks/device_check.py                          # on the GPU / TPU host
+  python benchmarks/device_check.py --platform=cpu --small   # smoke run, CPU, < 3 minutes
+
+`--platform` is the backend the run must be on (it stops if JAX picked another). On CPU the
+kernels run in interpret mode: the figures only show that the script runs. The last line printed
+is `kernel_parity_max_rel_err: X`.
+"""
+import argparse
+import types
+
+import _common
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import replay_speedup
+import staircase_kernel
+from configs import tiny
+from orl_jax import config as config_lib
+from orl_jax import sharding as sharding_lib
+from orl_jax.data.tokenizer import tiny_tokenizer
+from orl_jax.decoding import make_decoder
+from orl_jax.losses import LossConfig, OrlObjective
+from orl_jax.train.state import init_model_params, make_optimizer
+from orl_jax.unmasking import UnmaskRule
+from pallas_kernels.staircase_attention import (KERNELS, TokenMeta, attention, current_platform,
+                                                staircase_attention_reference, testing)
+
+# (batch, seq_len, Hq, Hkv, head_dim, dtype, block size)
+PARITY_SHAPES = {
+    "full": [(1, 2048, 8, 2, 128, "bfloat16", 32), (1, 4096, 8, 8, 64, "float32", 32),
+             (2, 8192, 16, 4, 128, "bfloat16", 32)],
+    "small": [(1, 128, 2, 1, 64, "float32", 8), (1, 128, 2, 2, 128, "bfloat16", 32),
+              (2, 128, 4, 2, 64, "float32", 4)],
+}
+# model width for the decode section: ~1B parameters (bf16) / a tiny one for --small
+DECODE_MODEL = {
+    "full": dict(d_model=2048, n_layers=16, n_heads=16, n_kv_heads=16, head_dim=128,
+                 mlp_dim=5632, vocab_size=32000, dtype="bfloat16", param_dtype="bfloat16"),
+    "small": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128),
+}
+# HBM bytes/s by device kind (lower case, first match); --hbm-gbps overrides.
+HBM_BANDWIDTH = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12, "l4": 0.3e12,
+                 "v5 lite": 0.82e12, "v5e": 0.82e12, "v5p": 2.76e12, "v6": 1.64e12,
+                 "v4": 1.2e12}
+
+
+def _rel_err(got, want) -> float:
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  return float(np.max(np.abs(got - want)) / max(1.0, np.max(np.abs(want))))
+
+
+def parity(size: str) -> dict:
+  platform = current_platform()
+  impls = [impl for impl, p in KERNELS if p == platform]
+  out = {}
+  for i, (b, t, hq, hkv, dh, dtype, block) in enumerate(PARITY_SHAPES[size]):
+    meta = TokenMeta(*(jnp.asarray(f) for f in testing.random_packed_meta(
+        np.random.default_rng(i), b, t, block, fill=0.9)))
+    keys = jax.random.split(jax.random.key(i), 4)
+    q = jax.random.normal(keys[0], (b, t, hq, dh)).astype(dtype)
+    k, v = (jax.random.normal(key, (b, t, hkv, dh)).astype(dtype) for key in keys[1:3])
+    d_out = jax.random.normal(keys[3], q.shape).astype(dtype)
+
+    def value_and_grads(fn):
+      def run(q, k, v, d_out, meta):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, meta, meta), q, k, v)
+        return (out, *vjp(d_out))
+      return jax.jit(run)(q, k, v, d_out, meta)
+
+    want = value_and_grads(staircase_attention_reference)
+    name = f"b{b}_t{t}_h{hq}x{hkv}_d{dh}_{dtype}"
+    for impl in impls:
+      got = value_and_grads(lambda *a, impl=impl: attention(*a, impl=impl))
+      out[f"{impl}/{name}"] = max(_rel_err(g, w) for g, w in zip(got, want))
+      print(f"parity {impl:>6} {name}: max rel err {out[f'{impl}/{name}']:.2e}", flush=True)
+  return out
+
+
+def kernel_time(size: str) -> dict:
+  if size == "full":
+    meta, dims, runs = staircase_kernel.benchmark_rows()["synthetic_8k"], {}, 7
+  else:
+    rows, _ = testing.prompt_group(0, 32, 8, [2, 2], [[2, 1], [1, 2]], 0)
+    meta, runs = testing.stack_rows([rows], 256), 1
+    dims = dict(heads_q=2, heads_kv=1, head_dim=64)
+  stats = staircase_kernel.tile_stats(meta)
+  timing = staircase_kernel.time_impls(TokenMeta(*(jnp.asarray(f) for f in meta)),
+                                       stats["visible_pairs"], runs=runs, **dims)
+  nonempty = stats["tiles_nonempty"] / stats["tiles_total"]
+  for impl, r in timing.items():
+    for pass_ in ("fwd", "fwd_bwd"):
+      r[f"{pass_}_vs_dense_x_tiles"] = r[f"{pass_}_s"] / (timing["xla"][f"{pass_}_s"] * nonempty)
+    print(f"kernel {impl:>6}: fwd {r['fwd_s'] * 1e3:.2f} ms ({r['fwd_speedup_vs_xla']:.2f}x "
+          f"dense), fwd+bwd {r['fwd_bwd_s'] * 1e3:.2f} ms ({r['fwd_bwd_speedup_vs_xla']:.2f}x "
+          f"dense; {r['fwd_bwd_vs_dense_x_tiles']:.2f} of dense x {nonempty:.3f} non-empty tiles)",
+          flush=True)
+  return dict(row_tokens=stats["row_len"], nonempty_tile_fraction=nonempty, timing=timing)
+
+
+def hbm_bandwidth(override_gbps: float | None) -> float | None:
+  if override_gbps:
+    return override_gbps * 1e9
+  kind = jax.devices()[0].device_kind.lower()
+  return next((bw for name, bw in HBM_BANDWIDTH.items() if name in kind), None)
+
+
+def decode(size: str, bandwidth: float | None) -> dict:
+  config = tiny.get_config("eval")
+  tok = tiny_tokenizer()
+  model_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  model_cfg = type(model_cfg)(**{**model_cfg.__dict__, **DECODE_MODEL[size]})
+  graphdef, params = init_model_params(model_cfg, 0)
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id,
+                                  rule=UnmaskRule.parse("threshold_0.9"), temperature=0.0)
+  run = make_decoder(graphdef, dcfg)
+  out = dict(params=sum(x.size for x in jax.tree.leaves(params)), weight_bytes=weight_bytes,
+             hbm_bytes_per_s=bandwidth)
+  for batch in (1, 64):
+    prompts = jax.random.randint(jax.random.key(batch), (batch, config.task.prompt_len), 4,
+                                 tok.vocab_size)
+    valid = jnp.ones(prompts.shape, bool)
+    call = lambda: jax.block_until_ready(run(params, prompts, valid, jax.random.key(0)))
+    result = call()  # compile + warm-up
+    seconds, _ = _common.median_time(call, 2 if size == "full" else 1)
+    n_gen = np.asarray(result.n_generated)
+    tpf = float(np.mean(n_gen / np.maximum(np.asarray(result.nfe), 1)))
+    bound = batch * tpf * bandwidth / weight_bytes if bandwidth else None
+    out[f"batch_{batch}"] = dict(tokens_per_s=float(n_gen.sum()) / seconds, tpf=tpf,
+                                 bandwidth_bound_tokens_per_s=bound)
+    print(f"decode batch {batch}: {n_gen.sum() / seconds:.0f} tok/s (TPF {tpf:.2f}; bandwidth "
+          f"bound {'n/a' if bound is None else f'{bound:.0f}'} tok/s)", flush=True)
+  return out
+
+
+def orl_step(size: str) -> dict:
+  config = tiny.get_config("sft")
+  tok = tiny_tokenizer()
+  s_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  optimizer, mesh = make_optimizer(config.train, 1.0), sharding_lib.make_mesh()
+  # the KL anchor to the rollout policy: the benchmark's states carry no frozen reference copy
+  objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))
+  if size == "full":
+    args = types.SimpleNamespace(responses_per_row=[1, 2], memory_gb=40.0, check_factor=1,
+                                 repeats=3)
+    out = replay_speedup.measure(16, args, s_cfg, optimizer, mesh, objective)
+    return dict(group=16, packed_step_s=(out["packed"] or {}).get("seconds_median"),
+                naive_step_s=out["naive"].get("seconds_median"), speedup=out["speedup"])
+  # smoke run: G = 2 on a smaller workload, one step per layout, no memory search
+  rs, group = replay_speedup, 2
+  rs.set_workload(prompt=64, n_blocks=2, steps=2)
+  traj = rs.synthetic_trajectories(group, s_cfg, np.random.default_rng(group))
+  seconds = {}
+  for layout, row_len in (("packed", rs.PROMPT + rs.CLEAN_AND_STATES),
+                          ("naive", rs.PROMPT + rs.N_BLOCKS * rs.BLOCK)):
+    _, stats = rs._plan(traj, group, layout, row_len, group * rs.STATES, 1)
+    runner = rs.Runner(traj, group, layout, row_len, stats["rows_used"], 1, s_cfg, optimizer,
+                       mesh, objective)
+    runner.run_once()
+    seconds[layout] = runner.result()["seconds_median"]
+  print(f"orl step G={group}: packed {seconds['packed']:.3f} s, naive {seconds['naive']:.3f} s",
+        flush=True)
+  return dict(group=group, packed_step_s=seconds["packed"], naive_step_s=seconds["naive"],
+              speedup=seconds["naive"] / seconds["packed"])
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--platform", default="auto", choices=["auto", "cpu", "gpu", "tpu"],
+                  help="the backend this run must be on")
+  ap.add_argument("--small", action="store_true", help="small shapes (a CPU smoke run)")
+  ap.add_argument("--hbm-gbps", type=float, default=None,
+                  help="HBM bandwidth for the decode bound (default: by device kind)")
+  ap.add_argument("--out", default="benchmarks/results/device_check.json")
+  args = ap.parse_args()
+  backend = jax.default_backend()
+  if args.platform != "auto" and backend != args.platform:
+    raise SystemExit(f"--platform={args.platform} but JAX runs on {backend}: check the jax "
+                     "install (pip install -e '.[cuda]' or '.[tpu]') and JAX_PLATFORMS.")
+  size = "small" if args.small else "full"
+  report = dict(backend=backend, device=jax.devices()[0].device_kind, jax=jax.__version__,
+                size=size)
+  print(f"device check on {report['device']} ({backend}, jax {jax.__version__}), {size} shapes",
+        flush=True)
+  report["parity"] = parity(size)
+  _common.write_json(args.out, report)  # keep what finished if a later section dies
+  report["kernel_time"] = kernel_time(size)
+  _common.write_json(args.out, report)
+  report["decode"] = decode(size, hbm_bandwidth(args.hbm_gbps))
+  _common.write_json(args.out, report)
+  report["orl_step"] = orl_step(size)
+  _common.write_json(args.out, report)
+  print(f"wrote {args.out}")
+  print(f"kernel_parity_max_rel_err: {max(report['parity'].values()):.2e}")
+
+
+if __name__ == "__main__":
+  main()
