@@ -279,3 +279,39 @@ def test_route_capture_replays_the_forward():
   np.testing.assert_array_equal(np.asarray(other.routing.expert_ids), forced)
   changed = np.max(np.abs(np.asarray(other.logits)[:, 3] - logits[:, 3]))
   assert changed > 1e-3 * np.max(np.abs(logits))
+
+
+def test_cached_step_replays_exactly_with_and_without_route_capture():
+  """A decoding step (prompt prefilled into the KV cache, active block read against it) against
+  the same step replayed as one full forward over [prompt | block] (DESIGN §2.3 exactness at the
+  model level): f32 logits agree within 1e-4 relative when the replay re-routes, and when it is
+  given the routes the rollout took (issue 13, `orl.capture_routes`)."""
+  from orl_jax.decoding import block_layout, prompt_layout
+  from orl_jax.models.transformer import init_cache
+  from pallas_kernels.staircase_attention import KIND_STATE
+  cfg = dataclasses.replace(CFG, moe=dataclasses.replace(MOE, impl="ragged"))
+  graphdef, params = nnx.split(build_model(cfg, random_flat_params(cfg, seed=4)))
+  b, p = cfg.block_size, 2 * cfg.block_size
+  tokens = jnp.asarray(np.random.default_rng(7).integers(2, cfg.vocab_size, (2, p + b)), jnp.int32)
+  tokens = tokens.at[:, p + 1::2].set(cfg.mask_id)            # a partly masked active block
+  prompt_valid = jnp.ones((2, p), bool).at[0, :3].set(False)  # row 0 left-padded
+
+  @jax.jit
+  def rollout_and_replays(params):
+    model = nnx.merge(graphdef, params)
+    prompt_pos, prompt_meta = prompt_layout(prompt_valid, b)
+    prefill = model(tokens[:, :p], prompt_pos, prompt_meta, cache=init_cache(cfg, 2, p + b),
+                    cache_mode="write")
+    block_pos, block_meta = block_layout(2, p, b, KIND_STATE)
+    step = model(tokens[:, p:], block_pos, block_meta, cache=prefill.cache, cache_mode="read")
+    full_pos = jnp.concatenate([prompt_pos, block_pos], axis=1)
+    full_meta = prompt_meta.concat(block_meta)
+    rerouted = model(tokens, full_pos, full_meta)
+    captured = jnp.concatenate([prefill.routing.expert_ids, step.routing.expert_ids], axis=2)
+    replayed = model(tokens, full_pos, full_meta, routes=captured)
+    return step.logits, rerouted.logits[:, p:], replayed.logits[:, p:]
+
+  rollout, rerouted, replayed = (np.asarray(a) for a in rollout_and_replays(params))
+  scale = np.max(np.abs(rollout))
+  assert np.max(np.abs(rerouted - rollout)) <= 1e-4 * scale
+  assert np.max(np.abs(replayed - rollout)) <= 1e-4 * scale
