@@ -281,15 +281,17 @@ def test_route_capture_replays_the_forward():
   assert changed > 1e-3 * np.max(np.abs(logits))
 
 
-def test_cached_step_replays_exactly_with_and_without_route_capture():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cached_step_replays_exactly_with_and_without_route_capture(dtype):
   """A decoding step (prompt prefilled into the KV cache, active block read against it) against
   the same step replayed as one full forward over [prompt | block] (DESIGN §2.3 exactness at the
   model level): f32 logits agree within 1e-4 relative when the replay re-routes, and when it is
-  given the routes the rollout took (issue 13, `orl.capture_routes`)."""
+  given the routes the rollout took (issue 13, `orl.capture_routes`); in bf16, where a re-route
+  may flip, the replay with captured routes agrees within bf16 rounding."""
   from orl_jax.decoding import block_layout, prompt_layout
   from orl_jax.models.transformer import init_cache
   from pallas_kernels.staircase_attention import KIND_STATE
-  cfg = dataclasses.replace(CFG, moe=dataclasses.replace(MOE, impl="ragged"))
+  cfg = dataclasses.replace(CFG, moe=dataclasses.replace(MOE, impl="ragged"), dtype=dtype)
   graphdef, params = nnx.split(build_model(cfg, random_flat_params(cfg, seed=4)))
   b, p = cfg.block_size, 2 * cfg.block_size
   tokens = jnp.asarray(np.random.default_rng(7).integers(2, cfg.vocab_size, (2, p + b)), jnp.int32)
@@ -313,5 +315,8 @@ def test_cached_step_replays_exactly_with_and_without_route_capture():
 
   rollout, rerouted, replayed = (np.asarray(a) for a in rollout_and_replays(params))
   scale = np.max(np.abs(rollout))
-  assert np.max(np.abs(rerouted - rollout)) <= 1e-4 * scale
-  assert np.max(np.abs(replayed - rollout)) <= 1e-4 * scale
+  if dtype == "float32":
+    assert np.max(np.abs(rerouted - rollout)) <= 1e-4 * scale
+  err = np.max(np.abs(replayed - rollout)) / scale
+  print(dtype, "replay with captured routes: max relative error", err)
+  assert err <= (1e-4 if dtype == "float32" else 2e-2)

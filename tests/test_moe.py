@@ -185,3 +185,16 @@ def test_expert_axis_equals_one_device_on_4_cpu_devices():
   out = subprocess.run([sys.executable, "-c", _EXPERT_AXIS_SCRIPT], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
   assert "EXPERT_AXIS_OK" in out.stdout, out.stdout + out.stderr[-4000:]
+
+
+def test_partition_rules_split_experts_over_the_expert_axis():
+  from jax.sharding import PartitionSpec as P
+  from orl_jax import sharding
+  rules = moe_lib.PARTITION_RULES + sharding.PARTITION_RULES
+  mesh_shape = {"data": 1, "fsdp": 2, "expert": 4, "tensor": 1}
+  spec = lambda name, shape: sharding.partition_spec(name, shape, mesh_shape, rules)
+  assert spec("layers.1.mlp.gate_proj", (8, 16, 12)) == P("expert", "fsdp", None)
+  assert spec("layers.1.mlp.down_proj", (8, 12, 16)) == P("expert", None, "fsdp")
+  assert spec("layers.1.mlp.shared_experts.up_proj.kernel", (16, 12)) == P("fsdp", None)
+  assert spec("layers.1.mlp.router.kernel", (16, 8)) == P(None, None)
+  assert spec("layers.0.mlp.gate_proj.kernel", (16, 40)) == P("fsdp", None)   # dense layer

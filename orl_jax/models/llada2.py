@@ -44,7 +44,7 @@ def architecture_from_hf(hf: dict, *, impl: str = "dense") -> dict:
               n_layers=hf["num_hidden_layers"], n_heads=heads,
               n_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=head_dim,
               mlp_dim=hf["intermediate_size"], rope_theta=float(hf.get("rope_theta", 6e5)),
-              rope_fraction=float(hf.get("partial_rotary_factor", 1.0)),
+              rope_fraction=float(hf.get("partial_rotary_factor", 0.5)),
               norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
               qk_norm=bool(hf.get("use_qk_norm", True)),
               tie_embeddings=bool(hf.get("tie_word_embeddings", False)),

@@ -255,6 +255,19 @@ class MoE(nnx.Module):
     return MoEOutput(y, routed.expert_ids.reshape(b, t, cfg.top_k).astype(jnp.int32), aux)
 
 
+# Partition rules of the MoE parameters, in the (regex, PartitionSpec) form of
+# `orl_jax.sharding.PARTITION_RULES` (put them first): routed experts split over `expert`, their
+# [D, F] / [F, D] slices like the dense MLP; the shared experts exactly like the dense MLP; the
+# router (small, f32 matmul) replicated. Axes missing from the mesh are dropped by the fitting.
+PARTITION_RULES: tuple[tuple[str, P], ...] = (
+    (r"mlp\.(gate_proj|up_proj)$", P(EXPERT_AXIS, "fsdp", "tensor")),            # [E, D, F]
+    (r"mlp\.down_proj$", P(EXPERT_AXIS, "tensor", "fsdp")),                      # [E, F, D]
+    (r"shared_experts\.(gate_proj|up_proj)\.kernel$", P("fsdp", "tensor")),      # [D, F]
+    (r"shared_experts\.down_proj\.kernel$", P("tensor", "fsdp")),                # [F, D]
+    (r"mlp\.router\.", P()),
+)
+
+
 def frozen_param(name: str, cfg: MoEConfig | None) -> bool:
   """Whether the parameter with dot-joined name `name` must not be updated by the optimizer:
   every router `expert_bias` (selection state), and the router kernel under `freeze_router`
