@@ -70,7 +70,8 @@ def reference_route(x, gate_w, expert_bias, moe):
     order = np.argsort(-group_score)
     kept = order[:moe.topk_group]
     if moe.topk_group < moe.n_group:
-      margin = min(margin, group_score[order[moe.topk_group - 1]] - group_score[order[moe.topk_group]])
+      last_kept, first_dropped = order[moe.topk_group - 1], order[moe.topk_group]
+      margin = min(margin, group_score[last_kept] - group_score[first_dropped])
     candidates = np.concatenate([np.arange(g * per, (g + 1) * per) for g in kept])
     ranked = candidates[np.argsort(-biased[i, candidates])]
     if len(ranked) > moe.top_k:
@@ -169,17 +170,16 @@ def build_model(cfg: ModelConfig, flat: dict[str, np.ndarray]) -> Transformer:
   return nnx.merge(graphdef, params)
 
 
+_forward = jax.jit(lambda graphdef, state, tokens, positions, meta, routes: nnx.merge(
+    graphdef, state)(tokens, positions, meta, routes=routes), static_argnums=0)
+
+
 def jit_forward(model: Transformer):
-  """The model's forward, jitted (eager NNX dispatch is slow on CPU): f(tokens, positions, meta,
-  routes=None) -> ForwardOutput."""
+  """The model's forward, jitted once per architecture (eager NNX dispatch is slow on CPU):
+  f(tokens, positions, meta, routes=None) -> ForwardOutput."""
   graphdef, state = nnx.split(model)
-
-  @jax.jit
-  def forward(state, tokens, positions, meta, routes):
-    return nnx.merge(graphdef, state)(tokens, positions, meta, routes=routes)
-
-  return lambda tokens, positions, meta, routes=None: forward(state, tokens, positions, meta,
-                                                              routes)
+  return lambda tokens, positions, meta, routes=None: _forward(graphdef, state, tokens,
+                                                               positions, meta, routes)
 
 
 def block_causal_inputs(batch: int, length: int, block_size: int, seed: int):

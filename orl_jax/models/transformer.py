@@ -3,9 +3,9 @@
 Switches: GQA, optional per-head q/k RMSNorm before RoPE (Qwen3, LLaDA2), partial RoPE, tied or
 untied head (L2-normalised rows with `norm_head`), embedding scale, residual pathway mode, and a
 mixture-of-experts feed-forward after the first `first_k_dense` layers (`moe`, LLaDA2; routes
-can be captured and given back for exact replay, see `orl_jax.models.moe`). Attention always goes through the staircase
-dispatch with per-token metadata, so training rows, KV-cache decoding and bidirectional canvases
-share one code path.
+can be captured and given back for exact replay, see `orl_jax.models.moe`). Attention always
+goes through the staircase dispatch with per-token metadata, so training rows, KV-cache decoding
+and bidirectional canvases share one code path.
 
 Cache protocol (`cache_mode`):
 * ``None``    — self-attention among the given tokens (q_meta == k_meta).
