@@ -1,9 +1,11 @@
 """One NNX transformer for every DLM family (DESIGN §4).
 
-Switches: GQA, optional per-head q/k RMSNorm before RoPE (Qwen3), partial RoPE, tied or untied
-head, embedding scale, residual pathway mode. Attention always goes through the staircase
-dispatch with per-token metadata, so training rows, KV-cache decoding and bidirectional canvases
-share one code path.
+Switches: GQA, optional per-head q/k RMSNorm before RoPE (Qwen3, LLaDA2), partial RoPE, tied or
+untied head (L2-normalised rows with `norm_head`), embedding scale, residual pathway mode, and a
+mixture-of-experts feed-forward after the first `first_k_dense` layers (`moe`, LLaDA2; routes
+can be captured and given back for exact replay, see `orl_jax.models.moe`). Attention always
+goes through the staircase dispatch with per-token metadata, so training rows, KV-cache decoding
+and bidirectional canvases share one code path.
 
 Cache protocol (`cache_mode`):
 * ``None``    — self-attention among the given tokens (q_meta == k_meta).
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
+from orl_jax.models.moe import MoE, MoEConfig
 from orl_jax.residual import Residual, ResidualAdapter, RMSNorm
 from pallas_kernels.staircase_attention import KIND_PAD, TokenMeta, attention
 
@@ -51,10 +54,20 @@ class ModelConfig:
   residual_hidden: int = 0          # adapter width F_r (0 -> d_model)
   residual_scale: float = 1.0
   residual_temperature: float = 1.0
+  moe: MoEConfig | None = None      # MoE feed-forward on layers >= first_k_dense (LLaDA2)
+  first_k_dense: int = 0            # leading dense-MLP layers (HF first_k_dense_replace)
+  norm_head: bool = False           # L2-normalise each vocabulary row of the head (LLaDA2)
 
   @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
+
+  def is_moe_layer(self, i: int) -> bool:
+    return self.moe is not None and i >= self.first_k_dense
+
+  @property
+  def n_moe_layers(self) -> int:
+    return sum(self.is_moe_layer(i) for i in range(self.n_layers))
 
 
 class KVCache(NamedTuple):
@@ -137,10 +150,11 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.gate_proj = _linear(cfg, cfg.d_model, cfg.mlp_dim, rngs)
-    self.up_proj = _linear(cfg, cfg.d_model, cfg.mlp_dim, rngs)
-    self.down_proj = _linear(cfg, cfg.mlp_dim, cfg.d_model, rngs)
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, width: int | None = None):
+    width = width or cfg.mlp_dim
+    self.gate_proj = _linear(cfg, cfg.d_model, width, rngs)
+    self.up_proj = _linear(cfg, cfg.d_model, width, rngs)
+    self.down_proj = _linear(cfg, width, cfg.d_model, rngs)
 
   def __call__(self, x):
     return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -148,24 +162,43 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, mesh=None):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, mesh=None, layer_index: int = 0):
     pd = jnp.dtype(cfg.param_dtype)
     self.input_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
     self.attn = Attention(cfg, rngs, mesh)
     self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
-    self.mlp = MLP(cfg, rngs)
+    self.is_moe = cfg.is_moe_layer(layer_index)
+    if self.is_moe:
+      moe = cfg.moe
+      shared = MLP(cfg, rngs, moe.n_shared * moe.expert_dim) if moe.n_shared else None
+      self.mlp = MoE(moe, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=pd,
+                     shared_experts=shared, rngs=rngs)
+    else:
+      self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, meta, layer_cache, cache_meta, cache_mode, cache_offset):
+  def __call__(self, x, positions, meta, layer_cache, cache_meta, cache_mode, cache_offset,
+               routes=None):
+    """-> (x, new layer cache, MoEOutput of an MoE layer or None)."""
     h, new_cache = self.attn(self.input_norm(x), positions, meta, layer_cache, cache_meta,
                              cache_mode, cache_offset)
     x = x + h
-    return x + self.mlp(self.post_attn_norm(x)), new_cache
+    if not self.is_moe:
+      return x + self.mlp(self.post_attn_norm(x)), new_cache, None
+    moe_out = self.mlp(self.post_attn_norm(x), routes, token_mask=meta.kind != KIND_PAD)
+    return x + moe_out.y, new_cache, moe_out
+
+
+class Routing(NamedTuple):
+  """What the MoE layers did in one forward (None for dense models)."""
+  expert_ids: jax.Array   # [L_moe, B, T, K] int32 routes taken; give back as `routes` to replay
+  aux_loss: jax.Array     # scalar f32 load-balance loss summed over MoE layers (unweighted)
 
 
 class ForwardOutput(NamedTuple):
   logits: jax.Array               # [B, T, V] f32
   cache: KVCache | None
   residual_norm_ratio: jax.Array  # scalar, DESIGN §2.1 metric
+  routing: Routing | None = None
 
 
 class Transformer(nnx.Module):
@@ -180,7 +213,7 @@ class Transformer(nnx.Module):
     pd = jnp.dtype(cfg.param_dtype)
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=pd,
                            embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-    self.layers = nnx.List([Block(cfg, rngs, mesh) for _ in range(cfg.n_layers)])
+    self.layers = nnx.List([Block(cfg, rngs, mesh, i) for i in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
     if not cfg.tie_embeddings:
       self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs)
@@ -208,13 +241,29 @@ class Transformer(nnx.Module):
     if self.cfg.tie_embeddings:
       return jnp.einsum("btd,vd->btv", x, self.embedding_table.astype(x.dtype),
                         preferred_element_type=jnp.float32)
+    if self.cfg.norm_head:  # F.normalize of each [D] vocabulary row
+      kernel = self.lm_head.kernel[...].astype(jnp.float32)
+      kernel = kernel / jnp.maximum(jnp.linalg.norm(kernel, axis=0, keepdims=True), 1e-12)
+      return jnp.einsum("btd,dv->btv", x, kernel.astype(x.dtype),
+                        preferred_element_type=jnp.float32)
     return self.lm_head(x).astype(jnp.float32)
 
   def hidden_states(self, tokens, positions, meta: TokenMeta, *, residual: Residual | None = None,
                     cache: KVCache | None = None, cache_mode: str | None = None,
-                    cache_offset=0):
+                    cache_offset=0, routes=None):
     """Final-normed hidden states [B, T, D] (logits are `head(...)` of these; the chunked
     large-vocabulary losses call this to avoid materialising [B, T, V])."""
+    h, new_cache, norm_ratio, _ = self.hidden_states_and_routing(
+        tokens, positions, meta, residual=residual, cache=cache, cache_mode=cache_mode,
+        cache_offset=cache_offset, routes=routes)
+    return h, new_cache, norm_ratio
+
+  def hidden_states_and_routing(self, tokens, positions, meta: TokenMeta, *,
+                                residual: Residual | None = None, cache: KVCache | None = None,
+                                cache_mode: str | None = None, cache_offset=0, routes=None):
+    """`hidden_states` plus the `Routing` of the MoE layers (None for a dense model).
+    routes: [L_moe, B, T, K] int32 expert ids to reuse (a token whose first id is -1 is routed
+    afresh), or None to route every token."""
     x, norm_ratio = self.embed_inputs(tokens, residual)
     cache_meta = None
     if cache is not None:
@@ -224,24 +273,31 @@ class Transformer(nnx.Module):
                                                                      cache_offset, axis=1)
                                  for c, m in zip(cache.meta, meta)))
     new_k, new_v = [], []
+    taken, aux = [], []
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_cache = layer(x, positions, meta, layer_cache, cache_meta, cache_mode, cache_offset)
+      layer_routes = None if routes is None or not layer.is_moe else routes[len(taken)]
+      x, layer_cache, moe_out = layer(x, positions, meta, layer_cache, cache_meta, cache_mode,
+                                      cache_offset, layer_routes)
+      if moe_out is not None:
+        taken.append(moe_out.expert_ids)
+        aux.append(moe_out.aux_loss)
       if cache_mode == "write":
         new_k.append(layer_cache[0])
         new_v.append(layer_cache[1])
     new_cache = cache
     if cache_mode == "write":
       new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), cache_meta)
-    return self.final_norm(x), new_cache, norm_ratio
+    routing = Routing(jnp.stack(taken), sum(aux)) if taken else None
+    return self.final_norm(x), new_cache, norm_ratio, routing
 
   def __call__(self, tokens, positions, meta: TokenMeta, *, residual: Residual | None = None,
                cache: KVCache | None = None, cache_mode: str | None = None,
-               cache_offset=0) -> ForwardOutput:
-    h, new_cache, norm_ratio = self.hidden_states(tokens, positions, meta, residual=residual,
-                                                  cache=cache, cache_mode=cache_mode,
-                                                  cache_offset=cache_offset)
-    return ForwardOutput(self.head(h), new_cache, norm_ratio)
+               cache_offset=0, routes=None) -> ForwardOutput:
+    h, new_cache, norm_ratio, routing = self.hidden_states_and_routing(
+        tokens, positions, meta, residual=residual, cache=cache, cache_mode=cache_mode,
+        cache_offset=cache_offset, routes=routes)
+    return ForwardOutput(self.head(h), new_cache, norm_ratio, routing)
 
 
 def count_params(model: nnx.Module) -> int:

@@ -1,0 +1,279 @@
+"""Mixture-of-experts feed-forward of LLaDA2.x (DESIGN §4), pluggable in place of the dense MLP.
+
+Router (the official LLaDA2 / Ling-2 gate): f32 logits -> sigmoid scores `s`; the `expert_bias`
+(aux-loss-free balancing state, never trained by gradient) is added **for selection only**:
+groups are scored by the sum of their two best biased scores, the `topk_group` best of `n_group`
+groups are kept, and the top-k biased scores inside them pick the experts. The weights are the
+*unbiased* scores of the chosen experts, normalised by their sum (+1e-20) and multiplied by
+`routed_scaling_factor`. Shared experts (one SwiGLU of width `n_shared * expert_dim`) are added.
+
+Expert compute (`impl`, chosen by config, never silently):
+* ``"ragged"`` — dropless: the (token, expert) assignments are sorted by expert and the SwiGLU
+  runs as three `jax.lax.ragged_dot`s (native grouped matmul on TPU/GPU; on CPU it expands to a
+  dense `[E, m, k]` product, so it is for tiny tests there).
+* ``"dense"``  — every expert on every token, combined with the routing weights (zero for the
+  experts a token did not choose): the tiny-CPU fallback and the oracle of the ragged path.
+
+Expert parallelism (`expert_parallel`): the expert weights are split over the mesh axis
+``"expert"``; inside `shard_map` each device gathers the tokens (and their routes) of its
+`expert` peers, runs its own experts on the assignments that chose them (ragged, dropless), and
+the partial outputs are summed and scattered back to the token owners (`psum_scatter`). Per
+device this moves `P·n·D` tokens in and out, which is `K` times less than a dropless all-to-all
+padded to its worst case (`P·n·K·D`, static shapes). The routing itself runs outside, so the
+same routes (captured or not) drive every layout.
+
+Route capture (exact replay, issue 13): `__call__` returns the chosen expert ids of every token
+and accepts given ids (`-1` in a token's first slot = route it afresh); the weights are always
+recomputed from the current router, so the router still gets gradients under replay.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+IMPLS = ("ragged", "dense")
+EXPERT_AXIS = "expert"
+_TOKEN_AXES = ("data", "fsdp")   # mesh axes that already split the tokens (batch) elsewhere
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  n_experts: int
+  top_k: int
+  expert_dim: int                     # moe_intermediate_size
+  n_group: int = 1
+  topk_group: int = 1
+  n_shared: int = 0                   # shared experts (fused into one SwiGLU of n_shared widths)
+  routed_scaling_factor: float = 1.0
+  impl: str = "dense"                 # ragged | dense
+  expert_parallel: bool = False       # split experts over the mesh axis "expert" (shard_map)
+  freeze_router: bool = False         # router kernel gets no gradient (stop_gradient)
+  aux_loss_weight: float = 0.0        # load-balance loss weight (0: off, the ORL default)
+
+  def validate(self) -> None:
+    """Raises ValueError naming the model.moe.* field that is inconsistent."""
+    if self.impl not in IMPLS:
+      raise ValueError(f"model.moe.impl must be one of {IMPLS}, got {self.impl!r}")
+    if self.n_experts % self.n_group:
+      raise ValueError(f"model.moe.n_group={self.n_group} must divide "
+                       f"model.moe.n_experts={self.n_experts}")
+    if not 1 <= self.topk_group <= self.n_group:
+      raise ValueError(f"model.moe.topk_group={self.topk_group} must be in [1, n_group="
+                       f"{self.n_group}]")
+    if self.expert_parallel and self.impl != "ragged":
+      raise ValueError("model.moe.expert_parallel runs the ragged (dropless) expert compute: "
+                       f"set model.moe.impl='ragged' (got {self.impl!r})")
+    kept = self.topk_group * (self.n_experts // self.n_group)
+    if not 1 <= self.top_k <= kept:
+      raise ValueError(f"model.moe.top_k={self.top_k} must be in [1, {kept}] (the experts of "
+                       f"the topk_group={self.topk_group} kept groups)")
+
+
+class RoutedTokens(NamedTuple):
+  expert_ids: jax.Array   # [N, K] int32 chosen experts
+  weights: jax.Array      # [N, K] f32 combine weights (unbiased, normalised, scaled)
+  scores: jax.Array       # [N, E] f32 sigmoid scores (for the load-balance loss)
+
+
+def route(logits: jax.Array, expert_bias: jax.Array, cfg: MoEConfig,
+          given_ids: jax.Array | None = None) -> RoutedTokens:
+  """Group-limited top-k selection on biased sigmoid scores. logits: [N, E] f32.
+
+  `given_ids` [N, K] replaces the selection of every token whose first entry is >= 0 (a
+  captured route); the weights always come from the current scores of the chosen experts.
+  """
+  n, e = logits.shape
+  scores = jax.nn.sigmoid(logits.astype(jnp.float32))
+  biased = scores + expert_bias.astype(jnp.float32)
+  per_group = e // cfg.n_group
+  grouped = biased.reshape(n, cfg.n_group, per_group)
+  group_score = jnp.sum(jax.lax.top_k(grouped, min(2, per_group))[0], axis=-1)   # [N, G]
+  _, kept_groups = jax.lax.top_k(group_score, cfg.topk_group)
+  group_kept = jnp.sum(jax.nn.one_hot(kept_groups, cfg.n_group, dtype=jnp.int32), axis=1) > 0
+  expert_kept = jnp.repeat(group_kept, per_group, axis=-1)                       # [N, E]
+  _, ids = jax.lax.top_k(jnp.where(expert_kept, biased, -jnp.inf), cfg.top_k)
+  if given_ids is not None:
+    ids = jnp.where(given_ids[:, :1] >= 0, given_ids.astype(ids.dtype), ids)
+  chosen = jnp.take_along_axis(scores, ids, axis=-1)
+  weights = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
+  return RoutedTokens(ids, weights * cfg.routed_scaling_factor, scores)
+
+
+def load_balance_loss(routed: RoutedTokens, n_experts: int, token_mask=None) -> jax.Array:
+  """Switch-style balance loss `E · Σ_e f_e · P_e` over real tokens: `f_e` the share of
+  assignments that went to expert e (no gradient), `P_e` the mean sum-normalised score."""
+  n, k = routed.expert_ids.shape
+  valid = jnp.ones((n,), jnp.float32) if token_mask is None else token_mask.astype(jnp.float32)
+  n_valid = jnp.maximum(jnp.sum(valid), 1.0)
+  counts = jnp.sum(jax.nn.one_hot(routed.expert_ids, n_experts) * valid[:, None, None],
+                   axis=(0, 1))
+  share = jax.lax.stop_gradient(counts / (n_valid * k))
+  probs = routed.scores / (jnp.sum(routed.scores, axis=-1, keepdims=True) + 1e-20)
+  mean_prob = jnp.sum(probs * valid[:, None], axis=0) / n_valid
+  return n_experts * jnp.sum(share * mean_prob)
+
+
+# ----------------------------------------------------------------------------- expert compute
+
+
+class ExpertWeights(NamedTuple):
+  gate: jax.Array   # [E, D, F]
+  up: jax.Array     # [E, D, F]
+  down: jax.Array   # [E, F, D]
+
+
+def dense_experts(x, routed: RoutedTokens, w: ExpertWeights):
+  """Every expert on every token, combined by the routing weights. x: [N, D] -> [N, D]."""
+  n, e = x.shape[0], w.gate.shape[0]
+  combine = jnp.zeros((n, e), jnp.float32).at[jnp.arange(n)[:, None],
+                                               routed.expert_ids].add(routed.weights)
+  h = jax.nn.silu(jnp.einsum("nd,edf->enf", x, w.gate)) * jnp.einsum("nd,edf->enf", x, w.up)
+  y = jnp.einsum("enf,efd->end", h, w.down, preferred_element_type=jnp.float32)
+  return jnp.einsum("end,ne->nd", y, combine).astype(x.dtype)
+
+
+def ragged_experts(x, routed: RoutedTokens, w: ExpertWeights, expert_offset=0):
+  """Dropless grouped SwiGLU of the assignments whose expert is one of the `E_local` experts in
+  `w` (ids `expert_offset .. expert_offset + E_local - 1`); the other assignments contribute
+  nothing. x: [N, D] -> [N, D]."""
+  n, k = routed.expert_ids.shape
+  n_local = w.gate.shape[0]
+  local_ids = routed.expert_ids.reshape(-1) - expert_offset              # [N*K]
+  is_local = (local_ids >= 0) & (local_ids < n_local)
+  sort_key = jnp.where(is_local, local_ids, n_local)                     # others sort last
+  order = jnp.argsort(sort_key, stable=True)
+  group_sizes = jnp.bincount(sort_key, length=n_local + 1)[:n_local].astype(jnp.int32)
+  token_of = order // k                                                  # [N*K] source token
+  xs = x[token_of]
+  h = (jax.nn.silu(jax.lax.ragged_dot(xs, w.gate, group_sizes))
+       * jax.lax.ragged_dot(xs, w.up, group_sizes))
+  ys = jax.lax.ragged_dot(h, w.down, group_sizes, preferred_element_type=jnp.float32)
+  # Rows past sum(group_sizes) belong to no local expert: select, never multiply (their
+  # content is unspecified on some backends).
+  weight = routed.weights.reshape(-1)[order]
+  ys = jnp.where(is_local[order][:, None], ys * weight[:, None], 0.0)
+  return jnp.zeros((n, x.shape[-1]), jnp.float32).at[token_of].add(ys).astype(x.dtype)
+
+
+def _expert_parallel(x, routed: RoutedTokens, w: ExpertWeights):
+  """`ragged_experts` with experts split over the mesh axis "expert" (see module docstring)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if EXPERT_AXIS not in mesh.axis_names:
+    raise ValueError("model.moe.expert_parallel needs a mesh with an 'expert' axis set with "
+                     f"jax.set_mesh(...); the current mesh has axes {mesh.axis_names}")
+  token_spec = P(tuple(a for a in mesh.axis_names if a in _TOKEN_AXES) + (EXPERT_AXIS,))
+
+  def local(x, ids, weights, gate, up, down):
+    gather = lambda a: jax.lax.all_gather(a, EXPERT_AXIS, axis=0, tiled=True)
+    peers = RoutedTokens(gather(ids), gather(weights), None)
+    offset = jax.lax.axis_index(EXPERT_AXIS) * gate.shape[0]
+    y = ragged_experts(gather(x), peers, ExpertWeights(gate, up, down), offset)
+    return jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True)
+
+  expert_spec = P(EXPERT_AXIS)
+  return jax.shard_map(local, mesh=mesh,
+                       in_specs=(token_spec, token_spec, token_spec, expert_spec, expert_spec,
+                                 expert_spec),
+                       out_specs=token_spec, check_vma=False)(
+                           x, routed.expert_ids, routed.weights, *w)
+
+
+# ----------------------------------------------------------------------------- module
+
+
+class Router(nnx.Module):
+  """`kernel` [D, E] (HF `mlp.gate.weight` transposed) and `expert_bias` [E]. The bias is stored
+  as a Param so loading, export and sharding see it, but it is selection-only state: it gets no
+  gradient and `frozen_param` tells the optimizer to leave it alone."""
+
+  def __init__(self, d_model: int, n_experts: int, *, param_dtype, rngs: nnx.Rngs):
+    self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (d_model, n_experts),
+                                                            param_dtype))
+    self.expert_bias = nnx.Param(jnp.zeros((n_experts,), param_dtype))
+
+  def logits(self, x, freeze: bool):
+    kernel = self.kernel[...].astype(jnp.float32)
+    if freeze:
+      kernel = jax.lax.stop_gradient(kernel)
+    # The official gate keeps this matmul in f32 (bf16 logits flip routes).
+    return jnp.einsum("nd,de->ne", x.astype(jnp.float32), kernel,
+                      precision=jax.lax.Precision.HIGHEST)
+
+
+class MoEOutput(NamedTuple):
+  y: jax.Array            # [B, T, D]
+  expert_ids: jax.Array   # [B, T, K] int32 routes taken (captured for replay)
+  aux_loss: jax.Array     # scalar f32 load-balance loss (unweighted)
+
+
+class MoE(nnx.Module):
+  """Routed SwiGLU experts plus an optional shared SwiGLU (`shared_experts`, built by the caller
+  with width `n_shared * expert_dim`, so the dense MLP class is reused)."""
+
+  def __init__(self, cfg: MoEConfig, d_model: int, *, dtype, param_dtype,
+               shared_experts: nnx.Module | None, rngs: nnx.Rngs):
+    cfg.validate()
+    self.cfg = cfg
+    self.dtype = dtype
+    self.router = Router(d_model, cfg.n_experts, param_dtype=param_dtype, rngs=rngs)
+    init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+    e, d, f = cfg.n_experts, d_model, cfg.expert_dim
+    self.gate_proj = nnx.Param(init(rngs.params(), (e, d, f), param_dtype))
+    self.up_proj = nnx.Param(init(rngs.params(), (e, d, f), param_dtype))
+    self.down_proj = nnx.Param(init(rngs.params(), (e, f, d), param_dtype))
+    self.shared_experts = shared_experts
+
+  def __call__(self, x, routes=None, token_mask=None) -> MoEOutput:
+    """x: [B, T, D]; routes: [B, T, K] int32 captured expert ids (-1: re-route) or None;
+    token_mask: [B, T] real tokens for the load-balance loss (None: all)."""
+    cfg = self.cfg
+    b, t, d = x.shape
+    flat = x.reshape(b * t, d)
+    given = None if routes is None else routes.reshape(b * t, cfg.top_k)
+    routed = route(self.router.logits(flat, cfg.freeze_router),
+                   jax.lax.stop_gradient(self.router.expert_bias[...]), cfg, given)
+    weights = ExpertWeights(*(p[...].astype(self.dtype)
+                              for p in (self.gate_proj, self.up_proj, self.down_proj)))
+    flat = flat.astype(self.dtype)
+    if cfg.expert_parallel:
+      y = _expert_parallel(flat, routed, weights)
+    elif cfg.impl == "ragged":
+      y = ragged_experts(flat, routed, weights)
+    else:
+      y = dense_experts(flat, routed, weights)
+    y = y.reshape(b, t, d)
+    if self.shared_experts is not None:
+      y = y + self.shared_experts(x)
+    mask = None if token_mask is None else token_mask.reshape(b * t)
+    aux = (load_balance_loss(routed, cfg.n_experts, mask) if cfg.aux_loss_weight
+           else jnp.zeros((), jnp.float32))
+    return MoEOutput(y, routed.expert_ids.reshape(b, t, cfg.top_k).astype(jnp.int32), aux)
+
+
+# Partition rules of the MoE parameters, in the (regex, PartitionSpec) form of
+# `orl_jax.sharding.PARTITION_RULES` (put them first): routed experts split over `expert`, their
+# [D, F] / [F, D] slices like the dense MLP; the shared experts exactly like the dense MLP; the
+# router (small, f32 matmul) replicated. Axes missing from the mesh are dropped by the fitting.
+PARTITION_RULES: tuple[tuple[str, P], ...] = (
+    (r"mlp\.(gate_proj|up_proj)$", P(EXPERT_AXIS, "fsdp", "tensor")),            # [E, D, F]
+    (r"mlp\.down_proj$", P(EXPERT_AXIS, "tensor", "fsdp")),                      # [E, F, D]
+    (r"shared_experts\.(gate_proj|up_proj)\.kernel$", P("fsdp", "tensor")),      # [D, F]
+    (r"shared_experts\.down_proj\.kernel$", P("tensor", "fsdp")),                # [F, D]
+    (r"mlp\.router\.", P()),
+)
+
+
+def frozen_param(name: str, cfg: MoEConfig | None) -> bool:
+  """Whether the parameter with dot-joined name `name` must not be updated by the optimizer:
+  every router `expert_bias` (selection state), and the router kernel under `freeze_router`
+  (its gradient is already zero; this also keeps weight decay off it)."""
+  if cfg is None:
+    return False
+  if name.endswith("router.expert_bias"):
+    return True
+  return cfg.freeze_router and name.endswith("router.kernel")

@@ -1,0 +1,201 @@
+"""The MoE feed-forward (orl_jax/models/moe.py): router vs an independent numpy router, ragged ==
+dense, expert-axis shard_map == one device, route capture, frozen router, balance loss."""
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from orl_jax.models import moe as moe_lib
+from orl_jax.models.moe import MoE, MoEConfig
+from orl_jax.sharding import path_name
+from tests.test_llada2 import ROUTER_MARGIN, reference_route
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=4, topk_group=2,
+                routed_scaling_factor=2.5, impl="dense")
+
+
+def _moe(cfg: MoEConfig, seed=0, d_model=16):
+  """An MoE with a random expert bias (built abstractly, then filled: eager init is slow)."""
+  graphdef, params = nnx.split(nnx.eval_shape(
+      lambda: MoE(cfg, d_model, dtype=jnp.float32, param_dtype=jnp.float32,
+                  shared_experts=None, rngs=nnx.Rngs(seed))))
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    scale = 0.3 if path_name(path).endswith("expert_bias") else leaf.shape[-2] ** -0.5
+    return jnp.asarray(scale * rng.standard_normal(leaf.shape), jnp.float32)
+
+  return graphdef, jax.tree_util.tree_map_with_path(fill, params)
+
+
+def _x(seed, b=2, t=8, d=16):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal((b, t, d)), jnp.float32)
+
+
+_apply = jax.jit(lambda graphdef, params, x, routes=None: nnx.merge(graphdef, params)(x, routes),
+                 static_argnums=0)
+
+
+def _sin_loss(graphdef, params, x):
+  return jnp.sum(jnp.sin(nnx.merge(graphdef, params)(x).y))
+
+
+_loss_and_grads = jax.jit(jax.value_and_grad(_sin_loss, argnums=(1, 2)), static_argnums=0)
+
+
+def test_router_matches_numpy_reference():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((64, 16))
+  gate_w = rng.standard_normal((8, 16)) / 4
+  bias = 0.3 * rng.standard_normal(8)
+  want_ids, want_w, margin = reference_route(x, gate_w, bias, CFG)
+  assert margin > ROUTER_MARGIN, margin
+  logits = jnp.asarray(x @ gate_w.T, jnp.float32)
+  got = moe_lib.route(logits, jnp.asarray(bias, jnp.float32), CFG)
+  np.testing.assert_array_equal(np.asarray(got.expert_ids), want_ids)   # both best-first
+  np.testing.assert_allclose(np.asarray(got.weights), want_w, rtol=1e-5, atol=0)
+  # Given ids win for tokens whose first entry is >= 0; -1 re-routes.
+  given = np.full((64, 2), -1)
+  given[::3] = [[5, 0]]
+  replayed = moe_lib.route(logits, jnp.asarray(bias, jnp.float32), CFG, jnp.asarray(given))
+  want = np.where(given[:, :1] >= 0, given, want_ids)
+  np.testing.assert_array_equal(np.asarray(replayed.expert_ids), want)
+  scores = 1 / (1 + np.exp(-(x @ gate_w.T)))
+  chosen = scores[0, [5, 0]]
+  np.testing.assert_allclose(np.asarray(replayed.weights[0]), chosen / chosen.sum() * 2.5,
+                             rtol=1e-5)
+
+
+def test_ragged_equals_dense_values_and_grads():
+  graphdef, params = _moe(CFG)
+  ragged_def, _ = _moe(dataclasses.replace(CFG, impl="ragged"))
+  x = _x(1)
+  dense_out = _apply(graphdef, params, x)
+  ragged_out = _apply(ragged_def, params, x)
+  np.testing.assert_array_equal(np.asarray(dense_out.expert_ids),
+                                np.asarray(ragged_out.expert_ids))
+  scale = float(jnp.max(jnp.abs(dense_out.y)))
+  np.testing.assert_allclose(np.asarray(ragged_out.y), np.asarray(dense_out.y), rtol=0,
+                             atol=1e-5 * scale)
+  (lv, (gp, gx)), (rv, (rp, rx)) = (_loss_and_grads(graphdef, params, x),
+                                    _loss_and_grads(ragged_def, params, x))
+  np.testing.assert_allclose(float(rv), float(lv), rtol=1e-5)
+  for got, want in zip(jax.tree.leaves((rp, rx)), jax.tree.leaves((gp, gx))):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
+                               atol=1e-5 * float(jnp.max(jnp.abs(want))) + 1e-30)
+
+
+def test_route_capture_and_frozen_router():
+  cfg = dataclasses.replace(CFG, impl="ragged")
+  graphdef, params = _moe(cfg)
+  x = _x(2)
+  out = _apply(graphdef, params, x)
+  replay = _apply(graphdef, params, x, np.asarray(out.expert_ids))
+  np.testing.assert_array_equal(np.asarray(replay.y), np.asarray(out.y))
+  # The router trains under replay (weights come from its scores) unless frozen; the
+  # selection-only expert bias never gets a gradient.
+  _, (grads, _) = _loss_and_grads(graphdef, params, x)
+  assert float(jnp.max(jnp.abs(grads["router"]["kernel"][...]))) > 0
+  np.testing.assert_array_equal(np.asarray(grads["router"]["expert_bias"][...]), 0.0)
+  frozen_def, _ = _moe(dataclasses.replace(cfg, freeze_router=True))
+  _, (frozen, _) = _loss_and_grads(frozen_def, params, x)
+  np.testing.assert_array_equal(np.asarray(frozen["router"]["kernel"][...]), 0.0)
+  assert float(jnp.max(jnp.abs(frozen["gate_proj"][...]))) > 0
+  assert moe_lib.frozen_param("layers.3.mlp.router.expert_bias", cfg)
+  assert not moe_lib.frozen_param("layers.3.mlp.router.kernel", cfg)
+  assert moe_lib.frozen_param("layers.3.mlp.router.kernel",
+                              dataclasses.replace(cfg, freeze_router=True))
+  assert not moe_lib.frozen_param("layers.3.mlp.gate_proj", cfg)
+
+
+def test_load_balance_loss():
+  ids = jnp.asarray([[0, 1], [0, 2], [0, 1]])
+  scores = jnp.asarray([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.2, 0.2, 0.2, 0.4]])
+  routed = moe_lib.RoutedTokens(ids, jnp.ones((3, 2)), scores)
+  share = np.array([3, 2, 1, 0]) / 6
+  probs = np.asarray(scores) / np.asarray(scores).sum(-1, keepdims=True)
+  want = 4 * np.sum(share * probs.mean(0))
+  np.testing.assert_allclose(float(moe_lib.load_balance_loss(routed, 4)), want, rtol=1e-6)
+  masked = moe_lib.load_balance_loss(routed, 4, jnp.asarray([True, True, False]))
+  share2 = np.array([2, 1, 1, 0]) / 4
+  np.testing.assert_allclose(float(masked), 4 * np.sum(share2 * probs[:2].mean(0)), rtol=1e-6)
+  # Off by default: the module reports 0 without computing it.
+  graphdef, params = _moe(CFG)
+  assert float(_apply(graphdef, params, _x(3)).aux_loss) == 0.0
+  on_def, _ = _moe(dataclasses.replace(CFG, aux_loss_weight=0.01))
+  assert float(_apply(on_def, params, _x(3)).aux_loss) > 0.5   # ~1 when balanced
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("impl", "megablox", "model.moe.impl"),
+    ("n_group", 3, "model.moe.n_group"),
+    ("topk_group", 5, "model.moe.topk_group"),
+    ("top_k", 5, "model.moe.top_k"),
+    ("expert_parallel", True, "model.moe.expert_parallel"),
+])
+def test_bad_config_names_the_field(field, value, match):
+  with pytest.raises(ValueError, match=match):
+    dataclasses.replace(CFG, **{field: value}).validate()
+
+
+_EXPERT_AXIS_SCRIPT = textwrap.dedent("""
+  import dataclasses
+  import jax
+  jax.config.update("jax_num_cpu_devices", 4)
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from tests.test_moe import CFG, _moe, _x, _loss_and_grads
+  assert jax.device_count() == 4
+  cfg = dataclasses.replace(CFG, impl="ragged")
+  graphdef, params = _moe(cfg)
+  ep_def, _ = _moe(dataclasses.replace(cfg, expert_parallel=True))
+  x = _x(5, b=4, t=6)
+  want_loss, want_grads = _loss_and_grads(graphdef, params, x)
+  for shape, axes in (((4,), ("expert",)), ((2, 2), ("data", "expert"))):
+    mesh = jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+    with jax.set_mesh(mesh):
+      ep_params = jax.tree.map(
+          lambda p: jax.device_put(p, NamedSharding(mesh, P("expert") if p.ndim == 3 else P())),
+          params)
+      loss, grads = _loss_and_grads(ep_def, ep_params, x)
+    gate = grads[0]["gate_proj"][...]
+    assert gate.sharding.spec[0] == "expert", gate.sharding
+    err = abs(float(loss) - float(want_loss)) / abs(float(want_loss))
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+      scale = float(jnp.max(jnp.abs(want))) + 1e-30
+      err = max(err, float(jnp.max(jnp.abs(jnp.asarray(got) - want))) / scale)
+    print(axes, "max relative error", err)
+    assert err <= 1e-5, err
+  print("EXPERT_AXIS_OK")
+""")
+
+
+def test_expert_axis_equals_one_device_on_4_cpu_devices():
+  """Experts split over the `expert` axis (tokens gathered and scattered back inside shard_map)
+  give the one-device loss and gradients, alone and next to a `data` axis."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-c", _EXPERT_AXIS_SCRIPT], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert "EXPERT_AXIS_OK" in out.stdout, out.stdout + out.stderr[-4000:]
+
+
+def test_partition_rules_split_experts_over_the_expert_axis():
+  from jax.sharding import PartitionSpec as P
+  from orl_jax import sharding
+  rules = moe_lib.PARTITION_RULES + sharding.PARTITION_RULES
+  mesh_shape = {"data": 1, "fsdp": 2, "expert": 4, "tensor": 1}
+  spec = lambda name, shape: sharding.partition_spec(name, shape, mesh_shape, rules)
+  assert spec("layers.1.mlp.gate_proj", (8, 16, 12)) == P("expert", "fsdp", None)
+  assert spec("layers.1.mlp.down_proj", (8, 12, 16)) == P("expert", None, "fsdp")
+  assert spec("layers.1.mlp.shared_experts.up_proj.kernel", (16, 12)) == P("fsdp", None)
+  assert spec("layers.1.mlp.router.kernel", (16, 8)) == P(None, None)
+  assert spec("layers.0.mlp.gate_proj.kernel", (16, 40)) == P("fsdp", None)   # dense layer
