@@ -124,7 +124,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.replay.micro_batches = 1        # gradient accumulation over row micro-batches (one update)
 
   c.loss = ml_collections.ConfigDict()
-  c.loss.gate_entropy = 0.0
+  # CE only where the rollout was uncertain (normalized entropy >= this). Measured on the tiny
+  # task (README, 300 updates, 2048 problems, threshold 0.9): 0 -> 0.946 / 2.05x, 0.05 ->
+  # 0.950 / 2.03x, 0.1 -> 0.954 / 1.93x; 0.05 keeps the base's accuracy at the same speed-up.
+  c.loss.gate_entropy = 0.05
   c.loss.aec_rho = 0.25
   c.loss.conf_entropy = 0.1
   c.loss.kl_cap = 1.0
