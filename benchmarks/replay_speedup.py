@@ -44,7 +44,8 @@ from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.decoding import Capture
 from orl_jax.losses import LossConfig, OrlObjective
-from orl_jax.replay import ROW_FIELDS, ReplayConfig, build_plan, gather_batch
+from orl_jax.batch import ROW_FIELDS
+from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import Trajectories
 from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
 from pallas_kernels.staircase_attention import staircase_visible
@@ -270,7 +271,7 @@ def main():
   ap.add_argument("--out", default="benchmarks/results/replay_speedup.json")
   args = ap.parse_args()
   config = tiny.get_config("sft")
-  from orl_jax.data.tokenizer import tiny_tokenizer
+  from orl_jax.data.tiny_task import tiny_tokenizer
   tok = tiny_tokenizer()
   s_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
   mesh = sharding_lib.make_mesh()

@@ -10,6 +10,7 @@ import ml_collections
 from orl_jax.decoding import DecodeConfig
 from orl_jax.losses import KL_REFERENCES
 from orl_jax.models.transformer import ModelConfig
+from orl_jax.replay.plan import LAYOUTS as REPLAY_LAYOUTS
 from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
@@ -87,15 +88,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if n_data > 0:
     check(t.batch_size % n_data == 0,
           f"train.batch_size={t.batch_size} must be divisible by mesh.data={n_data}")
-  r = config.get("replay")
-  if r is not None:
-    check(r.n_rows > 0 and r.row_len > 0,
-          f"replay.n_rows={r.n_rows} and replay.row_len={r.row_len} must be positive")
-    micro = r.get("micro_batches", 1)
-    shards = n_data * config.mesh.fsdp if n_data > 0 and config.mesh.fsdp > 0 else 1
-    check(micro >= 1 and r.n_rows % (micro * shards) == 0,
-          f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
-          + (f" per data shard (mesh.data x mesh.fsdp = {shards})" if shards > 1 else ""))
+  errors += _replay_errors(config)
   for label in config.eval.settings:
     try:
       UnmaskRule.parse(label)
@@ -105,6 +98,34 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"invalid config: {errors[0]}")
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The replay section's problems, caught at start-up rather than after the first rollout."""
+  r, d, t = config.get("replay"), config.decode, config.train
+  if r is None:
+    return []
+  errors = []
+  check = lambda cond, msg: None if cond else errors.append(msg)
+  n_data = config.mesh.data
+  check(r.n_rows > 0 and r.row_len > 0,
+        f"replay.n_rows={r.n_rows} and replay.row_len={r.row_len} must be positive")
+  micro = r.get("micro_batches", 1)
+  shards = n_data * config.mesh.fsdp if n_data > 0 and config.mesh.fsdp > 0 else 1
+  check(micro >= 1 and r.n_rows % (micro * shards) == 0,
+        f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
+        + (f" per data shard (mesh.data x mesh.fsdp = {shards})" if shards > 1 else ""))
+  layout = r.get("layout", "packed")
+  check(layout in REPLAY_LAYOUTS,
+        f"replay.layout={layout!r} must be one of {REPLAY_LAYOUTS}")
+  # a state of the last block replays with the prompt and every clean block before it (the
+  # canvas layout: with the masked blocks after it), so a row must hold prompt + response
+  need = config.task.prompt_len + d.gen_length
+  check(t.mode != "orl" or r.row_len >= need,
+        f"replay.row_len={r.row_len} cannot hold a prompt (task.prompt_len="
+        f"{config.task.prompt_len}) plus a state of the last block with its context "
+        f"(decode.gen_length={d.gen_length}): raise replay.row_len to at least {need}")
+  return errors
 
 
 def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id: int) -> ModelConfig:

@@ -72,6 +72,7 @@ _SHARDED = textwrap.dedent("""
   from configs import tiny
   from orl_jax import sharding
   from orl_jax.data.pipeline import train_dataset
+  from orl_jax.losses import sft_loss
   from orl_jax.train import loop
   from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
   assert len(jax.devices()) == 4
@@ -85,7 +86,7 @@ _SHARDED = textwrap.dedent("""
     mesh = sharding.make_mesh(devices=devices)
     opt = make_optimizer(c.train, 0.1)
     g, state, sh = create_train_state(s.model_cfg, opt, mesh, 0)
-    fn = lambda m, b, k: loop.sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)
+    fn = lambda m, b, k: sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)
     step = make_train_step(g, opt, fn, mesh, sh)
     sharded = sharding.shard_batch(batch, mesh)
     assert len(sharded["response"].sharding.device_set) == len(devices)

@@ -33,6 +33,7 @@ from orl_jax.losses import OrlObjective
 from orl_jax.metrics import MetricsWriter
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout
+from orl_jax.train.run import finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
 from orl_jax.unmasking import UnmaskRule
 
@@ -106,7 +107,6 @@ def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None)
   config = s.config
   tc, workdir, o = config.train, config.workdir, config.orl
   tok = s.tokenizer
-  from orl_jax.train.loop import finish_run, loss_config, prepare_run, resume
   run = prepare_run(s)
   graphdef, state, state_sh, optimizer, ckpt = (run.graphdef, run.state, run.state_shardings,
                                                 run.optimizer, run.ckpt)
