@@ -126,6 +126,27 @@ def test_orl_is_on_policy_and_resumes_exactly(tmp_path):
   assert all(r["states_packed"] > 0 for r in rows)
 
 
+def test_an_orl_iteration_moves_data_only_at_its_named_host_hops(tmp_path, monkeypatch):
+  """rollout -> verify -> plan -> gather -> update under `jax.transfer_guard("disallow")`:
+  only the named hops (prompts, verification, planning, logging, checkpoints) reach the host."""
+  import contextlib
+  import jax
+  from orl_jax.train import orl, run
+  s = run.setup(orl_smoke_config(tmp_path, steps=2))
+  r = run.prepare_run(s)
+  steps = orl.build_orl_steps(s, r, orl.prompt_stream(s))
+  with jax.transfer_guard("disallow"):
+    state, record = orl.orl_iteration(steps, r.state, 0)
+  assert record.verified.all() and record.plan_stats["states_packed"] > 0
+  with jax.transfer_guard("allow"):
+    assert int(state.step) == 1 and int(record.metrics["policy_lag"]) == 0
+  # the guard is live: without the hops the same iteration stops at its first host transfer
+  monkeypatch.setattr(orl, "host_hop", lambda name: contextlib.nullcontext())
+  with jax.transfer_guard("disallow"), pytest.raises(Exception, match="Disallowed"):
+    orl.orl_iteration(steps, state, 1)
+  r.ckpt.close()
+
+
 def test_ledger_refuses_reuse():
   from orl_jax.train.orl import RolloutLedger
   ledger = RolloutLedger()
