@@ -133,12 +133,11 @@ def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id:
   return ModelConfig(
       vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
       n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim, mask_id=mask_id,
-      rope_theta=m.rope_theta, norm_eps=m.norm_eps, qk_norm=m.qk_norm,
-      tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale, family=m.family,
-      block_size=config.decode.block_size, dtype=m.dtype, param_dtype=m.param_dtype,
-      attention_impl=m.attention_impl, residual_mode=m.residual.mode,
-      residual_hidden=m.residual.hidden, residual_scale=m.residual.scale,
-      residual_temperature=m.residual.temperature)
+      rope_theta=m.rope_theta, rope_fraction=m.get("rope_fraction", 1.0), norm_eps=m.norm_eps,
+      qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale,
+      family=m.family, dtype=m.dtype, param_dtype=m.param_dtype, attention_impl=m.attention_impl,
+      residual_mode=m.residual.mode, residual_hidden=m.residual.hidden,
+      residual_scale=m.residual.scale, residual_temperature=m.residual.temperature)
 
 
 def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: int,
