@@ -77,7 +77,7 @@ def synthetic_trajectories(group: int, model_cfg, rng: np.random.Generator):
   logp = jax.nn.log_softmax(jnp.asarray(logits), -1)
   top_lp, top_ids = jax.lax.top_k(logp, k)
   ent = -jnp.sum(jnp.exp(logp) * logp, -1) / np.log(v)
-  cap = Capture(canvas=jnp.asarray(canvas), block=jnp.asarray(block), step=jnp.asarray(step),
+  cap = Capture(block_tokens=jnp.asarray(canvas), block=jnp.asarray(block), step=jnp.asarray(step),
                 z=jnp.asarray(z), alpha=jnp.asarray(ent), entropy=jnp.asarray(ent),
                 topk_ids=top_ids, topk_logprobs=top_lp,
                 commit=jnp.zeros((group, s, BLOCK), bool), valid=jnp.ones((group, s), bool),

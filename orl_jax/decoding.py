@@ -62,7 +62,7 @@ class DecodeConfig:
 
 class Capture(NamedTuple):
   """Every forward step of a rollout, exactly as consumed. Shapes [B, S, ...], S = max states."""
-  canvas: jax.Array         # [B, S, b] int32 block tokens before the step
+  block_tokens: jax.Array   # [B, S, b] int32 tokens of the active block before the step
   block: jax.Array          # [B, S] int32 block index within the response
   step: jax.Array           # [B, S] int32 step index within the block
   z: jax.Array              # [B, S, b, D] residual soft embedding consumed by the step
@@ -89,7 +89,7 @@ def _empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype) -> Capture:
   s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k
   i32 = lambda *shape: jnp.zeros(shape, jnp.int32)
   f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
-  return Capture(canvas=i32(b_rows, s, b), block=i32(b_rows, s), step=i32(b_rows, s),
+  return Capture(block_tokens=i32(b_rows, s, b), block=i32(b_rows, s), step=i32(b_rows, s),
                  z=jnp.zeros((b_rows, s, b, d_model), z_dtype), alpha=f32(b_rows, s, b),
                  entropy=f32(b_rows, s, b), topk_ids=i32(b_rows, s, b, k),
                  topk_logprobs=f32(b_rows, s, b, k), commit=jnp.zeros((b_rows, s, b), bool),
@@ -211,7 +211,7 @@ def _denoise_step(cv: _Canvas, canvas, cache, active, j, key, c):
   if cfg.capture_states:
     logp = jax.nn.log_softmax(logits, axis=-1)
     top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
-    cap = _record(cap, need, canvas=tokens, block=jnp.full((b_rows,), j, jnp.int32),
+    cap = _record(cap, need, block_tokens=tokens, block=jnp.full((b_rows,), j, jnp.int32),
                   step=jnp.full((b_rows,), step, jnp.int32), z=res.z, alpha=res.alpha,
                   entropy=residual_lib.normalized_entropy(logits), topk_ids=top_ids,
                   topk_logprobs=top_lp, commit=commit)

@@ -21,7 +21,7 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int) -> Pa
   n = traj.responses.shape[1]
   clean_tok = traj.responses[resp, jnp.clip(pos, 0, n - 1)]
   state_pos = jnp.clip(pos, 0, block_size - 1)
-  state_tok = cap.canvas[resp, sidx, state_pos]
+  state_tok = cap.block_tokens[resp, sidx, state_pos]
   tokens = jnp.where(st == SRC_PROMPT, prompt_tok,
                      jnp.where(st == SRC_CLEAN, clean_tok,
                                jnp.where(is_state, state_tok,

@@ -143,7 +143,7 @@ def rollout_sums(traj: Trajectories, mask_id: int) -> dict:
   """Device-side reductions behind the rollout metrics (exact integer sums; entropy sums and
   counts over the masked positions of the states of step k of a block, k < ENTROPY_STEPS)."""
   cap = traj.capture
-  masked = cap.canvas == mask_id                                          # [B, S, b]
+  masked = cap.block_tokens == mask_id                                          # [B, S, b]
   out = {"n_generated": jnp.sum(traj.n_generated), "nfe": jnp.sum(traj.nfe),
          "nfe_engine": jnp.sum(traj.nfe_engine), "overflow": jnp.sum(cap.overflow)}
   for k in range(ENTROPY_STEPS):
