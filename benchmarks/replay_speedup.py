@@ -44,7 +44,8 @@ from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.decoding import Capture
 from orl_jax.losses import LossConfig, OrlObjective
-from orl_jax.replay import ROW_FIELDS, ReplayConfig, build_plan, gather_batch
+from orl_jax.batch import ROW_FIELDS
+from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import Trajectories
 from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
 from pallas_kernels.staircase_attention import staircase_visible
@@ -84,7 +85,7 @@ def synthetic_trajectories(group: int, model_cfg, rng: np.random.Generator):
   logp = jax.nn.log_softmax(jnp.asarray(logits), -1)
   top_lp, top_ids = jax.lax.top_k(logp, k)
   ent = -jnp.sum(jnp.exp(logp) * logp, -1) / np.log(v)
-  cap = Capture(canvas=jnp.asarray(canvas), block=jnp.asarray(block), step=jnp.asarray(step),
+  cap = Capture(block_tokens=jnp.asarray(canvas), block=jnp.asarray(block), step=jnp.asarray(step),
                 z=jnp.asarray(z), alpha=jnp.asarray(ent), entropy=jnp.asarray(ent),
                 topk_ids=top_ids, topk_logprobs=top_lp,
                 commit=jnp.zeros((group, s, BLOCK), bool), valid=jnp.ones((group, s), bool),
@@ -278,7 +279,7 @@ def main():
   ap.add_argument("--out", default="benchmarks/results/replay_speedup.json")
   args = ap.parse_args()
   config = tiny.get_config("sft")
-  from orl_jax.data.tokenizer import tiny_tokenizer
+  from orl_jax.data.tiny_task import tiny_tokenizer
   tok = tiny_tokenizer()
   s_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
   mesh = sharding_lib.make_mesh()

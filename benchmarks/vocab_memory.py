@@ -17,9 +17,9 @@ from flax import nnx
 
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.models import ModelConfig, Transformer
-from orl_jax.replay import ReplayBatch
+from orl_jax.batch import PackedBatch
 from orl_jax.residual import Residual
-from orl_jax.train.loop import sft_loss
+from orl_jax.losses import sft_loss
 from pallas_kernels.staircase_attention import TokenMeta
 
 OUT = os.path.join(_common.ROOT, "benchmarks", "results", "vocab_memory.json")
@@ -33,12 +33,12 @@ def compiled_memory(fn, *args) -> dict:
                             + m.output_size_in_bytes)}
 
 
-def abstract_replay_batch(rows, row_len, d_model, k=16) -> ReplayBatch:
+def abstract_replay_batch(rows, row_len, d_model, k=16) -> PackedBatch:
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
   f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
   rt = (rows, row_len)
   s = 64
-  return ReplayBatch(
+  return PackedBatch(
       tokens=i32(*rt), positions=i32(*rt), meta=TokenMeta(*(i32(*rt),) * 5),
       residual=Residual(f32(*rt, d_model), f32(*rt)), targets=i32(*rt),
       masked=jax.ShapeDtypeStruct(rt, jnp.bool_), rollout_entropy=f32(*rt),

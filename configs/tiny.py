@@ -54,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.head_dim = 32
   c.model.mlp_dim = 384
   c.model.rope_theta = 10000.0
+  c.model.rope_fraction = 1.0       # share of head_dim that RoPE rotates (LLaDA2: 0.5)
   c.model.norm_eps = 1e-6
   c.model.qk_norm = True
   c.model.tie_embeddings = False

@@ -43,7 +43,7 @@ def main(argv):
   s = loop.setup(config)
   tok = s.tokenizer
   if _PROMPT.value:
-    from orl_jax.verify.base import Problem
+    from orl_jax.problem import Problem
     problems = [Problem("user-0", _PROMPT.value)]
   else:
     problems = s.task.eval_problems()[:_NUM.value]

@@ -140,7 +140,7 @@ def readme(meta: dict) -> str:
       fill(f"""Config of the command above (seed {meta['seed']}, {meta['train_steps']} steps of
            masked-diffusion SFT, batch {t['batch_size']}, AdamW lr {t['lr']:g} with
            {t['warmup_steps']} warmup steps and cosine decay to {t['final_lr_fraction']:.0%},
-           block size {m['block_size']}, model d={m['d_model']}, {m['n_layers']} layers,
+           block size {meta['decode']['block_size']}, model d={m['d_model']}, {m['n_layers']} layers,
            {m['n_heads']} query / {m['n_kv_heads']} key-value heads, MLP {m['mlp_dim']}, residual
            mode `{m['residual_mode']}`; task with
            `commute_probability={meta['task']['tiny']['commute_probability']}`). `meta.json` holds

@@ -1,26 +1,135 @@
-"""The packed row every training forward consumes (SFT, ORL replay, offline RCD)."""
+"""The packed rows every training forward consumes (SFT, ORL replay, offline RCD): one batch
+type, and the SFT layout that builds them from data (`sft_batch`). Every batch has tokens, positions, staircase metadata, targets and (optionally) the
+residual consumed at state tokens; SFT adds `ce_weight`, ORL replay adds the rollout
+statistics, the response/state slots and the AEC pairs its losses need (`replay/batch.py`)."""
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from orl_jax.residual import Residual
-from pallas_kernels.staircase_attention import TokenMeta
+from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
+                                                TokenMeta, make_meta)
 
 
 @struct.dataclass
 class PackedBatch:
-  tokens: jax.Array      # [R, T] int32 input tokens of packed rows
-  positions: jax.Array   # [R, T] int32 RoPE positions (a state repeats its block's positions)
-  meta: TokenMeta        # [R, T] staircase metadata
-  targets: jax.Array     # [R, T] int32 token each position is trained to predict
-  ce_weight: jax.Array   # [R, T] f32 CE weight, already normalised per response
-  residual: Residual | None = None   # [R, T, D] / [R, T] residual consumed at state tokens
+  tokens: jax.Array          # [R, T] int32 input tokens of packed rows
+  positions: jax.Array       # [R, T] int32 RoPE positions (a state repeats its block's positions)
+  meta: TokenMeta            # [R, T] staircase metadata
+  residual: Residual | None  # z [R, T, D], alpha [R, T] consumed at state tokens (None: none)
+  targets: jax.Array         # [R, T] int32 token each position is trained to predict
+  # SFT (the 1/t-weighted masked CE):
+  ce_weight: jax.Array | None = None        # [R, T] f32, already normalised per response
+  # ORL replay (replay.gather_batch):
+  masked: jax.Array | None = None           # [R, T] bool state token masked in the captured canvas
+  rollout_entropy: jax.Array | None = None  # [R, T]
+  topk_ids: jax.Array | None = None         # [R, T, K]
+  topk_logprobs: jax.Array | None = None    # [R, T, K]
+  state_slot: jax.Array | None = None       # [R, T] selected-state slot, -1 elsewhere
+  resp_slot: jax.Array | None = None        # [R, T] response slot, -1 elsewhere
+  pair_a: jax.Array | None = None           # [Q] state slot k of an AEC pair (k, k+1)
+  pair_b: jax.Array | None = None           # [Q] state slot k + 1
+  pair_resp: jax.Array | None = None        # [Q] response slot of the pair
+  pair_valid: jax.Array | None = None       # [Q] bool
+  state_resp: jax.Array | None = None       # [S] response slot of each state slot
+  n_responses: jax.Array | None = None      # scalar: responses that produce gradient
+  rollout_step: jax.Array | None = None     # scalar: update the trajectories were drawn for
+  # The frozen KL reference on these rows (losses.attach_reference; None until attached):
+  ref_hidden: jax.Array | None = None       # [R, T, D] its final hidden states
+  ref_entropy: jax.Array | None = None      # [R, T] its normalized entropy (the anchor's gate)
 
 
-def weighted_cross_entropy(logits, targets, weight):
-  """sum(weight * -log softmax(logits)[target]) in f32, plus the weight mass for metrics."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-  return jnp.sum(nll * weight), nll
+# PackedBatch fields with one entry per row; the others (AEC pairs, state slots) are per update.
+ROW_FIELDS = ("tokens", "positions", "meta", "residual", "targets", "ce_weight", "masked",
+              "rollout_entropy", "topk_ids", "topk_logprobs", "state_slot", "resp_slot",
+              "ref_hidden", "ref_entropy")
+
+
+def masked_state_tokens(batch: PackedBatch, mask_id: int):
+  """[R, T] bool: the noised tokens a residual is fed at (masked tokens of state blocks)."""
+  return (batch.meta.kind == KIND_STATE) & (batch.tokens == mask_id)
+
+
+def micro_batch_of_rows(n_rows: int, micro_batches: int, n_shards: int = 1) -> np.ndarray:
+  """[R] micro-batch index of each row under `split_rows`: every data shard's block of rows
+  is cut into `micro_batches` consecutive chunks, so a micro-batch keeps rows on their shard."""
+  per_shard = n_rows // n_shards
+  return (np.arange(n_rows) % per_shard) // (per_shard // micro_batches)
+
+
+def split_rows(batch: PackedBatch, micro_batches: int, n_shards: int = 1) -> PackedBatch:
+  """The batch with a leading [micro_batches] axis on every leaf, for `lax.scan`: row fields
+  are cut as `micro_batch_of_rows` says ([R, ...] -> [M, R / M, ...]), per-update fields are
+  repeated."""
+  n_rows = batch.tokens.shape[0]
+  if n_rows % (n_shards * micro_batches):
+    raise ValueError(f"{n_rows} replay rows cannot be split into {micro_batches} micro-batches "
+                     f"on each of {n_shards} data shards; make replay.n_rows a multiple of "
+                     f"{n_shards * micro_batches}")
+
+  def rows(x):  # [R, ...] = [shard, micro, row, ...] -> [micro, shard * row, ...]
+    x = x.reshape((n_shards, micro_batches, n_rows // (n_shards * micro_batches)) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape((micro_batches, n_rows // micro_batches) + x.shape[3:])
+
+  repeat = lambda x: jnp.broadcast_to(x, (micro_batches,) + jnp.shape(x))
+  return batch.replace(**{f.name: jax.tree.map(rows if f.name in ROW_FIELDS else repeat,
+                                               getattr(batch, f.name))
+                          for f in dataclasses.fields(batch)})
+
+
+# --- the SFT layout (DESIGN §2.7) -------------------------------------------------------------
+# Masked-diffusion SFT in the block-diffusion layout `[prompt | x_0 | x_t]`: each response block j
+# appears noised (x_t, kind STATE of block j, its own state_id) and, except the last block (no
+# state ever sees it), clean (x_0, kind CLEAN). Under the staircase mask the noised block sees
+# the prompt and the clean blocks before j - exactly what a decoding step of block j sees through
+# the KV cache - so SFT, ORL replay and decoding share one layout.
+
+MIN_T = 1e-3  # lower bound of the sampled mask ratio (keeps the 1/t weight finite)
+
+
+def noise_blocks(key, response, *, block_size: int, mask_id: int):
+  """Masks each block of `response` [B, N] with its own ratio t ~ U(MIN_T, 1].
+
+  Returns (noised [B, N], masked [B, N] bool, t [B, N] per-token ratio of its block).
+  At least one token per block is masked (the one with the smallest uniform draw).
+  """
+  b_rows, n = response.shape
+  n_blocks = n // block_size
+  k_t, k_u = jax.random.split(key)
+  t = jax.random.uniform(k_t, (b_rows, n_blocks, 1), minval=MIN_T, maxval=1.0)
+  u = jax.random.uniform(k_u, (b_rows, n_blocks, block_size))
+  masked = u < t
+  first = jnp.arange(block_size) == jnp.argmin(u, axis=-1, keepdims=True)
+  masked = (masked | first).reshape(b_rows, n)
+  t = jnp.broadcast_to(t, (b_rows, n_blocks, block_size)).reshape(b_rows, n)
+  return jnp.where(masked, mask_id, response), masked, t
+
+
+def sft_batch(key, prompt_tokens, prompt_valid, response, *, block_size: int,
+              mask_id: int) -> PackedBatch:
+  """One row per example: [prompt (P) | clean blocks 0..n-2 (N - b) | noised response (N)]."""
+  b_rows, p = prompt_tokens.shape
+  n = response.shape[1]
+  c = n - block_size                       # the last clean block is visible to no state
+  noised, masked, t = noise_blocks(key, response, block_size=block_size, mask_id=mask_id)
+  tokens = jnp.concatenate([prompt_tokens, response[:, :c], noised], axis=1)
+  resp_pos = p + jnp.arange(n, dtype=jnp.int32)
+  positions = jnp.concatenate([jnp.arange(p, dtype=jnp.int32), resp_pos[:c], resp_pos])
+  positions = jnp.broadcast_to(positions, tokens.shape)
+  kind = jnp.concatenate([jnp.where(prompt_valid, KIND_PROMPT, KIND_PAD),
+                          jnp.full((b_rows, c), KIND_CLEAN), jnp.full((b_rows, n), KIND_STATE)],
+                         axis=1)
+  block = positions // block_size
+  response_id = jnp.where(jnp.arange(p + c + n) < p, -1, 0)
+  state_id = jnp.where(kind == KIND_STATE, block, -1)
+  meta = make_meta(kind, block, segment=0, response=response_id, state_id=state_id)
+  weight = jnp.where(masked, 1.0 / t, 0.0) / n
+  zeros = jnp.zeros((b_rows, p + c), jnp.float32)
+  return PackedBatch(tokens=tokens, positions=positions, meta=meta, residual=None,
+                     targets=jnp.concatenate([prompt_tokens, response[:, :c], response], axis=1),
+                     ce_weight=jnp.concatenate([zeros, weight], axis=1))

@@ -10,6 +10,7 @@ import ml_collections
 from orl_jax.decoding import DecodeConfig
 from orl_jax.losses import KL_REFERENCES
 from orl_jax.models.transformer import ModelConfig
+from orl_jax.replay.plan import LAYOUTS as REPLAY_LAYOUTS
 from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
@@ -91,15 +92,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if n_data > 0:
     check(t.batch_size % n_data == 0,
           f"train.batch_size={t.batch_size} must be divisible by mesh.data={n_data}")
-  r = config.get("replay")
-  if r is not None:
-    check(r.n_rows > 0 and r.row_len > 0,
-          f"replay.n_rows={r.n_rows} and replay.row_len={r.row_len} must be positive")
-    micro = r.get("micro_batches", 1)
-    shards = n_data * config.mesh.fsdp if n_data > 0 and config.mesh.fsdp > 0 else 1
-    check(micro >= 1 and r.n_rows % (micro * shards) == 0,
-          f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
-          + (f" per data shard (mesh.data x mesh.fsdp = {shards})" if shards > 1 else ""))
+  errors += _replay_errors(config)
   for label in config.eval.settings:
     try:
       UnmaskRule.parse(label)
@@ -111,17 +104,44 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
+def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The replay section's problems, caught at start-up rather than after the first rollout."""
+  r, d, t = config.get("replay"), config.decode, config.train
+  if r is None:
+    return []
+  errors = []
+  check = lambda cond, msg: None if cond else errors.append(msg)
+  n_data = config.mesh.data
+  check(r.n_rows > 0 and r.row_len > 0,
+        f"replay.n_rows={r.n_rows} and replay.row_len={r.row_len} must be positive")
+  micro = r.get("micro_batches", 1)
+  shards = n_data * config.mesh.fsdp if n_data > 0 and config.mesh.fsdp > 0 else 1
+  check(micro >= 1 and r.n_rows % (micro * shards) == 0,
+        f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
+        + (f" per data shard (mesh.data x mesh.fsdp = {shards})" if shards > 1 else ""))
+  layout = r.get("layout", "packed")
+  check(layout in REPLAY_LAYOUTS,
+        f"replay.layout={layout!r} must be one of {REPLAY_LAYOUTS}")
+  # a state of the last block replays with the prompt and every clean block before it (the
+  # canvas layout: with the masked blocks after it), so a row must hold prompt + response
+  need = config.task.prompt_len + d.gen_length
+  check(t.mode != "orl" or r.row_len >= need,
+        f"replay.row_len={r.row_len} cannot hold a prompt (task.prompt_len="
+        f"{config.task.prompt_len}) plus a state of the last block with its context "
+        f"(decode.gen_length={d.gen_length}): raise replay.row_len to at least {need}")
+  return errors
+
+
 def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id: int) -> ModelConfig:
   m = config.model
   return ModelConfig(
       vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
       n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim, mask_id=mask_id,
-      rope_theta=m.rope_theta, norm_eps=m.norm_eps, qk_norm=m.qk_norm,
-      tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale, family=m.family,
-      block_size=config.decode.block_size, dtype=m.dtype, param_dtype=m.param_dtype,
-      attention_impl=m.attention_impl, residual_mode=m.residual.mode,
-      residual_hidden=m.residual.hidden, residual_scale=m.residual.scale,
-      residual_temperature=m.residual.temperature)
+      rope_theta=m.rope_theta, rope_fraction=m.get("rope_fraction", 1.0), norm_eps=m.norm_eps,
+      qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale,
+      family=m.family, dtype=m.dtype, param_dtype=m.param_dtype, attention_impl=m.attention_impl,
+      residual_mode=m.residual.mode, residual_hidden=m.residual.hidden,
+      residual_scale=m.residual.scale, residual_temperature=m.residual.temperature)
 
 
 def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: int,

@@ -53,8 +53,8 @@ def sizing_model_config(config):
   vocab = config.model.get("vocab_size", 0)
   mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
   if not vocab:
-    from orl_jax.train import loop
-    tok = loop.setup(config).tokenizer
+    from orl_jax.train.run import setup
+    tok = setup(config).tokenizer
     vocab, mask_id = tok.vocab_size, tok.mask_id
   return config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
 
@@ -78,18 +78,10 @@ def _tree_bytes(tree) -> int:
 def abstract_replay_batch(config, traj, *, mask_id: int, block_size: int):
   """The ShapeDtypeStructs of one replay batch (`config.replay` rows) gathered from `traj`."""
   from orl_jax.replay import ReplayConfig, ReplayPlan, gather_batch
-  from pallas_kernels.staircase_attention import TokenMeta
   r = config.replay
   rcfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
                       max_responses=r.max_responses)
-  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-  rt = (rcfg.n_rows, rcfg.row_len)
-  plan = ReplayPlan(src_type=i32(*rt), src_group=i32(*rt), src_resp=i32(*rt), src_state=i32(*rt),
-                    src_pos=i32(*rt), positions=i32(*rt), meta=TokenMeta(*(i32(*rt),) * 5),
-                    state_slot=i32(*rt), resp_slot=i32(*rt), pair_a=i32(rcfg.max_states),
-                    pair_b=i32(rcfg.max_states), pair_resp=i32(rcfg.max_states),
-                    pair_valid=jax.ShapeDtypeStruct((rcfg.max_states,), jnp.bool_),
-                    state_resp=i32(rcfg.max_states), n_responses=i32())
+  plan = ReplayPlan.abstract(rcfg)
   return jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=mask_id, block_size=block_size),
                         traj, plan)
 
@@ -112,7 +104,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   rows.append(SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}"))
   total, per = _per_device(opt_state, shape)
   rows.append(SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)"))
-  from orl_jax.train.loop import needs_reference
+  from orl_jax.train.run import needs_reference
   if needs_reference(config):
     total, per = _per_device(params, shape)   # sharded like the params
     rows.append(SizingRow("KL reference (frozen)", total, per,

@@ -1,5 +1,6 @@
-"""ORL losses on a replayed batch (DESIGN §2.6): gated CE, adjacent entropy contraction (AEC) and
-the capped reverse KL anchor. Every term is averaged per response, then over responses, using
+"""The training losses. SFT (DESIGN §2.7): `sft_loss`, the 1/t-weighted masked CE in the
+staircase layout. ORL on a replayed batch (DESIGN §2.6): gated CE, adjacent entropy contraction
+(AEC) and the capped reverse KL anchor. Every term is averaged per response, then over responses, using
 global segment sums over the batch, so the packing of states into rows never changes the loss.
 
 The anchor's reference (`LossConfig.kl_reference`): "initial" (default) is the frozen model ORL
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from orl_jax.replay import ReplayBatch, split_rows
+from orl_jax.batch import PackedBatch, sft_batch, split_rows
 from orl_jax.vocab_chunks import token_stats
 
 _EPS = 1e-6
@@ -47,6 +48,30 @@ class LossConfig:
   def uses_reference(self) -> bool:
     """The anchor needs the frozen reference model (its forward is skipped when w_kl = 0)."""
     return self.w_kl > 0 and self.kl_reference == "initial"
+
+
+def sft_loss(model, batch, key, *, block_size: int, mask_id: int, vocab_chunk: int = 0,
+             residual_fn=None):
+  """1/t-weighted masked CE in the staircase layout; the head statistics go `vocab_chunk`
+  tokens at a time when that is > 0 (same value, no [R, T, V] logits). `residual_fn(model,
+  packed, batch, key)` supplies the residual fed at the noised tokens (offline RCD, the
+  residual warm-up); None for plain SFT."""
+  pb = sft_batch(key, batch["prompt_tokens"], batch["prompt_valid"], batch["response"],
+                 block_size=block_size, mask_id=mask_id)
+  residual = (None if residual_fn is None
+              else residual_fn(model, pb, batch, jax.random.fold_in(key, 1)))
+  hidden, _, norm_ratio = model.hidden_states(pb.tokens, pb.positions, pb.meta,
+                                              residual=residual)
+  stats = token_stats(model.head, hidden, pb.targets, chunk=vocab_chunk)
+  nll = stats.nll
+  total = jnp.sum(nll * pb.ce_weight)
+  masked = pb.ce_weight > 0
+  acc = stats.argmax == pb.targets
+  metrics = {"masked_nll": jnp.sum(nll * masked) / jnp.sum(masked),
+             "masked_acc": jnp.sum(acc * masked) / jnp.sum(masked)}
+  if residual is not None:
+    metrics["residual_norm_ratio"] = norm_ratio
+  return total / pb.tokens.shape[0], metrics
 
 
 def _segment_sum(values, ids, n):
@@ -79,7 +104,7 @@ def kl_positions(masked, confidence_entropy, conf_entropy: float):
   return (masked & (confidence_entropy < conf_entropy)).astype(jnp.float32)
 
 
-def anchor_entropy(batch: ReplayBatch, cfg: LossConfig):
+def anchor_entropy(batch: PackedBatch, cfg: LossConfig):
   """The entropy that gates the anchor: the frozen reference's, or the rollout's."""
   if cfg.kl_reference == "initial":
     if batch.ref_entropy is None:
@@ -88,7 +113,7 @@ def anchor_entropy(batch: ReplayBatch, cfg: LossConfig):
   return batch.rollout_entropy
 
 
-def attach_reference(batch: ReplayBatch, reference, cfg: LossConfig) -> ReplayBatch:
+def attach_reference(batch: PackedBatch, reference, cfg: LossConfig) -> PackedBatch:
   """`batch` with the frozen reference's final hidden states and normalized entropies on its
   rows: one no-gradient forward on the same replayed rows with the same captured residuals."""
   if reference is None:
@@ -190,12 +215,12 @@ class AecCarry:
     return cls(jnp.zeros((n,), jnp.float32), jnp.zeros((n,), bool))
 
 
-def _n_carried(batch: ReplayBatch):
+def _n_carried(batch: PackedBatch):
   """Masked positions that consume a residual (z is zero off state tokens and on cold starts)."""
   return jnp.sum(batch.masked & jnp.any(batch.residual.z != 0, axis=-1))
 
 
-def loss_totals(batch: ReplayBatch, cfg: LossConfig) -> LossTotals:
+def loss_totals(batch: PackedBatch, cfg: LossConfig) -> LossTotals:
   """Needs the reference attached when `cfg.uses_reference`."""
   n = batch.state_resp.shape[0]
   seg = lambda w, ids: _segment_sum(w, ids, n)
@@ -210,7 +235,7 @@ def loss_totals(batch: ReplayBatch, cfg: LossConfig) -> LossTotals:
       n_carried=_n_carried(batch))
 
 
-def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | None = None,
+def orl_loss(model, batch: PackedBatch, cfg: LossConfig, totals: LossTotals | None = None,
              carry: AecCarry | None = None, reference=None):
   """Returns (loss, metrics). The head statistics are computed `cfg.vocab_chunk` tokens at a
   time when that is > 0 (same values, no [R, T, V] array; see vocab_chunks.py).
@@ -286,11 +311,11 @@ class OrlObjective:
   micro-batches) and `micro_loss` (one micro-batch's additive share of loss and metrics)."""
   cfg: LossConfig
 
-  def __call__(self, model, batch: ReplayBatch, key, reference=None):
+  def __call__(self, model, batch: PackedBatch, key, reference=None):
     del key
     return orl_loss(model, batch, self.cfg, reference=reference)
 
-  def prepare(self, batch: ReplayBatch, reference=None):
+  def prepare(self, batch: PackedBatch, reference=None):
     """(batch with the reference attached when the anchor uses it, totals, initial carry,
     metrics that are already final: the response counts)."""
     if self.cfg.uses_reference:
@@ -298,10 +323,10 @@ class OrlObjective:
     totals = loss_totals(batch, self.cfg)
     return batch, totals, AecCarry.empty(batch.state_resp.shape[0]), totals.response_counts()
 
-  def split(self, batch: ReplayBatch, micro_batches: int, n_shards: int) -> ReplayBatch:
+  def split(self, batch: PackedBatch, micro_batches: int, n_shards: int) -> PackedBatch:
     return split_rows(batch, micro_batches, n_shards)
 
-  def micro_loss(self, model, micro: ReplayBatch, key, totals: LossTotals, carry: AecCarry,
+  def micro_loss(self, model, micro: PackedBatch, key, totals: LossTotals, carry: AecCarry,
                  reference=None):
     """(loss share, (additive metrics, next carry))."""
     del key

@@ -2,8 +2,8 @@
 
 `G` sampled responses per prompt are decoded with the current parameters by the same jitted
 block decoder that evaluation uses, with capture switched on: every forward step records the
-block canvas, the residual exactly as consumed, the prediction's entropy and top-K, and the
-commit mask. Everything stays in fixed-size device buffers.
+active block's tokens, the residual exactly as consumed, the prediction's entropy and top-K,
+and the commit mask. Everything stays in fixed-size device buffers.
 """
 from __future__ import annotations
 
@@ -62,6 +62,6 @@ def make_rollout(graphdef, cfg: DecodeConfig, group_size: int, mesh=None):
 def capture_bytes(n_rows: int, cfg: DecodeConfig, d_model: int, dtype_bytes: int) -> int:
   """Bytes of the capture buffers for `n_rows` responses (reported by the dry-run)."""
   s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k
-  # z; canvas, alpha, entropy; top-K ids and log-probs; commit; block, step; valid
+  # z; block tokens, alpha, entropy; top-K ids and log-probs; commit; block, step; valid
   per_state = b * d_model * dtype_bytes + b * 4 * 3 + b * k * 8 + b + 2 * 4 + 1
   return n_rows * (s * per_state + 4 + 1)   # + n_states, overflow

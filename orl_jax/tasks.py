@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 
 TASKS = ("tiny", "gsm8k", "humaneval", "jsonl")
 
@@ -86,10 +86,9 @@ def get_task(task_cfg, tokenizer=None) -> Task:
   name = task_cfg.name
   if name == "tiny":
     from orl_jax.data import tiny_task
-    from orl_jax.data.tokenizer import tiny_tokenizer
     from orl_jax.verify.tiny import TinyVerifier
     cfg = tiny_task.TinyTaskConfig(**dict(task_cfg.tiny))
-    return Task("tiny", tokenizer or tiny_tokenizer(), TinyVerifier(),
+    return Task("tiny", tokenizer or tiny_task.tiny_tokenizer(), TinyVerifier(),
                 lambda i: tiny_task.train_problem(i, cfg), lambda: tiny_task.eval_problems(cfg))
   if name not in TASKS:
     raise ValueError(f"task.name={name!r} is not one of {TASKS}")

@@ -125,9 +125,9 @@ def check_checkpoint_roundtrip(config) -> dict:
 def main():
   args = parse_args()
   info = start_runtime(args)
-  from orl_jax.train import loop, orl
+  from orl_jax.train import loop, run
   config = run_config(args)
-  orl.MetricsWriter = RecordingWriter
+  run.MetricsWriter = RecordingWriter
   loop.train(config, progress=False)
   result = dict(info, losses=[r["loss"] for r in RecordingWriter.rows],
                 rewards=[r["reward"] for r in RecordingWriter.rows],

@@ -226,6 +226,20 @@ def test_validate_rejects_values_that_cannot_run(field, value):
   assert f"{field}={value}" in str(e.value)
 
 
+@pytest.mark.parametrize("field,value,phrase", [
+    ("replay.layout", "staircase", "must be one of"),
+    ("replay.row_len", 40, "raise replay.row_len to at least 64")])
+def test_validate_rejects_a_replay_that_cannot_hold_a_state(field, value, phrase):
+  """Caught at start-up, not after the first rollout."""
+  c = orl_smoke_config("unused")   # prompt_len 32 + gen_length 32
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ConfigError) as e:
+    validate(c)
+  assert f"{field}={value!r}" in str(e.value) or f"{field}={value}" in str(e.value)
+  assert phrase in str(e.value)
+
+
 def _launch(*args):
   return subprocess.run([sys.executable, "launch/train.py", "--config=configs/tiny.py:smoke",
                          *args], cwd=ROOT, capture_output=True, text=True, timeout=600,

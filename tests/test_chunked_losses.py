@@ -11,7 +11,7 @@ from orl_jax.decoding import DecodeConfig
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout
-from orl_jax.train.loop import sft_loss
+from orl_jax.losses import sft_loss
 from orl_jax.unmasking import UnmaskRule
 from orl_jax.vocab_chunks import token_stats
 from tests.helpers import TINY, tiny_model

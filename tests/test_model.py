@@ -17,7 +17,7 @@ def _inputs(b=2, t=12, seed=0):
   tokens = jax.random.randint(jax.random.key(seed), (b, t), 2, TINY.vocab_size)
   tokens = tokens.at[:, 5:9].set(TINY.mask_id)
   pos = jnp.broadcast_to(jnp.arange(t), (b, t))
-  meta = make_meta(jnp.full((b, t), KIND_PROMPT), pos // TINY.block_size)
+  meta = make_meta(jnp.full((b, t), KIND_PROMPT), pos // TINY_BLOCK)
   z = jax.random.normal(jax.random.key(seed + 1), (b, t, TINY.d_model))
   alpha = jax.random.uniform(jax.random.key(seed + 2), (b, t))
   return tokens, pos, meta, Residual(z, alpha)

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from orl_jax.verify import humaneval, sandbox, wire
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")

@@ -20,7 +20,7 @@ import pytest
 
 from orl_jax.tasks import CodePromptVerifier
 from orl_jax.verify import sandbox
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")

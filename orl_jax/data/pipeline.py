@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import grain
 import numpy as np
 
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 
 
 def encode_prompt(problem: Problem, tokenizer, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:

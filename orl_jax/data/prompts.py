@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 
 LLADA_BOS = "<|startoftext|>"
 CHAT_TEMPLATES = ("none", "llada", "qwen3")

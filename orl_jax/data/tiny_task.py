@@ -25,12 +25,13 @@ contraction removes in real models, whose data always admit several phrasings.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import numpy as np
 
-from orl_jax.data.tokenizer import pretokenize
-from orl_jax.verify.base import Problem
+from orl_jax.data.tokenizer import WordTokenizer, pretokenize
+from orl_jax.problem import Problem
 
 _OPS = ("+", "-", "*")
 _MAX_DRAWS = 1000  # per problem; a config whose problems never fit stops with a message
@@ -256,3 +257,19 @@ def parse_steps(response: str) -> list[tuple[int, str, int, int]]:
     left, op, right, result = match.groups()
     steps.append((int(left), op, int(right), int(result)))
   return steps
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_tokenizer() -> WordTokenizer:
+  """The tokenizer of the tiny task (one vocabulary for every `TinyTaskConfig`)."""
+  return WordTokenizer(lexicon())
+
+
+def tokenizer_for(cfg) -> WordTokenizer:
+  """The tokenizer for a `TinyTaskConfig`.
+
+  The lexicon is the whole grammar's, independent of the difficulty knobs, so every config shares
+  one vocabulary (and `vocab_hash`).
+  """
+  del cfg  # Deliberately config-independent; see the docstring.
+  return tiny_tokenizer()

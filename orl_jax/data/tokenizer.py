@@ -10,7 +10,6 @@ tokens first, in `SPECIAL_TOKENS` order (`<pad>` is 0), then the lexicon sorted 
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Iterable, Sequence
 
@@ -143,21 +142,3 @@ class WordTokenizer:
         words.append(word)
       previous_was_digit = is_digit
     return " ".join(words)
-
-
-@functools.lru_cache(maxsize=None)
-def tiny_tokenizer() -> WordTokenizer:
-  """The tokenizer of the tiny task (one vocabulary for every `TinyTaskConfig`)."""
-  # Imported here: tiny_task uses `pretokenize` to check its token limits.
-  from orl_jax.data import tiny_task  # pylint: disable=g-import-not-at-top
-  return WordTokenizer(tiny_task.lexicon())
-
-
-def tokenizer_for(cfg) -> WordTokenizer:
-  """The tokenizer for a `TinyTaskConfig`.
-
-  The lexicon is the whole grammar's, independent of the difficulty knobs, so every config shares
-  one vocabulary (and `vocab_hash`).
-  """
-  del cfg  # Deliberately config-independent; see the docstring.
-  return tiny_tokenizer()

@@ -271,8 +271,6 @@ def load_hf_params(hf_dir: str, family: str, abstract_params: nnx.State,
   """
   allow_missing = allow_missing or (lambda name: name.startswith(ADAPTER_PREFIX))
   leaves = _flat_params(abstract_params)
-  cfg_like = _infer_cfg(leaves)
-  rules = {r.ours: r for r in tensor_rules(family, cfg_like)}
   files = weight_files(hf_dir)
   adapter_path = os.path.join(hf_dir, ADAPTER_FILE)
   adapter_names = set()
@@ -281,11 +279,25 @@ def load_hf_params(hf_dir: str, family: str, abstract_params: nnx.State,
       adapter_names = set(f.keys())
     files.update({n: adapter_path for n in adapter_names})
   reader = _Reader(files)
+  sources = _tensor_sources(hf_dir, family, leaves, files, adapter_names, reader, allow_missing)
+  flat_sh = _flat_params(shardings) if shardings is not None else {}
+  kept = sorted(name for name in leaves if name not in sources)
+  loaded = {name: _load_leaf(reader, sources.get(name), leaf, flat_sh.get(name))
+            for name, leaf in leaves.items()}
+  return _unflatten_like(abstract_params, loaded), kept
+
+
+def _tensor_sources(hf_dir: str, family: str, leaves: dict, files: dict, adapter_names: set,
+                    reader, allow_missing) -> dict:
+  """{our name: (file tensor name, transpose)} for every parameter the files hold; raises
+  CheckpointError listing missing, unexpected and mis-shaped tensors."""
+  cfg_like = _infer_cfg(leaves)
+  rules = {r.ours: r for r in tensor_rules(family, cfg_like)}
   tied_extra = {"lm_head.weight"} if family == "qwen3" and cfg_like.tie_embeddings else set()
   expected_hf = {r.hf for r in rules.values()}
   unexpected = sorted(set(files) - expected_hf - adapter_names - tied_extra)
   missing, bad_shape = [], []
-  sources = {}   # our name -> (file tensor name, transpose)
+  sources = {}
   for name, leaf in leaves.items():
     rule = rules.get(name)
     if rule is not None and rule.hf in files:
@@ -314,29 +326,25 @@ def load_hf_params(hf_dir: str, family: str, abstract_params: nnx.State,
     raise CheckpointError(f"{hf_dir} does not match the configured {family!r} model: "
                           + "; ".join(problems) + " (check model.hf_family and the model.* "
                           "shapes against config.json)")
+  return sources
 
-  flat_sh = _flat_params(shardings) if shardings is not None else {}
-  kept = []
 
-  def build(name, leaf):
-    sharding = flat_sh.get(name)
-    if name not in sources:
-      kept.append(name)
-      return leaf if sharding is None else jax.device_put(leaf, sharding)
-    src, transpose = sources[name]
-    dtype = leaf.dtype
+def _load_leaf(reader, source, leaf, sharding):
+  """One parameter: read shard by shard from its file tensor (`source` = (name, transpose)),
+  or, without a source, `leaf` itself (placed on `sharding`)."""
+  if source is None:
+    return leaf if sharding is None else jax.device_put(leaf, sharding)
+  src, transpose = source
+  dtype = leaf.dtype
 
-    def callback(index):
-      block = reader.read(src, _transposed_index(index) if transpose else index)
-      block = block.T if transpose else block
-      return np.ascontiguousarray(block).astype(dtype)
+  def callback(index):
+    block = reader.read(src, _transposed_index(index) if transpose else index)
+    block = block.T if transpose else block
+    return np.ascontiguousarray(block).astype(dtype)
 
-    if sharding is None:
-      sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.make_array_from_callback(tuple(leaf.shape), sharding, callback)
-
-  loaded = {name: build(name, leaf) for name, leaf in leaves.items()}
-  return _unflatten_like(abstract_params, loaded), sorted(kept)
+  if sharding is None:
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.make_array_from_callback(tuple(leaf.shape), sharding, callback)
 
 
 def _infer_cfg(leaves: dict) -> ModelConfig:

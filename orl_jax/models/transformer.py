@@ -46,7 +46,6 @@ class ModelConfig:
   tie_embeddings: bool = False
   embed_scale: float = 1.0
   family: str = "block_causal"      # block_causal | bidirectional
-  block_size: int = 32
   dtype: str = "float32"            # compute dtype
   param_dtype: str = "float32"
   attention_impl: str = "auto"

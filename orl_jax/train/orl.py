@@ -1,4 +1,4 @@
-"""The on-policy loop (DESIGN §2.7): rollout -> verify -> select & pack -> one update -> discard.
+"""The on-policy loop (DESIGN §2.7): rollout -> verify -> plan -> gather -> update -> discard.
 
 Each iteration draws fresh prompts, rolls out `G` responses per prompt with the *current*
 parameters (capturing every denoising state), verifies them, packs the verified responses'
@@ -8,6 +8,19 @@ step (no moment changes either) and is counted in `updates_skipped`. Trajectorie
 reused: a ledger counts how many updates consumed each rollout, and the jitted step reports the
 policy lag (updates applied since the parameters the rollout was drawn with), which must be 0.
 
+One iteration, step by step (`orl_iteration`), with the module that owns each step:
+
+    draw_prompts  data/pipeline.py    host -> device: this process's prompts  [hop: prompts]
+    rollout       rollout.py          jitted decode with capture -> Trajectories (device)
+    summarize     here                device-side metrics; small arrays to host [hop: verification]
+    verify        verify/, tasks.py   decoded responses -> rewards [P*G]       [hop: verification]
+    plan          replay/plan.py      host plan, then put on device            [hop: planning]
+    gather        replay/batch.py     jitted, out_shardings = the batch's      (device)
+    update        train/state.py      jitted train step with losses.OrlObjective (device)
+
+Everything but the named hops runs without host transfers (tested under
+`jax.transfer_guard("disallow")`): the capture buffers never leave the device.
+
 Iterations (the checkpoint step, the prompt stream, the rollout key) and optimizer updates
 (`TrainState.step`, the learning-rate schedule) are counted separately; they differ by the
 skipped iterations.
@@ -15,26 +28,29 @@ skipped iterations.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import time
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
-from orl_jax import distributed
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
-from orl_jax.metrics import MetricsWriter
-from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import make_rollout
+from orl_jax.replay import ReplayConfig, ReplayPlan, build_plan, gather_batch
+from orl_jax.rollout import Trajectories, make_rollout
+from orl_jax.train.run import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
 from orl_jax.unmasking import UnmaskRule
+
+ENTROPY_STEPS = 8   # rollout_entropy_step{k} is logged for the first steps of every block
 
 
 class RolloutLedger:
@@ -69,18 +85,6 @@ def rollout_decode_config(config, tok):
   return dataclasses.replace(dcfg, capture_states=o.capture_states or steps)
 
 
-def entropy_by_step(capture_entropy, capture_step, capture_valid, canvas, mask_id, n_steps=8):
-  """Mean rollout entropy over masked positions per step index (host, small arrays)."""
-  out = {}
-  masked = canvas == mask_id
-  for k in range(n_steps):
-    sel = capture_valid & (capture_step == k)
-    m = masked & sel[..., None]
-    if m.any():
-      out[f"rollout_entropy_step{k}"] = float(capture_entropy[m].mean())
-  return out
-
-
 class SimulatedCrash(RuntimeError):
   """Raised by tests to emulate a kill at a chosen point of an iteration."""
 
@@ -102,131 +106,283 @@ def agreed(rewards: np.ndarray) -> np.ndarray:
   return np.asarray(multihost_utils.broadcast_one_to_all(rewards))
 
 
-def train_orl(s, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:
-  config = s.config
-  tc, workdir, o = config.train, config.workdir, config.orl
-  tok = s.tokenizer
-  from orl_jax.train.loop import finish_run, loss_config, prepare_run, resume
-  run = prepare_run(s)
-  graphdef, state, state_sh, optimizer, ckpt = (run.graphdef, run.state, run.state_shardings,
-                                                run.optimizer, run.ckpt)
-  n_prompts = o.prompts_per_step
-  prompts = prompt_dataset(s.task.train_problem, batch_size=n_prompts,
-                           rows=sharding_lib.process_rows(s.mesh, n_prompts))
-  prompt_iter = iter(prompts)
-  state, start = resume(run, prompt_iter)
+@contextlib.contextmanager
+def host_hop(name: str):
+  """A named point where an iteration moves data between host and device on purpose
+  (prompts, verification, planning, logging, checkpoints); the rest of the iteration makes no
+  host transfer, which a test checks under `jax.transfer_guard("disallow")`."""
+  del name  # documents the hop at the call site
+  with jax.transfer_guard("allow"):
+    yield
 
+
+# ------------------------------------------------------------------------------ typed steps
+
+@dataclasses.dataclass
+class Prompts:
+  """One iteration's prompts as global device arrays split over the data axes."""
+  ids: jax.Array       # [P] int32 problem ids
+  tokens: jax.Array    # [P, Lp] int32 left-padded prompt tokens
+  valid: jax.Array     # [P, Lp] bool
+  rollout_key: jax.Array  # the sampling key of the iteration they were drawn for
+
+
+@dataclasses.dataclass
+class RolloutSummary:
+  """What the host needs of a rollout: the arrays verification and planning read, and the
+  rollout metrics (reduced on device; the capture buffers never leave it)."""
+  prompt_ids: np.ndarray     # [P] problem ids
+  prompt_valid: np.ndarray   # [P, Lp] bool
+  responses: np.ndarray      # [P*G, N] int32 final tokens (EOS-filled)
+  capture_valid: np.ndarray  # [P*G, S] bool captured states
+  capture_block: np.ndarray  # [P*G, S] int32 block index of each state
+  metrics: dict              # rollout_* and capture_overflow scalars
+
+
+def rollout_sums(traj: Trajectories, mask_id: int) -> dict:
+  """Device-side reductions behind the rollout metrics (exact integer sums; entropy sums and
+  counts over the masked positions of the states of step k of a block, k < ENTROPY_STEPS)."""
+  cap = traj.capture
+  masked = cap.block_tokens == mask_id                                          # [B, S, b]
+  out = {"n_generated": jnp.sum(traj.n_generated), "nfe": jnp.sum(traj.nfe),
+         "nfe_engine": jnp.sum(traj.nfe_engine), "overflow": jnp.sum(cap.overflow)}
+  for k in range(ENTROPY_STEPS):
+    m = masked & (cap.valid & (cap.step == k))[..., None]
+    out[f"entropy_sum{k}"] = jnp.sum(jnp.where(m, cap.entropy, 0.0))
+    out[f"entropy_count{k}"] = jnp.sum(m)
+  return out
+
+
+def rollout_metrics(sums: dict, n_rollouts: int) -> dict:
+  """The logged rollout metrics from `rollout_sums` (host scalars)."""
+  n_gen, nfe, nfe_engine = (int(sums[k]) for k in ("n_generated", "nfe", "nfe_engine"))
+  out = {"rollout_tpf": n_gen / max(nfe, 1), "rollout_tpf_engine": n_gen / max(nfe_engine, 1),
+         "rollout_nfe": nfe / n_rollouts, "rollout_tokens": n_gen / n_rollouts,
+         "capture_overflow": int(sums["overflow"]) / n_rollouts}
+  for k in range(ENTROPY_STEPS):
+    count = int(sums[f"entropy_count{k}"])
+    if count:
+      out[f"rollout_entropy_step{k}"] = float(np.float32(sums[f"entropy_sum{k}"])
+                                              / np.float32(count))
+  return out
+
+
+@dataclasses.dataclass
+class OrlSteps:
+  """The pieces of one iteration, built once before the loop (the jitted ones from abstract
+  shapes), and what they share."""
+  s: Setup
+  run: Run
+  rcfg: ReplayConfig
+  rollout: Callable        # (params, tokens, valid, key, rollout_step) -> Trajectories
+  sums: Callable           # Trajectories -> rollout_sums, replicated
+  gather: Callable         # (Trajectories, ReplayPlan) -> PackedBatch, rows over the data axes
+  update: Callable         # (TrainState, PackedBatch, base_key) -> (TrainState, metrics)
+  plan_sharding: Any       # the plan's device placement (replicated)
+  prompt_iter: Any
+  base_key: jax.Array
+  rollout_key: jax.Array
+  ledger: RolloutLedger
+  snapshots: Checkpointer | None
+
+
+def _abstract_batch(s: Setup, run: Run, rollout_fn, rcfg: ReplayConfig, gather_fn):
+  """Shapes of one replay batch, from the rollout's and the plan's abstract shapes."""
+  p, lp = s.config.orl.prompts_per_step, s.config.task.prompt_len
+  prompts = jax.ShapeDtypeStruct((p, lp), jnp.int32), jax.ShapeDtypeStruct((p, lp), jnp.bool_)
+  traj = jax.eval_shape(rollout_fn, run.state.params, *prompts, jax.random.key(0),
+                        run.state.step)
+  return jax.eval_shape(gather_fn, traj, ReplayPlan.abstract(rcfg))
+
+
+def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
+  """Jits rollout, gather and the train step once, before the first iteration."""
+  config, tok = s.config, s.tokenizer
+  o = config.orl
   dcfg = rollout_decode_config(config, tok)
-  rollout_fn = make_rollout(graphdef, dcfg, o.group_size, s.mesh)
-  n_shards = s.mesh.shape["data"] * s.mesh.shape["fsdp"]
-  rcfg = replay_config(config, n_shards)
-  objective = OrlObjective(loss_config(config))
-  gather = jax.jit(lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
-                                                   block_size=dcfg.block_size))
-  rows = sharding_lib.batch_sharding(s.mesh)
-  repl = sharding_lib.replicated(s.mesh)
-  step_fn = None
-  base_key = jax.random.key(config.seed)
+  rollout_fn = make_rollout(run.graphdef, dcfg, o.group_size, s.mesh)
+  rcfg = replay_config(config, s.mesh.shape["data"] * s.mesh.shape["fsdp"])
+  rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
+  gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
+                                              block_size=dcfg.block_size)
+  batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl,
+                          _abstract_batch(s, run, rollout_fn, rcfg, gather_fn))
+  update = make_train_step(run.graphdef, run.optimizer, OrlObjective(loss_config(config)),
+                           s.mesh, run.state_shardings, batch_sh,
+                           micro_batches=rcfg.micro_batches)
   rollout_seed = o.rollout_seed if o.rollout_seed >= 0 else config.seed
-  rollout_key = jax.random.fold_in(jax.random.key(rollout_seed), 1)
-  ledger = RolloutLedger()
-  writer = MetricsWriter(workdir, resume_step=start)
-  last = tc.steps if stop_after is None else min(tc.steps, stop_after)
-  bar = tqdm(total=tc.steps, initial=start, desc="orl", dynamic_ncols=True,
-             disable=not (progress and distributed.is_lead_process()))
-  it = start   # iterations done (= checkpoint step); state.step counts optimizer updates
   snapshots = None
   if config.checkpoint.save_rollouts:
-    snapshots = Checkpointer(os.path.join(workdir, "rollouts"), every=1, keep=1)
-  while it < last:
-    t0 = time.perf_counter()
-    # this process's prompts -> global [P, ...] arrays split over the data axes
-    local_idx = np.asarray(next(prompt_iter), np.int32)
-    local_pt, local_pv = encode_prompts([s.task.train_problem(int(i)) for i in local_idx], tok,
-                                        config.task.prompt_len)
-    idx_dev, pt, pv_dev = sharding_lib.shard_batch((local_idx, local_pt, local_pv), s.mesh,
-                                                   n_prompts)
-    from_snapshot = snapshots is not None and snapshots.latest_step() == it
-    if from_snapshot:  # killed between rollout and update: replay the saved rollout
-      abstract = jax.eval_shape(rollout_fn, state.params, pt, pv_dev, rollout_key, state.step)
-      saved, _ = snapshots.restore(it, {"traj": sharded_like(abstract, s.mesh),
-                                        "rewards": np.zeros((n_prompts * o.group_size,),
-                                                            np.float32),
-                                        "prompt_ids": np.zeros((n_prompts,), np.int32)})
-      traj, rewards = saved["traj"], np.asarray(saved["rewards"])
-    else:   # drawn with the current parameters; rollout_step = their version (state.step)
-      traj = rollout_fn(state.params, pt, pv_dev, jax.random.fold_in(rollout_key, it),
-                        state.step)
-    # every process gets the whole batch on the host, so all build the same replay plan
-    host = sharding_lib.to_host({
-        "prompt_ids": idx_dev, "prompt_valid": pv_dev, "responses": traj.responses,
-        "nfe": traj.nfe, "nfe_engine": traj.nfe_engine, "n_gen": traj.n_generated,
-        "valid": traj.capture.valid, "block": traj.capture.block, "step": traj.capture.step,
-        "entropy": traj.capture.entropy, "canvas": traj.capture.canvas,
-        "overflow": traj.capture.overflow})
-    idx, pv = host["prompt_ids"], host["prompt_valid"]   # [P] problem ids, [P, Lp] bool
-    if from_snapshot and not np.array_equal(np.asarray(saved["prompt_ids"]), idx):
-      raise RuntimeError(f"rollout snapshot of iteration {it} was drawn for other prompts; "
-                         "delete the work directory's rollouts/ folder to re-roll")
-    t_rollout = time.perf_counter() - t0
+    snapshots = Checkpointer(os.path.join(config.workdir, "rollouts"), every=1, keep=1)
+  return OrlSteps(
+      s=s, run=run, rcfg=rcfg, rollout=rollout_fn,
+      sums=jax.jit(lambda traj: rollout_sums(traj, tok.mask_id), out_shardings=repl),
+      gather=jax.jit(gather_fn, out_shardings=batch_sh), update=update,
+      plan_sharding=repl, prompt_iter=prompt_iter, base_key=jax.random.key(config.seed),
+      rollout_key=jax.random.fold_in(jax.random.key(rollout_seed), 1),
+      ledger=RolloutLedger(), snapshots=snapshots)
 
-    t1 = time.perf_counter()
-    if not from_snapshot:
-      texts = [tok.decode(r, stop_at_eos=True) for r in host["responses"]]
-      group_problems = [s.task.train_problem(int(i)) for i in idx for _ in range(o.group_size)]
-      rewards = agreed(np.asarray(s.task.verifier.score_batch(group_problems, texts), np.float32))
-      if snapshots is not None:
-        snapshots.save(it, {"traj": traj, "rewards": rewards, "prompt_ids": idx})
-        snapshots.wait()
-    t_verify = time.perf_counter() - t1
-    if crash_before_update_at == it:
-      raise SimulatedCrash(f"simulated kill between rollout and update at iteration {it}")
 
-    t2 = time.perf_counter()
-    verified = rewards >= o.min_reward
-    metrics, pstats, t_pack, t_update = {}, {}, 0.0, 0.0
-    ledger.consume(it)
-    if verified.any():
-      plan, pstats = build_plan(prompt_valid=pv, capture_valid=host["valid"],
-                                capture_block=host["block"], eligible=verified,
-                                group_size=o.group_size, block_size=dcfg.block_size, cfg=rcfg,
-                                rng=np.random.default_rng([config.seed, it]))
-      batch = gather(traj, plan)
-      del traj  # discard: nothing is kept across updates
-      batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)  # rows over data
-      if step_fn is None:
-        step_fn = make_train_step(graphdef, optimizer, objective, s.mesh, state_sh, batch_sh,
-                                  micro_batches=rcfg.micro_batches)
-      batch = jax.device_put(batch, batch_sh)
-      t_pack = time.perf_counter() - t2
-      t3 = time.perf_counter()
-      state, metrics = step_fn(state, batch, base_key)
-      jax.block_until_ready(metrics)
-      t_update = time.perf_counter() - t3
-    else:   # nothing verified: no optimizer step, no moment change
-      del traj
+def draw_prompts(steps: OrlSteps, it: int) -> Prompts:
+  """This process's next prompts -> global [P, ...] arrays split over the data axes."""
+  s = steps.s
+  n_prompts = s.config.orl.prompts_per_step
+  with host_hop("prompts"):
+    local_idx = np.asarray(next(steps.prompt_iter), np.int32)
+    local_pt, local_pv = encode_prompts([s.task.train_problem(int(i)) for i in local_idx],
+                                        s.tokenizer, s.config.task.prompt_len)
+    ids, tokens, valid = sharding_lib.shard_batch((local_idx, local_pt, local_pv), s.mesh,
+                                                  n_prompts)
+    key = jax.random.fold_in(steps.rollout_key, it)
+  return Prompts(ids, tokens, valid, key)
+
+
+def rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
+  """(trajectories, rewards or None): drawn with the current parameters (rollout_step = their
+  version, state.step), or the snapshot saved for this iteration with its rewards when the run
+  was killed between rollout and update."""
+  if steps.snapshots is not None and steps.snapshots.latest_step() == it:
+    with host_hop("checkpoint"):
+      return _restore_rollout(steps, state, prompts, it)
+  return steps.rollout(state.params, prompts.tokens, prompts.valid, prompts.rollout_key,
+                       state.step), None
+
+
+def _restore_rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
+  o, mesh = steps.s.config.orl, steps.s.mesh
+  abstract = jax.eval_shape(steps.rollout, state.params, prompts.tokens, prompts.valid,
+                            steps.rollout_key, state.step)
+  saved, _ = steps.snapshots.restore(it, {
+      "traj": sharded_like(abstract, mesh),
+      "rewards": np.zeros((o.prompts_per_step * o.group_size,), np.float32),
+      "prompt_ids": np.zeros((o.prompts_per_step,), np.int32)})
+  if not np.array_equal(np.asarray(saved["prompt_ids"]), sharding_lib.to_host(prompts.ids)):
+    raise RuntimeError(f"rollout snapshot of iteration {it} was drawn for other prompts; "
+                       "delete the work directory's rollouts/ folder to re-roll")
+  return saved["traj"], np.asarray(saved["rewards"])
+
+
+def summarize(steps: OrlSteps, traj: Trajectories, prompts: Prompts) -> RolloutSummary:
+  """Every process gets the whole batch's small arrays, so all build the same replay plan."""
+  sums = steps.sums(traj)
+  with host_hop("verification"):
+    host = sharding_lib.to_host({"ids": prompts.ids, "valid": prompts.valid,
+                                 "responses": traj.responses, "cvalid": traj.capture.valid,
+                                 "cblock": traj.capture.block, "sums": sums})
+  return RolloutSummary(prompt_ids=host["ids"], prompt_valid=host["valid"],
+                        responses=host["responses"], capture_valid=host["cvalid"],
+                        capture_block=host["cblock"],
+                        metrics=rollout_metrics(host["sums"], host["responses"].shape[0]))
+
+
+def verify(steps: OrlSteps, summary: RolloutSummary) -> np.ndarray:
+  """[P*G] rewards of the decoded responses (process 0's on every process)."""
+  s, g = steps.s, steps.s.config.orl.group_size
+  with host_hop("verification"):
+    texts = [s.tokenizer.decode(r, stop_at_eos=True) for r in summary.responses]
+    problems = [s.task.train_problem(int(i)) for i in summary.prompt_ids for _ in range(g)]
+    return agreed(np.asarray(s.task.verifier.score_batch(problems, texts), np.float32))
+
+
+def plan(steps: OrlSteps, summary: RolloutSummary, verified: np.ndarray, it: int):
+  """(replay plan on the device, packing stats): the verified responses' states in rows."""
+  config = steps.s.config
+  with host_hop("planning"):
+    replay_plan, stats = build_plan(
+        prompt_valid=summary.prompt_valid, capture_valid=summary.capture_valid,
+        capture_block=summary.capture_block, eligible=verified,
+        group_size=config.orl.group_size, block_size=config.decode.block_size,
+        cfg=steps.rcfg, rng=np.random.default_rng([config.seed, it]))
+    return jax.device_put(replay_plan, steps.plan_sharding), stats
+
+
+@dataclasses.dataclass
+class IterationRecord:
+  """What an iteration leaves for its log line."""
+  summary: RolloutSummary
+  rewards: np.ndarray
+  verified: np.ndarray
+  from_snapshot: bool
+  metrics: dict                  # the train step's (empty when no update was taken)
+  plan_stats: dict
+  seconds: dict
+
+
+def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=None):
+  """rollout -> verify -> plan -> gather -> update; returns (state, IterationRecord)."""
+  t0 = time.perf_counter()
+  prompts = draw_prompts(steps, it)
+  traj, rewards = rollout(steps, state, prompts, it)
+  summary = summarize(steps, traj, prompts)
+  from_snapshot, t1 = rewards is not None, time.perf_counter()
+  if not from_snapshot:
+    rewards = verify(steps, summary)
+    if steps.snapshots is not None:
+      with host_hop("checkpoint"):
+        steps.snapshots.save(it, {"traj": traj, "rewards": rewards, "prompt_ids":
+                                  summary.prompt_ids})
+        steps.snapshots.wait()
+  t2 = time.perf_counter()
+  if crash_before_update_at == it:
+    raise SimulatedCrash(f"simulated kill between rollout and update at iteration {it}")
+  verified = rewards >= steps.s.config.orl.min_reward
+  metrics, stats, t3 = {}, {}, time.perf_counter()
+  steps.ledger.consume(it)
+  if verified.any():
+    replay_plan, stats = plan(steps, summary, verified, it)
+    batch = steps.gather(traj, replay_plan)
+    del traj  # discard: nothing is kept across updates
+    t3 = time.perf_counter()
+    state, metrics = steps.update(state, batch, steps.base_key)
+    jax.block_until_ready(metrics)
+  else:   # nothing verified: no optimizer step, no moment change
+    del traj
+  seconds = dict(sec_rollout=t1 - t0, sec_verify=t2 - t1, sec_pack=t3 - t2,
+                 sec_update=time.perf_counter() - t3 if metrics else 0.0)
+  return state, IterationRecord(summary, rewards, verified, from_snapshot, metrics, stats,
+                                seconds)
+
+
+def log_iteration(steps: OrlSteps, log: RunLog, state, it: int, rec: IterationRecord) -> None:
+  """Writes the metrics of iteration `it` (1-based: the iterations done)."""
+  with host_hop("logging"):
+    updates = int(state.step)
+    extra = dict(rollout_id=it - 1, rollout_from_snapshot=float(rec.from_snapshot),
+                 rollout_uses=steps.ledger.uses[it - 1], reward=rec.rewards.mean(),
+                 responses_verified=rec.verified.sum(), updates=updates,
+                 updates_skipped=it - updates, **rec.summary.metrics, **rec.seconds,
+                 **rec.plan_stats)
+    scalars = log.write(it, dict(rec.metrics, **extra))
+    log.bar.set_postfix(reward=f"{scalars['reward']:.2f}", tpf=f"{scalars['rollout_tpf']:.2f}",
+                        loss=f"{scalars.get('loss', float('nan')):.3f}")
+
+
+def prompt_stream(s: Setup):
+  """The iterator of this process's problem ids, `orl.prompts_per_step` per iteration
+  (checkpointed with the state)."""
+  n_prompts = s.config.orl.prompts_per_step
+  return iter(prompt_dataset(s.task.train_problem, batch_size=n_prompts,
+                             rows=sharding_lib.process_rows(s.mesh, n_prompts)))
+
+
+def train_orl(s: Setup, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:
+  """Runs ORL to `train.steps` iterations, resuming from the work directory's checkpoint."""
+  run = prepare_run(s)
+  prompt_iter = prompt_stream(s)
+  state, start = resume(run, prompt_iter)
+  steps = build_orl_steps(s, run, prompt_iter)
+  log = RunLog(s, start, "orl", progress=progress, stop_after=stop_after)
+  it = start   # iterations done (= checkpoint step); state.step counts optimizer updates
+  while it < log.last:
+    state, record = orl_iteration(steps, state, it,
+                                  crash_before_update_at=crash_before_update_at)
     it += 1
-    bar.update(1)
-    if it % tc.log_every == 0 or it == last:
-      extra = dict(rollout_id=it - 1, rollout_from_snapshot=float(from_snapshot),
-                   rollout_uses=ledger.uses[it - 1], reward=rewards.mean(),
-                   responses_verified=verified.sum(), updates=int(state.step),
-                   updates_skipped=it - int(state.step),
-                   rollout_tpf=host["n_gen"].sum() / max(host["nfe"].sum(), 1),
-                   rollout_tpf_engine=host["n_gen"].sum() / max(host["nfe_engine"].sum(), 1),
-                   rollout_nfe=host["nfe"].mean(), rollout_tokens=host["n_gen"].mean(),
-                   capture_overflow=host["overflow"].mean(),
-                   sec_rollout=t_rollout, sec_verify=t_verify, sec_pack=t_pack,
-                   sec_update=t_update, **pstats,
-                   **entropy_by_step(host["entropy"], host["step"], host["valid"], host["canvas"],
-                                     tok.mask_id))
-      scalars = writer.write(it, dict(metrics, **extra))
-      bar.set_postfix(reward=f"{scalars['reward']:.2f}", tpf=f"{scalars['rollout_tpf']:.2f}",
-                      loss=f"{scalars.get('loss', float('nan')):.3f}")
-    if ckpt.should_save(it, final=it == last):
-      ckpt.save(it, state, prompt_iter)
-  bar.close()
-  if snapshots is not None:
-    snapshots.close()
-  writer.close()
+    if log.due(it):
+      log_iteration(steps, log, state, it, record)
+    if run.ckpt.should_save(it, final=it == log.last):
+      with host_hop("checkpoint"):
+        run.ckpt.save(it, state, prompt_iter)
+  log.close()
+  if steps.snapshots is not None:
+    steps.snapshots.close()
   return finish_run(s, run, state, it)

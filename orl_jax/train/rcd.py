@@ -15,7 +15,7 @@ from flax import nnx
 
 from orl_jax import params_io
 from orl_jax.residual import Residual, residual_from_logits
-from orl_jax.train.sft import masked_state_tokens
+from orl_jax.batch import masked_state_tokens
 from orl_jax.train.state import init_model_params
 
 

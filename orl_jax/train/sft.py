@@ -1,70 +1,27 @@
-"""Masked-diffusion SFT in the block-diffusion layout `[prompt | x_0 | x_t]` (DESIGN §2.7).
+"""Masked-diffusion SFT, the residual warm-up and offline RCD (DESIGN §2.1, §2.7): one loop over
+the block-diffusion layout (`batch.sft_batch`) trained with the 1/t-weighted masked CE
+(`losses.sft_loss`). The three modes differ only in the residual fed at the noised tokens: none
+(SFT), the model's own first pass (the warm-up), a frozen reference's (offline RCD, `rcd.py`).
 
-Each response block j appears noised (x_t, kind STATE of block j, its own state_id) and, except
-the last block (no state ever sees it), clean (x_0, kind CLEAN). Under the staircase mask the noised block sees the prompt and the clean
-blocks before j — exactly what a decoding step of block j sees through the KV cache — so SFT,
-ORL replay and decoding share one layout. Loss: 1/t-weighted CE on masked response tokens,
-normalised per response (by its length N), at least one masked token per block.
+One obvious loop: data -> jitted step -> metrics -> checkpoint. The step RNG is
+`fold_in(base_key, step)`, the data stream is a pure function of the iterator state, and both
+are checkpointed, so a killed run resumes exactly.
 """
 from __future__ import annotations
+
+import time
 
 import jax
 import jax.numpy as jnp
 
-from orl_jax.batch import PackedBatch
+from orl_jax import sharding as sharding_lib
+from orl_jax.batch import PackedBatch, masked_state_tokens
+from orl_jax.data.pipeline import train_dataset
+from orl_jax.losses import sft_loss
 from orl_jax.residual import Residual, residual_from_logits
-from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
-                                                make_meta)
-
-MIN_T = 1e-3  # lower bound of the sampled mask ratio (keeps the 1/t weight finite)
-
-
-def noise_blocks(key, response, *, block_size: int, mask_id: int):
-  """Masks each block of `response` [B, N] with its own ratio t ~ U(MIN_T, 1].
-
-  Returns (noised [B, N], masked [B, N] bool, t [B, N] per-token ratio of its block).
-  At least one token per block is masked (the one with the smallest uniform draw).
-  """
-  b_rows, n = response.shape
-  n_blocks = n // block_size
-  k_t, k_u = jax.random.split(key)
-  t = jax.random.uniform(k_t, (b_rows, n_blocks, 1), minval=MIN_T, maxval=1.0)
-  u = jax.random.uniform(k_u, (b_rows, n_blocks, block_size))
-  masked = u < t
-  first = jnp.arange(block_size) == jnp.argmin(u, axis=-1, keepdims=True)
-  masked = (masked | first).reshape(b_rows, n)
-  t = jnp.broadcast_to(t, (b_rows, n_blocks, block_size)).reshape(b_rows, n)
-  return jnp.where(masked, mask_id, response), masked, t
-
-
-def sft_batch(key, prompt_tokens, prompt_valid, response, *, block_size: int,
-              mask_id: int) -> PackedBatch:
-  """One row per example: [prompt (P) | clean blocks 0..n-2 (N - b) | noised response (N)]."""
-  b_rows, p = prompt_tokens.shape
-  n = response.shape[1]
-  c = n - block_size                       # the last clean block is visible to no state
-  noised, masked, t = noise_blocks(key, response, block_size=block_size, mask_id=mask_id)
-  tokens = jnp.concatenate([prompt_tokens, response[:, :c], noised], axis=1)
-  resp_pos = p + jnp.arange(n, dtype=jnp.int32)
-  positions = jnp.concatenate([jnp.arange(p, dtype=jnp.int32), resp_pos[:c], resp_pos])
-  positions = jnp.broadcast_to(positions, tokens.shape)
-  kind = jnp.concatenate([jnp.where(prompt_valid, KIND_PROMPT, KIND_PAD),
-                          jnp.full((b_rows, c), KIND_CLEAN), jnp.full((b_rows, n), KIND_STATE)],
-                         axis=1)
-  block = positions // block_size
-  response_id = jnp.where(jnp.arange(p + c + n) < p, -1, 0)
-  state_id = jnp.where(kind == KIND_STATE, block, -1)
-  meta = make_meta(kind, block, segment=0, response=response_id, state_id=state_id)
-  weight = jnp.where(masked, 1.0 / t, 0.0) / n
-  zeros = jnp.zeros((b_rows, p + c), jnp.float32)
-  return PackedBatch(tokens=tokens, positions=positions, meta=meta,
-                     targets=jnp.concatenate([prompt_tokens, response[:, :c], response], axis=1),
-                     ce_weight=jnp.concatenate([zeros, weight], axis=1))
-
-
-def masked_state_tokens(pb: PackedBatch, mask_id: int):
-  """[R, T] bool: the noised tokens a residual is fed at (masked tokens of state blocks)."""
-  return (pb.meta.kind == KIND_STATE) & (pb.tokens == mask_id)
+from orl_jax.train import rcd
+from orl_jax.train.run import RunLog, Setup, finish_run, prepare_run, resume
+from orl_jax.train.state import make_train_step
 
 
 def self_conditioning_residual(model, pb: PackedBatch, key, probability: float) -> Residual:
@@ -80,3 +37,60 @@ def self_conditioning_residual(model, pb: PackedBatch, key, probability: float) 
   use = jax.random.bernoulli(key, probability, (pb.tokens.shape[0], 1))
   at = masked_state_tokens(pb, cfg.mask_id) & use
   return Residual(jnp.where(at[..., None], res.z, 0), jnp.where(at, res.alpha, 0))
+
+
+def residual_source(s: Setup):
+  """(residual_fn, extra batch inputs) of the run's mode: `residual_fn(model, packed, batch,
+  key)` gives the residual at the noised tokens, None for plain SFT."""
+  mode = s.config.train.mode
+  if mode == "rcd_offline":
+    return rcd.reference_residual_fn(s)
+  if mode == "residual_warmup":
+    p_self = s.config.train.self_condition_probability
+    return (lambda model, pb, batch, key: self_conditioning_residual(model, pb, key, p_self)), {}
+  return None, {}
+
+
+def make_sft_step(s: Setup, run, residual_fn, extra_inputs):
+  """The jitted `(state, batch, base_key) -> (state, metrics)` of the SFT-layout modes."""
+  config = s.config
+  loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
+                                               block_size=config.decode.block_size,
+                                               mask_id=s.model_cfg.mask_id,
+                                               residual_fn=residual_fn,
+                                               vocab_chunk=config.loss.get("vocab_chunk", 0))
+  rows = sharding_lib.batch_sharding(s.mesh)
+  repl = sharding_lib.replicated(s.mesh)
+  batch_sh = {"prompt_tokens": rows, "prompt_valid": rows, "response": rows,
+              **jax.tree.map(lambda _: repl, extra_inputs)}
+  return make_train_step(run.graphdef, run.optimizer, loss_fn, s.mesh, run.state_shardings,
+                         batch_sh)
+
+
+def train_sft(s: Setup, *, progress: bool = True, stop_after: int | None = None) -> str:
+  """Runs an SFT-layout mode (sft, residual_warmup, rcd_offline) to `train.steps`."""
+  config, tc = s.config, s.config.train
+  run = prepare_run(s)
+  data = train_dataset(s.task.train_problem, s.tokenizer, prompt_len=config.task.prompt_len,
+                       gen_length=config.decode.gen_length, batch_size=tc.batch_size,
+                       rows=sharding_lib.process_rows(s.mesh, tc.batch_size))
+  data_iter = iter(data)
+  state, start = resume(run, data_iter)
+  residual_fn, extra_inputs = residual_source(s)
+  step_fn = make_sft_step(s, run, residual_fn, extra_inputs)
+  base_key = jax.random.key(config.seed)
+  log = RunLog(s, start, config.train.mode, progress=progress, stop_after=stop_after)
+  t0, step = time.perf_counter(), start
+  while step < log.last:
+    batch = dict(sharding_lib.shard_batch(next(data_iter), s.mesh, tc.batch_size),
+                 **extra_inputs)
+    state, metrics = step_fn(state, batch, base_key)
+    step += 1
+    if log.due(step):
+      steps_per_s = (step - start) / (time.perf_counter() - t0)
+      scalars = log.write(step, dict(metrics, steps_per_s=steps_per_s))
+      log.bar.set_postfix(loss=f"{scalars['loss']:.3f}", acc=f"{scalars['masked_acc']:.3f}")
+    if run.ckpt.should_save(step, final=step == log.last):
+      run.ckpt.save(step, state, data_iter)
+  log.close()
+  return finish_run(s, run, state, step)

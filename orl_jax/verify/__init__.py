@@ -1,5 +1,5 @@
 """Verifiers: tiny-task answer match, GSM8K, HumanEval (sandboxed)."""
-from orl_jax.verify.base import Problem, Verifier
+from orl_jax.problem import Problem, Verifier
 from orl_jax.verify.gsm8k import GSM8KVerifier
 from orl_jax.verify.humaneval import HumanEvalVerifier
 from orl_jax.verify.sandbox import SandboxLimits, SandboxResult, run_python

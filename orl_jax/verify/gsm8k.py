@@ -15,7 +15,7 @@ import decimal
 import re
 from typing import Sequence
 
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 
 # A sign counts only when it is not glued to a preceding word or digit, so `16-3` reads as 16, 3.
 _NUMBER_RE = re.compile(

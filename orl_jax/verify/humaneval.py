@@ -32,7 +32,7 @@ import time
 from typing import Sequence
 
 from orl_jax.verify import sandbox
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 
 _log = logging.getLogger(__name__)
 

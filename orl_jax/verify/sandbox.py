@@ -215,6 +215,32 @@ def _log(message: str) -> None:
     pass
 
 
+def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has_judge: bool,
+                     cgroup) -> dict:
+  """The runner's part of its spec file: where it works, which uid and cgroup, its limits."""
+  return {
+      "timeout_s": float(limits.timeout_s),
+      "uid": uid if uid is not None else (SHARED_UID if as_root else None),
+      "per_sample_uid": uid is not None,
+      "root_dir": paths["root"],
+      "host_work_dir": paths["work"],
+      "status": paths["status"],
+      "judge_file": paths["judge.json"] if has_judge else None,
+      "cgroup_procs": cgroup.procs_files() if cgroup else [],
+      "memory_bytes": int(limits.memory_bytes),
+      "cpu_s": int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1),
+      "max_processes": int(limits.max_processes),
+      "max_file_bytes": int(limits.max_file_bytes),
+      "max_open_files": int(limits.max_open_files),
+      "disk_bytes": int(limits.disk_bytes),
+      "max_inodes": int(limits.max_inodes),
+      "max_message_bytes": int(limits.max_message_bytes),
+      "site_packages": bool(limits.site_packages),
+      "require_isolation": isolation_required(limits),
+      "skip_layers": sorted(set(limits.skip_layers)),
+  }
+
+
 def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxResult:
   start = time.monotonic()
   as_root = os.geteuid() == 0
@@ -238,27 +264,7 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
       if "cgroup" not in skip:
         cgroup = _Cgroup.create(f"orl_sandbox_{os.getpid()}_{next(_COUNTER)}_"
                                 f"{os.urandom(4).hex()}", limits)
-      spec.update({
-          "timeout_s": float(limits.timeout_s),
-          "uid": uid if uid is not None else (SHARED_UID if as_root else None),
-          "per_sample_uid": uid is not None,
-          "root_dir": paths["root"],
-          "host_work_dir": paths["work"],
-          "status": paths["status"],
-          "judge_file": paths["judge.json"] if judge is not None else None,
-          "cgroup_procs": cgroup.procs_files() if cgroup else [],
-          "memory_bytes": int(limits.memory_bytes),
-          "cpu_s": int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1),
-          "max_processes": int(limits.max_processes),
-          "max_file_bytes": int(limits.max_file_bytes),
-          "max_open_files": int(limits.max_open_files),
-          "disk_bytes": int(limits.disk_bytes),
-          "max_inodes": int(limits.max_inodes),
-          "max_message_bytes": int(limits.max_message_bytes),
-          "site_packages": bool(limits.site_packages),
-          "require_isolation": isolation_required(limits),
-          "skip_layers": sorted(skip),
-      })
+      spec.update(_runner_settings(limits, paths, uid, as_root, judge is not None, cgroup))
       _write_private(paths["spec.json"], json.dumps(spec))
       if judge is not None:
         _write_private(paths["judge.json"], json.dumps(judge))

@@ -157,6 +157,45 @@ class _Lines:
     return line.decode("utf-8", errors="replace")
 
 
+def _unshare_pid_namespace(spec, ctypes, libc, layers) -> None:
+  """R's children get a new PID namespace (and, without root, a user namespace mapping R's
+  uid and gid to 0); appends the layers it entered."""
+  as_root = os.geteuid() == 0
+  uid, gid = os.getuid(), os.getgid()
+  flags = _CLONE_NEWPID | (0 if as_root else _CLONE_NEWUSER)
+  if "pidns" not in spec["skip_layers"] and libc.unshare(ctypes.c_int(flags)) == 0:
+    layers.append("pidns")
+    if not as_root:
+      for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
+                         ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+          f.write(text)
+      layers.append("userns")
+
+
+def _relay_supervisor(ctrl, note, judged: bool):
+  """Copies the supervisor's layer / infra / refused / exit lines to the status file until it
+  is ready (judged mode) or gone. Returns (ready, the sample's exit code or None)."""
+  ready = False
+  exit_code = None
+  while True:
+    line = ctrl.readline()
+    if line is None:
+      break
+    key, _, value = line.partition(":")
+    if key in ("layer", "infra", "refused"):
+      note(line)
+    elif key == "exit":
+      exit_code = int(value)
+      note(line)
+    elif key == "ready":
+      ready = True
+      note("ready")
+      if judged:
+        break
+  return ready, exit_code
+
+
 def _runner_main(spec_path: str) -> int:
   """R: namespaces for its children, the supervisor fork, the judge, the status file."""
   ctypes, libc = _libc()
@@ -169,17 +208,7 @@ def _runner_main(spec_path: str) -> int:
   judged = spec["mode"] == "judged"
   layers = ["judge-process"] if judged else []
   try:
-    as_root = os.geteuid() == 0
-    uid, gid = os.getuid(), os.getgid()
-    flags = _CLONE_NEWPID | (0 if as_root else _CLONE_NEWUSER)
-    if "pidns" not in spec["skip_layers"] and libc.unshare(ctypes.c_int(flags)) == 0:
-      layers.append("pidns")
-      if not as_root:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
-                           ("gid_map", f"0 {gid} 1")):
-          with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
-            f.write(text)
-        layers.append("userns")
+    _unshare_pid_namespace(spec, ctypes, libc, layers)
     sample_out, sample_err = os.dup(1), os.dup(2)
     log_fd = os.open(os.path.join(os.path.dirname(spec["status"]), "runner.log"),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -207,23 +236,7 @@ def _runner_main(spec_path: str) -> int:
     note(f"infra:runner set-up failed: {error!r}")
     return 2
   ctrl = _Lines(ctrl_r)
-  ready = False
-  exit_code = None
-  while True:
-    line = ctrl.readline()
-    if line is None:
-      break
-    key, _, value = line.partition(":")
-    if key in ("layer", "infra", "refused"):
-      note(line)
-    elif key == "exit":
-      exit_code = int(value)
-      note(line)
-    elif key == "ready":
-      ready = True
-      note("ready")
-      if judged:
-        break
+  ready, exit_code = _relay_supervisor(ctrl, note, judged)
   if judged and ready:
     # The tests are read only now, after the fork: the sample's memory never held them.
     with open(spec["judge_file"], encoding="utf-8") as f:

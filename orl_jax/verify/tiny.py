@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from orl_jax.verify.base import Problem
+from orl_jax.problem import Problem
 
 _ANSWER_MARK = "####"
 # The number right after the mark, in decoded text: `WordTokenizer.decode` joins digit tokens into

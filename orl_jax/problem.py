@@ -1,4 +1,5 @@
-"""Problems and the verifier interface (DESIGN §2.4)."""
+"""What a task is made of (DESIGN §2.4, §5): problems and the verifier interface. A leaf module:
+`data/` loads problems, `verify/` scores them, `tasks.py` pairs the two."""
 from __future__ import annotations
 
 import dataclasses

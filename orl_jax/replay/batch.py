@@ -1,0 +1,46 @@
+"""The device half of replay: gather a packed batch from the trajectories by the host-built
+plan (`plan.py`). Only indices cross to the device; tokens, residuals and rollout statistics
+are read where they were captured."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from orl_jax.batch import PackedBatch
+from orl_jax.replay.plan import SRC_CLEAN, SRC_MASK, SRC_PROMPT, SRC_STATE, ReplayPlan
+from orl_jax.residual import Residual
+from pallas_kernels.staircase_attention import TokenMeta
+
+
+def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int) -> PackedBatch:
+  """Device-side gather of a packed batch from trajectories (call under jit)."""
+  cap = traj.capture
+  st = plan.src_type
+  is_state = st == SRC_STATE
+  resp, sidx, pos = plan.src_resp, plan.src_state, plan.src_pos
+  prompt_tok = traj.prompt_tokens[plan.src_group, jnp.clip(pos, 0, traj.prompt_tokens.shape[1] - 1)]
+  n = traj.responses.shape[1]
+  clean_tok = traj.responses[resp, jnp.clip(pos, 0, n - 1)]
+  state_pos = jnp.clip(pos, 0, block_size - 1)
+  state_tok = cap.block_tokens[resp, sidx, state_pos]
+  tokens = jnp.where(st == SRC_PROMPT, prompt_tok,
+                     jnp.where(st == SRC_CLEAN, clean_tok,
+                               jnp.where(is_state, state_tok,
+                                         jnp.where(st == SRC_MASK, mask_id, 0))))
+  resp_block = cap.block[resp, sidx]
+  target = traj.responses[resp, jnp.clip(resp_block * block_size + state_pos, 0, n - 1)]
+  z = jnp.where(is_state[..., None], cap.z[resp, sidx, state_pos], 0)
+  alpha = jnp.where(is_state, cap.alpha[resp, sidx, state_pos], 0)
+  sel = lambda x: jnp.where(is_state.reshape(is_state.shape + (1,) * (x.ndim - 2)), x, 0)
+  return PackedBatch(
+      tokens=tokens.astype(jnp.int32), positions=jnp.asarray(plan.positions),
+      meta=TokenMeta(*(jnp.asarray(f) for f in plan.meta)), residual=Residual(z, alpha),
+      targets=jnp.where(is_state, target, 0).astype(jnp.int32),
+      masked=is_state & (tokens == mask_id),
+      rollout_entropy=sel(cap.entropy[resp, sidx, state_pos]),
+      topk_ids=sel(cap.topk_ids[resp, sidx, state_pos]),
+      topk_logprobs=sel(cap.topk_logprobs[resp, sidx, state_pos]),
+      state_slot=jnp.asarray(plan.state_slot), resp_slot=jnp.asarray(plan.resp_slot),
+      pair_a=jnp.asarray(plan.pair_a), pair_b=jnp.asarray(plan.pair_b),
+      pair_resp=jnp.asarray(plan.pair_resp), pair_valid=jnp.asarray(plan.pair_valid),
+      state_resp=jnp.asarray(plan.state_resp), n_responses=jnp.asarray(plan.n_responses),
+      rollout_step=traj.rollout_step)

@@ -1,0 +1,259 @@
+"""The life of a training run, shared by every loop (`sft.py`, `orl.py`): `setup` (config ->
+task, tokenizer, model config, mesh), `prepare_run` (optimizer, sharded state, checkpoint
+manager), `resume` (the newest checkpoint that restores) and `finish_run` (export the final
+parameters)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import ml_collections
+from tqdm.auto import tqdm
+
+from orl_jax import config as config_lib
+from orl_jax import distributed, params_io
+from orl_jax import sharding as sharding_lib
+from orl_jax.checkpoint import Checkpointer, abstract_like
+from orl_jax.losses import LossConfig
+from orl_jax.metrics import MetricsWriter
+from orl_jax.tasks import get_task
+from orl_jax.train.state import create_train_state, init_model_params, make_optimizer
+
+
+@dataclasses.dataclass
+class Setup:
+  """What every run derives from its config."""
+  config: ml_collections.ConfigDict
+  task: object
+  model_cfg: object
+  mesh: object
+
+  @property
+  def tokenizer(self):
+    return self.task.tokenizer
+
+
+def load_tokenizer(config):
+  """The configured tokenizer: `model.tokenizer` ('byte' or a tokenizer.json path), else the
+  `model.hf_dir`'s tokenizer.json, else None (the task's own: tiny's word tokenizer, or the
+  byte-level debug tokenizer for real-text tasks)."""
+  m = config.model
+  path = m.get("tokenizer", "") or m.get("hf_dir", "")
+  if path == "byte":
+    from orl_jax.data.hf_tokenizer import byte_level_tokenizer
+    return byte_level_tokenizer()
+  if not path:
+    return None
+  from orl_jax.data.hf_tokenizer import HFTokenizer
+  return HFTokenizer.from_file(path, dict(m.get("special_tokens", {})))
+
+
+def hf_family(config) -> str:
+  """`model.hf_family`, or the family named by the checkpoint's config.json."""
+  family = config.model.get("hf_family", "")
+  if family:
+    return family
+  from orl_jax.models import hf
+  hf_cfg = hf.read_hf_config(config.model.hf_dir)
+  kind = str(hf_cfg.get("model_type", "")).lower()
+  family = {"llada": "llada", "qwen3": "qwen3", "sdar": "qwen3"}.get(kind)
+  if family is None:
+    raise config_lib.ConfigError(f"{config.model.hf_dir}/config.json has model_type={kind!r}; "
+                                 f"set model.hf_family to one of {config_lib.HF_FAMILIES}")
+  return family
+
+
+def setup(config) -> Setup:
+  config_lib.validate(config)
+  task = get_task(config.task, tokenizer=load_tokenizer(config))
+  tok = task.tokenizer
+  vocab_size = config.model.get("vocab_size", 0) or tok.vocab_size
+  model_cfg = config_lib.model_config(config, vocab_size=vocab_size, mask_id=tok.mask_id)
+  if hasattr(tok, "vocab_hash") and not config.model.get("hf_dir", ""):
+    from orl_jax.data.hf_tokenizer import check_model_vocab
+    check_model_vocab(tok, vocab_size, model_cfg.mask_id)
+  if hasattr(tok, "vocab_hash") and config.model.get("hf_dir", ""):
+    from orl_jax.data.hf_tokenizer import TokenizerError, check_model_vocab
+    from orl_jax.models import hf
+    hf_dir = config.model.hf_dir
+    # the tokenizer against the checkpoint's own vocabulary (not model.vocab_size, which
+    # defaults to the tokenizer's size), so a foreign tokenizer is named as the culprit
+    check_model_vocab(tok, hf.read_hf_config(hf_dir).get("vocab_size", vocab_size),
+                      model_cfg.mask_id, where=f"{hf_dir}/config.json")
+    hf.check_architecture(model_cfg, hf_dir, hf_family(config))
+    declared = hf.read_hf_config(hf_dir).get("mask_token_id")
+    if declared is not None and declared != tok.mask_id:
+      raise TokenizerError(f"{hf_dir}/config.json has mask_token_id={declared} but "
+                           f"model.special_tokens.mask resolves to {tok.mask_id}")
+  mesh = sharding_lib.mesh_from_config(config)
+  check_divisible_by_shards(config, mesh.shape["data"] * mesh.shape["fsdp"])
+  return Setup(config, task, model_cfg, mesh)
+
+
+def loss_config(config) -> LossConfig:
+  """The ORL loss settings of `config.loss`."""
+  return LossConfig(**config.loss.to_dict())
+
+
+def needs_reference(config) -> bool:
+  """The run keeps a frozen copy of its starting params (ORL with the KL anchor to it)."""
+  return config.train.mode == "orl" and loss_config(config).uses_reference
+
+
+def check_divisible_by_shards(config, n_shards: int) -> None:
+  """Batch dimensions split over the data axes must divide evenly (checked once the mesh,
+  and so the device count, is known)."""
+  sizes = {"train.batch_size": config.train.batch_size}
+  if config.train.mode == "orl":
+    sizes.update({"orl.prompts_per_step": config.orl.prompts_per_step,
+                  "replay.n_rows": config.replay.n_rows})
+  bad = [f"{k}={v}" for k, v in sizes.items() if v % n_shards]
+  if bad:
+    raise config_lib.ConfigError(f"{', '.join(bad)} must be divisible by the {n_shards} data "
+                                 "shards of the mesh (mesh.data x mesh.fsdp)")
+
+
+def initial_params(s: Setup):
+  """(graphdef, params): read from `model.hf_dir` (straight into the partition-rule shardings),
+  fresh, or loaded from `model.init_from`. Only residual adapter parameters may be absent from
+  the weights (they keep their zero-output initialisation, and are logged); any other missing or
+  extra tensor is an error."""
+  hf_dir = s.config.model.get("hf_dir", "")
+  if hf_dir:
+    from orl_jax.models import hf
+    _, abstract = hf.abstract_params(s.model_cfg, s.config.seed)
+    shardings = sharding_lib.tree_shardings(abstract, s.mesh)
+    return hf.load_model_params(hf_dir, hf_family(s.config), s.model_cfg, shardings=shardings,
+                                seed=s.config.seed)
+  graphdef, params = init_model_params(s.model_cfg, s.config.seed)
+  if s.config.model.init_from:
+    check_compatible(s.config.model.init_from, s)
+    params, kept = params_io.load_params(s.config.model.init_from, params)
+    if kept:
+      logging.warning("model.init_from=%s has no residual adapter: %d adapter parameters start "
+                      "from their initialisation (%s)", s.config.model.init_from, len(kept),
+                      ", ".join(kept))
+  return graphdef, params
+
+
+# ModelConfig fields that decide which tensors exist and their shapes
+_SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
+                 "qk_norm", "tie_embeddings")
+
+
+def check_compatible(params_dir: str, s: Setup) -> None:
+  """Raises ValueError naming both sides when the folder's meta.json records another vocabulary
+  or another model shape than the configured one."""
+  meta_path = os.path.join(params_dir, params_io.META_FILE)
+  meta = params_io.read_meta(params_dir)
+  vocab = meta.get("vocab_hash")
+  stored = meta.get("model", {})
+  tok = s.tokenizer
+  tok_name = getattr(tok, "source", None) or f"the {s.config.task.name} task's tokenizer"
+  if vocab and hasattr(tok, "vocab_hash") and vocab != tok.vocab_hash():
+    raise params_io.ParamsFileError(
+        f"{meta_path} records another vocabulary (hash {vocab}) than {tok_name} (hash "
+        f"{tok.vocab_hash()}, {tok.vocab_size} tokens): use the "
+        "tokenizer the parameters were trained with, or retrain them (`make base`)")
+  ours = dataclasses.asdict(s.model_cfg)
+  if "vocab_size" in stored and stored["vocab_size"] != ours["vocab_size"]:
+    raise params_io.ParamsFileError(
+        f"{meta_path} has vocab_size={stored['vocab_size']} but the model built from {tok_name} "
+        f"has {ours['vocab_size']} rows: use the tokenizer the parameters were trained with (or "
+        "set model.vocab_size)")
+  bad = [f"model.{k}={ours[k]!r} but {params_io.META_FILE} says {stored[k]!r}"
+         for k in _SHAPE_FIELDS if k in stored and stored[k] != ours[k]]
+  if bad:
+    raise params_io.ParamsFileError(f"{meta_path} describes another model than the config "
+                                    f"({'; '.join(bad)}): set those fields or point "
+                                    "model.init_from at another folder")
+
+
+def params_meta(s: Setup, extra: dict | None = None) -> dict:
+  meta = {"model": dataclasses.asdict(s.model_cfg), "task": s.config.task.to_dict(),
+          "decode": s.config.decode.to_dict()}
+  if hasattr(s.tokenizer, "vocab_hash"):
+    meta["vocab_hash"] = s.tokenizer.vocab_hash()
+  meta.update(extra or {})
+  return meta
+
+
+@dataclasses.dataclass
+class Run:
+  """What every training loop starts from."""
+  graphdef: object
+  state: object
+  state_shardings: object
+  optimizer: object
+  ckpt: Checkpointer
+
+
+def prepare_run(s: Setup) -> Run:
+  """Records the config, builds the optimizer and the sharded train state (from
+  `model.init_from` when set) and opens the work directory's checkpoint manager."""
+  config = s.config
+  os.makedirs(config.workdir, exist_ok=True)
+  if distributed.is_lead_process():
+    with open(os.path.join(config.workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+  optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
+                             config.train.freeze_base)
+  graphdef, params = initial_params(s)
+  graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
+                                                 params=params,
+                                                 with_reference=needs_reference(config))
+  ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
+                      keep=config.checkpoint.keep)
+  return Run(graphdef, state, state_sh, optimizer, ckpt)
+
+
+def resume(run: Run, data_iter) -> tuple[object, int]:
+  """(state, step) from the work directory's newest checkpoint that restores (damaged newer ones
+  are moved aside with a warning), restoring `data_iter` in place; the fresh state and step 0
+  when there is none."""
+  start, state, _ = run.ckpt.restore_latest(abstract_like(run.state), data_iter)
+  if not start:
+    return run.state, 0
+  logging.info("resumed %s from step %d", run.ckpt.directory, start)
+  return state, start
+
+
+def finish_run(s: Setup, run: Run, state, step: int) -> str:
+  """Waits for checkpoints and exports the final parameters to WORKDIR/params (process 0
+  writes; every process returns once the folder is complete)."""
+  run.ckpt.close()
+  out = os.path.join(s.config.workdir, "params")
+  params = sharding_lib.to_host(state.params)   # a collective: every process takes part
+  if distributed.is_lead_process():
+    params_io.save_params(out, params, params_meta(s, {"train_steps": int(step),
+                                                       "seed": s.config.seed,
+                                                       "mode": s.config.train.mode}))
+  distributed.barrier("export_params")
+  return out
+
+
+class RunLog:
+  """The progress bar and the metrics file of a loop that runs steps (start, last]; `last` is
+  `train.steps`, or `stop_after` when a test ends the run early (a simulated kill)."""
+
+  def __init__(self, s: Setup, start: int, desc: str, *, progress: bool = True,
+               stop_after: int | None = None):
+    tc = s.config.train
+    self.log_every = tc.log_every
+    self.last = tc.steps if stop_after is None else min(tc.steps, stop_after)
+    self.writer = MetricsWriter(s.config.workdir, resume_step=start)
+    self.bar = tqdm(total=tc.steps, initial=start, desc=desc, dynamic_ncols=True,
+                    disable=not (progress and distributed.is_lead_process()))
+
+  def due(self, step: int) -> bool:
+    """Counts the step done; True when its metrics are to be written."""
+    self.bar.update(1)
+    return step % self.log_every == 0 or step == self.last
+
+  def write(self, step: int, metrics: dict) -> dict:
+    return self.writer.write(step, metrics)
+
+  def close(self) -> None:
+    self.bar.close()
+    self.writer.close()
