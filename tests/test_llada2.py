@@ -22,7 +22,8 @@ MOE = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=4, topk_group=2, n_
                 routed_scaling_factor=2.5, impl="dense")
 CFG = ModelConfig(vocab_size=48, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16,
                   mlp_dim=40, mask_id=1, rope_theta=6e5, rope_fraction=0.5, norm_eps=1e-6,
-                  qk_norm=True, block_size=4, moe=MOE, first_k_dense=1)
+                  qk_norm=True, moe=MOE, first_k_dense=1)
+BLOCK = 4              # block-causal attention block of the tests
 ROUTER_MARGIN = 1e-4   # f32 vs f64 router scores differ by ~1e-7; choices closer than this are ties
 
 
@@ -199,11 +200,11 @@ def test_llada2_matches_float64_reference(impl, norm_head):
   tensors = llada2.params_to_hf(flat, cfg)
   hf = llada2.hf_config_json(cfg)
   model = build_model(cfg, llada2.params_from_hf(tensors, cfg))
-  tokens, positions, meta = block_causal_inputs(2, 12, cfg.block_size, seed=4)
+  tokens, positions, meta = block_causal_inputs(2, 12, BLOCK, seed=4)
   out = jit_forward(model)(tokens, positions, meta)
   for row in range(tokens.shape[0]):
     want, want_routes, margin = reference_forward(tensors, hf, np.asarray(tokens[row]),
-                                                  cfg.block_size)
+                                                  BLOCK)
     assert margin > ROUTER_MARGIN, f"near-tie in the router ({margin:.2e}): pick another seed"
     got = np.asarray(out.logits[row], np.float64)
     err = np.max(np.abs(got - want)) / np.max(np.abs(want))
@@ -219,16 +220,16 @@ def test_expert_bias_is_used_for_selection_only():
   flat = random_flat_params(CFG, seed=4)
   tensors = llada2.params_to_hf(flat, CFG)
   hf = llada2.hf_config_json(CFG)
-  tokens = np.asarray(block_causal_inputs(1, 12, CFG.block_size, seed=4)[0][0])
-  _, with_bias, _ = reference_forward(tensors, hf, tokens, CFG.block_size)
+  tokens = np.asarray(block_causal_inputs(1, 12, BLOCK, seed=4)[0][0])
+  _, with_bias, _ = reference_forward(tensors, hf, tokens, BLOCK)
   unbiased = dict(tensors)
   for name in tensors:
     if name.endswith("expert_bias"):
       unbiased[name] = np.zeros_like(tensors[name])
-  _, without_bias, _ = reference_forward(unbiased, hf, tokens, CFG.block_size)
+  _, without_bias, _ = reference_forward(unbiased, hf, tokens, BLOCK)
   assert any((np.sort(a, -1) != np.sort(b, -1)).any() for a, b in zip(with_bias, without_bias))
 
-  toks, positions, meta = block_causal_inputs(1, 12, CFG.block_size, seed=4)
+  toks, positions, meta = block_causal_inputs(1, 12, BLOCK, seed=4)
   out = jit_forward(build_model(CFG, flat))(toks, positions, meta)
   shifted = dict(flat)
   for name in flat:
@@ -265,7 +266,7 @@ def test_route_capture_replays_the_forward():
   other routes changes the output."""
   cfg = dataclasses.replace(CFG, moe=dataclasses.replace(MOE, impl="ragged"))
   model = jit_forward(build_model(cfg, random_flat_params(cfg, seed=4)))
-  tokens, positions, meta = block_causal_inputs(2, 12, cfg.block_size, seed=6)
+  tokens, positions, meta = block_causal_inputs(2, 12, BLOCK, seed=6)
   out = model(tokens, positions, meta)
   logits = np.asarray(out.logits)
   routes = np.asarray(out.routing.expert_ids)                        # [L_moe, B, T, K]
@@ -293,7 +294,7 @@ def test_cached_step_replays_exactly_with_and_without_route_capture(dtype):
   from pallas_kernels.staircase_attention import KIND_STATE
   cfg = dataclasses.replace(CFG, moe=dataclasses.replace(MOE, impl="ragged"), dtype=dtype)
   graphdef, params = nnx.split(build_model(cfg, random_flat_params(cfg, seed=4)))
-  b, p = cfg.block_size, 2 * cfg.block_size
+  b, p = BLOCK, 2 * BLOCK
   tokens = jnp.asarray(np.random.default_rng(7).integers(2, cfg.vocab_size, (2, p + b)), jnp.int32)
   tokens = tokens.at[:, p + 1::2].set(cfg.mask_id)            # a partly masked active block
   prompt_valid = jnp.ones((2, p), bool).at[0, :3].set(False)  # row 0 left-padded
