@@ -32,7 +32,7 @@ import staircase_kernel
 from configs import tiny
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.data.tokenizer import tiny_tokenizer
+from orl_jax.data.tiny_task import tiny_tokenizer
 from orl_jax.decoding import make_decoder
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.train.state import init_model_params, make_optimizer

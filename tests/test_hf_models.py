@@ -38,7 +38,7 @@ def _meta_block_causal(b_rows, t, b):
 def _qwen3_cfg(tied: bool, **kw) -> ModelConfig:
   cfg = ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
                     mlp_dim=128, mask_id=95, rope_theta=1e6, norm_eps=1e-6, qk_norm=True,
-                    tie_embeddings=tied, block_size=4)
+                    tie_embeddings=tied)
   return dataclasses.replace(cfg, **kw)
 
 
@@ -104,7 +104,7 @@ def test_qwen3_config_json_is_read(qwen3_dirs):
 def _llada_cfg(**kw):
   cfg = ModelConfig(vocab_size=80, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=12,
                     mlp_dim=96, mask_id=79, rope_theta=5e5, norm_eps=1e-5, qk_norm=False,
-                    tie_embeddings=False, family="bidirectional", block_size=4)
+                    tie_embeddings=False, family="bidirectional")
   return dataclasses.replace(cfg, **kw)
 
 

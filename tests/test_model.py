@@ -10,7 +10,7 @@ from orl_jax.decoding import DecodeConfig, make_decoder
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
-from tests.helpers import TINY, tiny_model
+from tests.helpers import TINY, TINY_BLOCK, tiny_model
 
 
 def _inputs(b=2, t=12, seed=0):
