@@ -182,6 +182,7 @@ def model_config_for(config, path: str):
   import copy
   cfg = copy.deepcopy(config)
   with cfg.unlocked():
+    cfg.train.mode = "eval"        # evaluation only: the training modes' checks do not apply
     cfg.model.init_from = ""
     if "hf_dir" in cfg.model:
       cfg.model.hf_dir = ""
