@@ -4,6 +4,7 @@ table, training curves and the accuracy-vs-TPF plot."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -85,9 +86,37 @@ def warmup_params_dir(config, base: str, curves: list, *, progress=True) -> str:
   return _train_stage(config, "warmup", base, None, progress, curves)[1]
 
 
+def _eval_fingerprint(config, params_dir: str) -> str:
+  """What an evaluation depends on: the weights' bytes and the evaluation settings."""
+  digest = hashlib.sha256()
+  for name in sorted(os.listdir(params_dir)):   # a resumed stage re-exports identical bytes
+    digest.update(name.encode())
+    with open(os.path.join(params_dir, name), "rb") as f:
+      for chunk in iter(lambda: f.read(1 << 24), b""):
+        digest.update(chunk)
+  return json.dumps([digest.hexdigest(), list(config.eval.settings), config.eval.n_problems,
+                     config.task.to_dict(), config.decode.to_dict()], sort_keys=True, default=str)
+
+
 def evaluate_params(config, params_dir: str, name: str, *, progress=True) -> dict:
-  """Evaluates the parameters in `params_dir` with `eval.settings`; merges into results.json."""
-  return eval_lib.evaluate_models(config, [(params_dir, name)], progress=progress)
+  """Evaluates the parameters in `params_dir` with `eval.settings`; merges into results.json.
+  A model already evaluated by this work directory with the same weights and settings
+  (WORKDIR/eval_cache.json) is not evaluated again: a resumed demo only evaluates what is new."""
+  cache_path = os.path.join(config.workdir, "eval_cache.json")
+  cache = {}
+  if os.path.exists(cache_path):
+    with open(cache_path) as f:
+      cache = json.load(f)
+  key = _eval_fingerprint(config, params_dir)
+  hit = cache.get(name)
+  if hit and hit["fingerprint"] == key:
+    logging.info("%s: evaluated before with these weights and settings; reusing", name)
+    return eval_lib.update_results(results_path(config), name, hit["results"])
+  all_results = eval_lib.evaluate_models(config, [(params_dir, name)], progress=progress)
+  if distributed.is_lead_process():
+    cache[name] = {"fingerprint": key, "results": all_results[name]}
+    eval_lib.write_json_atomic(cache_path, cache)
+  return all_results
 
 
 def results_path(config) -> str:
@@ -170,19 +199,21 @@ def run_demo(config, *, progress=True) -> str:
     starts["warmup"] = warmup_params_dir(config, base, curves, progress=progress)
     print(f"warmed-up model: {starts['warmup']}")
     trained[config.stages.warmup.eval.name] = starts["warmup"]
+  for name, params_dir in trained.items():
+    evaluate_params(config, params_dir, name, progress=progress)
+  # Seeds outermost and each model evaluated as soon as it is trained: a run stopped part-way
+  # leaves every stage of the first seeds in results.json (per-seed keys until merged).
   seeds = tuple(config.get("seeds", ())) or (None,)
   seed_groups = {}
-  for stage in stages:
-    for seed in seeds:
+  all_results = {}
+  for seed in seeds:
+    for stage in stages:
       name, params_dir = _train_stage(config, stage, starts[config.stage_start[stage]], seed,
                                       progress, curves)
       key = name if seed is None else eval_lib.seed_name(name, seed)
-      trained[key] = params_dir
+      all_results = evaluate_params(config, params_dir, key, progress=progress)
       if seed is not None:
         seed_groups.setdefault(name, []).append(key)
-  all_results = {}
-  for name, params_dir in trained.items():
-    all_results = evaluate_params(config, params_dir, name, progress=progress)
   for name, keys in seed_groups.items():
     all_results = eval_lib.merge_seeds(results_path(config), name, keys)
   _, png = eval_lib.write_report(all_results, config.workdir,

@@ -99,11 +99,11 @@ def update_results(path: str, model_name: str, results: dict) -> dict:
     with open(path) as f:
       all_results = json.load(f)
   all_results[model_name] = results
-  _write_json_atomic(path, all_results)
+  write_json_atomic(path, all_results)
   return all_results
 
 
-def _write_json_atomic(path: str, obj) -> None:
+def write_json_atomic(path: str, obj) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
@@ -136,7 +136,7 @@ def merge_seeds(path: str, name: str, keys: Sequence[str]) -> dict:
     merged[label] = out
   all_results[name] = merged
   if distributed.is_lead_process():
-    _write_json_atomic(path, all_results)
+    write_json_atomic(path, all_results)
   return all_results
 
 

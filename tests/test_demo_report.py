@@ -51,3 +51,38 @@ def test_training_summary_reads_start_end_and_the_anchor(tmp_path):
   assert s["reward_start"] == pytest.approx(0.075) and s["reward_end"] == pytest.approx(0.975)
   assert s["loss_rkl_mean_second_half"] == pytest.approx(0.002)
   assert s["residual_norm_ratio_start"] == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_path, monkeypatch):
+  """The demo pipeline end to end on smoke shapes (random base, 2-step stages, two rollout seeds,
+  one ablation): results.json holds the seed means with per-seed figures, and a second run over
+  the same work directory reuses every evaluation (the demo resumes without re-evaluating)."""
+  from orl_jax import demo
+  from tests.helpers import orl_smoke_config
+  c = orl_smoke_config(tmp_path / "demo", steps=2)
+  c.pipeline = "demo"
+  c.base_checkpoint, c.warmup_checkpoint = "", ""
+  c.seeds, c.ablations = (0, 1), ("no_kl",)
+  c.eval.n_problems, c.eval.batch_size, c.eval.settings = 8, 8, ("threshold_0.9",)
+  for stage in c.stages:
+    c.stages[stage].train.steps, c.stages[stage].train.warmup_steps = 2, 1
+    c.stages[stage].checkpoint.every = 2
+  c.stages.warmup.train.log_every = 1
+  c.train.mode, c.model.residual.mode = "sft", "none"
+  path = demo.run_demo(c, progress=False)
+  results = json.load(open(path))
+  assert set(results) == {"base", "warmup", "orl", "orl_no_kl"}
+  for name in ("orl", "orl_no_kl"):
+    r = results[name]["threshold_0.9"]
+    assert [s["seed"] for s in r["seeds"]] == ["0", "1"]
+    assert r["accuracy"] == pytest.approx(np.mean([s["accuracy"] for s in r["seeds"]]))
+
+  def no_evaluation(*a, **k):
+    raise AssertionError("a resumed demo evaluated a model again")
+  monkeypatch.setattr(evaluate, "evaluate_models", no_evaluation)
+  again = json.load(open(demo.run_demo(c, progress=False)))
+  for name in results:
+    for setting, r in results[name].items():
+      assert again[name][setting]["accuracy"] == r["accuracy"]
+      assert again[name][setting]["tpf_pooled"] == r["tpf_pooled"]
