@@ -12,6 +12,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
@@ -27,39 +28,80 @@ def _batches(n: int, batch_size: int):
     yield start, min(start + batch_size, n)
 
 
+def _check_batch_split(batch_size: int, mesh) -> None:
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if batch_size % shards:
+    raise ValueError(f"eval.batch_size={batch_size} must be a multiple of the mesh's batch "
+                     f"shards (mesh.data x mesh.fsdp = {shards}): each shard decodes an equal "
+                     f"share of every batch")
+
+
+def _pad_rows(x: np.ndarray, batch_size: int) -> np.ndarray:
+  """Static batch shape: the last batch is padded by repeating the first rows."""
+  pad = (-len(x)) % batch_size
+  return np.concatenate([x, x[:pad]]) if pad else x
+
+
 def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, *,
-                    batch_size: int, temperature: float = 0.0, seed: int = 0, progress=False):
-  """Decodes `problems`; returns host arrays (tokens, nfe, n_generated) and decode seconds."""
-  tok = task.tokenizer
-  dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id, rule=rule,
+                    batch_size: int, temperature: float = 0.0, seed: int = 0, progress=False,
+                    mesh=None):
+  """Decodes `problems`; returns host arrays (tokens, nfe, nfe_engine, n_generated), each over
+  all problems on every process, and the decode seconds.
+
+  With a `mesh`, every batch is one global array split over the mesh's batch axes: each
+  process feeds, and its devices decode, only its rows (`sharding.process_rows`); the outputs
+  are gathered. Without one, the batch is a host array every device sees whole."""
+  dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
+                                  eos_id=task.tokenizer.eos_id, rule=rule,
                                   temperature=temperature)
-  prompts, valid = encode_prompts(problems, tok, config.task.prompt_len)
-  n = len(problems)
-  pad = (-n) % batch_size  # static batch shape: pad the last batch by repeating the first rows
-  prompts = np.concatenate([prompts, prompts[:pad]]) if pad else prompts
-  valid = np.concatenate([valid, valid[:pad]]) if pad else valid
+  prompts, valid = encode_prompts(problems, task.tokenizer, config.task.prompt_len)
+  prompts, valid = _pad_rows(prompts, batch_size), _pad_rows(valid, batch_size)
+  if mesh is not None:
+    _check_batch_split(batch_size, mesh)
+    rows = np.asarray(sharding_lib.process_rows(mesh, batch_size))
+    feed = lambda p, v: sharding_lib.shard_batch((p[rows], v[rows]), mesh, batch_size)
+  else:
+    feed = lambda p, v: (p, v)
   run = make_decoder(graphdef, dcfg)
   key = jax.random.key(seed)
-  compiled = run.lower(params, prompts[:batch_size], valid[:batch_size], key).compile()
+  compiled = run.lower(params, *feed(prompts[:batch_size], valid[:batch_size]), key).compile()
   outs, seconds = [], 0.0
-  it = _batches(len(prompts), batch_size)
-  for i, (s, e) in enumerate(tqdm(list(it), desc=f"eval {rule.label}", disable=not progress,
+  it = list(_batches(len(prompts), batch_size))
+  for i, (s, e) in enumerate(tqdm(it, desc=f"eval {rule.label}", disable=not progress,
                                   leave=False)):
+    batch = feed(prompts[s:e], valid[s:e])
     t0 = time.perf_counter()
-    out = compiled(params, prompts[s:e], valid[s:e], jax.random.fold_in(key, i))
-    out = jax.block_until_ready(out)
+    out = jax.block_until_ready(compiled(params, *batch, jax.random.fold_in(key, i)))
     seconds += time.perf_counter() - t0
     outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated)))
-  tokens, nfe, nfe_engine, n_gen = (np.concatenate(x)[:n] for x in zip(*outs))
+  tokens, nfe, nfe_engine, n_gen = (np.concatenate(x)[:len(problems)] for x in zip(*outs))
   return tokens, nfe, nfe_engine, n_gen, seconds
 
 
+def _score_shared(problems, texts, verifier) -> np.ndarray:
+  """Verification split over processes: process i scores problems i, i + P, ... and the scores
+  are gathered (with one process: all of them here)."""
+  n, count, index = len(problems), jax.process_count(), jax.process_index()
+  if count == 1:
+    return np.asarray(verifier.score_batch(problems, texts), np.float64)
+  mine = list(range(index, n, count))
+  local = np.full(-(-n // count), np.nan)
+  local[:len(mine)] = verifier.score_batch([problems[i] for i in mine], [texts[i] for i in mine])
+  gathered = np.asarray(multihost_utils.process_allgather(local))   # [P, ceil(n / P)]
+  scores = np.empty(n)
+  for p in range(count):
+    part = list(range(p, n, count))
+    scores[part] = gathered[p, :len(part)]
+  return scores
+
+
 def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule, *,
-                     batch_size: int, progress=False) -> dict:
+                     batch_size: int, progress=False, mesh=None) -> dict:
   tokens, nfe, nfe_engine, n_gen, seconds = decode_problems(
-      graphdef, params, problems, task, config, rule, batch_size=batch_size, progress=progress)
+      graphdef, params, problems, task, config, rule, batch_size=batch_size, progress=progress,
+      mesh=mesh)
   texts = [task.tokenizer.decode(t, stop_at_eos=True) for t in tokens]
-  scores = np.asarray(task.verifier.score_batch(problems, texts), np.float64)
+  scores = _score_shared(problems, texts, task.verifier)
   nfe, nfe_engine = np.maximum(nfe, 1), np.maximum(nfe_engine, 1)
   return {   # TPF: the paper's count (one commit forward per decoded block, the last included)
       "accuracy": float(scores.mean()),
@@ -74,13 +116,18 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
       "tps": float(n_gen.sum() / max(seconds, 1e-9)),
       "n_problems": len(problems),
       "batch_size": batch_size,
+      "processes": jax.process_count(),
+      "batch_shards": 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"],
       "device": jax.devices()[0].device_kind,
       "examples": [{"prompt": p.prompt, "response": r, "score": float(s)}
                    for p, r, s in list(zip(problems, texts, scores))[:3]],
   }
 
 
-def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progress=True) -> dict:
+def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progress=True,
+             mesh=None) -> dict:
+  """{setting: metrics} of the model on the first `eval.n_problems` evaluation problems; with a
+  `mesh`, the problems of each batch are split over its batch axes (and so over processes)."""
   problems = task.eval_problems()
   if config.eval.n_problems > len(problems):
     raise ValueError(f"eval.n_problems={config.eval.n_problems} but the task's evaluation set has "
@@ -88,7 +135,7 @@ def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progres
   problems = problems[:config.eval.n_problems]
   return {label: evaluate_setting(graphdef, params, problems, task, config,
                                   UnmaskRule.parse(label), batch_size=config.eval.batch_size,
-                                  progress=progress)
+                                  progress=progress, mesh=mesh)
           for label in settings}
 
 
@@ -214,7 +261,8 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True)
     cfg = model_config_for(config, weights)
     s = loop.setup(cfg)
     graphdef, params = loop.initial_params(s)
-    results = evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress)
+    results = evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress,
+                       mesh=s.mesh)
     if distributed.is_lead_process():
       all_results = update_results(path, name, results)
     else:

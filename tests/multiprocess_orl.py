@@ -8,7 +8,8 @@ fsdp) mesh of CPU devices with gloo collectives over 127.0.0.1. With N > 1 `mesh
 fsdp axis across the processes, so parameters are sharded over both processes and each
 process holds non-adjacent batch rows; the runtime starts from the coordinator variables, as a
 launch does. Each process then checks that an Orbax save -> restore of the trained state is
-bit-exact and writes its per-step losses and a digest of the parameters to FILE.json. Without
+bit-exact, decodes a few evaluation problems split over the processes, and writes its per-step
+losses, a digest of the parameters and the evaluation's figures to FILE.json. Without
 the variables it is the single-process reference on the same 4 devices (a plain mesh).
 """
 import argparse
@@ -122,6 +123,33 @@ def check_checkpoint_roundtrip(config) -> dict:
           **layout(s.mesh, state, n)}
 
 
+def evaluate_trained(config) -> dict:
+  """Decodes and scores 8 evaluation problems with the model's initial parameters (bit-identical
+  in every run; the trained ones differ in the last bits between runs), each batch of 4 split
+  over the mesh's 4 batch shards (2 per process with two processes): this process's rows, the
+  gathered tokens' digest and NFE, and the accuracy every process computes. Decoding reduces
+  nothing across devices, so the tokens are the single process's exactly."""
+  import numpy as np
+  from orl_jax import evaluate as eval_lib
+  from orl_jax import sharding
+  from orl_jax.train import loop
+  from orl_jax.unmasking import UnmaskRule
+  cfg = eval_lib.model_config_for(config, eval_lib.RANDOM_INIT)
+  s = loop.setup(cfg)
+  graphdef, params = loop.initial_params(s)
+  problems = s.task.eval_problems()[:8]
+  rule = UnmaskRule.parse("threshold_0.9")
+  tokens, nfe, *_ = eval_lib.decode_problems(graphdef, params, problems, s.task, cfg, rule,
+                                             batch_size=4, mesh=s.mesh)
+  r = eval_lib.evaluate_setting(graphdef, params, problems, s.task, cfg, rule, batch_size=4,
+                                mesh=s.mesh)
+  return {"eval_rows": list(sharding.process_rows(s.mesh, 4)),
+          "eval_tokens_sha256": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest(),
+          "eval_nfe": np.asarray(nfe).tolist(), "eval_accuracy": r["accuracy"],
+          "eval_tpf_pooled": r["tpf_pooled"], "eval_processes": r["processes"],
+          "eval_batch_shards": r["batch_shards"]}
+
+
 def main():
   args = parse_args()
   info = start_runtime(args)
@@ -132,7 +160,7 @@ def main():
   result = dict(info, losses=[r["loss"] for r in RecordingWriter.rows],
                 rewards=[r["reward"] for r in RecordingWriter.rows],
                 states_packed=[r["states_packed"] for r in RecordingWriter.rows],
-                **check_checkpoint_roundtrip(config))
+                **check_checkpoint_roundtrip(config), **evaluate_trained(config))
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
 

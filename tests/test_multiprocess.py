@@ -101,3 +101,11 @@ def test_two_processes_train_like_one_and_checkpoint_exactly(tmp_path):
   # only process 0 writes the metrics (one line per step, not one per process)
   with open(tmp_path / "multi" / "metrics.jsonl") as f:
     assert [json.loads(line)["step"] for line in f] == [1, 2]
+
+  # evaluation: each process decodes its rows of every batch (2 of 4 here) and the gathered
+  # tokens, forward counts and scores are the single process's
+  assert (p0["eval_rows"], p1["eval_rows"]) == ([0, 2], [1, 3])
+  assert single["eval_rows"] == [0, 1, 2, 3] and p0["eval_processes"] == 2
+  assert p0["eval_batch_shards"] == single["eval_batch_shards"] == 4
+  for key in ("eval_tokens_sha256", "eval_nfe", "eval_accuracy", "eval_tpf_pooled"):
+    assert p0[key] == p1[key] == single[key], key
