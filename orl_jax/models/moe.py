@@ -127,17 +127,18 @@ class ExpertWeights(NamedTuple):
   down: jax.Array   # [E, F, D]
 
 
-def dense_experts(x, routed: RoutedTokens, w: ExpertWeights):
-  """Every expert on every token, combined by the routing weights. x: [N, D] -> [N, D]."""
+def dense_experts(x, routed: RoutedTokens, w: ExpertWeights, act=jax.nn.silu):
+  """Every expert on every token, combined by the routing weights. x: [N, D] -> [N, D].
+  `act` is the gate activation (SiLU: LLaDA2; tanh-GELU: DiffusionGemma)."""
   n, e = x.shape[0], w.gate.shape[0]
   combine = jnp.zeros((n, e), jnp.float32).at[jnp.arange(n)[:, None],
                                                routed.expert_ids].add(routed.weights)
-  h = jax.nn.silu(jnp.einsum("nd,edf->enf", x, w.gate)) * jnp.einsum("nd,edf->enf", x, w.up)
+  h = act(jnp.einsum("nd,edf->enf", x, w.gate)) * jnp.einsum("nd,edf->enf", x, w.up)
   y = jnp.einsum("enf,efd->end", h, w.down, preferred_element_type=jnp.float32)
   return jnp.einsum("end,ne->nd", y, combine).astype(x.dtype)
 
 
-def ragged_experts(x, routed: RoutedTokens, w: ExpertWeights, expert_offset=0):
+def ragged_experts(x, routed: RoutedTokens, w: ExpertWeights, expert_offset=0, act=jax.nn.silu):
   """Dropless grouped SwiGLU of the assignments whose expert is one of the `E_local` experts in
   `w` (ids `expert_offset .. expert_offset + E_local - 1`); the other assignments contribute
   nothing. x: [N, D] -> [N, D]."""
@@ -150,7 +151,7 @@ def ragged_experts(x, routed: RoutedTokens, w: ExpertWeights, expert_offset=0):
   group_sizes = jnp.bincount(sort_key, length=n_local + 1)[:n_local].astype(jnp.int32)
   token_of = order // k                                                  # [N*K] source token
   xs = x[token_of]
-  h = (jax.nn.silu(jax.lax.ragged_dot(xs, w.gate, group_sizes))
+  h = (act(jax.lax.ragged_dot(xs, w.gate, group_sizes))
        * jax.lax.ragged_dot(xs, w.up, group_sizes))
   ys = jax.lax.ragged_dot(h, w.down, group_sizes, preferred_element_type=jnp.float32)
   # Rows past sum(group_sizes) belong to no local expert: select, never multiply (their

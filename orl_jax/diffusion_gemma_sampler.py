@@ -1,0 +1,227 @@
+"""DiffusionGemma uniform-noise decoding (DESIGN §2.2, §4) as transformers 5.24's
+`generation_diffusion_gemma.py` defines it, inside `jit`, batched, with per-row stop flags.
+
+For each canvas (block) of `canvas_length` tokens: the canvas starts as uniform random tokens
+and the self-conditioning signal as zeros; each denoising step (counting `cur_step` down from
+`max_steps` to 1)
+1. runs the canvas decoder on (canvas, cache, z) and divides the logits by the linear
+   temperature `t_min + (t_max − t_min) · cur_step / max_steps` (0.8 → 0.4);
+2. samples a denoiser token at every position from the processed distribution and takes the
+   argmax canvas;
+3. accepts, over **all** positions (accepted tokens can be re-noised later), the longest prefix
+   of positions sorted by ascending entropy H (natural log) with `cumsum(H) − H_k ≤ bound`
+   (EB-sampler, bound 0.1); accepted positions take the denoiser token, the others fresh
+   uniform tokens;
+4. carries `z = softmax(processed logits) @ E · √D` to the next step;
+5. stops a row when its argmax canvas equals those of the previous `stability_threshold` steps
+   and its mean entropy is below `confidence_threshold` (or after `max_steps`); a stopped row
+   keeps its canvas, argmax and z, and its forwards stop counting.
+The canvas's output is the argmax canvas; after an EOS the rest of the row is padding, and rows
+finished on an earlier canvas emit padding only. Each canvas is then written into the cache by
+a commit forward (HF: the encoder over the new tokens), except after the last canvas.
+
+Randomness: the denoiser token is an inverse-CDF sample with a uniform `u` per position and the
+re-noise tokens are uniform integers, both drawn from `fold_in(fold_in(key, canvas), step)` —
+or given explicitly (`SamplerNoise`), which is how the parity test feeds transformers and us
+the same noise.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from orl_jax.models.diffusion_gemma import DiffusionGemma, KVCache, init_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """transformers' `DiffusionGemmaGenerationConfig` defaults."""
+  n_canvases: int = 1               # canvases generated per call (max_new_tokens / canvas_length)
+  max_steps: int = 48               # max_denoising_steps
+  entropy_bound: float = 0.1
+  t_min: float = 0.4
+  t_max: float = 0.8
+  stability_threshold: int = 1
+  confidence_threshold: float = 0.005
+  pad_id: int | None = 0            # fills a row after its EOS (None: no padding)
+  eos_ids: tuple[int, ...] = (1,)
+
+  def __post_init__(self):
+    if self.max_steps < 1 or self.n_canvases < 1:
+      raise ValueError(f"decode.max_steps={self.max_steps} and decode.n_canvases="
+                       f"{self.n_canvases} must be >= 1")
+    if not 0 <= self.t_min < self.t_max:
+      raise ValueError(f"decode.t_min={self.t_min} must be >= 0 and below decode.t_max="
+                       f"{self.t_max}")
+
+
+class SamplerNoise(NamedTuple):
+  """Explicit randomness, leading axes [n_canvases, ...]."""
+  initial: jax.Array   # [N, B, C] int32 starting canvases
+  uniform: jax.Array   # [N, S, B, C] f32 in [0, 1): inverse-CDF draws of the denoiser tokens
+  renoise: jax.Array   # [N, S, B, C] int32 fresh tokens for rejected positions
+
+
+class StepTrace(NamedTuple):
+  """What each denoising step consumed and decided, [N, S, B, ...] (N canvases, S steps)."""
+  canvas: jax.Array     # [N, S, B, C] int32 canvas fed to the step (noise tokens included)
+  z: jax.Array          # [N, S, B, C, D] self-conditioning soft embedding consumed
+  accepted: jax.Array   # [N, S, B, C] bool positions the step accepted
+  active: jax.Array     # [N, S, B] bool the row was still denoising (the step counts for it)
+
+
+class GenerateOutput(NamedTuple):
+  tokens: jax.Array         # [B, N·C] argmax canvases, padding after EOS
+  decoder_forwards: jax.Array  # [B] int32 denoising forwards (transformers' TPF denominator)
+  commit_forwards: jax.Array   # [B] int32 commit forwards run (prompt prefill included)
+  finished: jax.Array       # [B] bool an EOS was generated
+  trace: StepTrace
+
+
+def temperature(cfg: SamplerConfig, cur_step):
+  """Linear schedule; `cur_step` counts the steps *remaining* (max_steps .. 1)."""
+  return cfg.t_min + (cfg.t_max - cfg.t_min) * (cur_step / cfg.max_steps)
+
+
+def token_entropy(logits):
+  """Entropy (nats) of softmax(logits), f32. [..., V] -> [...]."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def entropy_bound_accept(entropy, bound: float):
+  """[B, C] -> [B, C] bool: the lowest-entropy positions with `cumsum(H) − H_k ≤ bound`."""
+  order = jnp.argsort(entropy, axis=-1, stable=True)
+  sorted_h = jnp.take_along_axis(entropy, order, axis=-1)
+  selected = jnp.cumsum(sorted_h, axis=-1) - sorted_h <= bound
+  rows = jnp.arange(entropy.shape[0])[:, None]
+  return jnp.zeros(entropy.shape, bool).at[rows, order].set(selected)
+
+
+def inverse_cdf_sample(probs, u):
+  """Token whose CDF interval holds `u · total`: [..., V] f32, [...] -> [...] int32."""
+  cdf = jnp.cumsum(probs, axis=-1)
+  idx = jnp.sum(cdf <= u[..., None] * cdf[..., -1:], axis=-1)
+  return jnp.minimum(idx, probs.shape[-1] - 1).astype(jnp.int32)
+
+
+class _Denoise(NamedTuple):
+  step: jax.Array       # [] int32 steps taken
+  canvas: jax.Array     # [B, C] int32
+  argmax: jax.Array     # [B, C] int32
+  z: jax.Array          # [B, C, D]
+  history: jax.Array    # [K, B, C] int32 argmax canvases of the last K steps (-1: none yet)
+  stopped: jax.Array    # [B] bool
+  forwards: jax.Array   # [B] int32
+  trace: StepTrace      # [S, B, ...]
+
+
+def _step_noise(key, noise: SamplerNoise | None, c, s, shape, vocab: int):
+  """(u [B, C], renoise tokens [B, C]) of canvas c, step s."""
+  if noise is not None:
+    return noise.uniform[c, s], noise.renoise[c, s]
+  k_u, k_tok = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, c), s))
+  return (jax.random.uniform(k_u, shape, jnp.float32),
+          jax.random.randint(k_tok, shape, 0, vocab, jnp.int32))
+
+
+def _denoise_step(model: DiffusionGemma, cache: KVCache, cfg: SamplerConfig, done_rows, draw,
+                  d: _Denoise) -> _Denoise:
+  """One denoising step of every row (stopped rows keep their state)."""
+  logits = model.decode_forward(d.canvas, cache, d.z).logits
+  processed = logits / temperature(cfg, cfg.max_steps - d.step)
+  u, renoise = draw(d.step)
+  denoised = inverse_cdf_sample(jax.nn.softmax(processed, axis=-1), u)
+  entropy = token_entropy(processed)
+  accepted = entropy_bound_accept(entropy, cfg.entropy_bound)
+  keep = d.stopped[:, None]
+  canvas = jnp.where(keep, d.canvas, jnp.where(accepted, denoised, renoise))
+  argmax = jnp.where(keep, d.argmax, jnp.argmax(processed, axis=-1).astype(jnp.int32))
+  z = jnp.where(keep[..., None], d.z, model.soft_embedding(processed))
+  stable = jnp.all(d.history == argmax[None], axis=(0, 2))
+  history = (jnp.concatenate([d.history, argmax[None]], axis=0)[1:] if d.history.shape[0]
+             else d.history)
+  stopped = d.stopped | (stable & (jnp.mean(entropy, axis=-1) < cfg.confidence_threshold))
+  trace = jax.tree.map(lambda buf, x: buf.at[d.step].set(x), d.trace,
+                       StepTrace(d.canvas, d.z, accepted, ~d.stopped))
+  forwards = d.forwards + (~(d.stopped | done_rows)).astype(jnp.int32)
+  return _Denoise(d.step + 1, canvas, argmax, z, history, stopped, forwards, trace)
+
+
+def denoise_canvas(model: DiffusionGemma, cache: KVCache, canvas, cfg: SamplerConfig, draw,
+                   done_rows):
+  """Denoises one canvas [B, C] against the read-only cache -> (argmax canvas [B, C],
+  forwards [B], StepTrace [S, B, ...]). `draw(step) -> (u, renoise)`; `done_rows` [B] rows
+  finished on an earlier canvas (they still run, batched, but their forwards do not count)."""
+  b, c = canvas.shape
+  d_model = model.cfg.d_model
+  s = cfg.max_steps
+  trace = StepTrace(jnp.zeros((s, b, c), jnp.int32),
+                    jnp.zeros((s, b, c, d_model), model.cfg.compute_dtype),
+                    jnp.zeros((s, b, c), bool), jnp.zeros((s, b), bool))
+  init = _Denoise(jnp.int32(0), canvas, canvas, jnp.zeros((b, c, d_model),
+                                                          model.cfg.compute_dtype),
+                  jnp.full((cfg.stability_threshold, b, c), -1, jnp.int32),
+                  jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), trace)
+  out = jax.lax.while_loop(lambda d: (d.step < s) & ~jnp.all(d.stopped),
+                           lambda d: _denoise_step(model, cache, cfg, done_rows, draw, d), init)
+  return out.argmax, out.forwards, out.trace
+
+
+def finalize_canvas(argmax, done_rows, cfg: SamplerConfig):
+  """(canvas tokens [B, C], rows finished now or before [B]): transformers' `_finalize_canvas`:
+  rows done before become padding, padding follows the first EOS."""
+  is_eos = jnp.isin(argmax, jnp.asarray(cfg.eos_ids, jnp.int32))
+  finished = done_rows | jnp.any(is_eos, axis=-1)
+  if cfg.pad_id is None:
+    return argmax, finished
+  seen = jnp.cumsum(is_eos, axis=-1)
+  after_eos = (seen > 0) & ~((seen == 1) & is_eos)
+  pad = after_eos | done_rows[:, None]
+  return jnp.where(pad, cfg.pad_id, argmax).astype(jnp.int32), finished
+
+
+def generate(model: DiffusionGemma, prompt, key, cfg: SamplerConfig, *, prompt_valid=None,
+             noise: SamplerNoise | None = None) -> GenerateOutput:
+  """Generates `n_canvases` canvases after the prompts [B, P] (left padding: `prompt_valid`
+  False). Call under `jax.jit` (see `make_generator`)."""
+  b, p = prompt.shape
+  c, vocab = model.cfg.canvas_length, model.cfg.vocab_size
+  cache = init_cache(model.cfg, b, p + cfg.n_canvases * c)
+  cache = model.commit_forward(prompt, cache, prompt_valid).cache
+
+  def one_canvas(carry, ci):
+    cache, done, forwards, commits = carry
+    initial = (noise.initial[ci] if noise is not None else jax.random.randint(
+        jax.random.fold_in(jax.random.fold_in(key, ci), cfg.max_steps), (b, c), 0, vocab,
+        jnp.int32))
+    draw = lambda s: _step_noise(key, noise, ci, s, (b, c), vocab)
+    argmax, n_fwd, trace = denoise_canvas(model, cache, initial, cfg, draw, done)
+    tokens, finished = finalize_canvas(argmax, done, cfg)
+    last = ci == cfg.n_canvases - 1
+    cache = jax.lax.cond(last, lambda k: k, lambda k: model.commit_forward(tokens, k).cache,
+                         cache)
+    commits = commits + jnp.where(last, 0, 1)
+    return (cache, finished, forwards + n_fwd, commits), (tokens, trace)
+
+  zeros = jnp.zeros((b,), jnp.int32)
+  (_, finished, forwards, commits), (tokens, trace) = jax.lax.scan(
+      one_canvas, (cache, jnp.zeros((b,), bool), zeros, jnp.int32(1)),
+      jnp.arange(cfg.n_canvases))
+  tokens = jnp.transpose(tokens, (1, 0, 2)).reshape(b, cfg.n_canvases * c)
+  return GenerateOutput(tokens, forwards, jnp.broadcast_to(commits, (b,)), finished, trace)
+
+
+def make_generator(graphdef, cfg: SamplerConfig):
+  """Jitted `(params_state, prompt, key, prompt_valid, noise) -> GenerateOutput`."""
+
+  @jax.jit
+  def run(state, prompt, key, prompt_valid=None, noise=None):
+    model = nnx.merge(graphdef, state)
+    return generate(model, prompt, key, cfg, prompt_valid=prompt_valid, noise=noise)
+
+  return run

@@ -1,0 +1,390 @@
+"""DiffusionGemma (DESIGN §4) against transformers 5.24 as the independent reference.
+
+The HF model is the tiny random config of transformers' own DiffusionGemma tests (2 text layers
+sliding + full, `per_layer_config` for the full layer, 4 experts top-2) with a 1-layer vision
+tower; every parameter and `layer_scalar` buffer is perturbed away from its initial value so
+that norms, scalars and router scales all matter. Parity runs in f32; tolerances are relative to
+the largest reference logit. The sampler trace feeds both implementations the same noise (torch's
+RNG cannot be matched): `torch.multinomial` and the sampler's uniform canvases are patched to
+read it.
+
+Install the references with: pip install torch==2.13.0 transformers==5.24.0
+"""
+import json
+import os
+import shutil
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from orl_jax import diffusion_gemma_sampler as sampler
+from orl_jax.models import diffusion_gemma as dg
+from orl_jax.models import diffusion_gemma_hf as dg_hf
+from orl_jax.models.diffusion_gemma_config import (FULL, SLIDING, AttentionSpec,
+                                                   DiffusionGemmaConfig, release_26b_a4b)
+
+LOGIT_RTOL = 5e-5   # max |Δ| / max |logit| (f32; measured ~1e-5)
+TEXT_CONFIG = {
+    "vocab_size": 99, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
+    "intermediate_size": 32, "hidden_act": "gelu", "max_position_embeddings": 512,
+    "initializer_range": 0.02, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    "moe_intermediate_size": 8, "num_experts": 4, "num_hidden_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "per_layer_config": {1: {"head_dim": 16, "num_key_value_heads": 2}},
+    "top_k_experts": 2, "use_bidirectional_attention": "vision"}
+VISION_CONFIG = {"image_size": 20, "patch_size": 5, "num_channels": 3, "hidden_size": 16,
+                 "num_key_value_heads": 1, "num_hidden_layers": 1, "num_attention_heads": 4,
+                 "intermediate_size": 37, "initializer_range": 0.02}
+CANVAS = 16
+SMALL_WINDOW = 5   # < the prompts below, so sliding layers drop cached tokens
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def torch_mod():
+  return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory, torch_mod):
+  """{window: HF directory}: the perturbed tiny model with the default window (512) and with a
+  window smaller than the prompt (same weights)."""
+  torch = torch_mod
+  transformers = pytest.importorskip("transformers")
+  cfg = transformers.DiffusionGemmaConfig(text_config=TEXT_CONFIG, vision_config=VISION_CONFIG,
+                                          image_token_id=4, boi_token_id=5, eoi_token_id=6,
+                                          canvas_length=CANVAS)
+  torch.manual_seed(0)
+  model = transformers.DiffusionGemmaForBlockDiffusion(cfg).eval()
+  gen = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      p.add_(_perturbation(name) * torch.randn(p.shape, generator=gen))
+    for name, b in model.named_buffers():
+      if name.endswith("layer_scalar"):
+        b.copy_(0.5 + torch.rand(b.shape, generator=gen))
+  base = str(tmp_path_factory.mktemp("dg") / "window512")
+  model.save_pretrained(base)
+  small = base.replace("window512", f"window{SMALL_WINDOW}")
+  shutil.copytree(base, small)
+  with open(os.path.join(small, "config.json")) as f:
+    config = json.load(f)
+  config["text_config"]["sliding_window"] = SMALL_WINDOW
+  with open(os.path.join(small, "config.json"), "w") as f:
+    json.dump(config, f)
+  return {512: base, SMALL_WINDOW: small}
+
+
+def _perturbation(name: str) -> float:
+  """Std of the noise added to a parameter. The self-conditioning MLP gets less: with it at 0.3
+  the step-to-step map z -> z' amplifies differences ~15x per step (measured), so f32 rounding
+  alone makes any two implementations part ways after a few steps; at 0.09 the map contracts
+  (~0.5x) while self-conditioning still moves the logits by ~50%."""
+  return 0.09 if "self_conditioning" in name and name.endswith("proj.weight") else 0.3
+
+
+def _load_hf(path):
+  import transformers
+  return transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(path).eval()
+
+
+def _max_rel(ours, ref):
+  ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+  return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_from_hf_resolves_per_layer_shapes(hf_dirs):
+  cfg = dg_hf.read_config(hf_dirs[512])
+  assert [s.kind for s in cfg.layers] == [SLIDING, FULL]
+  assert (cfg.layers[0].head_dim, cfg.layers[0].n_kv_heads) == (256, 2)   # global head_dim
+  assert (cfg.layers[1].head_dim, cfg.layers[1].n_kv_heads) == (16, 2)    # per_layer_config
+  assert cfg.layers[1].rope_type == "proportional" and cfg.layers[1].rope_fraction == 0.25
+  assert cfg.final_softcap == 30.0 and cfg.eos_ids == (2,) and cfg.canvas_length == CANVAS
+  assert DiffusionGemmaConfig.from_hf(cfg.to_hf()) == cfg
+
+
+def test_release_shapes_match_a_gemma4_style_config():
+  """The released checkpoint's config.json names full-layer shapes with `global_head_dim` /
+  `num_global_key_value_heads` instead of `per_layer_config`."""
+  text = {"vocab_size": 262144, "hidden_size": 2816, "intermediate_size": 2112,
+          "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8,
+          "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+          "attention_k_eq_v": True, "sliding_window": 1024, "num_experts": 128,
+          "top_k_experts": 8, "moe_intermediate_size": 704, "eos_token_id": [1, 106]}
+  cfg = DiffusionGemmaConfig.from_hf({"model_type": "diffusion_gemma", "text_config": text},
+                                     dtype="bfloat16", param_dtype="bfloat16")
+  assert dataclasses_equal_but_passthrough(cfg, release_26b_a4b())
+  assert [i for i, s in enumerate(cfg.layers) if s.kind == FULL] == [5, 11, 17, 23, 29]
+
+
+def dataclasses_equal_but_passthrough(a, b):
+  import dataclasses
+  return dataclasses.replace(a, hf_passthrough="") == dataclasses.replace(b, hf_passthrough="")
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("attention_bias", True, "attention_bias"),
+    ("use_bidirectional_attention", "all", "use_bidirectional_attention"),
+    ("num_experts", None, "num_experts")])
+def test_unsupported_config_json_is_named(field, value, needle):
+  text = dict(TEXT_CONFIG, **{field: value})
+  with pytest.raises(ValueError, match=needle):
+    DiffusionGemmaConfig.from_hf({"model_type": "diffusion_gemma", "text_config": text})
+
+
+def test_transformers_reads_our_config_json_the_same_way():
+  transformers = pytest.importorskip("transformers")
+  ours = release_26b_a4b()
+  theirs = transformers.DiffusionGemmaConfig(**ours.to_hf()).text_config
+  for i, spec in enumerate(ours.layers):
+    layer = theirs.per_layer_config[i]
+    assert (layer.head_dim, layer.num_key_value_heads) == (spec.head_dim, spec.n_kv_heads)
+  assert theirs.layer_types == [s.kind for s in ours.layers]
+  assert theirs.sliding_window == ours.sliding_window
+
+
+# ----------------------------------------------------------------------------- model pieces
+
+
+def test_proportional_rope_rotates_a_fraction_of_the_whole_head():
+  spec = AttentionSpec(FULL, head_dim=512, n_kv_heads=2, rope_type="proportional",
+                       rope_theta=1e6, rope_fraction=0.25)
+  inv = dg.rope_inv_freq(spec)
+  assert inv.shape == (256,) and np.count_nonzero(inv) == 64
+  # exponents over the whole head (2i / 512), not over the rotated 128 dims
+  np.testing.assert_allclose(inv[1], 1e6 ** (-2 / 512), rtol=1e-6)
+
+
+def test_decoder_sees_the_last_window_minus_one_cached_tokens():
+  cfg = release_26b_a4b(layers=(AttentionSpec(SLIDING, 8, 1), AttentionSpec(FULL, 8, 1)),
+                        sliding_window=4, n_heads=2, dtype="float32", param_dtype="float32")
+  cache = dg.init_cache(cfg, 1, 16)._replace(valid=jnp.arange(16)[None] < 10,
+                                              length=jnp.int32(10))
+  sliding = dg.decode_visibility(cfg, cfg.layers[0], cache, 3)[0, 0]
+  full = dg.decode_visibility(cfg, cfg.layers[1], cache, 3)[0, 0]
+  assert np.flatnonzero(sliding).tolist() == [7, 8, 9, 16, 17, 18]
+  assert np.flatnonzero(full).tolist() == list(range(10)) + [16, 17, 18]
+  commit = dg.commit_visibility(cfg, cfg.layers[0], cache, 2)[0]   # tokens at 8 and 9
+  assert np.flatnonzero(commit[1]).tolist() == [6, 7, 8, 9]
+
+
+def test_entropy_bound_accepts_the_lowest_entropy_prefix():
+  rng = np.random.default_rng(0)
+  h = rng.exponential(0.05, (4, 12)).astype(np.float32)
+  got = np.asarray(sampler.entropy_bound_accept(jnp.asarray(h), 0.1))
+  for row, acc in zip(h, got):
+    order = np.argsort(row, kind="stable")
+    keep = np.cumsum(row[order]) - row[order] <= 0.1
+    want = np.zeros_like(acc)
+    want[order[keep]] = True
+    assert (acc == want).all() and acc.any()
+
+
+def test_finalize_pads_after_eos_and_finished_rows():
+  cfg = sampler.SamplerConfig(eos_ids=(2,), pad_id=0)
+  argmax = jnp.asarray([[5, 2, 7, 2], [5, 6, 7, 8], [2, 3, 3, 3]])
+  tokens, finished = sampler.finalize_canvas(argmax, jnp.asarray([False, False, True]), cfg)
+  assert np.asarray(tokens).tolist() == [[5, 2, 0, 0], [5, 6, 7, 8], [0, 0, 0, 0]]
+  assert np.asarray(finished).tolist() == [True, False, True]
+
+
+# ----------------------------------------------------------------------------- parity
+
+
+def _prompts(rng, b, p):
+  return rng.integers(7, 99, (b, p)).astype(np.int64)   # no pad/eos/image tokens
+
+
+@pytest.mark.parametrize("window", [512, SMALL_WINDOW])
+def test_logits_match_transformers(hf_dirs, torch_mod, window):
+  """Commit-forward (encoder prefill) logits, and one decoder step without and with
+  self-conditioning, with a left-padded row."""
+  torch = torch_mod
+  tm = _load_hf(hf_dirs[window])
+  model, _ = dg_hf.load_dir(hf_dirs[window])
+  rng = np.random.default_rng(window)
+  b, p = 3, 9
+  prompt, canvas = _prompts(rng, b, p), rng.integers(7, 99, (b, CANVAS))
+  valid = np.ones((b, p), bool)
+  valid[0, :2] = False
+  sc_logits = (3.0 * rng.standard_normal((b, CANVAS, 99))).astype(np.float32)
+  mask = torch.tensor(valid)
+  dec_mask = torch.cat([mask, torch.ones(b, CANVAS, dtype=torch.bool)], dim=1)
+  with torch.no_grad():
+    plain = tm(input_ids=torch.tensor(prompt), attention_mask=mask,
+               decoder_input_ids=torch.tensor(canvas), decoder_attention_mask=dec_mask)
+    conditioned = tm(input_ids=torch.tensor(prompt), attention_mask=mask,
+                     decoder_input_ids=torch.tensor(canvas), decoder_attention_mask=dec_mask,
+                     self_conditioning_logits=torch.tensor(sc_logits))
+    enc = tm.lm_head(plain.encoder_last_hidden_state).float()
+    enc = (torch.tanh(enc / 30.0) * 30.0).numpy()
+  committed = model.commit_forward(jnp.asarray(prompt), dg.init_cache(model.cfg, b, p),
+                                   jnp.asarray(valid))
+  ours_enc = np.asarray(model.head(committed.hidden))
+  assert _max_rel(ours_enc[valid], enc[valid]) < LOGIT_RTOL
+  ours_plain = model.decode_forward(jnp.asarray(canvas), committed.cache).logits
+  assert _max_rel(ours_plain, plain.logits.numpy()) < LOGIT_RTOL
+  z = model.soft_embedding(jnp.asarray(sc_logits))
+  ours_sc = model.decode_forward(jnp.asarray(canvas), committed.cache, z).logits
+  assert _max_rel(ours_sc, conditioned.logits.numpy()) < LOGIT_RTOL
+  # the conditioning matters far beyond the tolerance (the test can tell them apart)
+  assert _max_rel(ours_plain, conditioned.logits.numpy()) > 100 * LOGIT_RTOL
+
+
+class _HFRecorder:
+  """Patches a transformers DiffusionGemma so that `generate` reads `noise` and records the
+  canvas fed to every decoder forward and every accepted set."""
+
+  def __init__(self, tm, noise: sampler.SamplerNoise):
+    import torch
+    self.torch, self.tm, self.noise = torch, tm, jax.tree.map(np.asarray, noise)
+    self.canvas_idx, self.step, self.in_canvas = -1, -1, False
+    self.fed, self.accepted = [], []
+
+  def encoder_forward(self, orig):
+    def run(*args, **kwargs):
+      self.canvas_idx, self.step, self.in_canvas = self.canvas_idx + 1, -1, False
+      return orig(*args, **kwargs)
+    return run
+
+  def decoder_forward(self, orig):
+    def run(*args, **kwargs):
+      self.step += 1
+      self.in_canvas = True
+      self.fed.append((self.canvas_idx, self.step, kwargs["decoder_input_ids"].numpy().copy()))
+      return orig(*args, **kwargs)
+    return run
+
+  def multinomial(self, probs, num_samples):
+    u = self.torch.tensor(self.noise.uniform[self.canvas_idx, self.step]).reshape(-1, 1)
+    cdf = self.torch.cumsum(probs, dim=-1)
+    idx = (cdf <= u * cdf[:, -1:]).sum(dim=-1).clamp(max=probs.shape[-1] - 1)
+    return idx[:, None]
+
+  def initialize_canvas(self, sampler_self, batch_size, device):
+    source = self.noise.renoise[self.canvas_idx, self.step] if self.in_canvas else \
+        self.noise.initial[self.canvas_idx]
+    return self.torch.tensor(source, dtype=self.torch.long)
+
+  def accept_canvas(self, orig):
+    def run(sampler_self, *args, **kwargs):
+      out = orig(sampler_self, *args, **kwargs)
+      self.accepted.append(sampler_self.accepted_token_mask.numpy().copy())
+      return out
+    return run
+
+
+def _hf_generate(tm, prompt, noise, cfg: sampler.SamplerConfig):
+  from transformers.models.diffusion_gemma import generation_diffusion_gemma as gen
+  rec = _HFRecorder(tm, noise)
+  tm.forward = rec.decoder_forward(tm.forward)
+  tm.model.encoder.forward = rec.encoder_forward(tm.model.encoder.forward)
+  eb = gen.EntropyBoundSampler
+  with mock.patch("torch.multinomial", rec.multinomial), \
+      mock.patch.object(eb, "initialize_canvas",
+                        lambda s, batch_size, device: rec.initialize_canvas(s, batch_size, device)), \
+      mock.patch.object(eb, "accept_canvas", rec.accept_canvas(eb.accept_canvas)):
+    out = tm.generate(input_ids=rec.torch.tensor(prompt),
+                      decoder_input_ids=rec.torch.tensor(np.asarray(noise.initial[0])),
+                      max_new_tokens=cfg.n_canvases * CANVAS, max_denoising_steps=cfg.max_steps,
+                      t_min=cfg.t_min, t_max=cfg.t_max,
+                      stability_threshold=cfg.stability_threshold,
+                      confidence_threshold=cfg.confidence_threshold,
+                      eos_token_id=list(cfg.eos_ids), pad_token_id=cfg.pad_id)
+  return out, rec
+
+
+@pytest.mark.parametrize("window,stability,confidence", [(512, 1, 0.005),
+                                                         (SMALL_WINDOW, 0, 1.5)])
+def test_sampler_trace_matches_transformers(hf_dirs, window, stability, confidence):
+  """Same noise -> same canvas at every step, same accepted sets, same outputs and forward
+  counts. The second case stops on confidence alone (the random model's argmax canvas never
+  settles within 8 steps), and its rows stop early, at different steps."""
+  pytest.importorskip("transformers")
+  tm = _load_hf(hf_dirs[window])
+  model, _ = dg_hf.load_dir(hf_dirs[window])
+  cfg = sampler.SamplerConfig(n_canvases=2, max_steps=8, stability_threshold=stability,
+                              confidence_threshold=confidence, eos_ids=(2,), pad_id=0)
+  rng = np.random.default_rng(3)
+  b, p = 3, 7
+  prompt = _prompts(rng, b, p)
+  shape = (cfg.n_canvases, cfg.max_steps, b, CANVAS)
+  noise = sampler.SamplerNoise(
+      initial=jnp.asarray(rng.integers(0, 99, (cfg.n_canvases, b, CANVAS)), jnp.int32),
+      uniform=jnp.asarray(rng.random(shape), jnp.float32),
+      renoise=jnp.asarray(rng.integers(0, 99, shape), jnp.int32))
+  out, rec = _hf_generate(tm, prompt, noise, cfg)
+
+  graphdef, state = nnx.split(model)
+  ours = sampler.make_generator(graphdef, cfg)(state, jnp.asarray(prompt, jnp.int32),
+                                               jax.random.key(0), noise=noise)
+  trace = jax.tree.map(np.asarray, ours.trace)
+  steps_run = trace.active.any(axis=-1)                                # [N, S]
+  assert len(rec.fed) == int(steps_run[:len({c for c, _, _ in rec.fed})].sum())
+  for (c, s, fed), accepted in zip(rec.fed, rec.accepted):
+    assert steps_run[c, s]
+    np.testing.assert_array_equal(trace.canvas[c, s], fed, err_msg=f"canvas {c} step {s}")
+    np.testing.assert_array_equal(trace.accepted[c, s], accepted, err_msg=f"canvas {c} step {s}")
+  hf_tokens = out.sequences.numpy()[:, p:]
+  np.testing.assert_array_equal(np.asarray(ours.tokens)[:, :hf_tokens.shape[1]], hf_tokens)
+  n_valid = (hf_tokens != cfg.pad_id).sum(-1)
+  np.testing.assert_allclose(n_valid / np.asarray(ours.decoder_forwards),
+                             out.tokens_per_forward.numpy(), rtol=1e-6)
+  if stability == 0:   # the early stop really happened, and not for every row at once
+    first = trace.active[0].sum(axis=0)
+    assert first.min() < cfg.max_steps and len(set(first.tolist())) > 1
+
+
+def test_sampler_runs_on_its_own_noise_in_jit(hf_dirs):
+  model, _ = dg_hf.load_dir(hf_dirs[SMALL_WINDOW])
+  cfg = sampler.SamplerConfig(n_canvases=2, max_steps=4, eos_ids=(2,))
+  graphdef, state = nnx.split(model)
+  run = sampler.make_generator(graphdef, cfg)
+  prompt = jnp.asarray(_prompts(np.random.default_rng(5), 2, 6), jnp.int32)
+  a, b = run(state, prompt, jax.random.key(1)), run(state, prompt, jax.random.key(1))
+  c = run(state, prompt, jax.random.key(2))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert not np.array_equal(a.trace.canvas, c.trace.canvas)
+  assert a.trace.z.shape == (2, 4, 2, CANVAS, model.cfg.d_model)
+  assert not np.asarray(a.trace.z[:, 0]).any() and np.asarray(a.trace.z[:, 1]).any()
+  assert (np.asarray(a.commit_forwards) == 2).all()     # prefill + the first canvas
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def test_export_loads_in_transformers_with_the_same_logits(hf_dirs, torch_mod, tmp_path):
+  torch = torch_mod
+  model, passthrough = dg_hf.load_dir(hf_dirs[SMALL_WINDOW])
+  out = dg_hf.export_dir(str(tmp_path / "export"), model, passthrough)
+  again, _ = dg_hf.load_dir(out)
+  flat, flat_again = dg_hf.flat_params(model), dg_hf.flat_params(again)
+  assert flat.keys() == flat_again.keys()
+  assert all(np.array_equal(flat[k], flat_again[k]) for k in flat)
+  original, exported = _load_hf(hf_dirs[SMALL_WINDOW]), _load_hf(out)
+  rng = np.random.default_rng(7)
+  prompt, canvas = torch.tensor(_prompts(rng, 2, 9)), torch.tensor(rng.integers(7, 99, (2, CANVAS)))
+  with torch.no_grad():
+    want = original(input_ids=prompt, decoder_input_ids=canvas).logits.numpy()
+    got = exported(input_ids=prompt, decoder_input_ids=canvas).logits.numpy()
+  np.testing.assert_array_equal(got, want)
+
+
+def test_missing_tensor_is_named(hf_dirs, tmp_path):
+  from safetensors.numpy import load_file, save_file
+  broken = tmp_path / "broken"
+  shutil.copytree(hf_dirs[512], broken)
+  tensors = load_file(str(broken / "model.safetensors"))
+  del tensors["model.decoder.layers.1.router.per_expert_scale"]
+  save_file(tensors, str(broken / "model.safetensors"))
+  with pytest.raises(dg_hf.CheckpointError, match="layers.1.router.per_expert_scale"):
+    dg_hf.load_dir(str(broken))
