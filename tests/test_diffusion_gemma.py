@@ -289,9 +289,9 @@ def _hf_generate(tm, prompt, noise, cfg: sampler.SamplerConfig):
   tm.forward = rec.decoder_forward(tm.forward)
   tm.model.encoder.forward = rec.encoder_forward(tm.model.encoder.forward)
   eb = gen.EntropyBoundSampler
+  fresh_canvas = lambda s, batch_size, device: rec.initialize_canvas(s, batch_size, device)
   with mock.patch("torch.multinomial", rec.multinomial), \
-      mock.patch.object(eb, "initialize_canvas",
-                        lambda s, batch_size, device: rec.initialize_canvas(s, batch_size, device)), \
+      mock.patch.object(eb, "initialize_canvas", fresh_canvas), \
       mock.patch.object(eb, "accept_canvas", rec.accept_canvas(eb.accept_canvas)):
     out = tm.generate(input_ids=rec.torch.tensor(prompt),
                       decoder_input_ids=rec.torch.tensor(np.asarray(noise.initial[0])),

@@ -105,10 +105,10 @@ class DiffusionGemmaConfig:
       _validate_layer(self, i, spec)
 
   @classmethod
-  def from_hf(cls, config: dict, **overrides) -> "DiffusionGemmaConfig":
+  def from_hf(cls, hf_config: dict, **overrides) -> "DiffusionGemmaConfig":
     """Our config from a DiffusionGemma `config.json` dict; `overrides` set the fields
     config.json does not determine (dtype, param_dtype, moe_impl)."""
-    return from_hf(config, **overrides)
+    return from_hf(hf_config, **overrides)
 
   def to_hf(self) -> dict:
     """A `config.json` dict that transformers' `DiffusionGemmaConfig` loads."""
@@ -165,11 +165,11 @@ def _attention_spec(text: dict, kind: str, over: dict) -> AttentionSpec:
       rope_factor=float(rope.get("factor", 1.0)))
 
 
-def _check_supported(config: dict, text: dict) -> None:
-  if config.get("model_type", MODEL_TYPE) != MODEL_TYPE:
-    raise ValueError(f"config.json model_type={config.get('model_type')!r}: expected "
+def _check_supported(hf_config: dict, text: dict) -> None:
+  if hf_config.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+    raise ValueError(f"config.json model_type={hf_config.get('model_type')!r}: expected "
                      f"{MODEL_TYPE!r}")
-  if not config.get("tie_word_embeddings", True) or not text.get("tie_word_embeddings", True):
+  if not hf_config.get("tie_word_embeddings", True) or not text.get("tie_word_embeddings", True):
     raise ValueError("config.json sets tie_word_embeddings=false: DiffusionGemma's head is the "
                      "embedding table")
   if text.get("attention_bias", False):
@@ -183,15 +183,15 @@ def _check_supported(config: dict, text: dict) -> None:
                        "always run the MoE block")
 
 
-def from_hf(config: dict, **overrides) -> DiffusionGemmaConfig:
-  text = dict(config.get("text_config") or {})
-  _check_supported(config, text)
+def from_hf(hf_config: dict, **overrides) -> DiffusionGemmaConfig:
+  text = dict(hf_config.get("text_config") or {})
+  _check_supported(hf_config, text)
   types = _layer_types(text)
   over = _layer_overrides(text, types)
   layers = tuple(_attention_spec(text, t, over.get(i, {})) for i, t in enumerate(types))
   eos = text.get("eos_token_id", 1)
   soft = text.get("final_logit_softcapping", 30.0)
-  passthrough = {k: v for k, v in config.items()
+  passthrough = {k: v for k, v in hf_config.items()
                  if k not in ("text_config", "model_type", "architectures", "canvas_length",
                               "tie_word_embeddings", "transformers_version", "dtype",
                               "torch_dtype")}
@@ -200,10 +200,11 @@ def from_hf(config: dict, **overrides) -> DiffusionGemmaConfig:
       n_heads=text.get("num_attention_heads", 8), mlp_dim=text.get("intermediate_size", 9216),
       n_experts=text["num_experts"], top_k=text["top_k_experts"],
       expert_dim=text["moe_intermediate_size"], layers=layers,
-      sliding_window=text.get("sliding_window", 512), norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+      sliding_window=text.get("sliding_window", 512),
+      norm_eps=float(text.get("rms_norm_eps", 1e-6)),
       final_softcap=None if soft is None else float(soft),
       activation=text.get("hidden_activation", "gelu_pytorch_tanh"),
-      canvas_length=config.get("canvas_length", 256), pad_id=text.get("pad_token_id", 0),
+      canvas_length=hf_config.get("canvas_length", 256), pad_id=text.get("pad_token_id", 0),
       bos_id=text.get("bos_token_id", 2), eos_ids=tuple(eos if isinstance(eos, list) else [eos]),
       max_positions=text.get("max_position_embeddings", 131_072),
       hf_passthrough=json.dumps(passthrough, sort_keys=True), **overrides)
