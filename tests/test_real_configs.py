@@ -46,7 +46,7 @@ def test_full_size_variants_validate(module, arg, family, tied):
   c = module.get_config(arg)
   validate(c)
   assert c.model.family == family and c.model.tie_embeddings == tied
-  assert c.model.hf_dir == "" and c.loss.vocab_chunk > 0
+  assert c.model.path == "" and c.loss.vocab_chunk > 0
   if module is sdar:
     assert c.decode.block_size == 4 and c.model.special_tokens.mask == "<|MASK|>"
   if module is llada:
