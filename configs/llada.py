@@ -46,12 +46,7 @@ def _llada2_mini(c):
   # our reading of the released config.json, which decides whenever model.path is given.
   m.moe.update(dict(n_experts=256, top_k=8, expert_dim=512, n_group=8, topk_group=4,
                     n_shared=1, routed_scaling_factor=2.5, impl="ragged"))
-  c.task.prompt_len = 512
-  c.decode.gen_length = 256
-  c.orl.prompts_per_step, c.orl.group_size = 8, 8
-  c.orl.rollout_rule, c.orl.rollout_rule_value = "entropy_budget", 0.5
-  c.replay.row_len, c.replay.n_rows = 4096, 16
-  c.replay.max_states, c.replay.max_responses = 256, 64
+  _run_sizes(c)
 
 
 def _llada_8b(c):
@@ -59,6 +54,11 @@ def _llada_8b(c):
   dlm_common.set_shapes(c, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
                         mlp_dim=12288, vocab_size=126464, rope_theta=500000.0, norm_eps=1e-5,
                         qk_norm=False, tie_embeddings=False)
+  _run_sizes(c)
+
+
+def _run_sizes(c):
+  """Prompt, response, rollout and replay sizes of the full-size LLaDA runs."""
   c.task.prompt_len = 512
   c.decode.gen_length = 256
   c.orl.prompts_per_step, c.orl.group_size = 8, 8

@@ -66,6 +66,17 @@ class Family:
 # ----------------------------------------------------------------------------- name map
 
 
+def dense_rules(cfg: ModelConfig, layer: tuple, embed: str, norm: str, head: str) -> list:
+  """The name map of a dense family: `layer` templates ({i} = layer index) for every layer,
+  then the embedding, final norm and (untied) head, whose HF names are given."""
+  rules = [r._replace(hf=r.hf.format(i=i), ours=r.ours.format(i=i))
+           for i in range(cfg.n_layers) for r in layer]
+  rules += [plain(embed, "embed.embedding"), plain(norm, "final_norm.weight")]
+  if not cfg.tie_embeddings:
+    rules.append(linear(head, "lm_head.kernel"))
+  return rules
+
+
 def _full_index(shape) -> tuple[slice, ...]:
   return tuple(slice(0, n) for n in shape)
 

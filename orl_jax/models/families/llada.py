@@ -6,7 +6,7 @@ attn_out, ff_proj (the SiLU gate), up_proj, ff_out}, ln_f, ff_out (head)}`.
 from __future__ import annotations
 
 from orl_jax import sharding
-from orl_jax.models.families.base import Family, linear, plain
+from orl_jax.models.families.base import Family, dense_rules, linear, plain
 from orl_jax.models.families.common import rope_theta
 from orl_jax.models.transformer import ModelConfig
 
@@ -24,13 +24,8 @@ _LAYER = (
 
 
 def tensor_rules(cfg: ModelConfig) -> list:
-  rules = [r._replace(hf=r.hf.format(i=i), ours=r.ours.format(i=i))
-           for i in range(cfg.n_layers) for r in _LAYER]
-  rules += [plain("model.transformer.wte.weight", "embed.embedding"),
-            plain("model.transformer.ln_f.weight", "final_norm.weight")]
-  if not cfg.tie_embeddings:
-    rules.append(linear("model.transformer.ff_out.weight", "lm_head.kernel"))
-  return rules
+  return dense_rules(cfg, _LAYER, "model.transformer.wte.weight",
+                     "model.transformer.ln_f.weight", "model.transformer.ff_out.weight")
 
 
 def architecture_from_hf(hf: dict) -> dict:

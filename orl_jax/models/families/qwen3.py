@@ -3,7 +3,7 @@ block-causal, per-head q/k RMSNorm before RoPE, HF Qwen3 weight names."""
 from __future__ import annotations
 
 from orl_jax import sharding
-from orl_jax.models.families.base import Family, linear, plain
+from orl_jax.models.families.base import Family, dense_rules, linear, plain
 from orl_jax.models.families.common import rope_theta
 from orl_jax.models.transformer import ModelConfig
 
@@ -25,13 +25,8 @@ _LAYER = (
 def tensor_rules(cfg: ModelConfig) -> list:
   layer = [r for r in _LAYER if cfg.qk_norm or not r.ours.endswith(("q_norm.weight",
                                                                      "k_norm.weight"))]
-  rules = [r._replace(hf=r.hf.format(i=i), ours=r.ours.format(i=i))
-           for i in range(cfg.n_layers) for r in layer]
-  rules += [plain("model.embed_tokens.weight", "embed.embedding"),
-            plain("model.norm.weight", "final_norm.weight")]
-  if not cfg.tie_embeddings:
-    rules.append(linear("lm_head.weight", "lm_head.kernel"))
-  return rules
+  return dense_rules(cfg, tuple(layer), "model.embed_tokens.weight", "model.norm.weight",
+                     "lm_head.weight")
 
 
 def architecture_from_hf(hf: dict) -> dict:
