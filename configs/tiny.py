@@ -64,8 +64,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"
   c.model.param_dtype = "float32"
   c.model.attention_impl = "auto"
-  c.model.init_from = ""          # params folder to start from ("" = fresh init; stages: base)
-  c.model.hf_dir = ""             # local Hugging Face model directory ("" = none)
+  # The weights to start from: a local Hugging Face model directory (config.json: the model
+  # family and every architecture field then come from it) or an orl_jax params folder
+  # (meta.json). "" = model.init_from, else a fresh init.
+  c.model.path = ""
+  c.model.init_from = ""          # older name for a params folder (the demo's stages set it)
   c.model.residual = ml_collections.ConfigDict()
   c.model.residual.mode = "none"
   c.model.residual.hidden = 128
@@ -159,7 +162,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 2
   c.checkpoint.save_rollouts = False
 
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Axis sizes (one of data/fsdp/tensor may be -1: the rest of the devices). `expert` splits
+  # the routed experts of MoE models and, with data and fsdp, the batch (orl_jax/sharding.py).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
   # Ways of each axis that cross the data-center network between TPU slices (or hosts, where
   # devices have no slice index); all 1 = a plain mesh. E.g. 2 slices of data parallelism:
   # --config.mesh.data=2 --config.mesh.fsdp=-1 --config.mesh.dcn.data=2

@@ -201,7 +201,7 @@ def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
   o = config.orl
   dcfg = rollout_decode_config(config, tok)
   rollout_fn = make_rollout(run.graphdef, dcfg, o.group_size, s.mesh)
-  rcfg = replay_config(config, s.mesh.shape["data"] * s.mesh.shape["fsdp"])
+  rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape))
   rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
   gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
                                               block_size=dcfg.block_size)
