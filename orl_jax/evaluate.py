@@ -29,10 +29,10 @@ def _batches(n: int, batch_size: int):
 
 
 def _check_batch_split(batch_size: int, mesh) -> None:
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  shards = sharding_lib.n_batch_shards(mesh.shape)
   if batch_size % shards:
     raise ValueError(f"eval.batch_size={batch_size} must be a multiple of the mesh's batch "
-                     f"shards (mesh.data x mesh.fsdp = {shards}): each shard decodes an equal "
+                     f"shards (mesh.data x mesh.fsdp x mesh.expert = {shards}): each shard decodes an equal "
                      f"share of every batch")
 
 
@@ -117,7 +117,7 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
       "n_problems": len(problems),
       "batch_size": batch_size,
       "processes": jax.process_count(),
-      "batch_shards": 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"],
+      "batch_shards": 1 if mesh is None else sharding_lib.n_batch_shards(mesh.shape),
       "device": jax.devices()[0].device_kind,
       "examples": [{"prompt": p.prompt, "response": r, "score": float(s)}
                    for p, r, s in list(zip(problems, texts, scores))[:3]],
