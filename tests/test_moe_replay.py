@@ -152,7 +152,8 @@ def test_moe_replay_bf16_with_captured_routes():
 
 
 def test_orl_loss_replays_with_the_captured_routes():
-  """The ORL loss consumes the batch's routes (f32: the same values as re-routing)."""
+  """The ORL loss consumes the batch's routes (f32: the same values as re-routing), also
+  split into row micro-batches."""
   graphdef, params, traj, valid, _ = _rollout("float32", True)
   batch, _ = _batch(traj, valid)
   model = nnx.merge(graphdef, params)
@@ -163,6 +164,12 @@ def test_orl_loss_replays_with_the_captured_routes():
   bad = batch.replace(routes=jnp.where(batch.routes >= 0, (batch.routes + 1) % MOE.n_experts,
                                        -1))
   assert abs(float(loss_fn(bad)) - rerouted) > 1e-3 * abs(rerouted)   # the routes are used
+  # gradient accumulation splits the routes with the rows they belong to
+  from orl_jax.losses import OrlObjective
+  from orl_jax.train.state import loss_and_grads
+  (micro_loss, _), _ = loss_and_grads(graphdef, OrlObjective(cfg), params, batch,
+                                      jax.random.key(0), micro_batches=2)
+  assert abs(float(micro_loss) - with_routes) <= 1e-5 * abs(with_routes)
 
 
 def test_route_capture_bytes_match_the_buffers():
