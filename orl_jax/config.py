@@ -58,6 +58,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"model.path={m.get('path', '')!r} and model.init_from={m.get('init_from', '')!r} "
         "both give weights; set model.path only")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
+  errors += _editing_errors(config)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
   check(t.lr > 0, f"train.lr={t.lr} must be positive")
   check(t.steps >= 0, f"train.steps={t.steps} must be >= 0")
@@ -151,6 +152,24 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
+def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """LLaDA2.1 token editing (decode.*) and MoE route capture (orl.capture_routes)."""
+  d, errors = config.decode, []
+  check = lambda cond, msg: None if cond else errors.append(msg)
+  check(0.0 <= d.edit_threshold <= 1.0,
+        f"decode.edit_threshold={d.edit_threshold} must be in [0, 1] (1.0 = no token editing)")
+  check(d.max_post_edit_steps >= 0,
+        f"decode.max_post_edit_steps={d.max_post_edit_steps} must be >= 0")
+  check(d.max_post_edit_steps <= 0 or d.edit_threshold < 1.0,
+        f"decode.max_post_edit_steps={d.max_post_edit_steps} adds editing steps, but "
+        "decode.edit_threshold=1.0 never edits: lower decode.edit_threshold (dllm 0.9, SGLang "
+        "0.0) or set decode.max_post_edit_steps=0")
+  check(not config.orl.capture_routes or config.model.family == "block_causal",
+        f"orl.capture_routes needs a block-causal model (model.family="
+        f"{config.model.family!r} replays whole canvases and captures no routes)")
+  return errors
+
+
 def moe_config(config: ml_collections.ConfigDict) -> MoEConfig | None:
   """The `model.moe` section as a MoEConfig (None when absent or `n_experts` = 0: dense)."""
   moe = config.model.get("moe")
@@ -203,4 +222,5 @@ def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: in
                       eos_id=eos_id, rule=rule,
                       temperature=d.temperature if temperature is None else temperature,
                       max_steps_per_block=d.max_steps_per_block, capture_states=capture_states,
-                      top_k=d.top_k)
+                      top_k=d.top_k, edit_threshold=d.edit_threshold,
+                      max_post_edit_steps=d.max_post_edit_steps)

@@ -82,7 +82,8 @@ def rollout_decode_config(config, tok):
                                   rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
                                   temperature=o.rollout_temperature, capture_states=1)
   steps = dcfg.n_blocks * dcfg.steps_bound
-  return dataclasses.replace(dcfg, capture_states=o.capture_states or steps)
+  return dataclasses.replace(dcfg, capture_states=o.capture_states or steps,
+                             capture_routes=o.capture_routes)
 
 
 class SimulatedCrash(RuntimeError):
