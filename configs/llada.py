@@ -46,6 +46,12 @@ def _llada2_mini(c):
   # our reading of the released config.json, which decides whenever model.path is given.
   m.moe.update(dict(n_experts=256, top_k=8, expert_dim=512, n_group=8, topk_group=4,
                     n_shared=1, routed_scaling_factor=2.5, impl="ragged"))
+  # Exact replay on MoE: the rollout records each token's expert ids and replay routes with
+  # them (routing is a function of the hidden state; DESIGN §4, tunix's router replay).
+  c.orl.capture_routes = True
+  # LLaDA2.1 token editing is off in rollouts and evaluation by default; the presets are
+  # (decode.threshold, decode.edit_threshold, decode.max_post_edit_steps): dllm 0.95 / 0.9 /
+  # 16, SGLang 0.5 / 0.0 / 16 (LLaDA2.0 has no editing).
   _run_sizes(c)
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -23,11 +24,14 @@ from configs import llada
 from orl_jax import config as config_lib
 from orl_jax import dry_run, sharding
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
+from orl_jax.decoding import ROUTE_DTYPE
 from orl_jax.models import families, hf
 from orl_jax.models.families import base
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
+from orl_jax.rollout import capture_bytes
 from orl_jax.train import loop
+from orl_jax.train.orl import rollout_decode_config
 from orl_jax.train.state import frozen_params, make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -358,4 +362,11 @@ def test_llada2_mini_dry_run_matches_hand_calculation(expert_ways):
   for name in ("rollout capture buffers", "replay batch"):
     assert by[name].per_device_bytes == by[name].total_bytes // shards
   assert by["rollout capture buffers"].total_bytes == info["capture_bytes_traced"]
+  # route capture (exact MoE replay): 64 responses x (captured states x b=32 + prompt 512 +
+  # commit forwards over 256 tokens) x 19 MoE layers x top-8 expert ids
+  assert c.orl.capture_routes
+  dcfg = rollout_decode_config(c, types.SimpleNamespace(mask_id=0, eos_id=0))
+  routes = 64 * (dcfg.capture_states * 32 + 512 + 256) * 19 * 8 * np.dtype(ROUTE_DTYPE).itemsize
+  without = capture_bytes(64, dcfg, 2048, bf16)
+  assert by["rollout capture buffers"].total_bytes == without + routes
   print(dry_run.format_table(rows, info))
