@@ -1,11 +1,26 @@
 """Shared pieces of the real-model configs (llada.py, sdar.py, qwendlm.py).
 
-They extend `configs/tiny.py`'s schema with the fields a real model needs:
-  model.hf_dir          local HF model directory ("" = random init; `:debug` variants)
-  model.hf_family       llada | qwen3 | "" (read from config.json's model_type)
+They extend `configs/tiny.py`'s schema with the fields a real model needs. A family's facts
+(attention layout, special tokens, decoder defaults, chat template) come from its registry
+entry, `orl_jax.models.families`; when `model.path` is a Hugging Face directory its config.json
+decides the family and every architecture field, and the config keeps only the run-time choices
+(dtypes, attention kernel, residual pathway, model.moe.impl ...).
+  model.hf_family       registry family (llada | qwen3 | llada2_moe) of a model without an HF
+                        model.path (random init, params folder); an HF model.path's model_type wins
+  model.hub_id          the HF repository the variant is (named when model.path is unset; training
+                        then stops); "" = random weights are fine (the `:debug` variants)
   model.vocab_size      embedding rows (0 = the tokenizer's size)
-  model.tokenizer       "" (hf_dir's tokenizer.json) | "byte" | path to a tokenizer.json
+  model.tokenizer       "" (model.path's tokenizer.json) | "byte" | path to a tokenizer.json
   model.special_tokens  {mask, eos, pad, bos}: token strings or ids, resolved in the tokenizer
+                        ("" = the family's)
+  model.first_k_dense   leading dense-MLP layers of an MoE model (config.json first_k_dense_replace)
+  model.norm_head       L2-normalise the head's vocabulary rows (LLaDA2 `norm_head`)
+  model.moe.*           MoE feed-forward (n_experts = 0: dense): n_experts, top_k, expert_dim,
+                        n_group, topk_group, n_shared, routed_scaling_factor (architecture), and
+                        impl (ragged: grouped matmul, TPU/GPU | dense: every expert on every
+                        token, tiny CPU models), freeze_router (no router updates),
+                        aux_loss_weight (load-balance loss, 0 = off: the ORL default). Experts
+                        run expert-parallel exactly when mesh.expert > 1.
   task.path / chat / k_shot   user JSONL file (training data), chat template, GSM8K shots
   eval.compare          "DIR:name,DIR:name" models evaluated side by side (HF or params dirs)
   eval.random_init      evaluate a freshly initialised model when no weights are given (debug)
@@ -15,24 +30,35 @@ They extend `configs/tiny.py`'s schema with the fields a real model needs:
 import ml_collections
 
 from configs import tiny
+from orl_jax.models import families
 
 
-def real_base(*, family: str, hf_family: str) -> ml_collections.ConfigDict:
+def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
+  """The shared real-model config of registry family `hf_family` (its attention layout,
+  special tokens, decoder defaults and chat template)."""
+  family = families.get(hf_family)
   c = tiny.base_config()
   c.base_checkpoint = ""
   m = c.model
-  m.family = family
-  m.hf_dir = ""
+  m.family = family.attention
   m.hf_family = hf_family
+  m.hub_id = hub_id
   m.vocab_size = 0
   m.tokenizer = ""
-  m.special_tokens = ml_collections.ConfigDict(dict(mask="", eos="", pad="", bos=""))
+  m.special_tokens = ml_collections.ConfigDict(dict(family.special_tokens))
+  m.first_k_dense = 0
+  m.norm_head = False
+  m.moe = ml_collections.ConfigDict(dict(
+      n_experts=0, top_k=0, expert_dim=0, n_group=1, topk_group=1, n_shared=0,
+      routed_scaling_factor=1.0, impl="ragged", freeze_router=False, aux_loss_weight=0.0))
+  c.task.chat = family.chat
+  c.decode.block_size = family.decode["block_size"]
+  c.decode.rule, c.decode.rule_value = family.decode["rule"], family.decode["rule_value"]
   m.dtype = "bfloat16"
   m.param_dtype = "bfloat16"
   m.residual.mode = "adapter"
   c.task.name = "jsonl"
   c.task.path = ""
-  c.task.chat = "none"
   c.task.k_shot = 0
   c.loss.vocab_chunk = 1024
   c.eval.compare = ""
@@ -57,7 +83,7 @@ def set_shapes(c, *, d_model, n_layers, n_heads, n_kv_heads, head_dim, mlp_dim, 
   m.d_model, m.n_layers, m.n_heads, m.n_kv_heads = d_model, n_layers, n_heads, n_kv_heads
   m.head_dim, m.mlp_dim, m.vocab_size = head_dim, mlp_dim, vocab_size
   m.rope_theta, m.norm_eps, m.qk_norm, m.tie_embeddings = rope_theta, norm_eps, qk_norm, tie_embeddings
-  m.residual.hidden = d_model
+  m.residual.hidden = 0               # the adapter width F_r: 0 = d_model (also from config.json)
 
 
 def debug_overrides(c, *, block_size: int, workdir: str):
@@ -67,8 +93,10 @@ def debug_overrides(c, *, block_size: int, workdir: str):
   m.d_model, m.n_layers, m.head_dim, m.mlp_dim = 32, 2, 8, 64
   m.n_heads, m.n_kv_heads = 4, (4 if c.model.family == "bidirectional" else 2)
   m.vocab_size = 0
-  m.residual.hidden = 32
+  m.residual.hidden = 0
   m.dtype = m.param_dtype = "float32"
+  m.hub_id = ""                       # random weights: no weights directory needed
+  m.special_tokens.update(dict(mask="", eos="", pad="", bos=""))   # the tiny task's tokenizer
   c.task.name = "tiny"
   c.task.prompt_len = 32
   c.task.chat = "none"                # the debug tokenizers have no chat special tokens

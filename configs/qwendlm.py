@@ -2,7 +2,7 @@
 mask <|MASK|> (151669, our choice, as SDAR), block size 32 (our choice).
 
 Launch lines:
-  python launch/train.py --config=configs/qwendlm.py --config.model.hf_dir=/path/QwenDLM-4B \
+  python launch/train.py --config=configs/qwendlm.py --config.model.path=/path/QwenDLM-4B \
       --config.task.path=my_train.jsonl
   python launch/train.py --config=configs/qwendlm.py:debug    # tiny random model, 2 ORL steps
 
@@ -15,12 +15,10 @@ def get_config(arg: str | None = None):
   arg = arg or "4b"
   if arg not in ("4b", "debug"):
     raise ValueError(f"configs/qwendlm.py has variants 4b, debug; got {arg!r}")
-  c = dlm_common.real_base(family="block_causal", hf_family="qwen3")
+  c = dlm_common.real_base("qwen3")
   dlm_common.set_shapes(c, d_model=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
                         mlp_dim=9728, vocab_size=151936, rope_theta=1e6, norm_eps=1e-6,
                         qk_norm=True, tie_embeddings=True)
-  c.model.special_tokens.update(dict(mask="<|MASK|>", eos="<|im_end|>", pad="<|endoftext|>",
-                                     bos=""))
   c.task.chat = "qwen3"
   c.task.prompt_len = 512
   c.decode.block_size = 32
@@ -32,5 +30,4 @@ def get_config(arg: str | None = None):
   c.workdir = "work_dirs/qwendlm"
   if arg == "debug":
     dlm_common.debug_overrides(c, block_size=8, workdir="work_dirs/qwendlm_debug")
-    c.model.special_tokens.update(dict(mask="", eos="", pad="", bos=""))
   return c

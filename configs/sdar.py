@@ -2,7 +2,7 @@
 mask <|MASK|> (151669), no logit shift, untied head.
 
 Launch lines:
-  python launch/train.py --config=configs/sdar.py:4b --config.model.hf_dir=/path/SDAR-4B-Chat \
+  python launch/train.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat \
       --config.task.path=my_train.jsonl
   python launch/train.py --config=configs/sdar.py:8b --config.dry_run=True
   python launch/eval.py  --config=configs/sdar.py:4b --config.task.name=gsm8k \
@@ -16,7 +16,8 @@ from configs import dlm_common
 
 def get_config(arg: str | None = None):
   arg = arg or "4b"
-  c = dlm_common.real_base(family="block_causal", hf_family="qwen3")
+  hub_id = "" if arg == "debug" else f"JetLM/SDAR-{arg.upper()}-Chat"
+  c = dlm_common.real_base("qwen3", hub_id=hub_id)
   if arg in ("4b", "debug"):
     dlm_common.set_shapes(c, d_model=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
                           mlp_dim=9728, vocab_size=151936, rope_theta=1e6, norm_eps=1e-6,
@@ -27,8 +28,6 @@ def get_config(arg: str | None = None):
                           qk_norm=True, tie_embeddings=False)
   else:
     raise ValueError(f"configs/sdar.py has variants 4b, 8b, debug; got {arg!r}")
-  c.model.special_tokens.update(dict(mask="<|MASK|>", eos="<|im_end|>", pad="<|endoftext|>",
-                                     bos=""))
   c.task.chat = "qwen3"
   c.task.prompt_len = 512
   c.decode.block_size = 4
@@ -40,5 +39,4 @@ def get_config(arg: str | None = None):
   c.workdir = f"work_dirs/sdar_{arg}"
   if arg == "debug":
     dlm_common.debug_overrides(c, block_size=4, workdir="work_dirs/sdar_debug")
-    c.model.special_tokens.update(dict(mask="", eos="", pad="", bos=""))
   return c

@@ -64,8 +64,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"
   c.model.param_dtype = "float32"
   c.model.attention_impl = "auto"
-  c.model.init_from = ""          # params folder to start from ("" = fresh init; stages: base)
-  c.model.hf_dir = ""             # local Hugging Face model directory ("" = none)
+  # The weights to start from: a local Hugging Face model directory (config.json: the model
+  # family and every architecture field then come from it) or an orl_jax params folder
+  # (meta.json). "" = model.init_from, else a fresh init.
+  c.model.path = ""
+  c.model.init_from = ""          # older name for a params folder (the demo's stages set it)
   c.model.residual = ml_collections.ConfigDict()
   c.model.residual.mode = "none"
   c.model.residual.hidden = 128
@@ -89,6 +92,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode.temperature = 0.0
   c.decode.max_steps_per_block = 0
   c.decode.top_k = 16
+  # LLaDA2.1 token editing (DESIGN §4): a step also rewrites committed tokens of the block whose
+  # new candidate differs with probability > edit_threshold, and a filled block takes up to
+  # max_post_edit_steps more steps (until one edits nothing); every step counts in TPF and is
+  # a captured rollout state. 1.0 / 0 = off. Presets as (rule_value, edit_threshold,
+  # max_post_edit_steps): dllm 0.95 / 0.9 / 16, SGLang 0.5 / 0.0 / 16.
+  c.decode.edit_threshold = 1.0
+  c.decode.max_post_edit_steps = 0
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sft"
@@ -116,6 +126,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.orl.min_reward = 1.0            # responses scoring >= this produce gradient (verified)
   c.orl.capture_states = 0          # 0 = n_blocks * max steps per block (every step fits)
   c.orl.rollout_seed = -1           # seed of the rollout sampling noise (-1 = `seed`)
+  # MoE models: record every forward's expert ids during the rollout (its steps, the prompt
+  # prefill, the commit forwards) and replay with them, so a near-tie in a router cannot send a
+  # replayed token to other experts than the rollout's (block-causal families only)
+  c.orl.capture_routes = False
 
   c.replay = ml_collections.ConfigDict()
   c.replay.row_len = 544           # a prompt (32) + 16 states of 32
@@ -159,7 +173,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 2
   c.checkpoint.save_rollouts = False
 
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Axis sizes (one of data/fsdp/tensor may be -1: the rest of the devices). `expert` splits
+  # the routed experts of MoE models and, with data and fsdp, the batch (orl_jax/sharding.py).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
   # Ways of each axis that cross the data-center network between TPU slices (or hosts, where
   # devices have no slice index); all 1 = a plain mesh. E.g. 2 slices of data parallelism:
   # --config.mesh.data=2 --config.mesh.fsdp=-1 --config.mesh.dcn.data=2

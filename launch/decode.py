@@ -1,6 +1,6 @@
 """Decode a few prompts with one or more models and show how each response was denoised.
 
-  python launch/decode.py --config=configs/tiny.py:eval --config.model.init_from=assets/tiny_base
+  python launch/decode.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base
   python launch/decode.py --config=configs/tiny.py:eval --models=base=assets/tiny_base,orl=DIR \
       --num=8 --html=work_dirs/trajectories.html
 
@@ -20,12 +20,13 @@ from orl_jax import config as config_lib
 from orl_jax import trajectory_view
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decoding import make_decoder
+from orl_jax import weights as weights_lib
 from orl_jax.train import loop
 from orl_jax.unmasking import UnmaskRule
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
-_MODELS = flags.DEFINE_string("models", "", "name=params_dir,... (default: model.init_from)")
+_MODELS = flags.DEFINE_string("models", "", "name=params_dir,... (default: model.path)")
 _NUM = flags.DEFINE_integer("num", 4, "number of evaluation problems to decode")
 _PROMPT = flags.DEFINE_string("prompt", "", "decode this prompt instead of evaluation problems")
 _HTML = flags.DEFINE_string("html", "", "trajectory page path (default: WORKDIR/trajectories.html)")
@@ -37,9 +38,10 @@ def main(argv):
   config = _CONFIG.value
   models = dict(m.split("=", 1) for m in _MODELS.value.split(",") if m)
   if not models:
-    if not config.model.init_from:
-      raise app.UsageError("give --models=name=DIR,... or --config.model.init_from=DIR")
-    models = {"model": config.model.init_from}
+    weights = weights_lib.weights_of(config)
+    if weights is None:
+      raise app.UsageError("give --models=name=DIR,... or --config.model.path=DIR")
+    models = {"model": weights.path}
   s = loop.setup(config)
   tok = s.tokenizer
   if _PROMPT.value:
@@ -57,7 +59,7 @@ def main(argv):
   for name, params_dir in models.items():
     cfg = copy.deepcopy(config)
     with cfg.unlocked():
-      cfg.model.init_from = params_dir
+      cfg.model.init_from, cfg.model.path = "", params_dir
       from orl_jax import params_io
       mode = params_io.read_meta(params_dir).get("model", {}).get("residual_mode")
       if mode:

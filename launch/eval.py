@@ -1,7 +1,7 @@
 """Evaluate models on a task with several decoder settings; write results.json, a table and a PNG.
 
-  python launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=assets/tiny_base
-  python launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=DIR \
+  python launch/eval.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base
+  python launch/eval.py --config=configs/tiny.py:eval --config.model.path=DIR \
       --config.eval.name=orl --config.eval.settings="('threshold_0.9','entropy_budget_0.5')"
   # Base vs ORL side by side on GSM8K (HF directories or params folders; 'random' = fresh init):
   python launch/eval.py --config=configs/llada.py:8b-instruct --config.task.name=gsm8k \
@@ -14,6 +14,7 @@ from absl import app, logging
 from ml_collections import config_flags
 
 from orl_jax import distributed
+from orl_jax import weights as weights_lib
 from orl_jax import evaluate as eval_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
@@ -24,14 +25,13 @@ def models_to_evaluate(config) -> list[tuple[str, str]]:
   compare = config.eval.get("compare", "")
   if compare:
     return eval_lib.parse_compare(compare)
-  weights = config.model.init_from or config.model.get("hf_dir", "")
-  if weights:
-    return [(weights, config.eval.name)]
+  weights = weights_lib.weights_of(config)
+  if weights is not None:
+    return [(weights.path, config.eval.name)]
   if config.eval.get("random_init", False):
     return [(eval_lib.RANDOM_INIT, config.eval.name)]
-  raise app.UsageError("give weights: --config.model.init_from=DIR (params folder), "
-                       "--config.model.hf_dir=DIR (HF model) or --config.eval.compare="
-                       "DIR:name,DIR:name")
+  raise app.UsageError("give weights: --config.model.path=DIR (a Hugging Face model or a "
+                       "params folder) or --config.eval.compare=DIR:name,DIR:name")
 
 
 def main(argv):

@@ -1,8 +1,14 @@
-"""Export trained parameters as a Hugging Face model directory (config.json + safetensors; the
-residual adapter in a separate file) so existing engines can serve the model.
+"""Export trained parameters as a Hugging Face model directory (config.json + safetensors with
+the family's official tensor names; the residual adapter in a separate file) so existing
+engines can serve the model. (Training runs of a registered family already write WORKDIR/hf.)
 
-  python launch/export.py --config=configs/sdar.py:4b --config.model.hf_dir=/path/SDAR-4B-Chat \
+  python launch/export.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat \
       --params=work_dirs/sdar/params --out=work_dirs/sdar/hf
+  python launch/export.py --config=configs/llada.py:debug --params=work_dirs/llada_debug/params \
+      --out=work_dirs/llada_debug/hf
+
+`model.path` (optional) is the Hugging Face directory the parameters were trained from: the
+architecture, family and tokenizer.json come from it.
 """
 import os
 
@@ -11,7 +17,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from orl_jax import params_io
-from orl_jax.models import hf
+from orl_jax import weights as weights_lib
 from orl_jax.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
@@ -29,18 +35,16 @@ def main(argv):
     raise app.UsageError("--params=DIR and --out=DIR are required")
   meta = params_io.read_meta(_PARAMS.value)
   with config.unlocked():
-    config.model.init_from = _PARAMS.value
+    config.model.init_from = ""
+    if weights_lib.weights_of(config) is not None and not weights_lib.hf_dir(config):
+      config.model.path = ""   # a params folder in model.path: --params names the weights
     config.model.residual.mode = meta.get("model", {}).get("residual_mode",
                                                            config.model.residual.mode)
   s = loop.setup(config)
-  _, params = loop.initial_params(s)
-  family = loop.hf_family(config)
-  tok_file = None
-  if config.model.get("hf_dir"):
-    candidate = os.path.join(config.model.hf_dir, "tokenizer.json")
-    tok_file = candidate if os.path.exists(candidate) else None
-  out = hf.export_hf(_OUT.value, params, s.model_cfg, family, tokenizer_file=tok_file,
-                     max_shard_bytes=_SHARD.value)
+  _, params = loop.init_model_params(s.model_cfg, config.seed)
+  loop.check_compatible(_PARAMS.value, s)
+  params, _ = params_io.load_params(_PARAMS.value, params)
+  out = loop.export_hf_dir(s, params, _OUT.value, _SHARD.value)
   print(f"exported: {os.path.abspath(out)}")
 
 

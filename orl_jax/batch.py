@@ -39,6 +39,8 @@ class PackedBatch:
   state_resp: jax.Array | None = None       # [S] response slot of each state slot
   n_responses: jax.Array | None = None      # scalar: responses that produce gradient
   rollout_step: jax.Array | None = None     # scalar: update the trajectories were drawn for
+  routes: jax.Array | None = None           # [R, T, L_moe, K] int32 captured expert ids of
+                                            # each token (-1: route afresh); None: no capture
   # The frozen KL reference on these rows (losses.attach_reference; None until attached):
   ref_hidden: jax.Array | None = None       # [R, T, D] its final hidden states
   ref_entropy: jax.Array | None = None      # [R, T] its normalized entropy (the anchor's gate)
@@ -47,7 +49,12 @@ class PackedBatch:
 # PackedBatch fields with one entry per row; the others (AEC pairs, state slots) are per update.
 ROW_FIELDS = ("tokens", "positions", "meta", "residual", "targets", "ce_weight", "masked",
               "rollout_entropy", "topk_ids", "topk_logprobs", "state_slot", "resp_slot",
-              "ref_hidden", "ref_entropy")
+              "ref_hidden", "ref_entropy", "routes")
+
+
+def layer_routes(batch: PackedBatch):
+  """The captured routes as the model's `routes=` argument ([L_moe, R, T, K]), or None."""
+  return None if batch.routes is None else jnp.moveaxis(batch.routes, 2, 0)
 
 
 def masked_state_tokens(batch: PackedBatch, mask_id: int):

@@ -5,10 +5,14 @@ Configs are `ml_collections.ConfigDict`s defined in `configs/*.py` (`get_config(
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
 from orl_jax.decoding import DecodeConfig
 from orl_jax.losses import KL_REFERENCES
+from orl_jax.models import families
+from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.replay.plan import LAYOUTS as REPLAY_LAYOUTS
 from orl_jax.residual import MODES as RESIDUAL_MODES
@@ -16,8 +20,7 @@ from orl_jax.unmasking import RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
 
 TRAIN_MODES = ("sft", "residual_warmup", "orl", "rcd_offline", "eval")
-HF_FAMILIES = ("llada", "qwen3")
-FAMILIES = ("block_causal", "bidirectional")
+FAMILIES = families.ATTENTION_LAYOUTS
 
 
 class ConfigError(ValueError):
@@ -36,6 +39,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(m.attention_impl in IMPLS, f"model.attention_impl={m.attention_impl!r} must be one of {IMPLS}")
   for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
     check(m[field] > 0, f"model.{field}={m[field]} must be positive")
+  errors += _moe_errors(config)
   check(m.n_kv_heads <= 0 or m.n_heads % m.n_kv_heads == 0,
         f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={m.n_kv_heads}")
   check(d.rule in RULES, f"decode.rule={d.rule!r} must be one of {RULES}")
@@ -47,15 +51,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"decode.block_size={d.block_size} (prompts are left-padded to a block boundary)")
   check(config.loss.get("vocab_chunk", 0) >= 0,
         f"loss.vocab_chunk={config.loss.get('vocab_chunk', 0)} must be >= 0 (0 = off)")
-  hf_dir = m.get("hf_dir", "")
-  if hf_dir:
-    check(not m.init_from or m.init_from == hf_dir,
-          f"model.hf_dir={hf_dir!r} and model.init_from={m.init_from!r} both give weights; "
-          "set one")
-  check(m.get("hf_family", "") in ("",) + HF_FAMILIES,
-        f"model.hf_family={m.get('hf_family', '')!r} must be one of {HF_FAMILIES} (or '' to "
-        "read it from config.json)")
+  check(m.get("hf_family", "") in ("",) + tuple(families.FAMILIES),
+        f"model.hf_family={m.get('hf_family', '')!r} must be one of {tuple(families.FAMILIES)} "
+        "(or '' for a model of ours)")
+  check(not m.get("path", "") or not m.get("init_from", "") or m.path == m.init_from,
+        f"model.path={m.get('path', '')!r} and model.init_from={m.get('init_from', '')!r} "
+        "both give weights; set model.path only")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
+  errors += _editing_errors(config)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
   check(t.lr > 0, f"train.lr={t.lr} must be positive")
   check(t.steps >= 0, f"train.steps={t.steps} must be >= 0")
@@ -104,6 +107,22 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
+def _moe_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The model.moe section's problems (MoEConfig.validate's, and the expert mesh axis)."""
+  errors = []
+  try:
+    moe = moe_config(config)
+    if moe is not None:
+      moe.validate()
+  except (TypeError, ValueError) as e:
+    errors.append(str(e))
+  else:
+    if config.mesh.get("expert", 1) > 1 and moe is None:
+      errors.append(f"mesh.expert={config.mesh.expert} splits MoE experts, but the model is "
+                    "dense (model.moe.n_experts = 0): set mesh.expert=1")
+  return errors
+
+
 def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   """The replay section's problems, caught at start-up rather than after the first rollout."""
   r, d, t = config.get("replay"), config.decode, config.train
@@ -115,10 +134,11 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   check(r.n_rows > 0 and r.row_len > 0,
         f"replay.n_rows={r.n_rows} and replay.row_len={r.row_len} must be positive")
   micro = r.get("micro_batches", 1)
-  shards = n_data * config.mesh.fsdp if n_data > 0 and config.mesh.fsdp > 0 else 1
+  shards = (n_data * config.mesh.fsdp * config.mesh.get("expert", 1)
+            if n_data > 0 and config.mesh.fsdp > 0 else 1)
   check(micro >= 1 and r.n_rows % (micro * shards) == 0,
         f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
-        + (f" per data shard (mesh.data x mesh.fsdp = {shards})" if shards > 1 else ""))
+        + (f" per data shard (mesh.data x mesh.fsdp x mesh.expert = {shards})" if shards > 1 else ""))
   layout = r.get("layout", "packed")
   check(layout in REPLAY_LAYOUTS,
         f"replay.layout={layout!r} must be one of {REPLAY_LAYOUTS}")
@@ -132,16 +152,64 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id: int) -> ModelConfig:
+def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """LLaDA2.1 token editing (decode.*) and MoE route capture (orl.capture_routes)."""
+  d, errors = config.decode, []
+  check = lambda cond, msg: None if cond else errors.append(msg)
+  check(0.0 <= d.edit_threshold <= 1.0,
+        f"decode.edit_threshold={d.edit_threshold} must be in [0, 1] (1.0 = no token editing)")
+  check(d.max_post_edit_steps >= 0,
+        f"decode.max_post_edit_steps={d.max_post_edit_steps} must be >= 0")
+  check(d.max_post_edit_steps <= 0 or d.edit_threshold < 1.0,
+        f"decode.max_post_edit_steps={d.max_post_edit_steps} adds editing steps, but "
+        "decode.edit_threshold=1.0 never edits: lower decode.edit_threshold (dllm 0.9, SGLang "
+        "0.0) or set decode.max_post_edit_steps=0")
+  check(not config.orl.capture_routes or config.model.family == "block_causal",
+        f"orl.capture_routes needs a block-causal model (model.family="
+        f"{config.model.family!r} replays whole canvases and captures no routes)")
+  return errors
+
+
+def moe_config(config: ml_collections.ConfigDict) -> MoEConfig | None:
+  """The `model.moe` section as a MoEConfig (None when absent or `n_experts` = 0: dense)."""
+  moe = config.model.get("moe")
+  if moe is None or not moe.n_experts:
+    return None
+  return MoEConfig(**moe.to_dict(), expert_parallel=config.mesh.get("expert", 1) > 1)
+
+
+def _with_moe_runtime(arch_moe: MoEConfig | None, config) -> MoEConfig | None:
+  """config.json's MoE architecture with the run-time choices of `model.moe` (impl, ...);
+  experts run expert-parallel exactly when the mesh has an expert axis."""
+  moe = config.model.get("moe")
+  if arch_moe is None:
+    return None
+  runtime = {f: moe[f] for f in RUNTIME_FIELDS if moe is not None and f in moe}
+  runtime["expert_parallel"] = config.mesh.get("expert", 1) > 1
+  return dataclasses.replace(arch_moe, **runtime)
+
+
+def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id: int,
+                 arch: dict | None = None, hf_family: str | None = None) -> ModelConfig:
+  """The ModelConfig of `config.model`. `arch` (a family's `architecture_from_hf` of the
+  weights' config.json) replaces every architecture field; the run-time choices (dtypes,
+  attention kernel, residual pathway, `model.moe.impl` ...) stay the config's."""
   m = config.model
-  return ModelConfig(
+  fields = dict(
       vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
       n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim, mask_id=mask_id,
       rope_theta=m.rope_theta, rope_fraction=m.get("rope_fraction", 1.0), norm_eps=m.norm_eps,
       qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale,
       family=m.family, dtype=m.dtype, param_dtype=m.param_dtype, attention_impl=m.attention_impl,
       residual_mode=m.residual.mode, residual_hidden=m.residual.hidden,
-      residual_scale=m.residual.scale, residual_temperature=m.residual.temperature)
+      residual_scale=m.residual.scale, residual_temperature=m.residual.temperature,
+      moe=moe_config(config), first_k_dense=m.get("first_k_dense", 0),
+      norm_head=m.get("norm_head", False),
+      hf_family=m.get("hf_family", "") if hf_family is None else hf_family)
+  if arch:
+    fields.update(arch)
+    fields["moe"] = _with_moe_runtime(arch.get("moe"), config)
+  return ModelConfig(**fields)
 
 
 def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: int,
@@ -154,4 +222,5 @@ def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: in
                       eos_id=eos_id, rule=rule,
                       temperature=d.temperature if temperature is None else temperature,
                       max_steps_per_block=d.max_steps_per_block, capture_states=capture_states,
-                      top_k=d.top_k)
+                      top_k=d.top_k, edit_threshold=d.edit_threshold,
+                      max_post_edit_steps=d.max_post_edit_steps)

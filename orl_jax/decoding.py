@@ -27,7 +27,7 @@ from flax import nnx
 from orl_jax import residual as residual_lib
 from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
-from orl_jax.unmasking import UnmaskRule, select_commits
+from orl_jax.unmasking import UnmaskRule, select_commits, select_edits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 make_meta)
 
@@ -45,11 +45,34 @@ class DecodeConfig:
   top_k: int = 16                 # rollout statistics: top-K ids / log-probs per position
   kv_cache: bool = True           # False: block-causal steps re-forward the whole canvas with the
                                   # staircase mask (the reference the cached path is tested against)
+  # LLaDA2.1 token editing (DESIGN §4): a step also rewrites committed tokens of the block whose
+  # candidate differs with probability > edit_threshold (1.0 = never: editing off), and a
+  # filled block takes up to max_post_edit_steps more steps, until one edits nothing.
+  edit_threshold: float = 1.0
+  max_post_edit_steps: int = 0
+  capture_routes: bool = False    # capture: the MoE expert ids of every forward (exact replay)
 
   def __post_init__(self):
     if self.gen_length % self.block_size:
       raise ValueError(f"decode.gen_length ({self.gen_length}) must be a multiple of "
                        f"decode.block_size ({self.block_size})")
+    if not 0.0 <= self.edit_threshold <= 1.0:
+      raise ValueError(f"decode.edit_threshold={self.edit_threshold} must be in [0, 1] "
+                       "(1.0 = no token editing)")
+    if self.max_post_edit_steps < 0:
+      raise ValueError(f"decode.max_post_edit_steps={self.max_post_edit_steps} must be >= 0")
+    if self.max_post_edit_steps and not self.editing:
+      raise ValueError(f"decode.max_post_edit_steps={self.max_post_edit_steps} adds editing "
+                       "steps, but decode.edit_threshold=1.0 never edits: lower "
+                       "decode.edit_threshold (dllm 0.9, SGLang 0.0) or set "
+                       "decode.max_post_edit_steps=0")
+    if self.capture_routes and not self.capture_states:
+      raise ValueError("orl.capture_routes records routes with the captured states: it needs "
+                       "capture_states > 0 (a rollout)")
+
+  @property
+  def editing(self) -> bool:
+    return self.edit_threshold < 1.0
 
   @property
   def n_blocks(self) -> int:
@@ -57,7 +80,20 @@ class DecodeConfig:
 
   @property
   def steps_bound(self) -> int:
-    return self.max_steps_per_block or self.block_size
+    """Steps per block at most: the unmasking steps (each commits >= 1) plus the editing steps
+    on the filled block."""
+    return (self.max_steps_per_block or self.block_size) + self.max_post_edit_steps
+
+
+ROUTE_DTYPE = jnp.int16   # captured expert ids (-1 = none); LLaDA2 has 256 experts
+
+
+class RouteCapture(NamedTuple):
+  """The MoE routes of every forward a rollout ran (`capture_routes`), token-major, so replay
+  rows gather them like tokens. Entries are expert ids, -1 where no forward routed the token."""
+  state: jax.Array    # [B, S, b, L_moe, K] each captured step's routes of the active block
+  prompt: jax.Array   # [B, P, L_moe, K] the prompt prefill's routes
+  clean: jax.Array    # [B, N, L_moe, K] each block's commit forward (-1: none ran, e.g. last)
 
 
 class Capture(NamedTuple):
@@ -70,10 +106,11 @@ class Capture(NamedTuple):
   entropy: jax.Array        # [B, S, b] normalized entropy of the step's prediction (T = 1)
   topk_ids: jax.Array       # [B, S, b, K] int32
   topk_logprobs: jax.Array  # [B, S, b, K] f32
-  commit: jax.Array         # [B, S, b] bool positions the step committed
+  commit: jax.Array         # [B, S, b] bool positions the step wrote (unmasked or edited)
   valid: jax.Array          # [B, S] bool
   n_states: jax.Array       # [B] int32 states recorded (capped at S)
   overflow: jax.Array       # [B] bool more steps happened than S could hold
+  routes: RouteCapture | None = None   # MoE expert ids of every forward (capture_routes)
 
 
 class DecodeOutput(NamedTuple):
@@ -85,25 +122,41 @@ class DecodeOutput(NamedTuple):
   capture: Capture | None
 
 
-def _empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype) -> Capture:
+def _empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None) -> Capture:
+  """route_dims: (prompt length, MoE layers, experts per token) when capturing routes."""
   s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k
   i32 = lambda *shape: jnp.zeros(shape, jnp.int32)
   f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
+  routes = None
+  if route_dims is not None:
+    p, n_layers, top_k = route_dims
+    none = lambda *shape: jnp.full(shape + (n_layers, top_k), -1, ROUTE_DTYPE)
+    routes = RouteCapture(state=none(b_rows, s, b), prompt=none(b_rows, p),
+                          clean=none(b_rows, cfg.gen_length))
   return Capture(block_tokens=i32(b_rows, s, b), block=i32(b_rows, s), step=i32(b_rows, s),
                  z=jnp.zeros((b_rows, s, b, d_model), z_dtype), alpha=f32(b_rows, s, b),
                  entropy=f32(b_rows, s, b), topk_ids=i32(b_rows, s, b, k),
                  topk_logprobs=f32(b_rows, s, b, k), commit=jnp.zeros((b_rows, s, b), bool),
                  valid=jnp.zeros((b_rows, s), bool), n_states=i32(b_rows),
-                 overflow=jnp.zeros((b_rows,), bool))
+                 overflow=jnp.zeros((b_rows,), bool), routes=routes)
 
 
-def _record(cap: Capture, do: jax.Array, **fields) -> Capture:
-  """Writes one state per row where `do` [B] is true (mode='drop' past the buffer's end)."""
+def token_major_routes(expert_ids) -> jax.Array:
+  """A forward's routes [L_moe, B, T, K] -> [B, T, L_moe, K] in the capture dtype."""
+  return jnp.moveaxis(expert_ids, 0, 2).astype(ROUTE_DTYPE)
+
+
+def _record(cap: Capture, do: jax.Array, routes=None, **fields) -> Capture:
+  """Writes one state per row where `do` [B] is true (mode='drop' past the buffer's end).
+  routes: the step's [L_moe, B, b, K] expert ids (with `capture_routes`)."""
   s = cap.valid.shape[1]
   rows = jnp.arange(do.shape[0])
   idx = jnp.where(do, cap.n_states, s)  # s is out of bounds -> dropped
   upd = {name: getattr(cap, name).at[rows, idx].set(val, mode="drop")
          for name, val in fields.items()}
+  if routes is not None:
+    state = cap.routes.state.at[rows, idx].set(token_major_routes(routes), mode="drop")
+    upd["routes"] = cap.routes._replace(state=state)
   upd["valid"] = cap.valid.at[rows, idx].set(True, mode="drop")
   upd["overflow"] = cap.overflow | (do & (cap.n_states >= s))
   upd["n_states"] = jnp.minimum(cap.n_states + do.astype(jnp.int32), s)
@@ -172,8 +225,9 @@ class _Canvas:
                      state_id=jnp.where(kind == KIND_STATE, 0, -1))
 
   def step_logits(self, canvas, block_tokens, start, res: Residual, cache):
-    """[B, b, V] logits of the active block: through the KV cache, or by forwarding the whole
-    canvas (bidirectional families; block-causal ones with `kv_cache=False`)."""
+    """([B, b, V] logits of the active block, its routes [L_moe, B, b, K] or None): through
+    the KV cache, or by forwarding the whole canvas (bidirectional families; block-causal ones
+    with `kv_cache=False`; neither captures routes)."""
     model, cfg, b_rows, b = self.model, self.cfg, self.b_rows, self.cfg.block_size
     if self.bidirectional or not cfg.kv_cache:
       width = canvas.shape[1]
@@ -183,71 +237,132 @@ class _Canvas:
       alpha = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b_rows, width)), res.alpha, start, 1)
       meta = self.meta if self.bidirectional else self.step_meta(start)
       logits = model(full, self.positions, meta, residual=Residual(z, alpha)).logits
-      return jax.lax.dynamic_slice_in_dim(logits, start, b, axis=1)
+      return jax.lax.dynamic_slice_in_dim(logits, start, b, axis=1), None
     pos, meta = block_layout(b_rows, start, b, KIND_STATE)
-    return model(block_tokens, pos, meta, residual=res, cache=cache, cache_mode="read").logits
+    out = model(block_tokens, pos, meta, residual=res, cache=cache, cache_mode="read")
+    routes = out.routing.expert_ids if cfg.capture_routes else None
+    return out.logits, routes
 
 
-def _denoise_step(cv: _Canvas, canvas, cache, active, j, key, c):
-  """One denoising step of block j (DESIGN §2.2 steps 1-4), capturing the state it consumed."""
-  cfg, mcfg, b_rows = cv.cfg, cv.model.cfg, cv.b_rows
-  start = cv.p + j * cfg.block_size
-  tokens, res, step, nfe, cap = c
-  masked = tokens == cfg.mask_id
-  need = active & jnp.any(masked, axis=-1)                           # [B]
-  logits = cv.step_logits(canvas, tokens, start, res, cache)         # [B, b, V]
-  step_key = jax.random.fold_in(jax.random.fold_in(key, j), step)
-  cand, conf, ent = propose(logits, step_key, cfg.temperature)
-  commit = select_commits(cfg.rule, masked, conf, ent) & need[:, None]
-  new_tokens = jnp.where(commit, cand, tokens)
-  nxt = residual_lib.residual_from_logits(logits, cv.embedding,
-                                          embed_scale=mcfg.embed_scale,
+class _Step(NamedTuple):
+  """The carry of the denoising steps of one block."""
+  tokens: jax.Array     # [B, b] the active block
+  res: Residual         # what the next step consumes
+  step: jax.Array       # scalar int32 steps taken in this block
+  nfe: jax.Array        # [B] int32 forwards so far
+  post: jax.Array       # [B] int32 steps taken on the filled block (editing)
+  settled: jax.Array    # [B] bool a step on the filled block edited nothing (editing)
+  cap: Capture | None
+
+
+def _needs_step(cfg: DecodeConfig, active, tokens, post, settled):
+  """[B] bool rows that take another step of the block: a mask remains, or (editing) the
+  filled block has neither settled nor used its `max_post_edit_steps`."""
+  has_mask = jnp.any(tokens == cfg.mask_id, axis=-1)
+  if not cfg.editing:
+    return active & has_mask
+  return active & (has_mask | ((post < cfg.max_post_edit_steps) & ~settled))
+
+
+def _next_residual(cv: _Canvas, logits, new_tokens, need, res: Residual) -> Residual:
+  """DESIGN §2.2 step 4: this step's soft embedding at the positions still masked (rows that
+  took no step keep theirs)."""
+  mcfg = cv.model.cfg
+  nxt = residual_lib.residual_from_logits(logits, cv.embedding, embed_scale=mcfg.embed_scale,
                                           temperature=mcfg.residual_temperature,
                                           dtype=mcfg.compute_dtype)
-  still = (new_tokens == cfg.mask_id)[..., None]
+  still = (new_tokens == cv.cfg.mask_id)[..., None]
   nxt = Residual(jnp.where(still, nxt.z, 0), jnp.where(still[..., 0], nxt.alpha, 0))
-  nxt = jax.tree.map(lambda new, old: jnp.where(
+  return jax.tree.map(lambda new, old: jnp.where(
       need.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), nxt, res)
+
+
+def _denoise_step(cv: _Canvas, canvas, cache, active, j, key, c: _Step) -> _Step:
+  """One denoising step of block j (DESIGN §2.2 steps 1-4; with editing, the LLaDA2.1
+  token-to-token rewrites of the same forward), capturing the state it consumed."""
+  cfg, b_rows = cv.cfg, cv.b_rows
+  start = cv.p + j * cfg.block_size
+  masked = c.tokens == cfg.mask_id
+  need = _needs_step(cfg, active, c.tokens, c.post, c.settled)              # [B]
+  logits, routes = cv.step_logits(canvas, c.tokens, start, c.res, cache)   # [B, b, V]
+  step_key = jax.random.fold_in(jax.random.fold_in(key, j), c.step)
+  cand, conf, ent = propose(logits, step_key, cfg.temperature)
+  write = select_commits(cfg.rule, masked, conf, ent) & need[:, None]
+  post, settled = c.post, c.settled
+  if cfg.editing:
+    edits = select_edits(cfg.edit_threshold, c.tokens, masked, cand, conf) & need[:, None]
+    filled = need & ~jnp.any(masked, axis=-1)          # a step on the filled block
+    post = post + filled.astype(jnp.int32)
+    settled = settled | (filled & ~jnp.any(edits, axis=-1))
+    write = write | edits
+  new_tokens = jnp.where(write, cand, c.tokens)
+  nxt = _next_residual(cv, logits, new_tokens, need, c.res)
+  cap = c.cap
   if cfg.capture_states:
     logp = jax.nn.log_softmax(logits, axis=-1)
     top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
-    cap = _record(cap, need, block_tokens=tokens, block=jnp.full((b_rows,), j, jnp.int32),
-                  step=jnp.full((b_rows,), step, jnp.int32), z=res.z, alpha=res.alpha,
+    cap = _record(cap, need, routes, block_tokens=c.tokens,
+                  block=jnp.full((b_rows,), j, jnp.int32),
+                  step=jnp.full((b_rows,), c.step, jnp.int32), z=c.res.z, alpha=c.res.alpha,
                   entropy=residual_lib.normalized_entropy(logits), topk_ids=top_ids,
-                  topk_logprobs=top_lp, commit=commit)
-  return new_tokens, nxt, step + 1, nfe + need.astype(jnp.int32), cap
+                  topk_logprobs=top_lp, commit=write)
+  return _Step(new_tokens, nxt, c.step + 1, c.nfe + need.astype(jnp.int32), post, settled, cap)
+
+
+def _commit_forward(cv: _Canvas, tokens, start, cache, needs_commit, cap):
+  """Writes the finished block into the KV cache (one forward, run when any row needs it);
+  with `capture_routes`, records its routes for the rows that needed it. -> (cache, cap)."""
+  b_rows, b = cv.b_rows, cv.cfg.block_size
+  pos, meta = block_layout(b_rows, start, b, KIND_CLEAN)
+  routes = cv.cfg.capture_routes
+  n_moe = cv.model.cfg.n_moe_layers if routes else 0
+  top_k = cv.model.cfg.moe.top_k if routes else 0
+
+  def run(c):
+    out = cv.model(tokens, pos, meta, cache=c, cache_mode="write", cache_offset=start)
+    return out.cache, (out.routing.expert_ids if routes else None)
+
+  def skip(c):
+    return c, (jnp.full((n_moe, b_rows, b, top_k), -1, jnp.int32) if routes else None)
+
+  cache, ids = jax.lax.cond(jnp.any(needs_commit), run, skip, cache)
+  if routes:
+    ids = jnp.where(needs_commit[:, None, None, None], token_major_routes(ids), -1)
+    clean = jax.lax.dynamic_update_slice_in_dim(cap.routes.clean, ids.astype(ROUTE_DTYPE),
+                                                start - cv.p, axis=1)
+    cap = cap._replace(routes=cap.routes._replace(clean=clean))
+  return cache, cap
 
 
 def _decode_block(cv: _Canvas, carry):
-  """Block j: denoise until no mask remains (or the step bound), write it into the canvas,
+  """Block j: denoise until no mask remains (or the step bound; with editing, until a step on
+  the filled block edits nothing or its editing steps are spent), write it into the canvas,
   then the commit forward that writes it into the KV cache where a later block needs it."""
   cfg, mcfg, b_rows, b = cv.cfg, cv.model.cfg, cv.b_rows, cv.cfg.block_size
   j, canvas, cache, finished, nfe, skipped, cap, key = carry
   start = cv.p + j * b
   active = ~finished                                                   # [B]
 
-  def step_cond(c):
-    tokens, _, step, *_ = c
-    return jnp.any(active & jnp.any(tokens == cfg.mask_id, axis=-1)) & (step < cfg.steps_bound)
+  def step_cond(c: _Step):
+    need = _needs_step(cfg, active, c.tokens, c.post, c.settled)
+    return jnp.any(need) & (c.step < cfg.steps_bound)
 
   tokens0 = jnp.where(active[:, None], cfg.mask_id, cfg.eos_id).astype(jnp.int32)
   tokens0 = jnp.broadcast_to(tokens0, (b_rows, b))
   res0 = residual_lib.zero_residual(b_rows, b, mcfg.d_model, mcfg.compute_dtype)
-  tokens, _, _, nfe, cap = jax.lax.while_loop(
+  zeros = jnp.zeros((b_rows,), jnp.int32)
+  out = jax.lax.while_loop(
       step_cond, lambda c: _denoise_step(cv, canvas, cache, active, j, key, c),
-      (tokens0, res0, jnp.int32(0), nfe, cap))
+      _Step(tokens0, res0, jnp.int32(0), nfe, zeros, zeros > 0, cap))
+  nfe, cap = out.nfe, out.cap
   # A row that hit the step bound keeps masks; they become EOS so output stays well-formed.
-  tokens = jnp.where(tokens == cfg.mask_id, cfg.eos_id, tokens)
+  tokens = jnp.where(out.tokens == cfg.mask_id, cfg.eos_id, out.tokens)
   canvas = jax.lax.dynamic_update_slice_in_dim(canvas, tokens, start, axis=1)
   eos_here = active & jnp.any(tokens == cfg.eos_id, axis=-1)
   if not cv.bidirectional:
     needs_commit = active & ~eos_here & (j < cfg.n_blocks - 1)
-    pos, meta = block_layout(b_rows, start, b, KIND_CLEAN)
-    cache = cache if cache is None else jax.lax.cond(
-        jnp.any(needs_commit),
-        lambda c: cv.model(tokens, pos, meta, cache=c, cache_mode="write",
-                           cache_offset=start).cache,
-        lambda c: c, cache)
+    if cache is not None:
+      cache, cap = _commit_forward(cv, tokens, start, cache, needs_commit, cap)
     nfe = nfe + needs_commit.astype(jnp.int32)
     skipped = skipped + (active & ~needs_commit).astype(jnp.int32)  # counted, not run
   return j + 1, canvas, cache, finished | eos_here, nfe, skipped, cap, key
@@ -264,6 +379,23 @@ def _finished_response(canvas, p: int, cfg: DecodeConfig):
   return jnp.where(after, cfg.eos_id, response), (first_eos + 1).astype(jnp.int32)
 
 
+def _check_route_capture(model: Transformer, cfg: DecodeConfig):
+  """Route capture needs an MoE model decoded block-causally through the KV cache (the only
+  decoder whose forwards match the packed replay rows token for token)."""
+  if not cfg.capture_routes:
+    return
+  mcfg = model.cfg
+  if mcfg.moe is None or not mcfg.n_moe_layers:
+    raise ValueError("orl.capture_routes records MoE routes, but the model has no MoE layer: "
+                     "set orl.capture_routes=False")
+  if mcfg.family == "bidirectional" or not cfg.kv_cache:
+    raise ValueError("orl.capture_routes needs a block-causal model decoded through the KV "
+                     f"cache (model.family={mcfg.family!r}, kv_cache={cfg.kv_cache})")
+  if mcfg.moe.n_experts > jnp.iinfo(ROUTE_DTYPE).max:
+    raise ValueError(f"orl.capture_routes stores expert ids as {jnp.dtype(ROUTE_DTYPE).name}: "
+                     f"model.moe.n_experts={mcfg.moe.n_experts} does not fit")
+
+
 def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig) -> DecodeOutput:
   """Decodes a batch of left-padded prompts [B, P]. Call under `jax.jit` (see `make_decoder`)."""
   mcfg = model.cfg
@@ -272,6 +404,7 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
   if p % b:
     raise ValueError(f"prompt length {p} must be a multiple of the block size {b} "
                      "(left-pad prompts to a block boundary)")
+  _check_route_capture(model, cfg)
   embedding = model.embedding_table
   prompt_pos, prompt_meta = prompt_layout(prompt_valid, b)
   canvas = jnp.concatenate([prompt_tokens, jnp.full((b_rows, n), cfg.mask_id, jnp.int32)], axis=1)
@@ -280,17 +413,25 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
   canvas_meta = make_meta(jnp.where(canvas_valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
   cv = _Canvas(model, cfg, b_rows, p, canvas_valid, canvas_pos, canvas_meta, embedding)
 
+  cap = None
+  if cfg.capture_states:
+    route_dims = (p, mcfg.n_moe_layers, mcfg.moe.top_k) if cfg.capture_routes else None
+    cap = _empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
   cache = None
   if not cv.bidirectional and cfg.kv_cache:
     cache = init_cache(mcfg, b_rows, p + n)
-    cache = model(prompt_tokens, prompt_pos, prompt_meta, cache=cache, cache_mode="write",
-                  cache_offset=0).cache
+    prefill = model(prompt_tokens, prompt_pos, prompt_meta, cache=cache, cache_mode="write",
+                    cache_offset=0)
+    cache = prefill.cache
+    if cfg.capture_routes:
+      prompt_routes = jnp.where(prompt_valid[:, :, None, None],
+                                token_major_routes(prefill.routing.expert_ids), -1)
+      cap = cap._replace(routes=cap.routes._replace(prompt=prompt_routes.astype(ROUTE_DTYPE)))
 
   def block_cond(carry):
     j, _, _, finished, *_ = carry
     return (j < cfg.n_blocks) & jnp.any(~finished)
 
-  cap = _empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype) if cfg.capture_states else None
   zeros = jnp.zeros((b_rows,), jnp.int32)
   init = (jnp.int32(0), canvas, cache, jnp.zeros((b_rows,), bool), zeros, zeros, cap, key)
   _, canvas, _, finished, nfe_engine, skipped, cap, _ = jax.lax.while_loop(

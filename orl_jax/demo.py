@@ -185,6 +185,60 @@ def _report_training(config, curves: list) -> None:
                                             f"{k}={v}" for k, v in s.items()))
 
 
+# The paper's Table 3(a): what removing each term does to ORL (accuracy in points, TPF in %).
+PAPER_ABLATIONS = {"orl_no_aec": (None, -28.0), "orl_no_kl": (-6.7, -47.0),
+                   "orl_no_residual": (None, -41.0)}
+
+
+def _moves(delta: float, spread: float, paper: float | None) -> str:
+  if paper is None:
+    return ""
+  if abs(delta) <= spread:
+    return "within spread"
+  return "same way" if delta * paper > 0 else "opposite"
+
+
+def ablation_table(all_results: dict, setting: str = "threshold_0.9",
+                   reference: str = "orl") -> str:
+  """A markdown table of every model evaluated over seeds at `setting`: accuracy and pooled TPF
+  as mean ± std over seeds, the change against `reference` (points; % of TPF), the paper's
+  direction where it reports one, and whether ours moves the same way by more than the seed
+  spread (the sum of the two models' stds)."""
+  ref = all_results[reference][setting]
+  head = ("| model | accuracy | TPF (pooled) | Δ acc (pts) | Δ TPF | paper Δ acc / Δ TPF | "
+          "moves as the paper (acc / TPF) |\n|---|---|---|---|---|---|---|")
+  lines = [head]
+  for name, r in all_results.items():
+    r = r.get(setting)
+    if r is None or "seeds" not in r:
+      continue
+    d_acc = 100 * (r["accuracy"] - ref["accuracy"])
+    d_tpf = 100 * (r["tpf_pooled"] / ref["tpf_pooled"] - 1)
+    s_acc = 100 * (r["accuracy_std"] + ref["accuracy_std"])
+    s_tpf = 100 * (r["tpf_pooled_std"] + ref["tpf_pooled_std"]) / ref["tpf_pooled"]
+    p_acc, p_tpf = PAPER_ABLATIONS.get(name, (None, None))
+    paper = " / ".join("–" if v is None else f"{v:+.1f}{u}" for v, u in ((p_acc, ""),
+                                                                       (p_tpf, "%")))
+    moves = " / ".join(m or "–" for m in (_moves(d_acc, s_acc, p_acc),
+                                          _moves(d_tpf, s_tpf, p_tpf)))
+    same = name == reference
+    lines.append(f"| {name} | {r['accuracy']:.3f} ± {r['accuracy_std']:.3f} | "
+                 f"{r['tpf_pooled']:.2f} ± {r['tpf_pooled_std']:.2f} | "
+                 f"{'' if same else f'{d_acc:+.1f}'} | {'' if same else f'{d_tpf:+.0f}%'} | "
+                 f"{'' if same else paper} | {'' if same else moves} |")
+  return "\n".join(lines)
+
+
+def _write_ablation_table(config, all_results: dict) -> None:
+  """WORKDIR/ablations.md when the demo ran over seeds (printed too)."""
+  if not config.get("seeds") or "orl" not in all_results or not distributed.is_lead_process():
+    return
+  table = ablation_table(all_results)
+  with open(os.path.join(config.workdir, "ablations.md"), "w") as f:
+    f.write(table + "\n")
+  print(table)
+
+
 def run_demo(config, *, progress=True) -> str:
   """Base -> warm-up -> stages (each over `config.seeds`) -> evaluation. Prints the table and
   returns the results.json path."""
@@ -219,6 +273,7 @@ def run_demo(config, *, progress=True) -> str:
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))
+  _write_ablation_table(config, all_results)
   _report_training(config, curves)
   for *_, png_curves in curves:
     print(f"training curves: {png_curves}")

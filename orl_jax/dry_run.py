@@ -1,8 +1,12 @@
 """Sizing dry-run (`--config.dry_run=True`): per-device bytes of what a run would allocate.
 
 Everything is computed from `jax.eval_shape` (parameters, optimizer state, rollout
-trajectories, one replay batch) and the partition rules on an abstract mesh of the configured
-size, so an 8B model on 8 devices is sized on one CPU without allocating anything.
+trajectories, one replay batch) and the model family's partition rules applied to the mesh
+*shape* of the config (`mesh.data/fsdp/tensor/expert`; a -1 axis takes the local devices), so no
+device of that mesh has to exist: a 16B MoE on `fsdp=8 x expert=8` (64 devices) is sized on one
+CPU without allocating anything. Per-device bytes of an array are its bytes divided by the
+product of the mesh axes its PartitionSpec names (the rules drop axes that do not divide a
+dimension); rollout and replay buffers are split over the batch axes (data x fsdp x expert).
 """
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ from flax import nnx
 
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
+from orl_jax.models import families
 from orl_jax.models.transformer import Transformer
-from orl_jax.rollout import capture_bytes
+from orl_jax.rollout import capture_bytes, route_capture_bytes
 
 
 @dataclasses.dataclass
@@ -31,12 +36,13 @@ class SizingRow:
 
 def mesh_shape(config, n_devices: int | None = None) -> dict[str, int]:
   """{axis: size} of the configured mesh; a -1 axis fills `n_devices` (default: local devices)."""
+  expert = config.mesh.get("expert", 1)
   sizes = [config.mesh.data, config.mesh.fsdp, config.mesh.tensor]
   if -1 in sizes:
     n = n_devices or jax.device_count()
-    known = math.prod(s for s in sizes if s != -1)
+    known = math.prod(s for s in sizes if s != -1) * expert
     sizes[sizes.index(-1)] = max(n // known, 1)
-  return dict(zip(sharding_lib.AXES, sizes))
+  return dict(zip(sharding_lib.MESH_AXES, sizes + [expert]))
 
 
 def abstract_mesh(shape: dict[str, int]) -> jax.sharding.AbstractMesh:
@@ -49,22 +55,28 @@ def _special_id(value, default=0) -> int:
 
 def sizing_model_config(config):
   """The ModelConfig of `config` without reading a tokenizer (`model.vocab_size` must be set,
-  or the task's tokenizer is used)."""
+  or the task's tokenizer is used; a Hugging Face `model.path` gives the architecture). Experts
+  are sized as laid out by the partition rules, not run (`expert_parallel` off)."""
+  from orl_jax import weights as weights_lib
+  hf_dir = weights_lib.hf_dir(config)
   vocab = config.model.get("vocab_size", 0)
   mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
-  if not vocab:
+  if hf_dir or not vocab:
     from orl_jax.train.run import setup
-    tok = setup(config).tokenizer
-    vocab, mask_id = tok.vocab_size, tok.mask_id
-  return config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
+    cfg = setup(config).model_cfg
+  else:
+    cfg = config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
+  if cfg.moe is not None:
+    cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, expert_parallel=False))
+  return cfg
 
 
-def _per_device(tree, shape: dict[str, int]) -> tuple[int, int]:
-  """(total bytes, bytes on one device) of a tree of ShapeDtypeStructs under the rules."""
+def _per_device(tree, shape: dict[str, int], rules) -> tuple[int, int]:
+  """(total bytes, bytes on one device) of a tree of ShapeDtypeStructs under `rules`."""
   total = per = 0
   for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     nbytes = int(np.prod(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
-    spec = sharding_lib.partition_spec(sharding_lib.path_name(path), leaf.shape, shape)
+    spec = sharding_lib.partition_spec(sharding_lib.path_name(path), leaf.shape, shape, rules)
     split = math.prod(shape[a] for a in jax.tree.leaves(tuple(spec)) if a is not None)
     total += nbytes
     per += nbytes // split
@@ -89,29 +101,30 @@ def abstract_replay_batch(config, traj, *, mask_id: int, block_size: int):
 def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
   from orl_jax.rollout import rollout
   from orl_jax.train.orl import rollout_decode_config
-  from orl_jax.train.state import make_optimizer
+  from orl_jax.train.state import frozen_params, make_optimizer
 
   shape = mesh_shape(config, n_devices)
   cfg = sizing_model_config(config)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))),
                                nnx.Param)
   optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
-                             config.train.freeze_base)
+                             config.train.freeze_base, frozen_params(cfg))
   opt_state = jax.eval_shape(optimizer.init, params)
+  rules = families.partition_rules(cfg.hf_family)
   rows = []
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-  total, per = _per_device(params, shape)
+  total, per = _per_device(params, shape, rules)
   rows.append(SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}"))
-  total, per = _per_device(opt_state, shape)
+  total, per = _per_device(opt_state, shape, rules)
   rows.append(SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)"))
   from orl_jax.train.run import needs_reference
   if needs_reference(config):
-    total, per = _per_device(params, shape)   # sharded like the params
+    total, per = _per_device(params, shape, rules)   # sharded like the params
     rows.append(SizingRow("KL reference (frozen)", total, per,
                           "copy of the starting params (loss.kl_reference='initial')"))
 
   # Rollouts: P prompts x G responses, rows split over the data-parallel axes.
-  data_par = shape["data"] * shape["fsdp"]
+  data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
   specials = config.model.get("special_tokens", {})
   tok = types.SimpleNamespace(mask_id=cfg.mask_id, eos_id=_special_id(specials.get("eos", "")))
@@ -119,9 +132,12 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
   cap = capture_bytes(n_rollouts, dcfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
-  rows.append(SizingRow("rollout capture buffers", cap, cap // data_par,
-                        f"{n_rollouts} responses x {dcfg.capture_states} states x "
-                        f"b={dcfg.block_size} x D={cfg.d_model}"))
+  note = (f"{n_rollouts} responses x {dcfg.capture_states} states x b={dcfg.block_size} x "
+          f"D={cfg.d_model}")
+  if cfg.moe is not None and dcfg.capture_routes:   # orl.capture_routes: expert ids per forward
+    cap += route_capture_bytes(n_rollouts, dcfg, p_len, cfg.n_moe_layers, cfg.moe.top_k)
+    note += f" + routes ({cfg.n_moe_layers} MoE layers x top-{cfg.moe.top_k})"
+  rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
   prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
   valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
   traj = jax.eval_shape(

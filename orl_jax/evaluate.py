@@ -29,10 +29,10 @@ def _batches(n: int, batch_size: int):
 
 
 def _check_batch_split(batch_size: int, mesh) -> None:
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  shards = sharding_lib.n_batch_shards(mesh.shape)
   if batch_size % shards:
     raise ValueError(f"eval.batch_size={batch_size} must be a multiple of the mesh's batch "
-                     f"shards (mesh.data x mesh.fsdp = {shards}): each shard decodes an equal "
+                     f"shards (mesh.data x mesh.fsdp x mesh.expert = {shards}): each shard decodes an equal "
                      f"share of every batch")
 
 
@@ -117,7 +117,7 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
       "n_problems": len(problems),
       "batch_size": batch_size,
       "processes": jax.process_count(),
-      "batch_shards": 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"],
+      "batch_shards": 1 if mesh is None else sharding_lib.n_batch_shards(mesh.shape),
       "device": jax.devices()[0].device_kind,
       "examples": [{"prompt": p.prompt, "response": r, "score": float(s)}
                    for p, r, s in list(zip(problems, texts, scores))[:3]],
@@ -223,27 +223,25 @@ def parse_compare(spec: str) -> list[tuple[str, str]]:
 
 
 def model_config_for(config, path: str):
-  """A copy of `config` whose weights come from `path`: a Hugging Face directory (has
-  config.json) -> model.hf_dir; an orl_jax params folder -> model.init_from (and the residual
-  mode it was trained with); 'random' -> a fresh model from config.seed."""
+  """A copy of `config` whose weights come from `path` (set as model.path): a Hugging Face
+  directory (has config.json), or an orl_jax params folder (evaluated with the residual mode it
+  was trained with); 'random' -> a fresh model from config.seed."""
   import copy
   cfg = copy.deepcopy(config)
   with cfg.unlocked():
     cfg.train.mode = "eval"        # evaluation only: the training modes' checks do not apply
     cfg.model.init_from = ""
-    if "hf_dir" in cfg.model:
-      cfg.model.hf_dir = ""
+    cfg.model.path = ""
     if path == RANDOM_INIT:
       pass
-    elif os.path.isfile(os.path.join(path, "config.json")):
-      cfg.model.hf_dir = path
     elif os.path.isdir(path):
-      cfg.model.init_from = path
-      # the residual pathway is part of the trained weights: evaluate it as trained
-      from orl_jax import params_io
-      mode = params_io.read_meta(path).get("model", {}).get("residual_mode")
-      if mode:
-        cfg.model.residual.mode = mode
+      cfg.model.path = path
+      if not os.path.isfile(os.path.join(path, "config.json")):
+        # the residual pathway is part of the trained weights: evaluate it as trained
+        from orl_jax import params_io
+        mode = params_io.read_meta(path).get("model", {}).get("residual_mode")
+        if mode:
+          cfg.model.residual.mode = mode
     else:
       raise FileNotFoundError(f"eval.compare: {path!r} is neither a Hugging Face model directory "
                               "(config.json), an orl_jax params folder, nor 'random'")

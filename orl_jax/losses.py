@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from orl_jax.batch import PackedBatch, sft_batch, split_rows
+from orl_jax.batch import PackedBatch, layer_routes, sft_batch, split_rows
 from orl_jax.vocab_chunks import token_stats
 
 _EPS = 1e-6
@@ -115,7 +115,9 @@ def anchor_entropy(batch: PackedBatch, cfg: LossConfig):
 
 def attach_reference(batch: PackedBatch, reference, cfg: LossConfig) -> PackedBatch:
   """`batch` with the frozen reference's final hidden states and normalized entropies on its
-  rows: one no-gradient forward on the same replayed rows with the same captured residuals."""
+  rows: one no-gradient forward on the same replayed rows with the same captured residuals.
+  An MoE reference routes with its own (frozen) router, never with the policy's captured
+  routes: the anchor is the starting model's distribution, not the policy's experts."""
   if reference is None:
     raise ValueError("loss.kl_reference='initial' needs the frozen reference model (the train "
                      "state's `reference`, created when the loss uses it)")
@@ -253,7 +255,8 @@ def orl_loss(model, batch: PackedBatch, cfg: LossConfig, totals: LossTotals | No
   if cfg.uses_reference and batch.ref_hidden is None:
     batch = attach_reference(batch, reference, cfg)
   hidden, _, norm_ratio = model.hidden_states(batch.tokens, batch.positions, batch.meta,
-                                              residual=batch.residual)
+                                              residual=batch.residual,
+                                              routes=layer_routes(batch))
   ref = dict(ref_head=reference.head, ref_hidden=batch.ref_hidden) if cfg.uses_reference else {}
   stats = token_stats(model.head, hidden, batch.targets, batch.topk_ids, chunk=cfg.vocab_chunk,
                       **ref)

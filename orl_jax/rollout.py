@@ -3,7 +3,10 @@
 `G` sampled responses per prompt are decoded with the current parameters by the same jitted
 block decoder that evaluation uses, with capture switched on: every forward step records the
 active block's tokens, the residual exactly as consumed, the prediction's entropy and top-K,
-and the commit mask. Everything stays in fixed-size device buffers.
+and the commit mask (with LLaDA2.1 token editing, edit steps are states too). With
+`capture_routes` (MoE models), the expert ids of every forward are recorded as well: of each
+step, of the prompt prefill and of each commit forward, so replay routes every token the
+rollout routed exactly as it did. Everything stays in fixed-size device buffers.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from orl_jax.decoding import Capture, DecodeConfig, decode
+from orl_jax.decoding import ROUTE_DTYPE, Capture, DecodeConfig, decode
 
 
 @struct.dataclass
@@ -65,3 +68,14 @@ def capture_bytes(n_rows: int, cfg: DecodeConfig, d_model: int, dtype_bytes: int
   # z; block tokens, alpha, entropy; top-K ids and log-probs; commit; block, step; valid
   per_state = b * d_model * dtype_bytes + b * 4 * 3 + b * k * 8 + b + 2 * 4 + 1
   return n_rows * (s * per_state + 4 + 1)   # + n_states, overflow
+
+
+def route_capture_bytes(n_rows: int, cfg: DecodeConfig, prompt_len: int, n_moe_layers: int,
+                        top_k: int) -> int:
+  """Bytes of the route buffers `capture_routes` adds to `capture_bytes` (the dry-run's
+  capture row): K expert ids per MoE layer for every token of every captured state, of the
+  prompt prefill and of the commit forwards (`decoding.RouteCapture`)."""
+  if not cfg.capture_routes:
+    return 0
+  tokens = cfg.capture_states * cfg.block_size + prompt_len + cfg.gen_length
+  return n_rows * tokens * n_moe_layers * top_k * jnp.dtype(ROUTE_DTYPE).itemsize

@@ -1,4 +1,10 @@
-"""Meshes and shardings (DESIGN §3). Named axes: data, fsdp, tensor. No pmap."""
+"""Meshes and shardings (DESIGN §3). Named axes: data, fsdp, tensor, expert. No pmap.
+
+`expert` splits the routed experts of MoE models (their partition rules, from the model family)
+and, like `data` and `fsdp`, the batch: an expert-parallel group works on its own rows and
+exchanges tokens only inside the MoE layers. `fill_axis_sizes`, `hybrid_shapes` and `mesh.dcn`
+cover the first three axes; `expert` is a fixed size (default 1) inside a granule.
+"""
 from __future__ import annotations
 
 import re
@@ -9,6 +15,9 @@ from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
+EXPERT_AXIS = "expert"
+MESH_AXES = AXES + (EXPERT_AXIS,)
+BATCH_AXES = ("data", "fsdp", EXPERT_AXIS)   # axes that split the batch (rows)
 
 
 def fill_axis_sizes(sizes, n_devices: int) -> list[int]:
@@ -66,34 +75,46 @@ def _granules(devices) -> tuple[int, bool]:
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None,
-              dcn=None) -> jax.sharding.Mesh:
-  """A mesh over all (or the given) devices; one axis size may be -1 (fill).
+              dcn=None, expert: int = 1) -> jax.sharding.Mesh:
+  """A mesh over all (or the given) devices with axes `MESH_AXES`; one of data, fsdp, tensor
+  may be -1 (fill).
 
-  `data`, `fsdp`, `tensor` are the total axis sizes. `dcn` (a `{axis: ways}` mapping or a
-  3-sequence, default none) says how many ways of each axis cross the data-center network
-  between slices (or processes, where devices have no slice index); the mesh is then built by
-  `mesh_utils.create_hybrid_device_mesh` so the remaining ways stay inside a granule.
+  `data`, `fsdp`, `tensor`, `expert` are the total axis sizes. `dcn` (a `{axis: ways}` mapping
+  or a 3-sequence, default none) says how many ways of data, fsdp, tensor cross the data-center
+  network between slices (or processes, where devices have no slice index); the mesh is then
+  built by `mesh_utils.create_hybrid_device_mesh` so the remaining ways stay inside a granule.
   """
   devices = jax.devices() if devices is None else devices
-  sizes = fill_axis_sizes([data, fsdp, tensor], len(devices))
-  axis_types = (AxisType.Auto,) * len(AXES)
+  if expert < 1 or len(devices) % expert:
+    raise ValueError(f"mesh.expert={expert} must be positive and divide the {len(devices)} "
+                     "devices")
+  sizes = fill_axis_sizes([data, fsdp, tensor], len(devices) // expert)
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
   dcn = dcn_sizes(dcn)
   if all(d == 1 for d in dcn):   # nothing crosses the DCN: the plain mesh
-    return jax.make_mesh(tuple(sizes), AXES, axis_types=axis_types, devices=devices)
+    return jax.make_mesh(tuple(sizes) + (expert,), MESH_AXES, axis_types=axis_types,
+                         devices=devices)
   n_granules, process_is_granule = _granules(devices)
   ici, dcn = hybrid_shapes(sizes, dcn, n_granules)
-  grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+  grid = mesh_utils.create_hybrid_device_mesh(ici + [expert], dcn + [1], devices,
                                               process_is_granule=process_is_granule,
                                               allow_split_physical_axes=True)
-  return jax.sharding.Mesh(grid, AXES, axis_types=axis_types)
+  return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def mesh_from_config(config, devices=None) -> jax.sharding.Mesh:
-  """The mesh of `config.mesh` (`data`, `fsdp`, `tensor`, optional `dcn`)."""
+  """The mesh of `config.mesh` (`data`, `fsdp`, `tensor`, `expert`, optional `dcn`)."""
   m = config.mesh
   dcn = m.get("dcn", None)
   dcn = dcn.to_dict() if hasattr(dcn, "to_dict") else dcn
-  return make_mesh(m.data, m.fsdp, m.tensor, devices=devices, dcn=dcn)
+  return make_mesh(m.data, m.fsdp, m.tensor, devices=devices, dcn=dcn,
+                   expert=m.get("expert", 1))
+
+
+def n_batch_shards(mesh_shape) -> int:
+  """How many ways the batch is split: the product of the `BATCH_AXES` sizes."""
+  shape = dict(mesh_shape)
+  return int(np.prod([shape.get(a, 1) for a in BATCH_AXES]))
 
 
 def replicated(mesh) -> NamedSharding:
@@ -101,8 +122,8 @@ def replicated(mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh) -> NamedSharding:
-  """Leading (batch) dimension split over data and fsdp."""
-  return NamedSharding(mesh, P(("data", "fsdp")))
+  """Leading (batch) dimension split over the batch axes (data, fsdp, expert) of the mesh."""
+  return NamedSharding(mesh, P(tuple(a for a in BATCH_AXES if a in mesh.axis_names)))
 
 
 def process_rows(mesh, global_batch: int) -> tuple[int, ...]:
@@ -179,8 +200,9 @@ def _fit(spec: P, shape, mesh_shape: dict) -> P:
 
 
 def partition_spec(name: str, shape, mesh_shape: dict, rules=PARTITION_RULES) -> P:
-  """The PartitionSpec of the array called `name` (first matching rule), fitted to its shape."""
-  if mesh_shape.get("fsdp", 1) == 1 and mesh_shape.get("tensor", 1) == 1:
+  """The PartitionSpec of the array called `name` (first matching rule), fitted to its shape;
+  replicated when only `data` has more than one device."""
+  if all(size == 1 for axis, size in mesh_shape.items() if axis != "data"):
     return P()
   for pattern, spec in rules:
     if re.search(pattern, name):
@@ -190,7 +212,8 @@ def partition_spec(name: str, shape, mesh_shape: dict, rules=PARTITION_RULES) ->
 
 def tree_shardings(tree, mesh, rules=PARTITION_RULES):
   """NamedShardings for every array leaf of `tree` (params, optimizer state, train state) by
-  the partition rules; replicated when the mesh has fsdp = tensor = 1."""
+  the partition rules (a model family's: `orl_jax.models.families.partition_rules`);
+  replicated when only `data` has more than one device."""
   mesh_shape = dict(mesh.shape)
 
   def one(path, leaf):

@@ -7,7 +7,7 @@
 * ``jsonl``     — a user file (`task.path`, schema in `data/jsonl.py`): train and eval; answer
                   problems are wrapped in `task.chat`, code problems are verified by their tests.
 
-Real-text tasks take the model's tokenizer (`model.hf_dir` / `model.tokenizer`); without one they
+Real-text tasks take the model's tokenizer (`model.path` / `model.tokenizer`); without one they
 use the 260-token byte-level debug tokenizer, which is what the `:debug` configs run.
 """
 from __future__ import annotations

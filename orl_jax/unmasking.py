@@ -63,3 +63,17 @@ def select_commits(rule: UnmaskRule, masked, confidence, entropy):
     n_take = jnp.sum(jnp.cumprod(in_prefix & valid, axis=-1), axis=-1)
   n_take = jnp.clip(n_take, jnp.minimum(1, n_masked), n_masked)
   return masked & (rank < n_take[:, None])
+
+
+def select_edits(edit_threshold: float, tokens, masked, candidate, confidence, editable=None):
+  """Boolean [B, b]: committed positions a step rewrites (LLaDA2.1 token-to-token editing,
+  DESIGN §4): not masked, the step's candidate differs from the token there, and the
+  candidate's probability is strictly above `edit_threshold` (the official `>`).
+
+  tokens: [B, b] the block before the step; masked: [B, b] bool (masked positions are the
+  unmasking rule's, never edited); candidate / confidence: [B, b] the step's proposal and its
+  probability; editable: [B, b] bool positions that may change at all (False for prompt
+  tokens), None = every committed position. An edit threshold of 1.0 never edits.
+  """
+  edit = ~masked & (candidate != tokens) & (confidence > edit_threshold)
+  return edit if editable is None else edit & editable

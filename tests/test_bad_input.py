@@ -139,7 +139,7 @@ def test_a_tokenizer_larger_than_the_checkpoint_vocabulary_is_blamed(tmp_path):
   tok_path = str(tmp_path / "other_tokenizer.json")
   bigger.save(tok_path)
   c = sdar.get_config("debug")
-  c.model.hf_dir, c.model.tokenizer = str(hf_dir), tok_path
+  c.model.path, c.model.tokenizer = str(hf_dir), tok_path
   c.model.special_tokens.update(dict(mask="<|mask|>", eos="<|eos|>", pad="<|pad|>", bos=""))
   with pytest.raises(TokenizerError) as e:
     loop.setup(c)

@@ -86,3 +86,22 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
     for setting, r in results[name].items():
       assert again[name][setting]["accuracy"] == r["accuracy"]
       assert again[name][setting]["tpf_pooled"] == r["tpf_pooled"]
+
+
+def test_ablation_table_compares_with_orl_and_the_paper_beyond_the_seed_spread():
+  """Hand-computed rows: no_kl loses 3 points (spread 2) and 50% TPF (spread 10%): same way as
+  the paper on both; no_aec gains TPF within the spread."""
+  from orl_jax.demo import ablation_table
+
+  def model(acc, acc_std, tpf, tpf_std):
+    return {"threshold_0.9": {"accuracy": acc, "accuracy_std": acc_std, "tpf_pooled": tpf,
+                              "tpf_pooled_std": tpf_std, "seeds": []}}
+  results = {"base": {"threshold_0.9": {"accuracy": 0.95, "tpf_pooled": 3.0}},
+             "orl": model(0.95, 0.01, 6.0, 0.3), "orl_no_kl": model(0.92, 0.01, 3.0, 0.3),
+             "orl_no_aec": model(0.95, 0.01, 6.3, 0.3)}
+  rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+          for line in ablation_table(results).splitlines()[2:]}
+  assert set(rows) == {"orl", "orl_no_kl", "orl_no_aec"}        # the base has no seeds
+  assert rows["orl_no_kl"][:4] == ["0.920 ± 0.010", "3.00 ± 0.30", "-3.0", "-50%"]
+  assert rows["orl_no_kl"][4:] == ["-6.7 / -47.0%", "same way / same way"]
+  assert rows["orl_no_aec"][2:] == ["+0.0", "+5%", "– / -28.0%", "– / within spread"]

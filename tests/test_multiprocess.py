@@ -67,7 +67,7 @@ def test_two_processes_train_like_one_and_checkpoint_exactly(tmp_path):
   p0, p1, single = out["p0"], out["p1"], out["single"]
   assert (p0["process_count"], p0["global_devices"], p0["local_devices"]) == (2, 4, 2)
   assert p1["process_index"] == 1 and single["process_count"] == 1
-  assert p0["mesh"] == single["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+  assert p0["mesh"] == single["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 1}
   # mesh.dcn fsdp=2: the hybrid mesh puts the fsdp axis across the processes (a plain mesh
   # would not), so each process holds, and loads, non-adjacent prompt rows
   assert p0["mesh_processes"] == [0, 1, 0, 1] and single["mesh_processes"] == [0, 0, 0, 0]

@@ -27,6 +27,19 @@ def test_debug_config_runs_two_orl_iterations(tmp_path, name):
   assert [r["step"] for r in rows] == [1, 2]
   assert all(r["policy_lag"] == 0 and r["states_packed"] > 0 for r in rows)
   assert os.path.isfile(tmp_path / "params" / "params.safetensors")
+  # runs of a registered family also write WORKDIR/hf with the family's official names
+  from safetensors import safe_open
+  with open(tmp_path / "hf" / "config.json") as f:
+    model_type = json.load(f)["model_type"]
+  with safe_open(str(tmp_path / "hf" / "model.safetensors"), "np") as f:
+    names = set(f.keys())
+  if name == "llada":   # the debug variant is a tiny LLaDA2 MoE (layer 0 dense)
+    assert model_type == "llada2_moe"
+    assert {"model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.expert_bias",
+            "model.layers.3.mlp.experts.7.down_proj.weight",
+            "model.layers.2.attention.query_key_value.weight", "lm_head.weight"} <= names
+  else:
+    assert model_type == "qwen3" and "model.layers.1.self_attn.q_norm.weight" in names
   # ... and the trained model exports as a Hugging Face directory (round trip: test_hf_models)
   out = subprocess.run(
       [sys.executable, "launch/export.py", f"--config=configs/{name}.py:debug",
@@ -46,7 +59,7 @@ def test_full_size_variants_validate(module, arg, family, tied):
   c = module.get_config(arg)
   validate(c)
   assert c.model.family == family and c.model.tie_embeddings == tied
-  assert c.model.hf_dir == "" and c.loss.vocab_chunk > 0
+  assert c.model.path == "" and c.loss.vocab_chunk > 0
   if module is sdar:
     assert c.decode.block_size == 4 and c.model.special_tokens.mask == "<|MASK|>"
   if module is llada:

@@ -135,9 +135,15 @@ def test_an_orl_iteration_moves_data_only_at_its_named_host_hops(tmp_path, monke
   s = run.setup(orl_smoke_config(tmp_path, steps=2))
   r = run.prepare_run(s)
   steps = orl.build_orl_steps(s, r, orl.prompt_stream(s))
+  from orl_jax.data import tiny_task
+  calls, train_problem = [], tiny_task.train_problem
+  monkeypatch.setattr(tiny_task, "train_problem",
+                      lambda i, cfg: calls.append(i) or train_problem(i, cfg))
   with jax.transfer_guard("disallow"):
     state, record = orl.orl_iteration(steps, r.state, 0)
   assert record.verified.all() and record.plan_stats["states_packed"] > 0
+  # each prompt's problem is read once: for the prompt, then reused to verify its G responses
+  assert sorted(calls) == sorted(int(i) for i in record.summary.prompt_ids)
   with jax.transfer_guard("allow"):
     assert int(state.step) == 1 and int(record.metrics["policy_lag"]) == 0
   # the guard is live: without the hops the same iteration stops at its first host transfer

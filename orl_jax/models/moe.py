@@ -37,8 +37,10 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 IMPLS = ("ragged", "dense")
+# MoEConfig fields that are run-time choices (model.moe.*), not architecture (config.json)
+RUNTIME_FIELDS = ("impl", "expert_parallel", "freeze_router", "aux_loss_weight")
 EXPERT_AXIS = "expert"
-_TOKEN_AXES = ("data", "fsdp")   # mesh axes that already split the tokens (batch) elsewhere
+_TOKEN_AXES = ("data", "fsdp")   # with "expert", the batch axes (orl_jax.sharding.BATCH_AXES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +259,8 @@ class MoE(nnx.Module):
 
 
 # Partition rules of the MoE parameters, in the (regex, PartitionSpec) form of
-# `orl_jax.sharding.PARTITION_RULES` (put them first): routed experts split over `expert`, their
+# `orl_jax.sharding.PARTITION_RULES` (the LLaDA2 family lists them first, see
+# `orl_jax.models.families`): routed experts split over `expert`, their
 # [D, F] / [F, D] slices like the dense MLP; the shared experts exactly like the dense MLP; the
 # router (small, f32 matmul) replicated. Axes missing from the mesh are dropped by the fitting.
 PARTITION_RULES: tuple[tuple[str, P], ...] = (

@@ -1,6 +1,6 @@
 """The device half of replay: gather a packed batch from the trajectories by the host-built
 plan (`plan.py`). Only indices cross to the device; tokens, residuals and rollout statistics
-are read where they were captured."""
+are read where they were captured (MoE routes too, with `orl.capture_routes`)."""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -43,4 +43,24 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int) -> Pa
       pair_a=jnp.asarray(plan.pair_a), pair_b=jnp.asarray(plan.pair_b),
       pair_resp=jnp.asarray(plan.pair_resp), pair_valid=jnp.asarray(plan.pair_valid),
       state_resp=jnp.asarray(plan.state_resp), n_responses=jnp.asarray(plan.n_responses),
-      rollout_step=traj.rollout_step)
+      rollout_step=traj.rollout_step, routes=gather_routes(traj, plan, block_size))
+
+
+def gather_routes(traj, plan: ReplayPlan, block_size: int):
+  """[R, T, L_moe, K] int32 routes of the packed tokens, or None without route capture: a
+  prompt token takes the prefill's routes (the group's first response: its G copies were one
+  batched prefill of the same tokens), a clean token its block's commit forward, a state token
+  its step's forward; padding and masks of the canvas layout get -1 (route afresh; nothing
+  sees padding, and the canvas layout captures no routes)."""
+  routes = traj.capture.routes
+  if routes is None:
+    return None
+  st, resp, sidx, pos = plan.src_type, plan.src_resp, plan.src_state, plan.src_pos
+  group_size = traj.responses.shape[0] // traj.prompt_tokens.shape[0]
+  prompt = routes.prompt[plan.src_group * group_size,
+                         jnp.clip(pos, 0, routes.prompt.shape[1] - 1)]
+  clean = routes.clean[resp, jnp.clip(pos, 0, routes.clean.shape[1] - 1)]
+  state = routes.state[resp, sidx, jnp.clip(pos, 0, block_size - 1)]
+  pick = lambda src, x, other: jnp.where((st == src)[..., None, None], x, other)
+  out = pick(SRC_PROMPT, prompt, pick(SRC_CLEAN, clean, pick(SRC_STATE, state, -1)))
+  return out.astype(jnp.int32)

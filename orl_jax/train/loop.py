@@ -8,9 +8,11 @@ the demo and the evaluation import.
 from __future__ import annotations
 
 from orl_jax.train import orl, sft
-from orl_jax.train.run import (Run, Setup, check_compatible, finish_run, hf_family,  # noqa: F401
-                               initial_params, loss_config, needs_reference, params_meta,
-                               prepare_run, resume, setup)
+from orl_jax.train.run import (Run, Setup, check_compatible, export_hf_dir,  # noqa: F401
+                               finish_run, initial_params, loss_config, model_family,
+                               needs_reference, params_meta, prepare_run, resume, setup)
+from orl_jax.train.state import init_model_params  # noqa: F401
+from orl_jax.weights import require_weights
 
 # train.mode -> the loop that runs it: `loop(setup, progress=, stop_after=, **test_hooks)`
 LOOPS = {"sft": sft.train_sft, "residual_warmup": sft.train_sft,
@@ -23,6 +25,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
 
   `stop_after` ends the run early after that many steps (tests use it to simulate a kill).
   """
+  require_weights(config)
   s = setup(config)
   loop = LOOPS.get(config.train.mode)
   if loop is None:

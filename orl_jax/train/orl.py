@@ -82,7 +82,8 @@ def rollout_decode_config(config, tok):
                                   rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
                                   temperature=o.rollout_temperature, capture_states=1)
   steps = dcfg.n_blocks * dcfg.steps_bound
-  return dataclasses.replace(dcfg, capture_states=o.capture_states or steps)
+  return dataclasses.replace(dcfg, capture_states=o.capture_states or steps,
+                             capture_routes=o.capture_routes)
 
 
 class SimulatedCrash(RuntimeError):
@@ -125,6 +126,7 @@ class Prompts:
   tokens: jax.Array    # [P, Lp] int32 left-padded prompt tokens
   valid: jax.Array     # [P, Lp] bool
   rollout_key: jax.Array  # the sampling key of the iteration they were drawn for
+  problems: dict = dataclasses.field(default_factory=dict)  # host: this process's, by id
 
 
 @dataclasses.dataclass
@@ -201,7 +203,7 @@ def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
   o = config.orl
   dcfg = rollout_decode_config(config, tok)
   rollout_fn = make_rollout(run.graphdef, dcfg, o.group_size, s.mesh)
-  rcfg = replay_config(config, s.mesh.shape["data"] * s.mesh.shape["fsdp"])
+  rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape))
   rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
   gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
                                               block_size=dcfg.block_size)
@@ -229,12 +231,13 @@ def draw_prompts(steps: OrlSteps, it: int) -> Prompts:
   n_prompts = s.config.orl.prompts_per_step
   with host_hop("prompts"):
     local_idx = np.asarray(next(steps.prompt_iter), np.int32)
-    local_pt, local_pv = encode_prompts([s.task.train_problem(int(i)) for i in local_idx],
-                                        s.tokenizer, s.config.task.prompt_len)
+    problems = {int(i): s.task.train_problem(int(i)) for i in local_idx}
+    local_pt, local_pv = encode_prompts([problems[int(i)] for i in local_idx], s.tokenizer,
+                                        s.config.task.prompt_len)
     ids, tokens, valid = sharding_lib.shard_batch((local_idx, local_pt, local_pv), s.mesh,
                                                   n_prompts)
     key = jax.random.fold_in(steps.rollout_key, it)
-  return Prompts(ids, tokens, valid, key)
+  return Prompts(ids, tokens, valid, key, problems)
 
 
 def rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
@@ -275,12 +278,18 @@ def summarize(steps: OrlSteps, traj: Trajectories, prompts: Prompts) -> RolloutS
                         metrics=rollout_metrics(host["sums"], host["responses"].shape[0]))
 
 
-def verify(steps: OrlSteps, summary: RolloutSummary) -> np.ndarray:
-  """[P*G] rewards of the decoded responses (process 0's on every process)."""
+def verify(steps: OrlSteps, summary: RolloutSummary, known: dict | None = None) -> np.ndarray:
+  """[P*G] rewards of the decoded responses (process 0's on every process). `known`: the
+  problems this process already built (`Prompts.problems`); only the other processes' prompts
+  are read again."""
   s, g = steps.s, steps.s.config.orl.group_size
   with host_hop("verification"):
     texts = [s.tokenizer.decode(r, stop_at_eos=True) for r in summary.responses]
-    problems = [s.task.train_problem(int(i)) for i in summary.prompt_ids for _ in range(g)]
+    known = dict(known or {})
+    for i in summary.prompt_ids:
+      if int(i) not in known:
+        known[int(i)] = s.task.train_problem(int(i))
+    problems = [known[int(i)] for i in summary.prompt_ids for _ in range(g)]
     return agreed(np.asarray(s.task.verifier.score_batch(problems, texts), np.float32))
 
 
@@ -316,7 +325,7 @@ def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=Non
   summary = summarize(steps, traj, prompts)
   from_snapshot, t1 = rewards is not None, time.perf_counter()
   if not from_snapshot:
-    rewards = verify(steps, summary)
+    rewards = verify(steps, summary, prompts.problems)
     if steps.snapshots is not None:
       with host_hop("checkpoint"):
         steps.snapshots.save(it, {"traj": traj, "rewards": rewards, "prompt_ids":

@@ -14,22 +14,25 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import params_io
+from orl_jax import weights as weights_lib
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.batch import masked_state_tokens
 from orl_jax.train.state import init_model_params
 
 
 def reference_residual_fn(s):
-  """(residual_fn, extra batch inputs). The reference is the `model.init_from` model with no
+  """(residual_fn, extra batch inputs). The reference is the starting params folder's model with no
   residual pathway; its parameters travel in the batch (replicated), never into the graph."""
-  if not s.config.model.init_from:
-    raise ValueError("train.mode='rcd_offline' needs model.init_from (the frozen reference)")
+  reference_dir = weights_lib.params_dir(s.config)
+  if not reference_dir:
+    raise ValueError("train.mode='rcd_offline' needs a params folder in model.path (or "
+                     "model.init_from): the frozen reference")
   if s.model_cfg.residual_mode != "rcd":
     raise ValueError("train.mode='rcd_offline' trains model.residual.mode='rcd', got "
                      f"{s.model_cfg.residual_mode!r}")
   ref_cfg = dataclasses.replace(s.model_cfg, residual_mode="none")
   ref_graphdef, ref_params = init_model_params(ref_cfg, s.config.seed)
-  ref_params, _ = params_io.load_params(s.config.model.init_from, ref_params)
+  ref_params, _ = params_io.load_params(reference_dir, ref_params)
 
   def residual_fn(model, pb, batch, key):
     del model, key

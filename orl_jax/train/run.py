@@ -13,12 +13,15 @@ from tqdm.auto import tqdm
 
 from orl_jax import config as config_lib
 from orl_jax import distributed, params_io
+from orl_jax import weights as weights_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
+from orl_jax.models import families
 from orl_jax.tasks import get_task
-from orl_jax.train.state import create_train_state, init_model_params, make_optimizer
+from orl_jax.train.state import (create_train_state, frozen_params, init_model_params,
+                                 make_optimizer)
 
 
 @dataclasses.dataclass
@@ -34,60 +37,71 @@ class Setup:
     return self.task.tokenizer
 
 
-def load_tokenizer(config):
+def model_family(config, hf_dir: str = "") -> str:
+  """The registry family of the run: named by the weights' config.json `model_type` when they
+  are a Hugging Face directory, else `model.hf_family` ('' for a model of ours)."""
+  if hf_dir:
+    from orl_jax.models import hf
+    return hf.family_of(hf_dir)
+  return config.model.get("hf_family", "")
+
+
+def load_tokenizer(config, hf_dir: str = "", family: str = ""):
   """The configured tokenizer: `model.tokenizer` ('byte' or a tokenizer.json path), else the
-  `model.hf_dir`'s tokenizer.json, else None (the task's own: tiny's word tokenizer, or the
-  byte-level debug tokenizer for real-text tasks)."""
+  weights directory's tokenizer.json, else None (the task's own: tiny's word tokenizer, or the
+  byte-level debug tokenizer for real-text tasks). Special tokens left '' in
+  `model.special_tokens` are the family's."""
   m = config.model
-  path = m.get("tokenizer", "") or m.get("hf_dir", "")
+  path = m.get("tokenizer", "") or hf_dir
   if path == "byte":
     from orl_jax.data.hf_tokenizer import byte_level_tokenizer
     return byte_level_tokenizer()
   if not path:
     return None
   from orl_jax.data.hf_tokenizer import HFTokenizer
-  return HFTokenizer.from_file(path, dict(m.get("special_tokens", {})))
+  special = dict(families.get(family).special_tokens) if family else {}
+  special.update({k: v for k, v in dict(m.get("special_tokens", {})).items() if v})
+  return HFTokenizer.from_file(path, special)
 
 
-def hf_family(config) -> str:
-  """`model.hf_family`, or the family named by the checkpoint's config.json."""
-  family = config.model.get("hf_family", "")
-  if family:
-    return family
+def _hf_model_config(config, tok, hf_dir: str, family: str):
+  """The ModelConfig of a run from a Hugging Face directory: the family and every architecture
+  field from its config.json, checked against the tokenizer."""
+  from orl_jax.data.hf_tokenizer import TokenizerError, check_model_vocab
   from orl_jax.models import hf
-  hf_cfg = hf.read_hf_config(config.model.hf_dir)
-  kind = str(hf_cfg.get("model_type", "")).lower()
-  family = {"llada": "llada", "qwen3": "qwen3", "sdar": "qwen3"}.get(kind)
-  if family is None:
-    raise config_lib.ConfigError(f"{config.model.hf_dir}/config.json has model_type={kind!r}; "
-                                 f"set model.hf_family to one of {config_lib.HF_FAMILIES}")
-  return family
+  hf_json = hf.read_hf_config(hf_dir)
+  where = f"{hf_dir}/config.json"
+  if hasattr(tok, "vocab_hash"):
+    # the tokenizer against the checkpoint's own vocabulary, so a foreign tokenizer is named
+    check_model_vocab(tok, hf_json.get("vocab_size", tok.vocab_size), tok.mask_id, where=where)
+  declared = hf_json.get("mask_token_id")
+  if declared is not None and declared != tok.mask_id:
+    raise TokenizerError(f"{where} has mask_token_id={declared} but "
+                         f"model.special_tokens.mask resolves to {tok.mask_id}")
+  try:
+    arch = families.get(family).architecture_from_hf(hf_json)
+  except KeyError as e:
+    raise hf.CheckpointError(f"{where}: missing key {e} for a {family!r} model") from None
+  return config_lib.model_config(config, vocab_size=arch["vocab_size"], mask_id=tok.mask_id,
+                                 arch=arch, hf_family=family)
 
 
 def setup(config) -> Setup:
   config_lib.validate(config)
-  task = get_task(config.task, tokenizer=load_tokenizer(config))
+  hf_dir = weights_lib.hf_dir(config)
+  family = model_family(config, hf_dir)
+  task = get_task(config.task, tokenizer=load_tokenizer(config, hf_dir, family))
   tok = task.tokenizer
-  vocab_size = config.model.get("vocab_size", 0) or tok.vocab_size
-  model_cfg = config_lib.model_config(config, vocab_size=vocab_size, mask_id=tok.mask_id)
-  if hasattr(tok, "vocab_hash") and not config.model.get("hf_dir", ""):
-    from orl_jax.data.hf_tokenizer import check_model_vocab
-    check_model_vocab(tok, vocab_size, model_cfg.mask_id)
-  if hasattr(tok, "vocab_hash") and config.model.get("hf_dir", ""):
-    from orl_jax.data.hf_tokenizer import TokenizerError, check_model_vocab
-    from orl_jax.models import hf
-    hf_dir = config.model.hf_dir
-    # the tokenizer against the checkpoint's own vocabulary (not model.vocab_size, which
-    # defaults to the tokenizer's size), so a foreign tokenizer is named as the culprit
-    check_model_vocab(tok, hf.read_hf_config(hf_dir).get("vocab_size", vocab_size),
-                      model_cfg.mask_id, where=f"{hf_dir}/config.json")
-    hf.check_architecture(model_cfg, hf_dir, hf_family(config))
-    declared = hf.read_hf_config(hf_dir).get("mask_token_id")
-    if declared is not None and declared != tok.mask_id:
-      raise TokenizerError(f"{hf_dir}/config.json has mask_token_id={declared} but "
-                           f"model.special_tokens.mask resolves to {tok.mask_id}")
+  if hf_dir:
+    model_cfg = _hf_model_config(config, tok, hf_dir, family)
+  else:
+    vocab_size = config.model.get("vocab_size", 0) or tok.vocab_size
+    model_cfg = config_lib.model_config(config, vocab_size=vocab_size, mask_id=tok.mask_id)
+    if hasattr(tok, "vocab_hash"):
+      from orl_jax.data.hf_tokenizer import check_model_vocab
+      check_model_vocab(tok, vocab_size, model_cfg.mask_id)
   mesh = sharding_lib.mesh_from_config(config)
-  check_divisible_by_shards(config, mesh.shape["data"] * mesh.shape["fsdp"])
+  check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
   return Setup(config, task, model_cfg, mesh)
 
 
@@ -111,35 +125,37 @@ def check_divisible_by_shards(config, n_shards: int) -> None:
   bad = [f"{k}={v}" for k, v in sizes.items() if v % n_shards]
   if bad:
     raise config_lib.ConfigError(f"{', '.join(bad)} must be divisible by the {n_shards} data "
-                                 "shards of the mesh (mesh.data x mesh.fsdp)")
+                                 "shards of the mesh (mesh.data x mesh.fsdp x mesh.expert)")
 
 
 def initial_params(s: Setup):
-  """(graphdef, params): read from `model.hf_dir` (straight into the partition-rule shardings),
-  fresh, or loaded from `model.init_from`. Only residual adapter parameters may be absent from
-  the weights (they keep their zero-output initialisation, and are logged); any other missing or
-  extra tensor is an error."""
-  hf_dir = s.config.model.get("hf_dir", "")
-  if hf_dir:
+  """(graphdef, params): read from a Hugging Face `model.path` (straight into the family's
+  partition-rule shardings), fresh, or loaded from a params folder (`model.path` or
+  `model.init_from`). Only residual adapter parameters may be absent from the weights (they keep
+  their zero-output initialisation, and are logged); any other missing or extra tensor is an
+  error."""
+  weights = weights_lib.weights_of(s.config)
+  if weights is not None and weights.kind == weights_lib.HF:
     from orl_jax.models import hf
     _, abstract = hf.abstract_params(s.model_cfg, s.config.seed)
-    shardings = sharding_lib.tree_shardings(abstract, s.mesh)
-    return hf.load_model_params(hf_dir, hf_family(s.config), s.model_cfg, shardings=shardings,
-                                seed=s.config.seed)
+    shardings = sharding_lib.tree_shardings(abstract, s.mesh,
+                                            families.partition_rules(s.model_cfg.hf_family))
+    return hf.load_model_params(weights.path, s.model_cfg.hf_family, s.model_cfg,
+                                shardings=shardings, seed=s.config.seed, check_config=False)
   graphdef, params = init_model_params(s.model_cfg, s.config.seed)
-  if s.config.model.init_from:
-    check_compatible(s.config.model.init_from, s)
-    params, kept = params_io.load_params(s.config.model.init_from, params)
+  if weights is not None:
+    check_compatible(weights.path, s)
+    params, kept = params_io.load_params(weights.path, params)
     if kept:
-      logging.warning("model.init_from=%s has no residual adapter: %d adapter parameters start "
-                      "from their initialisation (%s)", s.config.model.init_from, len(kept),
+      logging.warning("%s=%s has no residual adapter: %d adapter parameters start from their "
+                      "initialisation (%s)", weights.field, weights.path, len(kept),
                       ", ".join(kept))
   return graphdef, params
 
 
 # ModelConfig fields that decide which tensors exist and their shapes
 _SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
-                 "qk_norm", "tie_embeddings")
+                 "qk_norm", "tie_embeddings", "first_k_dense")
 
 
 def check_compatible(params_dir: str, s: Setup) -> None:
@@ -167,7 +183,7 @@ def check_compatible(params_dir: str, s: Setup) -> None:
   if bad:
     raise params_io.ParamsFileError(f"{meta_path} describes another model than the config "
                                     f"({'; '.join(bad)}): set those fields or point "
-                                    "model.init_from at another folder")
+                                    "model.path at another folder")
 
 
 def params_meta(s: Setup, extra: dict | None = None) -> dict:
@@ -190,15 +206,15 @@ class Run:
 
 
 def prepare_run(s: Setup) -> Run:
-  """Records the config, builds the optimizer and the sharded train state (from
-  `model.init_from` when set) and opens the work directory's checkpoint manager."""
+  """Records the config, builds the optimizer and the sharded train state (from the starting
+  weights when there are any) and opens the work directory's checkpoint manager."""
   config = s.config
   os.makedirs(config.workdir, exist_ok=True)
   if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
   optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
-                             config.train.freeze_base)
+                             config.train.freeze_base, frozen_params(s.model_cfg))
   graphdef, params = initial_params(s)
   graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
                                                  params=params,
@@ -220,8 +236,9 @@ def resume(run: Run, data_iter) -> tuple[object, int]:
 
 
 def finish_run(s: Setup, run: Run, state, step: int) -> str:
-  """Waits for checkpoints and exports the final parameters to WORKDIR/params (process 0
-  writes; every process returns once the folder is complete)."""
+  """Waits for checkpoints and exports the final parameters to WORKDIR/params, and, for a
+  model of a registered family, as a Hugging Face directory WORKDIR/hf with its official tensor
+  names (process 0 writes; every process returns once the folders are complete)."""
   run.ckpt.close()
   out = os.path.join(s.config.workdir, "params")
   params = sharding_lib.to_host(state.params)   # a collective: every process takes part
@@ -229,8 +246,27 @@ def finish_run(s: Setup, run: Run, state, step: int) -> str:
     params_io.save_params(out, params, params_meta(s, {"train_steps": int(step),
                                                        "seed": s.config.seed,
                                                        "mode": s.config.train.mode}))
+    if s.model_cfg.hf_family:
+      export_hf_dir(s, params, os.path.join(s.config.workdir, HF_EXPORT_DIR))
   distributed.barrier("export_params")
   return out
+
+
+HF_EXPORT_DIR = "hf"   # WORKDIR/hf: the final parameters as a Hugging Face directory
+
+
+def export_hf_dir(s: Setup, params, out_dir: str, max_shard_bytes: int = 0) -> str:
+  """Writes `params` as a Hugging Face directory of the run's family (with the weights
+  directory's tokenizer.json when there is one)."""
+  from orl_jax.models import hf
+  if not s.model_cfg.hf_family:
+    raise config_lib.ConfigError("export: the model belongs to no Hugging Face family; set "
+                                 "model.hf_family (or model.path to a Hugging Face directory)")
+  source = weights_lib.hf_dir(s.config) or s.config.model.get("tokenizer", "")
+  tok_file = os.path.join(source, "tokenizer.json") if os.path.isdir(source) else source
+  tok_file = tok_file if tok_file and os.path.isfile(tok_file) else None
+  return hf.export_hf(out_dir, params, s.model_cfg, s.model_cfg.hf_family,
+                      tokenizer_file=tok_file, max_shard_bytes=max_shard_bytes)
 
 
 class RunLog:

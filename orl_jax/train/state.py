@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from orl_jax.models.families import partition_rules
+from orl_jax.models.moe import frozen_param
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax import sharding as sharding_lib
 
@@ -22,16 +24,29 @@ class TrainState:
                          # sharded like params, checkpointed with the state, never updated
 
 
-def param_labels(params) -> Any:
-  """'residual' for the residual adapter's parameters, 'base' for everything else."""
+def param_labels(params, frozen: Callable[[str], bool] | None = None) -> Any:
+  """'residual' for the residual adapter's parameters, 'frozen' for those `frozen(name)` marks
+  (never updated), 'base' for everything else."""
   def label(path, _):
+    if frozen is not None and frozen(sharding_lib.path_name(path)):
+      return "frozen"
     return "residual" if any(getattr(k, "key", k) == "adapter" for k in path) else "base"
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-def make_optimizer(train_cfg, residual_lr_scale: float, freeze_base: bool = False):
+def frozen_params(model_cfg: ModelConfig) -> Callable[[str], bool] | None:
+  """The predicate on parameter names the optimizer must leave alone (an MoE router's
+  `expert_bias`, a frozen router), or None when the model has none."""
+  if model_cfg.moe is None:
+    return None
+  return functools.partial(frozen_param, cfg=model_cfg.moe)
+
+
+def make_optimizer(train_cfg, residual_lr_scale: float, freeze_base: bool = False,
+                   frozen: Callable[[str], bool] | None = None):
   """AdamW with linear warmup and cosine decay, global-norm clipping, and a separate learning
-  rate for the residual adapter (`lr * model.residual.lr_scale`, DESIGN §2.1 residual scaling)."""
+  rate for the residual adapter (`lr * model.residual.lr_scale`, DESIGN §2.1 residual scaling).
+  Parameters `frozen(name)` marks get no update and no optimizer state (`frozen_params`)."""
   def schedule(scale):
     return optax.warmup_cosine_decay_schedule(
         0.0, train_cfg.lr * scale, max(train_cfg.warmup_steps, 1), max(train_cfg.steps, 2),
@@ -42,9 +57,12 @@ def make_optimizer(train_cfg, residual_lr_scale: float, freeze_base: bool = Fals
                        weight_decay=train_cfg.weight_decay)
 
   base = optax.set_to_zero() if freeze_base else adamw(1.0)
+  transforms = {"base": base, "residual": adamw(residual_lr_scale)}
+  if frozen is not None:
+    transforms["frozen"] = optax.set_to_zero()
   return optax.chain(
       optax.clip_by_global_norm(train_cfg.grad_clip),
-      optax.multi_transform({"base": base, "residual": adamw(residual_lr_scale)}, param_labels))
+      optax.multi_transform(transforms, functools.partial(param_labels, frozen=frozen)))
 
 
 def init_model_params(model_cfg: ModelConfig, seed: int):
@@ -57,8 +75,8 @@ def init_model_params(model_cfg: ModelConfig, seed: int):
 def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None, *,
                        with_reference: bool = False):
   """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded: parameters
-  and optimizer moments follow `sharding.PARTITION_RULES` on the fsdp/tensor axes (replicated
-  when the mesh has fsdp = tensor = 1). `with_reference` adds a frozen copy of the starting
+  and optimizer moments follow the model family's partition rules on the fsdp/tensor/expert
+  axes (replicated when only `data` has more than one device). `with_reference` adds a frozen copy of the starting
   parameters (the KL anchor's reference, DESIGN §2.6), sharded like them. The returned graphdef
   carries the mesh to the model's attention (kernels run per device inside `shard_map`)."""
   graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Transformer(
@@ -71,7 +89,7 @@ def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, param
                       reference=reference)
 
   abstract = jax.eval_shape(init, params)
-  shardings = sharding_lib.tree_shardings(abstract, mesh)
+  shardings = sharding_lib.tree_shardings(abstract, mesh, partition_rules(model_cfg.hf_family))
   state = jax.jit(init, out_shardings=shardings)(params)
   return graphdef, state, shardings
 
@@ -179,7 +197,7 @@ def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_sharding
   gradients over row micro-batches (`loss_and_grads`; every micro-batch gets the step's key),
   then applies one optimizer update: a Python function of jitted pieces, same signature.
   """
-  n_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  n_shards = sharding_lib.n_batch_shards(mesh.shape)
   repl = sharding_lib.replicated(mesh)
   if batch_shardings is None:
     batch_shardings = sharding_lib.batch_sharding(mesh)

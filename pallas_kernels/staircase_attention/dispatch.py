@@ -35,7 +35,7 @@ from pallas_kernels.staircase_attention.meta import TokenMeta
 from pallas_kernels.staircase_attention.reference import staircase_attention_reference
 
 IMPLS = ("auto", "xla", "pallas", "splash")
-BATCH_AXES = ("data", "fsdp")
+BATCH_AXES = ("data", "fsdp", "expert")   # orl_jax.sharding.BATCH_AXES
 HEAD_AXIS = "tensor"
 
 

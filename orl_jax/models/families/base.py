@@ -1,0 +1,175 @@
+"""What a model family is (DESIGN §4): one `Family` object per HF architecture.
+
+A family says everything that differs between checkpoints of the one shared `Transformer`:
+the HF `config.json` <-> ModelConfig fields (both directions), the tensor-name map with its
+transposes, fused tensors and stacked experts (`TensorRule`), the partition rules of its
+parameters, its attention layout, and the decoder defaults and special tokens its configs start
+from. The loader, the exporter, the sharding and the run set-up read these objects through the
+registry (`orl_jax.models.families`); nothing else branches on a family name.
+
+The name map is a list of pieces: each `TensorRule` says that our parameter `ours` (or its slot
+`expert` of a stacked `[E, ...]` array) equals the HF tensor `hf` (or the rows `rows` of a fused
+HF tensor), transposed when `transpose`. Loading assembles a parameter from its pieces for any
+index (one device shard at a time); exporting concatenates the pieces of each HF tensor. Both
+directions are the pure functions below.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable, NamedTuple
+
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from orl_jax.models.transformer import ModelConfig
+
+# Attention layouts of DLM families (`ModelConfig.family`): a fully bidirectional canvas
+# (LLaDA-8B), or block-causal with bidirectional blocks and a KV cache (SDAR, LLaDA2.x).
+# (A token-causal clean stream, DiffusionGemma's encoder, is not implemented.)
+ATTENTION_LAYOUTS = ("bidirectional", "block_causal")
+
+
+class TensorRule(NamedTuple):
+  hf: str                                # HF tensor name
+  ours: str                              # our flat (dot-joined) parameter name
+  transpose: bool                        # PyTorch Linear [out, in] <-> NNX kernel [in, out]
+  rows: tuple[int, int] | None = None    # rows [start, stop) of a fused HF tensor (dim 0)
+  expert: int | None = None              # slot of our stacked [E, ...] parameter
+
+
+def linear(hf: str, ours: str, **kw) -> TensorRule:
+  return TensorRule(hf, ours, True, **kw)
+
+
+def plain(hf: str, ours: str, **kw) -> TensorRule:
+  return TensorRule(hf, ours, False, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One model family. Callables take/return plain dicts and `ModelConfig`s (no I/O)."""
+  name: str                                          # our key: model.hf_family
+  model_types: tuple[str, ...]                       # HF config.json `model_type` values
+  attention: str                                     # one of ATTENTION_LAYOUTS
+  architecture_from_hf: Callable[[dict], dict]       # config.json -> ModelConfig fields
+  hf_config_json: Callable[[ModelConfig], dict]      # ModelConfig -> config.json
+  tensor_rules: Callable[[ModelConfig], list]        # ModelConfig -> [TensorRule]
+  partition_rules: tuple[tuple[str, P], ...]         # (regex on our name, PartitionSpec)
+  special_tokens: dict                               # mask/eos/pad/bos: id strings or tokens
+  decode: dict                                       # block_size, rule, rule_value defaults
+  chat: str = "none"                                 # chat template of its instruct models
+  ignored_hf: Callable[[ModelConfig], frozenset] = lambda cfg: frozenset()
+  # ^ HF tensors a checkpoint may hold that the model does not use (a tied copy of the head)
+
+
+# ----------------------------------------------------------------------------- name map
+
+
+def dense_rules(cfg: ModelConfig, layer: tuple, embed: str, norm: str, head: str) -> list:
+  """The name map of a dense family: `layer` templates ({i} = layer index) for every layer,
+  then the embedding, final norm and (untied) head, whose HF names are given."""
+  rules = [r._replace(hf=r.hf.format(i=i), ours=r.ours.format(i=i))
+           for i in range(cfg.n_layers) for r in layer]
+  rules += [plain(embed, "embed.embedding"), plain(norm, "final_norm.weight")]
+  if not cfg.tie_embeddings:
+    rules.append(linear(head, "lm_head.kernel"))
+  return rules
+
+
+def _full_index(shape) -> tuple[slice, ...]:
+  return tuple(slice(0, n) for n in shape)
+
+
+def normalize_index(index, shape) -> tuple[slice, ...]:
+  """`index` (None, or a tuple of step-1 slices, possibly open) as explicit [start, stop)."""
+  if index is None:
+    return _full_index(shape)
+  index = tuple(index) + (slice(None),) * (len(shape) - len(tuple(index)))
+  return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape))
+
+
+def read_piece(rule: TensorRule, read: Callable, index: tuple[slice, ...]) -> np.ndarray:
+  """`ours[index]` of one piece (index over our dims without the expert slot);
+  `read(hf_name, hf_index)` returns that slice of an HF tensor."""
+  hf_index = tuple(reversed(index)) if rule.transpose else tuple(index)
+  if rule.rows is not None:
+    first = hf_index[0]
+    hf_index = (slice(rule.rows[0] + first.start, rule.rows[0] + first.stop),) + hf_index[1:]
+  block = read(rule.hf, hf_index)
+  return block.T if rule.transpose else block
+
+
+def assemble(rules: list[TensorRule], read: Callable, shape, index=None) -> np.ndarray:
+  """`ours[index]` of the parameter of shape `shape` made of `rules` (all with the same
+  `ours`): one piece, or one piece per expert slot stacked on axis 0."""
+  index = normalize_index(index, shape)
+  if rules[0].expert is None:
+    return read_piece(rules[0], read, index)
+  by_slot = {r.expert: r for r in rules}
+  return np.stack([read_piece(by_slot[e], read, index[1:])
+                   for e in range(index[0].start, index[0].stop)])
+
+
+def hf_shapes(rules: list[TensorRule], our_shapes: dict) -> dict[str, tuple[int, ...]]:
+  """{HF name: the shape the configured model needs it to have} from our parameter shapes."""
+  out = {}
+  for r in rules:
+    piece = tuple(our_shapes[r.ours])[1:] if r.expert is not None else tuple(our_shapes[r.ours])
+    shape = tuple(reversed(piece)) if r.transpose else piece
+    if r.rows is not None:
+      rows = max(r.rows[1], out.get(r.hf, (0,))[0])
+      shape = (rows,) + shape[1:]
+    out[r.hf] = shape
+  return out
+
+
+def params_to_hf(flat: dict, rules: list[TensorRule]) -> dict[str, np.ndarray]:
+  """Our flat params -> HF tensors ([out, in] layout; fused pieces concatenated in row
+  order, stacked experts split). Raises KeyError naming a parameter the rules need."""
+  pieces = collections.defaultdict(list)
+  for r in rules:
+    x = np.asarray(flat[r.ours])
+    x = x if r.expert is None else x[r.expert]
+    pieces[r.hf].append((r.rows[0] if r.rows else 0, x.T if r.transpose else x))
+  out = {}
+  for name, parts in pieces.items():
+    parts = [x for _, x in sorted(parts, key=lambda p: p[0])]
+    out[name] = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
+  return out
+
+
+def params_from_hf(tensors: dict, rules: list[TensorRule]) -> dict[str, np.ndarray]:
+  """HF tensors -> our flat params (the inverse of `params_to_hf`). Raises ValueError naming
+  missing and unexpected tensors."""
+  expected = {r.hf for r in rules}
+  missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+  if missing or unexpected:
+    raise ValueError(f"HF tensors do not match the configured model: missing {missing[:8]}, "
+                     f"unexpected {unexpected[:8]} (check the model.* shapes against "
+                     "config.json)")
+  read = lambda name, index: np.asarray(tensors[name])[index]
+  groups = collections.defaultdict(list)
+  for r in rules:
+    groups[r.ours].append(r)
+  flat = {}
+  for ours, group in groups.items():
+    first = group[0]
+    piece = tuple(np.shape(tensors[first.hf]))
+    piece = tuple(reversed(piece)) if first.transpose else piece
+    if first.rows is not None:
+      rows = first.rows[1] - first.rows[0]
+      piece = (piece[0], rows) if first.transpose else (rows,) + piece[1:]
+    shape = piece if first.expert is None else (len(group),) + piece
+    flat[ours] = np.ascontiguousarray(assemble(group, read, shape))
+  return flat
+
+
+def check_hf_shapes(rules: list[TensorRule], our_shapes: dict, file_shape: Callable) -> list:
+  """'name: file (..) vs model (..)' for every HF tensor whose shape the model cannot take."""
+  bad = []
+  for name, want in hf_shapes(rules, our_shapes).items():
+    got = tuple(file_shape(name))
+    if got != want:
+      bad.append(f"{name}: file {got} vs model {want}")
+  return bad

@@ -1,0 +1,65 @@
+"""Qwen3-based block DLMs, `model_type: qwen3 | sdar` (DESIGN §4: SDAR-4B/8B, QwenDLM):
+block-causal, per-head q/k RMSNorm before RoPE, HF Qwen3 weight names."""
+from __future__ import annotations
+
+from orl_jax import sharding
+from orl_jax.models.families.base import Family, dense_rules, linear, plain
+from orl_jax.models.families.common import rope_theta
+from orl_jax.models.transformer import ModelConfig
+
+_LAYER = (
+    plain("model.layers.{i}.input_layernorm.weight", "layers.{i}.input_norm.weight"),
+    plain("model.layers.{i}.post_attention_layernorm.weight", "layers.{i}.post_attn_norm.weight"),
+    linear("model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.attn.q_proj.kernel"),
+    linear("model.layers.{i}.self_attn.k_proj.weight", "layers.{i}.attn.k_proj.kernel"),
+    linear("model.layers.{i}.self_attn.v_proj.weight", "layers.{i}.attn.v_proj.kernel"),
+    linear("model.layers.{i}.self_attn.o_proj.weight", "layers.{i}.attn.o_proj.kernel"),
+    plain("model.layers.{i}.self_attn.q_norm.weight", "layers.{i}.attn.q_norm.weight"),
+    plain("model.layers.{i}.self_attn.k_norm.weight", "layers.{i}.attn.k_norm.weight"),
+    linear("model.layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.gate_proj.kernel"),
+    linear("model.layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.up_proj.kernel"),
+    linear("model.layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.down_proj.kernel"),
+)
+
+
+def tensor_rules(cfg: ModelConfig) -> list:
+  layer = [r for r in _LAYER if cfg.qk_norm or not r.ours.endswith(("q_norm.weight",
+                                                                     "k_norm.weight"))]
+  return dense_rules(cfg, tuple(layer), "model.embed_tokens.weight", "model.norm.weight",
+                     "lm_head.weight")
+
+
+def architecture_from_hf(hf: dict) -> dict:
+  h = hf["num_attention_heads"]
+  return dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+              n_layers=hf["num_hidden_layers"], n_heads=h,
+              n_kv_heads=hf.get("num_key_value_heads") or h,
+              head_dim=hf.get("head_dim") or hf["hidden_size"] // h,
+              mlp_dim=hf["intermediate_size"], rope_theta=rope_theta(hf, 1e6),
+              norm_eps=float(hf.get("rms_norm_eps", 1e-6)), qk_norm=True,
+              tie_embeddings=bool(hf.get("tie_word_embeddings", False)), family="block_causal")
+
+
+def hf_config_json(cfg: ModelConfig) -> dict:
+  return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+          "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+          "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+          "head_dim": cfg.head_dim, "intermediate_size": cfg.mlp_dim,
+          "vocab_size": cfg.vocab_size, "rope_theta": cfg.rope_theta,
+          "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
+          "hidden_act": "silu", "attention_bias": False, "max_position_embeddings": 32768}
+
+
+def _ignored(cfg: ModelConfig) -> frozenset:
+  # a tied checkpoint may still store its (identical) head
+  return frozenset({"lm_head.weight"}) if cfg.tie_embeddings else frozenset()
+
+
+FAMILY = Family(
+    name="qwen3", model_types=("qwen3", "sdar"), attention="block_causal",
+    architecture_from_hf=architecture_from_hf, hf_config_json=hf_config_json,
+    tensor_rules=tensor_rules, partition_rules=sharding.PARTITION_RULES,
+    # SDAR's mask <|MASK|> (151669); Qwen chat end of turn
+    special_tokens=dict(mask="<|MASK|>", eos="<|im_end|>", pad="<|endoftext|>", bos=""),
+    decode=dict(block_size=4, rule="threshold", rule_value=0.9),   # SDAR: block size 4
+    chat="qwen3", ignored_hf=_ignored)

@@ -1,0 +1,76 @@
+"""Every configuration field the code reads is declared in a config file.
+
+A missing field read as `config.x.y` raises at once (ConfigDict), but `config.x.get("y",
+default)` would silently use a default nobody declared. This test finds every `.get("name", …)`
+whose receiver is a configuration in orl_jax/ and launch/ and checks that the field is declared
+by some config (at that path where the receiver spells it)."""
+import ast
+import importlib
+import os
+import re
+
+import ml_collections
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Names under which the code holds a configuration (or one of its sections).
+# Root configurations (the field's path is spelled out) and sections held under short names
+# (the field may sit in any section).
+CONFIG_NAMES = re.compile(r"^(config|cfg|s\.config|self\.config)((\.\w+)*)$|^(m|t|r|d|dist_cfg)$")
+
+
+def _declared() -> tuple[set[str], set[str]]:
+  """(dotted paths, leaf names) of every field of every config variant."""
+  variants = {"tiny": ["demo", "sft", "eval", "smoke", "ablations"], "llada": [None, "debug"],
+              "sdar": [None, "debug"], "qwendlm": [None, "debug"]}
+  tiny = importlib.import_module("configs.tiny")
+  variants["tiny"] += list(tiny.STAGES)
+  paths = set()
+
+  def walk(d, prefix):
+    for k, v in d.items():
+      paths.add(prefix + k)
+      if isinstance(v, (dict, ml_collections.ConfigDict)):
+        walk(v, prefix + k + ".")
+  for name, args in variants.items():
+    module = importlib.import_module(f"configs.{name}")
+    for arg in args:
+      walk(module.get_config(arg), "")
+  return paths, {p.rpartition(".")[2] for p in paths}
+
+
+def _config_gets():
+  """(file, line, receiver path or None, key) of each `.get("key", …)` on a configuration."""
+  for folder in ("orl_jax", "launch"):
+    for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+      for fname in files:
+        if not fname.endswith(".py"):
+          continue
+        path = os.path.join(dirpath, fname)
+        tree = ast.parse(open(path).read())
+        for node in ast.walk(tree):
+          if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "get" and node.args
+                  and isinstance(node.args[0], ast.Constant)
+                  and isinstance(node.args[0].value, str)):
+            continue
+          receiver = ast.unparse(node.func.value)
+          match = CONFIG_NAMES.match(receiver)
+          if not match:
+            continue
+          section = (match.group(2) or "").lstrip(".") if match.group(1) else None
+          yield os.path.relpath(path, ROOT), node.lineno, section, node.args[0].value
+
+
+def test_every_config_field_read_with_a_default_is_declared():
+  paths, leaves = _declared()
+  gets = list(_config_gets())
+  assert len(gets) > 10                 # the scan finds the code's reads
+  missing = []
+  for path, line, section, key in gets:
+    if section is None:
+      ok = key in leaves
+    else:
+      ok = (f"{section}.{key}" if section else key) in paths
+    if not ok:
+      missing.append(f"{path}:{line}: {section + '.' if section else ''}{key}")
+  assert not missing, "read but declared in no config file: " + ", ".join(missing)

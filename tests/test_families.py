@@ -1,0 +1,372 @@
+"""The model-family registry (orl_jax/models/families) and what reads it: config.json <-> model
+config, the tensor-name map (fused QKV rows, stacked experts) on whole tensors and on device
+slices, `model.path` (HF directory -> family and shapes from config.json), LLaDA2 directory
+load -> export -> load, the expert mesh axis, frozen parameters in the optimizer, the llada
+config variants and the dry-run memory table against a hand calculation."""
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+from safetensors.numpy import load_file, save_file
+
+from configs import llada
+from orl_jax import config as config_lib
+from orl_jax import dry_run, sharding
+from orl_jax.data.hf_tokenizer import byte_level_tokenizer
+from orl_jax.decoding import ROUTE_DTYPE
+from orl_jax.models import families, hf
+from orl_jax.models.families import base
+from orl_jax.models.moe import MoEConfig
+from orl_jax.models.transformer import ModelConfig, Transformer
+from orl_jax.rollout import capture_bytes
+from orl_jax.train import loop
+from orl_jax.train.orl import rollout_decode_config
+from orl_jax.train.state import frozen_params, make_optimizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOE = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=2, topk_group=1, n_shared=1,
+                routed_scaling_factor=2.5, impl="dense")
+LLADA2 = ModelConfig(vocab_size=300, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
+                     head_dim=8, mlp_dim=40, mask_id=257, rope_theta=6e5, rope_fraction=0.5,
+                     qk_norm=True, moe=MOE, first_k_dense=1, hf_family="llada2_moe")
+DENSE = dict(
+    llada=ModelConfig(vocab_size=80, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4,
+                      head_dim=12, mlp_dim=96, mask_id=79, rope_theta=5e5, norm_eps=1e-5,
+                      family="bidirectional", hf_family="llada"),
+    qwen3=ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                      head_dim=16, mlp_dim=128, mask_id=95, rope_theta=1e6, qk_norm=True,
+                      tie_embeddings=True, hf_family="qwen3"),
+    llada2_moe=LLADA2)
+
+
+def _random_flat(cfg: ModelConfig, seed: int) -> dict:
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  rng = np.random.default_rng(seed)
+  return {sharding.path_name(p): rng.standard_normal(x.shape).astype(np.float32)
+          for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+@pytest.mark.parametrize("name", list(families.FAMILIES))
+def test_config_json_round_trip_and_name_map_for_every_family(name):
+  fam, cfg = families.get(name), DENSE[name]
+  arch = fam.architecture_from_hf(fam.hf_config_json(cfg))
+  assert dataclasses.replace(cfg, **arch) == cfg and arch["family"] == fam.attention
+  assert families.for_model_type(fam.hf_config_json(cfg)["model_type"]) is fam
+  flat = _random_flat(cfg, seed=1)
+  tensors = base.params_to_hf(flat, fam.tensor_rules(cfg))
+  back = base.params_from_hf(tensors, fam.tensor_rules(cfg))
+  assert back.keys() == flat.keys()
+  for k in flat:
+    np.testing.assert_array_equal(back[k], flat[k], err_msg=k)
+
+
+def test_lookups_name_the_field_or_file():
+  assert families.for_model_type("SDAR").name == "qwen3"
+  with pytest.raises(ValueError, match=r"x/config.json has model_type='gpt2'.*llada2_moe"):
+    families.for_model_type("gpt2", "x/config.json")
+  with pytest.raises(ValueError, match="model.hf_family='mistral'"):
+    families.get("mistral")
+  assert families.partition_rules("") == sharding.PARTITION_RULES
+  assert families.partition_rules("llada2_moe")[0][0].startswith(r"mlp\.(gate_proj")
+
+
+def test_no_family_if_chains_outside_the_registry():
+  """Only orl_jax/models/families/ may compare with a family name or model_type."""
+  names = "|".join(sorted(families.FAMILIES) + sorted(families.BY_MODEL_TYPE))
+  pattern = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']""")
+  offenders = []
+  for top in ("orl_jax", "launch"):
+    for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+      if os.path.join("models", "families") in dirpath:
+        continue
+      for f in files:
+        if f.endswith(".py"):
+          path = os.path.join(dirpath, f)
+          with open(path) as fh:
+            offenders += [f"{path}: {line.strip()}" for line in fh if pattern.search(line)
+                          and "template" not in line]
+  assert not offenders, offenders
+
+
+def test_assemble_reads_any_device_slice_of_fused_and_stacked_tensors():
+  """What the loader does per device shard: a slice of q/k/v out of the fused QKV rows and a
+  slice of the stacked experts equals the same slice of the whole parameter."""
+  cfg = LLADA2
+  rules = families.get("llada2_moe").tensor_rules(cfg)
+  flat = _random_flat(cfg, seed=2)
+  tensors = base.params_to_hf(flat, rules)
+  read = lambda name, index: tensors[name][index]
+  for ours in ("layers.1.attn.k_proj.kernel", "layers.2.attn.v_proj.kernel",
+               "layers.1.mlp.down_proj", "layers.2.mlp.gate_proj"):
+    group = [r for r in rules if r.ours == ours]
+    shape = flat[ours].shape
+    index = tuple(slice(n // 4, n // 4 + max(n // 2, 1)) for n in shape)
+    np.testing.assert_array_equal(base.assemble(group, read, shape, index), flat[ours][index])
+  shapes = {k: v.shape for k, v in flat.items()}
+  assert base.check_hf_shapes(rules, shapes, lambda n: tensors[n].shape) == []
+  bad = dict(tensors, **{"model.layers.1.attention.query_key_value.weight": np.zeros((9, 32))})
+  assert base.check_hf_shapes(rules, shapes, lambda n: bad[n].shape) == [
+      "model.layers.1.attention.query_key_value.weight: file (9, 32) vs model (64, 32)"]
+
+
+# ----------------------------------------------------------------------------- LLaDA2 directory
+
+
+def write_llada2_dir(path: str, seed: int = 0, n_layers: int = 3) -> dict:
+  """A random tiny LLaDA2 HF directory written with the official names of DESIGN §4 (PyTorch
+  [out, in] shapes, fused Q|K|V rows, per-expert tensors) and the byte-level tokenizer."""
+  rng = np.random.default_rng(seed)
+  d, hq, hkv, dh, f, e, fe, v = 32, 4, 2, 8, 40, 8, 12, 300
+  w = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)
+  t = {"model.word_embeddings.weight": w(v, d), "model.norm.weight": 1 + w(d),
+       "lm_head.weight": w(v, d)}
+  for i in range(n_layers):
+    p = f"model.layers.{i}."
+    t.update({p + "input_layernorm.weight": 1 + w(d), p + "post_attention_layernorm.weight": 1 + w(d),
+              p + "attention.query_key_value.weight": w((hq + 2 * hkv) * dh, d),
+              p + "attention.query_layernorm.weight": 1 + w(dh),
+              p + "attention.key_layernorm.weight": 1 + w(dh),
+              p + "attention.dense.weight": w(d, hq * dh)})
+    if i == 0:
+      t.update({p + "mlp.gate_proj.weight": w(f, d), p + "mlp.up_proj.weight": w(f, d),
+                p + "mlp.down_proj.weight": w(d, f)})
+      continue
+    t.update({p + "mlp.gate.weight": w(e, d), p + "mlp.gate.expert_bias": w(e)})
+    for x in range(e):
+      t.update({p + f"mlp.experts.{x}.gate_proj.weight": w(fe, d),
+                p + f"mlp.experts.{x}.up_proj.weight": w(fe, d),
+                p + f"mlp.experts.{x}.down_proj.weight": w(d, fe)})
+    t.update({p + "mlp.shared_experts.gate_proj.weight": w(fe, d),
+              p + "mlp.shared_experts.up_proj.weight": w(fe, d),
+              p + "mlp.shared_experts.down_proj.weight": w(d, fe)})
+  os.makedirs(path, exist_ok=True)
+  save_file(t, os.path.join(path, "model.safetensors"))
+  tok = byte_level_tokenizer()
+  tok.backend.save(os.path.join(path, "tokenizer.json"))
+  config = {"model_type": "llada2_moe", "vocab_size": v, "hidden_size": d,
+            "intermediate_size": f, "num_hidden_layers": n_layers, "num_attention_heads": hq,
+            "num_key_value_heads": hkv, "head_dim": dh, "rope_theta": 600000.0,
+            "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-6, "use_qk_norm": True,
+            "use_qkv_bias": False, "use_bias": False, "tie_word_embeddings": False,
+            "norm_head": False, "num_experts": e, "num_experts_per_tok": 2,
+            "moe_intermediate_size": fe, "n_group": 2, "topk_group": 1, "num_shared_experts": 1,
+            "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "score_function": "sigmoid",
+            "mask_token_id": tok.mask_id}
+  with open(os.path.join(path, "config.json"), "w") as fh:
+    json.dump(config, fh)
+  return t
+
+
+def _debug_config_at(path: str, workdir: str):
+  c = llada.get_config("debug")       # 4 layers, 8 experts: config.json (3 layers) must win
+  c.model.path, c.workdir = path, workdir
+  c.model.special_tokens.update(dict(mask="<|mask|>", eos="<|eos|>", pad="<|pad|>", bos=""))
+  c.model.moe.impl = "ragged"         # a run-time choice the config keeps
+  return c
+
+
+def test_model_path_hf_directory_sets_family_and_shapes_then_exports_official_names(tmp_path):
+  written = write_llada2_dir(str(tmp_path / "src"))
+  s = loop.setup(_debug_config_at(str(tmp_path / "src"), str(tmp_path / "w")))
+  cfg = s.model_cfg
+  assert (cfg.hf_family, cfg.family, cfg.n_layers, cfg.vocab_size) == ("llada2_moe",
+                                                                      "block_causal", 3, 300)
+  assert cfg.moe.impl == "ragged" and cfg.moe.n_experts == 8 and cfg.first_k_dense == 1
+  _, params = loop.initial_params(s)
+  loop.export_hf_dir(s, params, str(tmp_path / "out"), max_shard_bytes=60_000)
+  exported = {}
+  for f in os.listdir(tmp_path / "out"):
+    if f.startswith("model-"):
+      exported.update(load_file(str(tmp_path / "out" / f)))
+  assert exported.keys() == written.keys()          # the official names, nothing else
+  for k in written:
+    np.testing.assert_array_equal(exported[k], written[k], err_msg=k)
+  out_config = hf.read_hf_config(str(tmp_path / "out"))
+  assert out_config["model_type"] == "llada2_moe" and out_config["num_hidden_layers"] == 3
+  assert os.path.isfile(tmp_path / "out" / "tokenizer.json")
+  _, again = hf.load_model_params(str(tmp_path / "out"), hf.family_of(str(tmp_path / "out")), cfg)
+  a, b = hf._flat_params(params), hf._flat_params(again)
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+def test_llada2_loader_names_missing_and_misshaped_official_tensors(tmp_path):
+  tensors = write_llada2_dir(str(tmp_path / "d"))
+  del tensors["model.layers.2.mlp.experts.5.up_proj.weight"]
+  tensors["model.layers.1.attention.query_key_value.weight"] = np.zeros((10, 32), np.float32)
+  save_file(tensors, str(tmp_path / "d" / "model.safetensors"))
+  cfg = dataclasses.replace(LLADA2, vocab_size=300)
+  with pytest.raises(hf.CheckpointError) as e:
+    hf.load_model_params(str(tmp_path / "d"), "llada2_moe", cfg)
+  msg = str(e.value)
+  assert "missing tensors ['model.layers.2.mlp.experts.5.up_proj.weight']" in msg
+  assert "model.layers.1.attention.query_key_value.weight: file (10, 32) vs model (64, 32)" in msg
+
+
+def test_weights_path_errors_are_one_sentence(tmp_path):
+  from orl_jax.weights import kind_of, require_weights
+  with pytest.raises(config_lib.ConfigError, match=r"model.path='.*nowhere' does not exist"):
+    kind_of(str(tmp_path / "nowhere"))
+  c = llada.get_config()
+  with pytest.raises(config_lib.ConfigError) as e:
+    require_weights(c)
+  assert "inclusionAI/LLaDA2.1-mini" in str(e.value) and "--config.model.path" in str(e.value)
+  require_weights(llada.get_config("debug"))      # random weights are fine there
+
+
+def test_launcher_without_weights_stops_with_one_sentence():
+  out = subprocess.run([sys.executable, "launch/train.py", "--config=configs/llada.py"],
+                       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True, timeout=300)
+  lines = [l for l in out.stderr.strip().splitlines() if l]
+  assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+  assert "config.model.path" in lines[0] and "LLaDA2.1-mini" in lines[0]
+
+
+# ----------------------------------------------------------------------------- sharding, optimizer
+
+
+def test_expert_axis_alone_shards_experts():
+  rules = families.partition_rules("llada2_moe")
+  only_experts = {"data": 2, "fsdp": 1, "tensor": 1, "expert": 4}
+  spec = lambda name, shape, mesh: sharding.partition_spec(name, shape, mesh, rules)
+  assert spec("layers.1.mlp.up_proj", (8, 32, 12), only_experts) == P("expert", None, None)
+  assert spec("layers.1.attn.q_proj.kernel", (32, 32), only_experts) == P(None, None)
+  assert spec("layers.1.mlp.up_proj", (8, 32, 12), {"data": 8, "fsdp": 1, "tensor": 1,
+                                                    "expert": 1}) == P()
+  assert sharding.n_batch_shards(only_experts) == 8
+
+
+def test_frozen_parameters_get_no_update_and_no_moments():
+  cfg = dataclasses.replace(LLADA2, moe=dataclasses.replace(MOE, freeze_router=True))
+  train = llada.get_config("debug").train
+  flat = {k: jnp.asarray(v) for k, v in _random_flat(cfg, seed=3).items()}
+  grads = {k: jnp.ones_like(v) for k, v in flat.items()}
+  opt = make_optimizer(train, 0.1, frozen=frozen_params(cfg))
+  state = opt.init(flat)
+  params = flat
+  for _ in range(2):                  # the warmup's first learning rate is 0
+    updates, state = opt.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  for name in flat:
+    frozen = name.endswith(("router.expert_bias", "router.kernel"))
+    moved = float(jnp.max(jnp.abs(params[name] - flat[name]))) > 0
+    assert moved != frozen, name
+  leaves = {sharding.path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(state)}
+  assert not any(n.endswith("router.expert_bias") for n in leaves)
+  assert frozen_params(DENSE["llada"]) is None
+
+
+_EXPERT_MESH_LOAD = """
+import jax
+jax.config.update("jax_num_cpu_devices", 4)
+import numpy as np
+from orl_jax import sharding
+from orl_jax.models import families, hf
+from tests.test_families import LLADA2, write_llada2_dir
+tensors = write_llada2_dir(PATH)
+mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, expert=4)
+assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "expert": 4}
+_, abstract = hf.abstract_params(LLADA2)
+sh = sharding.tree_shardings(abstract, mesh, families.partition_rules("llada2_moe"))
+_, params = hf.load_model_params(PATH, "llada2_moe", LLADA2, shardings=sh)
+up = hf._flat_params(params)["layers.2.mlp.up_proj"]
+assert up.sharding.spec[0] == "expert", up.sharding.spec
+assert up.addressable_shards[0].data.shape == (2, 32, 12)
+np.testing.assert_array_equal(np.asarray(up)[5], tensors["model.layers.2.mlp.experts.5.up_proj.weight"].T)
+assert sharding.batch_sharding(mesh).spec == jax.sharding.PartitionSpec(("data", "fsdp", "expert"))
+print("EXPERT_LOAD_OK")
+"""
+
+
+def test_llada2_loads_straight_into_expert_shards_on_4_cpu_devices(tmp_path):
+  code = _EXPERT_MESH_LOAD.replace("PATH", repr(str(tmp_path / "d")))
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT), timeout=600)
+  assert "EXPERT_LOAD_OK" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- configs, dry run
+
+
+def test_llada_variants():
+  c = llada.get_config()
+  assert c.model.hf_family == "llada2_moe" and c.model.hub_id == "inclusionAI/LLaDA2.1-mini"
+  assert (c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads) == (2048, 20,
+                                                                                     16, 4)
+  assert (c.decode.block_size, c.decode.rule, c.decode.rule_value) == (32, "threshold", 0.95)
+  assert c.model.special_tokens.mask == "156895" and c.model.family == "block_causal"
+  assert llada.get_config("2.0-mini").model.hub_id == "inclusionAI/LLaDA2.0-mini"
+  dense = llada.get_config("8b-instruct")
+  assert dense.model.hf_family == "llada" and dense.model.family == "bidirectional"
+  assert dense.model.moe.n_experts == 0 and dense.model.special_tokens.eos == "126348"
+  d = llada.get_config("debug")
+  m = d.model
+  assert (m.n_layers, m.first_k_dense, m.moe.n_experts, m.moe.top_k, m.moe.n_shared,
+          m.moe.n_group, m.moe.topk_group) == (4, 1, 8, 2, 1, 2, 1)
+  for variant in llada.VARIANTS:
+    config_lib.validate(llada.get_config(variant))
+  with pytest.raises(ValueError, match="2.1-mini"):
+    llada.get_config("16b")
+
+
+def _params_by_hand(expert_ways: int) -> tuple[int, int, int]:
+  """(parameters, per-device parameter count on fsdp=8 x expert=`expert_ways`, expert_bias
+  count) of LLaDA2.x-mini (DESIGN §4) plus the residual adapter, counted by hand."""
+  v, d, layers, hq, hkv, dh, f, e, fe = 157184, 2048, 20, 16, 4, 128, 5120, 256, 512
+  attention = d * hq * dh + 2 * d * hkv * dh + hq * dh * d        # q, k, v, o
+  experts = 3 * e * d * fe                                          # stacked [E, D, F] x3
+  shared, router = 3 * d * fe, d * e
+  adapter = 3 * d * d
+  sharded = (2 * v * d + layers * attention + 3 * d * f + (layers - 1) * shared + adapter)
+  vectors = layers * (2 * d + 2 * dh) + d + d                       # norms + adapter norm
+  replicated = vectors + (layers - 1) * (router + e)                # router kernel and bias
+  total = sharded + (layers - 1) * experts + replicated
+  per_device = sharded // 8 + (layers - 1) * experts // (8 * expert_ways) + replicated
+  return total, per_device, (layers - 1) * e
+
+
+@pytest.mark.parametrize("expert_ways", [1, 8])
+def test_llada2_mini_dry_run_matches_hand_calculation(expert_ways):
+  c = llada.get_config("2.1-mini")
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor, c.mesh.expert = 1, 8, 1, expert_ways
+  rows, info = dry_run.sizing_rows(c)                # 64 devices: sized, none needed
+  by = {r.name: r for r in rows}
+  total, per_device, n_bias = _params_by_hand(expert_ways)
+  assert info["n_params"] == total and 16.0e9 < total < 16.5e9
+  assert info["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1, "expert": expert_ways}
+  bf16 = 2
+  assert by["params"].total_bytes == bf16 * total
+  assert by["params"].per_device_bytes == bf16 * per_device
+  # AdamW mu + nu like the params, except the frozen expert_bias (no moments)
+  opt = by["optimizer state"]
+  assert 0 <= opt.per_device_bytes - 2 * bf16 * (per_device - n_bias) < 64
+  ref = by["KL reference (frozen)"]
+  assert ref.per_device_bytes == by["params"].per_device_bytes
+  shards = 8 * expert_ways                            # batch over data x fsdp x expert
+  for name in ("rollout capture buffers", "replay batch"):
+    assert by[name].per_device_bytes == by[name].total_bytes // shards
+  assert by["rollout capture buffers"].total_bytes == info["capture_bytes_traced"]
+  # route capture (exact MoE replay): 64 responses x (captured states x b=32 + prompt 512 +
+  # commit forwards over 256 tokens) x 19 MoE layers x top-8 expert ids
+  assert c.orl.capture_routes
+  dcfg = rollout_decode_config(c, types.SimpleNamespace(mask_id=0, eos_id=0))
+  routes = 64 * (dcfg.capture_states * 32 + 512 + 256) * 19 * 8 * np.dtype(ROUTE_DTYPE).itemsize
+  without = capture_bytes(64, dcfg, 2048, bf16)
+  assert by["rollout capture buffers"].total_bytes == without + routes
+  print(dry_run.format_table(rows, info))
