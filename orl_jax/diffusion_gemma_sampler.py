@@ -49,6 +49,7 @@ class SamplerConfig:
   confidence_threshold: float = 0.005
   pad_id: int | None = 0            # fills a row after its EOS (None: no padding)
   eos_ids: tuple[int, ...] = (1,)
+  top_k: int = 16                   # rollout statistics recorded per position (StepTrace)
 
   def __post_init__(self):
     if self.max_steps < 1 or self.n_canvases < 1:
@@ -67,11 +68,17 @@ class SamplerNoise(NamedTuple):
 
 
 class StepTrace(NamedTuple):
-  """What each denoising step consumed and decided, [N, S, B, ...] (N canvases, S steps)."""
+  """What each denoising step consumed and decided, [N, S, B, ...] (N canvases, S steps): the
+  rollout capture of this family (`orl_jax.diffusion_gemma_rollout`)."""
   canvas: jax.Array     # [N, S, B, C] int32 canvas fed to the step (noise tokens included)
   z: jax.Array          # [N, S, B, C, D] self-conditioning soft embedding consumed
   accepted: jax.Array   # [N, S, B, C] bool positions the step accepted
-  active: jax.Array     # [N, S, B] bool the row was still denoising (the step counts for it)
+  active: jax.Array     # [N, S, B] bool the row was still denoising this canvas
+  counted: jax.Array    # [N, S, B] bool active and not finished on an earlier canvas (the
+                        # step is one of the row's decoder forwards)
+  entropy: jax.Array    # [N, S, B, C] f32 normalized entropy (/ log V) of softmax(logits), T = 1
+  topk_ids: jax.Array   # [N, S, B, C, K] int32 top-K of the step's prediction (T = 1)
+  topk_logprobs: jax.Array  # [N, S, B, C, K] f32 their log-probabilities
 
 
 class GenerateOutput(NamedTuple):
@@ -146,9 +153,14 @@ def _denoise_step(model: DiffusionGemma, cache: KVCache, cfg: SamplerConfig, don
   history = (jnp.concatenate([d.history, argmax[None]], axis=0)[1:] if d.history.shape[0]
              else d.history)
   stopped = d.stopped | (stable & (jnp.mean(entropy, axis=-1) < cfg.confidence_threshold))
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
+  normalized = -jnp.sum(jnp.exp(logp) * logp, axis=-1) / jnp.log(jnp.float32(logits.shape[-1]))
+  counted = ~(d.stopped | done_rows)
   trace = jax.tree.map(lambda buf, x: buf.at[d.step].set(x), d.trace,
-                       StepTrace(d.canvas, d.z, accepted, ~d.stopped))
-  forwards = d.forwards + (~(d.stopped | done_rows)).astype(jnp.int32)
+                       StepTrace(d.canvas, d.z, accepted, ~d.stopped, counted, normalized,
+                                 top_ids.astype(jnp.int32), top_lp))
+  forwards = d.forwards + counted.astype(jnp.int32)
   return _Denoise(d.step + 1, canvas, argmax, z, history, stopped, forwards, trace)
 
 
@@ -160,9 +172,12 @@ def denoise_canvas(model: DiffusionGemma, cache: KVCache, canvas, cfg: SamplerCo
   b, c = canvas.shape
   d_model = model.cfg.d_model
   s = cfg.max_steps
+  k = cfg.top_k
   trace = StepTrace(jnp.zeros((s, b, c), jnp.int32),
                     jnp.zeros((s, b, c, d_model), model.cfg.compute_dtype),
-                    jnp.zeros((s, b, c), bool), jnp.zeros((s, b), bool))
+                    jnp.zeros((s, b, c), bool), jnp.zeros((s, b), bool),
+                    jnp.zeros((s, b), bool), jnp.zeros((s, b, c), jnp.float32),
+                    jnp.zeros((s, b, c, k), jnp.int32), jnp.zeros((s, b, c, k), jnp.float32))
   init = _Denoise(jnp.int32(0), canvas, canvas, jnp.zeros((b, c, d_model),
                                                           model.cfg.compute_dtype),
                   jnp.full((cfg.stability_threshold, b, c), -1, jnp.int32),

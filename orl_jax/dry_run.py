@@ -98,30 +98,90 @@ def abstract_replay_batch(config, traj, *, mask_id: int, block_size: int):
                         traj, plan)
 
 
+def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
+  """Optimizer state and (ORL with the KL anchor) the frozen reference copy."""
+  from orl_jax.train.run import needs_reference
+  from orl_jax.train.state import make_optimizer
+  optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
+                             config.train.freeze_base, frozen)
+  total, per = _per_device(jax.eval_shape(optimizer.init, params), shape, rules)
+  rows = [SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)")]
+  if needs_reference(config):
+    total, per = _per_device(params, shape, rules)   # sharded like the params
+    rows.append(SizingRow("KL reference (frozen)", total, per,
+                          "copy of the starting params (loss.kl_reference='initial')"))
+  return rows
+
+
+def own_model_sizing_rows(config, family, n_devices: int | None = None):
+  """`sizing_rows` of a family with its own model (DiffusionGemma): its config from the run
+  config (or model.path's config.json), its rollout traced abstractly."""
+  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  shape = mesh_shape(config, n_devices)
+  vocab = config.model.get("vocab_size", 0)
+  if not vocab and not _hf_dir(config):
+    raise config_lib.ConfigError("dry run: set model.vocab_size (or model.path) to size a "
+                                 f"{family.name} model")
+  cfg = dg_rollout.model_config(config, vocab)
+  model = nnx.eval_shape(lambda: family.build_model(cfg, nnx.Rngs(0)))
+  graphdef, params = nnx.split(model, nnx.Param)
+  rules = family.partition_rules
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  total, per = _per_device(params, shape, rules)
+  rows = [SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}")]
+  rows += _optimizer_rows(config, params, shape, rules, family.frozen)
+  data_par = sharding_lib.n_batch_shards(shape)
+  o = config.orl
+  scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids)
+  p_len = config.task.prompt_len
+  prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
+  valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
+  traj = jax.eval_shape(
+      lambda p, t, v: dg_rollout.rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0),
+                                         scfg, o.group_size, 0), params, prompts, valid)
+  n_rollouts = o.prompts_per_step * o.group_size
+  n_states = scfg.n_canvases * scfg.max_steps
+  cap = _tree_bytes(traj.capture)
+  rows.append(SizingRow("rollout capture buffers", cap, cap // data_par,
+                        f"{n_rollouts} responses x {n_states} states x canvas "
+                        f"{cfg.canvas_length} x D={cfg.d_model}"))
+  batch = abstract_replay_batch(config, traj, mask_id=-1, block_size=cfg.canvas_length)
+  r = config.replay
+  replay = _tree_bytes(batch)
+  rows.append(SizingRow("replay batch", replay, replay // data_par,
+                        f"{r.n_rows} rows x {r.row_len} tokens"))
+  info = {"mesh": shape, "n_params": n_params, "model": dataclasses.asdict(cfg),
+          "capture_bytes_traced": cap}
+  return rows, info
+
+
+def _hf_dir(config) -> str:
+  from orl_jax import weights as weights_lib
+  return weights_lib.hf_dir(config)
+
+
 def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
+  family = families.FAMILIES.get(config.model.get("hf_family", ""))
+  hf_dir = _hf_dir(config)
+  if hf_dir:
+    from orl_jax.models import hf
+    family = families.get(hf.family_of(hf_dir))
+  if family is not None and family.own_model:
+    return own_model_sizing_rows(config, family, n_devices)
   from orl_jax.rollout import rollout
   from orl_jax.train.orl import rollout_decode_config
-  from orl_jax.train.state import frozen_params, make_optimizer
+  from orl_jax.train.state import frozen_params
 
   shape = mesh_shape(config, n_devices)
   cfg = sizing_model_config(config)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))),
                                nnx.Param)
-  optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
-                             config.train.freeze_base, frozen_params(cfg))
-  opt_state = jax.eval_shape(optimizer.init, params)
   rules = families.partition_rules(cfg.hf_family)
   rows = []
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   total, per = _per_device(params, shape, rules)
   rows.append(SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}"))
-  total, per = _per_device(opt_state, shape, rules)
-  rows.append(SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)"))
-  from orl_jax.train.run import needs_reference
-  if needs_reference(config):
-    total, per = _per_device(params, shape, rules)   # sharded like the params
-    rows.append(SizingRow("KL reference (frozen)", total, per,
-                          "copy of the starting params (loss.kl_reference='initial')"))
+  rows += _optimizer_rows(config, params, shape, rules, frozen_params(cfg))
 
   # Rollouts: P prompts x G responses, rows split over the data-parallel axes.
   data_par = sharding_lib.n_batch_shards(shape)

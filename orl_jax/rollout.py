@@ -28,6 +28,8 @@ class Trajectories:
   finished: jax.Array        # [P*G] bool
   capture: Capture           # [P*G, S, ...] every forward step
   rollout_step: jax.Array    # scalar int32: the update these trajectories were drawn for
+  nfe_decoder: jax.Array | None = None  # [P*G] int32 denoising forwards only (DiffusionGemma:
+                                        # transformers' TPF denominator); None: mask families
 
 
 def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_size: int,

@@ -83,6 +83,11 @@ class DiffusionGemmaConfig:
     return len(self.layers)
 
   @property
+  def hf_family(self) -> str:
+    """The model-family registry's name (`orl_jax.models.families`)."""
+    return MODEL_TYPE
+
+  @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
 
@@ -207,7 +212,8 @@ def from_hf(hf_config: dict, **overrides) -> DiffusionGemmaConfig:
       canvas_length=hf_config.get("canvas_length", 256), pad_id=text.get("pad_token_id", 0),
       bos_id=text.get("bos_token_id", 2), eos_ids=tuple(eos if isinstance(eos, list) else [eos]),
       max_positions=text.get("max_position_embeddings", 131_072),
-      hf_passthrough=json.dumps(passthrough, sort_keys=True), **overrides)
+      hf_passthrough=json.dumps(passthrough, sort_keys=True) if passthrough else "",
+      **overrides)
 
 
 def _rope_parameters(cfg: DiffusionGemmaConfig) -> dict:

@@ -231,8 +231,8 @@ def _tensor_sources(hf_dir: str, family: str, cfg: ModelConfig, leaves: dict, fi
   groups = collections.defaultdict(list)
   for r in fam.tensor_rules(cfg):
     groups[r.ours].append(r)
-  unexpected = sorted(set(files) - {r.hf for g in groups.values() for r in g}
-                      - fam.ignored_hf(cfg))
+  unexpected = sorted(n for n in set(files) - {r.hf for g in groups.values() for r in g}
+                      - fam.ignored_hf(cfg) if not n.startswith(fam.passthrough_prefixes))
   missing, sources = [], {}
   for name in leaves:
     group = groups.get(name, [])
@@ -289,15 +289,27 @@ def hf_tensors(params: nnx.State, cfg: ModelConfig, family: str):
   return family_base.params_to_hf(leaves, rules), extra
 
 
+def read_passthrough(hf_dir: str, family: str) -> dict[str, np.ndarray]:
+  """The tensors of `hf_dir` the family carries through an export unchanged (a vision tower
+  the model does not use); {} without a directory or such tensors."""
+  prefixes = _family(family).passthrough_prefixes
+  if not hf_dir or not prefixes:
+    return {}
+  reader = _Reader(weight_files(hf_dir))
+  return {name: reader.read(name) for name in reader.files if name.startswith(prefixes)}
+
+
 def export_hf(out_dir: str, params: nnx.State, cfg: ModelConfig, family: str, *,
               tokenizer_file: str | None = None, extra_config: dict | None = None,
-              max_shard_bytes: int = 0) -> str:
-  """Writes `params` as a HF model directory (config.json + safetensors, adapter separately).
+              max_shard_bytes: int = 0, passthrough: dict | None = None) -> str:
+  """Writes `params` as a HF model directory (config.json + safetensors, adapter separately;
+  `passthrough` tensors are written unchanged beside the model's).
 
   `max_shard_bytes > 0` splits the weights into `model-0000i-of-0000n.safetensors` files with an
   index. Writes into a temporary sibling folder, then renames it into place.
   """
   base, adapter = hf_tensors(params, cfg, family)
+  base = {**(passthrough or {}), **base}
   parent = os.path.dirname(os.path.abspath(out_dir))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".hf-export-tmp-", dir=parent)
@@ -341,11 +353,18 @@ def _write_weights(directory: str, tensors: dict[str, np.ndarray], max_shard_byt
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
+def build_model(cfg, seed: int = 0):
+  """The model of `cfg`: its family's own (DiffusionGemma) or the shared Transformer."""
+  from orl_jax.models.transformer import Transformer
+  family = families.FAMILIES.get(getattr(cfg, "hf_family", ""))
+  if family is not None and family.own_model:
+    return family.build_model(cfg, nnx.Rngs(seed))
+  return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
 def abstract_params(cfg: ModelConfig, seed: int = 0):
   """(graphdef, params State of ShapeDtypeStructs) without allocating the model."""
-  from orl_jax.models.transformer import Transformer
-  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)))
-  return nnx.split(model, nnx.Param)
+  return nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed)), nnx.Param)
 
 
 def load_model_params(hf_dir: str, family: str, cfg: ModelConfig, *, shardings=None,
@@ -356,7 +375,7 @@ def load_model_params(hf_dir: str, family: str, cfg: ModelConfig, *, shardings=N
   if check_config:
     check_architecture(cfg, hf_dir, family)
   graphdef, abstract = abstract_params(cfg, seed)
-  if cfg.residual_mode == "adapter":
+  if getattr(cfg, "residual_mode", "") == "adapter":
     # Only the adapter is initialised for real (it is small); everything else is read.
     fresh = nnx.state(Transformer(dataclasses.replace(cfg, n_layers=0, vocab_size=8,
                                                       tie_embeddings=True),

@@ -265,8 +265,10 @@ def export_hf_dir(s: Setup, params, out_dir: str, max_shard_bytes: int = 0) -> s
   source = weights_lib.hf_dir(s.config) or s.config.model.get("tokenizer", "")
   tok_file = os.path.join(source, "tokenizer.json") if os.path.isdir(source) else source
   tok_file = tok_file if tok_file and os.path.isfile(tok_file) else None
-  return hf.export_hf(out_dir, params, s.model_cfg, s.model_cfg.hf_family,
-                      tokenizer_file=tok_file, max_shard_bytes=max_shard_bytes)
+  family = s.model_cfg.hf_family
+  return hf.export_hf(out_dir, params, s.model_cfg, family, tokenizer_file=tok_file,
+                      max_shard_bytes=max_shard_bytes,
+                      passthrough=hf.read_passthrough(weights_lib.hf_dir(s.config), family))
 
 
 class RunLog:

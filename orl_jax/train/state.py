@@ -24,19 +24,28 @@ class TrainState:
                          # sharded like params, checkpointed with the state, never updated
 
 
+# The residual pathway's modules (DESIGN §2.1): our adapter, DiffusionGemma's self-conditioning.
+RESIDUAL_MODULES = ("adapter", "self_conditioning")
+
+
 def param_labels(params, frozen: Callable[[str], bool] | None = None) -> Any:
   """'residual' for the residual adapter's parameters, 'frozen' for those `frozen(name)` marks
   (never updated), 'base' for everything else."""
   def label(path, _):
     if frozen is not None and frozen(sharding_lib.path_name(path)):
       return "frozen"
-    return "residual" if any(getattr(k, "key", k) == "adapter" for k in path) else "base"
+    return "residual" if any(getattr(k, "key", k) in RESIDUAL_MODULES for k in path) else "base"
   return jax.tree_util.tree_map_with_path(label, params)
 
 
 def frozen_params(model_cfg: ModelConfig) -> Callable[[str], bool] | None:
   """The predicate on parameter names the optimizer must leave alone (an MoE router's
-  `expert_bias`, a frozen router), or None when the model has none."""
+  `expert_bias`, a frozen router; a family's own, such as DiffusionGemma's `layer_scalar`
+  buffers), or None when the model has none."""
+  from orl_jax.models import families
+  family = families.FAMILIES.get(getattr(model_cfg, "hf_family", ""))
+  if family is not None and family.frozen is not None:
+    return family.frozen
   if model_cfg.moe is None:
     return None
   return functools.partial(frozen_param, cfg=model_cfg.moe)

@@ -6,13 +6,13 @@ attention layout, decoder defaults, special tokens) and list its `FAMILY` here.
 """
 from __future__ import annotations
 
-from orl_jax.models.families import llada, llada2_moe, qwen3
+from orl_jax.models.families import diffusion_gemma, llada, llada2_moe, qwen3
 from orl_jax.models.families.base import (ATTENTION_LAYOUTS, Family,  # noqa: F401
                                           TensorRule)
 from orl_jax import sharding
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (llada.FAMILY, qwen3.FAMILY,
-                                                    llada2_moe.FAMILY)}
+                                                    llada2_moe.FAMILY, diffusion_gemma.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

@@ -9,9 +9,18 @@ registry (`orl_jax.models.families`); nothing else branches on a family name.
 
 The name map is a list of pieces: each `TensorRule` says that our parameter `ours` (or its slot
 `expert` of a stacked `[E, ...]` array) equals the HF tensor `hf` (or the rows `rows` of a fused
-HF tensor), transposed when `transpose`. Loading assembles a parameter from its pieces for any
-index (one device shard at a time); exporting concatenates the pieces of each HF tensor. Both
-directions are the pure functions below.
+HF tensor), transposed when `transpose`. A `stacked` rule maps an HF tensor that is itself
+stacked over experts (`[E, out, in]`, DiffusionGemma's `experts.gate_up_proj`) to ours
+(`[E, in, out]`): the leading axis is kept, `transpose` swaps the other two and `rows` index the
+first of them — so one fused stacked tensor can feed several parameters (one-to-many).
+Loading assembles a parameter from its pieces for any index (one device shard at a time);
+exporting concatenates the pieces of each HF tensor. Both directions are the pure functions
+below.
+
+A family whose model is not the shared `Transformer` (DiffusionGemma) names its own config and
+model classes (`config_from_hf`, `build_model`) and may carry HF tensors it does not model
+through an export (`passthrough_prefixes`: a vision tower) and mark parameters the optimizer
+must leave alone (`frozen`).
 """
 from __future__ import annotations
 
@@ -24,10 +33,10 @@ from jax.sharding import PartitionSpec as P
 
 from orl_jax.models.transformer import ModelConfig
 
-# Attention layouts of DLM families (`ModelConfig.family`): a fully bidirectional canvas
-# (LLaDA-8B), or block-causal with bidirectional blocks and a KV cache (SDAR, LLaDA2.x).
-# (A token-causal clean stream, DiffusionGemma's encoder, is not implemented.)
-ATTENTION_LAYOUTS = ("bidirectional", "block_causal")
+# Attention layouts of DLM families (`model.family`): a fully bidirectional canvas
+# (LLaDA-8B), block-causal with bidirectional blocks and a KV cache (SDAR, LLaDA2.x), or a
+# token-causal committed stream with a bidirectional canvas over it (DiffusionGemma).
+ATTENTION_LAYOUTS = ("bidirectional", "block_causal", "token_causal")
 
 
 class TensorRule(NamedTuple):
@@ -36,6 +45,7 @@ class TensorRule(NamedTuple):
   transpose: bool                        # PyTorch Linear [out, in] <-> NNX kernel [in, out]
   rows: tuple[int, int] | None = None    # rows [start, stop) of a fused HF tensor (dim 0)
   expert: int | None = None              # slot of our stacked [E, ...] parameter
+  stacked: bool = False                  # both sides keep a leading [E] axis (see above)
 
 
 def linear(hf: str, ours: str, **kw) -> TensorRule:
@@ -61,6 +71,15 @@ class Family:
   chat: str = "none"                                 # chat template of its instruct models
   ignored_hf: Callable[[ModelConfig], frozenset] = lambda cfg: frozenset()
   # ^ HF tensors a checkpoint may hold that the model does not use (a tied copy of the head)
+  # A family with its own model (None: the shared Transformer / ModelConfig):
+  config_from_hf: Callable | None = None       # config.json dict -> the family's config object
+  build_model: Callable | None = None          # (config object, rngs) -> nnx.Module
+  frozen: Callable[[str], bool] | None = None  # parameter names the optimizer must not update
+  passthrough_prefixes: tuple[str, ...] = ()   # HF tensors exported unchanged (not modelled)
+
+  @property
+  def own_model(self) -> bool:
+    return self.build_model is not None
 
 
 # ----------------------------------------------------------------------------- name map
@@ -89,15 +108,22 @@ def normalize_index(index, shape) -> tuple[slice, ...]:
   return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape))
 
 
+def _swap(x: np.ndarray, rule: TensorRule) -> np.ndarray:
+  """PyTorch layout <-> ours for one piece: all dims reversed, or (stacked) all but the first."""
+  if not rule.transpose:
+    return x
+  return x.transpose((0,) + tuple(range(x.ndim - 1, 0, -1))) if rule.stacked else x.T
+
+
 def read_piece(rule: TensorRule, read: Callable, index: tuple[slice, ...]) -> np.ndarray:
   """`ours[index]` of one piece (index over our dims without the expert slot);
   `read(hf_name, hf_index)` returns that slice of an HF tensor."""
+  lead, index = (tuple(index[:1]), tuple(index[1:])) if rule.stacked else ((), tuple(index))
   hf_index = tuple(reversed(index)) if rule.transpose else tuple(index)
   if rule.rows is not None:
     first = hf_index[0]
     hf_index = (slice(rule.rows[0] + first.start, rule.rows[0] + first.stop),) + hf_index[1:]
-  block = read(rule.hf, hf_index)
-  return block.T if rule.transpose else block
+  return _swap(read(rule.hf, lead + hf_index), rule)
 
 
 def assemble(rules: list[TensorRule], read: Callable, shape, index=None) -> np.ndarray:
@@ -116,11 +142,12 @@ def hf_shapes(rules: list[TensorRule], our_shapes: dict) -> dict[str, tuple[int,
   out = {}
   for r in rules:
     piece = tuple(our_shapes[r.ours])[1:] if r.expert is not None else tuple(our_shapes[r.ours])
+    lead, piece = (piece[:1], piece[1:]) if r.stacked else ((), piece)
     shape = tuple(reversed(piece)) if r.transpose else piece
     if r.rows is not None:
-      rows = max(r.rows[1], out.get(r.hf, (0,))[0])
+      rows = max(r.rows[1], out.get(r.hf, lead + (0,))[len(lead)])
       shape = (rows,) + shape[1:]
-    out[r.hf] = shape
+    out[r.hf] = lead + shape
   return out
 
 
@@ -131,11 +158,13 @@ def params_to_hf(flat: dict, rules: list[TensorRule]) -> dict[str, np.ndarray]:
   for r in rules:
     x = np.asarray(flat[r.ours])
     x = x if r.expert is None else x[r.expert]
-    pieces[r.hf].append((r.rows[0] if r.rows else 0, x.T if r.transpose else x))
+    pieces[r.hf].append((r.rows[0] if r.rows else 0, r.stacked, _swap(x, r)))
   out = {}
   for name, parts in pieces.items():
-    parts = [x for _, x in sorted(parts, key=lambda p: p[0])]
-    out[name] = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts))
+    axis = int(parts[0][1])           # fused rows: dim 0, or dim 1 of a stacked tensor
+    parts = [x for _, _, x in sorted(parts, key=lambda p: p[0])]
+    out[name] = np.ascontiguousarray(parts[0] if len(parts) == 1
+                                     else np.concatenate(parts, axis=axis))
   return out
 
 
@@ -155,11 +184,11 @@ def params_from_hf(tensors: dict, rules: list[TensorRule]) -> dict[str, np.ndarr
   flat = {}
   for ours, group in groups.items():
     first = group[0]
-    piece = tuple(np.shape(tensors[first.hf]))
-    piece = tuple(reversed(piece)) if first.transpose else piece
+    hf_shape = tuple(np.shape(tensors[first.hf]))
+    lead, hf_shape = (hf_shape[:1], hf_shape[1:]) if first.stacked else ((), hf_shape)
     if first.rows is not None:
-      rows = first.rows[1] - first.rows[0]
-      piece = (piece[0], rows) if first.transpose else (rows,) + piece[1:]
+      hf_shape = (first.rows[1] - first.rows[0],) + hf_shape[1:]
+    piece = lead + (tuple(reversed(hf_shape)) if first.transpose else hf_shape)
     shape = piece if first.expert is None else (len(group),) + piece
     flat[ours] = np.ascontiguousarray(assemble(group, read, shape))
   return flat

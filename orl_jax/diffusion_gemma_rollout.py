@@ -1,0 +1,117 @@
+"""DiffusionGemma rollouts with exact state capture (DESIGN §2.3 for a uniform-noise family).
+
+A state is what one denoising step consumed: the whole canvas **including its noise tokens**
+and the self-conditioning input `z`, as stored by the sampler (never recomputed: with a strong
+self-conditioning MLP the z-chain amplifies f32 rounding from step to step). The positions a
+step did not accept are its *unresolved* positions (the masked positions of the mask families):
+the losses train there, towards the verified final tokens.
+
+The sampler's `StepTrace` [N canvases, S steps, B, ...] becomes the shared `Capture`
+[B, N·S, ...] (block = canvas index, step = step index, commit = accepted), so the replay plan
+and gather of every family read it; `Trajectories` is the shared type too.
+
+Forward counts, both conventions (DESIGN §2.2, §6): `nfe_decoder` is transformers' count
+(denoising forwards only); `nfe` adds one commit forward per decoded canvas, the last one
+included (the paper's count); `nfe_engine` adds the commit forwards the sampler really ran
+(none after the last canvas).
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from orl_jax import diffusion_gemma_sampler as sampler
+from orl_jax import weights as weights_lib
+from orl_jax.decoding import Capture
+from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
+from orl_jax.models.families import diffusion_gemma as family
+from orl_jax.params_io import read_json
+from orl_jax.rollout import Trajectories
+
+
+def capture_from_trace(trace: sampler.StepTrace) -> Capture:
+  """[N, S, B, ...] step trace -> [B, N·S, ...] Capture (valid = the step counted for the
+  row: it was denoising and had not finished on an earlier canvas)."""
+  n, s, b, c = trace.canvas.shape
+  rows = lambda x: jnp.moveaxis(x, 2, 0).reshape((b, n * s) + x.shape[3:])
+  valid = rows(trace.counted)
+  block = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[:, None, None], (n, s, b))
+  step = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None, :, None], (n, s, b))
+  return Capture(block_tokens=rows(trace.canvas), block=rows(block), step=rows(step),
+                 z=rows(trace.z), alpha=jnp.zeros((b, n * s, c), jnp.float32),
+                 entropy=rows(trace.entropy), topk_ids=rows(trace.topk_ids),
+                 topk_logprobs=rows(trace.topk_logprobs), commit=rows(trace.accepted),
+                 valid=valid, n_states=jnp.sum(valid, axis=1, dtype=jnp.int32),
+                 overflow=jnp.zeros((b,), bool))
+
+
+def generated_tokens(tokens, eos_ids) -> jax.Array:
+  """[B] tokens through the first EOS (all of them without one)."""
+  is_eos = jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32))
+  first = jnp.argmax(is_eos, axis=-1)
+  return jnp.where(jnp.any(is_eos, axis=-1), first + 1, tokens.shape[-1]).astype(jnp.int32)
+
+
+def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
+            group_size: int, rollout_step) -> Trajectories:
+  """Samples `group_size` responses per prompt (rows of a group adjacent) with capture."""
+  reps = lambda x: jnp.repeat(x, group_size, axis=0)
+  out = sampler.generate(model, reps(prompt_tokens), key, cfg, prompt_valid=reps(prompt_valid))
+  canvases = jnp.sum(jnp.any(out.trace.counted, axis=1), axis=0, dtype=jnp.int32)     # [B]
+  return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
+                      responses=out.tokens, nfe=out.decoder_forwards + canvases,
+                      nfe_engine=out.decoder_forwards + out.commit_forwards - 1,
+                      n_generated=generated_tokens(out.tokens, cfg.eos_ids),
+                      finished=out.finished, capture=capture_from_trace(out.trace),
+                      rollout_step=jnp.asarray(rollout_step, jnp.int32),
+                      nfe_decoder=out.decoder_forwards)
+
+
+def make_rollout(graphdef, cfg: sampler.SamplerConfig, group_size: int, mesh=None):
+  """Jitted `(params, prompt_tokens, prompt_valid, key, rollout_step) -> Trajectories`."""
+
+  def run(params, prompt_tokens, prompt_valid, key, rollout_step):
+    return rollout(nnx.merge(graphdef, params), prompt_tokens, prompt_valid, key, cfg,
+                   group_size, rollout_step)
+
+  if mesh is None:
+    return jax.jit(run)
+  from orl_jax import sharding as sharding_lib
+  rows = sharding_lib.batch_sharding(mesh)
+  return jax.jit(run, in_shardings=(None, rows, rows, None, None))
+
+
+# ----------------------------------------------------------------------------- run config
+
+
+def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0,
+                   rollout: bool = True) -> sampler.SamplerConfig:
+  """The sampler of a run: canvases of `decode.block_size`, `decode.gen_length` tokens, the
+  entropy bound of the rollout rule (`orl.rollout_rule_value`) or of `decode.rule_value`."""
+  d = config.decode
+  bound = config.orl.rollout_rule_value if rollout else d.rule_value
+  return sampler.SamplerConfig(
+      n_canvases=d.gen_length // d.block_size, max_steps=d.max_steps_per_block,
+      entropy_bound=float(bound), t_min=d.t_min, t_max=d.t_max,
+      stability_threshold=d.stability_threshold, confidence_threshold=d.confidence_threshold,
+      pad_id=pad_id, eos_ids=tuple(eos_ids), top_k=d.top_k)
+
+
+def model_config(config, vocab_size: int = 0, **fields):
+  """The run's `DiffusionGemmaConfig`: from `model.path`'s config.json when it is a Hugging Face
+  directory (run-time fields from the config), else from `config.model`."""
+  m = config.model
+  runtime = dict(dtype=m.dtype, param_dtype=m.param_dtype, moe_impl=m.moe.impl)
+  hf_dir = weights_lib.hf_dir(config)
+  if hf_dir:
+    cfg = DiffusionGemmaConfig.from_hf(read_json(os.path.join(hf_dir, "config.json")),
+                                       **runtime)
+    if cfg.canvas_length != config.decode.block_size:
+      raise ValueError(f"{hf_dir}/config.json has canvas_length={cfg.canvas_length}; set "
+                       f"decode.block_size={cfg.canvas_length} (it is {config.decode.block_size})")
+    return cfg
+  return family.config_from_run(m, vocab_size=vocab_size or m.vocab_size,
+                                canvas_length=config.decode.block_size, **fields)
