@@ -80,6 +80,71 @@ def brute_force_visible(meta: TokenMeta) -> np.ndarray:
   return out
 
 
+def random_token_causal_meta(rng: np.random.Generator, length: int, canvas: int):
+  """A random packed row of the DiffusionGemma layout: segments `[prompt | per response: its
+  committed canvases, then states of later canvases]`, then padding. Context tokens carry
+  `block = position` (the token-causal stream), a state's block is its canvas's first
+  position. Returns (numpy TokenMeta [length], positions [length], canvas start [length])."""
+  seg, res, kind, blk, sid, pos, start = [], [], [], [], [], [], []
+  segment, state_counter = 0, 0
+  while True:
+    p = int(rng.integers(1, 3)) * canvas + int(rng.integers(0, canvas))
+    n_resp, n_canvases = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    if len(kind) + p + n_resp * n_canvases * canvas * 2 > length:
+      break
+    pad_front = int(rng.integers(0, 3))
+    for i in range(p):
+      seg.append(segment); res.append(-1); sid.append(-1); pos.append(i); blk.append(i)
+      start.append(-1); kind.append(KIND_PAD if i < pad_front else KIND_PROMPT)
+    for r in range(n_resp):
+      last = int(rng.integers(0, n_canvases))          # states of canvases 0..last
+      for j in range(last):
+        for i in range(canvas):
+          seg.append(segment); res.append(r); kind.append(KIND_CLEAN); sid.append(-1)
+          pos.append(p + j * canvas + i); blk.append(p + j * canvas + i); start.append(-1)
+      for j in sorted(rng.choice(last + 1, size=int(rng.integers(1, last + 2)))):
+        for i in range(canvas):
+          seg.append(segment); res.append(r); kind.append(KIND_STATE); sid.append(state_counter)
+          pos.append(p + j * canvas + i); blk.append(p + j * canvas); start.append(p + j * canvas)
+        state_counter += 1
+    segment += 1
+  fill = length - len(kind)
+  seg += [0] * fill; res += [-1] * fill; kind += [KIND_PAD] * fill; blk += [0] * fill
+  sid += [-1] * fill; pos += [0] * fill; start += [-1] * fill
+  arr = lambda x: np.asarray(x[:length], np.int32)
+  meta = TokenMeta(segment=arr(seg), response=arr(res), kind=arr(kind), block=arr(blk),
+                   state_id=arr(sid))
+  return meta, arr(pos), arr(start)
+
+
+def brute_force_token_causal_visible(meta: TokenMeta, positions, canvas_start,
+                                     window: int = 0) -> np.ndarray:
+  """The DiffusionGemma rule from positions, one (q, k) pair at a time: a context (prompt or
+  clean) query sees context keys at positions <= its own, on sliding layers only the last
+  `window` of them (itself included; transformers' encoder); a state sees the committed
+  context before its canvas, on sliding layers only its last `window - 1` tokens (the
+  decoder's sliding cache), and its own canvas bidirectionally."""
+  n = len(meta.kind)
+  out = np.zeros((n, n), bool)
+  ctx = (KIND_PROMPT, KIND_CLEAN)
+  for q in range(n):
+    for k in range(n):
+      kq, kk = meta.kind[q], meta.kind[k]
+      if kq == KIND_PAD or kk == KIND_PAD or meta.segment[q] != meta.segment[k]:
+        continue
+      if not (kk == KIND_PROMPT or meta.response[k] == meta.response[q]):
+        continue
+      if kq in ctx and kk in ctx:
+        out[q, k] = positions[k] <= positions[q] and (
+            not window or positions[k] > positions[q] - window)
+      elif kq == KIND_STATE and kk in ctx:
+        out[q, k] = positions[k] < canvas_start[q] and (
+            not window or positions[k] >= canvas_start[q] - (window - 1))
+      elif kq == KIND_STATE and kk == KIND_STATE:
+        out[q, k] = meta.state_id[q] == meta.state_id[k]
+  return out
+
+
 def orl_smoke_config(workdir, steps=4):
   """The tiny config's smoke shapes as a short ORL run from a random model (every response
   trains), logging every step and checkpointing every 2."""

@@ -5,7 +5,9 @@ import pytest
 
 from pallas_kernels.staircase_attention import (KIND_PAD, TokenMeta, attention, masked_attention,
                                                 staircase_visible)
-from tests.helpers import brute_force_visible, random_packed_meta
+from pallas_kernels.staircase_attention import dispatch, tile_map
+from tests.helpers import (brute_force_token_causal_visible, brute_force_visible,
+                           random_packed_meta, random_token_causal_meta)
 
 
 @pytest.mark.parametrize("seed,block", [(0, 2), (1, 4), (2, 3), (3, 8)])
@@ -49,3 +51,46 @@ def test_masked_attention_matches_naive_softmax_with_gqa():
       p = np.exp(s - s.max(-1, keepdims=True))
       p /= p.sum(-1, keepdims=True)
       np.testing.assert_allclose(out[b, :, h], p @ v[b, :, h // 2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed,canvas,window", [(0, 4, 0), (1, 4, 3), (2, 6, 5), (3, 3, 8),
+                                                (4, 5, 1)])
+def test_token_causal_stream_and_sliding_window_match_brute_force(seed, canvas, window):
+  """DiffusionGemma's layout: a token-causal context stream (block = position) and the
+  sliding window, against the rule written from positions and canvas starts."""
+  meta, positions, start = random_token_causal_meta(np.random.default_rng(seed), 200, canvas)
+  expected = brute_force_token_causal_visible(meta, positions, start, window)
+  got = staircase_visible(TokenMeta(*map(jnp.asarray, meta)), TokenMeta(*map(jnp.asarray, meta)),
+                          window=window)
+  np.testing.assert_array_equal(np.asarray(got), expected)
+  np.testing.assert_array_equal(staircase_visible(meta, meta, xp=np, window=window), expected)
+  assert expected.any() and not expected.all()
+  if window:   # the window really cuts: some pair the unwindowed rule keeps is dropped
+    assert (brute_force_token_causal_visible(meta, positions, start) & ~expected).any()
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_tile_map_and_dispatch_with_a_window(window, caplog):
+  """Tile summaries follow the windowed rule; the XLA reference and splash (interpret) agree;
+  the block-sparse Pallas kernel has no window: chosen explicitly it raises naming the window,
+  under `auto` the call falls back to XLA."""
+  meta, positions, start = random_token_causal_meta(np.random.default_rng(7), 128, 4)
+  dense = brute_force_token_causal_visible(meta, positions, start, window)
+  meta_b = TokenMeta(*(jnp.asarray(f)[None] for f in meta))
+  any_v, all_v = tile_map.tile_summaries(meta_b, meta_b, 16, 32, window)
+  tiles = dense.reshape(8, 16, 4, 32)
+  np.testing.assert_array_equal(np.asarray(any_v[0]), tiles.any(axis=(1, 3)))
+  np.testing.assert_array_equal(np.asarray(all_v[0]), tiles.all(axis=(1, 3)))
+  q, k, v = (jax.random.normal(jax.random.key(i), (1, 128, 2, 8)) for i in range(3))
+  want = masked_attention(q, k, v, jnp.asarray(dense)[None])
+  got = attention(q, k, v, meta_b, meta_b, impl="xla", window=window)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+  splash = attention(q, k, v, meta_b, meta_b, impl="splash", window=window)
+  np.testing.assert_allclose(np.asarray(splash), np.asarray(want), rtol=2e-5, atol=2e-6)
+  if window:
+    with pytest.raises(ValueError, match="no sliding window"):
+      attention(q, k, v, meta_b, meta_b, impl="pallas", window=window)
+    with dispatch.target_platform("gpu"):
+      auto = attention(q, k, v, meta_b, meta_b, impl="auto", window=window)
+    np.testing.assert_allclose(np.asarray(auto), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert "no sliding window" in caplog.text

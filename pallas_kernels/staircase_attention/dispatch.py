@@ -40,8 +40,10 @@ HEAD_AXIS = "tensor"
 
 
 class Kernel(NamedTuple):
-  run: Callable          # (q, k, v, q_meta, k_meta, scale) -> out, like q
+  run: Callable          # (q, k, v, q_meta, k_meta, scale[, window=]) -> out, like q
   unsupported: Callable  # (q, k, v) -> a reason it cannot run, or None
+  windowed: bool = False  # takes `window=` (the sliding window of the rule); the block-sparse
+                          # Pallas kernels do not (their in-kernel rule and tile map have none)
 
 
 # (impl, platform) -> Kernel. Platforms as `jax.default_backend()` names them (`gpu` for CUDA).
@@ -50,9 +52,9 @@ KERNELS = {
     ("pallas", "gpu"): Kernel(gpu.staircase_attention, gpu.unsupported),
     ("pallas", "cpu"): Kernel(functools.partial(tpu.staircase_attention, interpret=True),
                               tpu.unsupported),
-    ("splash", "tpu"): Kernel(splash.staircase_attention, splash.unsupported),
+    ("splash", "tpu"): Kernel(splash.staircase_attention, splash.unsupported, windowed=True),
     ("splash", "cpu"): Kernel(functools.partial(splash.staircase_attention, interpret=True),
-                              splash.unsupported),
+                              splash.unsupported, windowed=True),
 }
 AUTO = {"tpu": ("splash", "pallas"), "gpu": ("pallas",)}  # platform -> impls tried; else xla
 
@@ -87,14 +89,20 @@ def _warn_once(msg: str) -> None:
     logging.warning(msg)
 
 
-def _kernel(impl: str, platform: str, q, k, v) -> tuple[Kernel | None, str | None]:
-  """(the kernel, None) or (None, why it cannot run)."""
+def _kernel(impl: str, platform: str, q, k, v,
+            window: int = 0) -> tuple[Callable | None, str | None]:
+  """(the kernel's run function, None) or (None, why it cannot run)."""
   kernel = KERNELS.get((impl, platform))
   if kernel is None:
     where = sorted(p for i, p in KERNELS if i == impl)
     return None, f"no {impl!r} kernel for platform {platform!r} (it has: {', '.join(where)})"
+  if window and not kernel.windowed:
+    return None, (f"the {impl!r} kernel has no sliding window (window={window}: the "
+                  "token-causal stream's sliding layers)")
   reason = kernel.unsupported(q, k, v)
-  return (None, reason) if reason else (kernel, None)
+  if reason:
+    return None, reason
+  return (functools.partial(kernel.run, window=window) if window else kernel.run), None
 
 
 def _split_axes(mesh, names, size: int) -> tuple[str, ...]:
@@ -121,24 +129,25 @@ def _sharded(run: Callable, mesh, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta,
 
 
 def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, impl: str = "auto",
-              scale: float | None = None, mesh=None):
-  """Staircase-masked attention. q: [B, Tq, Hq, Dh]; k, v: [B, Tk, Hkv, Dh]; metadata [B, T]."""
+              scale: float | None = None, mesh=None, window: int = 0):
+  """Staircase-masked attention. q: [B, Tq, Hq, Dh]; k, v: [B, Tk, Hkv, Dh]; metadata [B, T];
+  `window` > 0: the rule's sliding window over context keys (`meta.staircase_visible`)."""
   if impl not in IMPLS:
     raise ValueError(f"attention impl must be one of {IMPLS}, got {impl!r}")
   platform = current_platform()
   if impl == "xla" or (impl == "auto" and platform not in AUTO):
-    return staircase_attention_reference(q, k, v, q_meta, k_meta, scale=scale)
+    return staircase_attention_reference(q, k, v, q_meta, k_meta, scale=scale, window=window)
   reasons = []
   for chosen in AUTO[platform] if impl == "auto" else (impl,):
-    kernel, reason = _kernel(chosen, platform, q, k, v)
-    if kernel is not None:
+    run, reason = _kernel(chosen, platform, q, k, v, window)
+    if run is not None:
       if mesh is None:
-        return kernel.run(q, k, v, q_meta, k_meta, scale)
-      return _sharded(kernel.run, mesh, q, k, v, q_meta, k_meta, scale)
+        return run(q, k, v, q_meta, k_meta, scale)
+      return _sharded(run, mesh, q, k, v, q_meta, k_meta, scale)
     reasons.append(f"{chosen}: {reason}")
   if impl != "auto":
     raise ValueError(f"attention impl {impl!r} cannot run: {reason}. "
                      "Use impl='auto' (falls back to 'xla') or impl='xla'.")
   _warn_once(f"attention impl 'auto' found no kernel for this case on {platform} "
              f"({'; '.join(reasons)}); falling back to 'xla'.")
-  return staircase_attention_reference(q, k, v, q_meta, k_meta, scale=scale)
+  return staircase_attention_reference(q, k, v, q_meta, k_meta, scale=scale, window=window)

@@ -8,7 +8,14 @@ in `staircase_visible`. Simple layouts are special cases:
   segment;
 * block-causal stream: every token `kind=PROMPT` (or CLEAN of one response), `block=pos // b`;
 * a decoding step of block j: queries `kind=STATE, block=j, state_id=s` against the KV cache
-  (`kind=CLEAN/PROMPT`, earlier blocks) plus the step's own keys (`kind=STATE, state_id=s`).
+  (`kind=CLEAN/PROMPT`, earlier blocks) plus the step's own keys (`kind=STATE, state_id=s`);
+* a **token-causal** context stream (DiffusionGemma's commit forward) is a block-causal stream
+  with blocks of one token: `block = position` for prompt and clean tokens, and a state's
+  `block` is the first position of its canvas (it sees every committed token before it);
+* a **sliding window** (`window > 0`, the sliding layers of a token-causal stream) keeps a
+  context key only when `block[k] > block[q] − window`: a context query sees itself and the
+  `window − 1` tokens before it (the commit forward), a state the last `window − 1` committed
+  tokens before its canvas (the decoder's sliding cache); state keys are not windowed.
 """
 from __future__ import annotations
 
@@ -53,17 +60,18 @@ def make_meta(kind, block, *, segment=None, response=None, state_id=None) -> Tok
                    block=block, state_id=full(state_id, -1))
 
 
-def staircase_visible(q: TokenMeta, k: TokenMeta, xp=jnp):
-  """Boolean [..., Tq, Tk]: may query q attend to key k (DESIGN §2.5).
+def staircase_visible(q: TokenMeta, k: TokenMeta, xp=jnp, window: int = 0):
+  """Boolean [..., Tq, Tk]: may query q attend to key k (DESIGN §2.5; `window` > 0: a sliding
+  window over the context keys, see the module docstring).
 
   Works with jax.numpy or numpy (`xp=np`) so kernels, tile maps and tests share one rule.
   """
   q_cols = TokenMeta(*(f[..., :, None] for f in q))
   k_rows = TokenMeta(*(f[..., None, :] for f in k))
-  return staircase_visible_pairs(q_cols, k_rows)
+  return staircase_visible_pairs(q_cols, k_rows, window)
 
 
-def staircase_visible_pairs(q: TokenMeta, k: TokenMeta):
+def staircase_visible_pairs(q: TokenMeta, k: TokenMeta, window: int = 0):
   """The staircase rule on fields that already broadcast against each other.
 
   Kernels call this on a `[bq, 1]` query tile and a `[1, bk]` key tile of ids, so the
@@ -75,6 +83,8 @@ def staircase_visible_pairs(q: TokenMeta, k: TokenMeta):
   k_ctx = (k.kind == KIND_PROMPT) | (k.kind == KIND_CLEAN)
   q_state = q.kind == KIND_STATE
   k_state = k.kind == KIND_STATE
+  if window:
+    k_ctx = k_ctx & (k.block > q.block - window)
   ctx_ctx = q_ctx & k_ctx & (k.block <= q.block)
   state_ctx = q_state & k_ctx & (k.block < q.block)
   state_state = q_state & k_state & (q.state_id == k.state_id)

@@ -42,6 +42,7 @@ def masked_attention(q, k, v, mask, *, scale: float | None = None):
 
 
 def staircase_attention_reference(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *,
-                                  scale: float | None = None):
+                                  scale: float | None = None, window: int = 0):
   """Builds the dense [B, Tq, Tk] mask from the metadata and runs `masked_attention`."""
-  return masked_attention(q, k, v, staircase_visible(q_meta, k_meta), scale=scale)
+  return masked_attention(q, k, v, staircase_visible(q_meta, k_meta, window=window),
+                          scale=scale)

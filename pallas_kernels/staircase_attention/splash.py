@@ -86,7 +86,7 @@ def unsupported(q, k, v) -> str | None:
 
 
 def staircase_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale=None, *,
-                        interpret: bool = False):
+                        interpret: bool = False, window: int = 0):
   """Staircase attention with splash. q [B,Tq,Hq,Dh], k/v [B,Tk,Hkv,Dh] -> [B,Tq,Hq,Dh].
 
   Returns a reason string instead when splash cannot run the case.
@@ -100,8 +100,8 @@ def staircase_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale=Non
   scale = dh ** -0.5 if scale is None else scale
   q_np, k_np = _concrete(q_meta), _concrete(k_meta)
   static = q_np is not None and k_np is not None
-  visible = (staircase_visible(q_np, k_np, xp=np) if static
-             else staircase_visible(q_meta, k_meta))              # [B, Tq, Tk]
+  visible = (staircase_visible(q_np, k_np, xp=np, window=window) if static
+             else staircase_visible(q_meta, k_meta, window=window))  # [B, Tq, Tk]
   # [B, Hkv, groups, Tq, Dh]: splash does not scale logits, so q is pre-scaled.
   q_heads = (q * scale).astype(q.dtype).reshape(b, tq, hkv, groups, dh).transpose(0, 2, 3, 1, 4)
   k_heads, v_heads = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, Tk, Dh]

@@ -38,7 +38,8 @@ class TileMap(NamedTuple):
     return jnp.sum(self.kv_counts)
 
 
-def tile_summaries(q_meta: TokenMeta, k_meta: TokenMeta, block_q: int, block_k: int):
+def tile_summaries(q_meta: TokenMeta, k_meta: TokenMeta, block_q: int, block_k: int,
+                   window: int = 0):
   """(any_visible, all_visible), bool [B, nq, nk]; Tq, Tk must be multiples of the tiles."""
   b, tq = q_meta.shape
   tk = k_meta.shape[1]
@@ -50,7 +51,7 @@ def tile_summaries(q_meta: TokenMeta, k_meta: TokenMeta, block_q: int, block_k: 
   q_tiles = TokenMeta(*(f.reshape(b, nq, block_q).transpose(1, 0, 2) for f in q_meta))
 
   def one_query_tile(q_tile: TokenMeta):
-    visible = staircase_visible(q_tile, k_meta).reshape(b, block_q, nk, block_k)
+    visible = staircase_visible(q_tile, k_meta, window=window).reshape(b, block_q, nk, block_k)
     return jnp.any(visible, axis=(1, 3)), jnp.all(visible, axis=(1, 3))
 
   any_visible, all_visible = jax.lax.map(one_query_tile, q_tiles)  # [nq, B, nk]
@@ -72,9 +73,11 @@ def compact_tables(nonempty: jax.Array, full: jax.Array):
   return tables, listed_full.astype(jnp.int32), counts
 
 
-def build_tile_map(q_meta: TokenMeta, k_meta: TokenMeta, block_q: int, block_k: int) -> TileMap:
-  """Tile summaries plus the per-query-tile and per-key-tile lists for scalar prefetch."""
-  any_visible, all_visible = tile_summaries(q_meta, k_meta, block_q, block_k)
+def build_tile_map(q_meta: TokenMeta, k_meta: TokenMeta, block_q: int, block_k: int,
+                   window: int = 0) -> TileMap:
+  """Tile summaries plus the per-query-tile and per-key-tile lists for scalar prefetch
+  (`window`: the sliding window of the rule, `meta.staircase_visible`)."""
+  any_visible, all_visible = tile_summaries(q_meta, k_meta, block_q, block_k, window)
   kv_tables, kv_full, kv_counts = compact_tables(any_visible, all_visible)
   q_tables, q_full, q_counts = compact_tables(any_visible.transpose(0, 2, 1),
                                               all_visible.transpose(0, 2, 1))
