@@ -104,7 +104,8 @@ def model_config(config, vocab_size: int = 0, **fields):
   """The run's `DiffusionGemmaConfig`: from `model.path`'s config.json when it is a Hugging Face
   directory (run-time fields from the config), else from `config.model`."""
   m = config.model
-  runtime = dict(dtype=m.dtype, param_dtype=m.param_dtype, moe_impl=m.moe.impl)
+  runtime = dict(dtype=m.dtype, param_dtype=m.param_dtype, moe_impl=m.moe.impl,
+                 attention_impl=m.attention_impl)
   hf_dir = weights_lib.hf_dir(config)
   if hf_dir:
     cfg = DiffusionGemmaConfig.from_hf(read_json(os.path.join(hf_dir, "config.json")),

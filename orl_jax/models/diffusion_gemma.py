@@ -12,6 +12,11 @@ buffers: `commit_layer_scalar` / `layer_scalar` here) and in the decoder's input
 through the **self-conditioning** block: `post_norm(E[x]·√D + MLP(pre_norm(z)))` with
 `z = softmax(previous processed logits) @ E · √D` (zeros on a canvas's first step).
 
+ORL replays both roles in one packed forward (`hidden_states`, DESIGN §2.5): prompt and clean
+tokens are the commit stream (plain embeddings, `commit_layer_scalar`, token-causal), state
+tokens are decoder canvases (self-conditioning on the captured z, `layer_scalar`), under the
+staircase rule with blocks of one token and the sliding window on sliding layers.
+
 Each layer: attention (q/k RMSNorm with scale, v RMSNorm without, scaling 1.0, K = V on full
 layers, default RoPE on sliding layers, proportional RoPE on full layers), then a dense
 gated-GELU MLP and a softmax-routed MoE **in parallel** from the same residual, each with its
@@ -31,7 +36,9 @@ from flax import nnx
 
 from orl_jax.models.diffusion_gemma_config import AttentionSpec, DiffusionGemmaConfig
 from orl_jax.models.moe import ExpertWeights, RoutedTokens, dense_experts, ragged_experts
-from orl_jax.residual import RMSNorm
+from orl_jax.residual import Residual, RMSNorm
+from pallas_kernels.staircase_attention import KIND_STATE, TokenMeta
+from pallas_kernels.staircase_attention import attention as staircase_attention
 
 
 def rms_normalize(x, eps: float):
@@ -237,7 +244,7 @@ class Layer(nnx.Module):
     for name in ("input_norm", "post_attn_norm", "pre_mlp_norm", "post_mlp_norm",
                  "pre_moe_norm", "post_moe_norm", "post_ff_norm"):
       setattr(self, name, _norm(cfg))
-    # Buffers in HF (never trained; `frozen_param` tells the optimizer).
+    # Buffers in HF (never trained: the family registry marks them frozen).
     self.layer_scalar = nnx.Param(jnp.ones((1,), pd))         # canvas decoder
     self.commit_layer_scalar = nnx.Param(jnp.ones((1,), pd))  # commit forward (HF encoder)
 
@@ -261,7 +268,11 @@ class SelfConditioning(nnx.Module):
     self.eps = cfg.norm_eps
 
   def __call__(self, embeds, z):
-    return rms_normalize(embeds + self.mlp(self.pre_norm(z)), self.eps)
+    return rms_normalize(embeds + self.delta(z), self.eps)
+
+  def delta(self, z):
+    """What the pathway adds to the embeddings: MLP(pre_norm(z))."""
+    return self.mlp(self.pre_norm(z))
 
 
 class CommitOutput(NamedTuple):
@@ -367,7 +378,36 @@ class DiffusionGemma(nnx.Module):
       taken.append(ids)
     return DecoderOutput(self.head(self.final_norm(x)), jnp.stack(taken))
 
+  def hidden_states(self, tokens, positions, meta: TokenMeta, *, residual: Residual | None = None,
+                    routes=None, mesh=None):
+    """The packed replay forward -> (final-normed hidden [R, T, D], None, residual norm ratio).
 
-def frozen_param(name: str) -> bool:
-  """Parameters the optimizer must leave alone: the `layer_scalar`s (HF buffers)."""
-  return name.endswith("layer_scalar")
+    tokens, positions: [R, T]; meta: staircase metadata with `block = position` on context
+    tokens and the canvas's first position on state tokens; residual.z [R, T, D] the captured
+    self-conditioning input of each state token; routes [L, R, T, K] or None. The norm ratio
+    is ‖MLP(pre_norm(z))‖ / ‖E[x]·√D‖ over state tokens whose z is not zero (DESIGN §2.1)."""
+    cfg = self.cfg
+    is_state = meta.kind == KIND_STATE
+    embeds = self.embed_tokens(tokens)
+    z = (jnp.zeros_like(embeds) if residual is None else residual.z.astype(embeds.dtype))
+    delta = self.self_conditioning.delta(z)
+    conditioned = rms_normalize(embeds + delta, cfg.norm_eps)
+    x = jnp.where(is_state[..., None], conditioned, embeds)
+    norm = lambda a: jnp.linalg.norm(a.astype(jnp.float32), axis=-1)
+    carrying = is_state & jnp.any(z != 0, axis=-1)
+    norm_ratio = (jnp.sum(jnp.where(carrying, norm(delta) / jnp.maximum(norm(embeds), 1e-12), 0))
+                  / jnp.maximum(jnp.sum(carrying), 1))
+    b, t = tokens.shape
+    for i, layer in enumerate(self.layers):
+      window = cfg.sliding_window if layer.attn.spec.sliding else 0
+
+      def attention_fn(h, layer=layer, window=window):
+        q, k, v = layer.attn.project(h, positions)
+        out = staircase_attention(q, k, v, meta, meta, impl=cfg.attention_impl, scale=1.0,
+                                  mesh=mesh, window=window)
+        return out.reshape(b, t, -1)
+
+      scalar = jnp.where(is_state[..., None], layer.layer_scalar[...],
+                         layer.commit_layer_scalar[...])
+      x, _ = layer(x, attention_fn, scalar, None if routes is None else routes[i])
+    return self.final_norm(x), None, norm_ratio

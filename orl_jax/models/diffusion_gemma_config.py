@@ -73,6 +73,7 @@ class DiffusionGemmaConfig:
   dtype: str = "float32"             # compute dtype
   param_dtype: str = "float32"
   moe_impl: str = "dense"            # dense | ragged (orl_jax.models.moe expert compute)
+  attention_impl: str = "auto"       # packed replay attention (staircase dispatch impl)
   hf_passthrough: str = ""           # JSON of config.json entries we do not model
 
   def __post_init__(self):

@@ -11,8 +11,18 @@ from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import TokenMeta
 
 
-def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int) -> PackedBatch:
-  """Device-side gather of a packed batch from trajectories (call under jit)."""
+UNRESOLVED = ("masked", "not_accepted")
+
+
+def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int,
+                 unresolved: str = "masked") -> PackedBatch:
+  """Device-side gather of a packed batch from trajectories (call under jit).
+
+  `unresolved` says which state positions the losses train (`PackedBatch.masked`): "masked"
+  (mask families: the mask tokens of the captured canvas) or "not_accepted" (uniform-noise
+  DiffusionGemma: the positions the step did not accept, `Capture.commit` False)."""
+  if unresolved not in UNRESOLVED:
+    raise ValueError(f"unresolved={unresolved!r} must be one of {UNRESOLVED}")
   cap = traj.capture
   st = plan.src_type
   is_state = st == SRC_STATE
@@ -35,7 +45,8 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int) -> Pa
       tokens=tokens.astype(jnp.int32), positions=jnp.asarray(plan.positions),
       meta=TokenMeta(*(jnp.asarray(f) for f in plan.meta)), residual=Residual(z, alpha),
       targets=jnp.where(is_state, target, 0).astype(jnp.int32),
-      masked=is_state & (tokens == mask_id),
+      masked=is_state & (~cap.commit[resp, sidx, state_pos] if unresolved == "not_accepted"
+                         else tokens == mask_id),
       rollout_entropy=sel(cap.entropy[resp, sidx, state_pos]),
       topk_ids=sel(cap.topk_ids[resp, sidx, state_pos]),
       topk_logprobs=sel(cap.topk_logprobs[resp, sidx, state_pos]),

@@ -45,6 +45,7 @@ from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMP
 
 SRC_PAD, SRC_PROMPT, SRC_CLEAN, SRC_STATE, SRC_MASK = 0, 1, 2, 3, 4
 LAYOUTS = ("packed", "naive", "canvas")
+CONTEXTS = ("block", "token")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +57,18 @@ class ReplayConfig:
   states_per_response: int = 0  # 0 = all captured states; else a random contiguous window
   layout: str = "packed"        # packed | naive | canvas (bidirectional families)
   response_blocks: int = 0      # canvas layout: blocks per response (future blocks are masks)
+  context: str = "block"        # block: block-causal context | token: token-causal context
+                                # (DiffusionGemma's commit stream; metadata block = position)
   n_shards: int = 1             # data-parallel shards rows are balanced over
   micro_batches: int = 1        # row micro-batches per update (gradient accumulation)
 
   def __post_init__(self):
     if self.layout not in LAYOUTS:
       raise ValueError(f"replay.layout must be one of {LAYOUTS}, got {self.layout!r}")
+    if self.context not in CONTEXTS:
+      raise ValueError(f"replay context must be one of {CONTEXTS}, got {self.context!r}")
+    if self.context == "token" and self.layout != "packed":
+      raise ValueError("a token-causal context replays in the packed layout only")
     if self.layout == "canvas" and self.response_blocks <= 0:
       raise ValueError("the canvas replay layout needs response_blocks > 0")
     if self.micro_batches < 1 or self.n_rows % (self.n_shards * self.micro_batches):
@@ -341,8 +348,12 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
   layout = lay_out(rows, prompt_valid, b, cfg)
   pa, pb, pr, pv = aec_pairs(layout.slot_of, layout.resp_slots, cfg.max_states)
   a = layout.a
+  block = a["block"]
+  if cfg.context == "token":   # blocks of one token; a state's block: its canvas's start
+    block = np.where(a["kind"] == KIND_STATE, a["positions"] - a["src_pos"],
+                     np.where(a["kind"] == KIND_PAD, 0, a["positions"])).astype(np.int32)
   meta = TokenMeta(segment=a["segment"], response=a["response"], kind=a["kind"],
-                   block=a["block"], state_id=a["state_id"])
+                   block=block, state_id=a["state_id"])
   plan = ReplayPlan(src_type=a["src_type"], src_group=a["src_group"], src_resp=a["src_resp"],
                     src_state=a["src_state"], src_pos=a["src_pos"], positions=a["positions"],
                     meta=meta, state_slot=a["state_slot"], resp_slot=a["resp_slot"],
@@ -359,11 +370,12 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
 
 
 def row_costs(plan: ReplayPlan, prompt_len: int, b: int) -> np.ndarray:
-  """Estimated cost per row: sum over its states of b * visible context + b^2 (DESIGN §2.5)."""
-  del prompt_len  # the state's block index counts the prompt's blocks
+  """Estimated cost per row: sum over its states of b * visible context + b^2 (DESIGN §2.5);
+  the visible context of a state is everything before its block's first position."""
+  del prompt_len  # the state's first position counts the prompt
   is_first = (plan.src_type == SRC_STATE) & (plan.src_pos == 0)
-  blocks = np.where(is_first, plan.meta.block, 0)
-  cost = np.where(is_first, b * blocks * b + b * b, 0)
+  context = np.where(is_first, plan.positions, 0)
+  cost = np.where(is_first, b * context + b * b, 0)
   return cost.sum(axis=1)
 
 

@@ -84,7 +84,7 @@ def architecture_from_hf(hf: dict) -> dict:
   """The `DiffusionGemmaConfig` fields a config.json determines."""
   cfg = DiffusionGemmaConfig.from_hf(hf)
   return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-          if f.name not in ("dtype", "param_dtype", "moe_impl")}
+          if f.name not in ("dtype", "param_dtype", "moe_impl", "attention_impl")}
 
 
 def build_model(cfg: DiffusionGemmaConfig, rngs):
@@ -121,7 +121,7 @@ def config_from_run(m, *, vocab_size: int, canvas_length: int, eos_ids=(1,), pad
       n_experts=m.moe.n_experts, top_k=m.moe.top_k, expert_dim=m.moe.expert_dim, layers=layers,
       sliding_window=dg.sliding_window, norm_eps=m.norm_eps, canvas_length=canvas_length,
       pad_id=pad_id, eos_ids=tuple(eos_ids), dtype=m.dtype, param_dtype=m.param_dtype,
-      moe_impl=m.moe.impl, hf_passthrough=hf_passthrough)
+      moe_impl=m.moe.impl, attention_impl=m.attention_impl, hf_passthrough=hf_passthrough)
 
 
 PARTITION_RULES: tuple[tuple[str, P], ...] = (
