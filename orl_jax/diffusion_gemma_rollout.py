@@ -102,7 +102,7 @@ def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0,
 
 def model_config(config, vocab_size: int = 0, **fields):
   """The run's `DiffusionGemmaConfig`: from `model.path`'s config.json when it is a Hugging Face
-  directory (run-time fields from the config), else from `config.model`."""
+  directory (run-time fields from the config; `fields` ignored), else from `config.model`."""
   m = config.model
   runtime = dict(dtype=m.dtype, param_dtype=m.param_dtype, moe_impl=m.moe.impl,
                  attention_impl=m.attention_impl)

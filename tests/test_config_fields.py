@@ -21,7 +21,8 @@ CONFIG_NAMES = re.compile(r"^(config|cfg|s\.config|self\.config)((\.\w+)*)$|^(m|
 def _declared() -> tuple[set[str], set[str]]:
   """(dotted paths, leaf names) of every field of every config variant."""
   variants = {"tiny": ["demo", "sft", "eval", "smoke", "ablations"], "llada": [None, "debug"],
-              "sdar": [None, "debug"], "qwendlm": [None, "debug"]}
+              "sdar": [None, "debug"], "qwendlm": [None, "debug"],
+              "diffusion_gemma": [None, "debug"]}
   tiny = importlib.import_module("configs.tiny")
   variants["tiny"] += list(tiny.STAGES)
   paths = set()

@@ -288,8 +288,9 @@ class DecoderOutput(NamedTuple):
 
 class DiffusionGemma(nnx.Module):
 
-  def __init__(self, cfg: DiffusionGemmaConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: DiffusionGemmaConfig, *, rngs: nnx.Rngs, mesh=None):
     self.cfg = cfg
+    self.mesh = mesh   # where packed-replay attention kernels run (inside shard_map)
     pd = jnp.dtype(cfg.param_dtype)
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=pd,
                            embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
@@ -404,7 +405,7 @@ class DiffusionGemma(nnx.Module):
       def attention_fn(h, layer=layer, window=window):
         q, k, v = layer.attn.project(h, positions)
         out = staircase_attention(q, k, v, meta, meta, impl=cfg.attention_impl, scale=1.0,
-                                  mesh=mesh, window=window)
+                                  mesh=mesh or self.mesh, window=window)
         return out.reshape(b, t, -1)
 
       scalar = jnp.where(is_state[..., None], layer.layer_scalar[...],

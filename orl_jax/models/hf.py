@@ -353,13 +353,14 @@ def _write_weights(directory: str, tensors: dict[str, np.ndarray], max_shard_byt
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
-def build_model(cfg, seed: int = 0):
-  """The model of `cfg`: its family's own (DiffusionGemma) or the shared Transformer."""
+def build_model(cfg, seed: int = 0, mesh=None):
+  """The model of `cfg`: its family's own (DiffusionGemma) or the shared Transformer (`mesh`:
+  the mesh its attention kernels run on, inside `shard_map`)."""
   from orl_jax.models.transformer import Transformer
   family = families.FAMILIES.get(getattr(cfg, "hf_family", ""))
   if family is not None and family.own_model:
-    return family.build_model(cfg, nnx.Rngs(seed))
-  return Transformer(cfg, rngs=nnx.Rngs(seed))
+    return family.build_model(cfg, nnx.Rngs(seed), mesh)
+  return Transformer(cfg, rngs=nnx.Rngs(seed), mesh=mesh)
 
 
 def abstract_params(cfg: ModelConfig, seed: int = 0):

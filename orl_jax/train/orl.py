@@ -44,6 +44,7 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
+from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, ReplayPlan, build_plan, gather_batch
 from orl_jax.rollout import Trajectories, make_rollout
 from orl_jax.train.run import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
@@ -65,15 +66,16 @@ class RolloutLedger:
     self.uses[rollout_id] += 1
 
 
-def replay_config(config, n_shards: int) -> ReplayConfig:
-  """Bidirectional families always replay full canvases (their context cannot be shared)."""
+def replay_config(config, n_shards: int, context: str = "block") -> ReplayConfig:
+  """Bidirectional families always replay full canvases (their context cannot be shared);
+  `context`: the family's context stream (`Family.replay_context`)."""
   r = config.replay
   bidirectional = config.model.family == "bidirectional"
   return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
                       max_responses=r.max_responses, states_per_response=r.states_per_response,
                       layout="canvas" if bidirectional else r.layout, n_shards=n_shards,
                       response_blocks=config.decode.gen_length // config.decode.block_size,
-                      micro_batches=r.micro_batches)
+                      micro_batches=r.micro_batches, context=context)
 
 
 def rollout_decode_config(config, tok):
@@ -141,13 +143,17 @@ class RolloutSummary:
   metrics: dict              # rollout_* and capture_overflow scalars
 
 
-def rollout_sums(traj: Trajectories, mask_id: int) -> dict:
+def rollout_sums(traj: Trajectories, mask_id: int, unresolved: str = "masked") -> dict:
   """Device-side reductions behind the rollout metrics (exact integer sums; entropy sums and
-  counts over the masked positions of the states of step k of a block, k < ENTROPY_STEPS)."""
+  counts over the unresolved positions — masked, or not accepted by the step — of the states
+  of step k of a block, k < ENTROPY_STEPS)."""
   cap = traj.capture
-  masked = cap.block_tokens == mask_id                                          # [B, S, b]
+  masked = (~cap.commit if unresolved == "not_accepted"
+            else cap.block_tokens == mask_id)                                   # [B, S, b]
   out = {"n_generated": jnp.sum(traj.n_generated), "nfe": jnp.sum(traj.nfe),
          "nfe_engine": jnp.sum(traj.nfe_engine), "overflow": jnp.sum(cap.overflow)}
+  if traj.nfe_decoder is not None:
+    out["nfe_decoder"] = jnp.sum(traj.nfe_decoder)
   for k in range(ENTROPY_STEPS):
     m = masked & (cap.valid & (cap.step == k))[..., None]
     out[f"entropy_sum{k}"] = jnp.sum(jnp.where(m, cap.entropy, 0.0))
@@ -161,6 +167,8 @@ def rollout_metrics(sums: dict, n_rollouts: int) -> dict:
   out = {"rollout_tpf": n_gen / max(nfe, 1), "rollout_tpf_engine": n_gen / max(nfe_engine, 1),
          "rollout_nfe": nfe / n_rollouts, "rollout_tokens": n_gen / n_rollouts,
          "capture_overflow": int(sums["overflow"]) / n_rollouts}
+  if "nfe_decoder" in sums:   # DiffusionGemma: transformers' TPF (denoising forwards only)
+    out["rollout_tpf_decoder"] = n_gen / max(int(sums["nfe_decoder"]), 1)
   for k in range(ENTROPY_STEPS):
     count = int(sums[f"entropy_count{k}"])
     if count:
@@ -201,12 +209,19 @@ def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
   """Jits rollout, gather and the train step once, before the first iteration."""
   config, tok = s.config, s.tokenizer
   o = config.orl
-  dcfg = rollout_decode_config(config, tok)
-  rollout_fn = make_rollout(run.graphdef, dcfg, o.group_size, s.mesh)
-  rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape))
+  family = families.FAMILIES.get(getattr(s.model_cfg, "hf_family", ""))
+  if family is not None and family.make_rollout is not None:   # a family's own sampler
+    rollout_fn = family.make_rollout(config, s.model_cfg, run.graphdef, o.group_size, s.mesh)
+  else:
+    rollout_fn = make_rollout(run.graphdef, rollout_decode_config(config, tok), o.group_size,
+                              s.mesh)
+  unresolved = family.unresolved if family is not None else "masked"
+  rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape),
+                       family.replay_context if family is not None else "block")
   rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
   gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
-                                              block_size=dcfg.block_size)
+                                              block_size=config.decode.block_size,
+                                              unresolved=unresolved)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl,
                           _abstract_batch(s, run, rollout_fn, rcfg, gather_fn))
   update = make_train_step(run.graphdef, run.optimizer, OrlObjective(loss_config(config)),
@@ -218,7 +233,8 @@ def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
     snapshots = Checkpointer(os.path.join(config.workdir, "rollouts"), every=1, keep=1)
   return OrlSteps(
       s=s, run=run, rcfg=rcfg, rollout=rollout_fn,
-      sums=jax.jit(lambda traj: rollout_sums(traj, tok.mask_id), out_shardings=repl),
+      sums=jax.jit(lambda traj: rollout_sums(traj, tok.mask_id, unresolved),
+                   out_shardings=repl),
       gather=jax.jit(gather_fn, out_shardings=batch_sh), update=update,
       plan_sharding=repl, prompt_iter=prompt_iter, base_key=jax.random.key(config.seed),
       rollout_key=jax.random.fold_in(jax.random.key(rollout_seed), 1),

@@ -92,7 +92,12 @@ def setup(config) -> Setup:
   family = model_family(config, hf_dir)
   task = get_task(config.task, tokenizer=load_tokenizer(config, hf_dir, family))
   tok = task.tokenizer
-  if hf_dir:
+  if family and families.get(family).own_model:   # DiffusionGemma: its own config class
+    from orl_jax import diffusion_gemma_rollout as dg_rollout
+    model_cfg = dg_rollout.model_config(
+        config, config.model.get("vocab_size", 0) or tok.vocab_size,
+        eos_ids=(tok.eos_id,), pad_id=getattr(tok, "pad_id", 0))
+  elif hf_dir:
     model_cfg = _hf_model_config(config, tok, hf_dir, family)
   else:
     vocab_size = config.model.get("vocab_size", 0) or tok.vocab_size

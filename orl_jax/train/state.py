@@ -11,7 +11,7 @@ from flax import nnx, struct
 
 from orl_jax.models.families import partition_rules
 from orl_jax.models.moe import frozen_param
-from orl_jax.models.transformer import ModelConfig, Transformer
+from orl_jax.models.transformer import ModelConfig
 from orl_jax import sharding as sharding_lib
 
 
@@ -76,8 +76,8 @@ def make_optimizer(train_cfg, residual_lr_scale: float, freeze_base: bool = Fals
 
 def init_model_params(model_cfg: ModelConfig, seed: int):
   """(graphdef, params) of a freshly initialised model."""
-  model = Transformer(model_cfg, rngs=nnx.Rngs(seed))
-  graphdef, params = nnx.split(model, nnx.Param)
+  from orl_jax.models import hf
+  graphdef, params = nnx.split(hf.build_model(model_cfg, seed), nnx.Param)
   return graphdef, params
 
 
@@ -88,8 +88,9 @@ def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, param
   axes (replicated when only `data` has more than one device). `with_reference` adds a frozen copy of the starting
   parameters (the KL anchor's reference, DESIGN §2.6), sharded like them. The returned graphdef
   carries the mesh to the model's attention (kernels run per device inside `shard_map`)."""
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Transformer(
-      model_cfg, rngs=nnx.Rngs(seed), mesh=mesh)), nnx.Param)
+  from orl_jax.models import hf
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: hf.build_model(
+      model_cfg, seed, mesh)), nnx.Param)
 
   def init(given):
     p = given if given is not None else init_model_params(model_cfg, seed)[1]

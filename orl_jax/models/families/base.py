@@ -76,6 +76,10 @@ class Family:
   build_model: Callable | None = None          # (config object, rngs) -> nnx.Module
   frozen: Callable[[str], bool] | None = None  # parameter names the optimizer must not update
   passthrough_prefixes: tuple[str, ...] = ()   # HF tensors exported unchanged (not modelled)
+  make_rollout: Callable | None = None  # (config, model_cfg, graphdef, group_size, mesh) ->
+                                        # jitted rollout (None: the shared block decoder)
+  unresolved: str = "masked"   # state positions the losses train (replay.gather_batch)
+  replay_context: str = "block"  # context stream of packed replay rows (replay.ReplayConfig)
 
   @property
   def own_model(self) -> bool:

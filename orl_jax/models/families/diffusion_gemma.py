@@ -18,6 +18,7 @@ with `DiffusionGemmaConfig` (`config_from_hf` / `build_model`). What the registr
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from jax.sharding import PartitionSpec as P
 
@@ -87,9 +88,9 @@ def architecture_from_hf(hf: dict) -> dict:
           if f.name not in ("dtype", "param_dtype", "moe_impl", "attention_impl")}
 
 
-def build_model(cfg: DiffusionGemmaConfig, rngs):
+def build_model(cfg: DiffusionGemmaConfig, rngs, mesh=None):
   from orl_jax.models.diffusion_gemma import DiffusionGemma
-  return DiffusionGemma(cfg, rngs=rngs)
+  return DiffusionGemma(cfg, rngs=rngs, mesh=mesh)
 
 
 def layer_specs(n_layers: int, *, head_dim: int, n_kv_heads: int, global_head_dim: int,
@@ -106,8 +107,16 @@ def layer_specs(n_layers: int, *, head_dim: int, n_kv_heads: int, global_head_di
                for i in range(n_layers))
 
 
+# transformers' DiffusionGemma class always builds a vision tower: a model of ours without a
+# source directory exports this 1-layer one (its weights absent: transformers initialises them)
+MINIMAL_VISION = {"vision_config": {
+    "model_type": "gemma4_vision", "image_size": 20, "patch_size": 5, "num_channels": 3,
+    "hidden_size": 16, "num_key_value_heads": 1, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 37}}
+
+
 def config_from_run(m, *, vocab_size: int, canvas_length: int, eos_ids=(1,), pad_id: int = 0,
-                    hf_passthrough: str = "") -> DiffusionGemmaConfig:
+                    hf_passthrough: str = json.dumps(MINIMAL_VISION)) -> DiffusionGemmaConfig:
   """The `DiffusionGemmaConfig` of a run's `config.model` (no model.path: random init or
   sizing); `canvas_length` is `decode.block_size`."""
   dg = m.diffusion_gemma
@@ -140,7 +149,16 @@ FAMILY = Family(
     # canvases of 256, transformers' EntropyBoundSampler bound 0.1
     decode=dict(block_size=256, rule="entropy_budget", rule_value=0.1),
     chat="none", config_from_hf=DiffusionGemmaConfig.from_hf, build_model=build_model,
-    frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES)
+    frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES,
+    make_rollout=lambda *a: _make_rollout(*a), unresolved="not_accepted",
+    replay_context="token")
+
+
+def _make_rollout(config, cfg: DiffusionGemmaConfig, graphdef, group_size: int, mesh):
+  """The uniform-noise sampler with capture (`orl_jax.diffusion_gemma_rollout`)."""
+  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
+  return dg_rollout.make_rollout(graphdef, scfg, group_size, mesh)
 
 
 def params_to_hf(flat: dict, cfg: DiffusionGemmaConfig, passthrough: dict | None = None) -> dict:
