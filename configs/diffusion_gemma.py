@@ -79,6 +79,7 @@ def _debug(c):
   c.orl.rollout_rule, c.orl.rollout_rule_value = "entropy_budget", 0.1
   c.replay.row_len, c.replay.n_rows, c.replay.max_states, c.replay.max_responses = 256, 6, 24, 6
   c.replay.states_per_response = 4
+  c.loss.conf_entropy = 0.999          # the random model's entropies sit near 0.9986
   c.mesh.expert = 1
 
 
