@@ -42,77 +42,78 @@ def _merge(a: dict, b: dict) -> dict:
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.workdir = "work_dirs/tiny"
-  c.dry_run = False
+  c.seed = 0                        # init, data order, rollout noise (unless orl.rollout_seed)
+  c.workdir = "work_dirs/tiny"      # checkpoints, metrics.jsonl, params/, results.json
+  c.dry_run = False                 # True: print per-device memory (dry_run.py) and exit
   c.pipeline = "train"            # "demo": base -> (orl) -> evaluation -> results.json
 
   c.model = ml_collections.ConfigDict()
-  c.model.family = "block_causal"
-  c.model.d_model = 128
-  c.model.n_layers = 4
-  c.model.n_heads = 4
-  c.model.n_kv_heads = 2
-  c.model.head_dim = 32
-  c.model.mlp_dim = 384
-  c.model.rope_theta = 10000.0
+  c.model.family = "block_causal"   # attention layout: "block_causal" (KV cache) | "bidirectional"
+  c.model.d_model = 128             # hidden size
+  c.model.n_layers = 4              # transformer layers
+  c.model.n_heads = 4               # query heads
+  c.model.n_kv_heads = 2            # key/value heads (grouped-query attention)
+  c.model.head_dim = 32             # width of one head
+  c.model.mlp_dim = 384             # SwiGLU hidden width
+  c.model.rope_theta = 10000.0      # RoPE base frequency
   c.model.rope_fraction = 1.0       # share of head_dim that RoPE rotates (LLaDA2: 0.5)
-  c.model.norm_eps = 1e-6
-  c.model.qk_norm = True
-  c.model.tie_embeddings = False
-  c.model.embed_scale = 1.0
-  c.model.dtype = "float32"
-  c.model.param_dtype = "float32"
-  c.model.attention_impl = "auto"
+  c.model.norm_eps = 1e-6           # RMSNorm epsilon
+  c.model.qk_norm = True            # RMSNorm on each query and key head (Qwen3, LLaDA2)
+  c.model.tie_embeddings = False    # True: the head reuses the token embedding
+  c.model.embed_scale = 1.0         # token embeddings (and the residual z) are multiplied by this
+  c.model.dtype = "float32"         # compute dtype of activations
+  c.model.param_dtype = "float32"   # storage dtype of parameters and AdamW moments
+  c.model.attention_impl = "auto"   # auto | xla | pallas | splash (replay attention)
   # The weights to start from: a local Hugging Face model directory (config.json: the model
   # family and every architecture field then come from it) or an orl_jax params folder
   # (meta.json). "" = model.init_from, else a fresh init.
   c.model.path = ""
   c.model.init_from = ""          # older name for a params folder (the demo's stages set it)
   c.model.residual = ml_collections.ConfigDict()
-  c.model.residual.mode = "none"
-  c.model.residual.hidden = 128
-  c.model.residual.scale = 1.0
-  c.model.residual.temperature = 1.0
-  c.model.residual.lr_scale = 0.1
+  c.model.residual.mode = "none"    # residual pathway: none | adapter | rcd (§2.1)
+  c.model.residual.hidden = 128     # width of the residual adapter
+  c.model.residual.scale = 1.0      # multiplies the adapter output added to the input embedding
+  c.model.residual.temperature = 1.0  # T_res: z = softmax(logits / T_res) @ E
+  c.model.residual.lr_scale = 0.1   # adapter learning rate = train.lr x this (residual scaling)
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = "tiny"
-  c.task.prompt_len = 32
+  c.task.name = "tiny"              # tiny | gsm8k | humaneval | jsonl (task.path)
+  c.task.prompt_len = 32            # prompts are left-padded (or refused) to this many tokens
+  # the tiny task's generator: each field is documented in data/tiny_task.py TinyTaskConfig
   c.task.tiny = ml_collections.ConfigDict(dict(min_ops=2, max_ops=3, max_operand=20,
                                                max_product_operand=5, max_value=99,
                                                fixed_width=True, commute_probability=0.3,
                                                n_eval=2048))
 
   c.decode = ml_collections.ConfigDict()
-  c.decode.block_size = 32
-  c.decode.gen_length = 32
-  c.decode.rule = "threshold"
-  c.decode.rule_value = 0.9
-  c.decode.temperature = 0.0
-  c.decode.max_steps_per_block = 0
-  c.decode.top_k = 16
+  c.decode.block_size = 32          # b: tokens decoded together in one block
+  c.decode.gen_length = 32          # N: response tokens (a multiple of block_size)
+  c.decode.rule = "threshold"       # threshold | entropy_budget | fixed_steps
+  c.decode.rule_value = 0.9         # the rule's parameter
+  c.decode.temperature = 0.0        # 0 = greedy; > 0 = sampling at this temperature
+  c.decode.max_steps_per_block = 0  # safety bound on steps per block (0 = block_size)
+  c.decode.top_k = 16               # rollout capture: top-K ids and log-probs kept per position
   # LLaDA2.1 token editing (DESIGN §4): a step also rewrites committed tokens of the block whose
   # new candidate differs with probability > edit_threshold, and a filled block takes up to
   # max_post_edit_steps more steps (until one edits nothing); every step counts in TPF and is
   # a captured rollout state. 1.0 / 0 = off. Presets as (rule_value, edit_threshold,
   # max_post_edit_steps): dllm 0.95 / 0.9 / 16, SGLang 0.5 / 0.0 / 16.
   c.decode.edit_threshold = 1.0
-  c.decode.max_post_edit_steps = 0
+  c.decode.max_post_edit_steps = 0  # LLaDA2.1 editing steps after a block fills
 
   c.train = ml_collections.ConfigDict()
-  c.train.mode = "sft"
-  c.train.steps = 4000
-  c.train.batch_size = 64
-  c.train.lr = 2e-3
-  c.train.warmup_steps = 200
-  c.train.final_lr_fraction = 0.05
-  c.train.b1 = 0.9
-  c.train.b2 = 0.98
-  c.train.weight_decay = 0.01
-  c.train.grad_clip = 1.0
-  c.train.freeze_base = False
-  c.train.log_every = 50
+  c.train.mode = "sft"              # sft | residual_warmup | rcd_offline | orl | eval
+  c.train.steps = 4000              # optimizer updates (ORL: iterations)
+  c.train.batch_size = 64           # SFT / warm-up rows per update
+  c.train.lr = 2e-3                 # peak AdamW learning rate
+  c.train.warmup_steps = 200        # linear learning-rate warm-up, in updates
+  c.train.final_lr_fraction = 0.05  # cosine decay ends at this share of train.lr
+  c.train.b1 = 0.9                  # AdamW beta1
+  c.train.b2 = 0.98                 # AdamW beta2
+  c.train.weight_decay = 0.01       # AdamW decoupled weight decay
+  c.train.grad_clip = 1.0           # global-norm gradient clipping (0 = off)
+  c.train.freeze_base = False       # True: only the residual adapter trains
+  c.train.log_every = 50            # updates between log lines and metrics.jsonl records
   # residual_warmup: share of rows whose second pass consumes the model's own first-pass z
   c.train.self_condition_probability = 0.5
 
@@ -120,9 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.orl = ml_collections.ConfigDict()
   c.orl.prompts_per_step = 8        # P
   c.orl.group_size = 8              # G rollouts per prompt
-  c.orl.rollout_temperature = 1.0
+  c.orl.rollout_temperature = 1.0   # sampling temperature of the rollouts
   c.orl.rollout_rule = "threshold"  # the decoder the rollouts (and so the training states) use
-  c.orl.rollout_rule_value = 0.9
+  c.orl.rollout_rule_value = 0.9    # the rollout rule's parameter
   c.orl.min_reward = 1.0            # responses scoring >= this produce gradient (verified)
   c.orl.capture_states = 0          # 0 = n_blocks * max steps per block (every step fits)
   c.orl.rollout_seed = -1           # seed of the rollout sampling noise (-1 = `seed`)
@@ -133,11 +134,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.replay = ml_collections.ConfigDict()
   c.replay.row_len = 544           # a prompt (32) + 16 states of 32
-  c.replay.n_rows = 16
-  c.replay.max_states = 320
-  c.replay.max_responses = 64
+  c.replay.n_rows = 16              # R: rows per update (divisible by the batch shards)
+  c.replay.max_states = 320         # selected-state slots per update
+  c.replay.max_responses = 64       # response slots per update
   c.replay.states_per_response = 4  # our choice for the 2-core budget (0 = every state)
-  c.replay.layout = "packed"
+  c.replay.layout = "packed"        # packed (staircase rows) | naive (a state a row) | canvas
   c.replay.micro_batches = 1        # gradient accumulation over row micro-batches (one update)
 
   c.loss = ml_collections.ConfigDict()
@@ -145,11 +146,11 @@ def base_config() -> ml_collections.ConfigDict:
   # task (README, 300 updates, 2048 problems, threshold 0.9): 0 -> 0.946 / 2.05x, 0.05 ->
   # 0.950 / 2.03x, 0.1 -> 0.954 / 1.93x; 0.05 keeps the base's accuracy at the same speed-up.
   c.loss.gate_entropy = 0.05
-  c.loss.aec_rho = 0.25
-  c.loss.conf_entropy = 0.1
-  c.loss.kl_cap = 1.0
-  c.loss.w_aec = 1.0
-  c.loss.w_kl = 1.0
+  c.loss.aec_rho = 0.25             # AEC: required relative entropy contraction per step
+  c.loss.conf_entropy = 0.1         # tau_conf: anchor where ref. normalized H < this
+  c.loss.kl_cap = 1.0               # c: per-position cap of the reverse KL
+  c.loss.w_aec = 1.0                # weight of the AEC term (0 = off)
+  c.loss.w_kl = 1.0                 # weight of the KL anchor (0 = off: no reference forward)
   c.loss.vocab_chunk = 0          # tokens per chunk of the head statistics (0 = off)
   # the anchor's reference: "initial" = the frozen model ORL starts from (one more forward and
   # one more copy of the weights); "rollout" = the rollout's own top-K (an ablation: zero
@@ -162,15 +163,17 @@ def base_config() -> ml_collections.ConfigDict:
   # 0.948 on 2048). `fixed_steps_1` (one token per forward: 33 forwards) is left out of the demo
   # for time; `:eval` and `eval.settings` still take it.
   c.eval.n_problems = 2048
-  c.eval.batch_size = 256
+  c.eval.batch_size = 256           # problems decoded together (divisible by the batch shards)
+  # decoder settings, "<rule>_<value>"
   c.eval.settings = ("threshold_0.9", "threshold_0.7", "entropy_budget_0.5")
   c.eval.name = "base"            # the model's key in results.json
   c.eval.compare = ""             # "DIR:name,DIR:name": models evaluated side by side
-  c.eval.random_init = False
+  c.eval.random_init = False        # True: evaluate a fresh init (no weights)
 
   c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every = 500
-  c.checkpoint.keep = 2
+  c.checkpoint.every = 500          # updates between checkpoints (the last one is always saved)
+  c.checkpoint.keep = 2             # checkpoints kept
+  # True: snapshot each rollout (a kill between rollout and update resumes it)
   c.checkpoint.save_rollouts = False
 
   # Axis sizes (one of data/fsdp/tensor may be -1: the rest of the devices). `expert` splits

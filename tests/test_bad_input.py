@@ -264,3 +264,17 @@ def test_launcher_reports_bad_input_in_one_line(tmp_path, params_dir):
   lines = [ln for ln in out.stderr.splitlines() if not ln.startswith(("W0", "I0"))]
   assert len(lines) == 1 and "lacks 1 tensor" in lines[0] and "lm_head.kernel" in lines[0], \
       out.stderr
+
+
+def test_an_evaluation_batch_the_mesh_cannot_split_is_refused_before_any_work():
+  """The demo and evaluation decode each batch split over the mesh's batch shards: a batch size
+  that does not divide is refused when the mesh is known, naming the field."""
+  from orl_jax.train.run import check_divisible_by_shards
+  c = tiny.get_config("demo")
+  c.eval.batch_size = 6
+  with pytest.raises(ConfigError, match="eval.batch_size=6"):
+    check_divisible_by_shards(c, 4)
+  c.eval.batch_size = 8
+  check_divisible_by_shards(c, 4)
+  c.pipeline, c.eval.batch_size = "train", 6      # plain training does not evaluate
+  check_divisible_by_shards(c, 4)

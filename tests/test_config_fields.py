@@ -75,3 +75,66 @@ def test_every_config_field_read_with_a_default_is_declared():
     if not ok:
       missing.append(f"{path}:{line}: {section + '.' if section else ''}{key}")
   assert not missing, "read but declared in no config file: " + ", ".join(missing)
+
+
+def _declarations(func) -> dict[str, tuple[int, int]]:
+  """{dotted field path: (first line, last line)} of each statement in `func` that declares a
+  field: `c.a.b = value`, or `c.a = ConfigDict(dict(k=v, ...))` (one path per keyword)."""
+  import inspect
+  import textwrap
+  source = textwrap.dedent(inspect.getsource(func))
+  out = {}
+
+  def path(node):
+    parts = []
+    while isinstance(node, ast.Attribute):
+      parts.append(node.attr)
+      node = node.value
+    return ".".join(reversed(parts)) if isinstance(node, ast.Name) and node.id == "c" else None
+
+  for node in ast.walk(ast.parse(source)):
+    if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+      continue
+    target = path(node.targets[0])
+    if target is None:
+      continue
+    span = (node.lineno, node.end_lineno)
+    value = node.value
+    if (isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Call)
+        and getattr(value.args[0].func, "id", "") == "dict"):
+      for kw in value.args[0].keywords:
+        out[f"{target}.{kw.arg}"] = span
+    else:
+      out[target] = span
+  return out, source
+
+
+def test_every_field_of_the_base_config_is_documented_where_declared():
+  """configs/tiny.py's `base_config` declares every field; each declaration carries a comment
+  on its lines or on the line just above it (a comment block over a group counts for the
+  statement right under it only)."""
+  import io
+  import tokenize
+  tiny = importlib.import_module("configs.tiny")
+  decls, source = _declarations(tiny.base_config)
+  tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type == tokenize.COMMENT]
+  trailing = {t.start[0] for t in tokens if t.line.strip()[:1] != "#"}
+  alone = {t.start[0] for t in tokens} - trailing     # comment-only lines
+  fields = []
+
+  def walk(d, prefix):
+    for k, v in d.items():
+      if isinstance(v, ml_collections.ConfigDict):
+        walk(v, prefix + k + ".")
+      else:
+        fields.append(prefix + k)
+  walk(tiny.base_config(), "")
+  fields = [f for f in fields if not f.startswith(("stages.", "stage_start."))]  # overrides
+  assert len(fields) > 100
+  undeclared = [f for f in fields if f not in decls]
+  assert not undeclared, f"fields set outside a plain declaration: {undeclared}"
+  undocumented = [f for f in fields
+                  if not (trailing & set(range(decls[f][0], decls[f][1] + 1))
+                          or decls[f][0] - 1 in alone)]
+  assert not undocumented, f"declared without a comment: {undocumented}"

@@ -127,6 +127,8 @@ def check_divisible_by_shards(config, n_shards: int) -> None:
   if config.train.mode == "orl":
     sizes.update({"orl.prompts_per_step": config.orl.prompts_per_step,
                   "replay.n_rows": config.replay.n_rows})
+  if config.train.mode == "eval" or config.get("pipeline", "train") == "demo":
+    sizes["eval.batch_size"] = config.eval.batch_size   # evaluation splits each batch too
   bad = [f"{k}={v}" for k, v in sizes.items() if v % n_shards]
   if bad:
     raise config_lib.ConfigError(f"{', '.join(bad)} must be divisible by the {n_shards} data "
