@@ -21,7 +21,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from orl_jax import diffusion_gemma_sampler as sampler
 from orl_jax import weights as weights_lib
@@ -29,6 +28,7 @@ from orl_jax.decoding import Capture
 from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
 from orl_jax.models.families import diffusion_gemma as family
 from orl_jax.params_io import read_json
+from orl_jax import rollout as rollout_lib
 from orl_jax.rollout import Trajectories
 
 
@@ -72,16 +72,7 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
 
 def make_rollout(graphdef, cfg: sampler.SamplerConfig, group_size: int, mesh=None):
   """Jitted `(params, prompt_tokens, prompt_valid, key, rollout_step) -> Trajectories`."""
-
-  def run(params, prompt_tokens, prompt_valid, key, rollout_step):
-    return rollout(nnx.merge(graphdef, params), prompt_tokens, prompt_valid, key, cfg,
-                   group_size, rollout_step)
-
-  if mesh is None:
-    return jax.jit(run)
-  from orl_jax import sharding as sharding_lib
-  rows = sharding_lib.batch_sharding(mesh)
-  return jax.jit(run, in_shardings=(None, rows, rows, None, None))
+  return rollout_lib.make_rollout(graphdef, cfg, group_size, mesh, rollout_fn=rollout)
 
 
 # ----------------------------------------------------------------------------- run config

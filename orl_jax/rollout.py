@@ -46,16 +46,18 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
                       rollout_step=jnp.asarray(rollout_step, jnp.int32))
 
 
-def make_rollout(graphdef, cfg: DecodeConfig, group_size: int, mesh=None):
+def make_rollout(graphdef, cfg, group_size: int, mesh=None, rollout_fn=None):
   """Jitted `(params, prompt_tokens, prompt_valid, key, rollout_step) -> Trajectories`.
 
   With a mesh, prompts are split over the data axes and the rollout runs data-parallel (each
-  shard decodes its prompts' groups; parameters keep their own shardings).
+  shard decodes its prompts' groups; parameters keep their own shardings). `rollout_fn`: a
+  family's own rollout with `rollout`'s signature (default: `rollout`, the mask decoder).
   """
+  rollout_fn = rollout_fn or rollout
 
   def run(params, prompt_tokens, prompt_valid, key, rollout_step):
-    return rollout(nnx.merge(graphdef, params), prompt_tokens, prompt_valid, key, cfg,
-                   group_size, rollout_step)
+    return rollout_fn(nnx.merge(graphdef, params), prompt_tokens, prompt_valid, key, cfg,
+                      group_size, rollout_step)
 
   if mesh is None:
     return jax.jit(run)
