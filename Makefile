@@ -21,9 +21,12 @@ venv: $(STAMP)
 demo: venv
 	$(PY) launch/train.py --config=configs/tiny.py
 
-# Fast suite (slow end-to-end tests are behind the `slow` marker).
+# Fast suite (slow end-to-end tests are behind the `slow` marker), on two worker processes
+# (pytest-xdist; one test file per worker at a time, so module fixtures are built once).
+# Serial: `$(PY) -m pytest -q -m "not slow" tests`.
+TEST_WORKERS ?= 2
 test: venv
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 test-slow: venv
 	$(PY) -m pytest -q -m slow tests

@@ -49,6 +49,20 @@ def canary(tmp_path):
   return path
 
 
+@pytest.fixture
+def private_tmp(monkeypatch):
+  """A temporary root of this test's own (mode 0755, so a sandbox's unprivileged user can
+  traverse it): the sandbox directories a test counts are then its own, whatever else on the
+  machine (another test worker, another run) creates sandboxes in the shared temp directory."""
+  root = tempfile.mkdtemp(prefix="orl_test_tmp_")
+  os.chmod(root, 0o755)
+  monkeypatch.setenv("TMPDIR", root)
+  monkeypatch.setattr(tempfile, "tempdir", root)
+  yield pathlib.Path(root)
+  monkeypatch.undo()
+  sandbox._remove_tree(root)
+
+
 def _sandbox_processes() -> list[int]:
   """Pids of live (non-zombie) processes running the sandbox runner."""
   runner = pathlib.Path(sandbox.RUNNER_PATH).resolve().as_posix().encode()
@@ -121,17 +135,17 @@ def test_memory_bomb_fails(verifier):
   assert score == 0.0
 
 
-def test_deleting_files_outside_the_sandbox_fails(verifier, canary):
+def test_deleting_files_outside_the_sandbox_fails(private_tmp, verifier, canary):
   attacks = [f"  import os\n  os.remove({str(canary)!r})\n  return a + b\n",
              f"  import shutil\n  shutil.rmtree({str(canary.parent)!r})\n  return a + b\n",
              f"  open({str(canary)!r}, 'w').write('overwritten')\n  return a + b\n",
              "  import os, shutil\n  shutil.rmtree(os.getcwd())\n"
              "  assert not os.path.exists(os.getcwd())\n  return a + b\n",
              "  import os\n  os.rename(os.getcwd(), os.getcwd() + '_moved')\n  return a + b\n"]
-  before = set(pathlib.Path(tempfile.gettempdir()).glob("orl_sandbox_*"))
+  before = set(private_tmp.glob("orl_sandbox_*"))
   assert verifier.score_batch([ADD] * len(attacks), attacks) == [0.0] * len(attacks)
   assert canary.read_text() == "still here"
-  after = set(pathlib.Path(tempfile.gettempdir()).glob("orl_sandbox_*"))
+  after = set(private_tmp.glob("orl_sandbox_*"))
   assert after <= before   # every sandbox directory was cleaned up
 
 
@@ -259,13 +273,13 @@ def test_missing_essential_layer_refuses_to_run(tmp_path):
   assert not canary.exists()
 
 
-def test_explicit_opt_out_runs_with_weaker_layers(monkeypatch):
+def test_explicit_opt_out_runs_with_weaker_layers(monkeypatch, private_tmp):
   """Without the private root the sample works in a host directory; a tree deeper than the
   recursion limit and locked directories left there are still removed, and nothing raises."""
   tree = ("import os\nfor _ in range(1100):\n  os.mkdir('d')\n  os.chdir('d')\n"
           "os.chdir(os.environ['HOME'])\nos.mkdir('locked')\nopen('locked/f', 'w').write('x')\n"
           "os.chmod('locked', 0)\nos.symlink('/etc', 'link')\n")
-  before = set(pathlib.Path(tempfile.gettempdir()).glob("orl_sandbox_*"))
+  before = set(private_tmp.glob("orl_sandbox_*"))
   limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 5, skip_layers=("mountns",),
                                  require_isolation=False)
   result = sandbox.run_python(tree, limits)
@@ -274,7 +288,7 @@ def test_explicit_opt_out_runs_with_weaker_layers(monkeypatch):
   monkeypatch.setenv(sandbox.ALLOW_WEAK_ENV, "1")
   weak = dataclasses.replace(limits, require_isolation=True)
   assert sandbox.run_python("pass\n", weak).passed
-  after = set(pathlib.Path(tempfile.gettempdir()).glob("orl_sandbox_*"))
+  after = set(private_tmp.glob("orl_sandbox_*"))
   assert after <= before
   assert os.path.isdir("/etc")
 
