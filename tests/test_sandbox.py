@@ -50,10 +50,11 @@ def canary(tmp_path):
 
 
 @pytest.fixture
-def private_tmp(monkeypatch):
+def private_tmp(monkeypatch, tmp_path_factory):
   """A temporary root of this test's own (mode 0755, so a sandbox's unprivileged user can
   traverse it): the sandbox directories a test counts are then its own, whatever else on the
   machine (another test worker, another run) creates sandboxes in the shared temp directory."""
+  tmp_path_factory.getbasetemp()   # pytest's own temp root is fixed before TMPDIR moves
   root = tempfile.mkdtemp(prefix="orl_test_tmp_")
   os.chmod(root, 0o755)
   monkeypatch.setenv("TMPDIR", root)
@@ -63,15 +64,17 @@ def private_tmp(monkeypatch):
   sandbox._remove_tree(root)
 
 
-def _sandbox_processes() -> list[int]:
-  """Pids of live (non-zombie) processes running the sandbox runner."""
+def _sandbox_processes(root: pathlib.Path) -> list[int]:
+  """Pids of live (non-zombie) processes running the sandbox runner on a spec under `root` (a
+  test's private temp root: other processes' sandboxes are not counted)."""
   runner = pathlib.Path(sandbox.RUNNER_PATH).resolve().as_posix().encode()
   pids = []
   for entry in pathlib.Path("/proc").iterdir():
     if not entry.name.isdigit():
       continue
     try:
-      if runner in (entry / "cmdline").read_bytes() and b"\nState:\tZ" not in (
+      cmdline = (entry / "cmdline").read_bytes()
+      if runner in cmdline and str(root).encode() in cmdline and b"\nState:\tZ" not in (
           entry / "status").read_bytes():
         pids.append(int(entry.name))
     except OSError:
@@ -109,15 +112,15 @@ def test_infinite_loop_times_out(verifier):
   assert time.monotonic() - start < TIMEOUT_S + SLACK_S
 
 
-def test_fork_bomb_is_contained(verifier):
+def test_fork_bomb_is_contained(private_tmp, verifier):
   bomb = ("  import os\n  while True:\n    try:\n      os.fork()\n    except OSError:\n"
           "      pass\n")
   score, seconds = _score_alone(verifier, bomb)
   assert score == 0.0 and seconds < TIMEOUT_S + SLACK_S
   deadline = time.monotonic() + 5.0
-  while _sandbox_processes() and time.monotonic() < deadline:
+  while _sandbox_processes(private_tmp) and time.monotonic() < deadline:
     time.sleep(0.1)
-  assert _sandbox_processes() == []
+  assert _sandbox_processes(private_tmp) == []
 
 
 def test_fork_bomb_does_not_starve_concurrent_samples(verifier):
