@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import Sequence
 
 import ml_collections
 from tqdm.auto import tqdm
@@ -19,7 +20,7 @@ from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
 from orl_jax.models import families
-from orl_jax.tasks import get_task
+from orl_jax.tasks import get_task, prompt_task
 from orl_jax.train.state import (create_train_state, frozen_params, init_model_params,
                                  make_optimizer)
 
@@ -86,11 +87,16 @@ def _hf_model_config(config, tok, hf_dir: str, family: str):
                                  arch=arch, hf_family=family)
 
 
-def setup(config) -> Setup:
+def setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
+  """config -> task, tokenizer, model config (from model.path's config.json when it is a
+  Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
+  what launch/decode.py --prompt decodes) instead of `config.task`'s problems."""
   config_lib.validate(config)
   hf_dir = weights_lib.hf_dir(config)
   family = model_family(config, hf_dir)
-  task = get_task(config.task, tokenizer=load_tokenizer(config, hf_dir, family))
+  tokenizer = load_tokenizer(config, hf_dir, family)
+  task = (get_task(config.task, tokenizer=tokenizer) if prompts is None
+          else prompt_task(config.task, prompts, tokenizer))
   tok = task.tokenizer
   if family and families.get(family).own_model:   # DiffusionGemma: its own config class
     from orl_jax import diffusion_gemma_rollout as dg_rollout
