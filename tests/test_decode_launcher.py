@@ -149,6 +149,25 @@ def test_other_hidden_size_and_layer_count_need_no_shape_override(llada_dirs):
   assert decoded.tokens.shape == (1, 32)
 
 
+def test_models_flag_decodes_tiny_models_side_by_side(tmp_path):
+  """`--models=base=...,orl=...` with the tiny eval config: both params folders decode the
+  same evaluation problems (their residual mode from meta.json) onto one trajectory page."""
+  from configs import tiny
+  decode = _decode_launcher()
+  config = tiny.get_config("eval")
+  base, warmup = (os.path.join(ROOT, "assets", n) for n in ("tiny_base", "tiny_warmup"))
+  models = decode.models_to_decode(config, f"base={base},warmup={warmup}")
+  assert models == {"base": base, "warmup": warmup}
+  decoded = [decode.decode_model(config, name, path, num=2) for name, path in models.items()]
+  for d in decoded:
+    assert len(d.texts) == 2 and all(s in (0.0, 1.0) for s in d.scores)
+    assert np.all(d.nfe >= 2) and np.all(d.steps.max(axis=1) >= 0)
+  assert decoded[0].prompts == decoded[1].prompts
+  page = decode.write_page(str(tmp_path / "page.html"), decoded)
+  html = open(page).read()
+  assert "base" in html and "warmup" in html
+
+
 def test_rejected_options_say_what_to_set(llada_dirs, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = lambda *args: subprocess.run([sys.executable, "launch/decode.py", *args], cwd=ROOT,
