@@ -190,3 +190,16 @@ def test_diffusion_gemma_stops_with_the_command_that_decodes_it():
   with pytest.raises(ConfigError, match="launch/train.py") as e:
     _decode_launcher()._check_decodable(diffusion_gemma.get_config("debug"))
   assert "diffusion_gemma_sampler.generate" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_default_llada_config_reads_a_llada_8b_directory_with_its_special_tokens(llada_dirs):
+  """configs/llada.py is written for LLaDA2 (mask 156895); given a LLaDA-8B directory the
+  directory's family supplies the special tokens, while a user's own override still wins."""
+  from orl_jax.train.run import load_tokenizer
+  config = llada.get_config()
+  tok = load_tokenizer(config, llada_dirs[0], "llada")
+  assert (tok.mask_id, tok.eos_id) == (126336, 126348)
+  config.model.special_tokens.eos = "<|endoftext|>"
+  assert load_tokenizer(config, llada_dirs[0], "llada").eos_id == 126081
+  same = llada.get_config("8b-base")           # same family: the config's tokens as written
+  assert load_tokenizer(same, llada_dirs[0], "llada").eos_id == 126081

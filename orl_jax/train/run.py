@@ -61,8 +61,25 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
     return None
   from orl_jax.data.hf_tokenizer import HFTokenizer
   special = dict(families.get(family).special_tokens) if family else {}
-  special.update({k: v for k, v in dict(m.get("special_tokens", {})).items() if v})
+  special.update({k: v for k, v in _own_special_tokens(config, family).items() if v})
   return HFTokenizer.from_file(path, special)
+
+
+def _own_special_tokens(config, family: str) -> dict:
+  """`model.special_tokens`; when the weights are of another family than the config was
+  written for (configs/llada.py, LLaDA2 by default, given a LLaDA-8B directory), only the
+  entries that differ from the config family's defaults (the user's own), so the weights'
+  family supplies the rest."""
+  m = config.model
+  configured = dict(m.get("special_tokens", {}))
+  written_for = m.get("hf_family", "")
+  if not family or not written_for or written_for == family:
+    return configured
+  defaults = families.get(written_for).special_tokens
+  logging.warning("model.path is a %r model and the config is written for %r: special tokens "
+                  "come from the %r family (decoder and chat defaults stay the config's)",
+                  family, written_for, family)
+  return {k: v for k, v in configured.items() if v != defaults.get(k)}
 
 
 def _hf_model_config(config, tok, hf_dir: str, family: str):
