@@ -3,6 +3,7 @@ random, with LLaDA's special-token ids) decodes with `--config.model.path=DIR` a
 a directory with another hidden size and layer count loads with no shape override; the printed
 text equals decoding the same prompt through the library API directly (loader, tokenizer, chat
 template, block decoder), without the launcher's set-up."""
+import dataclasses
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
@@ -21,6 +23,7 @@ from orl_jax.data.pipeline import encode_prompts
 from orl_jax.data.prompts import apply_chat
 from orl_jax.decoding import DecodeConfig, make_decoder
 from orl_jax.models import families, hf
+from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.problem import Problem
 from orl_jax.unmasking import UnmaskRule
@@ -36,15 +39,15 @@ LLADA_SPECIALS = {126336: "<|mdm_mask|>", 126348: "<|eot_id|>", 126081: "<|endof
 LLADA_VOCAB = 126464
 
 
-def llada_tokenizer(path: str) -> None:
-  """tokenizer.json: the 256 byte tokens, LLaDA's special tokens at LLaDA's ids, filler."""
+def byte_tokenizer(path: str, vocab_size: int, specials: dict[int, str]) -> None:
+  """tokenizer.json: the 256 byte tokens, `specials` at their ids (a family's), filler."""
   alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-  names = [LLADA_SPECIALS.get(i) or (alphabet[i] if i < len(alphabet) else f"<|r{i}|>")
-           for i in range(LLADA_VOCAB)]
+  names = [specials.get(i) or (alphabet[i] if i < len(alphabet) else f"<|r{i}|>")
+           for i in range(vocab_size)]
   tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(names)}, merges=[]))
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
   tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens([AddedToken(t, special=True) for t in LLADA_SPECIALS.values()])
+  tok.add_special_tokens([AddedToken(t, special=True) for t in specials.values()])
   tok.save(path)
 
 
@@ -71,7 +74,7 @@ def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> 
   save_file(t, os.path.join(path, "model.safetensors"))
   with open(os.path.join(path, "config.json"), "w") as fh:
     json.dump(hf.hf_config_json(cfg, "llada"), fh)
-  llada_tokenizer(os.path.join(path, "tokenizer.json"))
+  byte_tokenizer(os.path.join(path, "tokenizer.json"), LLADA_VOCAB, LLADA_SPECIALS)
   return cfg
 
 
@@ -85,11 +88,13 @@ def llada_dirs(tmp_path_factory):
 
 
 def library_decode(path: str, prompt: str, *, dtype: str, prompt_len: int, gen_length: int,
-                   block_size: int, rule: UnmaskRule, chat: str):
+                   block_size: int, rule: UnmaskRule, chat: str, moe_impl: str = "dense"):
   """The same prompt decoded through the library directly: (text, NFE, generated tokens)."""
   family = hf.family_of(path)
   tok = HFTokenizer.from_file(path, families.get(family).special_tokens)
   arch = families.get(family).architecture_from_hf(hf.read_hf_config(path))
+  if "moe" in arch:
+    arch["moe"] = dataclasses.replace(arch["moe"], impl=moe_impl)
   cfg = ModelConfig(**arch, mask_id=tok.mask_id, hf_family=family, dtype=dtype,
                     param_dtype=dtype)
   graphdef, params = hf.load_model_params(path, family, cfg)
@@ -104,7 +109,8 @@ def _expected_line(path: str, config) -> str:
   d = config.decode
   text, nfe, n = library_decode(path, PROMPT, dtype=config.model.dtype,
                                 prompt_len=128, gen_length=32, block_size=d.block_size,
-                                rule=UnmaskRule(d.rule, d.rule_value), chat=config.task.chat)
+                                rule=UnmaskRule(d.rule, d.rule_value), chat=config.task.chat,
+                                moe_impl=config.model.moe.impl)
   return f"    -> {text}   [NFE {nfe}, TPF {n / max(nfe, 1):.2f}]"
 
 
@@ -203,3 +209,38 @@ def test_default_llada_config_reads_a_llada_8b_directory_with_its_special_tokens
   assert load_tokenizer(config, llada_dirs[0], "llada").eos_id == 126081
   same = llada.get_config("8b-base")           # same family: the config's tokens as written
   assert load_tokenizer(same, llada_dirs[0], "llada").eos_id == 126081
+
+
+# other families' directories (random weights through the exporter, the family's special tokens
+# at its ids): the config of each family decodes them with no shape override
+_MOE = MoEConfig(n_experts=4, top_k=2, expert_dim=8, n_group=2, topk_group=1, n_shared=1,
+                 routed_scaling_factor=2.5)
+_QWEN3 = dict(vocab_size=600, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
+              mlp_dim=24, mask_id=590, rope_theta=1e6, qk_norm=True, hf_family="qwen3")
+_QWEN3_SPECIALS = {590: "<|MASK|>", 591: "<|im_end|>", 592: "<|endoftext|>", 593: "<|im_start|>"}
+OTHER_FAMILIES = {
+    "sdar": ("sdar", ModelConfig(**_QWEN3), _QWEN3_SPECIALS),
+    "qwendlm": ("qwen3", ModelConfig(**_QWEN3, tie_embeddings=True), _QWEN3_SPECIALS),
+    "llada": ("llada2_moe", ModelConfig(
+        vocab_size=157184, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
+        mlp_dim=24, mask_id=156895, rope_theta=6e5, rope_fraction=0.5, qk_norm=True, moe=_MOE,
+        first_k_dense=1, hf_family="llada2_moe"), {156895: "<|mask|>", 156892: "<|endoftext|>"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_FAMILIES))
+def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
+  """configs/sdar.py (model_type sdar), configs/qwendlm.py (qwen3, tied head) and
+  configs/llada.py's default LLaDA2.1-mini (MoE) on tiny random directories."""
+  import importlib
+  model_type, cfg, specials = OTHER_FAMILIES[name]
+  path = str(tmp_path / name)
+  byte_tokenizer(str(tmp_path / "tokenizer.json"), cfg.vocab_size, specials)
+  hf.export_hf(path, nnx.state(hf.build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+               tokenizer_file=str(tmp_path / "tokenizer.json"),
+               extra_config={"model_type": model_type})
+  config = importlib.import_module(f"configs.{name}").get_config()
+  with config.unlocked():
+    config.task.prompt_len, config.decode.gen_length = 128, 32
+  decoded = _decode_launcher().decode_model(config, name, path, [PROMPT])
+  assert decoded.lines()[-1].splitlines()[-1] == _expected_line(path, config)
