@@ -1,8 +1,10 @@
 """`launch/decode.py --prompt` as a new user runs it: a saved Hugging Face LLaDA directory (tiny,
 random, with LLaDA's special-token ids) decodes with `--config.model.path=DIR` and no data file;
-a directory with another hidden size and layer count loads with no shape override; the printed
-text equals decoding the same prompt through the library API directly (loader, tokenizer, chat
-template, block decoder), without the launcher's set-up."""
+a directory with another hidden size and layer count loads with no shape override; SDAR,
+QwenDLM and LLaDA2 (MoE) directories decode with their configs; the printed text equals
+decoding the same prompt through the library API directly (loader, tokenizer, chat template,
+block decoder), without the launcher's set-up. Also: `--models` side by side on the tiny
+models, one-line errors for rejected options, DiffusionGemma's pointer to its sampler."""
 import dataclasses
 import importlib.util
 import json
