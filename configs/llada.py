@@ -14,10 +14,14 @@ Launch lines:
   python launch/eval.py  --config=configs/llada.py:8b-instruct --config.task.name=gsm8k \
       --config.eval.compare=/path/LLaDA-8B-Instruct:base,work_dirs/llada/hf:orl
   python launch/train.py --config=configs/llada.py:debug       # tiny random MoE, 2 ORL steps (CPU)
+  python launch/decode.py --config=configs/llada.py:8b-instruct \
+      --config.model.path=/path/LLaDA-8B-Instruct --prompt="What is 7 * 8?"
+  python launch/decode.py --config=configs/llada.py --config.model.path=/path/LLaDA2.1-mini \
+      --prompt="What is 7 * 8?"                               # any LLaDA / LLaDA2 directory
 
 With `model.path` a Hugging Face directory, its config.json decides the family and every shape
-(the values below are for sizing and for random-init runs); the run exports WORKDIR/hf with the
-official tensor names.
+(the values below are for sizing and for random-init runs), so a smaller or larger checkpoint
+needs no shape override; the run exports WORKDIR/hf with the official tensor names.
 
 Variants (`get_config(arg)`):
   "2.1-mini" (default): inclusionAI/LLaDA2.1-mini, 16B total / ~1.4B active, block-causal,

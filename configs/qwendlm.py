@@ -5,6 +5,10 @@ Launch lines:
   python launch/train.py --config=configs/qwendlm.py --config.model.path=/path/QwenDLM-4B \
       --config.task.path=my_train.jsonl
   python launch/train.py --config=configs/qwendlm.py:debug    # tiny random model, 2 ORL steps
+  python launch/decode.py --config=configs/qwendlm.py --config.model.path=/path/QwenDLM-4B \
+      --prompt="What is 7 * 8?"
+
+With `model.path` a Hugging Face directory, its config.json decides every shape.
 
 Variants: "4b" (default), "debug".
 """

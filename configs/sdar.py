@@ -8,6 +8,11 @@ Launch lines:
   python launch/eval.py  --config=configs/sdar.py:4b --config.task.name=gsm8k \
       --config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar/hf:orl
   python launch/train.py --config=configs/sdar.py:debug       # tiny random SDAR, 2 ORL steps (CPU)
+  python launch/decode.py --config=configs/sdar.py --config.model.path=/path/SDAR-4B-Chat \
+      --prompt="What is 7 * 8?"
+
+With `model.path` a Hugging Face directory (model_type sdar or qwen3), its config.json decides
+every shape; the values below are for sizing and random-init runs.
 
 Variants: "4b" (default), "8b", "debug".
 """

@@ -29,8 +29,16 @@ def _innermost_text(error: BaseException) -> str:
   return str(error.args[0]) if error.args else str(error)
 
 
+# config fields that were renamed or replaced: `model.x` -> what to set instead
+REPLACED_FIELDS = {
+    "model.hf_dir": "--config.model.path=DIR (a Hugging Face model directory or an orl_jax "
+                    "params folder; its config.json gives the family and every shape)",
+}
+
+
 def override_message(error: BaseException, argv: list[str]) -> str:
-  """One line for a `--config.a.b=...` override that names no config field."""
+  """One line for a `--config.a.b=...` override that names no config field (with what to set
+  instead when the field was replaced)."""
   text = _innermost_text(error)
   key = text.splitlines()[0].strip().strip("'\"")
   suggestion = re.search(r'Did you mean "([^"]+)"', text)
@@ -41,7 +49,10 @@ def override_message(error: BaseException, argv: list[str]) -> str:
       at = path.index(key, 1)
       parent = ".".join(path[:at])
       line = f"{flag}: {parent} has no field {key!r}"
-      if suggestion:
+      replaced = REPLACED_FIELDS.get(".".join(path[1:at + 1]))
+      if replaced:
+        line += f"; set {replaced} instead"
+      elif suggestion:
         line += f"; did you mean --{'.'.join(path[:at] + [suggestion.group(1)] + path[at + 1:])}?"
       return line
   return " ".join(text.split())

@@ -1,14 +1,23 @@
-"""Decode a few prompts with one or more models and show how each response was denoised.
+"""Decode prompts with one or more models and show how each response was denoised.
 
+  # your own prompt, with a Hugging Face directory (its config.json gives the family and every
+  # shape) or an orl_jax params folder; no data file is needed
+  python launch/decode.py --config=configs/llada.py:8b-instruct \
+      --config.model.path=/path/LLaDA-8B-Instruct --prompt="What is 7 * 8?"
   python launch/decode.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base
   python launch/decode.py --config=configs/tiny.py:eval --models=base=assets/tiny_base,orl=DIR \
       --num=8 --html=work_dirs/trajectories.html
 
-Prints each response with its forwards (NFE) and tokens per forward; writes an HTML page where
-every token is coloured by the step at which it was committed (Base vs ORL side by side).
+Prints each response with its forwards (NFE) and tokens per forward (TPF); writes an HTML page
+where every token is coloured by the step at which it was committed (Base vs ORL side by side).
+Without --prompt it decodes the first --num evaluation problems of `config.task`. The config
+file gives the run-time choices (decoder rule, block size, lengths, dtypes, chat template).
 """
 import copy
+import dataclasses
+import math
 import os
+from typing import Sequence
 
 import _common  # repo on sys.path; run()
 import jax
@@ -17,70 +26,132 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from orl_jax import config as config_lib
+from orl_jax import evaluate as eval_lib
 from orl_jax import trajectory_view
+from orl_jax import weights as weights_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decoding import make_decoder
-from orl_jax import weights as weights_lib
+from orl_jax.models import families
 from orl_jax.train import loop
 from orl_jax.unmasking import UnmaskRule
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
-_MODELS = flags.DEFINE_string("models", "", "name=params_dir,... (default: model.path)")
+_MODELS = flags.DEFINE_string("models", "", "name=DIR,... (HF directories or params folders; "
+                              "default: model.path)")
 _NUM = flags.DEFINE_integer("num", 4, "number of evaluation problems to decode")
-_PROMPT = flags.DEFINE_string("prompt", "", "decode this prompt instead of evaluation problems")
+_PROMPT = flags.DEFINE_string("prompt", "", "decode this prompt instead of evaluation problems "
+                              "(wrapped in task.chat; no task data needed)")
 _HTML = flags.DEFINE_string("html", "", "trajectory page path (default: WORKDIR/trajectories.html)")
+
+
+@dataclasses.dataclass
+class Decoded:
+  """One model's responses to the same problems."""
+  name: str
+  path: str
+  rule_label: str
+  prompts: list[str]          # the model input text of each problem (chat template applied)
+  texts: list[str]            # responses, through the first EOS
+  tokens: np.ndarray          # [n, gen_length] response tokens
+  steps: np.ndarray           # [n, gen_length] step at which each token was committed
+  nfe: np.ndarray             # [n] forwards, one commit forward per decoded block included
+  n_generated: np.ndarray     # [n] tokens through the first EOS
+  scores: list[float]         # verifier scores (NaN: a prompt without an answer)
+  tokenizer: object
+
+  def lines(self) -> list[str]:
+    """What the launcher prints for this model."""
+    out = [f"== {self.name} ({self.path}), decoder {self.rule_label}"]
+    for prompt, text, nfe, n, score in zip(self.prompts, self.texts, self.nfe,
+                                           self.n_generated, self.scores):
+      tail = "" if math.isnan(score) else f", score {score:.0f}"
+      out.append(f"  {prompt}\n    -> {text}   [NFE {int(nfe)}, TPF {n / max(nfe, 1):.2f}{tail}]")
+    return out
+
+
+def models_to_decode(config, models_flag: str) -> dict[str, str]:
+  """name -> weights directory, from --models or model.path (model.init_from)."""
+  models = dict(m.split("=", 1) if "=" in m else (os.path.basename(os.path.normpath(m)), m)
+                for m in models_flag.split(",") if m)
+  if not models:
+    weights = weights_lib.weights_of(config)
+    if weights is None:
+      raise app.UsageError("give weights: --config.model.path=DIR (a Hugging Face model "
+                           "directory or an orl_jax params folder) or --models=name=DIR,...")
+    models = {"model": weights.path}
+  for path in models.values():
+    weights_lib.kind_of(path, "--models" if models_flag else "model.path")
+  return models
+
+
+def _check_decodable(config) -> None:
+  """The shared block decoder serves mask-diffusion families; a family with its own sampler
+  (DiffusionGemma) stops, before any weights load, with what to run instead."""
+  name = loop.model_family(config, weights_lib.hf_dir(config))
+  if name and families.get(name).own_model:
+    raise config_lib.ConfigError(
+        f"launch/decode.py decodes mask-diffusion families, not {name!r} (uniform-noise "
+        "canvases): its sampler runs in ORL rollouts (python launch/train.py with this config "
+        "logs rollout TPF) and from Python as orl_jax.diffusion_gemma_sampler.generate")
+
+
+def _encode(problems, tokenizer, prompt_len: int):
+  try:
+    return encode_prompts(problems, tokenizer, prompt_len)
+  except ValueError as e:    # a prompt longer than task.prompt_len: one line, no traceback
+    raise config_lib.ConfigError(str(e)) from None
+
+
+def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = None,
+                 num: int = 4) -> Decoded:
+  """Decodes `prompts` (or the first `num` evaluation problems of `config.task`) with the
+  weights at `path`, as `config` sets the decoder. A Hugging Face directory gives the family and
+  every shape (its config.json); a params folder is decoded with the residual mode it was
+  trained with."""
+  cfg = eval_lib.model_config_for(config, path)
+  _check_decodable(cfg)
+  s = loop.setup(cfg, prompts=prompts)
+  problems = s.task.eval_problems() if prompts else s.task.eval_problems()[:num]
+  tok = s.tokenizer
+  tokens, valid = _encode(problems, tok, cfg.task.prompt_len)
+  rule = UnmaskRule(cfg.decode.rule, cfg.decode.rule_value)
+  dcfg = config_lib.decode_config(cfg, mask_id=tok.mask_id, eos_id=tok.eos_id, rule=rule)
+  dcfg = dataclasses.replace(dcfg, capture_states=dcfg.n_blocks * dcfg.steps_bound)
+  graphdef, params = loop.initial_params(s)
+  out = jax.device_get(make_decoder(graphdef, dcfg)(params, tokens, valid, jax.random.key(0)))
+  texts = [tok.decode(t, stop_at_eos=True) for t in out.tokens]
+  return Decoded(
+      name=name, path=path, rule_label=rule.label, prompts=[p.prompt for p in problems],
+      texts=texts, tokens=np.asarray(out.tokens),
+      steps=trajectory_view.commit_steps(out.capture, len(problems), dcfg.block_size,
+                                         dcfg.gen_length),
+      nfe=np.asarray(out.nfe), n_generated=np.asarray(out.n_generated),
+      scores=list(s.task.verifier.score_batch(problems, texts)), tokenizer=tok)
+
+
+def write_page(path: str, decoded: list[Decoded]) -> str:
+  """The trajectory page of every model (coloured by commit step), side by side."""
+  first = decoded[0]
+  columns = {d.name: (d.tokens, d.steps, d.nfe) for d in decoded}
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(trajectory_view.render(first.prompts, columns, first.tokenizer,
+                                   first.tokenizer.eos_id))
+  return os.path.abspath(path)
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
-  models = dict(m.split("=", 1) for m in _MODELS.value.split(",") if m)
-  if not models:
-    weights = weights_lib.weights_of(config)
-    if weights is None:
-      raise app.UsageError("give --models=name=DIR,... or --config.model.path=DIR")
-    models = {"model": weights.path}
-  s = loop.setup(config)
-  tok = s.tokenizer
-  if _PROMPT.value:
-    from orl_jax.problem import Problem
-    problems = [Problem("user-0", _PROMPT.value)]
-  else:
-    problems = s.task.eval_problems()[:_NUM.value]
-  prompts, valid = encode_prompts(problems, tok, config.task.prompt_len)
-  rule = UnmaskRule(config.decode.rule, config.decode.rule_value)
-  dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id, rule=rule,
-                                  capture_states=0)
-  import dataclasses
-  dcfg = dataclasses.replace(dcfg, capture_states=dcfg.n_blocks * dcfg.steps_bound)
-  columns = {}
-  for name, params_dir in models.items():
-    cfg = copy.deepcopy(config)
-    with cfg.unlocked():
-      cfg.model.init_from, cfg.model.path = "", params_dir
-      from orl_jax import params_io
-      mode = params_io.read_meta(params_dir).get("model", {}).get("residual_mode")
-      if mode:
-        cfg.model.residual.mode = mode
-    ms = loop.setup(cfg)
-    graphdef, params = loop.initial_params(ms)
-    out = jax.device_get(make_decoder(graphdef, dcfg)(params, prompts, valid, jax.random.key(0)))
-    steps = trajectory_view.commit_steps(out.capture, len(problems), dcfg.block_size,
-                                         dcfg.gen_length)
-    columns[name] = (np.asarray(out.tokens), steps, np.asarray(out.nfe))
-    print(f"== {name} ({params_dir}), decoder {rule.label}")
-    for p, t, nfe, n in zip(problems, out.tokens, out.nfe, out.n_generated):
-      text = tok.decode(t, stop_at_eos=True)
-      score = s.task.verifier.score_batch([p], [text])[0] if p.answer else float("nan")
-      print(f"  {p.prompt}\n    -> {text}   [NFE {int(nfe)}, TPF {n / max(nfe, 1):.2f}, "
-            f"score {score:.0f}]")
-  path = _HTML.value or os.path.join(config.workdir, "trajectories.html")
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    f.write(trajectory_view.render([p.prompt for p in problems], columns, tok, tok.eos_id))
-  print(f"trajectories: {os.path.abspath(path)}")
+  prompts = [_PROMPT.value] if _PROMPT.value else None
+  decoded = []
+  for name, path in models_to_decode(config, _MODELS.value).items():
+    decoded.append(decode_model(copy.deepcopy(config), name, path, prompts, _NUM.value))
+    print("\n".join(decoded[-1].lines()), flush=True)
+  page = write_page(_HTML.value or os.path.join(config.workdir, "trajectories.html"), decoded)
+  print(f"trajectories: {page}")
 
 
 if __name__ == "__main__":

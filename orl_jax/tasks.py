@@ -82,6 +82,28 @@ def _wrap_code(problems, chat: str):
   return wrapped, {p.problem_id: p for p in problems}
 
 
+class NoVerifier:
+  """The verifier of user prompts: they have no answer to score against (NaN)."""
+
+  def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
+    return [float("nan")] * len(problems)
+
+
+def prompt_task(task_cfg, texts: Sequence[str], tokenizer=None) -> Task:
+  """A task made of the user's own prompts (`launch/decode.py --prompt`): no data files. The
+  tokenizer is the one `get_task` would use (the tiny task's own, the model's, or the byte-level
+  debug tokenizer); real-text prompts are wrapped in `task.chat` as task problems are."""
+  if task_cfg.name == "tiny":
+    from orl_jax.data import tiny_task
+    tokenizer, chat = tokenizer or tiny_task.tiny_tokenizer(), "none"
+  else:
+    from orl_jax.data.hf_tokenizer import byte_level_tokenizer
+    tokenizer, chat = tokenizer or byte_level_tokenizer(), _task_field(task_cfg, "chat", "none")
+  from orl_jax.data.prompts import apply_chat
+  problems = [Problem(f"prompt-{i}", apply_chat(t, chat)) for i, t in enumerate(texts)]
+  return Task("prompts", tokenizer, NoVerifier(), _cycle(problems), lambda: problems)
+
+
 def get_task(task_cfg, tokenizer=None) -> Task:
   name = task_cfg.name
   if name == "tiny":

@@ -30,10 +30,11 @@ def kind_of(path: str, field: str = "model.path") -> str:
     return HF
   if os.path.isfile(os.path.join(path, _PARAMS_FILE)):
     return PARAMS
-  what = "does not exist" if not os.path.exists(path) else "holds neither"
-  raise ConfigError(f"{field}={path!r} {what} a Hugging Face model directory ({_HF_FILE}, "
-                    f"*.safetensors, tokenizer.json) nor an orl_jax params folder "
-                    f"({_PARAMS_FILE}, params.safetensors)")
+  hf = f"a Hugging Face model directory ({_HF_FILE}, *.safetensors, tokenizer.json)"
+  ours = f"an orl_jax params folder ({_PARAMS_FILE}, params.safetensors)"
+  if not os.path.exists(path):
+    raise ConfigError(f"{field}={path!r} does not exist: give {hf} or {ours}")
+  raise ConfigError(f"{field}={path!r} holds neither {hf} nor {ours}")
 
 
 def weights_of(config) -> Weights | None:

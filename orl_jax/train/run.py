@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import Sequence
 
 import ml_collections
 from tqdm.auto import tqdm
@@ -19,7 +20,7 @@ from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
 from orl_jax.models import families
-from orl_jax.tasks import get_task
+from orl_jax.tasks import get_task, prompt_task
 from orl_jax.train.state import (create_train_state, frozen_params, init_model_params,
                                  make_optimizer)
 
@@ -60,8 +61,25 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
     return None
   from orl_jax.data.hf_tokenizer import HFTokenizer
   special = dict(families.get(family).special_tokens) if family else {}
-  special.update({k: v for k, v in dict(m.get("special_tokens", {})).items() if v})
+  special.update({k: v for k, v in _own_special_tokens(config, family).items() if v})
   return HFTokenizer.from_file(path, special)
+
+
+def _own_special_tokens(config, family: str) -> dict:
+  """`model.special_tokens`; when the weights are of another family than the config was
+  written for (configs/llada.py, LLaDA2 by default, given a LLaDA-8B directory), only the
+  entries that differ from the config family's defaults (the user's own), so the weights'
+  family supplies the rest."""
+  m = config.model
+  configured = dict(m.get("special_tokens", {}))
+  written_for = m.get("hf_family", "")
+  if not family or not written_for or written_for == family:
+    return configured
+  defaults = families.get(written_for).special_tokens
+  logging.warning("model.path is a %r model and the config is written for %r: special tokens "
+                  "come from the %r family (decoder and chat defaults stay the config's)",
+                  family, written_for, family)
+  return {k: v for k, v in configured.items() if v != defaults.get(k)}
 
 
 def _hf_model_config(config, tok, hf_dir: str, family: str):
@@ -86,11 +104,16 @@ def _hf_model_config(config, tok, hf_dir: str, family: str):
                                  arch=arch, hf_family=family)
 
 
-def setup(config) -> Setup:
+def setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
+  """config -> task, tokenizer, model config (from model.path's config.json when it is a
+  Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
+  what launch/decode.py --prompt decodes) instead of `config.task`'s problems."""
   config_lib.validate(config)
   hf_dir = weights_lib.hf_dir(config)
   family = model_family(config, hf_dir)
-  task = get_task(config.task, tokenizer=load_tokenizer(config, hf_dir, family))
+  tokenizer = load_tokenizer(config, hf_dir, family)
+  task = (get_task(config.task, tokenizer=tokenizer) if prompts is None
+          else prompt_task(config.task, prompts, tokenizer))
   tok = task.tokenizer
   if family and families.get(family).own_model:   # DiffusionGemma: its own config class
     from orl_jax import diffusion_gemma_rollout as dg_rollout

@@ -1,0 +1,248 @@
+"""`launch/decode.py --prompt` as a new user runs it: a saved Hugging Face LLaDA directory (tiny,
+random, with LLaDA's special-token ids) decodes with `--config.model.path=DIR` and no data file;
+a directory with another hidden size and layer count loads with no shape override; SDAR,
+QwenDLM and LLaDA2 (MoE) directories decode with their configs; the printed text equals
+decoding the same prompt through the library API directly (loader, tokenizer, chat template,
+block decoder), without the launcher's set-up. Also: `--models` side by side on the tiny
+models, one-line errors for rejected options, DiffusionGemma's pointer to its sampler."""
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from configs import llada
+from orl_jax.data.hf_tokenizer import HFTokenizer
+from orl_jax.data.pipeline import encode_prompts
+from orl_jax.data.prompts import apply_chat
+from orl_jax.decoding import DecodeConfig, make_decoder
+from orl_jax.models import families, hf
+from orl_jax.models.moe import MoEConfig
+from orl_jax.models.transformer import ModelConfig
+from orl_jax.problem import Problem
+from orl_jax.unmasking import UnmaskRule
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = "What is 7 * 8?"
+# what the user changes for a quick CPU run (run-time choices, not shapes): the byte-level
+# test tokenizer writes the chat template in ~100 tokens; one block of response
+RUN_FLAGS = ("--config.task.prompt_len=128", "--config.decode.gen_length=32")
+# LLaDA's special tokens at their ids (orl_jax/models/families/llada.py): a real directory's
+LLADA_SPECIALS = {126336: "<|mdm_mask|>", 126348: "<|eot_id|>", 126081: "<|endoftext|>",
+                  126080: "<|startoftext|>"}
+LLADA_VOCAB = 126464
+
+
+def byte_tokenizer(path: str, vocab_size: int, specials: dict[int, str]) -> None:
+  """tokenizer.json: the 256 byte tokens, `specials` at their ids (a family's), filler."""
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+  names = [specials.get(i) or (alphabet[i] if i < len(alphabet) else f"<|r{i}|>")
+           for i in range(vocab_size)]
+  tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(names)}, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(t, special=True) for t in specials.values()])
+  tok.save(path)
+
+
+def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> ModelConfig:
+  """A random LLaDA directory in the official layout: config.json (model_type llada),
+  model.safetensors (torch [out, in] names of DESIGN §4), tokenizer.json."""
+  cfg = ModelConfig(vocab_size=LLADA_VOCAB, d_model=d_model, n_layers=n_layers, n_heads=4,
+                    n_kv_heads=4, head_dim=d_model // 4, mlp_dim=2 * d_model, mask_id=126336,
+                    rope_theta=5e5, norm_eps=1e-5, family="bidirectional", hf_family="llada")
+  rng = np.random.default_rng(seed)
+  w = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)
+  d, f = d_model, cfg.mlp_dim
+  t = {"model.transformer.wte.weight": w(LLADA_VOCAB, d),
+       "model.transformer.ln_f.weight": 1 + w(d),
+       "model.transformer.ff_out.weight": w(LLADA_VOCAB, d)}
+  for i in range(n_layers):
+    p = f"model.transformer.blocks.{i}."
+    t.update({p + "attn_norm.weight": 1 + w(d), p + "ff_norm.weight": 1 + w(d),
+              p + "q_proj.weight": w(d, d), p + "k_proj.weight": w(d, d),
+              p + "v_proj.weight": w(d, d), p + "attn_out.weight": w(d, d),
+              p + "ff_proj.weight": w(f, d), p + "up_proj.weight": w(f, d),
+              p + "ff_out.weight": w(d, f)})
+  os.makedirs(path, exist_ok=True)
+  save_file(t, os.path.join(path, "model.safetensors"))
+  with open(os.path.join(path, "config.json"), "w") as fh:
+    json.dump(hf.hf_config_json(cfg, "llada"), fh)
+  byte_tokenizer(os.path.join(path, "tokenizer.json"), LLADA_VOCAB, LLADA_SPECIALS)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def llada_dirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("llada_dirs")
+  a, b = str(root / "a"), str(root / "b")
+  write_llada_hf_dir(a, d_model=16, n_layers=2, seed=0)
+  write_llada_hf_dir(b, d_model=24, n_layers=3, seed=1)   # not the config's shapes either
+  return a, b
+
+
+def library_decode(path: str, prompt: str, *, dtype: str, prompt_len: int, gen_length: int,
+                   block_size: int, rule: UnmaskRule, chat: str, moe_impl: str = "dense"):
+  """The same prompt decoded through the library directly: (text, NFE, generated tokens)."""
+  family = hf.family_of(path)
+  tok = HFTokenizer.from_file(path, families.get(family).special_tokens)
+  arch = families.get(family).architecture_from_hf(hf.read_hf_config(path))
+  if "moe" in arch:
+    arch["moe"] = dataclasses.replace(arch["moe"], impl=moe_impl)
+  cfg = ModelConfig(**arch, mask_id=tok.mask_id, hf_family=family, dtype=dtype,
+                    param_dtype=dtype)
+  graphdef, params = hf.load_model_params(path, family, cfg)
+  tokens, valid = encode_prompts([Problem("p", apply_chat(prompt, chat))], tok, prompt_len)
+  dcfg = DecodeConfig(gen_length=gen_length, block_size=block_size, mask_id=tok.mask_id,
+                      eos_id=tok.eos_id, rule=rule)
+  out = jax.device_get(make_decoder(graphdef, dcfg)(params, tokens, valid, jax.random.key(0)))
+  return tok.decode(out.tokens[0], stop_at_eos=True), int(out.nfe[0]), int(out.n_generated[0])
+
+
+def _expected_line(path: str, config) -> str:
+  d = config.decode
+  text, nfe, n = library_decode(path, PROMPT, dtype=config.model.dtype,
+                                prompt_len=128, gen_length=32, block_size=d.block_size,
+                                rule=UnmaskRule(d.rule, d.rule_value), chat=config.task.chat,
+                                moe_impl=config.model.moe.impl)
+  return f"    -> {text}   [NFE {nfe}, TPF {n / max(nfe, 1):.2f}]"
+
+
+def _decode_launcher():
+  """launch/decode.py imported as a module (once per process: it defines absl flags)."""
+  if "decode_launcher" in sys.modules:
+    return sys.modules["decode_launcher"]
+  sys.path.insert(0, os.path.join(ROOT, "launch"))
+  spec = importlib.util.spec_from_file_location("decode_launcher",
+                                                os.path.join(ROOT, "launch", "decode.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["decode_launcher"] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_decode_prompt_from_hf_llada_directory_equals_library_decode(llada_dirs, tmp_path):
+  """The README's command on a saved HF LLaDA directory, through the command line."""
+  config = llada.get_config("8b-instruct")
+  out = subprocess.run(
+      [sys.executable, "launch/decode.py", "--config=configs/llada.py:8b-instruct",
+       f"--config.model.path={llada_dirs[0]}", f"--prompt={PROMPT}", *RUN_FLAGS,
+       f"--html={tmp_path / 'page.html'}"],
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONIOENCODING="utf-8"),
+      capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"== model ({llada_dirs[0]}), decoder threshold_0.9" in out.stdout
+  assert _expected_line(llada_dirs[0], config) in out.stdout, out.stdout
+  assert (tmp_path / "page.html").is_file()
+
+
+def test_other_hidden_size_and_layer_count_need_no_shape_override(llada_dirs):
+  """A directory of another width and depth: the launcher's decode path (in process) reads
+  them from config.json; the 8B config's shapes are not touched."""
+  decode = _decode_launcher()
+  config = llada.get_config("8b-instruct")
+  assert (config.model.d_model, config.model.n_layers) == (4096, 32)
+  with config.unlocked():
+    config.task.prompt_len, config.decode.gen_length = 128, 32
+  decoded = decode.decode_model(config, "b", llada_dirs[1], [PROMPT])
+  assert "\n".join(decoded.lines()).splitlines()[-1] == _expected_line(llada_dirs[1], config)
+  assert decoded.tokens.shape == (1, 32)
+
+
+def test_models_flag_decodes_tiny_models_side_by_side(tmp_path):
+  """`--models=base=...,orl=...` with the tiny eval config: both params folders decode the
+  same evaluation problems (their residual mode from meta.json) onto one trajectory page."""
+  from configs import tiny
+  decode = _decode_launcher()
+  config = tiny.get_config("eval")
+  base, warmup = (os.path.join(ROOT, "assets", n) for n in ("tiny_base", "tiny_warmup"))
+  models = decode.models_to_decode(config, f"base={base},warmup={warmup}")
+  assert models == {"base": base, "warmup": warmup}
+  decoded = [decode.decode_model(config, name, path, num=2) for name, path in models.items()]
+  for d in decoded:
+    assert len(d.texts) == 2 and all(s in (0.0, 1.0) for s in d.scores)
+    assert np.all(d.nfe >= 2) and np.all(d.steps.max(axis=1) >= 0)
+  assert decoded[0].prompts == decoded[1].prompts
+  page = decode.write_page(str(tmp_path / "page.html"), decoded)
+  html = open(page).read()
+  assert "base" in html and "warmup" in html
+
+
+def test_rejected_options_say_what_to_set(llada_dirs, tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = lambda *args: subprocess.run([sys.executable, "launch/decode.py", *args], cwd=ROOT,
+                                     env=env, capture_output=True, text=True, timeout=300)
+  old = run("--config=configs/llada.py:8b-instruct", f"--config.model.hf_dir={llada_dirs[0]}",
+            f"--prompt={PROMPT}")
+  lines = old.stderr.strip().splitlines()
+  assert old.returncode == 2 and len(lines) == 1, old.stderr[-2000:]
+  assert "no field 'hf_dir'" in lines[0] and "--config.model.path=DIR" in lines[0]
+  missing = run("--config=configs/llada.py", f"--config.model.path={tmp_path / 'nowhere'}",
+                f"--prompt={PROMPT}")
+  lines = missing.stderr.strip().splitlines()
+  assert missing.returncode == 1 and len(lines) == 1, missing.stderr[-2000:]
+  assert "does not exist" in lines[0] and "Hugging Face model directory" in lines[0]
+
+
+def test_diffusion_gemma_stops_with_the_command_that_decodes_it():
+  from configs import diffusion_gemma
+  from orl_jax.config import ConfigError
+  with pytest.raises(ConfigError, match="launch/train.py") as e:
+    _decode_launcher()._check_decodable(diffusion_gemma.get_config("debug"))
+  assert "diffusion_gemma_sampler.generate" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_default_llada_config_reads_a_llada_8b_directory_with_its_special_tokens(llada_dirs):
+  """configs/llada.py is written for LLaDA2 (mask 156895); given a LLaDA-8B directory the
+  directory's family supplies the special tokens, while a user's own override still wins."""
+  from orl_jax.train.run import load_tokenizer
+  config = llada.get_config()
+  tok = load_tokenizer(config, llada_dirs[0], "llada")
+  assert (tok.mask_id, tok.eos_id) == (126336, 126348)
+  config.model.special_tokens.eos = "<|endoftext|>"
+  assert load_tokenizer(config, llada_dirs[0], "llada").eos_id == 126081
+  same = llada.get_config("8b-base")           # same family: the config's tokens as written
+  assert load_tokenizer(same, llada_dirs[0], "llada").eos_id == 126081
+
+
+# other families' directories (random weights through the exporter, the family's special tokens
+# at its ids): the config of each family decodes them with no shape override
+_MOE = MoEConfig(n_experts=4, top_k=2, expert_dim=8, n_group=2, topk_group=1, n_shared=1,
+                 routed_scaling_factor=2.5)
+_QWEN3 = dict(vocab_size=600, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
+              mlp_dim=24, mask_id=590, rope_theta=1e6, qk_norm=True, hf_family="qwen3")
+_QWEN3_SPECIALS = {590: "<|MASK|>", 591: "<|im_end|>", 592: "<|endoftext|>", 593: "<|im_start|>"}
+OTHER_FAMILIES = {
+    "sdar": ("sdar", ModelConfig(**_QWEN3), _QWEN3_SPECIALS),
+    "qwendlm": ("qwen3", ModelConfig(**_QWEN3, tie_embeddings=True), _QWEN3_SPECIALS),
+    "llada": ("llada2_moe", ModelConfig(
+        vocab_size=157184, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
+        mlp_dim=24, mask_id=156895, rope_theta=6e5, rope_fraction=0.5, qk_norm=True, moe=_MOE,
+        first_k_dense=1, hf_family="llada2_moe"), {156895: "<|mask|>", 156892: "<|endoftext|>"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_FAMILIES))
+def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
+  """configs/sdar.py (model_type sdar), configs/qwendlm.py (qwen3, tied head) and
+  configs/llada.py's default LLaDA2.1-mini (MoE) on tiny random directories."""
+  import importlib
+  model_type, cfg, specials = OTHER_FAMILIES[name]
+  path = str(tmp_path / name)
+  byte_tokenizer(str(tmp_path / "tokenizer.json"), cfg.vocab_size, specials)
+  hf.export_hf(path, nnx.state(hf.build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+               tokenizer_file=str(tmp_path / "tokenizer.json"),
+               extra_config={"model_type": model_type})
+  config = importlib.import_module(f"configs.{name}").get_config()
+  with config.unlocked():
+    config.task.prompt_len, config.decode.gen_length = 128, 32
+  decoded = _decode_launcher().decode_model(config, name, path, [PROMPT])
+  assert decoded.lines()[-1].splitlines()[-1] == _expected_line(path, config)

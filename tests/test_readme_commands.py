@@ -1,0 +1,265 @@
+"""Every command of README.md that runs the project — a `launch/` script or a `make` target, in a
+shell block or inline — is either run by a test or marked in the README as needing real
+weights or an accelerator.
+
+* `EXERCISED` maps a README command to the test that runs it (the `:debug` / smoke configs and
+  tiny random directories standing in for real weights and full sizes) and to strings that
+  test's source must contain (the launcher or library entry point, the config variant), so a
+  row cannot point at a test that does something else. `Makefile::target` rows point at the
+  suite itself (`make test`).
+* A marked block is a shell block whose nearest non-blank line above starts with `*Needs `
+  (e.g. "*Needs real weights (...); not run by the tests:*").
+
+Adding a command that is neither fails `test_every_readme_command_is_exercised_or_marked`; a row
+whose command left the README fails `test_every_table_row_is_a_readme_command`. Benchmarks
+(`python benchmarks/...`, `make bench`) are measurements, outside this check."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHELL_FENCES = ("```bash", "```sh", "```shell")
+MARKER = "*Needs "
+
+_DEMO = "tests/test_demo_report.py::test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again"
+_ORL = "tests/test_train.py::test_orl_is_on_policy_and_resumes_exactly"
+_DEBUG_RUNS = "tests/test_real_configs.py::test_debug_config_runs_two_orl_iterations"
+_LLADA2_SIZING = "tests/test_families.py::test_llada2_mini_dry_run_matches_hand_calculation"
+_EVAL_LAUNCHER = "tests/test_real_task_eval.py::test_eval_launcher_gsm8k_base_vs_orl_on_llada_debug"
+_DECODE_HF = ("tests/test_decode_launcher.py::"
+              "test_decode_prompt_from_hf_llada_directory_equals_library_decode")
+
+# README command -> (test that runs it, strings its source contains). Stand-ins are named in
+# the comment where the test runs the same code on smaller settings.
+EXERCISED = {
+    # the demo pipeline (base -> warm-up -> ORL -> evaluation) on smoke shapes, two seeds and an
+    # ablation; the offline baseline stage alone: test_train.py::test_rcd_offline_...
+    "make demo": (_DEMO, ("demo.run_demo", 'pipeline = "demo"')),
+    "python launch/train.py --config=configs/tiny.py": (_DEMO, ("demo.run_demo",)),
+    "python launch/train.py --config=configs/tiny.py --config.compare_offline=True "
+    "--config.ablations=\"('no_aec','no_kl','no_residual')\" --config.seeds=\"(0,1,2)\"":
+        (_DEMO, ("c.seeds", "c.ablations")),
+    "python launch/train.py --config=configs/tiny.py:ablations": (_DEMO, ("c.seeds", "c.ablations")),
+    "make warmup": (_DEMO, ('"warmup"',)),
+    "python launch/train.py --config=configs/tiny.py:warmup": (_DEMO, ('"warmup"',)),
+    "make test": ("Makefile::test", ("pytest",)),
+    "make test-all": ("Makefile::test-all", ("pytest",)),
+    "make base": ("tests/test_base_checkpoint.py::test_make_base_reproduces_the_committed_base",
+                  ("base_model.make_base", 'get_config("sft")')),
+    # SFT from scratch on the smoke shapes (4 steps, resumed past a damaged checkpoint)
+    "python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000":
+        ("tests/test_train.py::test_exact_resume_is_bit_identical", ("loop.train(_smoke(",)),
+    "python launch/train.py --config=configs/tiny.py:orl": (_ORL, ("loop.train(orl_smoke_config",)),
+    # the ORL loop; rollouts at entropy_budget: tests/test_model.py, the gate: tests/test_orl.py
+    "python launch/train.py --config=configs/tiny.py:orl --config.orl.rollout_rule=entropy_budget "
+    "--config.orl.rollout_rule_value=0.5 --config.loss.gate_entropy=0.05":
+        (_ORL, ("loop.train(orl_smoke_config",)),
+    "python launch/train.py --config=configs/tiny.py:rcd_offline":
+        ("tests/test_train.py::test_rcd_offline_trains_from_a_frozen_reference",
+         ("stages.rcd_offline", "loop.train(")),
+    # evaluation of the committed base with the tiny eval config (one setting, 64 problems)
+    "python launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=assets/tiny_base "
+    "--config.eval.settings=\"('threshold_0.7','threshold_0.9','entropy_budget_0.5')\"":
+        ("tests/test_base_checkpoint.py::test_committed_base_model_is_accurate",
+         ('get_config("eval")', "init_from = BASE", "evaluate_setting")),
+    # models side by side from launch/eval.py (the debug LLaDA standing in for the tiny models)
+    "launch/eval.py --config=configs/tiny.py:eval "
+    "--config.eval.compare=assets/tiny_base:base,assets/tiny_warmup:warmup,DIR:orl":
+        (_EVAL_LAUNCHER, ("launch/eval.py", "--config.eval.compare=")),
+    "python launch/decode.py --config=configs/tiny.py:eval "
+    "--models=base=assets/tiny_base,orl=DIR":
+        ("tests/test_decode_launcher.py::test_models_flag_decodes_tiny_models_side_by_side",
+         ('get_config("eval")', "models_to_decode", "tiny_base", "write_page")),
+    # real-weight commands, run on tiny random directories / debug configs (also marked)
+    "python launch/decode.py --config=configs/llada.py:8b-instruct "
+    "--config.model.path=/path/LLaDA-8B-Instruct --prompt=\"What is 7 * 8?\"":
+        (_DECODE_HF, ("launch/decode.py", "--config=configs/llada.py:8b-instruct",
+                      "--config.model.path=", "--prompt=")),
+    "python launch/eval.py --config=configs/sdar.py:4b --config.task.name=gsm8k "
+    "--config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar/hf:orl":
+        (_EVAL_LAUNCHER, ("launch/eval.py", "--config.task.name=gsm8k")),
+    "python launch/export.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat "
+    "--params=work_dirs/sdar/params --out=work_dirs/sdar/hf":
+        (_DEBUG_RUNS, ("launch/export.py", "--params=", "--out=")),
+    # sizing: 8 and 64 devices of LLaDA2.1-mini against a hand calculation
+    "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
+    "--config=configs/llada.py:2.1-mini --config.dry_run=True":
+        (_LLADA2_SIZING, ('get_config("2.1-mini")', "dry_run.sizing_rows")),
+    "python launch/train.py --config=configs/llada.py:2.1-mini --config.dry_run=True "
+    "--config.mesh.fsdp=8 --config.mesh.expert=8":
+        (_LLADA2_SIZING, ('get_config("2.1-mini")', "c.mesh.expert", "dry_run.sizing_rows")),
+    # the dry-run launcher on LLaDA-8B over fsdp=8 (SDAR-8B's table is the same code)
+    "python launch/train.py --config=configs/sdar.py:8b --config.dry_run=True --config.mesh.fsdp=64":
+        ("tests/test_dry_run.py::test_launcher_prints_the_table",
+         ("launch/train.py", "--config.dry_run=True", "--config.mesh.fsdp=")),
+    "python launch/train.py --config=configs/llada.py:debug":
+        (_DEBUG_RUNS, ("launch/train.py", '.py:debug"')),
+    "python launch/train.py --config=configs/diffusion_gemma.py:debug --config.train.steps=2":
+        ("tests/test_diffusion_gemma_train.py::"
+         "test_debug_config_trains_two_orl_iterations_and_exports_for_transformers",
+         ('get_config("debug")', "c.train.steps = 2", "loop.train(")),
+    "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
+    "--config=configs/diffusion_gemma.py:26b-a4b --config.dry_run=True":
+        ("tests/test_diffusion_gemma_registry.py::test_26b_a4b_dry_run_matches_hand_calculation",
+         ('get_config("26b-a4b")', "dry_run.sizing_rows")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  text: str       # one command, continuation lines joined, comments dropped, spaces collapsed
+  line: int       # 1-based line in the README where it starts
+  marked: bool    # inside a block marked as needing weights or an accelerator
+
+
+def _runs_project(text: str) -> bool:
+  """A command of this project: a launch/ script with arguments, or a make target that is not
+  a benchmark (its recipe runs benchmarks/)."""
+  if text.startswith("make "):
+    return "benchmarks/" not in (_makefile_recipe(text.split()[1]) or "")
+  return "launch/" in text and " --" in text
+
+
+def _strip_comment(line: str) -> str:
+  """Drops a shell comment (`# ...` outside quotes)."""
+  quote = None
+  for i, ch in enumerate(line):
+    if ch in "'\"" and quote in (None, ch):
+      quote = None if quote else ch
+    elif ch == "#" and quote is None and (i == 0 or line[i - 1].isspace()):
+      return line[:i]
+  return line
+
+
+def _block_commands(lines: list[str], start: int, marked: bool) -> tuple[list[Command], int]:
+  """Commands of the shell block opening at `start`; returns them and the closing line index."""
+  out, parts, first = [], [], None
+  i = start + 1
+  while i < len(lines) and not lines[i].startswith("```"):
+    piece = _strip_comment(lines[i]).strip()
+    if piece:
+      first = i if first is None else first
+      parts.append(piece[:-1].strip() if piece.endswith("\\") else piece)
+      if not piece.endswith("\\"):
+        out.append(Command(" ".join(" ".join(parts).split()), first + 1, marked))
+        parts, first = [], None
+    i += 1
+  return out, i
+
+
+def _is_marked(lines: list[str], fence: int) -> bool:
+  """The paragraph right above the block starts with MARKER."""
+  i = fence - 1
+  while i >= 0 and not lines[i].strip():
+    i -= 1
+  while i > 0 and lines[i - 1].strip() and not lines[i - 1].startswith("```"):
+    i -= 1
+  return i >= 0 and lines[i].lstrip().startswith(MARKER)
+
+
+def _fenced(lines: list[str]) -> list[bool]:
+  """Whether each line belongs to a fenced block (fences included)."""
+  out, inside = [], False
+  for line in lines:
+    fence = line.startswith("```")
+    out.append(inside or fence)
+    inside = inside != fence
+  return out
+
+
+def readme_commands(text: str) -> list[Command]:
+  """Every project command of a README text: shell blocks, then inline code spans."""
+  lines, out, i = text.splitlines(), [], 0
+  while i < len(lines):
+    if lines[i].strip() in SHELL_FENCES:
+      block, i = _block_commands(lines, i, _is_marked(lines, i))
+      out += [c for c in block if _runs_project(c.text)]
+    elif lines[i].startswith("```"):                       # another language: skip the block
+      i += 1
+      while i < len(lines) and not lines[i].startswith("```"):
+        i += 1
+    i += 1
+  prose = "\n".join("" if _in_fence else l for l, _in_fence in zip(lines, _fenced(lines)))
+  for m in re.finditer(r"`([^`\n]*(?:\n[^`\n]*)?)`", prose):
+    span = " ".join(m.group(1).split())
+    if (span.startswith("make ") or " --" in span) and _runs_project(span):
+      out.append(Command(span, prose[:m.start()].count("\n") + 1, False))
+  return out
+
+
+def _readme() -> str:
+  with open(os.path.join(ROOT, "README.md")) as f:
+    return f.read()
+
+
+def _makefile_recipe(target: str) -> str | None:
+  """The recipe lines of a Makefile target (None: no such target)."""
+  with open(os.path.join(ROOT, "Makefile")) as f:
+    text = f.read()
+  m = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n?)*)", text, re.M)
+  return m.group(1) if m else None
+
+
+def _test_source(node: str) -> str:
+  """The source of `path::function` (or a Makefile target's recipe)."""
+  path, name = node.split("::")
+  if path == "Makefile":
+    recipe = _makefile_recipe(name)
+    assert recipe is not None, f"Makefile has no target {name!r}"
+    return recipe
+  with open(os.path.join(ROOT, path)) as f:
+    source = f.read()
+  for fn in ast.walk(ast.parse(source)):
+    if isinstance(fn, ast.FunctionDef) and fn.name == name:
+      return ast.get_source_segment(source, fn)
+  raise AssertionError(f"{path} has no test {name}")
+
+
+def test_every_readme_command_is_exercised_or_marked():
+  commands = readme_commands(_readme())
+  assert len(commands) > 20      # the extractor still finds the README's commands
+  lost = [f"README.md:{c.line}: {c.text}" for c in commands
+          if not c.marked and c.text not in EXERCISED]
+  assert not lost, ("README commands that no test runs and no '*Needs ...' line marks (add a "
+                    "row to EXERCISED or mark the block):\n" + "\n".join(lost))
+
+
+def test_every_table_row_is_a_readme_command():
+  texts = {c.text for c in readme_commands(_readme())}
+  stale = [k for k in EXERCISED if k not in texts]
+  assert not stale, f"EXERCISED rows whose command is not in README.md: {stale}"
+
+
+def test_each_row_names_a_test_that_runs_its_command():
+  for command, (node, evidence) in EXERCISED.items():
+    source = _test_source(node)
+    missing = [e for e in evidence if e not in source]
+    assert not missing, f"{node} (for {command!r}) does not contain {missing}"
+
+
+def test_make_targets_of_the_readme_exist():
+  for c in readme_commands(_readme()):
+    if c.text.startswith("make "):
+      assert _makefile_recipe(c.text.split()[1]) is not None, f"README.md:{c.line}: {c.text}"
+
+
+def test_an_unmarked_unexercised_command_is_caught():
+  """The extractor on a made-up README: a new command fails unless its block is marked."""
+  text = ("Run it:\n\n```bash\n# a comment\npython launch/train.py --config=configs/new.py \\\n"
+          "    --config.train.steps=3   # trailing comment\nls -l\n```\n\n"
+          "*Needs real weights; not run by the tests:*\n\n```bash\n"
+          "python launch/eval.py --config=configs/big.py --config.model.path=/w\n```\n\n"
+          "```python\nimport launch  # python launch/train.py --config=x\n```\n"
+          "Inline: `python launch/decode.py --config=configs/tiny.py:eval\n--num=2`, `make demo`,"
+          " and a bare `launch/eval.py`.\n")
+  got = [(c.text, c.marked) for c in readme_commands(text)]
+  assert got == [("python launch/train.py --config=configs/new.py --config.train.steps=3", False),
+                 ("python launch/eval.py --config=configs/big.py --config.model.path=/w", True),
+                 ("python launch/decode.py --config=configs/tiny.py:eval --num=2", False),
+                 ("make demo", False)]
+  unexercised = [t for t, marked in got if not marked and t not in EXERCISED]
+  assert unexercised == ["python launch/train.py --config=configs/new.py --config.train.steps=3",
+                         "python launch/decode.py --config=configs/tiny.py:eval --num=2"]
