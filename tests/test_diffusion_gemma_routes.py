@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from orl_jax import diffusion_gemma_rollout as dg_rollout
@@ -55,6 +56,7 @@ def _replayed_logits(model, batch, routes):
   return np.asarray(model.head(hidden))
 
 
+@pytest.mark.slow   # compiles a second rollout (without capture): ~2 min on 2 loaded cores
 def test_route_capture_changes_nothing_in_the_rollout():
   _, plain = _rollout(False)
   _, captured = _rollout(True)
