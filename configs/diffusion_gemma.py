@@ -11,6 +11,8 @@ Launch lines:
       --config.mesh.fsdp=8                    # fsdp=8 x expert=8 (64 devices), sized on one CPU
   python launch/train.py --config=configs/diffusion_gemma.py:debug --config.train.steps=2
                                               # tiny random model, 2 ORL iterations (CPU)
+  python launch/eval.py --config=configs/diffusion_gemma.py:debug --config.eval.compare=random:base
+                                              # accuracy vs TPF (both counts) -> results.json
 
 With `model.path` a Hugging Face directory, its config.json decides every shape (the values
 below are for sizing and random-init runs); the run exports WORKDIR/hf, which transformers'
@@ -29,7 +31,9 @@ Decoding (transformers' EntropyBoundSampler): decode.block_size is the canvas le
 decode.rule_value the entropy bound (nats), decode.max_steps_per_block the denoising steps per
 canvas (48), decode.t_max -> decode.t_min the linear temperature schedule, and a canvas stops
 when its argmax is stable for decode.stability_threshold steps with mean entropy below
-decode.confidence_threshold.
+decode.confidence_threshold. Rollouts record every forward's MoE expert ids
+(`orl.capture_routes`, on) so replay routes each token as the rollout did. Evaluation
+(`launch/eval.py`) decodes with the same sampler; its settings are `entropy_budget_<nats>`.
 
 Variants (`get_config(arg)`):
   "26b-a4b" (default): google/diffusiongemma-26B-A4B-it shapes: 30 layers (full on 5, 11, 17,
@@ -63,10 +67,13 @@ def _release(c):
   c.orl.prompts_per_step, c.orl.group_size = 8, 8
   c.orl.rollout_rule, c.orl.rollout_rule_value = "entropy_budget", 0.1
   c.orl.rollout_temperature = 1.0        # the sampler's own schedule (t_max -> t_min) applies
+  c.orl.capture_routes = True            # record every forward's expert ids: exact MoE replay
   # a state is a whole canvas (256): prompt + committed canvases + a few states per row
   c.replay.row_len, c.replay.n_rows = 4096, 16
   c.replay.max_states, c.replay.max_responses = 128, 64
   c.replay.states_per_response = 8
+  # evaluation: the sampler's entropy bound in nats (transformers' default 0.1)
+  c.eval.settings = ("entropy_budget_0.1", "entropy_budget_0.5", "entropy_budget_1.0")
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor, c.mesh.expert = 1, -1, 1, 8
 
 
@@ -82,6 +89,7 @@ def _debug(c):
   c.replay.row_len, c.replay.n_rows, c.replay.max_states, c.replay.max_responses = 256, 6, 24, 6
   c.replay.states_per_response = 4
   c.loss.conf_entropy = 0.999          # the random model's entropies sit near 0.9986
+  c.eval.settings = ("entropy_budget_0.1", "entropy_budget_0.5")
   c.mesh.expert = 1
 
 

@@ -129,7 +129,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.orl.rollout_seed = -1           # seed of the rollout sampling noise (-1 = `seed`)
   # MoE models: record every forward's expert ids during the rollout (its steps, the prompt
   # prefill, the commit forwards) and replay with them, so a near-tie in a router cannot send a
-  # replayed token to other experts than the rollout's (block-causal families only)
+  # replayed token to other experts than the rollout's (block-causal families and
+  # DiffusionGemma; not the bidirectional LLaDA-8B)
   c.orl.capture_routes = False
 
   c.replay = ml_collections.ConfigDict()

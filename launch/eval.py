@@ -8,6 +8,8 @@
       --config.eval.compare=/path/LLaDA-8B-Instruct:base,work_dirs/llada/params:orl
   python launch/eval.py --config=configs/llada.py:debug --config.task.name=gsm8k \
       --config.task.prompt_len=512 --config.eval.compare=random:base
+  # DiffusionGemma: its own sampler; settings entropy_budget_<nats>; TPF also as tpf_*_decoder
+  python launch/eval.py --config=configs/diffusion_gemma.py:debug --config.eval.compare=random:base
 """
 import _common  # repo on sys.path; run()
 from absl import app, logging

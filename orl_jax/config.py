@@ -164,8 +164,8 @@ def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
         f"decode.max_post_edit_steps={d.max_post_edit_steps} adds editing steps, but "
         "decode.edit_threshold=1.0 never edits: lower decode.edit_threshold (dllm 0.9, SGLang "
         "0.0) or set decode.max_post_edit_steps=0")
-  check(not config.orl.capture_routes or config.model.family == "block_causal",
-        f"orl.capture_routes needs a block-causal model (model.family="
+  check(not config.orl.capture_routes or config.model.family != "bidirectional",
+        f"orl.capture_routes needs a model decoded through a KV cache (model.family="
         f"{config.model.family!r} replays whole canvases and captures no routes)")
   return errors
 

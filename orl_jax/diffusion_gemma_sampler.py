@@ -24,6 +24,11 @@ Randomness: the denoiser token is an inverse-CDF sample with a uniform `u` per p
 re-noise tokens are uniform integers, both drawn from `fold_in(fold_in(key, canvas), step)` —
 or given explicitly (`SamplerNoise`), which is how the parity test feeds transformers and us
 the same noise.
+
+Route capture (`capture_routes`, DESIGN §2.3 on MoE): the expert ids every forward chose are
+recorded token-major — each denoising step's (in the trace), the prompt prefill's and each
+commit forward's — so replay can route every token exactly as the rollout did, even where the
+router sits at a near-tie that rounding would flip.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from orl_jax.decoding import ROUTE_DTYPE, token_major_routes
 from orl_jax.models.diffusion_gemma import DiffusionGemma, KVCache, init_cache
 
 
@@ -50,6 +56,7 @@ class SamplerConfig:
   pad_id: int | None = 0            # fills a row after its EOS (None: no padding)
   eos_ids: tuple[int, ...] = (1,)
   top_k: int = 16                   # rollout statistics recorded per position (StepTrace)
+  capture_routes: bool = False      # record the MoE expert ids of every forward (exact replay)
 
   def __post_init__(self):
     if self.max_steps < 1 or self.n_canvases < 1:
@@ -79,6 +86,8 @@ class StepTrace(NamedTuple):
   entropy: jax.Array    # [N, S, B, C] f32 normalized entropy (/ log V) of softmax(logits), T = 1
   topk_ids: jax.Array   # [N, S, B, C, K] int32 top-K of the step's prediction (T = 1)
   topk_logprobs: jax.Array  # [N, S, B, C, K] f32 their log-probabilities
+  routes: jax.Array | None = None  # [N, S, B, C, L, K_moe] ROUTE_DTYPE expert ids of the step
+                                   # (-1 where it did not count); None without capture_routes
 
 
 class GenerateOutput(NamedTuple):
@@ -87,6 +96,9 @@ class GenerateOutput(NamedTuple):
   commit_forwards: jax.Array   # [B] int32 commit forwards run (prompt prefill included)
   finished: jax.Array       # [B] bool an EOS was generated
   trace: StepTrace
+  prompt_routes: jax.Array | None = None  # [B, P, L, K_moe] the prefill's expert ids (-1: padding)
+  clean_routes: jax.Array | None = None   # [B, N·C, L, K_moe] each commit forward's (-1: none
+                                          # ran for the row, e.g. the last canvas)
 
 
 def temperature(cfg: SamplerConfig, cur_step):
@@ -139,7 +151,8 @@ def _step_noise(key, noise: SamplerNoise | None, c, s, shape, vocab: int):
 def _denoise_step(model: DiffusionGemma, cache: KVCache, cfg: SamplerConfig, done_rows, draw,
                   d: _Denoise) -> _Denoise:
   """One denoising step of every row (stopped rows keep their state)."""
-  logits = model.decode_forward(d.canvas, cache, d.z).logits
+  out = model.decode_forward(d.canvas, cache, d.z)
+  logits = out.logits
   processed = logits / temperature(cfg, cfg.max_steps - d.step)
   u, renoise = draw(d.step)
   denoised = inverse_cdf_sample(jax.nn.softmax(processed, axis=-1), u)
@@ -157,9 +170,12 @@ def _denoise_step(model: DiffusionGemma, cache: KVCache, cfg: SamplerConfig, don
   top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
   normalized = -jnp.sum(jnp.exp(logp) * logp, axis=-1) / jnp.log(jnp.float32(logits.shape[-1]))
   counted = ~(d.stopped | done_rows)
-  trace = jax.tree.map(lambda buf, x: buf.at[d.step].set(x), d.trace,
+  routes = None
+  if cfg.capture_routes:
+    routes = jnp.where(counted[:, None, None, None], token_major_routes(out.expert_ids), -1)
+  trace = jax.tree.map(lambda buf, x: buf.at[d.step].set(x.astype(buf.dtype)), d.trace,
                        StepTrace(d.canvas, d.z, accepted, ~d.stopped, counted, normalized,
-                                 top_ids.astype(jnp.int32), top_lp))
+                                 top_ids.astype(jnp.int32), top_lp, routes))
   forwards = d.forwards + counted.astype(jnp.int32)
   return _Denoise(d.step + 1, canvas, argmax, z, history, stopped, forwards, trace)
 
@@ -173,11 +189,13 @@ def denoise_canvas(model: DiffusionGemma, cache: KVCache, canvas, cfg: SamplerCo
   d_model = model.cfg.d_model
   s = cfg.max_steps
   k = cfg.top_k
+  routes = (_no_routes(model, (s, b, c)) if cfg.capture_routes else None)
   trace = StepTrace(jnp.zeros((s, b, c), jnp.int32),
                     jnp.zeros((s, b, c, d_model), model.cfg.compute_dtype),
                     jnp.zeros((s, b, c), bool), jnp.zeros((s, b), bool),
                     jnp.zeros((s, b), bool), jnp.zeros((s, b, c), jnp.float32),
-                    jnp.zeros((s, b, c, k), jnp.int32), jnp.zeros((s, b, c, k), jnp.float32))
+                    jnp.zeros((s, b, c, k), jnp.int32), jnp.zeros((s, b, c, k), jnp.float32),
+                    routes)
   init = _Denoise(jnp.int32(0), canvas, canvas, jnp.zeros((b, c, d_model),
                                                           model.cfg.compute_dtype),
                   jnp.full((cfg.stability_threshold, b, c), -1, jnp.int32),
@@ -185,6 +203,18 @@ def denoise_canvas(model: DiffusionGemma, cache: KVCache, canvas, cfg: SamplerCo
   out = jax.lax.while_loop(lambda d: (d.step < s) & ~jnp.all(d.stopped),
                            lambda d: _denoise_step(model, cache, cfg, done_rows, draw, d), init)
   return out.argmax, out.forwards, out.trace
+
+
+def _no_routes(model: DiffusionGemma, lead: tuple):
+  """A route buffer [*lead, L, K_moe] of -1 (no forward routed these tokens)."""
+  mcfg = model.cfg
+  return jnp.full(lead + (len(mcfg.layers), mcfg.top_k), -1, ROUTE_DTYPE)
+
+
+def check_route_capture(model: DiffusionGemma, cfg: SamplerConfig) -> None:
+  if cfg.capture_routes and model.cfg.n_experts > jnp.iinfo(ROUTE_DTYPE).max:
+    raise ValueError(f"orl.capture_routes stores expert ids as {jnp.dtype(ROUTE_DTYPE).name}: "
+                     f"{model.cfg.n_experts} experts do not fit")
 
 
 def finalize_canvas(argmax, done_rows, cfg: SamplerConfig):
@@ -204,10 +234,23 @@ def generate(model: DiffusionGemma, prompt, key, cfg: SamplerConfig, *, prompt_v
              noise: SamplerNoise | None = None) -> GenerateOutput:
   """Generates `n_canvases` canvases after the prompts [B, P] (left padding: `prompt_valid`
   False). Call under `jax.jit` (see `make_generator`)."""
+  check_route_capture(model, cfg)
   b, p = prompt.shape
   c, vocab = model.cfg.canvas_length, model.cfg.vocab_size
+  valid = jnp.ones((b, p), bool) if prompt_valid is None else prompt_valid
   cache = init_cache(model.cfg, b, p + cfg.n_canvases * c)
-  cache = model.commit_forward(prompt, cache, prompt_valid).cache
+  prefill = model.commit_forward(prompt, cache, valid)
+  cache = prefill.cache
+  capture = cfg.capture_routes
+  no_routes = _no_routes(model, (b, c)) if capture else None
+
+  def commit(tokens, cache, live):
+    """The commit forward of a canvas -> (cache, its routes [B, C, L, K] for `live` rows)."""
+    out = model.commit_forward(tokens, cache)
+    if not capture:
+      return out.cache, None
+    ids = token_major_routes(out.expert_ids)
+    return out.cache, jnp.where(live[:, None, None, None], ids, no_routes)
 
   def one_canvas(carry, ci):
     cache, done, forwards, commits = carry
@@ -218,17 +261,23 @@ def generate(model: DiffusionGemma, prompt, key, cfg: SamplerConfig, *, prompt_v
     argmax, n_fwd, trace = denoise_canvas(model, cache, initial, cfg, draw, done)
     tokens, finished = finalize_canvas(argmax, done, cfg)
     last = ci == cfg.n_canvases - 1
-    cache = jax.lax.cond(last, lambda k: k, lambda k: model.commit_forward(tokens, k).cache,
-                         cache)
+    cache, routes = jax.lax.cond(last, lambda k: (k, no_routes),
+                                 lambda k: commit(tokens, k, ~done), cache)
     commits = commits + jnp.where(last, 0, 1)
-    return (cache, finished, forwards + n_fwd, commits), (tokens, trace)
+    return (cache, finished, forwards + n_fwd, commits), (tokens, trace, routes)
 
   zeros = jnp.zeros((b,), jnp.int32)
-  (_, finished, forwards, commits), (tokens, trace) = jax.lax.scan(
+  (_, finished, forwards, commits), (tokens, trace, routes) = jax.lax.scan(
       one_canvas, (cache, jnp.zeros((b,), bool), zeros, jnp.int32(1)),
       jnp.arange(cfg.n_canvases))
-  tokens = jnp.transpose(tokens, (1, 0, 2)).reshape(b, cfg.n_canvases * c)
-  return GenerateOutput(tokens, forwards, jnp.broadcast_to(commits, (b,)), finished, trace)
+  by_row = lambda x: jnp.moveaxis(x, 1, 0).reshape((b, cfg.n_canvases * c) + x.shape[3:])
+  prompt_routes = clean_routes = None
+  if capture:
+    prompt_routes = jnp.where(valid[:, :, None, None], token_major_routes(prefill.expert_ids),
+                              -1).astype(ROUTE_DTYPE)
+    clean_routes = by_row(routes)
+  return GenerateOutput(by_row(tokens), forwards, jnp.broadcast_to(commits, (b,)), finished,
+                        trace, prompt_routes, clean_routes)
 
 
 def make_generator(graphdef, cfg: SamplerConfig):

@@ -141,10 +141,12 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
                                          scfg, o.group_size, 0), params, prompts, valid)
   n_rollouts = o.prompts_per_step * o.group_size
   n_states = scfg.n_canvases * scfg.max_steps
-  cap = _tree_bytes(traj.capture)
-  rows.append(SizingRow("rollout capture buffers", cap, cap // data_par,
-                        f"{n_rollouts} responses x {n_states} states x canvas "
-                        f"{cfg.canvas_length} x D={cfg.d_model}"))
+  cap = _tree_bytes(traj.capture)   # with orl.capture_routes: the route buffers too
+  note = (f"{n_rollouts} responses x {n_states} states x canvas {cfg.canvas_length} x "
+          f"D={cfg.d_model}")
+  if scfg.capture_routes:            # expert ids of every step, the prefill, the commits
+    note += f" + routes ({cfg.n_layers} MoE layers x top-{cfg.top_k})"
+  rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
   batch = abstract_replay_batch(config, traj, mask_id=-1, block_size=cfg.canvas_length)
   r = config.replay
   replay = _tree_bytes(batch)

@@ -2,13 +2,18 @@
 
 TPS is generated tokens / wall seconds of the jitted decoder after an ahead-of-time compile
 (compilation excluded); verification and detokenisation are not timed.
+
+A family with its own decoder (`Family.make_decoder`: DiffusionGemma's uniform-noise sampler)
+is evaluated through it; such a family also reports `tpf_*_decoder`, TPF over its denoising
+forwards only (transformers' count), beside `tpf_*` with one commit forward per decoded canvas
+(the paper's count, DESIGN §2.2).
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -20,6 +25,7 @@ from orl_jax import distributed
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decoding import make_decoder
+from orl_jax.models import families
 from orl_jax.unmasking import UnmaskRule
 
 
@@ -42,18 +48,37 @@ def _pad_rows(x: np.ndarray, batch_size: int) -> np.ndarray:
   return np.concatenate([x, x[:pad]]) if pad else x
 
 
+class Decoded(NamedTuple):
+  """Host arrays over all problems (every process) and the decode seconds."""
+  tokens: np.ndarray        # [n, N] responses
+  nfe: np.ndarray           # [n] forwards, the paper's count (one commit forward per block)
+  nfe_engine: np.ndarray    # [n] forwards the engine ran
+  n_generated: np.ndarray   # [n] tokens through the first EOS
+  nfe_decoder: np.ndarray | None   # [n] denoising forwards only (DiffusionGemma: transformers'
+                                   # count); None for the mask families
+  seconds: float
+
+
+def _decoder(graphdef, task, config, rule: UnmaskRule, temperature: float, model_cfg=None):
+  """The jitted decoder of the model's family (`Family.make_decoder`) or the shared block
+  decoder: `(params, prompt_tokens, prompt_valid, key) -> rows with tokens, nfe, ...`."""
+  family = families.of_model(model_cfg)
+  if family is not None and family.make_decoder is not None:
+    return family.make_decoder(config, model_cfg, graphdef, rule, temperature)
+  dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
+                                  eos_id=task.tokenizer.eos_id, rule=rule,
+                                  temperature=temperature)
+  return make_decoder(graphdef, dcfg)
+
+
 def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, *,
                     batch_size: int, temperature: float = 0.0, seed: int = 0, progress=False,
-                    mesh=None):
-  """Decodes `problems`; returns host arrays (tokens, nfe, nfe_engine, n_generated), each over
-  all problems on every process, and the decode seconds.
+                    mesh=None, model_cfg=None) -> Decoded:
+  """Decodes `problems` with the decoder of `model_cfg`'s family (default: the block decoder).
 
   With a `mesh`, every batch is one global array split over the mesh's batch axes: each
   process feeds, and its devices decode, only its rows (`sharding.process_rows`); the outputs
   are gathered. Without one, the batch is a host array every device sees whole."""
-  dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
-                                  eos_id=task.tokenizer.eos_id, rule=rule,
-                                  temperature=temperature)
   prompts, valid = encode_prompts(problems, task.tokenizer, config.task.prompt_len)
   prompts, valid = _pad_rows(prompts, batch_size), _pad_rows(valid, batch_size)
   if mesh is not None:
@@ -62,7 +87,7 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     feed = lambda p, v: sharding_lib.shard_batch((p[rows], v[rows]), mesh, batch_size)
   else:
     feed = lambda p, v: (p, v)
-  run = make_decoder(graphdef, dcfg)
+  run = _decoder(graphdef, task, config, rule, temperature, model_cfg)
   key = jax.random.key(seed)
   compiled = run.lower(params, *feed(prompts[:batch_size], valid[:batch_size]), key).compile()
   outs, seconds = [], 0.0
@@ -73,9 +98,11 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     t0 = time.perf_counter()
     out = jax.block_until_ready(compiled(params, *batch, jax.random.fold_in(key, i)))
     seconds += time.perf_counter() - t0
-    outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated)))
-  tokens, nfe, nfe_engine, n_gen = (np.concatenate(x)[:len(problems)] for x in zip(*outs))
-  return tokens, nfe, nfe_engine, n_gen, seconds
+    decoder = getattr(out, "nfe_decoder", None)
+    outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated)
+                                     + (() if decoder is None else (decoder,))))
+  arrays = [np.concatenate(x)[:len(problems)] for x in zip(*outs)]
+  return Decoded(*arrays[:4], arrays[4] if len(arrays) > 4 else None, seconds)
 
 
 def _score_shared(problems, texts, verifier) -> np.ndarray:
@@ -95,25 +122,29 @@ def _score_shared(problems, texts, verifier) -> np.ndarray:
   return scores
 
 
+def _tpf_fields(n_gen, nfe, suffix: str) -> dict:
+  nfe = np.maximum(nfe, 1)
+  return {f"tpf_mean{suffix}": float(np.mean(n_gen / nfe)),
+          f"tpf_pooled{suffix}": float(n_gen.sum() / nfe.sum()),
+          f"nfe_mean{suffix}": float(nfe.mean())}
+
+
 def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule, *,
-                     batch_size: int, progress=False, mesh=None) -> dict:
-  tokens, nfe, nfe_engine, n_gen, seconds = decode_problems(
-      graphdef, params, problems, task, config, rule, batch_size=batch_size, progress=progress,
-      mesh=mesh)
-  texts = [task.tokenizer.decode(t, stop_at_eos=True) for t in tokens]
+                     batch_size: int, progress=False, mesh=None, model_cfg=None) -> dict:
+  d = decode_problems(graphdef, params, problems, task, config, rule, batch_size=batch_size,
+                      progress=progress, mesh=mesh, model_cfg=model_cfg)
+  texts = [task.tokenizer.decode(t, stop_at_eos=True) for t in d.tokens]
   scores = _score_shared(problems, texts, task.verifier)
-  nfe, nfe_engine = np.maximum(nfe, 1), np.maximum(nfe_engine, 1)
+  n_gen = d.n_generated
   return {   # TPF: the paper's count (one commit forward per decoded block, the last included)
       "accuracy": float(scores.mean()),
-      "tpf_mean": float(np.mean(n_gen / nfe)),
-      "tpf_pooled": float(n_gen.sum() / nfe.sum()),
-      "nfe_mean": float(nfe.mean()),
+      **_tpf_fields(n_gen, d.nfe, ""),
       # the forwards the engine ran (commits no later block needs are skipped)
-      "tpf_mean_engine": float(np.mean(n_gen / nfe_engine)),
-      "tpf_pooled_engine": float(n_gen.sum() / nfe_engine.sum()),
-      "nfe_mean_engine": float(nfe_engine.mean()),
+      **_tpf_fields(n_gen, d.nfe_engine, "_engine"),
+      # denoising forwards only (transformers' DiffusionGemma count; no commit forwards)
+      **({} if d.nfe_decoder is None else _tpf_fields(n_gen, d.nfe_decoder, "_decoder")),
       "tokens_mean": float(n_gen.mean()),
-      "tps": float(n_gen.sum() / max(seconds, 1e-9)),
+      "tps": float(n_gen.sum() / max(d.seconds, 1e-9)),
       "n_problems": len(problems),
       "batch_size": batch_size,
       "processes": jax.process_count(),
@@ -125,9 +156,10 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
 
 
 def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progress=True,
-             mesh=None) -> dict:
+             mesh=None, model_cfg=None) -> dict:
   """{setting: metrics} of the model on the first `eval.n_problems` evaluation problems; with a
-  `mesh`, the problems of each batch are split over its batch axes (and so over processes)."""
+  `mesh`, the problems of each batch are split over its batch axes (and so over processes).
+  `model_cfg` (the run's `Setup.model_cfg`) picks its family's decoder."""
   problems = task.eval_problems()
   if config.eval.n_problems > len(problems):
     raise ValueError(f"eval.n_problems={config.eval.n_problems} but the task's evaluation set has "
@@ -135,7 +167,7 @@ def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progres
   problems = problems[:config.eval.n_problems]
   return {label: evaluate_setting(graphdef, params, problems, task, config,
                                   UnmaskRule.parse(label), batch_size=config.eval.batch_size,
-                                  progress=progress, mesh=mesh)
+                                  progress=progress, mesh=mesh, model_cfg=model_cfg)
           for label in settings}
 
 
@@ -260,7 +292,7 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True)
     s = loop.setup(cfg)
     graphdef, params = loop.initial_params(s)
     results = evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress,
-                       mesh=s.mesh)
+                       mesh=s.mesh, model_cfg=s.model_cfg)
     if distributed.is_lead_process():
       all_results = update_results(path, name, results)
     else:

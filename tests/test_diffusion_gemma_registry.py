@@ -15,7 +15,7 @@ from orl_jax.models import families
 from orl_jax.models.diffusion_gemma import DiffusionGemma
 from orl_jax.models.diffusion_gemma_config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
 from orl_jax.models.families import base
-from orl_jax.rollout import capture_bytes
+from orl_jax.rollout import capture_bytes, route_capture_bytes
 from orl_jax.train.state import frozen_params
 
 TINY = DiffusionGemmaConfig(
@@ -91,6 +91,7 @@ def test_variants():
   assert (m.d_model, m.n_layers, m.n_heads, m.moe.n_experts, m.moe.top_k) == (2816, 30, 16,
                                                                               128, 8)
   assert m.diffusion_gemma.sliding_window == 1024 and c.decode.block_size == 256
+  assert c.orl.capture_routes and c.eval.settings[0] == "entropy_budget_0.1"
   for variant in dg_configs.VARIANTS:
     config_lib.validate(dg_configs.get_config(variant))
   with pytest.raises(ValueError, match="26b-a4b"):
@@ -138,8 +139,13 @@ def test_26b_a4b_dry_run_matches_hand_calculation(fsdp):
     assert by[name].per_device_bytes == by[name].total_bytes // shards
   # 64 responses x (2 canvases x 48 steps) states, each: canvas 256 x (z 2816 bf16 + token,
   # alpha, entropy + top-16 ids and log-probs + accepted) + block, step, valid
+  # + routes (orl.capture_routes): int16 top-8 ids of 30 layers for every token of every state,
+  # of the 512-token prompt prefill and of the 512 committed response tokens
   per_state = 256 * (2816 * bf16 + 3 * 4 + 16 * 8 + 1) + 2 * 4 + 1
-  assert by["rollout capture buffers"].total_bytes == 64 * (96 * per_state + 4 + 1)
-  dcfg = types.SimpleNamespace(capture_states=96, block_size=256, top_k=16)
-  assert by["rollout capture buffers"].total_bytes == capture_bytes(64, dcfg, 2816, bf16)
+  routes = 64 * (96 * 256 + 512 + 512) * 30 * 8 * 2
+  assert by["rollout capture buffers"].total_bytes == 64 * (96 * per_state + 4 + 1) + routes
+  dcfg = types.SimpleNamespace(capture_states=96, block_size=256, top_k=16, gen_length=512,
+                               capture_routes=True)
+  assert by["rollout capture buffers"].total_bytes == (
+      capture_bytes(64, dcfg, 2816, bf16) + route_capture_bytes(64, dcfg, 512, 30, 8))
   print(dry_run.format_table(rows, info))

@@ -78,6 +78,11 @@ class Family:
   passthrough_prefixes: tuple[str, ...] = ()   # HF tensors exported unchanged (not modelled)
   make_rollout: Callable | None = None  # (config, model_cfg, graphdef, group_size, mesh) ->
                                         # jitted rollout (None: the shared block decoder)
+  make_decoder: Callable | None = None  # (config, model_cfg, graphdef, rule, temperature) ->
+                                        # evaluation's jitted (params, prompt_tokens,
+                                        # prompt_valid, key) -> rows with tokens, nfe,
+                                        # nfe_engine, n_generated, nfe_decoder (None: the
+                                        # shared block decoder, decoding.make_decoder)
   unresolved: str = "masked"   # state positions the losses train (replay.gather_batch)
   replay_context: str = "block"  # context stream of packed replay rows (replay.ReplayConfig)
 

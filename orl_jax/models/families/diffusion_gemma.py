@@ -150,7 +150,8 @@ FAMILY = Family(
     decode=dict(block_size=256, rule="entropy_budget", rule_value=0.1),
     chat="none", config_from_hf=DiffusionGemmaConfig.from_hf, build_model=build_model,
     frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES,
-    make_rollout=lambda *a: _make_rollout(*a), unresolved="not_accepted",
+    make_rollout=lambda *a: _make_rollout(*a), make_decoder=lambda *a: _make_decoder(*a),
+    unresolved="not_accepted",
     replay_context="token")
 
 
@@ -159,6 +160,21 @@ def _make_rollout(config, cfg: DiffusionGemmaConfig, graphdef, group_size: int, 
   from orl_jax import diffusion_gemma_rollout as dg_rollout
   scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
   return dg_rollout.make_rollout(graphdef, scfg, group_size, mesh)
+
+
+def _make_decoder(config, cfg: DiffusionGemmaConfig, graphdef, rule, temperature: float):
+  """Evaluation's decoder: the uniform-noise sampler (no capture) whose entropy bound (nats)
+  is the setting's `entropy_budget_<bound>`; it samples with its own temperature schedule
+  (decode.t_max -> decode.t_min), so `temperature` is not used."""
+  del temperature
+  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  if rule.name != "entropy_budget":
+    raise ValueError(f"eval.settings: {rule.label!r} is not a DiffusionGemma decoder; its "
+                     "sampler accepts by an entropy bound: use 'entropy_budget_<nats>' "
+                     "(transformers' default 0.1)")
+  scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id,
+                                   rollout=False, entropy_bound=rule.value)
+  return dg_rollout.make_decoder(graphdef, scfg)
 
 
 def params_to_hf(flat: dict, cfg: DiffusionGemmaConfig, passthrough: dict | None = None) -> dict:

@@ -1,0 +1,86 @@
+"""Evaluation of DiffusionGemma (DESIGN §6): `evaluate_models` decodes with the family's own
+uniform-noise sampler (`Family.make_decoder`) and reports TPF in both conventions — over the
+denoising (decoder) forwards only, as transformers counts, and with one commit forward per
+decoded canvas, the paper's count (DESIGN §2.2). The forwards are counted here by hand from
+the sampler's own output for the same prompts and key: decoder forwards are the steps its
+trace marks as counted, decoded canvases run up to the canvas holding the row's first EOS,
+generated tokens through that EOS."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import diffusion_gemma as dg_configs
+from orl_jax import diffusion_gemma_rollout as dg_rollout
+from orl_jax import diffusion_gemma_sampler as sampler
+from orl_jax import evaluate as eval_lib
+from orl_jax.data.pipeline import encode_prompts
+from orl_jax.models import families
+from orl_jax.train import loop
+from orl_jax.unmasking import UnmaskRule
+
+SETTING = "entropy_budget_0.1"
+
+
+def _config(workdir):
+  c = dg_configs.get_config("debug")
+  c.workdir = str(workdir)
+  c.eval.n_problems, c.eval.batch_size = 16, 16
+  c.eval.settings = (SETTING,)
+  return c
+
+
+def _hand_count(c):
+  """Per-row (generated tokens, decoder forwards, decoded canvases) of the sampler run the
+  evaluation makes (model 'random' = init from config.seed; batch 0 uses fold_in(key(0), 0))."""
+  s = loop.setup(eval_lib.model_config_for(c, eval_lib.RANDOM_INIT))
+  graphdef, params = loop.initial_params(s)
+  problems = s.task.eval_problems()[:c.eval.n_problems]
+  prompts, valid = encode_prompts(problems, s.task.tokenizer, c.task.prompt_len)
+  scfg = dg_rollout.sampler_config(c, eos_ids=s.model_cfg.eos_ids, pad_id=s.model_cfg.pad_id,
+                                   rollout=False, entropy_bound=UnmaskRule.parse(SETTING).value)
+  out = sampler.make_generator(graphdef, scfg)(params, prompts,
+                                               jax.random.fold_in(jax.random.key(0), 0), valid)
+  tokens = np.asarray(out.tokens)
+  n_canvases, canvas = scfg.n_canvases, s.model_cfg.canvas_length
+  is_eos = np.isin(tokens, s.model_cfg.eos_ids)
+  first = np.argmax(is_eos, axis=1)
+  has = is_eos.any(axis=1)
+  n_gen = np.where(has, first + 1, n_canvases * canvas)
+  canvases = np.where(has, first // canvas + 1, n_canvases)
+  decoder = np.asarray(out.trace.counted).sum(axis=(0, 1))
+  return n_gen, decoder, canvases, n_canvases
+
+
+def test_evaluation_reports_tpf_in_both_conventions_as_counted_by_hand(tmp_path):
+  c = _config(tmp_path)
+  all_results = eval_lib.evaluate_models(c, [(eval_lib.RANDOM_INIT, "base")], progress=False)
+  with open(os.path.join(c.workdir, "results.json")) as f:
+    assert json.load(f) == json.loads(json.dumps(all_results))
+  r = all_results["base"][SETTING]
+  n_gen, decoder, canvases, n_canvases = _hand_count(c)
+  paper = decoder + canvases                 # + one commit forward per decoded canvas
+  engine = decoder + n_canvases - 1          # the commits the sampler ran (none after the last)
+  print(f"rows decoding 1 / {n_canvases} canvases: {(canvases == 1).sum()} / "
+        f"{(canvases == n_canvases).sum()}; tpf {r['tpf_pooled']:.3f}, "
+        f"decoder-only {r['tpf_pooled_decoder']:.3f}")
+  close = lambda a, b: abs(a - b) <= 1e-9 * abs(b)
+  assert close(r["tpf_pooled"], n_gen.sum() / paper.sum())
+  assert close(r["tpf_pooled_decoder"], n_gen.sum() / decoder.sum())
+  assert close(r["tpf_pooled_engine"], n_gen.sum() / engine.sum())
+  assert close(r["tpf_mean"], np.mean(n_gen / paper))
+  assert close(r["tpf_mean_decoder"], np.mean(n_gen / decoder))
+  assert close(r["nfe_mean"], paper.mean()) and close(r["nfe_mean_decoder"], decoder.mean())
+  assert close(r["tokens_mean"], n_gen.mean())
+  # the two conventions differ by exactly the commit forwards: 1/TPF grows by canvases/tokens
+  assert close(1 / r["tpf_pooled"] - 1 / r["tpf_pooled_decoder"], canvases.sum() / n_gen.sum())
+  assert r["tpf_pooled_decoder"] > r["tpf_pooled"] > 0 and 0 <= r["accuracy"] <= 1
+
+
+def test_evaluation_names_a_setting_the_sampler_cannot_decode():
+  c = dg_configs.get_config("debug")
+  family = families.get("diffusion_gemma")
+  with pytest.raises(ValueError, match="entropy_budget_<nats>"):
+    family.make_decoder(c, None, None, UnmaskRule("threshold", 0.9), 0.0)
