@@ -101,6 +101,11 @@ EXERCISED = {
         ("tests/test_diffusion_gemma_train.py::"
          "test_debug_config_trains_two_orl_iterations_and_exports_for_transformers",
          ('get_config("debug")', "c.train.steps = 2", "loop.train(")),
+    # the launcher's compare path (evaluate_models) on the debug config (_config: get_config("debug"), 16 problems)
+    "python launch/eval.py --config=configs/diffusion_gemma.py:debug --config.eval.compare=random:base":
+        ("tests/test_diffusion_gemma_eval.py::"
+         "test_evaluation_reports_tpf_in_both_conventions_as_counted_by_hand",
+         ("_config(tmp_path)", "evaluate_models(", "RANDOM_INIT")),
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
     "--config=configs/diffusion_gemma.py:26b-a4b --config.dry_run=True":
         ("tests/test_diffusion_gemma_registry.py::test_26b_a4b_dry_run_matches_hand_calculation",
