@@ -101,7 +101,8 @@ EXERCISED = {
         ("tests/test_diffusion_gemma_train.py::"
          "test_debug_config_trains_two_orl_iterations_and_exports_for_transformers",
          ('get_config("debug")', "c.train.steps = 2", "loop.train(")),
-    # the launcher's compare path (evaluate_models) on the debug config (_config: get_config("debug"), 16 problems)
+    # the launcher's compare path (evaluate_models) on the debug config
+    # (_config: get_config("debug"), 16 problems)
     "python launch/eval.py --config=configs/diffusion_gemma.py:debug --config.eval.compare=random:base":
         ("tests/test_diffusion_gemma_eval.py::"
          "test_evaluation_reports_tpf_in_both_conventions_as_counted_by_hand",
