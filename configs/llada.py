@@ -14,6 +14,11 @@ Launch lines:
   python launch/eval.py  --config=configs/llada.py:8b-instruct --config.task.name=gsm8k \
       --config.eval.compare=/path/LLaDA-8B-Instruct:base,work_dirs/llada/hf:orl
   python launch/train.py --config=configs/llada.py:debug       # tiny random MoE, 2 ORL steps (CPU)
+  python launch/eval.py  --config=configs/llada.py:8b-instruct --config.train.mode=eval \
+      --config.model.path=/path/LLaDA-8B-Instruct --config.decode.cache=dual  # Fast-dLLM cache
+
+LLaDA-8B is bidirectional: `decode.cache` (none | prefix | dual, declared in configs/tiny.py)
+chooses Fast-dLLM's approximate prefix or dual cache for evaluation; ORL rollouts need "none".
 
 With `model.path` a Hugging Face directory, its config.json decides the family and every shape
 (the values below are for sizing and for random-init runs); the run exports WORKDIR/hf with the
