@@ -267,12 +267,14 @@ class _Canvas:
     stored block slot (and, for `prefix`, everything after it) is hidden by marking it
     KIND_PAD in the cache metadata, not sliced away, so the block start may differ per row."""
     model, cfg, b_rows, b = self.model, self.cfg, self.b_rows, self.cfg.block_size
+    tokens, residual = block_tokens, res
     width = b if cfg.cache == "dual" else cfg.gen_length
-    padded = jnp.pad(canvas, ((0, 0), (0, width)), constant_values=cfg.mask_id)
-    tokens = jax.lax.dynamic_update_slice_in_dim(
-        jax.lax.dynamic_slice_in_dim(padded, start, width, axis=1), block_tokens, 0, axis=1)
-    pad = ((0, 0), (0, width - b)) + ((0, 0),) * (res.z.ndim - 2)
-    residual = Residual(jnp.pad(res.z, pad), jnp.pad(res.alpha, pad[:2]))
+    if width > b:   # prefix: the block, then the canvas after it (padded past its end)
+      padded = jnp.pad(canvas, ((0, 0), (0, width)), constant_values=cfg.mask_id)
+      tokens = jax.lax.dynamic_update_slice_in_dim(
+          jax.lax.dynamic_slice_in_dim(padded, start, width, axis=1), block_tokens, 0, axis=1)
+      pad = ((0, 0), (0, width - b))
+      residual = Residual(jnp.pad(res.z, pad + ((0, 0),)), jnp.pad(res.alpha, pad))
     positions = jnp.broadcast_to(start + jnp.arange(width, dtype=jnp.int32), (b_rows, width))
     in_canvas = positions < canvas.shape[1]
     meta = make_meta(jnp.where(in_canvas, KIND_PROMPT, KIND_PAD), 0, segment=0)
