@@ -18,6 +18,11 @@ Launch lines:
       --config.model.path=/path/LLaDA-8B-Instruct --prompt="What is 7 * 8?"
   python launch/decode.py --config=configs/llada.py --config.model.path=/path/LLaDA2.1-mini \
       --prompt="What is 7 * 8?"                               # any LLaDA / LLaDA2 directory
+  python launch/eval.py  --config=configs/llada.py:8b-instruct --config.train.mode=eval \
+      --config.model.path=/path/LLaDA-8B-Instruct --config.decode.cache=dual  # Fast-dLLM cache
+
+LLaDA-8B is bidirectional: `decode.cache` (none | prefix | dual, declared in configs/tiny.py)
+chooses Fast-dLLM's approximate prefix or dual cache for evaluation; ORL rollouts need "none".
 
 With `model.path` a Hugging Face directory, its config.json decides the family and every shape
 (the values below are for sizing and for random-init runs), so a smaller or larger checkpoint

@@ -100,6 +100,12 @@ def base_config() -> ml_collections.ConfigDict:
   # max_post_edit_steps): dllm 0.95 / 0.9 / 16, SGLang 0.5 / 0.0 / 16.
   c.decode.edit_threshold = 1.0
   c.decode.max_post_edit_steps = 0  # LLaDA2.1 editing steps after a block fills
+  # Bidirectional families (model.family="bidirectional"; others must keep "none": they decode
+  # through an exact KV cache): "none" forwards the whole canvas every step (exact); Fast-dLLM's
+  # approximate caches forward the whole canvas once per block start, then only the block and
+  # what follows it ("prefix") or only the block ("dual") against the stored K/V. ORL
+  # rollouts (train.mode="orl") need "none": their states must replay exactly.
+  c.decode.cache = "none"
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sft"              # sft | residual_warmup | rcd_offline | orl | eval

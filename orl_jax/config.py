@@ -9,7 +9,7 @@ import dataclasses
 
 import ml_collections
 
-from orl_jax.decoding import DecodeConfig
+from orl_jax.decoding import CACHE_MODES, DecodeConfig
 from orl_jax.losses import KL_REFERENCES
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
@@ -59,6 +59,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "both give weights; set model.path only")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
   errors += _editing_errors(config)
+  errors += _cache_errors(config)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
   check(t.lr > 0, f"train.lr={t.lr} must be positive")
   check(t.steps >= 0, f"train.steps={t.steps} must be >= 0")
@@ -170,6 +171,27 @@ def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
+def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """decode.cache: Fast-dLLM's approximate caches exist for bidirectional canvases only, and
+  ORL rollouts must decode exactly (their captured states are replayed)."""
+  cache, family = config.decode.get("cache", "none"), config.model.family
+  if cache == "none":
+    return []
+  if cache not in CACHE_MODES:
+    return [f"decode.cache={cache!r} must be one of {CACHE_MODES}"]
+  errors = []
+  if family != "bidirectional":
+    errors.append(f"decode.cache={cache!r} caches a bidirectional canvas, but model.family="
+                  f"{family!r} already decodes through its exact KV cache: set "
+                  "decode.cache='none'")
+  if config.train.mode == "orl":
+    errors.append(f"decode.cache={cache!r} is approximate: ORL rollouts capture what each step "
+                  "consumed and the packed replay must reproduce it, which only "
+                  "decode.cache='none' does: set decode.cache='none' for train.mode='orl' "
+                  "(evaluate with the cache in a separate train.mode='eval' run)")
+  return errors
+
+
 def moe_config(config: ml_collections.ConfigDict) -> MoEConfig | None:
   """The `model.moe` section as a MoEConfig (None when absent or `n_experts` = 0: dense)."""
   moe = config.model.get("moe")
@@ -223,4 +245,4 @@ def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: in
                       temperature=d.temperature if temperature is None else temperature,
                       max_steps_per_block=d.max_steps_per_block, capture_states=capture_states,
                       top_k=d.top_k, edit_threshold=d.edit_threshold,
-                      max_post_edit_steps=d.max_post_edit_steps)
+                      max_post_edit_steps=d.max_post_edit_steps, cache=d.get("cache", "none"))

@@ -3,7 +3,10 @@
 For each block: fill with [MASK]; repeat denoising steps until no mask remains (each step:
 forward the block against the KV cache, propose a token per position, commit by the unmasking
 rule, carry the residual); then one commit forward writes the block into the KV cache.
-Bidirectional families (LLaDA) forward the whole canvas each step and need no commit forward.
+Bidirectional families (LLaDA) forward the whole canvas each step and need no commit forward,
+or, with `cache` (Fast-dLLM, approximate), forward the whole canvas once at each block start
+and then only the block (`dual`) or the block and what follows it (`prefix`) against the K/V
+that forward stored (see `_Canvas.cached_step_logits`).
 
 Everything runs in `lax.while_loop`s with static shapes: a batch of prompts decodes together,
 rows finish independently (EOS), and there is no host synchronisation per step.
@@ -13,7 +16,8 @@ denoising steps plus one commit forward per decoded block, the last block includ
 spends commit forwards only where a later block needs the cache (not after the last block, not
 for a row whose EOS was committed in this block); `nfe_engine` counts the forwards it actually
 ran. Bidirectional families have no KV cache and so no commit forward: both counts are the
-denoising steps.
+denoising steps (with `cache`, the block-start forward is the block's first step, as in
+Fast-dLLM).
 """
 from __future__ import annotations
 
@@ -29,7 +33,12 @@ from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
 from orl_jax.unmasking import UnmaskRule, select_commits, select_edits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
-                                                make_meta)
+                                                TokenMeta, make_meta)
+
+
+# Bidirectional canvases (decode.cache): "none" forwards the whole canvas every step (exact);
+# "prefix" and "dual" are Fast-dLLM's approximate caches, refreshed at every block start.
+CACHE_MODES = ("none", "prefix", "dual")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +60,10 @@ class DecodeConfig:
   edit_threshold: float = 1.0
   max_post_edit_steps: int = 0
   capture_routes: bool = False    # capture: the MoE expert ids of every forward (exact replay)
+  # bidirectional families: none | prefix (later steps forward the block and what follows it
+  # against the prefix K/V of the block-start forward) | dual (later steps forward only the
+  # block against the prefix and suffix K/V of the block-start forward). Both approximate.
+  cache: str = "none"
 
   def __post_init__(self):
     if self.gen_length % self.block_size:
@@ -66,6 +79,11 @@ class DecodeConfig:
                        "steps, but decode.edit_threshold=1.0 never edits: lower "
                        "decode.edit_threshold (dllm 0.9, SGLang 0.0) or set "
                        "decode.max_post_edit_steps=0")
+    if self.cache not in CACHE_MODES:
+      raise ValueError(f"decode.cache={self.cache!r} must be one of {CACHE_MODES}")
+    if self.cache != "none" and self.capture_states:
+      raise ValueError(f"decode.cache={self.cache!r} is approximate: a rollout's captured "
+                       "states could not be replayed exactly; rollouts use decode.cache='none'")
     if self.capture_routes and not self.capture_states:
       raise ValueError("orl.capture_routes records routes with the captured states: it needs "
                        "capture_states > 0 (a rollout)")
@@ -224,24 +242,67 @@ class _Canvas:
     return make_meta(kind, idx // b, segment=0, response=jnp.where(idx < p, -1, 0),
                      state_id=jnp.where(kind == KIND_STATE, 0, -1))
 
+  def canvas_logits(self, canvas, block_tokens, start, res: Residual, write_cache=False):
+    """([B, b, V] logits of the active block, the KV cache of the whole canvas or None): one
+    forward of the whole canvas with the block and its residual in place. `write_cache`
+    (bidirectional families' block start) also stores every position's K/V; the forward is
+    the same either way (the block's queries see the same keys), so its logits are `none`'s."""
+    model, b_rows, b = self.model, self.b_rows, self.cfg.block_size
+    width = canvas.shape[1]
+    full = jax.lax.dynamic_update_slice_in_dim(canvas, block_tokens, start, axis=1)
+    z = jnp.zeros((b_rows, width, model.cfg.d_model), model.cfg.compute_dtype)
+    z = jax.lax.dynamic_update_slice_in_dim(z, res.z, start, axis=1)
+    alpha = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b_rows, width)), res.alpha, start, 1)
+    meta = self.meta if self.bidirectional else self.step_meta(start)
+    cache = init_cache(model.cfg, b_rows, width) if write_cache else None
+    hidden, cache, _ = model.hidden_states(full, self.positions, meta,
+                                           residual=Residual(z, alpha), cache=cache,
+                                           cache_mode="write" if write_cache else None)
+    return model.head(jax.lax.dynamic_slice_in_dim(hidden, start, b, axis=1)), cache
+
+  def cached_step_logits(self, canvas, block_tokens, start, res: Residual, cache):
+    """[B, b, V] logits of a later step of the block (decode.cache, Fast-dLLM): the queries
+    (`dual`: the b block tokens; `prefix`: the N tokens from the block start on, the canvas's
+    end padded) attend to the stored K/V of the other positions plus their own fresh K/V. The
+    stored block slot (and, for `prefix`, everything after it) is hidden by marking it
+    KIND_PAD in the cache metadata, not sliced away, so the block start may differ per row."""
+    model, cfg, b_rows, b = self.model, self.cfg, self.b_rows, self.cfg.block_size
+    tokens, residual = block_tokens, res
+    width = b if cfg.cache == "dual" else cfg.gen_length
+    if width > b:   # prefix: the block, then the canvas after it (padded past its end)
+      padded = jnp.pad(canvas, ((0, 0), (0, width)), constant_values=cfg.mask_id)
+      tokens = jax.lax.dynamic_update_slice_in_dim(
+          jax.lax.dynamic_slice_in_dim(padded, start, width, axis=1), block_tokens, 0, axis=1)
+      pad = ((0, 0), (0, width - b))
+      residual = Residual(jnp.pad(res.z, pad + ((0, 0),)), jnp.pad(res.alpha, pad))
+    positions = jnp.broadcast_to(start + jnp.arange(width, dtype=jnp.int32), (b_rows, width))
+    in_canvas = positions < canvas.shape[1]
+    meta = make_meta(jnp.where(in_canvas, KIND_PROMPT, KIND_PAD), 0, segment=0)
+    hide_end = start + b if cfg.cache == "dual" else canvas.shape[1]
+    stored = cache._replace(meta=_hide_span(cache.meta, start, hide_end))
+    hidden, _, _ = model.hidden_states(tokens, positions, meta, residual=residual, cache=stored,
+                                       cache_mode="read")
+    return model.head(hidden[:, :b])
+
   def step_logits(self, canvas, block_tokens, start, res: Residual, cache):
     """([B, b, V] logits of the active block, its routes [L_moe, B, b, K] or None): through
     the KV cache, or by forwarding the whole canvas (bidirectional families; block-causal ones
     with `kv_cache=False`; neither captures routes)."""
     model, cfg, b_rows, b = self.model, self.cfg, self.b_rows, self.cfg.block_size
     if self.bidirectional or not cfg.kv_cache:
-      width = canvas.shape[1]
-      full = jax.lax.dynamic_update_slice_in_dim(canvas, block_tokens, start, axis=1)
-      z = jnp.zeros((b_rows, width, model.cfg.d_model), model.cfg.compute_dtype)
-      z = jax.lax.dynamic_update_slice_in_dim(z, res.z, start, axis=1)
-      alpha = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b_rows, width)), res.alpha, start, 1)
-      meta = self.meta if self.bidirectional else self.step_meta(start)
-      logits = model(full, self.positions, meta, residual=Residual(z, alpha)).logits
-      return jax.lax.dynamic_slice_in_dim(logits, start, b, axis=1), None
+      return self.canvas_logits(canvas, block_tokens, start, res)[0], None
     pos, meta = block_layout(b_rows, start, b, KIND_STATE)
     out = model(block_tokens, pos, meta, residual=res, cache=cache, cache_mode="read")
     routes = out.routing.expert_ids if cfg.capture_routes else None
     return out.logits, routes
+
+
+def _hide_span(meta: TokenMeta, lo, hi) -> TokenMeta:
+  """`meta` with positions lo <= t < hi marked KIND_PAD (seen by no query). lo, hi: scalars or
+  [B, 1] per-row bounds."""
+  idx = jnp.arange(meta.kind.shape[-1], dtype=jnp.int32)
+  hidden = (idx >= lo) & (idx < hi)
+  return meta._replace(kind=jnp.where(hidden, KIND_PAD, meta.kind))
 
 
 class _Step(NamedTuple):
@@ -277,14 +338,14 @@ def _next_residual(cv: _Canvas, logits, new_tokens, need, res: Residual) -> Resi
       need.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), nxt, res)
 
 
-def _denoise_step(cv: _Canvas, canvas, cache, active, j, key, c: _Step) -> _Step:
+def _denoise_step(cv: _Canvas, step_logits, active, j, key, c: _Step) -> _Step:
   """One denoising step of block j (DESIGN §2.2 steps 1-4; with editing, the LLaDA2.1
-  token-to-token rewrites of the same forward), capturing the state it consumed."""
+  token-to-token rewrites of the same forward), capturing the state it consumed.
+  step_logits: `_Step -> ([B, b, V] logits, routes or None)`, the step's forward."""
   cfg, b_rows = cv.cfg, cv.b_rows
-  start = cv.p + j * cfg.block_size
   masked = c.tokens == cfg.mask_id
   need = _needs_step(cfg, active, c.tokens, c.post, c.settled)              # [B]
-  logits, routes = cv.step_logits(canvas, c.tokens, start, c.res, cache)   # [B, b, V]
+  logits, routes = step_logits(c)                                          # [B, b, V]
   step_key = jax.random.fold_in(jax.random.fold_in(key, j), c.step)
   cand, conf, ent = propose(logits, step_key, cfg.temperature)
   write = select_commits(cfg.rule, masked, conf, ent) & need[:, None]
@@ -334,6 +395,31 @@ def _commit_forward(cv: _Canvas, tokens, start, cache, needs_commit, cap):
   return cache, cap
 
 
+def _denoise_block(cv: _Canvas, canvas, cache, active, j, key, init: _Step) -> _Step:
+  """The denoising steps of block j, from `init` (the block all [MASK], zero residual).
+
+  With `decode.cache` (bidirectional families, Fast-dLLM) the first step is one forward of
+  the whole canvas that also stores every position's K/V (exactly `none`'s first step); the
+  later steps forward only what `cached_step_logits` says against that store."""
+  cfg = cv.cfg
+  start = cv.p + j * cfg.block_size
+
+  def step_cond(c: _Step):
+    need = _needs_step(cfg, active, c.tokens, c.post, c.settled)
+    return jnp.any(need) & (c.step < cfg.steps_bound)
+
+  def loop(step_logits, c: _Step) -> _Step:
+    return jax.lax.while_loop(
+        step_cond, lambda c: _denoise_step(cv, step_logits, active, j, key, c), c)
+
+  if cfg.cache == "none" or not cv.bidirectional:
+    return loop(lambda c: cv.step_logits(canvas, c.tokens, start, c.res, cache), init)
+  logits0, stored = cv.canvas_logits(canvas, init.tokens, start, init.res, write_cache=True)
+  first = _denoise_step(cv, lambda c: (logits0, None), active, j, key, init)
+  return loop(lambda c: (cv.cached_step_logits(canvas, c.tokens, start, c.res, stored), None),
+              first)
+
+
 def _decode_block(cv: _Canvas, carry):
   """Block j: denoise until no mask remains (or the step bound; with editing, until a step on
   the filled block edits nothing or its editing steps are spent), write it into the canvas,
@@ -343,17 +429,12 @@ def _decode_block(cv: _Canvas, carry):
   start = cv.p + j * b
   active = ~finished                                                   # [B]
 
-  def step_cond(c: _Step):
-    need = _needs_step(cfg, active, c.tokens, c.post, c.settled)
-    return jnp.any(need) & (c.step < cfg.steps_bound)
-
   tokens0 = jnp.where(active[:, None], cfg.mask_id, cfg.eos_id).astype(jnp.int32)
   tokens0 = jnp.broadcast_to(tokens0, (b_rows, b))
   res0 = residual_lib.zero_residual(b_rows, b, mcfg.d_model, mcfg.compute_dtype)
   zeros = jnp.zeros((b_rows,), jnp.int32)
-  out = jax.lax.while_loop(
-      step_cond, lambda c: _denoise_step(cv, canvas, cache, active, j, key, c),
-      _Step(tokens0, res0, jnp.int32(0), nfe, zeros, zeros > 0, cap))
+  init = _Step(tokens0, res0, jnp.int32(0), nfe, zeros, zeros > 0, cap)
+  out = _denoise_block(cv, canvas, cache, active, j, key, init)
   nfe, cap = out.nfe, out.cap
   # A row that hit the step bound keeps masks; they become EOS so output stays well-formed.
   tokens = jnp.where(out.tokens == cfg.mask_id, cfg.eos_id, out.tokens)
@@ -405,6 +486,10 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
     raise ValueError(f"prompt length {p} must be a multiple of the block size {b} "
                      "(left-pad prompts to a block boundary)")
   _check_route_capture(model, cfg)
+  if cfg.cache != "none" and mcfg.family != "bidirectional":
+    raise ValueError(f"decode.cache={cfg.cache!r} caches a bidirectional canvas; "
+                     f"model.family={mcfg.family!r} decodes through its exact KV cache: set "
+                     "decode.cache='none'")
   embedding = model.embedding_table
   prompt_pos, prompt_meta = prompt_layout(prompt_valid, b)
   canvas = jnp.concatenate([prompt_tokens, jnp.full((b_rows, n), cfg.mask_id, jnp.int32)], axis=1)
