@@ -100,6 +100,10 @@ def base_config() -> ml_collections.ConfigDict:
   # max_post_edit_steps): dllm 0.95 / 0.9 / 16, SGLang 0.5 / 0.0 / 16.
   c.decode.edit_threshold = 1.0
   c.decode.max_post_edit_steps = 0  # LLaDA2.1 editing steps after a block fills
+  # lockstep: a batch shares its block index (every block waits for its slowest row);
+  # per_row: each row advances through its own blocks and a finished row takes the next prompt
+  # (continuous batching, orl_jax/engine.py) in evaluation and rollouts
+  c.decode.schedule = "lockstep"
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sft"              # sft | residual_warmup | rcd_offline | orl | eval

@@ -10,6 +10,7 @@ import dataclasses
 import ml_collections
 
 from orl_jax.decoding import DecodeConfig
+from orl_jax.engine import SCHEDULES
 from orl_jax.losses import KL_REFERENCES
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
@@ -58,6 +59,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"model.path={m.get('path', '')!r} and model.init_from={m.get('init_from', '')!r} "
         "both give weights; set model.path only")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
+  check(d.schedule in SCHEDULES, f"decode.schedule={d.schedule!r} must be one of {SCHEDULES}")
+  check(d.schedule != "per_row" or not config.orl.capture_routes,
+        "decode.schedule='per_row' does not capture MoE routes yet: set orl.capture_routes=False "
+        "or decode.schedule='lockstep'")
   errors += _editing_errors(config)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
   check(t.lr > 0, f"train.lr={t.lr} must be positive")

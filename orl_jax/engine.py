@@ -152,8 +152,8 @@ def _slab_inputs(eng: _Engine, rows: _Rows):
   or padding written past the canvas (IDLE)."""
   cfg, p, b, n = eng.cfg, eng.p, eng.cfg.block_size, eng.cfg.gen_length
   phase = rows.phase
-  offset = jnp.select([phase == PREFILL, phase == IDLE], [rows.block * b, jnp.full_like(phase, p + n)],
-                      p + rows.block * b)
+  offset = jnp.select([phase == PREFILL, phase == IDLE],
+                      [rows.block * b, jnp.full_like(phase, p + n)], p + rows.block * b)
   positions = offset[:, None] + jnp.arange(b, dtype=jnp.int32)[None]
   prompt_tokens, prompt_valid = eng.prompts(rows.slot)
   in_prompt = jnp.minimum(positions, p - 1)

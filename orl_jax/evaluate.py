@@ -20,6 +20,7 @@ from orl_jax import distributed
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decoding import make_decoder
+from orl_jax.engine import make_engine
 from orl_jax.unmasking import UnmaskRule
 
 
@@ -55,6 +56,9 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
                                   eos_id=task.tokenizer.eos_id, rule=rule,
                                   temperature=temperature)
   prompts, valid = encode_prompts(problems, task.tokenizer, config.task.prompt_len)
+  if config.decode.schedule == "per_row":
+    return _decode_queue(graphdef, params, prompts, valid, dcfg, batch_size=batch_size,
+                         seed=seed, mesh=mesh)
   prompts, valid = _pad_rows(prompts, batch_size), _pad_rows(valid, batch_size)
   if mesh is not None:
     _check_batch_split(batch_size, mesh)
@@ -75,6 +79,24 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     seconds += time.perf_counter() - t0
     outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated)))
   tokens, nfe, nfe_engine, n_gen = (np.concatenate(x)[:len(problems)] for x in zip(*outs))
+  return tokens, nfe, nfe_engine, n_gen, seconds
+
+
+def _decode_queue(graphdef, params, prompts, valid, dcfg, *, batch_size: int, seed: int, mesh):
+  """`decode.schedule = "per_row"`: every problem is one queue that `batch_size` rows decode,
+  each row taking the next problem as soon as its response ends (`orl_jax.engine`); one jitted
+  call, timed after an ahead-of-time compile. Problem i samples with fold_in(key, i)."""
+  if mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
+    raise ValueError("decode.schedule='per_row' decodes its queue on one batch shard: set "
+                     "mesh.data = mesh.fsdp = mesh.expert = 1, or decode.schedule='lockstep'")
+  run = make_engine(graphdef, dcfg, min(batch_size, len(prompts)))
+  key = jax.random.key(seed)
+  compiled = run.lower(params, prompts, valid, key).compile()
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(compiled(params, prompts, valid, key))
+  seconds = time.perf_counter() - t0
+  tokens, nfe, nfe_engine, n_gen = sharding_lib.to_host(
+      (out.tokens, out.nfe, out.nfe_engine, out.n_generated))
   return tokens, nfe, nfe_engine, n_gen, seconds
 
 
