@@ -106,6 +106,10 @@ def base_config() -> ml_collections.ConfigDict:
   # what follows it ("prefix") or only the block ("dual") against the stored K/V. ORL
   # rollouts (train.mode="orl") need "none": their states must replay exactly.
   c.decode.cache = "none"
+  # lockstep: a batch shares its block index (every block waits for its slowest row);
+  # per_row: each row advances through its own blocks and a finished row takes the next prompt
+  # (continuous batching, orl_jax/engine.py) in evaluation and rollouts
+  c.decode.schedule = "lockstep"
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sft"              # sft | residual_warmup | rcd_offline | orl | eval

@@ -10,6 +10,7 @@ import dataclasses
 import ml_collections
 
 from orl_jax.decoding import CACHE_MODES, DecodeConfig
+from orl_jax.engine import SCHEDULES
 from orl_jax.losses import KL_REFERENCES
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
@@ -58,6 +59,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"model.path={m.get('path', '')!r} and model.init_from={m.get('init_from', '')!r} "
         "both give weights; set model.path only")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
+  check(d.schedule in SCHEDULES, f"decode.schedule={d.schedule!r} must be one of {SCHEDULES}")
+  check(d.schedule != "per_row" or not config.orl.capture_routes,
+        "decode.schedule='per_row' does not capture MoE routes yet: set orl.capture_routes=False "
+        "or decode.schedule='lockstep'")
   errors += _editing_errors(config)
   errors += _cache_errors(config)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
@@ -189,6 +194,9 @@ def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
                   "consumed and the packed replay must reproduce it, which only "
                   "decode.cache='none' does: set decode.cache='none' for train.mode='orl' "
                   "(evaluate with the cache in a separate train.mode='eval' run)")
+  if config.decode.get("schedule", "lockstep") == "per_row":
+    errors.append(f"decode.cache={cache!r} runs with the lock-step decoder only: set "
+                  "decode.schedule='lockstep' (the per-row engine decodes without a cache)")
   return errors
 
 

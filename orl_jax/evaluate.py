@@ -26,6 +26,7 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decoding import make_decoder
 from orl_jax.models import families
+from orl_jax.engine import make_engine
 from orl_jax.unmasking import UnmaskRule
 
 
@@ -80,6 +81,16 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
   process feeds, and its devices decode, only its rows (`sharding.process_rows`); the outputs
   are gathered. Without one, the batch is a host array every device sees whole."""
   prompts, valid = encode_prompts(problems, task.tokenizer, config.task.prompt_len)
+  if config.decode.schedule == "per_row":
+    family = families.of_model(model_cfg)
+    if family is not None and family.make_decoder is not None:
+      raise ValueError(f"decode.schedule='per_row' runs the block decoder; {family.name} models "
+                       "decode with their family's own sampler: set decode.schedule='lockstep'")
+    dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
+                                    eos_id=task.tokenizer.eos_id, rule=rule,
+                                    temperature=temperature)
+    return _decode_queue(graphdef, params, prompts, valid, dcfg, batch_size=batch_size,
+                         seed=seed, mesh=mesh)
   prompts, valid = _pad_rows(prompts, batch_size), _pad_rows(valid, batch_size)
   if mesh is not None:
     _check_batch_split(batch_size, mesh)
@@ -103,6 +114,24 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
                                      + (() if decoder is None else (decoder,))))
   arrays = [np.concatenate(x)[:len(problems)] for x in zip(*outs)]
   return Decoded(*arrays[:4], arrays[4] if len(arrays) > 4 else None, seconds)
+
+
+def _decode_queue(graphdef, params, prompts, valid, dcfg, *, batch_size: int, seed: int, mesh):
+  """`decode.schedule = "per_row"`: every problem is one queue that `batch_size` rows decode,
+  each row taking the next problem as soon as its response ends (`orl_jax.engine`); one jitted
+  call, timed after an ahead-of-time compile. Problem i samples with fold_in(key, i)."""
+  if mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
+    raise ValueError("decode.schedule='per_row' decodes its queue on one batch shard: set "
+                     "mesh.data = mesh.fsdp = mesh.expert = 1, or decode.schedule='lockstep'")
+  run = make_engine(graphdef, dcfg, min(batch_size, len(prompts)))
+  key = jax.random.key(seed)
+  compiled = run.lower(params, prompts, valid, key).compile()
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(compiled(params, prompts, valid, key))
+  seconds = time.perf_counter() - t0
+  tokens, nfe, nfe_engine, n_gen = sharding_lib.to_host(
+      (out.tokens, out.nfe, out.nfe_engine, out.n_generated))
+  return Decoded(tokens, nfe, nfe_engine, n_gen, None, seconds)
 
 
 def _score_shared(problems, texts, verifier) -> np.ndarray:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from orl_jax import engine
 from orl_jax.decoding import ROUTE_DTYPE, Capture, DecodeConfig, decode
 
 
@@ -43,6 +44,22 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
                       responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
                       n_generated=out.n_generated,
                       finished=out.finished, capture=out.capture,
+                      rollout_step=jnp.asarray(rollout_step, jnp.int32))
+
+
+def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
+                    group_size: int, rollout_step) -> Trajectories:
+  """`rollout` on the per-row engine (`decode.schedule = "per_row"`): the P*G responses are
+  one queue decoded on P*G rows, each advancing through its own blocks; response i samples
+  with fold_in(key, i) and its states land in capture row i, as in `rollout`."""
+  if cfg.capture_states <= 0:
+    raise ValueError("rollouts need decode capture: set capture_states > 0")
+  reps = lambda x: jnp.repeat(x, group_size, axis=0)
+  n_rows = prompt_tokens.shape[0] * group_size
+  out = engine.decode_queue(model, reps(prompt_tokens), reps(prompt_valid), key, cfg, n_rows)
+  return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
+                      responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
+                      n_generated=out.n_generated, finished=out.finished, capture=out.capture,
                       rollout_step=jnp.asarray(rollout_step, jnp.int32))
 
 

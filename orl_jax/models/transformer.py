@@ -13,6 +13,8 @@ Cache protocol (`cache_mode`):
                (a denoising step of the active block).
 * ``"write"`` — the tokens' keys are written into the cache at `cache_offset`, then the tokens
                attend to the whole cache (prompt prefill; the commit forward of a finished block).
+               `cache_offset` is one offset for every row, or one per row ([B] int32: rows of a
+               continuous batch write at their own blocks, `orl_jax.engine`).
 """
 from __future__ import annotations
 
@@ -84,6 +86,16 @@ def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
   return KVCache(jnp.zeros(shape, cfg.compute_dtype), jnp.zeros(shape, cfg.compute_dtype), meta)
 
 
+def write_at(cache, new, offset):
+  """`cache` [B, Tc, ...] with `new` [B, T, ...] written at `offset` along axis 1: a scalar
+  offset for every row, or one offset per row ([B])."""
+  new = new.astype(cache.dtype)
+  if jnp.ndim(offset) == 0:
+    return jax.lax.dynamic_update_slice_in_dim(cache, new, offset, axis=1)
+  row_write = lambda c, n, o: jax.lax.dynamic_update_slice_in_dim(c, n, o, axis=0)
+  return jax.vmap(row_write)(cache, new, offset)
+
+
 def apply_rope(x, positions, theta: float, fraction: float = 1.0):
   """Half-split (non-interleaved) RoPE in f32. x: [B, T, H, Dh]; positions: [B, T]."""
   dh = x.shape[-1]
@@ -137,8 +149,7 @@ class Attention(nnx.Module):
       k_meta = cache_meta.concat(meta)
     elif cache_mode == "write":
       ck, cv = layer_cache
-      keys = jax.lax.dynamic_update_slice_in_dim(ck, k.astype(ck.dtype), cache_offset, axis=1)
-      values = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), cache_offset, axis=1)
+      keys, values = write_at(ck, k, cache_offset), write_at(cv, v, cache_offset)
       k_meta = cache_meta  # already updated by the caller
       new_cache = (keys, values)
     else:
@@ -269,9 +280,7 @@ class Transformer(nnx.Module):
     if cache is not None:
       cache_meta = cache.meta
       if cache_mode == "write":
-        cache_meta = TokenMeta(*(jax.lax.dynamic_update_slice_in_dim(c, m.astype(c.dtype),
-                                                                     cache_offset, axis=1)
-                                 for c, m in zip(cache.meta, meta)))
+        cache_meta = TokenMeta(*(write_at(c, m, cache_offset) for c, m in zip(cache.meta, meta)))
     new_k, new_v = [], []
     taken, aux = [], []
     for i, layer in enumerate(self.layers):

@@ -46,7 +46,7 @@ from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, ReplayPlan, build_plan, gather_batch
-from orl_jax.rollout import Trajectories, make_rollout
+from orl_jax.rollout import Trajectories, make_rollout, per_row_rollout
 from orl_jax.train.run import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
 from orl_jax.unmasking import UnmaskRule
@@ -213,8 +213,9 @@ def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
   if family is not None and family.make_rollout is not None:   # a family's own sampler
     rollout_fn = family.make_rollout(config, s.model_cfg, run.graphdef, o.group_size, s.mesh)
   else:
+    per_row = per_row_rollout if config.decode.schedule == "per_row" else None
     rollout_fn = make_rollout(run.graphdef, rollout_decode_config(config, tok), o.group_size,
-                              s.mesh)
+                              s.mesh, rollout_fn=per_row)
   unresolved = family.unresolved if family is not None else "masked"
   rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape),
                        family.replay_context if family is not None else "block")

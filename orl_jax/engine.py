@@ -1,0 +1,355 @@
+"""Continuous batching with static shapes: rows that never wait (`decode.schedule = "per_row"`).
+
+`decoding.decode` moves a batch in lock-step: every block waits for its slowest row, and a row
+whose response ended waits for the whole batch. Here each of `B` rows runs its own prompt
+through its own blocks, and a row whose response ended takes the next prompt of a device-side
+queue ([Q, P] prompts and a cursor); its outputs land at the prompt's queue index. One
+`lax.while_loop`; every iteration runs ONE forward in which each row does what it needs:
+
+* block-causal families (KV cache): a `[B, b]` slab in `cache_mode="write"` with one cache
+  offset per row. A row either writes a block of its prompt (the prefill, block by block: the
+  prompt is block-causal, so this equals a one-shot prefill), takes a denoising step of its
+  active block (written at its block as a state, which only that state sees), or runs the
+  commit forward of its just-finished block (the same positions, rewritten as clean);
+* bidirectional families: the whole `[B, P + N]` canvas, each row's active block at its own
+  offset.
+
+Per row, tokens, `nfe`, `nfe_engine`, `n_generated` and the captured states are those of
+decoding that prompt alone with `decoding.decode` (same counting rules), provided the row's
+randomness is its own: prompt q samples with key `fold_in(key, q)`, whichever row decodes it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from orl_jax import residual as residual_lib
+from orl_jax.decoding import (Capture, DecodeConfig, _Canvas, _empty_capture, _finished_response,
+                              _needs_step, _next_residual, _record, propose)
+from orl_jax.models.transformer import Transformer, init_cache
+from orl_jax.residual import Residual
+from orl_jax.unmasking import select_commits, select_edits
+from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
+                                                make_meta)
+
+SCHEDULES = ("lockstep", "per_row")
+PREFILL, DENOISE, COMMIT, IDLE = 0, 1, 2, 3   # what a row's next forward does
+
+
+class EngineOutput(NamedTuple):
+  """`decoding.DecodeOutput` per queued prompt ([Q, ...]) plus the loop's iteration count."""
+  tokens: jax.Array         # [Q, N] response, EOS-filled after the first EOS
+  nfe: jax.Array            # [Q] int32 the paper's count (steps + 1 commit per block)
+  nfe_engine: jax.Array     # [Q] int32 forwards run for the prompt (its prefill excluded)
+  n_generated: jax.Array    # [Q] int32 tokens through the first EOS
+  finished: jax.Array       # [Q] bool an EOS was generated
+  capture: Capture | None   # [Q, S, ...] the states of each prompt's decode
+  iterations: jax.Array     # scalar int32 forwards the loop ran (each over all B rows)
+
+
+class _Rows(NamedTuple):
+  """Per-row decoding state ([B, ...])."""
+  slot: jax.Array       # [B] int32 queue index of the row's prompt (Q: idle)
+  phase: jax.Array      # [B] int32 PREFILL | DENOISE | COMMIT | IDLE
+  block: jax.Array      # [B] int32 PREFILL: the prompt block to write; else the response block
+  step: jax.Array       # [B] int32 steps taken in the active block
+  tokens: jax.Array     # [B, b] the active block (COMMIT: its final tokens)
+  res: Residual         # [B, b, D] what the next step consumes
+  post: jax.Array       # [B] int32 steps taken on the filled block (editing)
+  settled: jax.Array    # [B] bool a step on the filled block edited nothing (editing)
+  response: jax.Array   # [B, N] int32 the row's finished blocks (mask elsewhere)
+  nfe: jax.Array        # [B] int32 forwards run for the row's prompt
+  skipped: jax.Array    # [B] int32 commit forwards counted (paper's count) but not run
+
+
+class _Results(NamedTuple):
+  """What each queued prompt's decode produced ([Q, ...]), written when its row retires."""
+  response: jax.Array   # [Q, N] int32
+  nfe: jax.Array        # [Q] int32
+  nfe_engine: jax.Array  # [Q] int32
+  finished: jax.Array   # [Q] bool
+
+
+class _Carry(NamedTuple):
+  rows: _Rows
+  cache: object         # KVCache [L, B, P + N + b, ...] (block-causal) or None
+  cursor: jax.Array     # scalar int32 next queue index to hand out
+  results: _Results
+  cap: Capture | None
+  iterations: jax.Array  # scalar int32
+
+
+@dataclasses.dataclass(frozen=True)
+class _Engine:
+  """What every iteration shares: the model, the queue and the shapes."""
+  cv: _Canvas                # the model, the decode config and the embedding table
+  queue_tokens: jax.Array    # [Q, P] int32 left-padded prompts
+  queue_valid: jax.Array     # [Q, P] bool
+  key: jax.Array             # prompt q samples with fold_in(key, q)
+
+  @property
+  def cfg(self) -> DecodeConfig:
+    return self.cv.cfg
+
+  @property
+  def n_queue(self) -> int:
+    return self.queue_tokens.shape[0]
+
+  @property
+  def p(self) -> int:
+    return self.queue_tokens.shape[1]
+
+  def prompts(self, slot):
+    """([B, P] tokens, [B, P] validity) of the rows' prompts (idle rows: prompt 0)."""
+    slot = jnp.minimum(slot, self.n_queue - 1)
+    return self.queue_tokens[slot], self.queue_valid[slot]
+
+
+def _fresh_block(eng: _Engine, rows: _Rows, start, block) -> _Rows:
+  """Rows `start` [B] begin denoising response block `block` [B]: all mask, cold residual."""
+  cfg, b = eng.cfg, eng.cfg.block_size
+  at = lambda new, old: jnp.where(start.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+  res = jax.tree.map(lambda x: at(jnp.zeros_like(x), x), rows.res)
+  return rows._replace(phase=at(DENOISE, rows.phase), block=at(block, rows.block),
+                       step=at(0, rows.step), tokens=at(jnp.full((1, b), cfg.mask_id), rows.tokens),
+                       res=res, post=at(0, rows.post), settled=at(False, rows.settled))
+
+
+def _refill(eng: _Engine, rows: _Rows, cache, cursor, free):
+  """Rows `free` [B] take the next prompts of the queue (or go idle once it is drained).
+  Block-causal rows start with the prefill at their prompt's first non-padding block, with the
+  row's cache emptied (its metadata marks every position padding); bidirectional rows start
+  denoising block 0. -> (rows, cache, cursor)."""
+  cfg, p, b = eng.cfg, eng.p, eng.cfg.block_size
+  order = cursor + jnp.cumsum(free.astype(jnp.int32)) - 1
+  take = free & (order < eng.n_queue)
+  slot = jnp.where(take, order, jnp.where(free, eng.n_queue, rows.slot))
+  at = lambda new, old: jnp.where(take.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+  rows = rows._replace(slot=slot, phase=jnp.where(free & ~take, IDLE, rows.phase),
+                       response=at(cfg.mask_id, rows.response), nfe=at(0, rows.nfe),
+                       skipped=at(0, rows.skipped))
+  if eng.cv.bidirectional:
+    rows = _fresh_block(eng, rows, take, jnp.zeros_like(slot))
+  else:
+    _, valid = eng.prompts(slot)
+    first = jnp.where(jnp.any(valid, axis=1), jnp.argmax(valid, axis=1) // b, p // b)
+    rows = _fresh_block(eng, rows, take & (first == p // b), jnp.zeros_like(slot))
+    prefill = take & (first < p // b)
+    rows = rows._replace(phase=jnp.where(prefill, PREFILL, rows.phase),
+                         block=jnp.where(prefill, first, rows.block))
+    kind = jnp.where(take[:, None], KIND_PAD, cache.meta.kind)
+    cache = cache._replace(meta=cache.meta._replace(kind=kind))
+  return rows, cache, cursor + jnp.sum(take, dtype=jnp.int32)
+
+
+def _slab_inputs(eng: _Engine, rows: _Rows):
+  """Block-causal: (tokens, positions, metadata [B, b], cache offsets [B]) of each row's forward:
+  a prompt block (PREFILL), its active block as a state (DENOISE) or as clean tokens (COMMIT),
+  or padding written past the canvas (IDLE)."""
+  cfg, p, b, n = eng.cfg, eng.p, eng.cfg.block_size, eng.cfg.gen_length
+  phase = rows.phase
+  offset = jnp.select([phase == PREFILL, phase == IDLE],
+                      [rows.block * b, jnp.full_like(phase, p + n)], p + rows.block * b)
+  positions = offset[:, None] + jnp.arange(b, dtype=jnp.int32)[None]
+  prompt_tokens, prompt_valid = eng.prompts(rows.slot)
+  in_prompt = jnp.minimum(positions, p - 1)
+  prompt_block = jnp.take_along_axis(prompt_tokens, in_prompt, axis=1)
+  prompt_block_valid = jnp.take_along_axis(prompt_valid, in_prompt, axis=1)
+  col = lambda x: x[:, None]
+  tokens = jnp.where(col(phase == PREFILL), prompt_block, rows.tokens)
+  kind = jnp.select([col(phase == PREFILL), col(phase == DENOISE), col(phase == COMMIT)],
+                    [jnp.where(prompt_block_valid, KIND_PROMPT, KIND_PAD),
+                     jnp.full((1, b), KIND_STATE), jnp.full((1, b), KIND_CLEAN)], KIND_PAD)
+  meta = make_meta(kind, positions // b, segment=0,
+                   response=jnp.where(col(phase == PREFILL), -1, 0),
+                   state_id=jnp.where(kind == KIND_STATE, 0, -1))
+  return tokens, positions, meta, offset
+
+
+def _forward(eng: _Engine, rows: _Rows, cache):
+  """The iteration's one forward. -> (logits [B, b, V] of each row's active block, cache)."""
+  model, b = eng.cv.model, eng.cfg.block_size
+  denoise = rows.phase == DENOISE
+  res = jax.tree.map(lambda x: jnp.where(denoise.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0),
+                     rows.res)
+  if not eng.cv.bidirectional:
+    tokens, positions, meta, offset = _slab_inputs(eng, rows)
+    out = model(tokens, positions, meta, residual=res, cache=cache, cache_mode="write",
+                cache_offset=offset)
+    return out.logits, out.cache
+  start = eng.p + rows.block * b
+  put = jax.vmap(lambda whole, part, s: jax.lax.dynamic_update_slice_in_dim(whole, part, s, 0))
+  prompt_tokens, prompt_valid = eng.prompts(rows.slot)
+  canvas = put(jnp.concatenate([prompt_tokens, rows.response], axis=1), rows.tokens, start)
+  width, mcfg = canvas.shape[1], model.cfg
+  z = put(jnp.zeros((canvas.shape[0], width, mcfg.d_model), mcfg.compute_dtype), res.z, start)
+  alpha = put(jnp.zeros(canvas.shape, jnp.float32), res.alpha, start)
+  valid = jnp.concatenate([prompt_valid, jnp.ones_like(rows.response, bool)], axis=1)
+  positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), canvas.shape)
+  meta = make_meta(jnp.where(valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
+  logits = model(canvas, positions, meta, residual=Residual(z, alpha)).logits
+  take = jax.vmap(lambda whole, s: jax.lax.dynamic_slice_in_dim(whole, s, b, 0))
+  return take(logits, start), cache
+
+
+def _propose_rows(eng: _Engine, rows: _Rows, logits):
+  """`decoding.propose` with each row's own key: fold_in(fold_in(fold_in(key, prompt), block),
+  step), the key `decode` would use for that prompt decoded alone with fold_in(key, prompt)."""
+  t = eng.cfg.temperature
+  if t == 0:
+    return propose(logits, None, t)
+  step_key = lambda q, j, s: jax.random.fold_in(
+      jax.random.fold_in(jax.random.fold_in(eng.key, q), j), s)
+  keys = jax.vmap(step_key)(rows.slot, rows.block, rows.step)
+  one = jax.vmap(lambda lg, k: tuple(x[0] for x in propose(lg[None], k, t)))
+  return one(logits, keys)
+
+
+def _denoise(eng: _Engine, rows: _Rows, logits, cap):
+  """The denoising step of the DENOISE rows (`decoding._denoise_step`, per row), recording
+  each state at the row's prompt slot. -> (rows, cap)."""
+  cfg = eng.cfg
+  need = rows.phase == DENOISE
+  masked = rows.tokens == cfg.mask_id
+  cand, conf, ent = _propose_rows(eng, rows, logits)
+  write = select_commits(cfg.rule, masked, conf, ent) & need[:, None]
+  post, settled = rows.post, rows.settled
+  if cfg.editing:
+    edits = select_edits(cfg.edit_threshold, rows.tokens, masked, cand, conf) & need[:, None]
+    filled = need & ~jnp.any(masked, axis=-1)
+    post = post + filled.astype(jnp.int32)
+    settled = settled | (filled & ~jnp.any(edits, axis=-1))
+    write = write | edits
+  new_tokens = jnp.where(write, cand, rows.tokens)
+  nxt = _next_residual(eng.cv, logits, new_tokens, need, rows.res)
+  if cfg.capture_states:
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
+    cap = _record(cap, need, rows=rows.slot, block_tokens=rows.tokens, block=rows.block,
+                  step=rows.step, z=rows.res.z, alpha=rows.res.alpha,
+                  entropy=residual_lib.normalized_entropy(logits), topk_ids=top_ids,
+                  topk_logprobs=top_lp, commit=write)
+  rows = rows._replace(tokens=new_tokens, res=nxt, step=rows.step + need, post=post,
+                       settled=settled, nfe=rows.nfe + need)
+  return rows, cap
+
+
+def _advance(eng: _Engine, rows: _Rows):
+  """Each row's next phase after the forward. -> (rows, retire [B], eos [B]): rows whose
+  response ended (EOS committed in a finished block, or the last block finished)."""
+  cfg, n_prompt_blocks = eng.cfg, eng.p // eng.cfg.block_size
+  phase, b = rows.phase, cfg.block_size
+  # PREFILL: the next prompt block, or denoise response block 0 after the last one
+  prefilled = (phase == PREFILL) & (rows.block + 1 == n_prompt_blocks)
+  rows = rows._replace(block=jnp.where(phase == PREFILL, rows.block + 1, rows.block))
+  # DENOISE: the block is done when no row of a lock-step decode would step it again
+  more = _needs_step(cfg, phase == DENOISE, rows.tokens, rows.post, rows.settled)
+  done = (phase == DENOISE) & ~(more & (rows.step < cfg.steps_bound))
+  final = jnp.where(rows.tokens == cfg.mask_id, cfg.eos_id, rows.tokens)
+  put = jax.vmap(lambda whole, part, s: jax.lax.dynamic_update_slice_in_dim(whole, part, s, 0))
+  written = put(rows.response, final, rows.block * b)
+  response = jnp.where(done[:, None], written, rows.response)
+  eos = done & jnp.any(final == cfg.eos_id, axis=-1)
+  retire = done & (eos | (rows.block == cfg.n_blocks - 1))
+  # block-causal: a finished block that a later block reads is committed into the KV cache;
+  # the commit of the response's last block is counted (the paper's NFE) but not run
+  cached = not eng.cv.bidirectional
+  to_commit = done & ~retire & cached
+  committed = phase == COMMIT
+  rows = rows._replace(
+      response=response, tokens=jnp.where(to_commit[:, None], final, rows.tokens),
+      phase=jnp.where(to_commit, COMMIT, phase),
+      nfe=rows.nfe + committed,
+      skipped=rows.skipped + (retire & cached))
+  next_block = (done & ~retire & (not cached)) | committed
+  rows = _fresh_block(eng, rows, next_block, rows.block + 1)
+  rows = _fresh_block(eng, rows, prefilled, jnp.zeros_like(rows.block))
+  return rows, retire, eos
+
+
+def _retire(results: _Results, rows: _Rows, retire, eos, n_queue: int) -> _Results:
+  """Writes the retiring rows' outputs at their prompts' queue indices."""
+  slot = jnp.where(retire, rows.slot, n_queue)   # out of bounds -> dropped
+  put = lambda buf, val: buf.at[slot].set(val, mode="drop")
+  return _Results(put(results.response, rows.response), put(results.nfe, rows.nfe + rows.skipped),
+                  put(results.nfe_engine, rows.nfe), put(results.finished, eos))
+
+
+def _iteration(eng: _Engine, c: _Carry) -> _Carry:
+  logits, cache = _forward(eng, c.rows, c.cache)
+  rows, cap = _denoise(eng, c.rows, logits, c.cap)
+  rows, retire, eos = _advance(eng, rows)
+  results = _retire(c.results, rows, retire, eos, eng.n_queue)
+  rows, cache, cursor = _refill(eng, rows, cache, c.cursor, retire)
+  return _Carry(rows, cache, cursor, results, cap, c.iterations + 1)
+
+
+def _initial_rows(eng: _Engine, n_rows: int) -> _Rows:
+  cfg, mcfg = eng.cfg, eng.cv.model.cfg
+  zeros = jnp.zeros((n_rows,), jnp.int32)
+  return _Rows(slot=zeros + eng.n_queue, phase=zeros + IDLE, block=zeros, step=zeros,
+               tokens=jnp.full((n_rows, cfg.block_size), cfg.mask_id, jnp.int32),
+               res=residual_lib.zero_residual(n_rows, cfg.block_size, mcfg.d_model,
+                                              mcfg.compute_dtype),
+               post=zeros, settled=zeros > 0,
+               response=jnp.full((n_rows, cfg.gen_length), cfg.mask_id, jnp.int32),
+               nfe=zeros, skipped=zeros)
+
+
+def _check(model: Transformer, cfg: DecodeConfig, p: int, n_rows: int):
+  b = cfg.block_size
+  if p % b:
+    raise ValueError(f"prompt length {p} must be a multiple of the block size {b} "
+                     "(left-pad prompts to a block boundary)")
+  if n_rows < 1:
+    raise ValueError(f"decode.schedule='per_row' needs at least one row, got {n_rows}")
+  if cfg.capture_routes:
+    raise ValueError("orl.capture_routes is not supported by decode.schedule='per_row' yet: "
+                     "set decode.schedule='lockstep'")
+  if not cfg.kv_cache and model.cfg.family != "bidirectional":
+    raise ValueError("decode.schedule='per_row' decodes block-causal models through the KV "
+                     "cache: kv_cache=False is the lock-step reference only")
+
+
+def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
+                 n_rows: int) -> EngineOutput:
+  """Decodes Q left-padded prompts [Q, P] on `n_rows` rows, each row refilled from the queue
+  as soon as its response ends. Prompt q samples with `fold_in(key, q)`. Call under `jax.jit`
+  (see `make_engine`)."""
+  mcfg = model.cfg
+  n_queue, p = queue_tokens.shape
+  _check(model, cfg, p, n_rows)
+  cv = _Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
+  eng = _Engine(cv, queue_tokens.astype(jnp.int32), queue_valid.astype(bool), key)
+  cap = None
+  if cfg.capture_states:
+    cap = _empty_capture(n_queue, cfg, mcfg.d_model, mcfg.compute_dtype)
+  cache = None if cv.bidirectional else init_cache(mcfg, n_rows, p + cfg.gen_length
+                                                   + cfg.block_size)   # + b: idle rows' writes
+  zeros = jnp.zeros((n_queue,), jnp.int32)
+  results = _Results(jnp.full((n_queue, cfg.gen_length), cfg.mask_id, jnp.int32), zeros, zeros,
+                     zeros > 0)
+  rows, cache, cursor = _refill(eng, _initial_rows(eng, n_rows), cache, jnp.int32(0),
+                                jnp.ones((n_rows,), bool))
+  out = jax.lax.while_loop(lambda c: jnp.any(c.rows.phase != IDLE),
+                           lambda c: _iteration(eng, c),
+                           _Carry(rows, cache, cursor, results, cap, jnp.int32(0)))
+  tokens, n_generated = _finished_response(out.results.response, 0, cfg)
+  r = out.results
+  return EngineOutput(tokens, r.nfe, r.nfe_engine, n_generated, r.finished, out.cap,
+                      out.iterations)
+
+
+def make_engine(graphdef, cfg: DecodeConfig, n_rows: int):
+  """Jitted `(params_state, queue_tokens [Q, P], queue_valid [Q, P], key) -> EngineOutput`
+  decoding the queue on `n_rows` rows."""
+
+  @jax.jit
+  def run(state, queue_tokens, queue_valid, key):
+    return decode_queue(nnx.merge(graphdef, state), queue_tokens, queue_valid, key, cfg, n_rows)
+
+  return run

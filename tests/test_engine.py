@@ -1,0 +1,182 @@
+"""The per-row engine (continuous batching, `decode.schedule = "per_row"`): every queued prompt
+decodes exactly as it would alone with `decoding.decode`, whichever row takes it and whatever
+the other rows do, and rows that finish early do not wait for the batch."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from orl_jax.decoding import DecodeConfig, make_decoder
+from orl_jax.engine import make_engine
+from orl_jax.unmasking import UnmaskRule
+from tests.helpers import TINY, TINY_BLOCK, tiny_model
+
+Q, ROWS, P, GEN = 7, 3, 8, 12
+PAD_LEFT = [0, 3, 6, 4, 0, 1, 8]     # the last prompt is all padding
+EOS = 5                              # an ordinary token of the random model: rows end early
+
+
+def _model(family):
+  model = tiny_model(3, residual_mode="adapter", family=family)
+  st = nnx.state(model, nnx.Param)
+  k = st["adapter"]["down_proj"]["kernel"]
+  k[...] = 0.05 * jax.random.normal(jax.random.key(9), k[...].shape)   # a live pathway
+  nnx.update(model, st)
+  return nnx.split(model)
+
+
+def _queue():
+  prompts = jax.random.randint(jax.random.key(0), (Q, P), 3, TINY.vocab_size)
+  valid = jnp.arange(P)[None] >= jnp.array(PAD_LEFT)[:, None]
+  return prompts, valid
+
+
+def _alone(graphdef, params, cfg, prompts, valid, key):
+  """Each prompt decoded alone by the lock-step decoder with its own key fold_in(key, q)."""
+  run = make_decoder(graphdef, cfg)
+  return [jax.device_get(run(params, prompts[q:q + 1], valid[q:q + 1], jax.random.fold_in(key, q)))
+          for q in range(Q)]
+
+
+def _close(a, b, rtol=1e-4):
+  """Equal up to float rounding, relative to the largest magnitude compared."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  scale = max(np.abs(a).max(initial=0), np.abs(b).max(initial=0), 1e-30)
+  np.testing.assert_allclose(a, b, atol=rtol * scale, rtol=0)
+
+
+def _assert_capture_equal(cap, q, ref):
+  n = int(ref.n_states[0])
+  assert int(cap.n_states[q]) == n and not bool(cap.overflow[q])
+  np.testing.assert_array_equal(cap.valid[q], ref.valid[0])
+  for name in ("block_tokens", "block", "step", "commit", "topk_ids"):
+    np.testing.assert_array_equal(getattr(cap, name)[q], getattr(ref, name)[0], err_msg=name)
+  for name in ("z", "alpha", "entropy", "topk_logprobs"):
+    _close(getattr(cap, name)[q], getattr(ref, name)[0])
+
+
+def _lockstep_forwards(alone, cfg, rows: int) -> int:
+  """Forwards the lock-step decoder runs on the queue in batches of `rows` (with per-prompt
+  randomness): per batch, the prefill, then per block the slowest row's steps and one commit
+  forward when some row's later block needs it."""
+  steps = np.zeros((Q, cfg.n_blocks), int)       # [Q, blocks] steps prompt q took in block j
+  for q, out in enumerate(alone):
+    cap = out.capture
+    for j in range(cfg.n_blocks):
+      steps[q, j] = np.sum(cap.valid[0] & (cap.block[0] == j))
+  last = np.array([np.max(np.nonzero(s)[0]) for s in steps])   # the block each prompt ends in
+  total = 0
+  for start in range(0, Q, rows):
+    batch = slice(start, start + rows)
+    commits = [np.any(last[batch] > j) for j in range(cfg.n_blocks)]
+    total += 1 + int(steps[batch].max(axis=0).sum()) + int(np.sum(commits))
+  return total
+
+
+@pytest.mark.parametrize("family,temperature,rule", [
+    ("block_causal", 0.0, UnmaskRule("threshold", 0.3)),
+    ("block_causal", 1.0, UnmaskRule("entropy_budget", 0.4)),
+    ("bidirectional", 0.0, UnmaskRule("threshold", 0.3)),
+    ("bidirectional", 0.8, UnmaskRule("fixed_steps", 2)),
+])
+def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule):
+  """Q = 7 prompts through 3 rows (refilled as responses end, EOS at different blocks, one
+  all-padding prompt): tokens, NFE, generated counts and every captured state per prompt equal
+  decoding that prompt alone."""
+  graphdef, params = _model(family)
+  cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
+                     rule=rule, temperature=temperature, capture_states=3 * GEN)
+  prompts, valid = _queue()
+  key = jax.random.key(4)
+  out = jax.device_get(make_engine(graphdef, cfg, ROWS)(params, prompts, valid, key))
+  alone = _alone(graphdef, params, cfg, prompts, valid, key)
+  for q, ref in enumerate(alone):
+    np.testing.assert_array_equal(out.tokens[q], ref.tokens[0], err_msg=f"prompt {q}")
+    for name in ("nfe", "nfe_engine", "n_generated", "finished"):
+      assert getattr(out, name)[q] == getattr(ref, name)[0], (name, q)
+    _assert_capture_equal(out.capture, q, ref.capture)
+  ends = {int(np.max(ref.capture.block[0][ref.capture.valid[0]])) for ref in alone}
+  assert len(ends) > 1, "the case should have prompts ending in different blocks"
+  if family == "block_causal" and temperature == 0:
+    # rows never wait: fewer forwards than the lock-step decoder on the same queue; and each
+    # iteration is some row's prefill block, step or commit (prefill blocks: non-padding ones)
+    assert out.iterations < _lockstep_forwards(alone, cfg, ROWS)
+    prefill_blocks = np.array([P // TINY_BLOCK - p // TINY_BLOCK for p in PAD_LEFT])
+    assert out.iterations >= -(-np.sum(prefill_blocks + out.nfe_engine) // ROWS)
+
+
+def test_rows_advance_independently_without_refill():
+  """Two prompts on two rows, each slower than the other in some block: after the prefill the
+  engine takes as many forwards as its slower row needs, where the lock-step decoder pays the
+  slowest row of every block."""
+  graphdef, params = _model("block_causal")
+  cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=0,
+                     rule=UnmaskRule("threshold", 0.15), capture_states=3 * GEN)
+  prompts, valid = _queue()
+  valid = jnp.ones_like(valid)                     # every row prefills P / b blocks
+  key = jax.random.key(4)
+  alone = _alone(graphdef, params, cfg, prompts, valid, key)
+  steps = np.array([[np.sum(r.capture.valid[0] & (r.capture.block[0] == j))
+                     for j in range(cfg.n_blocks)] for r in alone])
+  pairs = [(a, b) for a in range(Q) for b in range(Q)
+           if np.any(steps[a] > steps[b]) and np.any(steps[a] < steps[b])
+           and not (alone[a].finished[0] or alone[b].finished[0])]     # all blocks decoded
+  assert pairs, steps
+  a, b = pairs[0]
+  pair = np.array([a, b])
+  out = jax.device_get(make_engine(graphdef, cfg, 2)(params, prompts[pair], valid[pair], key))
+  np.testing.assert_array_equal(out.tokens, np.concatenate([alone[a].tokens, alone[b].tokens]))
+  after_prefill = int(out.iterations) - P // TINY_BLOCK
+  lockstep = int(np.maximum(steps[a], steps[b]).sum()) + cfg.n_blocks - 1   # + its commits
+  assert after_prefill == max(int(alone[a].nfe_engine[0]), int(alone[b].nfe_engine[0]))
+  assert after_prefill < lockstep
+
+
+def test_schedule_is_validated():
+  from configs import tiny
+  from orl_jax.config import ConfigError, validate
+  config = tiny.get_config("eval")
+  config.decode.schedule = "per_block"
+  with pytest.raises(ConfigError, match="decode.schedule='per_block' must be one of"):
+    validate(config)
+  config.decode.schedule = "per_row"
+  validate(config)
+
+
+def test_per_row_rollout_has_the_lockstep_rollouts_shapes():
+  """The training loop sizes its replay batch from the rollout's abstract shapes: the per-row
+  rollout's Trajectories must be the lock-step one's, field for field."""
+  from orl_jax.rollout import make_rollout, per_row_rollout
+  graphdef, params = _model("block_causal")
+  cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
+                     rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=16)
+  prompts, valid = _queue()
+  args = (params, prompts[:2], valid[:2], jax.random.key(5), 0)
+  shapes = [jax.eval_shape(make_rollout(graphdef, cfg, 3, rollout_fn=fn), *args)
+            for fn in (None, per_row_rollout)]
+  assert jax.tree.structure(shapes[0]) == jax.tree.structure(shapes[1])
+  for a, b in zip(jax.tree.leaves(shapes[0]), jax.tree.leaves(shapes[1])):
+    assert (a.shape, a.dtype) == (b.shape, b.dtype)
+
+
+def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
+  """Greedy evaluation of the committed tiny base model: the per-row queue (refilled rows)
+  gives every problem the tokens and forward counts of the lock-step batches."""
+  import os
+  from configs import tiny
+  from orl_jax import evaluate as eval_lib
+  from orl_jax.train import loop
+  config = tiny.get_config("eval")
+  config.model.init_from = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "assets", "tiny_base")
+  s = loop.setup(config)
+  graphdef, params = loop.initial_params(s)
+  problems = s.task.eval_problems()[:20]
+  rule = UnmaskRule("threshold", 0.9)
+  lock = eval_lib.decode_problems(graphdef, params, problems, s.task, config, rule, batch_size=8)
+  config.decode.schedule = "per_row"
+  per_row = eval_lib.decode_problems(graphdef, params, problems, s.task, config, rule,
+                                     batch_size=8)
+  for a, b in zip(lock[:4], per_row[:4]):      # tokens, nfe, nfe_engine, n_generated
+    np.testing.assert_array_equal(a, b)
