@@ -4,9 +4,9 @@
   expands to a dense `[E, m, k]` product, so expect the dense path to win there; the ragged
   (dropless grouped matmul) path is the one for TPU/GPU.
 * expert-axis token exchange on 4 (fake CPU) devices, `mesh.expert=4`: `all_to_all` (what
-  model.moe.exchange=auto runs on CPU), the packed slices of `ragged_all_to_all` moved padded
-  (its CPU stand-in), the all-gather + reduce-scatter issue 13 replaced (kept here only as the
-  baseline), and one device without an expert axis. `ragged_all_to_all` itself does not run on
+  model.moe.exchange=auto runs on CPU: ragged_all_to_all's slices, padded), the all-gather +
+  reduce-scatter issue 13 replaced (kept here only as the baseline), and one device without an
+  expert axis. `ragged_all_to_all` itself does not run on
   XLA:CPU; the rows each device would receive are counted from the benchmark's routes.
 
   python benchmarks/moe.py [--repeats 5] [--out benchmarks/results/moe.json]
@@ -101,12 +101,11 @@ def rows_received(graphdef, params, x, n_experts: int) -> dict:
 
 # (label, model.moe.exchange, replacement of moe._expert_parallel or None)
 EXCHANGES = (("all_to_all", "all_to_all", None),
-             ("packed_padded", "ragged_all_to_all", None),   # ragged's slices, padded on CPU
              ("gather", "all_to_all", gather_expert_parallel))
 
 
 def exchange_row(name, tokens, d_model, base, repeats) -> dict:
-  """One device vs the expert axis (all_to_all, packed slices padded, gather baseline)."""
+  """One device vs the expert axis (all_to_all, and the gather baseline) at one size."""
   cfg = dataclasses.replace(base, impl="ragged")
   row = {"tokens": tokens, "d_model": d_model, "expert_devices": N_EXPERT_DEVICES}
   step, params, x, graphdef = fwd_bwd_step(cfg, d_model, tokens)
@@ -125,8 +124,6 @@ def exchange_row(name, tokens, d_model, base, repeats) -> dict:
                                    / row["gather"]["tokens_per_s"])
   row["all_to_all_over_one_device"] = (row["all_to_all"]["tokens_per_s"]
                                        / row["one_device"]["tokens_per_s"])
-  row["packed_padded_over_all_to_all"] = (row["packed_padded"]["tokens_per_s"]
-                                          / row["all_to_all"]["tokens_per_s"])
   return row
 
 

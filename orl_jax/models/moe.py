@@ -20,13 +20,13 @@ Expert parallelism (`expert_parallel`): the expert weights are split over the me
 (with its expert ids and weights), runs its experts on what it received (ragged, dropless), and
 sends the summed partial outputs back, where they add up at the token's owner. `exchange` picks
 the collective (`EXCHANGES`):
-* ``"ragged_all_to_all"`` — `jax.lax.ragged_all_to_all`: only the (token, device) pairs the
-  routes need travel, packed by destination (TPU/GPU; XLA:CPU does not implement it, so there the
-  same packed slices travel padded, `padded_all_to_all`, with one warning).
-* ``"all_to_all"`` — one `jax.lax.all_to_all` with the exact worst case of `n` rows per
-  destination (a device may need all `n` local tokens): every token goes to every device with
-  only that device's expert ids (the others -1). Static shapes, dropless, runs everywhere; it
-  moves `P·n·D` per device each way, as much as an all-gather.
+* ``"ragged_all_to_all"`` — `jax.lax.ragged_all_to_all`: only those rows travel, packed by
+  destination (TPU/GPU; XLA:CPU does not implement it: asked for there, it runs as ``all_to_all``, with one
+  warning).
+* ``"all_to_all"`` — the same slices padded to the exact worst case of `n` rows per destination
+  (a device may need all `n` local tokens, never one twice) and moved by one `jax.lax.all_to_all`
+  (`padded_all_to_all`): static shapes, dropless, runs everywhere; it moves `P·n·D` per device
+  each way, as much as an all-gather.
 * ``"auto"`` — ``ragged_all_to_all`` on TPU/GPU, ``all_to_all`` elsewhere.
 
 Route capture (exact replay, issue 13): `__call__` returns the chosen expert ids of every token
@@ -223,37 +223,17 @@ def ragged_all_to_all(operand, output, slices: RaggedSlices, capacity: int):
 
 def exchange_experts(exchange: str):
   """The per-device exchange-and-compute function of `exchange` on the platform being traced for
-  (`auto`: ragged on TPU/GPU). `ragged_all_to_all` asked for off TPU/GPU runs its packed slices
-  through `padded_all_to_all`, with one warning (XLA:CPU lacks the collective)."""
+  (`auto`: ragged on TPU/GPU). `ragged_all_to_all` asked for off TPU/GPU runs padded, with one
+  warning (XLA:CPU lacks the collective)."""
   platform = current_platform()
   if exchange == "auto":
     exchange = "ragged_all_to_all" if platform in ("tpu", "gpu") else "all_to_all"
-  if exchange == "all_to_all":
-    return _all_to_all_experts
-  if platform in ("tpu", "gpu"):
-    return functools.partial(_packed_exchange_experts, collective=ragged_all_to_all)
-  _warn_once(f"model.moe.exchange='ragged_all_to_all' does not run on {platform}: its slices "
-             "travel padded (jax.lax.all_to_all) instead")
-  return functools.partial(_packed_exchange_experts, collective=padded_all_to_all)
-
-
-def _all_to_all_experts(x, routed: RoutedTokens, w: ExpertWeights):
-  """Per device inside `shard_map` (exchange "all_to_all"): the routed-expert output [n, D] of
-  the local tokens x [n, D]; every token goes to every device, which sees only its own experts'
-  ids, and the partial outputs come back and add up."""
-  n, d = x.shape
-  k = routed.expert_ids.shape[1]
-  n_local = w.gate.shape[0]
-  n_dev = jax.lax.axis_size(EXPERT_AXIS)
-  to_dev = jnp.arange(n_dev)[:, None, None]
-  ids = jnp.where(routed.expert_ids // n_local == to_dev, routed.expert_ids, -1)   # [P, n, K]
-  a2a = lambda a: jax.lax.all_to_all(a.reshape((n_dev * n,) + a.shape[2:]), EXPERT_AXIS, 0, 0,
-                                     tiled=True)
-  got = RoutedTokens(a2a(ids), a2a(jnp.broadcast_to(routed.weights, (n_dev, n, k))), None)
-  offset = jax.lax.axis_index(EXPERT_AXIS) * n_local
-  y = ragged_experts(a2a(jnp.broadcast_to(x, (n_dev, n, d))), got, w, offset)      # [P*n, D]
-  back = a2a(y.reshape(n_dev, n, d)).reshape(n_dev, n, d)
-  return jnp.sum(back.astype(jnp.float32), axis=0).astype(x.dtype)
+  if exchange == "ragged_all_to_all" and platform not in ("tpu", "gpu"):
+    _warn_once(f"model.moe.exchange='ragged_all_to_all' does not run on {platform}: its slices "
+               "travel padded (jax.lax.all_to_all) instead")
+    exchange = "all_to_all"
+  collective = ragged_all_to_all if exchange == "ragged_all_to_all" else padded_all_to_all
+  return functools.partial(_exchange_experts, collective=collective)
 
 
 def _send_plan(ids, n_local: int, n_dev: int):
@@ -267,10 +247,10 @@ def _send_plan(ids, n_local: int, n_dev: int):
   return (order % n).astype(jnp.int32), (order // n).astype(jnp.int32), send_sizes
 
 
-def _packed_exchange_experts(x, routed: RoutedTokens, w: ExpertWeights, collective):
-  """Per device inside `shard_map` (exchange "ragged_all_to_all"): the routed-expert output
-  [n, D] of the local tokens x [n, D]; only the (token, device) pairs the routes need travel,
-  packed by destination, through `collective` (`ragged_all_to_all` or `padded_all_to_all`)."""
+def _exchange_experts(x, routed: RoutedTokens, w: ExpertWeights, collective):
+  """Per device inside `shard_map`: the routed-expert output [n, D] of the local tokens x [n, D];
+  the (token, device) pairs the routes need, packed by destination, travel through `collective`
+  (`ragged_all_to_all` or `padded_all_to_all`) and their outputs come back the same way."""
   n, d = x.shape
   n_local = w.gate.shape[0]
   n_dev = jax.lax.axis_size(EXPERT_AXIS)
