@@ -20,7 +20,10 @@ decides the family and every architecture field, and the config keeps only the r
                         impl (ragged: grouped matmul, TPU/GPU | dense: every expert on every
                         token, tiny CPU models), freeze_router (no router updates),
                         aux_loss_weight (load-balance loss, 0 = off: the ORL default). Experts
-                        run expert-parallel exactly when mesh.expert > 1.
+                        run expert-parallel exactly when mesh.expert > 1, exchanging tokens by
+                        exchange (auto: ragged_all_to_all on TPU/GPU, all_to_all elsewhere |
+                        all_to_all: padded to the worst case, runs everywhere |
+                        ragged_all_to_all).
   task.path / chat / k_shot   user JSONL file (training data), chat template, GSM8K shots
   eval.compare          "DIR:name,DIR:name" models evaluated side by side (HF or params dirs)
   eval.random_init      evaluate a freshly initialised model when no weights are given (debug)
@@ -50,7 +53,8 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   m.norm_head = False
   m.moe = ml_collections.ConfigDict(dict(
       n_experts=0, top_k=0, expert_dim=0, n_group=1, topk_group=1, n_shared=0,
-      routed_scaling_factor=1.0, impl="ragged", freeze_router=False, aux_loss_weight=0.0))
+      routed_scaling_factor=1.0, impl="ragged", freeze_router=False, aux_loss_weight=0.0,
+      exchange="auto"))   # expert-parallel token exchange (orl_jax.models.moe.EXCHANGES)
   c.task.chat = family.chat
   c.decode.block_size = family.decode["block_size"]
   c.decode.rule, c.decode.rule_value = family.decode["rule"], family.decode["rule_value"]

@@ -1,5 +1,6 @@
 """The MoE feed-forward (orl_jax/models/moe.py): router vs an independent numpy router, ragged ==
-dense, expert-axis shard_map == one device, route capture, frozen router, balance loss."""
+dense, expert-axis shard_map (token all-to-all) == one device and its lowering for TPU/GPU, route
+capture, frozen router, balance loss."""
 import dataclasses
 import os
 import subprocess
@@ -140,10 +141,20 @@ def test_load_balance_loss():
     ("topk_group", 5, "model.moe.topk_group"),
     ("top_k", 5, "model.moe.top_k"),
     ("expert_parallel", True, "model.moe.expert_parallel"),
+    ("exchange", "nccl", "model.moe.exchange"),
 ])
 def test_bad_config_names_the_field(field, value, match):
   with pytest.raises(ValueError, match=match):
     dataclasses.replace(CFG, **{field: value}).validate()
+
+
+def _run_on_4_cpu_devices(script: str, ok: str) -> str:
+  """Runs `script` in its own process with 4 fake CPU devices; its stdout must say `ok`."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
+  assert ok in out.stdout, out.stdout + out.stderr[-4000:]
+  return out.stdout
 
 
 _EXPERT_AXIS_SCRIPT = textwrap.dedent("""
@@ -152,40 +163,108 @@ _EXPERT_AXIS_SCRIPT = textwrap.dedent("""
   jax.config.update("jax_num_cpu_devices", 4)
   import jax.numpy as jnp
   import numpy as np
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  from tests.test_moe import CFG, _moe, _x, _loss_and_grads
+  from orl_jax import sharding
+  from orl_jax.models import moe as moe_lib
+  from tests.test_moe import CFG, _apply, _moe, _x, _loss_and_grads
   assert jax.device_count() == 4
+  RULES = moe_lib.PARTITION_RULES + sharding.PARTITION_RULES
+
+  def rel_err(got, want):
+    got, want = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(got) == len(want)
+    return max(float(jnp.max(jnp.abs(jnp.asarray(g) - w))) / (float(jnp.max(jnp.abs(w))) + 1e-30)
+               for g, w in zip(got, want))
+
+  # The padded all-to-all reproduces the example of jax.lax.ragged_all_to_all's docstring.
+  mesh = jax.make_mesh((2,), ("expert",), axis_types=(jax.sharding.AxisType.Auto,))
+  def example(operand, output, *slices):
+    return moe_lib.padded_all_to_all(operand, output, moe_lib.RaggedSlices(*slices), capacity=2)
+  args = [[1, 2, 2, 3, 4, 0], [0] * 8, [0, 1, 0, 1], [1, 2, 1, 1], [0, 0, 1, 2], [1, 1, 2, 1]]
+  got = jax.shard_map(example, mesh=mesh, in_specs=jax.sharding.PartitionSpec("expert"),
+                      out_specs=jax.sharding.PartitionSpec("expert"))(
+                          *(jnp.asarray(a, jnp.int32) for a in args))
+  np.testing.assert_array_equal(np.asarray(got), [1, 3, 0, 0, 2, 2, 4, 0])
+
   cfg = dataclasses.replace(CFG, impl="ragged")
   graphdef, params = _moe(cfg)
-  ep_def, _ = _moe(dataclasses.replace(cfg, expert_parallel=True))
   x = _x(5, b=4, t=6)
-  want_loss, want_grads = _loss_and_grads(graphdef, params, x)
-  for shape, axes in (((4,), ("expert",)), ((2, 2), ("data", "expert"))):
-    mesh = jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
-    with jax.set_mesh(mesh):
-      ep_params = jax.tree.map(
-          lambda p: jax.device_put(p, NamedSharding(mesh, P("expert") if p.ndim == 3 else P())),
-          params)
-      loss, grads = _loss_and_grads(ep_def, ep_params, x)
-    gate = grads[0]["gate_proj"][...]
-    assert gate.sharding.spec[0] == "expert", gate.sharding
-    err = abs(float(loss) - float(want_loss)) / abs(float(want_loss))
-    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
-      scale = float(jnp.max(jnp.abs(want))) + 1e-30
-      err = max(err, float(jnp.max(jnp.abs(jnp.asarray(got) - want))) / scale)
-    print(axes, "max relative error", err)
-    assert err <= 1e-5, err
+  want = _loss_and_grads(graphdef, params, x)
+  # captured routes: distinct experts per token, every third token re-routed (-1)
+  rng = np.random.default_rng(0)
+  routes = np.stack([rng.permutation(cfg.n_experts)[:cfg.top_k] for _ in range(24)])
+  routes[::3] = -1
+  routes = jnp.asarray(routes.reshape(4, 6, cfg.top_k), jnp.int32)
+  want_replay = _apply(graphdef, params, x, routes)
+  assert (np.asarray(want_replay.expert_ids)[routes[..., 0] >= 0]
+          == np.asarray(routes)[routes[..., 0] >= 0]).all()
+  for exchange in ("all_to_all", "ragged_all_to_all"):   # the latter runs padded on CPU
+    ep_def, _ = _moe(dataclasses.replace(cfg, expert_parallel=True, exchange=exchange))
+    for sizes in (dict(expert=4), dict(data=2, expert=2), dict(data=1, fsdp=2, expert=2)):
+      mesh = sharding.make_mesh(**sizes)
+      with jax.set_mesh(mesh):
+        ep_params = jax.device_put(params, sharding.tree_shardings(params, mesh, RULES))
+        got = _loss_and_grads(ep_def, ep_params, x)
+        replay = _apply(ep_def, ep_params, x, routes)
+      gate = got[1][0]["gate_proj"][...]
+      assert gate.sharding.spec[0] == "expert", gate.sharding
+      err = rel_err(got, want)
+      np.testing.assert_array_equal(np.asarray(replay.expert_ids),
+                                    np.asarray(want_replay.expert_ids))
+      replay_err = rel_err(replay.y, want_replay.y)
+      print(exchange, sizes, "loss+grads", err, "replay", replay_err)
+      assert err <= 1e-5 and replay_err <= 1e-5, (err, replay_err)
   print("EXPERT_AXIS_OK")
 """)
 
 
-def test_expert_axis_equals_one_device_on_4_cpu_devices():
-  """Experts split over the `expert` axis (tokens gathered and scattered back inside shard_map)
-  give the one-device loss and gradients, alone and next to a `data` axis."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  out = subprocess.run([sys.executable, "-c", _EXPERT_AXIS_SCRIPT], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-  assert "EXPERT_AXIS_OK" in out.stdout, out.stdout + out.stderr[-4000:]
+def test_expert_axis_all_to_all_equals_one_device_on_4_cpu_devices():
+  """Experts split over the `expert` axis, tokens exchanged by all-to-all inside shard_map, give
+  the one-device loss and gradients (expert=4; expert=2 next to data=2 or fsdp=2), and the
+  captured routes are honoured there as on one device."""
+  _run_on_4_cpu_devices(_EXPERT_AXIS_SCRIPT, "EXPERT_AXIS_OK")
+
+
+_LOWERING_SCRIPT = textwrap.dedent("""
+  import dataclasses
+  import jax
+  jax.config.update("jax_num_cpu_devices", 4)
+  import jax.numpy as jnp
+  from orl_jax import sharding
+  from orl_jax.models import moe as moe_lib
+  from pallas_kernels.staircase_attention.lowering import custom_calls, lowered_text
+  from tests.test_moe import CFG, _moe, _sin_loss
+
+  mesh = sharding.make_mesh(expert=4)
+  rules = moe_lib.PARTITION_RULES + sharding.PARTITION_RULES
+  for exchange in ("auto", "all_to_all"):
+    cfg = dataclasses.replace(CFG, impl="ragged", expert_parallel=True, exchange=exchange)
+    graphdef, params = _moe(cfg)
+    with jax.set_mesh(mesh):
+      abstract = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+      params = jax.tree.map(abstract, params, sharding.tree_shardings(params, mesh, rules))
+      x = jax.ShapeDtypeStruct((4, 6, 16), jnp.float32, sharding=sharding.batch_sharding(mesh))
+      step = jax.grad(lambda p, x: _sin_loss(graphdef, p, x), argnums=(0, 1))
+      for platform in ("tpu", "cuda"):
+        text = lowered_text(step, params, x, platform=platform)
+        print(exchange, platform, dict(custom_calls(text)),
+              "all_to_all", text.count("stablehlo.all_to_all"),
+              "all_gather", text.count("all_gather"))
+        if exchange == "auto":   # the ragged collective, out and back, forward and backward
+          assert custom_calls(text)["ragged_all_to_all"] >= 4, text[-3000:]
+        assert text.count("stablehlo.all_to_all") >= 2, text[-3000:]
+        assert "all_gather" not in text and "reduce_scatter" not in text
+      if exchange == "all_to_all":   # XLA's own partitioning adds no gather either (CPU HLO)
+        hlo = jax.jit(step).lower(params, x).compile().as_text()
+        assert "all-to-all(" in hlo and "all-gather(" not in hlo, hlo[-3000:]
+  print("MOE_LOWERING_OK")
+""")
+
+
+def test_expert_axis_lowers_to_all_to_all_for_tpu_and_gpu():
+  """The expert-parallel forward+backward lowered for `tpu` and `cuda` (DESIGN §8) on an
+  expert=4 mesh: `auto` exchanges with `ragged_all_to_all`, `all_to_all` with the padded
+  collective, and nothing gathers the tokens over the expert axis."""
+  _run_on_4_cpu_devices(_LOWERING_SCRIPT, "MOE_LOWERING_OK")
 
 
 def test_partition_rules_split_experts_over_the_expert_axis():

@@ -15,12 +15,19 @@ Expert compute (`impl`, chosen by config, never silently):
   experts a token did not choose): the tiny-CPU fallback and the oracle of the ragged path.
 
 Expert parallelism (`expert_parallel`): the expert weights are split over the mesh axis
-``"expert"``; inside `shard_map` each device gathers the tokens (and their routes) of its
-`expert` peers, runs its own experts on the assignments that chose them (ragged, dropless), and
-the partial outputs are summed and scattered back to the token owners (`psum_scatter`). Per
-device this moves `P·n·D` tokens in and out, which is `K` times less than a dropless all-to-all
-padded to its worst case (`P·n·K·D`, static shapes). The routing itself runs outside, so the
-same routes (captured or not) drive every layout.
+``"expert"``, which also splits the tokens. Inside `shard_map` each device routes its own tokens
+(captured routes included), sends every token once to each device that holds one of its experts
+(with its expert ids and weights), runs its experts on what it received (ragged, dropless), and
+sends the summed partial outputs back, where they add up at the token's owner. `exchange` picks
+the collective (`EXCHANGES`):
+* ``"ragged_all_to_all"`` — `jax.lax.ragged_all_to_all`: only those rows travel, packed by
+  destination (TPU/GPU; XLA:CPU does not implement it: asked for there, it runs as ``all_to_all``, with one
+  warning).
+* ``"all_to_all"`` — the same slices padded to the exact worst case of `n` rows per destination
+  (a device may need all `n` local tokens, never one twice) and moved by one `jax.lax.all_to_all`
+  (`padded_all_to_all`): static shapes, dropless, runs everywhere; it moves `P·n·D` per device
+  each way, as much as an all-gather.
+* ``"auto"`` — ``ragged_all_to_all`` on TPU/GPU, ``all_to_all`` elsewhere.
 
 Route capture (exact replay, issue 13): `__call__` returns the chosen expert ids of every token
 and accepts given ids (`-1` in a token's first slot = route it afresh); the weights are always
@@ -29,6 +36,8 @@ recomputed from the current router, so the router still gets gradients under rep
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 from typing import NamedTuple
 
 import jax
@@ -36,11 +45,21 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from pallas_kernels.staircase_attention import current_platform
+
 IMPLS = ("ragged", "dense")
+EXCHANGES = ("auto", "all_to_all", "ragged_all_to_all")
 # MoEConfig fields that are run-time choices (model.moe.*), not architecture (config.json)
-RUNTIME_FIELDS = ("impl", "expert_parallel", "freeze_router", "aux_loss_weight")
+RUNTIME_FIELDS = ("impl", "exchange", "expert_parallel", "freeze_router", "aux_loss_weight")
 EXPERT_AXIS = "expert"
 _TOKEN_AXES = ("data", "fsdp")   # with "expert", the batch axes (orl_jax.sharding.BATCH_AXES)
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+  if msg not in _warned:
+    _warned.add(msg)
+    logging.warning(msg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +73,7 @@ class MoEConfig:
   routed_scaling_factor: float = 1.0
   impl: str = "dense"                 # ragged | dense
   expert_parallel: bool = False       # split experts over the mesh axis "expert" (shard_map)
+  exchange: str = "auto"              # expert-parallel token exchange, one of EXCHANGES
   freeze_router: bool = False         # router kernel gets no gradient (stop_gradient)
   aux_loss_weight: float = 0.0        # load-balance loss weight (0: off, the ORL default)
 
@@ -61,6 +81,8 @@ class MoEConfig:
     """Raises ValueError naming the model.moe.* field that is inconsistent."""
     if self.impl not in IMPLS:
       raise ValueError(f"model.moe.impl must be one of {IMPLS}, got {self.impl!r}")
+    if self.exchange not in EXCHANGES:
+      raise ValueError(f"model.moe.exchange must be one of {EXCHANGES}, got {self.exchange!r}")
     if self.n_experts % self.n_group:
       raise ValueError(f"model.moe.n_group={self.n_group} must divide "
                        f"model.moe.n_experts={self.n_experts}")
@@ -163,27 +185,112 @@ def ragged_experts(x, routed: RoutedTokens, w: ExpertWeights, expert_offset=0, a
   return jnp.zeros((n, x.shape[-1]), jnp.float32).at[token_of].add(ys).astype(x.dtype)
 
 
-def _expert_parallel(x, routed: RoutedTokens, w: ExpertWeights):
-  """`ragged_experts` with experts split over the mesh axis "expert" (see module docstring)."""
+class RaggedSlices(NamedTuple):
+  """The arguments of `jax.lax.ragged_all_to_all` after its two arrays: device `d`'s slice is
+  `input_offsets[d] : input_offsets[d] + send_sizes[d]` of the operand and lands at
+  `output_offsets[d]` of device `d`'s output; `recv_sizes[s]` rows arrive from device `s`."""
+  input_offsets: jax.Array    # [P] int32
+  send_sizes: jax.Array       # [P] int32
+  output_offsets: jax.Array   # [P] int32 (in the receiver's output)
+  recv_sizes: jax.Array       # [P] int32
+
+  def reverse(self) -> RaggedSlices:
+    """The slices that send every received slice back to where it came from."""
+    a2a = lambda v: jax.lax.all_to_all(v, EXPERT_AXIS, 0, 0, tiled=True)
+    return RaggedSlices(a2a(self.output_offsets), self.recv_sizes, a2a(self.input_offsets),
+                        self.send_sizes)
+
+
+def padded_all_to_all(operand, output, slices: RaggedSlices, capacity: int):
+  """`jax.lax.ragged_all_to_all` over the expert axis with static shapes: every slice, padded to
+  `capacity` rows (at least its size), travels in one `jax.lax.all_to_all`. Runs on CPU."""
+  n_dev = slices.send_sizes.shape[0]
+  row = jnp.arange(capacity)
+  take = jnp.clip(slices.input_offsets[:, None] + row, 0, operand.shape[0] - 1)    # [P, C]
+  got = jax.lax.all_to_all(operand[take], EXPERT_AXIS, 0, 0, tiled=True)      # [P, C, ...]
+  start = jax.lax.all_to_all(slices.output_offsets, EXPERT_AXIS, 0, 0, tiled=True)
+  put = jnp.where(row < slices.recv_sizes[:, None], start[:, None] + row, output.shape[0])
+  return output.at[put.reshape(-1)].set(got.reshape((n_dev * capacity,) + got.shape[2:]),
+                                        mode="drop")
+
+
+def ragged_all_to_all(operand, output, slices: RaggedSlices, capacity: int):
+  """`jax.lax.ragged_all_to_all` over the expert axis (`capacity` unused: the signature of
+  `padded_all_to_all`)."""
+  del capacity
+  return jax.lax.ragged_all_to_all(operand, output, *slices, axis_name=EXPERT_AXIS)
+
+
+def exchange_experts(exchange: str):
+  """The per-device exchange-and-compute function of `exchange` on the platform being traced for
+  (`auto`: ragged on TPU/GPU). `ragged_all_to_all` asked for off TPU/GPU runs padded, with one
+  warning (XLA:CPU lacks the collective)."""
+  platform = current_platform()
+  if exchange == "auto":
+    exchange = "ragged_all_to_all" if platform in ("tpu", "gpu") else "all_to_all"
+  if exchange == "ragged_all_to_all" and platform not in ("tpu", "gpu"):
+    _warn_once(f"model.moe.exchange='ragged_all_to_all' does not run on {platform}: its slices "
+               "travel padded (jax.lax.all_to_all) instead")
+    exchange = "all_to_all"
+  collective = ragged_all_to_all if exchange == "ragged_all_to_all" else padded_all_to_all
+  return functools.partial(_exchange_experts, collective=collective)
+
+
+def _send_plan(ids, n_local: int, n_dev: int):
+  """Which local token goes to which device: (token [n*min(K,P)] int32 (sent rows, destination-
+  major; rows past the sent count are filler), dest_of_row [same], send_sizes [P] int32)."""
+  n, k = ids.shape
+  on_dev = jnp.any((ids // n_local)[:, :, None] == jnp.arange(n_dev), axis=1)      # [n, P]
+  pair_sent = on_dev.T.reshape(-1)                                     # [P*n] destination-major
+  order = jnp.argsort(jnp.where(pair_sent, 0, 1), stable=True)[:n * min(k, n_dev)]
+  send_sizes = jnp.sum(on_dev, axis=0).astype(jnp.int32)
+  return (order % n).astype(jnp.int32), (order // n).astype(jnp.int32), send_sizes
+
+
+def _exchange_experts(x, routed: RoutedTokens, w: ExpertWeights, collective):
+  """Per device inside `shard_map`: the routed-expert output [n, D] of the local tokens x [n, D];
+  the (token, device) pairs the routes need, packed by destination, travel through `collective`
+  (`ragged_all_to_all` or `padded_all_to_all`) and their outputs come back the same way."""
+  n, d = x.shape
+  n_local = w.gate.shape[0]
+  n_dev = jax.lax.axis_size(EXPERT_AXIS)
+  me = jax.lax.axis_index(EXPERT_AXIS)
+  token, dest, send_sizes = _send_plan(routed.expert_ids, n_local, n_dev)
+  sent = jnp.arange(token.shape[0]) < jnp.sum(send_sizes)
+  # device s's rows land at s*n of a [P*n] buffer (a device gets a token at most once)
+  slices = RaggedSlices(jnp.cumsum(send_sizes) - send_sizes, send_sizes,
+                        jnp.full((n_dev,), me * n, jnp.int32),
+                        jax.lax.all_to_all(send_sizes, EXPERT_AXIS, 0, 0, tiled=True))
+  send = lambda a, fill: collective(a, jnp.full((n_dev * n,) + a.shape[1:], fill, a.dtype),
+                                    slices, n)
+  ids = routed.expert_ids[token]
+  kept_ids = jnp.where(ids // n_local == dest[:, None], ids, -1)      # the destination's only
+  got = RoutedTokens(send(kept_ids, -1), send(routed.weights[token], 0), None)   # [P*n, K]
+  y = ragged_experts(send(x[token], 0), got, w, me * n_local)                  # [P*n, D]
+  back = collective(y, jnp.zeros((token.shape[0], d), y.dtype), slices.reverse(), n)
+  back = jnp.where(sent[:, None], back, 0).astype(jnp.float32)
+  return jnp.zeros((n, d), jnp.float32).at[token].add(back).astype(x.dtype)
+
+
+def _expert_parallel(x, logits, expert_bias, given_ids, w: ExpertWeights,
+                     cfg: MoEConfig) -> tuple[jax.Array, RoutedTokens]:
+  """`route` + `ragged_experts` with the experts split over the mesh axis "expert": each device
+  routes its own tokens and exchanges them (module docstring). x: [N, D], logits: [N, E]."""
   mesh = jax.sharding.get_abstract_mesh()
   if EXPERT_AXIS not in mesh.axis_names:
     raise ValueError("model.moe.expert_parallel needs a mesh with an 'expert' axis set with "
                      f"jax.set_mesh(...); the current mesh has axes {mesh.axis_names}")
   token_spec = P(tuple(a for a in mesh.axis_names if a in _TOKEN_AXES) + (EXPERT_AXIS,))
+  experts = exchange_experts(cfg.exchange)
 
-  def local(x, ids, weights, gate, up, down):
-    gather = lambda a: jax.lax.all_gather(a, EXPERT_AXIS, axis=0, tiled=True)
-    peers = RoutedTokens(gather(ids), gather(weights), None)
-    offset = jax.lax.axis_index(EXPERT_AXIS) * gate.shape[0]
-    y = ragged_experts(gather(x), peers, ExpertWeights(gate, up, down), offset)
-    return jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True)
+  def local(x, logits, expert_bias, w, *given_ids):
+    routed = route(logits, expert_bias, cfg, *given_ids)
+    return experts(x, routed, w), routed
 
-  expert_spec = P(EXPERT_AXIS)
-  return jax.shard_map(local, mesh=mesh,
-                       in_specs=(token_spec, token_spec, token_spec, expert_spec, expert_spec,
-                                 expert_spec),
-                       out_specs=token_spec, check_vma=False)(
-                           x, routed.expert_ids, routed.weights, *w)
+  given = () if given_ids is None else (given_ids,)
+  in_specs = (token_spec, token_spec, P(), P(EXPERT_AXIS)) + (token_spec,) * len(given)
+  return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(token_spec, token_spec),
+                       check_vma=False)(x, logits, expert_bias, w, *given)
 
 
 # ----------------------------------------------------------------------------- module
@@ -238,17 +345,16 @@ class MoE(nnx.Module):
     b, t, d = x.shape
     flat = x.reshape(b * t, d)
     given = None if routes is None else routes.reshape(b * t, cfg.top_k)
-    routed = route(self.router.logits(flat, cfg.freeze_router),
-                   jax.lax.stop_gradient(self.router.expert_bias[...]), cfg, given)
+    logits = self.router.logits(flat, cfg.freeze_router)                   # [N, E] f32
+    expert_bias = jax.lax.stop_gradient(self.router.expert_bias[...])
     weights = ExpertWeights(*(p[...].astype(self.dtype)
                               for p in (self.gate_proj, self.up_proj, self.down_proj)))
     flat = flat.astype(self.dtype)
     if cfg.expert_parallel:
-      y = _expert_parallel(flat, routed, weights)
-    elif cfg.impl == "ragged":
-      y = ragged_experts(flat, routed, weights)
+      y, routed = _expert_parallel(flat, logits, expert_bias, given, weights, cfg)
     else:
-      y = dense_experts(flat, routed, weights)
+      routed = route(logits, expert_bias, cfg, given)
+      y = (ragged_experts if cfg.impl == "ragged" else dense_experts)(flat, routed, weights)
     y = y.reshape(b, t, d)
     if self.shared_experts is not None:
       y = y + self.shared_experts(x)

@@ -2,7 +2,8 @@
 
 `jax.export` with `platforms=[...]` runs the real kernel lowering (Mosaic TPU, Triton) and emits
 the module a device would compile, so kernel and sharding bugs show up without the device.
-Kernel custom calls are not in export's list of stable targets; they are allowed explicitly.
+Kernel custom calls (and `ragged_all_to_all`) are not in export's list of stable targets; they
+are allowed explicitly.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pallas_kernels.staircase_attention.dispatch import target_platform
 
 # The custom call each platform's kernels lower to.
 KERNEL_CALLS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+# Collectives that lower to custom calls (the MoE token exchange, orl_jax/models/moe.py).
+COLLECTIVE_CALLS = ("ragged_all_to_all",)
 _CALL = re.compile(r"stablehlo\.custom_call @([\w$.]+)\(")
 
 
@@ -25,7 +28,8 @@ def lowered_text(fn, *args, platform: str) -> str:
   `args` are arrays or `jax.ShapeDtypeStruct`s (with shardings for a sharded lowering). The
   attention dispatch picks its kernels for `platform` meanwhile (`impl="auto"` as on the device).
   """
-  checks = [export.DisabledSafetyCheck.custom_call(name) for name in KERNEL_CALLS.values()]
+  checks = [export.DisabledSafetyCheck.custom_call(name)
+            for name in (*KERNEL_CALLS.values(), *COLLECTIVE_CALLS)]
   jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
   with target_platform(platform):
     exported = export.export(jitted, platforms=[platform], disabled_checks=checks)(*args)
