@@ -160,6 +160,7 @@ def run_tiny(args):
 # ------------------------------------------------------------------ 60M: ours vs Fast-dLLM
 
 SIZE_60M = dict(d_model=512, n_layers=8, n_heads=8, mlp_dim=1536, vocab_size=32000)
+SIZE_SMALL = dict(d_model=128, n_layers=2, n_heads=4, mlp_dim=384, vocab_size=4096)  # --small
 PROMPT_LEN, MIN_PROMPT, GEN, BLOCK, THRESHOLD = 32, 24, 32, 8, 0.9
 HEAD_SCALE = 8.0   # random head scale: ~2-3 tokens per forward at threshold 0.9 (measured)
 OUR_MODES = [dict(cache=c, schedule=s) for c in ("none", "prefix", "dual")
@@ -308,7 +309,9 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
     kind = mode.get("cache", "kv" if mode.get("kv_cache", True) else "none")
     if m.family != "bidirectional" and kind == "none":
       kind = "plain"
-    out["ours/" + "/".join(str(v) for v in mode.values())] = _figure(
+    name = "/".join(("kv" if v else "recompute") if isinstance(v, bool) else str(v)
+                    for v in mode.values())
+    out["ours/" + name] = _figure(
         t, runs, tokens, nfe, bounds(m, ctx["hw"], kind, batch, tokens / batch, nfe),
         float((toks == exact).mean()))
   for name in ("plain", "dual") if ctx["peer"] is not None else ():
@@ -329,9 +332,12 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
 def setup_60m(args) -> dict:
   """The 60M LLaDA directory (written once), our params read from it, the peer, the modes."""
   from benchmarks.peers import llada_dir
-  path = args.weights or os.path.join(tempfile.gettempdir(), f"orl_jax_llada60m_h{args.head_scale}")
+  size = SIZE_SMALL if args.small else SIZE_60M
+  tag = "small" if args.small else "60m"
+  path = args.weights or os.path.join(tempfile.gettempdir(),
+                                      f"orl_jax_llada{tag}_h{args.head_scale}")
   if not os.path.isfile(os.path.join(path, "config.json")):
-    llada_dir.write_random_llada(path, seed=0, head_scale=args.head_scale, **SIZE_60M)
+    llada_dir.write_random_llada(path, seed=0, head_scale=args.head_scale, **size)
   graphdef, params, s = llada_dir.load_ours(path, gen_length=GEN, block_size=BLOCK)
   m, peer = s.model_cfg, None
   if args.model == "blockcausal60m":
@@ -368,14 +374,16 @@ def ratios(batches: dict) -> dict:
 def run_60m(args):
   ctx = setup_60m(args)
   m = ctx["model_cfg"]
-  result = dict(model=args.model, family=m.family, size=SIZE_60M, params=n_params(m),
+  size = SIZE_SMALL if args.small else SIZE_60M
+  result = dict(model=args.model, small=args.small, family=m.family, size=size, params=n_params(m),
                 weights_dir_seed=0, head_scale=args.head_scale, hardware=ctx["hw"],
                 threads=args.threads, prompt_len=[MIN_PROMPT, PROMPT_LEN], gen_length=GEN,
                 block_size=BLOCK, threshold=THRESHOLD, repeats=args.repeats,
                 device=jax.devices()[0].device_kind, skipped=ctx["skipped"], batches={})
   print(f"{args.model}: {n_params(m)['total'] / 1e6:.1f}M params; machine now: "
         f"{ctx['hw']['bandwidth_gb_s']:.1f} GB/s, {ctx['hw']['matmul_gflop_s']:.0f} GFLOP/s")
-  out = args.out or f"benchmarks/results/decode_throughput_{args.model.replace('llada', '')}.json"
+  tag = args.model.replace("llada", "") + ("_small" if args.small else "")
+  out = args.out or f"benchmarks/results/decode_throughput_{tag}.json"
   for batch in args.batches:
     result["batches"][str(batch)] = bench_batch(ctx, batch, args.repeats)
     if ctx["peer"] is not None:
@@ -404,6 +412,8 @@ def main():
   ap.add_argument("--weights", default="", help="60M: the LLaDA directory (written if absent)")
   ap.add_argument("--head_scale", type=float, default=HEAD_SCALE,
                   help="60M: scale of the random head (confidence, hence tokens per forward)")
+  ap.add_argument("--small", action="store_true",
+                  help="60M models: a 2-layer d128 model of the same layout instead (quick run)")
   ap.add_argument("--threads", type=int, default=2, help="60M: torch threads of the peer")
   ap.add_argument("--out", default="")
   args = ap.parse_args()

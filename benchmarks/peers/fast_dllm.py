@@ -109,11 +109,12 @@ class LLaDA(torch.nn.Module):
       past_k, past_v = layer_past
       if replace_position is None:   # prefix cache: append
         k, v = torch.cat((past_k, k), dim=-2), torch.cat((past_v, v), dim=-2)
-      else:                          # dual cache: overwrite the block in place
-        idx = replace_position.nonzero(as_tuple=True)[1]
-        past_k[:, :, idx], past_v[:, :, idx] = k, v
+      else:                          # dual cache: overwrite the block in place, row by row
+        for row in range(replace_position.shape[0]):
+          idx = replace_position[row].nonzero(as_tuple=True)[0]
+          past_k[row, :, idx], past_v[row, :, idx] = k[row, :, :len(idx)], v[row, :, :len(idx)]
         k, v = past_k, past_v
-        q_end = int(idx.max()) + 1
+        q_end = int(replace_position[0].nonzero(as_tuple=True)[0].max()) + 1
     present = (k, v)
     key_len = k.shape[-2]
     q_end = key_len if q_end is None else q_end
