@@ -121,3 +121,30 @@ def test_peer_caches_equal_plain_when_every_block_takes_one_step(tiny_dir, promp
   for name in ("prefix", "dual"):
     np.testing.assert_array_equal(runs[name][0], runs["plain"][0], err_msg=name)
     assert runs[name][1] == runs["plain"][1] == N // B
+
+
+@pytest.mark.slow  # ~1 CPU-minute: compiles our decoder at two batch sizes
+def test_decode_benchmark_small_llada_runs_end_to_end(tmp_path):
+  """benchmarks/decode_throughput.py --model=llada60m --small: every figure with its bounds,
+  ours (cache none) and the peer's plain decoder identical, the headline last."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out_json = tmp_path / "d.json"
+  out = subprocess.run(
+      [sys.executable, "benchmarks/decode_throughput.py", "--model=llada60m", "--small",
+       "--batches=1,2", "--repeats=1", f"--weights={tmp_path / 'w'}", f"--out={out_json}"],
+      cwd=root, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=1800)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().splitlines()[-1].startswith("decode_dual_vs_peer_dual_batch1: ")
+  report = json.loads(out_json.read_text())
+  for batch in ("1", "2"):
+    figures = report["batches"][batch]
+    assert {"ours/none/lockstep", "peer/plain", "peer/dual"} <= set(figures)
+    assert figures["peer/plain"]["tokens_agree_with_exact"] == 1.0
+    for fig in figures.values():
+      assert fig["tokens_per_s"] > 0 and fig["flop_bound_tok_s"] > 0
+      assert fig["bandwidth_bound_tok_s"] > 0
