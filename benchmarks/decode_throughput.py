@@ -1,14 +1,29 @@
-"""Tokens/s of the jitted block decoder vs a naive decoder that returns to the host every step.
+"""Decode tokens/s: the jitted block decoder on the tiny model, and a 60M LLaDA against Fast-dLLM.
 
-Both use the same model, prompts and greedy rule, and must produce identical tokens (checked).
-The naive decoder runs the same jitted pieces (prefill, one denoising step, commit forward) from
-a Python loop and reads the block back to the host after every step to decide whether to go on
-— the way a straightforward port of a PyTorch sampler works.
+`--model=tiny` (default): the jitted decoder vs a naive decoder that returns to the host every
+step. Both use the same model, prompts and greedy rule, and must produce identical tokens
+(checked). The naive decoder runs the same jitted pieces (prefill, one denoising step, commit
+forward) from a Python loop and reads the block back to the host after every step to decide
+whether to go on — the way a straightforward port of a PyTorch sampler works.
+
+`--model=llada60m`: a random 60M LLaDA (d512, 8 layers, 8 heads, MLP 1536, vocabulary 32k)
+written once under the official tensor names; our decoder reads it through `model.path`, the
+PyTorch port of Fast-dLLM (benchmarks/peers/fast_dllm.py) from the same files. Greedy,
+threshold 0.9, prompts of 24-32 tokens left-padded to 32, 32 new tokens, blocks of 8. Ours in
+each `decode.cache` x `decode.schedule` the DecodeConfig has (others are skipped, and said so),
+the peer's plain and dual-cache decoders; batches 1, 16, 64; compile excluded (ahead-of-time),
+medians of `--repeats`; beside each figure the memory-bandwidth and FLOP bounds on this machine
+(measured when the run starts), and the share of tokens equal to the exact decoder's.
+`--model=blockcausal60m`: the same tensors with block-causal attention (ours only: exact KV
+cache on and off).
 
   python benchmarks/decode_throughput.py [--batch 64] [--rule threshold_0.9] [--repeats 3]
+  python benchmarks/decode_throughput.py --model=llada60m [--batches 1,16,64] [--repeats 3]
 """
 import argparse
+import dataclasses
 import os
+import tempfile
 
 import _common  # noqa: F401
 import jax
@@ -20,6 +35,7 @@ from orl_jax import config as config_lib
 from orl_jax import decoding, params_io, residual as residual_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decoding import make_decoder
+from orl_jax.models import hf
 from orl_jax.models.transformer import init_cache
 from orl_jax.train import loop
 from orl_jax.unmasking import UnmaskRule, select_commits
@@ -95,16 +111,8 @@ def naive_decode(graphdef, params, prompts, valid, dcfg):
   return out, nfe, first + 1
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--batch", type=int, default=64)
-  ap.add_argument("--rule", default="threshold_0.9")
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--params", default="assets/tiny_base",
-                  help="parameter folder (a random tiny model is used if it does not exist)")
-  ap.add_argument("--out", default="benchmarks/results/decode_throughput.json")
-  args = ap.parse_args()
-
+def run_tiny(args):
+  """The tiny model: the jitted decoder against the host-driven loop (identical tokens)."""
   config = tiny.get_config("eval")
   s = loop.setup(config)
   graphdef, params = loop.initial_params(s)
@@ -147,6 +155,276 @@ def main():
   print(f"jitted: {result['jitted_tokens_per_s']:.0f} tok/s   naive: "
         f"{result['naive_tokens_per_s']:.0f} tok/s")
   print(f"decode_speedup_jitted_vs_naive: {result['speedup']:.2f}")
+
+
+# ------------------------------------------------------------------ 60M: ours vs Fast-dLLM
+
+SIZE_60M = dict(d_model=512, n_layers=8, n_heads=8, mlp_dim=1536, vocab_size=32000)
+SIZE_SMALL = dict(d_model=128, n_layers=2, n_heads=4, mlp_dim=384, vocab_size=4096)  # --small
+PROMPT_LEN, MIN_PROMPT, GEN, BLOCK, THRESHOLD = 32, 24, 32, 8, 0.9
+# Random head scale. Measured: the tiny test LLaDA then commits 1-1.7 tokens per forward at
+# threshold 0.9; the 60M one still commits one per forward (its confidences stay below 0.9).
+HEAD_SCALE = 8.0
+OUR_MODES = [dict(cache=c, schedule=s) for c in ("none", "prefix", "dual")
+             for s in ("lockstep", "per_row")]
+
+
+def n_params(m) -> dict:
+  """Parameter counts of a dense model config: body (layers), embedding, head."""
+  attn = 4 * m.d_model * m.n_heads * m.head_dim
+  body = m.n_layers * (attn + 3 * m.d_model * m.mlp_dim + 2 * m.d_model)
+  return dict(body=body, embedding=m.vocab_size * m.d_model, head=m.vocab_size * m.d_model,
+              total=body + 2 * m.vocab_size * m.d_model + m.d_model)
+
+
+def forward_flops(m, n_query: int, n_keys: int, n_head: int) -> float:
+  """Matmul FLOPs of one row's forward: projections and MLP of n_query tokens, attention
+  scores and values against n_keys, the vocabulary head on n_head tokens."""
+  p = n_params(m)
+  return (2 * n_query * p["body"] + 4 * n_query * n_keys * m.n_heads * m.head_dim * m.n_layers
+          + 2 * n_head * m.d_model * m.vocab_size)
+
+
+def row_flops(m, mode: str, nfe: float, n_blocks: int) -> float:
+  """Least matmul FLOPs of one row's decode (the head only on the active block): `none` /
+  `plain` forward the canvas every step; `dual` / `prefix` one canvas forward per block, then
+  the block (dual) or the canvas from the block on (prefix, its mean length); `kv` block-causal
+  through the exact KV cache (prefill, then the block against the mean visible context)."""
+  width = PROMPT_LEN + GEN
+  full = forward_flops(m, width, width, BLOCK)
+  rest = max(nfe - n_blocks, 0.0)
+  if mode in ("none", "plain"):
+    return nfe * full
+  if mode == "dual":
+    return n_blocks * full + rest * forward_flops(m, BLOCK, width, BLOCK)
+  if mode == "prefix":
+    tail = (GEN + BLOCK) // 2
+    return n_blocks * full + rest * forward_flops(m, tail, width, BLOCK)
+  ctx = PROMPT_LEN + GEN // 2
+  return forward_flops(m, PROMPT_LEN, PROMPT_LEN, 0) + nfe * forward_flops(m, BLOCK, ctx, BLOCK)
+
+
+def measure_hardware(repeats: int = 5) -> dict:
+  """What this machine sustains now (it may be shared): memory bandwidth of a jitted
+  reduction over 64 MiB, and the f32 matmul rate at 1024^3."""
+  big = jnp.ones((16 << 20,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  jax.block_until_ready(total(big))
+  t_read, _ = _common.median_time(lambda: jax.block_until_ready(total(big)), repeats)
+  a = jnp.ones((1024, 1024), jnp.float32)
+  mm = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(mm(a))
+  t_mm, _ = _common.median_time(lambda: jax.block_until_ready(mm(a)), repeats)
+  return dict(bandwidth_gb_s=big.nbytes / t_read / 1e9, matmul_gflop_s=2 * 1024 ** 3 / t_mm / 1e9)
+
+
+def bounds(m, hw: dict, mode: str, batch: int, tokens_per_row: float, nfe_per_row: float):
+  """Upper bounds on tok/s beside a measured figure: memory (the weights read once per
+  forward, shared by the batch: batch x TPF x bandwidth / weight bytes) and compute
+  (matmul rate / least FLOPs per generated token, `row_flops`)."""
+  p = n_params(m)
+  weight_bytes = 4 * (p["body"] + p["head"])          # f32; the embedding is a gather
+  tpf = tokens_per_row / nfe_per_row
+  flops = row_flops(m, mode, nfe_per_row, GEN // BLOCK)
+  bandwidth = batch * tpf * hw["bandwidth_gb_s"] * 1e9 / weight_bytes
+  return dict(tpf=tpf, bandwidth_bound_tok_s=bandwidth,
+              flop_bound_tok_s=hw["matmul_gflop_s"] * 1e9 * tokens_per_row / flops)
+
+
+def supported_modes(modes) -> tuple[list, list]:
+  """(modes DecodeConfig can express, skipped ones with the missing field)."""
+  have = {f.name for f in dataclasses.fields(decoding.DecodeConfig)}
+  ok, skipped = [], []
+  for mode in modes:
+    missing = [k for k, v in mode.items() if k not in have and v not in ("none", "lockstep")]
+    (skipped if missing else ok).append((mode, missing))
+  return [m for m, _ in ok], [dict(mode=m, missing=f) for m, f in skipped]
+
+
+def time_ours(graphdef, params, dcfg, ids, valid, repeats: int):
+  """(median s, all runs, DecodeOutput): compiled ahead of time, so compile is excluded."""
+  key = jax.random.key(0)
+  args = (params, jnp.asarray(ids), jnp.asarray(valid), key)
+  compiled = make_decoder(graphdef, dcfg).lower(*args).compile()
+  out = jax.block_until_ready(compiled(*args))
+  t, runs = _common.median_time(lambda: jax.block_until_ready(compiled(*args)), repeats)
+  return t, runs, out
+
+
+def time_peer(peer, name: str, ids, valid, repeats: int):
+  """(median s, all runs, (tokens [B, N], batch NFE)) of one Fast-dLLM decoder."""
+  import torch
+  from benchmarks.peers import fast_dllm, llada_dir
+  prompt, prompt_valid = torch.as_tensor(ids).long(), torch.as_tensor(valid)
+  run = lambda: fast_dllm.DECODERS[name](
+      peer, prompt, steps=GEN, gen_length=GEN, block_length=BLOCK, mask_id=llada_dir.MASK_ID,
+      threshold=THRESHOLD, prompt_valid=prompt_valid)
+  x, nfe = run()
+  t, runs = _common.median_time(run, repeats)
+  return t, runs, (x[:, PROMPT_LEN:].numpy(), nfe)
+
+
+def decode_cfg_for(s, mode: dict):
+  """The DecodeConfig of the benchmark (greedy, threshold 0.9) in one of OUR_MODES."""
+  from benchmarks.peers import llada_dir
+  dcfg = config_lib.decode_config(s.config, mask_id=llada_dir.MASK_ID, eos_id=llada_dir.EOS_ID,
+                                  rule=UnmaskRule("threshold", THRESHOLD), temperature=0.0)
+  have = {f.name for f in dataclasses.fields(dcfg)}
+  return dataclasses.replace(dcfg, **{k: v for k, v in mode.items() if k in have})
+
+
+def _figure(seconds, runs, tokens: int, nfe_row: float, bound: dict, agree=None) -> dict:
+  fig = dict(tokens_per_s=tokens / seconds, seconds_median=seconds, runs=runs,
+             generated_tokens=tokens, nfe_per_row=nfe_row, **bound)
+  if agree is not None:
+    fig["tokens_agree_with_exact"] = agree      # share of tokens equal to cache=none's
+  return fig
+
+
+def _eos_filled(tokens, eos_id: int):
+  """Tokens after a row's first EOS become EOS (our decoder's output convention)."""
+  is_eos = tokens == eos_id
+  first = np.where(is_eos.any(-1), is_eos.argmax(-1), tokens.shape[1])
+  return np.where(np.arange(tokens.shape[1])[None] > first[:, None], eos_id, tokens)
+
+
+def _n_generated(tokens, eos_id: int):
+  """[B] tokens through the first EOS (all of them without one)."""
+  is_eos = tokens == eos_id
+  return np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[1])
+
+
+def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
+  """Every mode of ctx (ours, then the peer's plain and dual decoders) at one batch size."""
+  from benchmarks.peers import llada_dir
+  m = ctx["model_cfg"]
+  ids, valid = llada_dir.random_prompts(batch, PROMPT_LEN, MIN_PROMPT, m.vocab_size, seed=1)
+  out, exact, n_exact = {}, None, 0
+  for mode in ctx["modes"]:
+    dcfg = decode_cfg_for(ctx["setup"], mode)
+    t, runs, res = time_ours(ctx["graphdef"], ctx["params"], dcfg, ids, valid, repeats)
+    toks = np.asarray(res.tokens)
+    nfe = float(np.asarray(res.nfe).mean())
+    tokens = int(np.asarray(res.n_generated).sum())
+    if exact is None:             # the first mode is the exact one (cache none / kv)
+      exact, n_exact = toks, tokens
+    kind = mode.get("cache", "kv" if mode.get("kv_cache", True) else "none")
+    if m.family != "bidirectional" and kind == "none":
+      kind = "plain"
+    name = "/".join(("kv" if v else "recompute") if isinstance(v, bool) else str(v)
+                    for v in mode.values())
+    out["ours/" + name] = _figure(
+        t, runs, tokens, nfe, bounds(m, ctx["hw"], kind, batch, tokens / batch, nfe),
+        float((toks == exact).mean()))
+  for name in ("plain", "dual") if ctx["peer"] is not None else ():
+    t, runs, (toks, nfe) = time_peer(ctx["peer"], name, ids, valid, repeats)
+    toks = _eos_filled(toks, llada_dir.EOS_ID)
+    tokens = n_exact or int(np.asarray(_n_generated(toks, llada_dir.EOS_ID)).sum())
+    out[f"peer/{name}"] = _figure(t, runs, tokens, float(nfe),
+                                  bounds(m, ctx["hw"], name, batch, tokens / batch, nfe),
+                                  None if exact is None else float((toks == exact).mean()))
+  for k, v in out.items():
+    print(f"batch {batch:3d} {k:24s} {v['tokens_per_s']:9.1f} tok/s  NFE/row "
+          f"{v['nfe_per_row']:5.1f}  bounds: bandwidth {v['bandwidth_bound_tok_s']:9.0f}  "
+          f"flops {v['flop_bound_tok_s']:8.0f}  agree "
+          f"{v.get('tokens_agree_with_exact', float('nan')):.3f}", flush=True)
+  return out
+
+
+def setup_60m(args) -> dict:
+  """The 60M LLaDA directory (written once), our params read from it, the peer, the modes."""
+  from benchmarks.peers import llada_dir
+  size = SIZE_SMALL if args.small else SIZE_60M
+  tag = "small" if args.small else "60m"
+  path = args.weights or os.path.join(tempfile.gettempdir(),
+                                      f"orl_jax_llada{tag}_h{args.head_scale}")
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    llada_dir.write_random_llada(path, seed=0, head_scale=args.head_scale, **size)
+  graphdef, params, s = llada_dir.load_ours(path, gen_length=GEN, block_size=BLOCK)
+  m, peer = s.model_cfg, None
+  if args.model == "blockcausal60m":
+    m = dataclasses.replace(m, family="block_causal")
+    graphdef, _ = hf.abstract_params(m)        # same tensors, block-causal attention
+    modes, skipped = supported_modes(
+        [dict(kv_cache=kv, schedule=sc) for kv in (True, False) for sc in ("lockstep", "per_row")])
+  else:
+    import torch
+    from benchmarks.peers import fast_dllm
+    torch.set_num_threads(args.threads)
+    peer = fast_dllm.LLaDA.from_dir(path)
+    modes, skipped = supported_modes(OUR_MODES)
+  for sk in skipped:
+    print(f"skipped ours {sk['mode']}: DecodeConfig has no field {', '.join(sk['missing'])}")
+  return dict(graphdef=graphdef, params=params, setup=s, model_cfg=m, peer=peer, modes=modes,
+              skipped=skipped, hw=measure_hardware(), weights=path)
+
+
+def ratios(batches: dict) -> dict:
+  """ours / peer tokens-per-second, per batch and at each side's best batch."""
+  rate = lambda b, k: batches[b][k]["tokens_per_s"] if k in batches[b] else float("nan")
+  out = {}
+  for ours in ("ours/none/lockstep", "ours/dual/lockstep"):
+    for peer in ("peer/plain", "peer/dual"):
+      name = f"{ours.split('/')[1]}_vs_{peer.replace('/', '_')}"
+      for b in batches:
+        out[f"{name}_batch{b}"] = rate(b, ours) / rate(b, peer)
+      best = lambda k: max(rate(b, k) for b in batches)
+      out[f"{name}_best_batch"] = best(ours) / best(peer)
+  return out
+
+
+def run_60m(args):
+  ctx = setup_60m(args)
+  m = ctx["model_cfg"]
+  size = SIZE_SMALL if args.small else SIZE_60M
+  result = dict(model=args.model, small=args.small, family=m.family, size=size, params=n_params(m),
+                weights_dir_seed=0, head_scale=args.head_scale, hardware=ctx["hw"],
+                threads=args.threads, prompt_len=[MIN_PROMPT, PROMPT_LEN], gen_length=GEN,
+                block_size=BLOCK, threshold=THRESHOLD, repeats=args.repeats,
+                device=jax.devices()[0].device_kind, skipped=ctx["skipped"], batches={})
+  print(f"{args.model}: {n_params(m)['total'] / 1e6:.1f}M params; machine now: "
+        f"{ctx['hw']['bandwidth_gb_s']:.1f} GB/s, {ctx['hw']['matmul_gflop_s']:.0f} GFLOP/s")
+  tag = args.model.replace("llada", "") + ("_small" if args.small else "")
+  out = args.out or f"benchmarks/results/decode_throughput_{tag}.json"
+  for batch in args.batches:
+    result["batches"][str(batch)] = bench_batch(ctx, batch, args.repeats)
+    if ctx["peer"] is not None:
+      result["ratios"] = ratios(result["batches"])
+    _common.write_json(out, result)      # after every batch: a partial run still reports
+  if ctx["peer"] is None:
+    best = max(v["tokens_per_s"] for b in result["batches"].values() for v in b.values())
+    print(f"decode_best_tokens_per_s: {best:.1f}")
+    return
+  r = result["ratios"]
+  first = args.batches[0]
+  print(f"decode_none_vs_peer_plain_batch{first}: {r[f'none_vs_peer_plain_batch{first}']:.2f}")
+  print(f"decode_none_vs_peer_dual_batch{first}: {r[f'none_vs_peer_dual_batch{first}']:.2f}")
+  print(f"decode_dual_vs_peer_dual_batch{first}: {r[f'dual_vs_peer_dual_batch{first}']:.2f}")
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--model", default="tiny", choices=("tiny", "llada60m", "blockcausal60m"))
+  ap.add_argument("--batch", type=int, default=64, help="tiny: the batch")
+  ap.add_argument("--batches", default="1,16,64", help="60M: the batch sizes")
+  ap.add_argument("--rule", default="threshold_0.9", help="tiny: the unmasking rule")
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--params", default="assets/tiny_base",
+                  help="tiny: parameter folder (a random tiny model is used if it does not exist)")
+  ap.add_argument("--weights", default="", help="60M: the LLaDA directory (written if absent)")
+  ap.add_argument("--head_scale", type=float, default=HEAD_SCALE,
+                  help="60M: scale of the random head (confidence, hence tokens per forward)")
+  ap.add_argument("--small", action="store_true",
+                  help="60M models: a 2-layer d128 model of the same layout instead (quick run)")
+  ap.add_argument("--threads", type=int, default=2, help="60M: torch threads of the peer")
+  ap.add_argument("--out", default="")
+  args = ap.parse_args()
+  args.batches = [int(b) for b in args.batches.split(",")]
+  if args.model == "tiny":
+    args.out = args.out or "benchmarks/results/decode_throughput.json"
+    run_tiny(args)
+  else:
+    run_60m(args)
 
 
 if __name__ == "__main__":
