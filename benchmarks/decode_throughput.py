@@ -35,6 +35,7 @@ from orl_jax import config as config_lib
 from orl_jax import decoding, params_io, residual as residual_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decoding import make_decoder
+from orl_jax.engine import make_engine
 from orl_jax.models import hf
 from orl_jax.models.transformer import init_cache
 from orl_jax.train import loop
@@ -165,8 +166,10 @@ PROMPT_LEN, MIN_PROMPT, GEN, BLOCK, THRESHOLD = 32, 24, 32, 8, 0.9
 # Random head scale. Measured: the tiny test LLaDA then commits 1-1.7 tokens per forward at
 # threshold 0.9; the 60M one still commits one per forward (its confidences stay below 0.9).
 HEAD_SCALE = 8.0
-OUR_MODES = [dict(cache=c, schedule=s) for c in ("none", "prefix", "dual")
-             for s in ("lockstep", "per_row")]
+# The per-row engine (decode.schedule=per_row) decodes without the approximate caches; here it
+# decodes the batch's own prompts on as many rows (no refill: a queue as long as the rows).
+OUR_MODES = [dict(cache=c, schedule="lockstep") for c in ("none", "prefix", "dual")] + [
+    dict(cache="none", schedule="per_row")]
 
 
 def n_params(m) -> dict:
@@ -233,7 +236,7 @@ def bounds(m, hw: dict, mode: str, batch: int, tokens_per_row: float, nfe_per_ro
 
 def supported_modes(modes) -> tuple[list, list]:
   """(modes DecodeConfig can express, skipped ones with the missing field)."""
-  have = {f.name for f in dataclasses.fields(decoding.DecodeConfig)}
+  have = {f.name for f in dataclasses.fields(decoding.DecodeConfig)} | {"schedule"}
   ok, skipped = [], []
   for mode in modes:
     missing = [k for k, v in mode.items() if k not in have and v not in ("none", "lockstep")]
@@ -241,11 +244,14 @@ def supported_modes(modes) -> tuple[list, list]:
   return [m for m, _ in ok], [dict(mode=m, missing=f) for m, f in skipped]
 
 
-def time_ours(graphdef, params, dcfg, ids, valid, repeats: int):
-  """(median s, all runs, DecodeOutput): compiled ahead of time, so compile is excluded."""
+def time_ours(graphdef, params, dcfg, ids, valid, repeats: int, schedule: str = "lockstep"):
+  """(median s, all runs, DecodeOutput or EngineOutput): compiled ahead of time, so compile is
+  excluded. schedule "per_row": the engine (orl_jax.engine) with one row per prompt."""
   key = jax.random.key(0)
   args = (params, jnp.asarray(ids), jnp.asarray(valid), key)
-  compiled = make_decoder(graphdef, dcfg).lower(*args).compile()
+  run = (make_engine(graphdef, dcfg, len(ids)) if schedule == "per_row"
+         else make_decoder(graphdef, dcfg))
+  compiled = run.lower(*args).compile()
   out = jax.block_until_ready(compiled(*args))
   t, runs = _common.median_time(lambda: jax.block_until_ready(compiled(*args)), repeats)
   return t, runs, out
@@ -302,7 +308,8 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
   out, exact, n_exact = {}, None, 0
   for mode in ctx["modes"]:
     dcfg = decode_cfg_for(ctx["setup"], mode)
-    t, runs, res = time_ours(ctx["graphdef"], ctx["params"], dcfg, ids, valid, repeats)
+    t, runs, res = time_ours(ctx["graphdef"], ctx["params"], dcfg, ids, valid, repeats,
+                             mode.get("schedule", "lockstep"))
     toks = np.asarray(res.tokens)
     nfe = float(np.asarray(res.nfe).mean())
     tokens = int(np.asarray(res.n_generated).sum())
@@ -346,7 +353,8 @@ def setup_60m(args) -> dict:
     m = dataclasses.replace(m, family="block_causal")
     graphdef, _ = hf.abstract_params(m)        # same tensors, block-causal attention
     modes, skipped = supported_modes(
-        [dict(kv_cache=kv, schedule=sc) for kv in (True, False) for sc in ("lockstep", "per_row")])
+        [dict(kv_cache=kv, schedule="lockstep") for kv in (True, False)]
+        + [dict(kv_cache=True, schedule="per_row")])   # the engine always uses the KV cache
   else:
     import torch
     from benchmarks.peers import fast_dllm
