@@ -19,6 +19,8 @@ cache on and off).
 
   python benchmarks/decode_throughput.py [--batch 64] [--rule threshold_0.9] [--repeats 3]
   python benchmarks/decode_throughput.py --model=llada60m [--batches 1,16,64] [--repeats 3]
+  python benchmarks/decode_throughput.py --model=llada60m --batches 64 --caches=dual \
+      --peer_modes=dual    # one cache mode a side (the first mode run is the "exact" reference)
 """
 import argparse
 import dataclasses
@@ -323,7 +325,8 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
     out["ours/" + name] = _figure(
         t, runs, tokens, nfe, bounds(m, ctx["hw"], kind, batch, tokens / batch, nfe),
         float((toks == exact).mean()))
-  for name in ("plain", "dual") if ctx["peer"] is not None else ():
+  peers = ctx["peer_modes"] if ctx["peer"] is not None else ()
+  for name in peers:
     t, runs, (toks, nfe) = time_peer(ctx["peer"], name, ids, valid, repeats)
     toks = _eos_filled(toks, llada_dir.EOS_ID)
     tokens = n_exact or int(np.asarray(_n_generated(toks, llada_dir.EOS_ID)).sum())
@@ -360,10 +363,12 @@ def setup_60m(args) -> dict:
     from benchmarks.peers import fast_dllm
     torch.set_num_threads(args.threads)
     peer = fast_dllm.LLaDA.from_dir(path)
-    modes, skipped = supported_modes(OUR_MODES)
+    modes, skipped = supported_modes(
+        [m for m in OUR_MODES if args.caches == "all" or m["cache"] in args.caches.split(",")])
   for sk in skipped:
     print(f"skipped ours {sk['mode']}: DecodeConfig has no field {', '.join(sk['missing'])}")
   return dict(graphdef=graphdef, params=params, setup=s, model_cfg=m, peer=peer, modes=modes,
+              peer_modes=tuple(args.peer_modes.split(",")),
               skipped=skipped, hw=measure_hardware(), weights=path)
 
 
@@ -425,6 +430,9 @@ def main():
   ap.add_argument("--small", action="store_true",
                   help="60M models: a 2-layer d128 model of the same layout instead (quick run)")
   ap.add_argument("--threads", type=int, default=2, help="60M: torch threads of the peer")
+  ap.add_argument("--caches", default="all",
+                  help="60M LLaDA: our decode.cache modes to run (comma list, or all)")
+  ap.add_argument("--peer_modes", default="plain,dual", help="60M LLaDA: the peer's decoders")
   ap.add_argument("--out", default="")
   args = ap.parse_args()
   args.batches = [int(b) for b in args.batches.split(",")]
