@@ -168,30 +168,17 @@ def _record(cap: Capture, do: jax.Array, routes=None, rows=None, **fields) -> Ca
   """Writes one state per row where `do` [B] is true (mode='drop' past the buffer's end).
   routes: the step's [L_moe, B, b, K] expert ids (with `capture_routes`). rows: [B] int32 the
   capture row each batch row writes to (default: its own; `orl_jax.engine` passes each row's
-  prompt slot, out of bounds where `do` is false)."""
-  if rows is not None:
-    return _record_at(cap, do, rows, **fields)
+  prompt slot, distinct where `do`, out of bounds where `do` is false)."""
   s = cap.valid.shape[1]
-  rows = jnp.arange(do.shape[0])
-  idx = jnp.where(do, cap.n_states, s)  # s is out of bounds -> dropped
+  if rows is None:
+    rows = jnp.arange(do.shape[0])
+  n_states = cap.n_states.at[rows].get(mode="fill", fill_value=s)
+  idx = jnp.where(do, n_states, s)      # s is out of bounds -> dropped
   upd = {name: getattr(cap, name).at[rows, idx].set(val, mode="drop")
          for name, val in fields.items()}
   if routes is not None:
     state = cap.routes.state.at[rows, idx].set(token_major_routes(routes), mode="drop")
     upd["routes"] = cap.routes._replace(state=state)
-  upd["valid"] = cap.valid.at[rows, idx].set(True, mode="drop")
-  upd["overflow"] = cap.overflow | (do & (cap.n_states >= s))
-  upd["n_states"] = jnp.minimum(cap.n_states + do.astype(jnp.int32), s)
-  return cap._replace(**upd)
-
-
-def _record_at(cap: Capture, do, rows, **fields) -> Capture:
-  """`_record` into capture rows `rows` [B] (distinct where `do`); no route capture."""
-  s = cap.valid.shape[1]
-  n_states = cap.n_states.at[rows].get(mode="fill", fill_value=s)
-  idx = jnp.where(do, n_states, s)      # s is out of bounds -> dropped
-  upd = {name: getattr(cap, name).at[rows, idx].set(val, mode="drop")
-         for name, val in fields.items()}
   upd["valid"] = cap.valid.at[rows, idx].set(True, mode="drop")
   rows = jnp.where(do, rows, cap.valid.shape[0])   # rows that record nothing write nothing
   overflow = cap.overflow.at[rows].get(mode="fill", fill_value=False) | (n_states >= s)
