@@ -29,7 +29,8 @@ from flax import nnx
 
 from orl_jax import residual as residual_lib
 from orl_jax.decoding import (Capture, DecodeConfig, _Canvas, _empty_capture, _finished_response,
-                              _needs_step, _next_residual, _record, propose)
+                              _needs_step, _next_residual, _record, _soft_embedding,
+                              propose)
 from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
 from orl_jax.unmasking import select_commits, select_edits
@@ -191,9 +192,9 @@ def _forward(eng: _Engine, rows: _Rows, cache):
   valid = jnp.concatenate([prompt_valid, jnp.ones_like(rows.response, bool)], axis=1)
   positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), canvas.shape)
   meta = make_meta(jnp.where(valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
-  logits = model(canvas, positions, meta, residual=Residual(z, alpha)).logits
+  hidden = model.hidden_states(canvas, positions, meta, residual=Residual(z, alpha))[0]
   take = jax.vmap(lambda whole, s: jax.lax.dynamic_slice_in_dim(whole, s, b, 0))
-  return take(logits, start), cache
+  return model.head(take(hidden, start)), cache     # the head on the active blocks only
 
 
 def _propose_rows(eng: _Engine, rows: _Rows, logits):
@@ -225,7 +226,7 @@ def _denoise(eng: _Engine, rows: _Rows, logits, cap):
     settled = settled | (filled & ~jnp.any(edits, axis=-1))
     write = write | edits
   new_tokens = jnp.where(write, cand, rows.tokens)
-  nxt = _next_residual(eng.cv, logits, new_tokens, need, rows.res)
+  nxt = _next_residual(eng.cv, _soft_embedding(eng.cv, logits), new_tokens, need, rows.res)
   if cfg.capture_states:
     logp = jax.nn.log_softmax(logits, axis=-1)
     top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)

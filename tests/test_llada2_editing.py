@@ -68,12 +68,19 @@ class ScriptedModel:
   def embedding_table(self):
     return jnp.zeros((V, TINY.d_model), jnp.float32)
 
-  def __call__(self, tokens, positions, meta, *, residual=None, cache=None, cache_mode=None,
-               cache_offset=0, routes=None):
+  def hidden_states_and_routing(self, tokens, positions, meta, *, residual=None, cache=None,
+                                cache_mode=None, cache_offset=0, routes=None):
+    """Its "hidden states" are the logits themselves (`head` is the identity)."""
     target = jnp.where(tokens == M, self.FILL, tokens + self.shift)
     rest = jnp.log((1 - self.prob) / (V - 1))
     logits = jnp.where(jax.nn.one_hot(target, V) > 0, jnp.log(self.prob), rest)
-    return ForwardOutput(logits.astype(jnp.float32), cache, jnp.zeros(()), None)
+    return logits.astype(jnp.float32), cache, jnp.zeros(()), None
+
+  def head(self, hidden):
+    return hidden
+
+  def __call__(self, tokens, positions, meta, **kw):
+    return ForwardOutput(*self.hidden_states_and_routing(tokens, positions, meta, **kw))
 
 
 def _scripted(model, rule=UnmaskRule("threshold", 0.9), **edit):

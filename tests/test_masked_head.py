@@ -1,0 +1,101 @@
+"""The vocabulary head at the masked positions only (`DecodeConfig.masked_head`).
+
+A step gathers each row's masked positions into the smallest of b, b/2, ..., 1 slots, runs the
+head and the proposal there and scatters the results back. It must propose what the whole-block
+head proposes at every masked position (greedy and sampled: the same Gumbel noise), and whole
+decodes must not change."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from orl_jax import decoding
+from orl_jax.decoding import DecodeConfig, _Canvas, _propose_masked, _propose_step, head_widths
+from orl_jax.unmasking import UnmaskRule
+from tests.helpers import TINY, tiny_model
+
+P, B_SIZE, GEN = 8, 8, 16
+
+
+def _live_adapter(model):
+  """The residual adapter's zero-initialised output projection perturbed (z changes logits)."""
+  st = nnx.state(model, nnx.Param)
+  k = st["adapter"]["down_proj"]["kernel"]
+  k[...] = 0.3 * jax.random.normal(jax.random.key(4), k[...].shape)
+  nnx.update(model, st)
+  return model
+
+
+def test_head_widths():
+  assert head_widths(8) == (8, 4, 2, 1)
+  assert head_widths(6) == (6, 3, 2, 1)
+  assert head_widths(1) == (1,)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("counts", [(8, 5, 1, 0), (3, 1, 0, 2), (1, 0, 1, 0), (0, 0, 0, 0)])
+def test_masked_proposal_equals_the_whole_block_head(counts, temperature):
+  """Rows with these many masked positions (scattered over the block): candidate, probability,
+  entropy and the next residual at every masked position equal the whole-block head's."""
+  model = _live_adapter(tiny_model(1, residual_mode="adapter"))
+  rows = len(counts)
+  rng = np.random.default_rng(sum(counts))
+  masked = np.zeros((rows, B_SIZE), bool)
+  for r, n in enumerate(counts):
+    masked[r, rng.choice(B_SIZE, n, replace=False)] = True
+  masked = jnp.asarray(masked)
+  hidden = jax.random.normal(jax.random.key(2), (rows, B_SIZE, TINY.d_model)) * 3.0
+  base = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
+                      temperature=temperature)
+  cv = lambda cfg: _Canvas(model, cfg, rows, P, None, None, None, model.embedding_table)
+  key = jax.random.key(7)
+  got = _propose_masked(cv(base), hidden, masked, key)
+  full = _propose_step(cv(decoding.dataclasses.replace(base, masked_head=False)), hidden,
+                       masked, key)
+  m = np.asarray(masked)
+  np.testing.assert_array_equal(np.asarray(got.cand)[m], np.asarray(full.cand)[m])
+  for a, b in ((got.conf, full.conf), (got.entropy, full.entropy), (got.soft.alpha, full.soft.alpha)):
+    np.testing.assert_allclose(np.asarray(a)[m], np.asarray(b)[m], rtol=1e-5, atol=1e-6)
+  z, zf = np.asarray(got.soft.z)[m], np.asarray(full.soft.z)[m]
+  np.testing.assert_allclose(z, zf, rtol=0, atol=1e-5 * max(np.abs(zf).max(initial=0), 1e-6))
+
+
+def _decode(model, masked_head, temperature, cache="none"):
+  graphdef, state = nnx.split(model)
+  cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
+                     rule=UnmaskRule("threshold", 0.3), temperature=temperature, cache=cache,
+                     masked_head=masked_head)
+  tokens = jax.random.randint(jax.random.key(0), (3, P), 3, TINY.vocab_size)
+  valid = jnp.arange(P)[None] >= jnp.array([0, 2, 5])[:, None]
+  run = decoding.make_decoder(graphdef, cfg)
+  return jax.device_get(run(state, tokens, valid, jax.random.key(1)))
+
+
+@pytest.mark.parametrize("family,cache", [("block_causal", "none"), ("bidirectional", "none"),
+                                          ("bidirectional", "dual")])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_decodes_do_not_change(family, cache, temperature):
+  model = _live_adapter(tiny_model(3, family=family, residual_mode="adapter"))
+  on, off = (_decode(model, flag, temperature, cache) for flag in (True, False))
+  np.testing.assert_array_equal(on.tokens, off.tokens)
+  np.testing.assert_array_equal(on.nfe, off.nfe)
+  assert on.tokens.shape == (3, GEN)
+
+
+def test_the_decoder_switches_between_head_widths():
+  """The compiled step holds one head per width (so narrower heads really run), and none when
+  every position's logits are read (capture)."""
+  model = tiny_model(3)
+  graphdef, state = nnx.split(model)
+  tokens = jnp.zeros((2, P), jnp.int32)
+  valid = jnp.ones((2, P), bool)
+
+  def head_shapes(**kw):
+    cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2, **kw)
+    text = str(jax.make_jaxpr(decoding.make_decoder(graphdef, cfg))(
+        state, tokens, valid, jax.random.key(0)))
+    return {w for w in head_widths(B_SIZE) if f"f32[2,{w},{TINY.vocab_size}]" in text}
+
+  assert head_shapes() == set(head_widths(B_SIZE))
+  assert head_shapes(capture_states=8) == {B_SIZE}
