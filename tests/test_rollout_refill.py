@@ -138,7 +138,7 @@ def test_rollout_rows_is_validated(overrides, match):
   validate(c)
 
 
-def test_orl_trains_on_refilled_rollouts(tmp_path):
+def test_orl_trains_on_refilled_rollouts(tmp_path, engine_calls):
   """Two ORL iterations of the smoke shapes with 6 responses decoded on 4 rows: every update
   consumes its fresh rollout and packs its states."""
   import json
@@ -146,6 +146,7 @@ def test_orl_trains_on_refilled_rollouts(tmp_path):
   c = orl_smoke_config(tmp_path, steps=2)
   c.decode.schedule, c.orl.rollout_rows = "per_row", 4
   loop.train(c, progress=False)
+  assert [rows for rows, _ in engine_calls if rows == 4] == [4, 4], engine_calls  # 2 rollouts
   with open(tmp_path / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
   assert [r["step"] for r in rows] == [1, 2]
