@@ -154,3 +154,19 @@ def test_orl_trains_on_refilled_rollouts(tmp_path, engine_calls):
   assert all(r["rollout_uses"] == 1 and r["policy_lag"] == 0 for r in rows)
   assert all(r["responses_verified"] == 6 and r["states_packed"] > 0 for r in rows)
   assert all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_the_loop_picks_the_rollout_of_the_schedule():
+  """Lock-step: the default rollout; per_row: the engine on orl.rollout_rows rows, refused on
+  more than one batch shard (the queue is one device-side array)."""
+  import types
+  from orl_jax.train.orl import _per_row_rollout_fn
+  c = orl_smoke_config("unused")
+  one, two = types.SimpleNamespace(shape={"data": 1}), types.SimpleNamespace(shape={"data": 2})
+  assert _per_row_rollout_fn(c, one) is None
+  c.decode.schedule, c.orl.rollout_rows = "per_row", 4
+  fn = _per_row_rollout_fn(c, one)
+  assert fn.func is per_row_rollout and fn.keywords == {"n_rows": 4}
+  with pytest.raises(ValueError, match="orl.rollout_rows=4 decodes the rollout queue on one "
+                     "batch shard: set mesh.data = mesh.fsdp = mesh.expert = 1"):
+    _per_row_rollout_fn(c, two)
