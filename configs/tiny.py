@@ -137,6 +137,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.orl.min_reward = 1.0            # responses scoring >= this produce gradient (verified)
   c.orl.capture_states = 0          # 0 = n_blocks * max steps per block (every step fits)
   c.orl.rollout_seed = -1           # seed of the rollout sampling noise (-1 = `seed`)
+  # decode.schedule="per_row": rows the engine decodes the P*G rollout responses on, a row
+  # whose response ended taking the next one (continuous batching); 0 = P*G, one per response
+  c.orl.rollout_rows = 0
   # MoE models: record every forward's expert ids during the rollout (its steps, the prompt
   # prefill, the commit forwards) and replay with them, so a near-tie in a router cannot send a
   # replayed token to other experts than the rollout's (block-causal families and

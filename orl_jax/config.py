@@ -174,14 +174,26 @@ def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def _schedule_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """decode.schedule: a known value; the per-row engine does not capture MoE routes yet."""
-  schedule = config.decode.schedule
+  """decode.schedule: a known value; the per-row engine does not capture MoE routes yet;
+  orl.rollout_rows: rows of the per-row engine, at most one per rollout response."""
+  schedule, o, errors = config.decode.schedule, config.orl, []
   if schedule not in SCHEDULES:
-    return [f"decode.schedule={schedule!r} must be one of {SCHEDULES}"]
-  if schedule == "per_row" and config.orl.capture_routes:
-    return ["decode.schedule='per_row' does not capture MoE routes yet: set "
-            "orl.capture_routes=False or decode.schedule='lockstep'"]
-  return []
+    errors.append(f"decode.schedule={schedule!r} must be one of {SCHEDULES}")
+  elif schedule == "per_row" and o.capture_routes:
+    errors.append("decode.schedule='per_row' does not capture MoE routes yet: set "
+                  "orl.capture_routes=False or decode.schedule='lockstep'")
+  rows, n_responses = o.rollout_rows, o.prompts_per_step * o.group_size
+  if rows < 0:
+    errors.append(f"orl.rollout_rows={rows} must be >= 0 (0 = one row per rollout response)")
+  elif rows and schedule != "per_row":
+    errors.append(f"orl.rollout_rows={rows} sets the rows of the per-row engine, but "
+                  f"decode.schedule={schedule!r}: set decode.schedule='per_row' or "
+                  "orl.rollout_rows=0")
+  elif rows > n_responses:
+    errors.append(f"orl.rollout_rows={rows} exceeds the {n_responses} responses of a rollout "
+                  f"(orl.prompts_per_step={o.prompts_per_step} x orl.group_size="
+                  f"{o.group_size}): set orl.rollout_rows <= {n_responses} (0 = one per response)")
+  return errors
 
 
 def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:

@@ -48,15 +48,17 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
 
 
 def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
-                    group_size: int, rollout_step) -> Trajectories:
+                    group_size: int, rollout_step, n_rows: int = 0) -> Trajectories:
   """`rollout` on the per-row engine (`decode.schedule = "per_row"`): the P*G responses are
-  one queue decoded on P*G rows, each advancing through its own blocks; response i samples
-  with fold_in(key, i) and its states land in capture row i, as in `rollout`."""
+  one queue decoded on `n_rows` rows (`orl.rollout_rows`; 0 = P*G, one row per response), a
+  row whose response ended taking the next response of the queue. Response i samples with
+  fold_in(key, i) and its states land in capture row i, as in `rollout`, whatever `n_rows`."""
   if cfg.capture_states <= 0:
     raise ValueError("rollouts need decode capture: set capture_states > 0")
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
-  n_rows = prompt_tokens.shape[0] * group_size
-  out = engine.decode_queue(model, reps(prompt_tokens), reps(prompt_valid), key, cfg, n_rows)
+  n_queue = prompt_tokens.shape[0] * group_size
+  out = engine.decode_queue(model, reps(prompt_tokens), reps(prompt_valid), key, cfg,
+                            n_rows or n_queue)
   return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
                       responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
                       n_generated=out.n_generated, finished=out.finished, capture=out.capture,

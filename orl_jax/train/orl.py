@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from typing import Any, Callable
@@ -205,17 +206,32 @@ def _abstract_batch(s: Setup, run: Run, rollout_fn, rcfg: ReplayConfig, gather_f
   return jax.eval_shape(gather_fn, traj, ReplayPlan.abstract(rcfg))
 
 
+def _per_row_rollout_fn(config, mesh):
+  """`decode.schedule = "per_row"`: the per-row rollout on `orl.rollout_rows` rows (0: one
+  per response); None: the lock-step rollout."""
+  if config.decode.schedule != "per_row":
+    return None
+  rows = config.orl.rollout_rows
+  if rows and sharding_lib.n_batch_shards(mesh.shape) > 1:
+    raise ValueError(f"orl.rollout_rows={rows} decodes the rollout queue on one batch shard: "
+                     "set mesh.data = mesh.fsdp = mesh.expert = 1, or orl.rollout_rows=0")
+  return functools.partial(per_row_rollout, n_rows=rows)
+
+
 def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
   """Jits rollout, gather and the train step once, before the first iteration."""
   config, tok = s.config, s.tokenizer
   o = config.orl
   family = families.FAMILIES.get(getattr(s.model_cfg, "hf_family", ""))
   if family is not None and family.make_rollout is not None:   # a family's own sampler
+    if o.rollout_rows:
+      raise ValueError(f"orl.rollout_rows={o.rollout_rows} sets the per-row engine's rows, but "
+                       f"{family.name} models roll out with their family's own sampler: set "
+                       "orl.rollout_rows=0")
     rollout_fn = family.make_rollout(config, s.model_cfg, run.graphdef, o.group_size, s.mesh)
   else:
-    per_row = per_row_rollout if config.decode.schedule == "per_row" else None
     rollout_fn = make_rollout(run.graphdef, rollout_decode_config(config, tok), o.group_size,
-                              s.mesh, rollout_fn=per_row)
+                              s.mesh, rollout_fn=_per_row_rollout_fn(config, s.mesh))
   unresolved = family.unresolved if family is not None else "masked"
   rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape),
                        family.replay_context if family is not None else "block")
