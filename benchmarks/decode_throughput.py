@@ -11,11 +11,12 @@ written once under the official tensor names; our decoder reads it through `mode
 PyTorch port of Fast-dLLM (benchmarks/peers/fast_dllm.py) from the same files. Greedy,
 threshold 0.9, prompts of 24-32 tokens left-padded to 32, 32 new tokens, blocks of 8. Ours in
 each `decode.cache` x `decode.schedule` the DecodeConfig has (others are skipped, and said so),
-the peer's plain and dual-cache decoders; batches 1, 16, 64; compile excluded (ahead-of-time),
-medians of `--repeats`; beside each figure the memory-bandwidth and FLOP bounds on this machine
+`per_row` also with refill (a queue of REFILL x batch prompts on `batch` rows), the peer's plain
+and dual-cache decoders; batches 1, 16, 64; compile excluded (ahead-of-time), medians of
+`--repeats` rounds in which every decoder runs once (a shared machine's drift falls on all); beside each figure the memory-bandwidth and FLOP bounds on this machine
 (measured when the run starts), and the share of tokens equal to the exact decoder's.
 `--model=blockcausal60m`: the same tensors with block-causal attention (ours only: exact KV
-cache on and off).
+cache on and off, per_row without and with refill).
 
   python benchmarks/decode_throughput.py [--batch 64] [--rule threshold_0.9] [--repeats 3]
   python benchmarks/decode_throughput.py --model=llada60m [--batches 1,16,64] [--repeats 3]
@@ -168,10 +169,12 @@ PROMPT_LEN, MIN_PROMPT, GEN, BLOCK, THRESHOLD = 32, 24, 32, 8, 0.9
 # Random head scale. Measured: the tiny test LLaDA then commits 1-1.7 tokens per forward at
 # threshold 0.9; the 60M one still commits one per forward (its confidences stay below 0.9).
 HEAD_SCALE = 8.0
-# The per-row engine (decode.schedule=per_row) decodes without the approximate caches; here it
-# decodes the batch's own prompts on as many rows (no refill: a queue as long as the rows).
+# The per-row engine (decode.schedule=per_row) decodes without the approximate caches: the
+# batch's own prompts on as many rows (no refill), and a queue of REFILL x batch prompts on
+# `batch` rows (a row whose response ended takes the next prompt).
+REFILL = 4
 OUR_MODES = [dict(cache=c, schedule="lockstep") for c in ("none", "prefix", "dual")] + [
-    dict(cache="none", schedule="per_row")]
+    dict(cache="none", schedule="per_row"), dict(cache="none", schedule="per_row", refill=REFILL)]
 
 
 def n_params(m) -> dict:
@@ -238,7 +241,7 @@ def bounds(m, hw: dict, mode: str, batch: int, tokens_per_row: float, nfe_per_ro
 
 def supported_modes(modes) -> tuple[list, list]:
   """(modes DecodeConfig can express, skipped ones with the missing field)."""
-  have = {f.name for f in dataclasses.fields(decoding.DecodeConfig)} | {"schedule"}
+  have = {f.name for f in dataclasses.fields(decoding.DecodeConfig)} | {"schedule", "refill"}
   ok, skipped = [], []
   for mode in modes:
     missing = [k for k, v in mode.items() if k not in have and v not in ("none", "lockstep")]
@@ -246,21 +249,21 @@ def supported_modes(modes) -> tuple[list, list]:
   return [m for m, _ in ok], [dict(mode=m, missing=f) for m, f in skipped]
 
 
-def time_ours(graphdef, params, dcfg, ids, valid, repeats: int, schedule: str = "lockstep"):
-  """(median s, all runs, DecodeOutput or EngineOutput): compiled ahead of time, so compile is
-  excluded. schedule "per_row": the engine (orl_jax.engine) with one row per prompt."""
-  key = jax.random.key(0)
-  args = (params, jnp.asarray(ids), jnp.asarray(valid), key)
-  run = (make_engine(graphdef, dcfg, len(ids)) if schedule == "per_row"
+def prepare_ours(graphdef, params, dcfg, ids, valid, schedule: str = "lockstep",
+                 n_rows: int = 0):
+  """(run, DecodeOutput or EngineOutput): our decoder compiled ahead of time (so compile is
+  excluded) and run once. schedule "per_row": the engine (orl_jax.engine) decoding the prompts
+  as one queue on `n_rows` rows (0: one row per prompt)."""
+  args = (params, jnp.asarray(ids), jnp.asarray(valid), jax.random.key(0))
+  run = (make_engine(graphdef, dcfg, n_rows or len(ids)) if schedule == "per_row"
          else make_decoder(graphdef, dcfg))
   compiled = run.lower(*args).compile()
-  out = jax.block_until_ready(compiled(*args))
-  t, runs = _common.median_time(lambda: jax.block_until_ready(compiled(*args)), repeats)
-  return t, runs, out
+  go = lambda: jax.block_until_ready(compiled(*args))
+  return go, go()
 
 
-def time_peer(peer, name: str, ids, valid, repeats: int):
-  """(median s, all runs, (tokens [B, N], batch NFE)) of one Fast-dLLM decoder."""
+def prepare_peer(peer, name: str, ids, valid):
+  """(run, (tokens [B, N], batch NFE)): one Fast-dLLM decoder, run once."""
   import torch
   from benchmarks.peers import fast_dllm, llada_dir
   prompt, prompt_valid = torch.as_tensor(ids).long(), torch.as_tensor(valid)
@@ -268,8 +271,17 @@ def time_peer(peer, name: str, ids, valid, repeats: int):
       peer, prompt, steps=GEN, gen_length=GEN, block_length=BLOCK, mask_id=llada_dir.MASK_ID,
       threshold=THRESHOLD, prompt_valid=prompt_valid)
   x, nfe = run()
-  t, runs = _common.median_time(run, repeats)
-  return t, runs, (x[:, PROMPT_LEN:].numpy(), nfe)
+  return run, (x[:, PROMPT_LEN:].numpy(), nfe)
+
+
+def interleaved_times(runs: dict, repeats: int) -> dict:
+  """{name: (median s, all runs)}: every run once per round, `repeats` rounds, so a change in
+  the machine's speed (it may be shared) falls on every decoder alike."""
+  times = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, run in runs.items():
+      times[name].append(_common.median_time(run, 1)[0])
+  return {name: (float(np.median(t)), t) for name, t in times.items()}
 
 
 def decode_cfg_for(s, mode: dict):
@@ -307,32 +319,39 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
   from benchmarks.peers import llada_dir
   m = ctx["model_cfg"]
   ids, valid = llada_dir.random_prompts(batch, PROMPT_LEN, MIN_PROMPT, m.vocab_size, seed=1)
-  out, exact, n_exact = {}, None, 0
+  runs, results, meta = {}, {}, {}
   for mode in ctx["modes"]:
     dcfg = decode_cfg_for(ctx["setup"], mode)
-    t, runs, res = time_ours(ctx["graphdef"], ctx["params"], dcfg, ids, valid, repeats,
-                             mode.get("schedule", "lockstep"))
-    toks = np.asarray(res.tokens)
-    nfe = float(np.asarray(res.nfe).mean())
-    tokens = int(np.asarray(res.n_generated).sum())
-    if exact is None:             # the first mode is the exact one (cache none / kv)
-      exact, n_exact = toks, tokens
+    n_queue = batch * mode.get("refill", 1)         # refill: a longer queue on `batch` rows
+    q_ids, q_valid = llada_dir.random_prompts(n_queue, PROMPT_LEN, MIN_PROMPT, m.vocab_size,
+                                              seed=1)   # its first `batch` prompts are `ids`
     kind = mode.get("cache", "kv" if mode.get("kv_cache", True) else "none")
     if m.family != "bidirectional" and kind == "none":
       kind = "plain"
-    name = "/".join(("kv" if v else "recompute") if isinstance(v, bool) else str(v)
-                    for v in mode.values())
-    out["ours/" + name] = _figure(
-        t, runs, tokens, nfe, bounds(m, ctx["hw"], kind, batch, tokens / batch, nfe),
-        float((toks == exact).mean()))
-  peers = ctx["peer_modes"] if ctx["peer"] is not None else ()
-  for name in peers:
-    t, runs, (toks, nfe) = time_peer(ctx["peer"], name, ids, valid, repeats)
-    toks = _eos_filled(toks, llada_dir.EOS_ID)
-    tokens = n_exact or int(np.asarray(_n_generated(toks, llada_dir.EOS_ID)).sum())
-    out[f"peer/{name}"] = _figure(t, runs, tokens, float(nfe),
-                                  bounds(m, ctx["hw"], name, batch, tokens / batch, nfe),
-                                  None if exact is None else float((toks == exact).mean()))
+    name = "ours/" + "/".join(f"{k}{v}" if k == "refill" else ("kv" if v else "recompute")
+                              if isinstance(v, bool) else str(v) for k, v in mode.items())
+    runs[name], results[name] = prepare_ours(ctx["graphdef"], ctx["params"], dcfg, q_ids,
+                                             q_valid, mode.get("schedule", "lockstep"), batch)
+    meta[name] = (kind, n_queue)
+  for peer_name in (ctx["peer_modes"] if ctx["peer"] is not None else ()):
+    runs[f"peer/{peer_name}"], results[f"peer/{peer_name}"] = prepare_peer(
+        ctx["peer"], peer_name, ids, valid)
+    meta[f"peer/{peer_name}"] = (peer_name, batch)
+  times = interleaved_times(runs, repeats)
+  out, exact, n_exact = {}, None, 0
+  for name, res in results.items():
+    kind, n_queue = meta[name]
+    if name.startswith("ours/"):
+      toks, nfe = np.asarray(res.tokens), float(np.asarray(res.nfe).mean())
+      tokens = int(np.asarray(res.n_generated).sum())
+      if exact is None:             # the first mode is the exact one (cache none / kv)
+        exact, n_exact = toks, tokens
+    else:
+      toks, nfe = _eos_filled(res[0], llada_dir.EOS_ID), float(res[1])
+      tokens = n_exact or int(np.asarray(_n_generated(toks, llada_dir.EOS_ID)).sum())
+    out[name] = _figure(*times[name], tokens, nfe,
+                        bounds(m, ctx["hw"], kind, batch, tokens / n_queue, nfe),
+                        None if exact is None else float((toks[:batch] == exact).mean()))
   for k, v in out.items():
     print(f"batch {batch:3d} {k:24s} {v['tokens_per_s']:9.1f} tok/s  NFE/row "
           f"{v['nfe_per_row']:5.1f}  bounds: bandwidth {v['bandwidth_bound_tok_s']:9.0f}  "
@@ -357,7 +376,8 @@ def setup_60m(args) -> dict:
     graphdef, _ = hf.abstract_params(m)        # same tensors, block-causal attention
     modes, skipped = supported_modes(
         [dict(kv_cache=kv, schedule="lockstep") for kv in (True, False)]
-        + [dict(kv_cache=True, schedule="per_row")])   # the engine always uses the KV cache
+        + [dict(kv_cache=True, schedule="per_row"),     # the engine always uses the KV cache
+           dict(kv_cache=True, schedule="per_row", refill=REFILL)])
   else:
     import torch
     from benchmarks.peers import fast_dllm
@@ -365,6 +385,8 @@ def setup_60m(args) -> dict:
     peer = fast_dllm.LLaDA.from_dir(path)
     modes, skipped = supported_modes(
         [m for m in OUR_MODES if args.caches == "all" or m["cache"] in args.caches.split(",")])
+  modes = [dict(mode, refill=args.refill) if "refill" in mode else mode
+           for mode in modes if args.refill or "refill" not in mode]
   for sk in skipped:
     print(f"skipped ours {sk['mode']}: DecodeConfig has no field {', '.join(sk['missing'])}")
   return dict(graphdef=graphdef, params=params, setup=s, model_cfg=m, peer=peer, modes=modes,
@@ -433,6 +455,9 @@ def main():
   ap.add_argument("--caches", default="all",
                   help="60M LLaDA: our decode.cache modes to run (comma list, or all)")
   ap.add_argument("--peer_modes", default="plain,dual", help="60M LLaDA: the peer's decoders")
+  ap.add_argument("--refill", type=int, default=REFILL,
+                  help="60M: per_row with refill decodes a queue of this many x batch prompts "
+                       "(0: no refill mode)")
   ap.add_argument("--out", default="")
   args = ap.parse_args()
   args.batches = [int(b) for b in args.batches.split(",")]

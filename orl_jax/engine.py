@@ -29,8 +29,8 @@ from flax import nnx
 
 from orl_jax import residual as residual_lib
 from orl_jax.decoding import (Capture, DecodeConfig, _Canvas, _empty_capture, _finished_response,
-                              _needs_step, _next_residual, _record, _soft_embedding,
-                              propose)
+                              StepSizedJit, _needs_step, _next_residual, _record,
+                              _soft_embedding, propose)
 from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
 from orl_jax.unmasking import select_commits, select_edits
@@ -349,8 +349,7 @@ def make_engine(graphdef, cfg: DecodeConfig, n_rows: int):
   """Jitted `(params_state, queue_tokens [Q, P], queue_valid [Q, P], key) -> EngineOutput`
   decoding the queue on `n_rows` rows."""
 
-  @jax.jit
   def run(state, queue_tokens, queue_valid, key):
     return decode_queue(nnx.merge(graphdef, state), queue_tokens, queue_valid, key, cfg, n_rows)
 
-  return run
+  return StepSizedJit(run, cfg.block_size, rows=lambda _: n_rows)   # steps of n_rows x b tokens

@@ -99,3 +99,24 @@ def test_the_decoder_switches_between_head_widths():
 
   assert head_shapes() == set(head_widths(B_SIZE))
   assert head_shapes(capture_states=8) == {B_SIZE}
+
+
+def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
+  """`make_decoder` compiles a batch whose steps forward <= SMALL_STEP_TOKENS tokens with
+  XLA:CPU's YNNPACK fusions off, a larger one with XLA's defaults; both decode alike."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("a CPU compiler option")
+  assert not decoding._cpu_accepts("xla_cpu_no_such_option_for_this_test")
+  assert decoding.step_compiler_options(decoding.SMALL_STEP_TOKENS) is not None
+  assert decoding.step_compiler_options(decoding.SMALL_STEP_TOKENS + 1) is None
+  model = tiny_model(3)
+  graphdef, state = nnx.split(model)
+  cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2)
+  run = decoding.make_decoder(graphdef, cfg)
+  rows = decoding.SMALL_STEP_TOKENS // B_SIZE + 1            # just above the threshold
+  tokens = jax.random.randint(jax.random.key(0), (rows, P), 3, TINY.vocab_size)
+  valid = jnp.ones((rows, P), bool)
+  big = run(state, tokens, valid, jax.random.key(1))
+  small = run(state, tokens[:2], valid[:2], jax.random.key(1))
+  assert run.jitted(2) is not run.jitted(rows)
+  np.testing.assert_array_equal(small.tokens, big.tokens[:2])
