@@ -19,6 +19,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from benchmarks.peers import llada_dir
 from configs import llada
 from orl_jax.data.hf_tokenizer import HFTokenizer
 from orl_jax.data.pipeline import encode_prompts
@@ -62,16 +63,9 @@ def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> 
   rng = np.random.default_rng(seed)
   w = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)
   d, f = d_model, cfg.mlp_dim
-  t = {"model.transformer.wte.weight": w(LLADA_VOCAB, d),
-       "model.transformer.ln_f.weight": 1 + w(d),
-       "model.transformer.ff_out.weight": w(LLADA_VOCAB, d)}
-  for i in range(n_layers):
-    p = f"model.transformer.blocks.{i}."
-    t.update({p + "attn_norm.weight": 1 + w(d), p + "ff_norm.weight": 1 + w(d),
-              p + "q_proj.weight": w(d, d), p + "k_proj.weight": w(d, d),
-              p + "v_proj.weight": w(d, d), p + "attn_out.weight": w(d, d),
-              p + "ff_proj.weight": w(f, d), p + "up_proj.weight": w(f, d),
-              p + "ff_out.weight": w(d, f)})
+  t = llada_dir.llada_tensors(
+      n_layers, embedding=lambda: w(LLADA_VOCAB, d), norm=lambda: 1 + w(d),
+      matrix=lambda name: w(*llada_dir.llada_shape(name, d=d, f=f, v=LLADA_VOCAB)))
   os.makedirs(path, exist_ok=True)
   save_file(t, os.path.join(path, "model.safetensors"))
   with open(os.path.join(path, "config.json"), "w") as fh:

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import save_file
 
+from benchmarks.peers import llada_dir
 from orl_jax.data.hf_tokenizer import TokenizerError, byte_level_tokenizer, check_model_vocab
 from orl_jax.models import ModelConfig, Transformer
 from orl_jax.models import hf
@@ -114,17 +115,9 @@ def _write_llada_dir(path, cfg: ModelConfig, seed=0, dtype=np.float32):
   d, f, v = cfg.d_model, cfg.mlp_dim, cfg.vocab_size
   hd = cfg.n_heads * cfg.head_dim
   w = lambda *s: (rng.normal(size=s) * 0.2).astype(dtype)
-  t = {"model.transformer.wte.weight": w(v, d),
-       "model.transformer.ln_f.weight": (1 + w(d)).astype(dtype),
-       "model.transformer.ff_out.weight": w(v, d)}
-  for i in range(cfg.n_layers):
-    p = f"model.transformer.blocks.{i}."
-    t.update({p + "attn_norm.weight": (1 + w(d)).astype(dtype),
-              p + "ff_norm.weight": (1 + w(d)).astype(dtype),
-              p + "q_proj.weight": w(hd, d), p + "k_proj.weight": w(hd, d),
-              p + "v_proj.weight": w(hd, d), p + "attn_out.weight": w(d, hd),
-              p + "ff_proj.weight": w(f, d), p + "up_proj.weight": w(f, d),
-              p + "ff_out.weight": w(d, f)})
+  t = llada_dir.llada_tensors(
+      cfg.n_layers, embedding=lambda: w(v, d), norm=lambda: (1 + w(d)).astype(dtype),
+      matrix=lambda name: w(*llada_dir.llada_shape(name, d=d, f=f, v=v, hd=hd)))
   os.makedirs(path, exist_ok=True)
   save_file(t, os.path.join(path, "model.safetensors"))
   with open(os.path.join(path, "config.json"), "w") as fh:

@@ -21,6 +21,27 @@ from orl_jax.train import loop
 PAD_ID, MASK_ID, EOS_ID = (BYTE_SPECIALS.index(t) for t in ("<|pad|>", "<|mask|>", "<|eos|>"))
 
 
+def llada_tensors(n_layers: int, *, embedding, matrix, norm) -> dict:
+  """LLaDA's checkpoint tensors under the official names (DESIGN §4), torch [out, in] shapes,
+  drawn in one fixed order: `embedding()` the [V, D] table, `matrix(name)` each projection
+  (name: wte-less suffix such as "q_proj", "ff_out" or "head"), `norm()` each RMSNorm scale."""
+  t = {"model.transformer.wte.weight": embedding(), "model.transformer.ln_f.weight": norm(),
+       "model.transformer.ff_out.weight": matrix("head")}
+  for i in range(n_layers):
+    p = f"model.transformer.blocks.{i}."
+    t[p + "attn_norm.weight"], t[p + "ff_norm.weight"] = norm(), norm()
+    for name in ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out"):
+      t[p + name + ".weight"] = matrix(name)
+  return t
+
+
+def llada_shape(name: str, *, d: int, f: int, v: int, hd: int | None = None) -> tuple:
+  """The [out, in] shape of `llada_tensors`' matrix `name` (hd: query/key/value width)."""
+  hd = hd or d
+  return {"head": (v, d), "q_proj": (hd, d), "k_proj": (hd, d), "v_proj": (hd, d),
+          "attn_out": (d, hd), "ff_proj": (f, d), "up_proj": (f, d), "ff_out": (d, f)}[name]
+
+
 def write_random_llada(path: str, *, d_model: int, n_layers: int, n_heads: int, mlp_dim: int,
                        vocab_size: int, seed: int = 0, head_scale: float = 1.0) -> str:
   """Random weights in LLaDA's HF layout (torch [out, in] shapes, float32). head_scale
@@ -29,16 +50,13 @@ def write_random_llada(path: str, *, d_model: int, n_layers: int, n_heads: int, 
   rng = np.random.default_rng(seed)
   d, f, v = d_model, mlp_dim, vocab_size
   w = lambda fan_in, *s: (rng.standard_normal(s) / np.sqrt(fan_in)).astype(np.float32)
-  norm = lambda: (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
-  t = {"model.transformer.wte.weight": w(1, v, d), "model.transformer.ln_f.weight": norm(),
-       "model.transformer.ff_out.weight": head_scale * w(d, v, d)}
-  for i in range(n_layers):
-    p = f"model.transformer.blocks.{i}."
-    t.update({p + "attn_norm.weight": norm(), p + "ff_norm.weight": norm(),
-              p + "q_proj.weight": w(d, d, d), p + "k_proj.weight": w(d, d, d),
-              p + "v_proj.weight": w(d, d, d), p + "attn_out.weight": w(d, d, d),
-              p + "ff_proj.weight": w(d, f, d), p + "up_proj.weight": w(d, f, d),
-              p + "ff_out.weight": w(f, d, f)})
+
+  def matrix(name):
+    out_dim, in_dim = llada_shape(name, d=d, f=f, v=v)
+    return (head_scale if name == "head" else 1.0) * w(in_dim, out_dim, in_dim)
+
+  t = llada_tensors(n_layers, embedding=lambda: w(1, v, d), matrix=matrix,
+                    norm=lambda: (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))
   os.makedirs(path, exist_ok=True)
   save_file(t, os.path.join(path, "model.safetensors"))
   config = {"architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": d,
