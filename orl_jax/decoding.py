@@ -294,8 +294,9 @@ class _Canvas:
     cache = init_cache(model.cfg, b_rows, width) if write_cache else None
     hidden, cache, _ = model.hidden_states(full, self.positions, meta,
                                            residual=Residual(z, alpha), cache=cache,
-                                           cache_mode="write" if write_cache else None)
-    return jax.lax.dynamic_slice_in_dim(hidden, start, b, axis=1), cache
+                                           cache_mode="write" if write_cache else None,
+                                           keep=(start, b))
+    return hidden, cache
 
   def cached_step_logits(self, canvas, block_tokens, start, res: Residual, cache):
     """`cached_step_hidden` through the vocabulary head: [B, b, V] logits."""
@@ -322,8 +323,8 @@ class _Canvas:
     hide_end = start + b if cfg.cache == "dual" else canvas.shape[1]
     stored = cache._replace(meta=_hide_span(cache.meta, start, hide_end))
     hidden, _, _ = model.hidden_states(tokens, positions, meta, residual=residual, cache=stored,
-                                       cache_mode="read")
-    return hidden[:, :b]
+                                       cache_mode="read", keep=(0, b) if width > b else None)
+    return hidden
 
   def step_logits(self, canvas, block_tokens, start, res: Residual, cache):
     """`step_hidden` through the vocabulary head: ([B, b, V] logits, routes or None)."""

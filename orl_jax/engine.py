@@ -192,9 +192,9 @@ def _forward(eng: _Engine, rows: _Rows, cache):
   valid = jnp.concatenate([prompt_valid, jnp.ones_like(rows.response, bool)], axis=1)
   positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), canvas.shape)
   meta = make_meta(jnp.where(valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
-  hidden = model.hidden_states(canvas, positions, meta, residual=Residual(z, alpha))[0]
-  take = jax.vmap(lambda whole, s: jax.lax.dynamic_slice_in_dim(whole, s, b, 0))
-  return model.head(take(hidden, start)), cache     # the head on the active blocks only
+  hidden = model.hidden_states(canvas, positions, meta, residual=Residual(z, alpha),
+                               keep=(start, b))[0]     # each row's active block only
+  return model.head(hidden), cache
 
 
 def _propose_rows(eng: _Engine, rows: _Rows, logits):

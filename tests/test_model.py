@@ -111,3 +111,30 @@ def test_kv_cache_decoding_equals_full_recompute(mode, rule, temperature):
                              np.asarray(full.capture.topk_logprobs), atol=1e-4)
   # every block takes >= 1 step; commit forwards only where a later block needs the cache
   assert np.all(np.asarray(cached.nfe) >= 3)
+
+
+@pytest.mark.parametrize("family", ["block_causal", "bidirectional", "moe"])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_keep_equals_slicing_the_whole_forward(family, per_row):
+  """hidden_states(keep=(start, n)): the last layer's queries, output projection and MLP only
+  at those positions (dense), or the whole forward then a slice (an MoE last layer), equal
+  the whole forward's hidden states there; a cache written alongside is unchanged."""
+  from orl_jax.models.moe import MoEConfig
+  from orl_jax.models.transformer import init_cache
+  kw = dict(family="bidirectional" if family == "bidirectional" else "block_causal")
+  if family == "moe":
+    kw.update(moe=MoEConfig(n_experts=4, top_k=2, expert_dim=8, n_group=2, topk_group=1,
+                            n_shared=1, impl="dense"), first_k_dense=1)
+  model = tiny_model(2, **kw)
+  tokens, pos, meta, res = _inputs(b=3, t=12)
+  start = jnp.array([0, 4, 8]) if per_row else jnp.int32(4)
+  full, full_cache, _ = model.hidden_states(tokens, pos, meta, residual=res,
+                                            cache=init_cache(model.cfg, 3, 12), cache_mode="write")
+  kept, kept_cache, _ = model.hidden_states(tokens, pos, meta, residual=res, keep=(start, 4),
+                                            cache=init_cache(model.cfg, 3, 12), cache_mode="write")
+  starts = np.broadcast_to(np.asarray(start), (3,))
+  want = np.stack([np.asarray(full)[r, s:s + 4] for r, s in enumerate(starts)])
+  assert kept.shape == (3, 4, TINY.d_model)
+  np.testing.assert_allclose(kept, want, rtol=0, atol=1e-5 * np.abs(want).max())
+  for a, b in zip(jax.tree.leaves(kept_cache), jax.tree.leaves(full_cache)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(np.abs(np.asarray(b)).max(), 1))

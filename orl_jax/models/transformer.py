@@ -96,6 +96,14 @@ def write_at(cache, new, offset):
   return jax.vmap(row_write)(cache, new, offset)
 
 
+def take_span(x, start, length: int):
+  """x [B, T, ...] -> [B, length, ...] from `start` along axis 1: one start for every row, or
+  one per row ([B])."""
+  if jnp.ndim(start) == 0:
+    return jax.lax.dynamic_slice_in_dim(x, start, length, axis=1)
+  return jax.vmap(lambda r, s: jax.lax.dynamic_slice_in_dim(r, s, length, axis=0))(x, start)
+
+
 def apply_rope(x, positions, theta: float, fraction: float = 1.0):
   """Half-split (non-interleaved) RoPE in f32. x: [B, T, H, Dh]; positions: [B, T]."""
   dh = x.shape[-1]
@@ -129,15 +137,21 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
 
   def __call__(self, x, positions, meta: TokenMeta, layer_cache, cache_meta, cache_mode,
-               cache_offset):
+               cache_offset, keep=None):
+    """keep: (start, length) or None: queries (and so outputs) only at those positions; the
+    keys and values, and what a "write" stores, still cover every token."""
     cfg = self.cfg
     b, t, _ = x.shape
-    q = self.q_proj(x).reshape(b, t, cfg.n_heads, cfg.head_dim)
     k = self.k_proj(x).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
     v = self.v_proj(x).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    q_x, q_pos, q_meta = x, positions, meta
+    if keep is not None:
+      q_x, q_pos = take_span(x, *keep), take_span(positions, *keep)
+      q_meta = TokenMeta(*(take_span(f, *keep) for f in meta))
+    q = self.q_proj(q_x).reshape(b, q_x.shape[1], cfg.n_heads, cfg.head_dim)
     if cfg.qk_norm:  # Qwen3: per-head norm before RoPE
       q, k = self.q_norm(q), self.k_norm(k)
-    q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_fraction)
+    q = apply_rope(q, q_pos, cfg.rope_theta, cfg.rope_fraction)
     k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_fraction)
     new_cache = layer_cache
     if cache_mode is None:
@@ -154,9 +168,9 @@ class Attention(nnx.Module):
       new_cache = (keys, values)
     else:
       raise ValueError(f"unknown cache_mode {cache_mode!r}")
-    out = attention(q, keys.astype(q.dtype), values.astype(q.dtype), meta, k_meta,
+    out = attention(q, keys.astype(q.dtype), values.astype(q.dtype), q_meta, k_meta,
                     impl=cfg.attention_impl, mesh=self.mesh)
-    return self.o_proj(out.reshape(b, t, cfg.n_heads * cfg.head_dim)), new_cache
+    return self.o_proj(out.reshape(b, q.shape[1], cfg.n_heads * cfg.head_dim)), new_cache
 
 
 class MLP(nnx.Module):
@@ -188,10 +202,16 @@ class Block(nnx.Module):
       self.mlp = MLP(cfg, rngs)
 
   def __call__(self, x, positions, meta, layer_cache, cache_meta, cache_mode, cache_offset,
-               routes=None):
-    """-> (x, new layer cache, MoEOutput of an MoE layer or None)."""
+               routes=None, keep=None):
+    """-> (x, new layer cache, MoEOutput of an MoE layer or None). keep: (start, length): x
+    only at those positions comes out (a dense layer's; see `Attention`)."""
     h, new_cache = self.attn(self.input_norm(x), positions, meta, layer_cache, cache_meta,
-                             cache_mode, cache_offset)
+                             cache_mode, cache_offset, keep)
+    if keep is not None:
+      if self.is_moe:
+        raise ValueError("keep= runs a dense last layer on part of the tokens; MoE layers "
+                         "route every token")
+      x = take_span(x, *keep)
     x = x + h
     if not self.is_moe:
       return x + self.mlp(self.post_attn_norm(x)), new_cache, None
@@ -261,20 +281,25 @@ class Transformer(nnx.Module):
 
   def hidden_states(self, tokens, positions, meta: TokenMeta, *, residual: Residual | None = None,
                     cache: KVCache | None = None, cache_mode: str | None = None,
-                    cache_offset=0, routes=None):
+                    cache_offset=0, routes=None, keep=None):
     """Final-normed hidden states [B, T, D] (logits are `head(...)` of these; the chunked
-    large-vocabulary losses call this to avoid materialising [B, T, V])."""
+    large-vocabulary losses call this to avoid materialising [B, T, V]). keep: see
+    `hidden_states_and_routing`."""
     h, new_cache, norm_ratio, _ = self.hidden_states_and_routing(
         tokens, positions, meta, residual=residual, cache=cache, cache_mode=cache_mode,
-        cache_offset=cache_offset, routes=routes)
+        cache_offset=cache_offset, routes=routes, keep=keep)
     return h, new_cache, norm_ratio
 
   def hidden_states_and_routing(self, tokens, positions, meta: TokenMeta, *,
                                 residual: Residual | None = None, cache: KVCache | None = None,
-                                cache_mode: str | None = None, cache_offset=0, routes=None):
+                                cache_mode: str | None = None, cache_offset=0, routes=None,
+                                keep=None):
     """`hidden_states` plus the `Routing` of the MoE layers (None for a dense model).
     routes: [L_moe, B, T, K] int32 expert ids to reuse (a token whose first id is -1 is routed
-    afresh), or None to route every token."""
+    afresh), or None to route every token. keep: (start, length) -> hidden states [B, length,
+    D] of those positions only (start: scalar or [B]); a dense last layer then runs its
+    queries, output projection and MLP on them alone (every layer's keys and values, and any
+    cache written, still cover all tokens); an MoE last layer runs on every token."""
     x, norm_ratio = self.embed_inputs(tokens, residual)
     cache_meta = None
     if cache is not None:
@@ -283,11 +308,13 @@ class Transformer(nnx.Module):
         cache_meta = TokenMeta(*(write_at(c, m, cache_offset) for c, m in zip(cache.meta, meta)))
     new_k, new_v = [], []
     taken, aux = [], []
+    last = len(self.layers) - 1
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
       layer_routes = None if routes is None or not layer.is_moe else routes[len(taken)]
       x, layer_cache, moe_out = layer(x, positions, meta, layer_cache, cache_meta, cache_mode,
-                                      cache_offset, layer_routes)
+                                      cache_offset, layer_routes,
+                                      keep if i == last and not layer.is_moe else None)
       if moe_out is not None:
         taken.append(moe_out.expert_ids)
         aux.append(moe_out.aux_loss)
@@ -298,6 +325,8 @@ class Transformer(nnx.Module):
     if cache_mode == "write":
       new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), cache_meta)
     routing = Routing(jnp.stack(taken), sum(aux)) if taken else None
+    if keep is not None and self.layers[last].is_moe:
+      x = take_span(x, *keep)
     return self.final_norm(x), new_cache, norm_ratio, routing
 
   def __call__(self, tokens, positions, meta: TokenMeta, *, residual: Residual | None = None,
