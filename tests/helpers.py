@@ -21,6 +21,17 @@ def tiny_model(seed=0, **overrides):
   return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
+def live_adapter(model, scale: float, seed: int):
+  """`model` with its residual adapter's zero-initialised output projection set to random
+  N(0, scale^2) values, so a step's z changes the logits (a live pathway). -> model."""
+  import jax
+  st = nnx.state(model, nnx.Param)
+  k = st["adapter"]["down_proj"]["kernel"]
+  k[...] = scale * jax.random.normal(jax.random.key(seed), k[...].shape)
+  nnx.update(model, st)
+  return model
+
+
 def random_packed_meta(rng: np.random.Generator, length: int, block_size: int):
   """A random packed row: several segments, each `[prompt | (clean blocks | states) per response]`,
   then padding. Returns numpy TokenMeta fields of shape [length]."""

@@ -18,7 +18,7 @@ from orl_jax.models.transformer import apply_rope
 from orl_jax.residual import Residual
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
-from tests.helpers import TINY, tiny_model
+from tests.helpers import TINY, live_adapter, tiny_model
 
 P, B_SIZE, GEN = 8, 4, 12          # prompt, block, response: three blocks
 UNUSED_EOS = TINY.vocab_size       # an EOS id outside the vocabulary: no row ever finishes
@@ -28,12 +28,7 @@ UNUSED_EOS = TINY.vocab_size       # an EOS id outside the vocabulary: no row ev
 def model():
   """A random bidirectional model with a live residual adapter (its zero-initialised output
   projection perturbed, so a step's z changes the logits)."""
-  m = tiny_model(3, family="bidirectional", residual_mode="adapter")
-  st = nnx.state(m, nnx.Param)
-  k = st["adapter"]["down_proj"]["kernel"]
-  k[...] = 0.3 * jax.random.normal(jax.random.key(4), k[...].shape)
-  nnx.update(m, st)
-  return m
+  return live_adapter(tiny_model(3, family="bidirectional", residual_mode="adapter"), 0.3, 4)
 
 
 def _prompts(rows=3):

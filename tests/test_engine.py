@@ -10,7 +10,7 @@ from flax import nnx
 from orl_jax.decoding import DecodeConfig, make_decoder
 from orl_jax.engine import make_engine
 from orl_jax.unmasking import UnmaskRule
-from tests.helpers import TINY, TINY_BLOCK, tiny_model
+from tests.helpers import TINY, TINY_BLOCK, live_adapter, tiny_model
 
 Q, ROWS, P, GEN = 7, 3, 8, 12
 PAD_LEFT = [0, 3, 6, 4, 0, 1, 8]     # the last prompt is all padding
@@ -30,12 +30,7 @@ def _one_dot_emitter(monkeypatch):
 
 
 def _model(family):
-  model = tiny_model(3, residual_mode="adapter", family=family)
-  st = nnx.state(model, nnx.Param)
-  k = st["adapter"]["down_proj"]["kernel"]
-  k[...] = 0.05 * jax.random.normal(jax.random.key(9), k[...].shape)   # a live pathway
-  nnx.update(model, st)
-  return nnx.split(model)
+  return nnx.split(live_adapter(tiny_model(3, residual_mode="adapter", family=family), 0.05, 9))
 
 
 def _queue():

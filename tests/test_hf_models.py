@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 
 from benchmarks.peers import llada_dir
 from orl_jax.data.hf_tokenizer import TokenizerError, byte_level_tokenizer, check_model_vocab
-from orl_jax.models import ModelConfig, Transformer
+from orl_jax.models import ModelConfig
 from orl_jax.models import hf
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta

@@ -13,18 +13,9 @@ from flax import nnx
 from orl_jax import decoding
 from orl_jax.decoding import DecodeConfig, _Canvas, _propose_masked, _propose_step, head_widths
 from orl_jax.unmasking import UnmaskRule
-from tests.helpers import TINY, tiny_model
+from tests.helpers import TINY, live_adapter, tiny_model
 
 P, B_SIZE, GEN = 8, 8, 16
-
-
-def _live_adapter(model):
-  """The residual adapter's zero-initialised output projection perturbed (z changes logits)."""
-  st = nnx.state(model, nnx.Param)
-  k = st["adapter"]["down_proj"]["kernel"]
-  k[...] = 0.3 * jax.random.normal(jax.random.key(4), k[...].shape)
-  nnx.update(model, st)
-  return model
 
 
 def test_head_widths():
@@ -38,7 +29,7 @@ def test_head_widths():
 def test_masked_proposal_equals_the_whole_block_head(counts, temperature):
   """Rows with these many masked positions (scattered over the block): candidate, probability,
   entropy and the next residual at every masked position equal the whole-block head's."""
-  model = _live_adapter(tiny_model(1, residual_mode="adapter"))
+  model = live_adapter(tiny_model(1, residual_mode="adapter"), 0.3, 4)
   rows = len(counts)
   rng = np.random.default_rng(sum(counts))
   masked = np.zeros((rows, B_SIZE), bool)
@@ -76,7 +67,7 @@ def _decode(model, masked_head, temperature, cache="none"):
                                           ("bidirectional", "dual")])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_decodes_do_not_change(family, cache, temperature):
-  model = _live_adapter(tiny_model(3, family=family, residual_mode="adapter"))
+  model = live_adapter(tiny_model(3, family=family, residual_mode="adapter"), 0.3, 4)
   on, off = (_decode(model, flag, temperature, cache) for flag in (True, False))
   np.testing.assert_array_equal(on.tokens, off.tokens)
   np.testing.assert_array_equal(on.nfe, off.nfe)

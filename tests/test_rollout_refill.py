@@ -13,7 +13,7 @@ from orl_jax import engine
 from orl_jax.decoding import DecodeConfig, make_decoder
 from orl_jax.rollout import make_rollout, per_row_rollout
 from orl_jax.unmasking import UnmaskRule
-from tests.helpers import TINY, TINY_BLOCK, orl_smoke_config, tiny_model
+from tests.helpers import TINY, TINY_BLOCK, live_adapter, orl_smoke_config, tiny_model
 
 N_PROMPTS, GROUP, P, GEN = 4, 2, 8, 12
 PAD_LEFT = [0, 3, 6, 4]
@@ -22,12 +22,7 @@ COUNTS = ("nfe", "nfe_engine", "n_generated", "finished")
 
 
 def _model(family):
-  model = tiny_model(3, residual_mode="adapter", family=family)
-  st = nnx.state(model, nnx.Param)
-  k = st["adapter"]["down_proj"]["kernel"]
-  k[...] = 0.05 * jax.random.normal(jax.random.key(9), k[...].shape)   # a live pathway
-  nnx.update(model, st)
-  return nnx.split(model)
+  return nnx.split(live_adapter(tiny_model(3, residual_mode="adapter", family=family), 0.05, 9))
 
 
 def _prompts():
