@@ -280,10 +280,10 @@ class _Canvas:
 
   def canvas_hidden(self, canvas, block_tokens, start, res: Residual, write_cache=False):
     """([B, b, D] final hidden states of the active block, the KV cache of the whole canvas or
-    None): one
-    forward of the whole canvas with the block and its residual in place. `write_cache`
-    (bidirectional families' block start) also stores every position's K/V; the forward is
-    the same either way (the block's queries see the same keys), so its logits are `none`'s."""
+    None): one forward of the whole canvas with the block and its residual in place, its last
+    layer only at the block (`keep`). `write_cache` (bidirectional families' block start) also
+    stores every position's K/V; the forward is the same either way (the block's queries see
+    the same keys), so its logits are `none`'s."""
     model, b_rows, b = self.model, self.b_rows, self.cfg.block_size
     width = canvas.shape[1]
     full = jax.lax.dynamic_update_slice_in_dim(canvas, block_tokens, start, axis=1)
