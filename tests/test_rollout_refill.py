@@ -133,6 +133,7 @@ def test_rollout_rows_is_validated(overrides, match):
   validate(c)
 
 
+@pytest.mark.slow  # ~25 s: two ORL iterations through the training loop
 def test_orl_trains_on_refilled_rollouts(tmp_path, engine_calls):
   """Two ORL iterations of the smoke shapes with 6 responses decoded on 4 rows: every update
   consumes its fresh rollout and packs its states."""
