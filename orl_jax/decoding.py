@@ -686,7 +686,7 @@ class StepSizedJit:
     return self._jits[key]
 
   def __call__(self, state, tokens, *rest):
-    nested = isinstance(tokens, jax.core.Tracer)
+    nested = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((state, tokens, rest)))
     return self.jitted(tokens.shape[0], nested)(state, tokens, *rest)
 
   def lower(self, state, tokens, *rest):
