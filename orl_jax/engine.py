@@ -31,7 +31,7 @@ from orl_jax import residual as residual_lib
 from orl_jax.decoding import (Capture, DecodeConfig, _Canvas, _empty_capture, _finished_response,
                               StepSizedJit, _needs_step, _next_residual, _record,
                               _soft_embedding, propose)
-from orl_jax.models.transformer import Transformer, init_cache
+from orl_jax.models.transformer import Transformer, init_cache, write_at
 from orl_jax.residual import Residual
 from orl_jax.unmasking import select_commits, select_edits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
@@ -183,12 +183,12 @@ def _forward(eng: _Engine, rows: _Rows, cache):
                 cache_offset=offset)
     return out.logits, out.cache
   start = eng.p + rows.block * b
-  put = jax.vmap(lambda whole, part, s: jax.lax.dynamic_update_slice_in_dim(whole, part, s, 0))
   prompt_tokens, prompt_valid = eng.prompts(rows.slot)
-  canvas = put(jnp.concatenate([prompt_tokens, rows.response], axis=1), rows.tokens, start)
+  canvas = write_at(jnp.concatenate([prompt_tokens, rows.response], axis=1), rows.tokens, start)
   width, mcfg = canvas.shape[1], model.cfg
-  z = put(jnp.zeros((canvas.shape[0], width, mcfg.d_model), mcfg.compute_dtype), res.z, start)
-  alpha = put(jnp.zeros(canvas.shape, jnp.float32), res.alpha, start)
+  z = write_at(jnp.zeros((canvas.shape[0], width, mcfg.d_model), mcfg.compute_dtype), res.z,
+               start)
+  alpha = write_at(jnp.zeros(canvas.shape, jnp.float32), res.alpha, start)
   valid = jnp.concatenate([prompt_valid, jnp.ones_like(rows.response, bool)], axis=1)
   positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), canvas.shape)
   meta = make_meta(jnp.where(valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
@@ -251,8 +251,7 @@ def _advance(eng: _Engine, rows: _Rows):
   more = _needs_step(cfg, phase == DENOISE, rows.tokens, rows.post, rows.settled)
   done = (phase == DENOISE) & ~(more & (rows.step < cfg.steps_bound))
   final = jnp.where(rows.tokens == cfg.mask_id, cfg.eos_id, rows.tokens)
-  put = jax.vmap(lambda whole, part, s: jax.lax.dynamic_update_slice_in_dim(whole, part, s, 0))
-  written = put(rows.response, final, rows.block * b)
+  written = write_at(rows.response, final, rows.block * b)
   response = jnp.where(done[:, None], written, rows.response)
   eos = done & jnp.any(final == cfg.eos_id, axis=-1)
   retire = done & (eos | (rows.block == cfg.n_blocks - 1))
