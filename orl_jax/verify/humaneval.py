@@ -32,7 +32,7 @@ import time
 from typing import Sequence
 
 from orl_jax.verify import sandbox
-from orl_jax.problem import Problem
+from orl_jax.problem import Problem, truncate_completion
 
 _log = logging.getLogger(__name__)
 
@@ -41,16 +41,6 @@ _log = logging.getLogger(__name__)
 _SMOKE_PROGRAM = ("import collections, functools, hashlib, itertools, math, re, string\n"
                   "def f(x):\n  return (x, math.sqrt(x))\n")
 _SMOKE_TESTS = "def check(candidate):\n  assert candidate(4) == (4, 2.0)\n"
-
-
-def truncate_completion(completion: str, stop_sequences: Sequence[str]) -> str:
-  """Cuts the completion at the first stop sequence (e.g. the closing fence of a code block)."""
-  cut = len(completion)
-  for stop in stop_sequences:
-    index = completion.find(stop)
-    if index >= 0:
-      cut = min(cut, index)
-  return completion[:cut]
 
 
 def _require_tests(problem: Problem) -> None:
