@@ -693,8 +693,6 @@ def test_calls_do_not_depend_on_earlier_answers(verifier, tracker):
 
 # ------------------------------------------------------------------------------ collusion
 
-_LOCKED_FILE = "os.__file__"   # a file every sandbox can read (the read-only stdlib)
-
 # Sample 1 answers the first call right, and when the second call arrives (the usual harness's
 # sign that the first answer was right) it tells the others by holding a lock for 2.5 s.
 PROBE = f"""\
@@ -702,7 +700,7 @@ PROBE = f"""\
     CALLS.append(number)
     if len(CALLS) == 2:
         try:
-            fd = os.open({_LOCKED_FILE}, os.O_RDONLY)
+            fd = os.open(os.__file__, os.O_RDONLY)   # read-only stdlib: in every sandbox
             fcntl.flock(fd, fcntl.LOCK_EX)
             time.sleep(2.5)
         except OSError:
@@ -712,26 +710,23 @@ PROBE = f"""\
 
 CALLS = []
 """
-# Sample 2 answers right only if it saw the probe's signal.
-COPY = f"""\
-    return {CORRECT} if CONFIRMED else -1.0
-
-
-import fcntl, os, time
-CONFIRMED = False
-try:
-    fd = os.open({_LOCKED_FILE}, os.O_RDONLY)
-    end = time.monotonic() + 3.0
-    while time.monotonic() < end and not CONFIRMED:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            time.sleep(0.005)
-        except BlockingIOError:
-            CONFIRMED = True
-except OSError:
-    pass
+# Sample 2 answers right only if it saw the probe's signal (the flock channel's receiver).
+_FLOCK_RECEIVE = """\
+import fcntl
+fd = os.open(os.__file__, os.O_RDONLY)
+end = time.monotonic() + 2.5
+while time.monotonic() < end and not RECEIVED:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        time.sleep(0.005)
+    except BlockingIOError:
+        RECEIVED = True
+    except OSError:
+        break
 """
+COPY = (f"    return {CORRECT} if RECEIVED else -1.0\n\n\nimport os, time\nRECEIVED = False\n"
+        + _FLOCK_RECEIVE)
 
 
 def test_colluding_samples_of_one_prompt(verifier, tracker):
@@ -797,16 +792,7 @@ CHANNELS = {
         time.sleep(0.01)
     except OSError:
         break
-""", "import fcntl\nfd = os.open(os.__file__, os.O_RDONLY)\n" + _FOR_2S + """ and not RECEIVED:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        time.sleep(0.01)
-    except BlockingIOError:
-        RECEIVED = True
-    except OSError:
-        break
-"""),
+""", _FLOCK_RECEIVE),
     "dnotify": _channel(_READ_WATCHED, _WATCHED + """\
 import fcntl, signal
 hits = []
