@@ -17,7 +17,9 @@ import time
 
 import pytest
 
-from orl_jax.verify import humaneval, sandbox, wire
+from orl_jax.verify import humaneval
+from orl_sandbox import launcher as sandbox
+from orl_sandbox import wire
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 

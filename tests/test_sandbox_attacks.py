@@ -19,7 +19,7 @@ import types
 import pytest
 
 from orl_jax.tasks import CodePromptVerifier
-from orl_jax.verify import sandbox
+from orl_sandbox import launcher as sandbox
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 

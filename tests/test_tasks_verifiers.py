@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from orl_jax.data import jsonl, prompts
-from orl_jax.verify import sandbox
+import orl_sandbox as sandbox
 from orl_jax.problem import Problem, Verifier
 from orl_jax.verify.gsm8k import GSM8KVerifier
 from orl_jax.verify.math_answer import answers_match, final_answer

@@ -1,7 +1,7 @@
 """HumanEval-style unit-test verification in the sandbox (DESIGN §2.4, §5).
 
 A response is the model's continuation of `Problem.prompt` (a function signature and docstring).
-`prompt + completion` runs in the sandbox (`sandbox.run_judged`), in a fresh, contained process
+`prompt + completion` runs in the sandbox (`orl_sandbox.run_judged`), in a fresh, contained process
 tree, never in the training process; it only defines the candidate function and answers calls.
 The tests run in a separate judge process that executes the prompt (for helpers such as
 `poly`, `encode_cyclic`, `encode_shift` that HumanEval/32, /38 and /50 call), then the tests, then
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Sequence
 
-from orl_jax.verify import sandbox
+import orl_sandbox as sandbox
 from orl_jax.problem import Problem, truncate_completion
 
 _log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The sandbox's own processes: runner and judge (R), supervisor (I), sample (P).
 
-Run as a script by `sandbox.py`'s launcher (`python -I [-S] sandbox_runner.py SPEC`), in a fresh
-interpreter; see `sandbox.py` for the design and the layers. Only light standard-library modules
+Run as a script by the launcher (`launcher.py`: `python -I [-S] runner.py SPEC`), in a fresh
+interpreter; see `launcher.py` for the design and the layers. Only light standard-library modules
 are imported (start-up time is paid per sample) and the sibling `wire` codec is loaded by path,
 so the script runs without the package on `sys.path`.
 """
@@ -18,7 +18,7 @@ import sys
 def _sibling(name: str):
   """A sibling module of this script, loaded by path (the script runs without its package)."""
   import importlib.util  # pylint: disable=import-outside-toplevel
-  module_name = f"orl_sandbox_{name}"
+  module_name = f"_orl_sandbox_script_{name}"
   if module_name not in sys.modules:
     spec = importlib.util.spec_from_file_location(
         module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
@@ -29,7 +29,7 @@ def _sibling(name: str):
 
 
 if __package__:
-  from orl_jax.verify import wire
+  from orl_sandbox import wire
 else:   # run as a script
   wire = _sibling("wire")
 
@@ -361,7 +361,7 @@ def _runner_main(spec_path: str) -> int:
 
 
 def _package_judge():
-  from orl_jax.verify import judge  # pylint: disable=import-outside-toplevel
+  from orl_sandbox import judge  # pylint: disable=import-outside-toplevel
   return judge
 
 

@@ -34,9 +34,9 @@ import random
 import sys
 
 if __package__:
-  from orl_jax.verify import wire
+  from orl_sandbox import wire
 else:   # loaded by path by the sandbox runner, which loads the codec first
-  wire = sys.modules["orl_sandbox_wire"]
+  wire = sys.modules["_orl_sandbox_script_wire"]
 
 MAX_CALLS = 100_000
 _SEED = 0

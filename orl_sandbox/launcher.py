@@ -2,7 +2,7 @@
 
 Model completions are untrusted code. Nothing here executes them in the calling (JAX) process or
 forks it: every run starts a *fresh interpreter* with `subprocess` (fork+exec in C, no Python
-`preexec_fn`) running `sandbox_runner.py` as a script; this module is the launcher.
+`preexec_fn`) running `runner.py` as a script; this module is the launcher.
 
 Two entry points:
 
@@ -22,7 +22,7 @@ Two entry points:
 * `run_python(source)` — runs a whole program; `passed` is "exited with status 0", which the
   program itself controls. Use it for containment, never to score untrusted code.
 
-Process tree (R, I and P run `sandbox_runner.py`; the launcher is the calling process):
+Process tree (R, I and P run `runner.py`; the launcher is the calling process):
 
   launcher ── R: runner and judge (root, host namespaces; holds the tests, reads the verdict)
                 └─ I: supervisor, PID 1 of a new PID namespace (stays root inside the sandbox)
@@ -93,12 +93,12 @@ import tempfile
 import threading
 import time
 
-from orl_jax.verify import sandbox_runner
-from orl_jax.verify.sandbox_runner import ESSENTIAL_LAYERS, missing_essentials  # noqa: F401
+from orl_sandbox import runner
+from orl_sandbox.runner import ESSENTIAL_LAYERS, missing_essentials  # noqa: F401
 
 ALLOW_WEAK_ENV = "ORL_SANDBOX_ALLOW_WEAK_ISOLATION"
 SHARED_UID = 65534   # `nobody`: only when no per-sample uid is free (not a per-sample layer)
-RUNNER_PATH = os.path.abspath(sandbox_runner.__file__)
+RUNNER_PATH = os.path.abspath(runner.__file__)
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -231,7 +231,7 @@ _COUNTER = itertools.count()
 
 def _log(message: str) -> None:
   try:
-    print(f"orl_jax sandbox: {message}", file=sys.stderr)
+    print(f"orl_sandbox: {message}", file=sys.stderr)
   except Exception:  # pylint: disable=broad-except
     pass
 
