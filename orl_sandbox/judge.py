@@ -20,10 +20,10 @@ after its processes are dead, in three steps:
    stand-in did not take) has no stored reply: the sample fails, with that reason in the detail.
 
 Both runs of the tests start from the same `random` seed, so tests that draw random inputs
-(HumanEval/53) make the same calls twice. Limits of the approach: a test whose *sequence* of
-calls depends on an answer through anything other than its arguments (a loop that stops on a
-result) fails every sample; every HumanEval problem's tests collect completely (the canonical
-solutions all pass, tests/test_tasks_verifiers.py).
+(HumanEval/53) make the same calls twice. Limits of the approach: tests that make a call only
+when an answer is false or empty (a loop that stops on a result) or only when the candidate
+raised (a call in an `except` block) fail every sample; every HumanEval problem's tests collect
+completely (the canonical solutions all pass, tests/test_tasks_verifiers.py).
 """
 from __future__ import annotations
 
