@@ -14,8 +14,8 @@ decides the family and every architecture field, and the config keeps only the r
   model.special_tokens  {mask, eos, pad, bos}: token strings or ids, resolved in the tokenizer;
                         set one to override it. "" (the default) = the id the model directory
                         declares (generation_config.json, then config.json: mask_token_id,
-                        eos_token_id, pad_token_id; bos is not read from it), else the
-                        family's default. The run logs where each id came from.
+                        eos_token_id, pad_token_id, bos_token_id), else the family's
+                        default. The run logs where each id came from.
   model.first_k_dense   leading dense-MLP layers of an MoE model (config.json first_k_dense_replace)
   model.norm_head       L2-normalise the head's vocabulary rows (LLaDA2 `norm_head`)
   model.moe.*           MoE feed-forward (n_experts = 0: dense): n_experts, top_k, expert_dim,

@@ -69,8 +69,9 @@ class HFTokenizer:
       return value
     token_id = self._tok.token_to_id(value)
     if token_id is None:
-      raise TokenizerError(f"{self.source}: model.special_tokens.{role}={value!r} is not a token "
-                           "of this tokenizer")
+      origin = self.origins.get(role, f"model.special_tokens.{role}")
+      raise TokenizerError(f"{self.source}: the {role} token {value!r} (from {origin}) is not a "
+                           f"token of this tokenizer: set model.special_tokens.{role} to one")
     return token_id
 
   def origins_text(self) -> str:

@@ -159,7 +159,7 @@ def _layer_types(text: dict) -> list[str]:
   if not isinstance(types, list) or len(types) != n or any(t not in (SLIDING, FULL)
                                                            for t in types):
     raise config_json.ConfigJsonError(
-        f"text_config.layer_types={config_json.shown(types)} must list {n} (num_hidden_layers) "
+        f"layer_types={config_json.shown(types)} must list {n} (num_hidden_layers) "
         f"entries, each {SLIDING!r} or {FULL!r}")
   types = list(types)
   types[-1] = FULL  # transformers forces the last layer to full attention
@@ -172,8 +172,8 @@ def _layer_overrides(text: dict, types: list[str]) -> dict[int, dict]:
   if explicit is not None:
     if not isinstance(explicit, dict) or not all(
         isinstance(v, dict) and str(k).isdigit() for k, v in explicit.items()):
-      raise config_json.ConfigJsonError("text_config.per_layer_config must map layer indices "
-                                        "to objects of head_dim / num_key_value_heads")
+      raise config_json.ConfigJsonError("per_layer_config must map layer indices to objects "
+                                        "of head_dim / num_key_value_heads")
     return {int(k): dict(v) for k, v in explicit.items()}
   over = {"head_dim": config_json.read_int(text, "global_head_dim",
                                           TEXT_DEFAULTS["global_head_dim"])}
@@ -187,7 +187,7 @@ def _attention_spec(text: dict, kind: str, over: dict) -> AttentionSpec:
   rope = config_json.read_dict(text, "rope_parameters") or _DEFAULT_ROPE
   rope = rope.get(kind) or _DEFAULT_ROPE[kind]
   if not isinstance(rope, dict):
-    raise config_json.ConfigJsonError(f"text_config.rope_parameters.{kind} must be an object")
+    raise config_json.ConfigJsonError(f"rope_parameters.{kind} must be an object")
   shape = {"head_dim": text.get("head_dim", TEXT_DEFAULTS["head_dim"]),
            "num_key_value_heads": text.get("num_key_value_heads",
                                            TEXT_DEFAULTS["num_key_value_heads"]), **over}
@@ -248,15 +248,19 @@ def from_hf(hf_config: dict, **overrides) -> DiffusionGemmaConfig:
   naming the field."""
   text = dict(config_json.read_dict(hf_config, "text_config"))
   _check_supported(hf_config, text)
-  types = _layer_types(text)
-  over = _layer_overrides(text, types)
-  layers = tuple(_attention_spec(text, t, over.get(i, {})) for i, t in enumerate(types))
+  try:
+    types = _layer_types(text)
+    over = _layer_overrides(text, types)
+    layers = tuple(_attention_spec(text, t, over.get(i, {})) for i, t in enumerate(types))
+    fields = _text_fields(text)
+  except config_json.ConfigJsonError as e:
+    raise config_json.ConfigJsonError(f"text_config.{e}") from None
   passthrough = {k: v for k, v in hf_config.items()
                  if k not in ("text_config", "model_type", "architectures", "canvas_length",
                               "tie_word_embeddings", "transformers_version", "dtype",
                               "torch_dtype")}
   return DiffusionGemmaConfig(
-      **_text_fields(text), layers=layers,
+      **fields, layers=layers,
       canvas_length=config_json.read_int(hf_config, "canvas_length", CANVAS_LENGTH),
       hf_passthrough=json.dumps(passthrough, sort_keys=True) if passthrough else "",
       **overrides)

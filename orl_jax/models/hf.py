@@ -126,7 +126,8 @@ def family_of(hf_dir: str) -> str:
 
 
 # special-token roles whose ids a directory may declare, and the keys that declare them
-SPECIAL_TOKEN_KEYS = {"mask": "mask_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
+SPECIAL_TOKEN_KEYS = {"mask": "mask_token_id", "eos": "eos_token_id", "pad": "pad_token_id",
+                      "bos": "bos_token_id"}
 
 
 def declared_special_tokens(hf_dir: str) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -81,7 +81,7 @@ def special_tokens(config, hf_dir: str = "", family: str = "") -> tuple[dict, di
   """({role: value}, {role: where it came from}) of the run's special tokens: for each of mask,
   eos, pad and bos, `model.special_tokens.<role>` when set (a token string or id: the user's
   choice wins), else the id the weights directory declares (generation_config.json, then
-  config.json; bos is not read from it), else the family's default."""
+  config.json), else the family's default."""
   from orl_jax.models import hf
   own = _own_special_tokens(config, family)
   declared = hf.declared_special_tokens(hf_dir) if hf_dir else {}
@@ -342,7 +342,9 @@ def _special_token_ids(s: Setup) -> dict:
     return {}
   tok = s.tokenizer
   eos = list(getattr(tok, "eos_ids", (tok.eos_id,)))
-  return {"eos_token_id": eos[0] if len(eos) == 1 else eos, "pad_token_id": tok.pad_id}
+  ids = {"eos_token_id": eos[0] if len(eos) == 1 else eos, "pad_token_id": tok.pad_id}
+  bos = getattr(tok, "bos_id", None)
+  return ids if bos is None else dict(ids, bos_token_id=bos)
 
 
 class RunLog:

@@ -74,7 +74,8 @@ def hf_config_json(cfg: ModelConfig) -> dict:
           "head_dim": cfg.head_dim, "intermediate_size": cfg.mlp_dim,
           "vocab_size": cfg.vocab_size, "rope_theta": cfg.rope_theta,
           "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
-          "hidden_act": "silu", "attention_bias": False, "max_position_embeddings": 32768}
+          "hidden_act": "silu", "attention_bias": False, "max_position_embeddings": 32768,
+          "mask_token_id": cfg.mask_id}
 
 
 def _ignored(cfg: ModelConfig) -> frozenset:
