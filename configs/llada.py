@@ -108,7 +108,7 @@ def get_config(arg: str | None = None):
     # (126081), the padding the model writes after <|eot_id|>
     c.model.special_tokens.eos = "<|eot_id|>"
   if arg == "8b-base":
-    c.model.special_tokens.eos = "<|endoftext|>"
+    c.model.special_tokens.eos = "126081"
     c.task.chat = "none"
   if arg == "debug":
     _debug(c)

@@ -293,30 +293,32 @@ def test_a_bad_field_is_one_line_naming_file_and_field(tmp_path, family, fname, 
   assert field in message, message
 
 
+def _decode_py_error(*args) -> tuple[int, list[str], str]:
+  """launch/decode.py with `args`: (exit status, stderr lines but absl's log lines, stdout)."""
+  out = subprocess.run([sys.executable, "launch/decode.py", *args], cwd=ROOT,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True, timeout=600)
+  lines = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith(("W0", "I0"))]
+  return out.returncode, lines, out.stdout
+
+
 def test_the_launcher_exits_1_with_one_line_for_a_bad_field(tmp_path):
   """decode.py as a user runs it: `"n_layers": "3"` in a LLaDA config.json."""
   path = _family_dir(tmp_path, "llada")
   _edit(path, "config.json", n_layers="3")
-  out = subprocess.run(
-      [sys.executable, "launch/decode.py", "--config=configs/llada.py:8b-instruct",
-       f"--config.model.path={path}", f"--prompt={PROMPT}"],
-      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
-      timeout=600)
-  lines = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith(("W0", "I0"))]
-  assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
-  assert lines[0] == (f"decode.py: {path}/config.json: n_layers=\"3\" must be an integer >= 1")
+  code, lines, _ = _decode_py_error("--config=configs/llada.py:8b-instruct",
+                                    f"--config.model.path={path}", f"--prompt={PROMPT}")
+  assert code == 1 and lines == [
+      f"decode.py: {path}/config.json: n_layers=\"3\" must be an integer >= 1"], lines
 
 
 @pytest.mark.parametrize("prompt", ["", "   \n\t "])
 def test_an_empty_prompt_is_refused_in_one_line(prompt):
-  out = subprocess.run(
-      [sys.executable, "launch/decode.py", "--config=configs/tiny.py:eval",
-       f"--config.model.path={os.path.join(ROOT, 'assets', 'tiny_base')}", f"--prompt={prompt}"],
-      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
-      timeout=600)
-  lines = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith(("W0", "I0"))]
-  assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
-  assert lines[0].startswith("decode.py: --prompt is empty") and out.stdout == ""
+  code, lines, stdout = _decode_py_error(
+      "--config=configs/tiny.py:eval",
+      f"--config.model.path={os.path.join(ROOT, 'assets', 'tiny_base')}", f"--prompt={prompt}")
+  assert code == 1 and len(lines) == 1 and stdout == "", lines
+  assert lines[0].startswith("decode.py: --prompt is empty"), lines
 
 
 # ----------------------------------------------------------------------------- DiffusionGemma
