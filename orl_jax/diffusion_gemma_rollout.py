@@ -39,7 +39,6 @@ from orl_jax.decoding import Capture, RouteCapture
 from orl_jax.models import config_json
 from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
 from orl_jax.models.families import diffusion_gemma as family
-from orl_jax.params_io import read_json
 from orl_jax import rollout as rollout_lib
 from orl_jax.rollout import Trajectories
 

@@ -8,6 +8,7 @@ The official defaults are independent references: transformers' own `Qwen3Config
 from their sources (cited at each table)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -298,7 +299,8 @@ def _decode_py_error(*args) -> tuple[int, list[str], str]:
   out = subprocess.run([sys.executable, "launch/decode.py", *args], cwd=ROOT,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
                        text=True, timeout=600)
-  lines = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith(("W0", "I0"))]
+  log = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d")       # absl's log-line prefix
+  lines = [ln for ln in out.stderr.strip().splitlines() if not log.match(ln)]
   return out.returncode, lines, out.stdout
 
 

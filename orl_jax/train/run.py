@@ -54,8 +54,8 @@ def fill_decode_defaults(config, hf_dir: str, family: str) -> None:
   if fam is not None and fam.decode_defaults is not None:
     origins = fam.decode_defaults(config, hf_dir)
     if origins:
-      logging.info("decode settings: %s", ", ".join(
-          f"{k}={config.decode[k]} ({v})" for k, v in origins.items()))
+      logging.warning("decode settings the config leaves unset: %s", ", ".join(
+          f"decode.{k}={config.decode[k]} ({v})" for k, v in origins.items()))
 
 
 def load_tokenizer(config, hf_dir: str = "", family: str = ""):
@@ -73,7 +73,8 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
   special, origins = special_tokens(config, hf_dir, family)
   needs_mask = not family or bool(families.get(family).special_tokens.get("mask"))
   tok = HFTokenizer.from_file(path, special, origins, require_mask=needs_mask)
-  logging.info("special tokens: %s", tok.origins_text())
+  # shown once at start-up (the launchers log warnings only): where each id came from
+  logging.warning("special tokens of %s: %s", tok.source, tok.origins_text())
   return tok
 
 
@@ -119,8 +120,8 @@ def _hf_model_config(config, tok, hf_dir: str, family: str):
   where = f"{hf_dir}/config.json"
   ignored = hf.ignored_settings(hf_dir, family)
   if ignored:
-    logging.info("%s sets %s: the official %s code never reads these keys, so they are ignored",
-                 where, ", ".join(ignored), family)
+    logging.warning("%s sets %s: the official %s code never reads these keys, so they are "
+                    "ignored", where, ", ".join(ignored), family)
   if hasattr(tok, "vocab_hash"):
     # the tokenizer against the checkpoint's own vocabulary, so a foreign tokenizer is named
     check_model_vocab(tok, arch["vocab_size"], tok.mask_id, where=where)
