@@ -54,9 +54,10 @@ class Decoded(NamedTuple):
   tokens: np.ndarray        # [n, N] responses
   nfe: np.ndarray           # [n] forwards, the paper's count (one commit forward per block)
   nfe_engine: np.ndarray    # [n] forwards the engine ran
-  n_generated: np.ndarray   # [n] tokens through the first EOS
-  nfe_decoder: np.ndarray | None   # [n] denoising forwards only (DiffusionGemma: transformers'
-                                   # count); None for the mask families
+  n_generated: np.ndarray   # [n] tokens through the first EOS (DiffusionGemma: its non-padding
+                            # tokens, transformers' count)
+  nfe_denoise: np.ndarray | None   # [n] denoising forwards only (DiffusionGemma: the authors' /
+                                   # transformers' count); None for the mask families
   seconds: float
 
 
@@ -109,7 +110,7 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     t0 = time.perf_counter()
     out = jax.block_until_ready(compiled(params, *batch, jax.random.fold_in(key, i)))
     seconds += time.perf_counter() - t0
-    decoder = getattr(out, "nfe_decoder", None)
+    decoder = getattr(out, "nfe_denoise", None)
     outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated)
                                      + (() if decoder is None else (decoder,))))
   arrays = [np.concatenate(x)[:len(problems)] for x in zip(*outs)]
@@ -170,8 +171,9 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
       **_tpf_fields(n_gen, d.nfe, ""),
       # the forwards the engine ran (commits no later block needs are skipped)
       **_tpf_fields(n_gen, d.nfe_engine, "_engine"),
-      # denoising forwards only (transformers' DiffusionGemma count; no commit forwards)
-      **({} if d.nfe_decoder is None else _tpf_fields(n_gen, d.nfe_decoder, "_decoder")),
+      # denoising forwards only (the authors' / transformers' DiffusionGemma count; no commit
+      # forwards)
+      **({} if d.nfe_denoise is None else _tpf_fields(n_gen, d.nfe_denoise, "_denoise")),
       "tokens_mean": float(n_gen.mean()),
       "tps": float(n_gen.sum() / max(d.seconds, 1e-9)),
       "n_problems": len(problems),
