@@ -12,6 +12,9 @@ from orl_jax.engine import make_engine
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, tiny_model
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 Q, ROWS, P, GEN = 7, 3, 8, 12
 PAD_LEFT = [0, 3, 6, 4, 0, 1, 8]     # the last prompt is all padding
 EOS = 5                              # an ordinary token of the random model: rows end early

@@ -15,6 +15,9 @@ from orl_jax.rollout import make_rollout
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, tiny_model
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 B_SIZE, GEN, G = 4, 12, 3
 
 

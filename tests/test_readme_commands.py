@@ -49,6 +49,8 @@ EXERCISED = {
     "python launch/train.py --config=configs/tiny.py:warmup": (_DEMO, ('"warmup"',)),
     "make test": ("Makefile::test", ("pytest",)),
     "make test-other-cpu": ("Makefile::test-other-cpu", ("pytest", "--xla_cpu_max_isa=")),
+    'make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"':
+        ("Makefile::test-other-cpu", ("$(OTHER_CPU_ISAS)", "tests/other_cpu_isas.py")),
     "make test-slow": ("Makefile::test-slow", ("pytest", "-m slow")),
     "make test-all": ("Makefile::test-all", ("pytest",)),
     "make base": ("tests/test_base_checkpoint.py::test_make_base_reproduces_the_committed_base",
