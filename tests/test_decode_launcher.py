@@ -31,6 +31,9 @@ from orl_jax.models.transformer import ModelConfig
 from orl_jax.problem import Problem
 from orl_jax.unmasking import UnmaskRule
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = "What is 7 * 8?"
 # what the user changes for a quick CPU run (run-time choices, not shapes): the byte-level

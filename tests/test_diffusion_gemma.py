@@ -28,6 +28,9 @@ from orl_jax.models.diffusion_gemma_config import (FULL, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig, release_26b_a4b)
 from orl_jax.sharding import path_name
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 LOGIT_RTOL = 5e-5   # max |Δ| / max |logit| (f32; measured ~1e-5)
 TEXT_CONFIG = {
     "vocab_size": 99, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,

@@ -22,6 +22,9 @@ from orl_jax.models import families
 from orl_jax.train import loop
 from orl_jax.unmasking import UnmaskRule
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 SETTING = "entropy_budget_0.1"
 
 

