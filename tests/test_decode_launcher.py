@@ -128,11 +128,10 @@ def _decode_launcher():
   return module
 
 
-def _decode_py(config: str, path: str, tmp_path):
-  """launch/decode.py --prompt=PROMPT on the directory `path` (RUN_FLAGS), which succeeds."""
+def _decode_py(command: list[str], tmp_path):
+  """`command` (launch/decode.py and its flags) with RUN_FLAGS, which succeeds."""
   out = subprocess.run(
-      [sys.executable, "launch/decode.py", f"--config={config}", f"--config.model.path={path}",
-       f"--prompt={PROMPT}", *RUN_FLAGS, f"--html={tmp_path / 'page.html'}"],
+      [sys.executable, *command, *RUN_FLAGS, f"--html={tmp_path / 'page.html'}"],
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONIOENCODING="utf-8"),
       capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -142,7 +141,8 @@ def _decode_py(config: str, path: str, tmp_path):
 def test_decode_prompt_from_hf_llada_directory_equals_library_decode(llada_dirs, tmp_path):
   """The README's command on a saved HF LLaDA directory, through the command line."""
   config = llada.get_config("8b-instruct")
-  out = _decode_py("configs/llada.py:8b-instruct", llada_dirs[0], tmp_path)
+  out = _decode_py(["launch/decode.py", "--config=configs/llada.py:8b-instruct",
+                    f"--config.model.path={llada_dirs[0]}", f"--prompt={PROMPT}"], tmp_path)
   assert f"== model ({llada_dirs[0]}), decoder threshold_0.9" in out.stdout
   assert _expected_line(llada_dirs[0], config) in out.stdout, out.stdout
   assert (tmp_path / "page.html").is_file()
@@ -269,7 +269,8 @@ def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_pa
                extra_config={"eos_token_id": 295, "pad_token_id": 298})
   with open(os.path.join(path, "generation_config.json"), "w") as f:
     json.dump({"eos_token_id": [297, 295], "max_new_tokens": 2048}, f)
-  out = _decode_py("configs/llada.py", path, tmp_path)
+  out = _decode_py(["launch/decode.py", "--config=configs/llada.py",
+                    f"--config.model.path={path}", f"--prompt={PROMPT}"], tmp_path)
   assert ("  special tokens: mask=299 (config.json), eos=[297, 295] (generation_config.json), "
           "pad=298 (config.json)") in out.stdout, out.stdout
   config = llada.get_config()
