@@ -98,7 +98,7 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
                       capture=capture_from_trace(out.trace, out.prompt_routes,
                                                  out.clean_routes),
                       rollout_step=jnp.asarray(rollout_step, jnp.int32),
-                      nfe_decoder=counts.nfe_decoder)
+                      nfe_denoise=counts.nfe_decoder)
 
 
 def make_decoder(graphdef, cfg: sampler.SamplerConfig):

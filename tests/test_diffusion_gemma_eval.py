@@ -65,18 +65,18 @@ def test_evaluation_reports_tpf_in_both_conventions_as_counted_by_hand(tmp_path)
   engine = decoder + n_canvases - 1          # the commits the sampler ran (none after the last)
   print(f"rows decoding 1 / {n_canvases} canvases: {(canvases == 1).sum()} / "
         f"{(canvases == n_canvases).sum()}; tpf {r['tpf_pooled']:.3f}, "
-        f"decoder-only {r['tpf_pooled_decoder']:.3f}")
+        f"decoder-only {r['tpf_pooled_denoise']:.3f}")
   close = lambda a, b: abs(a - b) <= 1e-9 * abs(b)
   assert close(r["tpf_pooled"], n_gen.sum() / paper.sum())
-  assert close(r["tpf_pooled_decoder"], n_gen.sum() / decoder.sum())
+  assert close(r["tpf_pooled_denoise"], n_gen.sum() / decoder.sum())
   assert close(r["tpf_pooled_engine"], n_gen.sum() / engine.sum())
   assert close(r["tpf_mean"], np.mean(n_gen / paper))
-  assert close(r["tpf_mean_decoder"], np.mean(n_gen / decoder))
-  assert close(r["nfe_mean"], paper.mean()) and close(r["nfe_mean_decoder"], decoder.mean())
+  assert close(r["tpf_mean_denoise"], np.mean(n_gen / decoder))
+  assert close(r["nfe_mean"], paper.mean()) and close(r["nfe_mean_denoise"], decoder.mean())
   assert close(r["tokens_mean"], n_gen.mean())
   # the two conventions differ by exactly the commit forwards: 1/TPF grows by canvases/tokens
-  assert close(1 / r["tpf_pooled"] - 1 / r["tpf_pooled_decoder"], canvases.sum() / n_gen.sum())
-  assert r["tpf_pooled_decoder"] > r["tpf_pooled"] > 0 and 0 <= r["accuracy"] <= 1
+  assert close(1 / r["tpf_pooled"] - 1 / r["tpf_pooled_denoise"], canvases.sum() / n_gen.sum())
+  assert r["tpf_pooled_denoise"] > r["tpf_pooled"] > 0 and 0 <= r["accuracy"] <= 1
 
 
 def test_evaluation_names_a_setting_the_sampler_cannot_decode():

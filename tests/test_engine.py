@@ -81,31 +81,43 @@ def _lockstep_forwards(alone, cfg, rows: int) -> int:
   return total
 
 
-@pytest.mark.parametrize("family,temperature,rule", [
-    ("block_causal", 0.0, UnmaskRule("threshold", 0.3)),
-    ("block_causal", 1.0, UnmaskRule("entropy_budget", 0.4)),
-    ("bidirectional", 0.0, UnmaskRule("threshold", 0.3)),
-    ("bidirectional", 0.8, UnmaskRule("fixed_steps", 2)),
+@pytest.mark.parametrize("family,temperature,rule,rules", [
+    ("block_causal", 0.0, UnmaskRule("threshold", 0.3), {}),
+    ("block_causal", 1.0, UnmaskRule("entropy_budget", 0.4), {}),
+    ("bidirectional", 0.0, UnmaskRule("threshold", 0.3), {}),
+    ("bidirectional", 0.8, UnmaskRule("fixed_steps", 2), {}),
+    # LLaDA2 / SDAR rules: blocks at absolute positions (prompts of 8, 5, 2, 4, 8, 7, 0
+    # tokens share their last block with 0, 3, 2, 0, 0, 1, 0 generated ones), strict
+    # threshold; without early stop (every block decoded), with token editing
+    ("block_causal", 0.0, UnmaskRule("threshold", 0.3),
+     dict(block_placement="absolute", commit_compare=">", eos_early_stop=False)),
+    ("block_causal", 1.0, UnmaskRule("threshold", 0.3),
+     dict(block_placement="absolute", commit_compare=">", edit_threshold=0.2,
+          max_post_edit_steps=2)),
 ])
-def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule):
+def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule, rules):
   """Q = 7 prompts through 3 rows (refilled as responses end, EOS at different blocks, one
   all-padding prompt): tokens, NFE, generated counts and every captured state per prompt equal
   decoding that prompt alone."""
   graphdef, params = _model(family)
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
-                     rule=rule, temperature=temperature, capture_states=3 * GEN)
+                     rule=rule, temperature=temperature, capture_states=6 * GEN, **rules)
   prompts, valid = _queue()
   key = jax.random.key(4)
   out = jax.device_get(make_engine(graphdef, cfg, ROWS)(params, prompts, valid, key))
   alone = _alone(graphdef, params, cfg, prompts, valid, key)
   for q, ref in enumerate(alone):
     np.testing.assert_array_equal(out.tokens[q], ref.tokens[0], err_msg=f"prompt {q}")
-    for name in ("nfe", "nfe_engine", "n_generated", "finished"):
+    for name in ("nfe", "nfe_engine", "nfe_denoise", "n_generated", "finished"):
       assert getattr(out, name)[q] == getattr(ref, name)[0], (name, q)
     _assert_capture_equal(out.capture, q, ref.capture)
+    np.testing.assert_array_equal(out.capture.block_final[q], ref.capture.block_final[0])
   ends = {int(np.max(ref.capture.block[0][ref.capture.valid[0]])) for ref in alone}
   assert len(ends) > 1, "the case should have prompts ending in different blocks"
-  if family == "block_causal" and temperature == 0:
+  if not rules.get("eos_early_stop", True):     # every prompt decodes all its blocks
+    assert any(ref.finished[0] for ref in alone)
+    assert {e + 1 for e in ends} <= {cfg.n_blocks, cfg.max_blocks}
+  if family == "block_causal" and temperature == 0 and not rules:
     # rows never wait: fewer forwards than the lock-step decoder on the same queue; and each
     # iteration is some row's prefill block, step or commit (prefill blocks: non-padding ones)
     assert out.iterations < _lockstep_forwards(alone, cfg, ROWS)
