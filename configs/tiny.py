@@ -117,8 +117,8 @@ def base_config() -> ml_collections.ConfigDict:
   #                    the prompt's last block shared with the first generated tokens: LLaDA2.x,
   #                    SDAR, QwenDLM)
   #   commit_compare   ">=" (threshold rule conf >= tau: Fast-dLLM, tiny) | ">" (LLaDA2.x, SDAR)
-  c.decode.block_placement = "auto"
-  c.decode.commit_compare = "auto"
+  c.decode.block_placement = "auto"  # auto | prompt_end | absolute
+  c.decode.commit_compare = "auto"   # auto | ">=" | ">"
   # A row stops after the block in which it committed EOS (True); False decodes every block,
   # as LLaDA2.1's and Fast-dLLM's `generate` do by default (the response is cut at its first
   # EOS either way; only the forwards spent differ). ORL rollouts always stop.

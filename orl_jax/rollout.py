@@ -97,16 +97,23 @@ def capture_bytes(n_rows: int, cfg: DecodeConfig, d_model: int, dtype_bytes: int
   s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k
   # z; block tokens, alpha, entropy; top-K ids and log-probs; commit; block, step; valid
   per_state = b * d_model * dtype_bytes + b * 4 * 3 + b * k * 8 + b + 2 * 4 + 1
-  return n_rows * (s * per_state + 4 + 1 + cfg.max_blocks * b * 4)  # + n_states, overflow,
-                                                                     # block_final
+  return n_rows * (s * per_state + 4 + 1)   # + n_states, overflow
+
+
+def block_final_bytes(n_rows: int, cfg: DecodeConfig) -> int:
+  """Bytes of `Capture.block_final` (the block decoder's final tokens of every block) that
+  `capture_bytes` leaves out (a family with its own sampler records none)."""
+  return n_rows * cfg.max_blocks * cfg.block_size * 4
 
 
 def route_capture_bytes(n_rows: int, cfg: DecodeConfig, prompt_len: int, n_moe_layers: int,
-                        top_k: int) -> int:
+                        top_k: int, blocks: int | None = None) -> int:
   """Bytes of the route buffers `capture_routes` adds to `capture_bytes` (the dry-run's
   capture row): K expert ids per MoE layer for every token of every captured state, of the
-  prompt prefill and of the commit forwards (`decoding.RouteCapture`)."""
+  prompt prefill and of the commit forwards of `blocks` blocks (`decoding.RouteCapture`;
+  None: N / b, the block decoder's `max_blocks` with absolute placement)."""
   if not cfg.capture_routes:
     return 0
-  tokens = cfg.capture_states * cfg.block_size + prompt_len + cfg.max_blocks * cfg.block_size
+  blocks = cfg.gen_length // cfg.block_size if blocks is None else blocks
+  tokens = cfg.capture_states * cfg.block_size + prompt_len + blocks * cfg.block_size
   return n_rows * tokens * n_moe_layers * top_k * jnp.dtype(ROUTE_DTYPE).itemsize

@@ -350,3 +350,17 @@ def test_absolute_placement_moe_replay_with_captured_routes():
   batch, plan = moe._batch(traj, np.asarray(traj.prompt_valid))
   err, _ = moe._replay_error(graphdef, params, batch, plan, with_routes=True)
   assert err <= 1e-4, err
+
+
+def test_results_table_labels_both_forward_counts():
+  """The table shows the paper's count (the headline) and the authors' beside it; results
+  written before the authors' count was recorded still print."""
+  from orl_jax import evaluate
+  new = {"accuracy": 0.5, "tpf_mean": 2.0, "tpf_pooled": 2.0, "nfe_mean": 33.0,
+         "tpf_pooled_denoise": 2.0625, "nfe_mean_denoise": 32.0, "tps": 10.0}
+  old = {k: v for k, v in new.items() if "denoise" not in k}
+  table = evaluate.format_table({"base": {"threshold_0.9": new}, "old": {"threshold_0.9": old}})
+  lines = table.splitlines()
+  assert "tpf_dn" in lines[0] and "nfe_dn" in lines[0]
+  assert "2.06" in lines[2] and "32.0" in lines[2] and " - " in lines[3]
+  assert "paper's count" in lines[-1] and "authors'" in lines[-1]
