@@ -134,7 +134,7 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
       name=name, path=path, rule_label=rule.label, prompts=[p.prompt for p in problems],
       texts=texts, tokens=np.asarray(out.tokens),
       steps=trajectory_view.commit_steps(out.capture, len(problems), dcfg.block_size,
-                                         dcfg.gen_length, np.asarray(prompt_lead(valid, dcfg))),
+                                         dcfg.gen_length, np.asarray(prompt_lead(valid, dcfg.block_size, dcfg.block_placement))),
       nfe=np.asarray(out.nfe), nfe_denoise=np.asarray(out.nfe_denoise),
       n_generated=np.asarray(out.n_generated),
       scores=list(s.task.verifier.score_batch(problems, texts)), tokenizer=tok)

@@ -295,11 +295,11 @@ class Placed(NamedTuple):
                       # prompt's last `lead` tokens, then masks
 
 
-def prompt_lead(prompt_valid, cfg: DecodeConfig):
+def prompt_lead(prompt_valid, block_size: int, placement: str):
   """[B] int32 prompt tokens each row's first decoded block starts with: n mod b with
   absolute placement (n = the row's prompt tokens), 0 at the prompt's end."""
   n = jnp.sum(prompt_valid, axis=-1, dtype=jnp.int32)
-  return n % cfg.block_size if cfg.block_placement == "absolute" else jnp.zeros_like(n)
+  return n % block_size if placement == "absolute" else jnp.zeros_like(n)
 
 
 def row_blocks(lead, cfg: DecodeConfig):
@@ -307,20 +307,27 @@ def row_blocks(lead, cfg: DecodeConfig):
   return (lead + cfg.gen_length + cfg.block_size - 1) // cfg.block_size
 
 
-def place_prompts(prompt_tokens, prompt_valid, cfg: DecodeConfig) -> Placed:
-  """Prompts [B, P] (left-padded, P a multiple of b) on the block grid: each row shifted right
-  by its `lead`, so its complete blocks end at P and its last `lead` tokens open the first
-  decoded block. Placement "prompt_end" changes nothing (lead 0)."""
-  p, b = prompt_tokens.shape[1], cfg.block_size
-  lead = prompt_lead(prompt_valid, cfg)
+def place_prompts(prompt_tokens, prompt_valid, block_size: int, mask_id: int,
+                  placement: str) -> Placed:
+  """Prompts [B, P] (left-padded, P a multiple of b) on the block grid of `placement`
+  (PLACEMENTS): each row shifted right by its `lead`, so its complete blocks end at P and its
+  last `lead` tokens open the first decoded block. "prompt_end" changes nothing (lead 0)."""
+  p, b = prompt_tokens.shape[1], block_size
+  lead = prompt_lead(prompt_valid, b, placement)
   src = jnp.arange(p, dtype=jnp.int32)[None, :] - lead[:, None]          # [B, P]
   take = lambda x, idx: jnp.take_along_axis(x, jnp.clip(idx, 0, p - 1), axis=1)
   tokens = take(prompt_tokens, src).astype(jnp.int32)
   valid = take(prompt_valid, src) & (src >= 0)
   col = jnp.arange(b, dtype=jnp.int32)[None, :]
   tail = take(prompt_tokens, p - lead[:, None] + col)                    # [B, b]
-  head = jnp.where(col < lead[:, None], tail, cfg.mask_id).astype(jnp.int32)
+  head = jnp.where(col < lead[:, None], tail, mask_id).astype(jnp.int32)
   return Placed(tokens, valid, lead, head)
+
+
+def place_for_decoder(prompt_tokens, prompt_valid, cfg: DecodeConfig) -> Placed:
+  """`place_prompts` on the block grid of a decoder's config."""
+  return place_prompts(prompt_tokens, prompt_valid, cfg.block_size, cfg.mask_id,
+                       cfg.block_placement)
 
 
 def fixed_positions(j, lead, block_size: int):
@@ -744,22 +751,22 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
   b_rows, p = prompt_tokens.shape
   width = p + cfg.max_blocks * cfg.block_size
   _check_decode(model, cfg, p)
-  placed = place_prompts(prompt_tokens, prompt_valid, cfg)
-  canvas = jnp.concatenate([placed.tokens, placed.head,
+  grid = place_for_decoder(prompt_tokens, prompt_valid, cfg)
+  canvas = jnp.concatenate([grid.tokens, grid.head,
                             jnp.full((b_rows, width - p - cfg.block_size), cfg.mask_id,
                                      jnp.int32)], axis=1)                    # [B, P + M*b]
-  canvas_valid = jnp.concatenate([placed.valid, jnp.ones((b_rows, width - p), bool)], axis=1)
+  canvas_valid = jnp.concatenate([grid.valid, jnp.ones((b_rows, width - p), bool)], axis=1)
   canvas_pos = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (b_rows, width))
   canvas_meta = make_meta(jnp.where(canvas_valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
   cv = _Canvas(model, cfg, b_rows, p, canvas_valid, canvas_pos, canvas_meta,
-               model.embedding_table, placed.lead)
+               model.embedding_table, grid.lead)
   cap = None
   if cfg.capture_states:
     route_dims = (p, mcfg.n_moe_layers, mcfg.moe.top_k) if cfg.capture_routes else None
     cap = _empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
   cache = None
   if not cv.bidirectional and cfg.kv_cache:
-    cache, cap = _prefill(model, placed, cfg, width, cap)
+    cache, cap = _prefill(model, grid, cfg, width, cap)
 
   def block_cond(c: _Blocks):
     return (c.j < cfg.max_blocks) & jnp.any(_active(cv, c))
@@ -768,10 +775,10 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
   init = _Blocks(jnp.int32(0), canvas, cache, zeros > 0, zeros, zeros, zeros, cap, key)
   out = jax.lax.while_loop(block_cond, lambda c: _decode_block(cv, c), init)
   blocks = out.canvas[:, p:]
-  response, n_generated, finished = _finished_response(blocks, placed.lead, cfg)
+  response, n_generated, finished = _finished_response(blocks, grid.lead, cfg)
   cap = out.cap
   if cap is not None:
-    cap = cap._replace(block_final=final_blocks(blocks, placed.lead, n_generated, finished, cfg))
+    cap = cap._replace(block_final=final_blocks(blocks, grid.lead, n_generated, finished, cfg))
   ran = out.denoise + out.commits
   return DecodeOutput(response, ran + out.skipped, ran, out.denoise, n_generated, finished, cap)
 

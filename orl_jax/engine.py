@@ -32,7 +32,7 @@ from flax import nnx
 from orl_jax import residual as residual_lib
 from orl_jax.decoding import (Capture, DecodeConfig, _Canvas, _empty_capture, _finished_response,
                               StepSizedJit, _needs_step, _next_residual, _record,
-                              _soft_embedding, final_blocks, fixed_positions, place_prompts,
+                              _soft_embedding, final_blocks, fixed_positions, place_for_decoder,
                               propose, row_blocks)
 from orl_jax.models.transformer import Transformer, init_cache, write_at
 from orl_jax.residual import Residual
@@ -352,7 +352,7 @@ def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: Decode
   width = p + cfg.max_blocks * cfg.block_size
   _check(model, cfg, p, n_rows)
   cv = _Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
-  placed = place_prompts(queue_tokens.astype(jnp.int32), queue_valid.astype(bool), cfg)
+  placed = place_for_decoder(queue_tokens.astype(jnp.int32), queue_valid.astype(bool), cfg)
   eng = _Engine(cv, placed.tokens, placed.valid, placed.lead, placed.head, key)
   cap = None
   if cfg.capture_states:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from orl_jax import engine
-from orl_jax.decoding import ROUTE_DTYPE, Capture, DecodeConfig, decode, place_prompts
+from orl_jax.decoding import ROUTE_DTYPE, Capture, DecodeConfig, decode, place_for_decoder
 
 
 @struct.dataclass
@@ -49,7 +49,7 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
 def _trajectories(out, prompt_tokens, prompt_valid, cfg: DecodeConfig, rollout_step):
   """`Trajectories` of a decode (`decoding.DecodeOutput` or `engine.EngineOutput`) of the
   prompts [P, Lp] repeated G times."""
-  placed = place_prompts(prompt_tokens, prompt_valid, cfg)
+  placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
   return Trajectories(prompt_tokens=placed.tokens, prompt_valid=placed.valid,
                       responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
                       n_generated=out.n_generated, finished=out.finished, capture=out.capture,

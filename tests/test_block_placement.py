@@ -59,18 +59,16 @@ def _assert_row_is_official(out, row: int, ref: official.Generated, response=Non
 
 
 def test_place_prompts_shifts_each_row_by_its_lead():
-  cfg = DecodeConfig(gen_length=8, block_size=4, mask_id=99, eos_id=98,
-                     block_placement="absolute")
   tokens, valid = _left_pad([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4], [1, 2]], 8)
-  placed = jax.device_get(place_prompts(jnp.asarray(tokens), jnp.asarray(valid), cfg))
+  placed = jax.device_get(place_prompts(jnp.asarray(tokens), jnp.asarray(valid), 4, 99,
+                                        "absolute"))
   np.testing.assert_array_equal(placed.lead, [3, 0, 2])
   # complete blocks end at P = 8; the last `lead` tokens open the first decoded block
   np.testing.assert_array_equal(placed.valid, [[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1],
                                                [0] * 8])
   np.testing.assert_array_equal(placed.tokens[0, 4:], [1, 2, 3, 4])
   np.testing.assert_array_equal(placed.head, [[5, 6, 7, 99], [99] * 4, [1, 2, 99, 99]])
-  end = place_prompts(jnp.asarray(tokens), jnp.asarray(valid),
-                      DecodeConfig(gen_length=8, block_size=4, mask_id=99, eos_id=98))
+  end = place_prompts(jnp.asarray(tokens), jnp.asarray(valid), 4, 99, "prompt_end")
   np.testing.assert_array_equal(end.tokens, tokens)
   np.testing.assert_array_equal(end.lead, [0, 0, 0])
 
