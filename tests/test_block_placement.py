@@ -18,7 +18,7 @@ from orl_jax.models import hf
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.unmasking import UnmaskRule, select_commits
 from tests import official_generate as official
-from tests.helpers import TINY
+from tests.helpers import TINY, tiny_qwen3
 from tests.test_families import write_llada2_dir
 from tests.test_llada2 import reference_forward
 
@@ -218,12 +218,7 @@ def qwen3(request, tmp_path_factory):
   transformers = pytest.importorskip("transformers")
   tied, torch_seed, prompt_seed = QWEN3_CASES[request.param]
   torch.manual_seed(torch_seed)
-  hf_cfg = transformers.Qwen3Config(
-      vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=2, head_dim=16, intermediate_size=128, rms_norm_eps=1e-6,
-      rope_theta=1e6, tie_word_embeddings=tied, max_position_embeddings=256)
-  hf_cfg._attn_implementation = "eager"
-  model = transformers.Qwen3ForCausalLM(hf_cfg).eval()
+  model = tiny_qwen3(transformers, tied, max_position_embeddings=256)
   with torch.no_grad():
     for name, p in model.named_parameters():
       if "norm" in name:
