@@ -314,6 +314,9 @@ def place_prompts(prompt_tokens, prompt_valid, block_size: int, mask_id: int,
   last `lead` tokens open the first decoded block. "prompt_end" changes nothing (lead 0)."""
   p, b = prompt_tokens.shape[1], block_size
   lead = prompt_lead(prompt_valid, b, placement)
+  if placement != "absolute":
+    head = jnp.full((prompt_tokens.shape[0], b), mask_id, jnp.int32)
+    return Placed(prompt_tokens.astype(jnp.int32), prompt_valid.astype(bool), lead, head)
   src = jnp.arange(p, dtype=jnp.int32)[None, :] - lead[:, None]          # [B, P]
   take = lambda x, idx: jnp.take_along_axis(x, jnp.clip(idx, 0, p - 1), axis=1)
   tokens = take(prompt_tokens, src).astype(jnp.int32)
