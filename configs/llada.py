@@ -133,6 +133,10 @@ def get_config(arg: str | None = None):
     c.workdir += f"_{serving}"
   if arg == "2.0-mini":
     c.decode.eos_early_stop = True   # the 2.0 `generate` stops after the block holding EOS
+  if arg == "8b-instruct":
+    # the end of the assistant turn; the released config.json's eos_token_id is <|endoftext|>
+    # (126081), the padding the model writes after <|eot_id|>
+    c.model.special_tokens.eos = "<|eot_id|>"
   if arg == "8b-base":
     c.model.special_tokens.eos = "126081"
     c.task.chat = "none"
