@@ -174,7 +174,8 @@ class SandboxResult:
     infra_error: set when the sandbox itself failed; the score then says nothing about the
       sample and must not be cached.
     judge_cpu_s: CPU seconds the runner and judge process used (None if it reported nothing).
-    judge_peak_rss_bytes: its peak resident memory.
+    judge_peak_rss_bytes: its peak resident memory since its exec (None where /proc is not
+      readable).
   """
   passed: bool
   timed_out: bool
@@ -355,7 +356,8 @@ def _parse_status(text: str) -> dict:
     elif key == "judge" and status["judge_cpu_s"] is None:
       try:
         cpu, rss = value.split(":")
-        status["judge_cpu_s"], status["judge_peak_rss_bytes"] = float(cpu), int(rss)
+        status["judge_cpu_s"] = float(cpu)
+        status["judge_peak_rss_bytes"] = int(rss) if int(rss) >= 0 else None
       except ValueError:
         pass
     elif key == "exit" and status["exit"] is None:

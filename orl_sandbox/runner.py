@@ -271,9 +271,20 @@ def _limit_judge(spec: dict, judge_module) -> None:
 
 
 def _judge_cost() -> str:
+  """R's CPU time and peak resident memory. The peak is the address space's own high-water mark
+  (`VmHWM`), which starts afresh at R's exec: `ru_maxrss` would not do, since Linux carries it
+  across exec, so it would report the launching process's peak (a training process's GiBs)."""
   import resource  # pylint: disable=import-outside-toplevel
   usage = resource.getrusage(resource.RUSAGE_SELF)
-  return f"judge:{usage.ru_utime + usage.ru_stime:.3f}:{usage.ru_maxrss * 1024}"
+  peak = -1
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          peak = int(line.split()[1]) * 1024
+  except (OSError, ValueError):
+    pass
+  return f"judge:{usage.ru_utime + usage.ru_stime:.3f}:{peak}"
 
 
 def _end_sample(child: int) -> None:

@@ -964,8 +964,16 @@ _REFUSAL = {"hash_flood_set": "hash flooding", "hash_flood_dict": "hash flooding
             "replies_past_the_budget": "exceeds"}
 
 
+@pytest.fixture(scope="module")
+def inflated_launcher_peak():
+  """Raises this process's peak resident memory past the judge's bound, as a training process's
+  is: the judge's reported peak must be its own, not one carried across exec from its launcher."""
+  ballast = b"\x01" * (320 << 20)
+  del ballast
+
+
 @pytest.mark.parametrize("name", sorted(OVERLOAD))
-def test_judge_overload(verifier, tracker, name):
+def test_judge_overload(verifier, tracker, name, inflated_launcher_peak):
   hostile, honest = _score_beside_honest(verifier, OVERLOAD[name], name)
   assert (hostile, honest) == (0.0, [1.0])
   result = verifier.inner.run(TRUNCATE, OVERLOAD[name])
