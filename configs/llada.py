@@ -31,6 +31,8 @@ needs no shape override; the run exports WORKDIR/hf with the official tensor nam
 Variants (`get_config(arg)`):
   "2.1-mini" (default): inclusionAI/LLaDA2.1-mini, 16B total / ~1.4B active, block-causal,
               block 32, threshold 0.95 (the official default).
+  "2.1-mini-dllm", "2.1-mini-sglang": LLaDA2.1-mini decoded as dllm / SGLang serve it (token
+              editing, `PRESETS`).
   "2.0-mini"  : inclusionAI/LLaDA2.0-mini, same architecture.
   "8b-instruct": GSAI-ML/LLaDA-8B-Instruct, chat template 'llada', EOS = <|eot_id|> (126348).
   "8b-base"   : GSAI-ML/LLaDA-8B-Base, no chat template, EOS = <|endoftext|> (126081).
@@ -39,7 +41,8 @@ Variants (`get_config(arg)`):
 """
 from configs import dlm_common
 
-VARIANTS = ("2.1-mini", "2.0-mini", "8b-instruct", "8b-base", "debug")
+VARIANTS = ("2.1-mini", "2.1-mini-dllm", "2.1-mini-sglang", "2.0-mini", "8b-instruct", "8b-base",
+            "debug")
 
 
 def _llada2_mini(c):
@@ -58,9 +61,11 @@ def _llada2_mini(c):
   # Exact replay on MoE: the rollout records each token's expert ids and replay routes with
   # them (routing is a function of the hidden state; DESIGN §4, tunix's router replay).
   c.orl.capture_routes = True
-  # LLaDA2.1 token editing is off in rollouts and evaluation by default; the presets are
-  # (decode.threshold, decode.edit_threshold, decode.max_post_edit_steps): dllm 0.95 / 0.9 /
-  # 16, SGLang 0.5 / 0.0 / 16 (LLaDA2.0 has no editing).
+  # LLaDA2.1 token editing is off in rollouts and evaluation by default; `preset(c, name)`
+  # sets dllm's or SGLang's decoder (LLaDA2.0 has no editing).
+  # The official 2.1 `generate` decodes every block (eos_early_stop=False, its default); the
+  # 2.0 one always stops after the block holding EOS (get_config sets that for "2.0-mini").
+  c.decode.eos_early_stop = False
   _run_sizes(c)
 
 
@@ -69,7 +74,26 @@ def _llada_8b(c):
   dlm_common.set_shapes(c, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
                         mlp_dim=12288, vocab_size=126464, rope_theta=500000.0, norm_eps=1e-5,
                         qk_norm=False, tie_embeddings=False)
+  c.decode.eos_early_stop = False   # Fast-dLLM's `generate` decodes every block
   _run_sizes(c)
+
+
+# LLaDA2.1's serving presets: (decode.rule_value, decode.edit_threshold,
+# decode.max_post_edit_steps, decode.eos_early_stop). dllm's LLaDA21Sampler decodes every block
+# (its eos_early_stop defaults to False, as the official `generate`); SGLang's scheduler
+# finishes a request once a decoded block holds EOS.
+PRESETS = {"dllm": (0.95, 0.9, 16, False), "sglang": (0.5, 0.0, 16, True)}
+
+
+def preset(c, name: str):
+  """Sets LLaDA2.1 decoding as the serving stack `name` (PRESETS) does: threshold rule,
+  token editing, editing steps, and whether a row stops after its EOS block."""
+  if name not in PRESETS:
+    raise ValueError(f"configs/llada.py has decoding presets {tuple(PRESETS)}; got {name!r}")
+  d = c.decode
+  d.rule = "threshold"
+  d.rule_value, d.edit_threshold, d.max_post_edit_steps, d.eos_early_stop = PRESETS[name]
+  return c
 
 
 def _run_sizes(c):
@@ -95,7 +119,8 @@ def get_config(arg: str | None = None):
   arg = arg or "2.1-mini"
   if arg not in VARIANTS:
     raise ValueError(f"configs/llada.py has variants {', '.join(VARIANTS)}; got {arg!r}")
-  if arg in ("2.1-mini", "2.0-mini", "debug"):
+  serving = arg.partition("-mini-")[2]          # a serving preset: "dllm" | "sglang" | ""
+  if arg.startswith(("2.1-mini", "2.0-mini")) or arg == "debug":
     c = dlm_common.real_base("llada2_moe", hub_id=f"inclusionAI/LLaDA{arg[:3]}-mini")
     _llada2_mini(c)
     c.workdir = f"work_dirs/llada{arg[:3]}_mini"
@@ -103,6 +128,11 @@ def get_config(arg: str | None = None):
     c = dlm_common.real_base("llada", hub_id=f"GSAI-ML/LLaDA-8B-{arg[3:].capitalize()}")
     _llada_8b(c)
     c.workdir = "work_dirs/llada" if arg == "8b-instruct" else "work_dirs/llada_base"
+  if serving:
+    preset(c, serving)
+    c.workdir += f"_{serving}"
+  if arg == "2.0-mini":
+    c.decode.eos_early_stop = True   # the 2.0 `generate` stops after the block holding EOS
   if arg == "8b-instruct":
     # the end of the assistant turn; the released config.json's eos_token_id is <|endoftext|>
     # (126081), the padding the model writes after <|eot_id|>

@@ -110,6 +110,19 @@ def base_config() -> ml_collections.ConfigDict:
   # per_row: each row advances through its own blocks and a finished row takes the next prompt
   # (continuous batching, orl_jax/engine.py) in evaluation and rollouts
   c.decode.schedule = "lockstep"
+  # The authors' rules of the model's family (DESIGN §2.2; "auto" = the weights' family's, from
+  # its registry entry, our tiny model's for a model of ours):
+  #   block_placement  prompt_end (the first block starts at the prompt's end: LLaDA-8B,
+  #                    tiny) | absolute (blocks at multiples of b from the first prompt token,
+  #                    the prompt's last block shared with the first generated tokens: LLaDA2.x,
+  #                    SDAR, QwenDLM)
+  #   commit_compare   ">=" (threshold rule conf >= tau: Fast-dLLM, tiny) | ">" (LLaDA2.x, SDAR)
+  c.decode.block_placement = "auto"  # auto | prompt_end | absolute
+  c.decode.commit_compare = "auto"   # auto | ">=" | ">"
+  # A row stops after the block in which it committed EOS (True); False decodes every block,
+  # as LLaDA2.1's and Fast-dLLM's `generate` do by default (the response is cut at its first
+  # EOS either way; only the forwards spent differ). ORL rollouts always stop.
+  c.decode.eos_early_stop = True
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sft"              # sft | residual_warmup | rcd_offline | orl | eval

@@ -8,8 +8,12 @@
   python launch/decode.py --config=configs/tiny.py:eval --models=base=assets/tiny_base,orl=DIR \
       --num=8 --html=work_dirs/trajectories.html
 
-Prints each response with its forwards (NFE) and tokens per forward (TPF); writes an HTML page
-where every token is coloured by the step at which it was committed (Base vs ORL side by side).
+Prints each response with its forwards counted both ways (DESIGN §2.2): the paper's count
+(denoising forwards + one commit forward per decoded block; TPF uses it) and the authors' count
+(denoising forwards only, what the model's official `generate` runs); writes an HTML page where
+every token is coloured by the step at which it was committed (Base vs ORL side by side).
+Blocks sit where the model's authors put them (`decode.block_placement`): prompts need no
+padding to a block boundary.
 Without --prompt it decodes the first --num evaluation problems of `config.task`. The config
 file gives the run-time choices (decoder rule, block size, lengths, dtypes, chat template).
 """
@@ -30,7 +34,7 @@ from orl_jax import evaluate as eval_lib
 from orl_jax import trajectory_view
 from orl_jax import weights as weights_lib
 from orl_jax.data.pipeline import encode_prompts
-from orl_jax.decoding import make_decoder
+from orl_jax.decoding import make_decoder, prompt_lead
 from orl_jax.models import families
 from orl_jax.train import loop
 from orl_jax.unmasking import UnmaskRule
@@ -56,19 +60,23 @@ class Decoded:
   tokens: np.ndarray          # [n, gen_length] response tokens
   steps: np.ndarray           # [n, gen_length] step at which each token was committed
   nfe: np.ndarray             # [n] forwards, one commit forward per decoded block included
+  nfe_denoise: np.ndarray     # [n] denoising forwards only (the authors' count)
   n_generated: np.ndarray     # [n] tokens through the first EOS
   scores: list[float]         # verifier scores (NaN: a prompt without an answer)
   tokenizer: object
 
   def lines(self) -> list[str]:
     """What the launcher prints for this model."""
-    out = [f"== {self.name} ({self.path}), decoder {self.rule_label}"]
+    out = [f"== {self.name} ({self.path}), decoder {self.rule_label}; forwards: paper's count "
+           "(denoising + 1 commit per block; TPF) / authors' count (denoising only)"]
     if hasattr(self.tokenizer, "origins_text"):
       out.append(f"  special tokens: {self.tokenizer.origins_text()}")
-    for prompt, text, nfe, n, score in zip(self.prompts, self.texts, self.nfe,
-                                           self.n_generated, self.scores):
+    for prompt, text, nfe, denoise, n, score in zip(self.prompts, self.texts, self.nfe,
+                                                    self.nfe_denoise, self.n_generated,
+                                                    self.scores):
       tail = "" if math.isnan(score) else f", score {score:.0f}"
-      out.append(f"  {prompt}\n    -> {text}   [NFE {int(nfe)}, TPF {n / max(nfe, 1):.2f}{tail}]")
+      out.append(f"  {prompt}\n    -> {text}   [NFE paper {int(nfe)} / denoising "
+                 f"{int(denoise)}, TPF {n / max(nfe, 1):.2f} / {n / max(denoise, 1):.2f}{tail}]")
     return out
 
 
@@ -118,8 +126,9 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   tok = s.tokenizer
   tokens, valid = _encode(problems, tok, cfg.task.prompt_len)
   rule = UnmaskRule(cfg.decode.rule, cfg.decode.rule_value)
-  dcfg = config_lib.decode_config(cfg, mask_id=tok.mask_id, eos_id=tok.eos_id, rule=rule)
-  dcfg = dataclasses.replace(dcfg, capture_states=dcfg.n_blocks * dcfg.steps_bound)
+  dcfg = config_lib.decode_config(cfg, mask_id=tok.mask_id, eos_id=tok.eos_id, rule=rule,
+                                  family=s.model_cfg.hf_family)
+  dcfg = dataclasses.replace(dcfg, capture_states=dcfg.max_blocks * dcfg.steps_bound)
   graphdef, params = loop.initial_params(s)
   out = jax.device_get(make_decoder(graphdef, dcfg)(params, tokens, valid, jax.random.key(0)))
   texts = [tok.decode(t, stop_at_eos=True) for t in out.tokens]
@@ -127,8 +136,9 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
       name=name, path=path, rule_label=rule.label, prompts=[p.prompt for p in problems],
       texts=texts, tokens=np.asarray(out.tokens),
       steps=trajectory_view.commit_steps(out.capture, len(problems), dcfg.block_size,
-                                         dcfg.gen_length),
-      nfe=np.asarray(out.nfe), n_generated=np.asarray(out.n_generated),
+                                         dcfg.gen_length, np.asarray(prompt_lead(valid, dcfg.block_size, dcfg.block_placement))),
+      nfe=np.asarray(out.nfe), nfe_denoise=np.asarray(out.nfe_denoise),
+      n_generated=np.asarray(out.n_generated),
       scores=list(s.task.verifier.score_batch(problems, texts)), tokenizer=tok)
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from orl_jax.decoding import place_prompts
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 TokenMeta, make_meta)
@@ -94,49 +95,77 @@ def split_rows(batch: PackedBatch, micro_batches: int, n_shards: int = 1) -> Pac
 # appears noised (x_t, kind STATE of block j, its own state_id) and, except the last block (no
 # state ever sees it), clean (x_0, kind CLEAN). Under the staircase mask the noised block sees
 # the prompt and the clean blocks before j - exactly what a decoding step of block j sees through
-# the KV cache - so SFT, ORL replay and decoding share one layout.
+# the KV cache - so SFT, ORL replay and decoding share one layout, blocks placed alike
+# (`decoding.place_prompts`: with absolute placement the prompt's last n mod b tokens open the
+# first block, clean and never masked, and the response follows them).
 
 MIN_T = 1e-3  # lower bound of the sampled mask ratio (keeps the 1/t weight finite)
 
 
-def noise_blocks(key, response, *, block_size: int, mask_id: int):
+def noise_blocks(key, response, *, block_size: int, mask_id: int, fixed=None):
   """Masks each block of `response` [B, N] with its own ratio t ~ U(MIN_T, 1].
 
   Returns (noised [B, N], masked [B, N] bool, t [B, N] per-token ratio of its block).
-  At least one token per block is masked (the one with the smallest uniform draw).
+  At least one token per block is masked (the one with the smallest uniform draw); positions
+  `fixed` [B, N] (prompt tokens inside a block) never are.
   """
   b_rows, n = response.shape
   n_blocks = n // block_size
   k_t, k_u = jax.random.split(key)
   t = jax.random.uniform(k_t, (b_rows, n_blocks, 1), minval=MIN_T, maxval=1.0)
   u = jax.random.uniform(k_u, (b_rows, n_blocks, block_size))
+  if fixed is not None:
+    u = jnp.where(fixed.reshape(u.shape), jnp.inf, u)
   masked = u < t
   first = jnp.arange(block_size) == jnp.argmin(u, axis=-1, keepdims=True)
-  masked = (masked | first).reshape(b_rows, n)
+  masked = (masked | (first & jnp.isfinite(u))).reshape(b_rows, n)
   t = jnp.broadcast_to(t, (b_rows, n_blocks, block_size)).reshape(b_rows, n)
   return jnp.where(masked, mask_id, response), masked, t
 
 
+def placed_blocks(prompt_tokens, prompt_valid, response, *, block_size: int, mask_id: int,
+                  eos_id: int, placement: str):
+  """(prompt [B, P] as the prefill reads it, blocks [B, M*b] of the response placed on the
+  block grid: the prompt's last `lead` tokens, the response, EOS after it; fixed [B, M*b] the
+  prompt positions among them). M = N / b, one more with absolute placement."""
+  b_rows, n = response.shape
+  grid = place_prompts(prompt_tokens, prompt_valid, block_size, mask_id, placement)
+  width = n + (block_size if placement == "absolute" else 0)
+  col = jnp.arange(width)[None, :]
+  at = jnp.clip(col - grid.lead[:, None], 0, n - 1)
+  head = jnp.pad(grid.head, ((0, 0), (0, width - block_size)), constant_values=mask_id)
+  fixed = col < grid.lead[:, None]
+  blocks = jnp.where(fixed, head, jnp.where(col < grid.lead[:, None] + n,
+                                            jnp.take_along_axis(response, at, axis=1), eos_id))
+  return grid, blocks.astype(jnp.int32), fixed
+
+
 def sft_batch(key, prompt_tokens, prompt_valid, response, *, block_size: int,
-              mask_id: int) -> PackedBatch:
-  """One row per example: [prompt (P) | clean blocks 0..n-2 (N - b) | noised response (N)]."""
+              mask_id: int, eos_id: int = 0, placement: str = "prompt_end") -> PackedBatch:
+  """One row per example: [prompt (P) | clean blocks 0..M-2 | noised blocks (M*b)], the blocks
+  placed as `placement` (`decoding.PLACEMENTS`) places them; `eos_id` fills the tail of the
+  last block past the response (absolute placement)."""
+  grid, blocks, fixed = placed_blocks(prompt_tokens, prompt_valid, response,
+                                      block_size=block_size, mask_id=mask_id, eos_id=eos_id,
+                                      placement=placement)
   b_rows, p = prompt_tokens.shape
-  n = response.shape[1]
-  c = n - block_size                       # the last clean block is visible to no state
-  noised, masked, t = noise_blocks(key, response, block_size=block_size, mask_id=mask_id)
-  tokens = jnp.concatenate([prompt_tokens, response[:, :c], noised], axis=1)
-  resp_pos = p + jnp.arange(n, dtype=jnp.int32)
+  n, width = response.shape[1], blocks.shape[1]
+  c = width - block_size                   # the last clean block is visible to no state
+  noised, masked, t = noise_blocks(key, blocks, block_size=block_size, mask_id=mask_id,
+                                   fixed=fixed)
+  tokens = jnp.concatenate([grid.tokens, blocks[:, :c], noised], axis=1)
+  resp_pos = p + jnp.arange(width, dtype=jnp.int32)
   positions = jnp.concatenate([jnp.arange(p, dtype=jnp.int32), resp_pos[:c], resp_pos])
   positions = jnp.broadcast_to(positions, tokens.shape)
-  kind = jnp.concatenate([jnp.where(prompt_valid, KIND_PROMPT, KIND_PAD),
-                          jnp.full((b_rows, c), KIND_CLEAN), jnp.full((b_rows, n), KIND_STATE)],
-                         axis=1)
+  kind = jnp.concatenate([jnp.where(grid.valid, KIND_PROMPT, KIND_PAD),
+                          jnp.full((b_rows, c), KIND_CLEAN),
+                          jnp.full((b_rows, width), KIND_STATE)], axis=1)
   block = positions // block_size
-  response_id = jnp.where(jnp.arange(p + c + n) < p, -1, 0)
+  response_id = jnp.where(jnp.arange(p + c + width) < p, -1, 0)
   state_id = jnp.where(kind == KIND_STATE, block, -1)
   meta = make_meta(kind, block, segment=0, response=response_id, state_id=state_id)
   weight = jnp.where(masked, 1.0 / t, 0.0) / n
   zeros = jnp.zeros((b_rows, p + c), jnp.float32)
   return PackedBatch(tokens=tokens, positions=positions, meta=meta, residual=None,
-                     targets=jnp.concatenate([prompt_tokens, response[:, :c], response], axis=1),
+                     targets=jnp.concatenate([grid.tokens, blocks[:, :c], blocks], axis=1),
                      ce_weight=jnp.concatenate([zeros, weight], axis=1))

@@ -9,7 +9,7 @@ import dataclasses
 
 import ml_collections
 
-from orl_jax.decoding import CACHE_MODES, DecodeConfig
+from orl_jax.decoding import CACHE_MODES, PLACEMENTS, DecodeConfig
 from orl_jax.engine import SCHEDULES
 from orl_jax.losses import KL_REFERENCES
 from orl_jax.models import families
@@ -17,7 +17,7 @@ from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.replay.plan import LAYOUTS as REPLAY_LAYOUTS
 from orl_jax.residual import MODES as RESIDUAL_MODES
-from orl_jax.unmasking import RULES, UnmaskRule
+from orl_jax.unmasking import COMMIT_COMPARES, RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
 
 TRAIN_MODES = ("sft", "residual_warmup", "orl", "rcd_offline", "eval")
@@ -60,6 +60,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "both give weights; set model.path only")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
   errors += _schedule_errors(config)
+  errors += _rules_errors(config)
   errors += _editing_errors(config)
   errors += _cache_errors(config)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
@@ -147,11 +148,33 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
         f"replay.layout={layout!r} must be one of {REPLAY_LAYOUTS}")
   # a state of the last block replays with the prompt and every clean block before it (the
   # canvas layout: with the masked blocks after it), so a row must hold prompt + response
-  need = config.task.prompt_len + d.gen_length
+  # (absolute placement: one block more, the one the prompt's last tokens share)
+  try:
+    absolute = family_rules(config)["block_placement"] == "absolute"
+  except (ConfigError, ValueError):   # a family with its own sampler, or an unknown one
+    absolute = False                  # (named by its own check): no block decoder here
+  need = config.task.prompt_len + d.gen_length + (d.block_size if absolute else 0)
   check(t.mode != "orl" or r.row_len >= need,
         f"replay.row_len={r.row_len} cannot hold a prompt (task.prompt_len="
         f"{config.task.prompt_len}) plus a state of the last block with its context "
         f"(decode.gen_length={d.gen_length}): raise replay.row_len to at least {need}")
+  return errors
+
+
+def _rules_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """decode.block_placement / commit_compare: "auto" (the family's) or a known value."""
+  d, errors = config.decode, []
+  placement, compare = d.get("block_placement", "auto"), d.get("commit_compare", "auto")
+  if placement not in ("auto",) + PLACEMENTS:
+    errors.append(f"decode.block_placement={placement!r} must be one of "
+                  f"{('auto',) + PLACEMENTS}")
+  if compare not in ("auto",) + COMMIT_COMPARES:
+    errors.append(f"decode.commit_compare={compare!r} must be one of "
+                  f"{('auto',) + COMMIT_COMPARES}")
+  if placement == "absolute" and config.model.family == "bidirectional":
+    errors.append("decode.block_placement='absolute' places blocks of a block-causal model; "
+                  "model.family='bidirectional' (LLaDA-8B) starts its blocks at the prompt's "
+                  "end: set decode.block_placement='auto' or 'prompt_end'")
   return errors
 
 
@@ -262,9 +285,37 @@ def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id:
   return ModelConfig(**fields)
 
 
+# The decoding rules of our own models (hf_family ""): the tiny model is trained with its
+# response starting on a block boundary, and commits at conf >= tau.
+OWN_RULES = {"block_placement": "prompt_end", "commit_compare": ">="}
+
+
+def family_rules(config: ml_collections.ConfigDict, family: str | None = None) -> dict:
+  """{block_placement, commit_compare} of a run: `decode.*` where set, else ("auto") the
+  authors' rules of registry family `family` (None: `model.hf_family`; '' = ours, OWN_RULES).
+  Pass the weights' family (`Setup.model_cfg.hf_family`): a config written for one family may
+  load another's checkpoint."""
+  family = config.model.get("hf_family", "") if family is None else family
+  rules = dict(OWN_RULES)
+  if family:
+    entry = families.get(family)
+    missing = [k for k in OWN_RULES if k not in entry.decode]
+    if missing:
+      raise ConfigError(f"the {family!r} family does not decode with the block decoder (its "
+                        f"registry entry has no {missing}): it decodes with its own sampler")
+    rules = {k: entry.decode[k] for k in OWN_RULES}
+  d = config.decode
+  for k in OWN_RULES:
+    if d.get(k, "auto") != "auto":
+      rules[k] = d[k]
+  return rules
+
+
 def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: int,
                   rule: UnmaskRule | None = None, temperature: float | None = None,
-                  capture_states: int = 0) -> DecodeConfig:
+                  capture_states: int = 0, family: str | None = None) -> DecodeConfig:
+  """The block decoder's config of a run; `family`: the weights' registry family (decides
+  the "auto" rules, `family_rules`; None: `model.hf_family`)."""
   d = config.decode
   if rule is None:
     rule = UnmaskRule(d.rule, d.rule_value)
@@ -273,4 +324,6 @@ def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: in
                       temperature=d.temperature if temperature is None else temperature,
                       max_steps_per_block=d.max_steps_per_block, capture_states=capture_states,
                       top_k=d.top_k, edit_threshold=d.edit_threshold,
-                      max_post_edit_steps=d.max_post_edit_steps, cache=d.get("cache", "none"))
+                      max_post_edit_steps=d.max_post_edit_steps, cache=d.get("cache", "none"),
+                      eos_early_stop=d.get("eos_early_stop", True),
+                      **family_rules(config, family))

@@ -8,16 +8,27 @@ or, with `cache` (Fast-dLLM, approximate), forward the whole canvas once at each
 and then only the block (`dual`) or the block and what follows it (`prefix`) against the K/V
 that forward stored (see `_Canvas.cached_step_logits`).
 
-Everything runs in `lax.while_loop`s with static shapes: a batch of prompts decodes together,
-rows finish independently (EOS), and there is no host synchronisation per step.
+Where blocks sit follows each family's authors (`block_placement`, `place_prompts`):
+"prompt_end" starts the first block at the prompt's end (Fast-dLLM's LLaDA-8B; our tiny
+model); "absolute" puts block boundaries at multiples of b counted from the first prompt token
+(LLaDA2.x, SDAR), so a prompt of n tokens shares its last block with the first b - n mod b
+generated tokens: those prompt tokens sit in the first decoded block (bidirectional with its
+masks, never rewritten), the KV prefill covers the prompt's complete blocks only, and a row
+decodes ceil((n mod b + N) / b) blocks, its response cut to N tokens. Prompts arrive
+left-padded to P (a block multiple); each row is shifted right by its `lead` = n mod b so its
+blocks align with the canvas's (the response of row r starts at canvas index P + lead[r]).
 
-Forwards are counted two ways (DESIGN §2.2, §6). `nfe` is the paper's count, which TPF uses:
-denoising steps plus one commit forward per decoded block, the last block included. The engine
-spends commit forwards only where a later block needs the cache (not after the last block, not
-for a row whose EOS was committed in this block); `nfe_engine` counts the forwards it actually
-ran. Bidirectional families have no KV cache and so no commit forward: both counts are the
-denoising steps (with `cache`, the block-start forward is the block's first step, as in
-Fast-dLLM).
+Everything runs in `lax.while_loop`s with static shapes: a batch of prompts decodes together,
+rows finish independently (EOS, `eos_early_stop`), and there is no host synchronisation per
+step.
+
+Forwards are counted three ways (DESIGN §2.2, §6). `nfe_denoise` is the authors' count: the
+denoising forwards. `nfe` is the paper's count, which TPF uses: denoising steps plus one commit
+forward per decoded block, the last block included. The engine spends commit forwards only
+where a later block needs the cache (not after a row's last block, not for a row that stops
+after this block); `nfe_engine` counts the forwards it actually ran. Bidirectional families
+have no KV cache and so no commit forward: all three are the denoising steps (with `cache`, the
+block-start forward is the block's first step, as in Fast-dLLM).
 """
 from __future__ import annotations
 
@@ -33,7 +44,7 @@ from flax import nnx
 from orl_jax import residual as residual_lib
 from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
-from orl_jax.unmasking import UnmaskRule, select_commits, select_edits
+from orl_jax.unmasking import COMMIT_COMPARES, UnmaskRule, select_commits, select_edits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 TokenMeta, make_meta)
 
@@ -41,6 +52,8 @@ from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMP
 # Bidirectional canvases (decode.cache): "none" forwards the whole canvas every step (exact);
 # "prefix" and "dual" are Fast-dLLM's approximate caches, refreshed at every block start.
 CACHE_MODES = ("none", "prefix", "dual")
+# Where the blocks sit (module docstring): at the prompt's end, or at absolute positions.
+PLACEMENTS = ("prompt_end", "absolute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +83,13 @@ class DecodeConfig:
   # of b, b/2, b/4, ... 1 slots that holds every row's (one lax.switch per step). Exact; off
   # where a step reads every position's logits (token editing, rollout capture).
   masked_head: bool = True
+  # The authors' rules of the model's family (DESIGN §2.2): where blocks sit (PLACEMENTS), how
+  # the threshold rule compares (COMMIT_COMPARES), and whether a row stops after the block in
+  # which it committed EOS (False: it decodes all its blocks, as LLaDA2.1's and Fast-dLLM's
+  # `generate` do by default; the response is cut at the first EOS either way).
+  block_placement: str = "prompt_end"
+  commit_compare: str = ">="
+  eos_early_stop: bool = True
 
   def __post_init__(self):
     if self.gen_length % self.block_size:
@@ -90,6 +110,12 @@ class DecodeConfig:
     if self.cache != "none" and self.capture_states:
       raise ValueError(f"decode.cache={self.cache!r} is approximate: a rollout's captured "
                        "states could not be replayed exactly; rollouts use decode.cache='none'")
+    if self.block_placement not in PLACEMENTS:
+      raise ValueError(f"decode.block_placement={self.block_placement!r} must be one of "
+                       f"{PLACEMENTS}")
+    if self.commit_compare not in COMMIT_COMPARES:
+      raise ValueError(f"decode.commit_compare={self.commit_compare!r} must be one of "
+                       f"{COMMIT_COMPARES}")
     if self.capture_routes and not self.capture_states:
       raise ValueError("orl.capture_routes records routes with the captured states: it needs "
                        "capture_states > 0 (a rollout)")
@@ -109,6 +135,12 @@ class DecodeConfig:
     return self.gen_length // self.block_size
 
   @property
+  def max_blocks(self) -> int:
+    """Blocks a row decodes at most: one more than N / b with absolute placement (the block
+    the prompt's last tokens share with the first generated ones)."""
+    return self.n_blocks + (self.block_placement == "absolute")
+
+  @property
   def steps_bound(self) -> int:
     """Steps per block at most: the unmasking steps (each commits >= 1) plus the editing steps
     on the filled block."""
@@ -123,7 +155,8 @@ class RouteCapture(NamedTuple):
   rows gather them like tokens. Entries are expert ids, -1 where no forward routed the token."""
   state: jax.Array    # [B, S, b, L_moe, K] each captured step's routes of the active block
   prompt: jax.Array   # [B, P, L_moe, K] the prompt prefill's routes
-  clean: jax.Array    # [B, N, L_moe, K] each block's commit forward (-1: none ran, e.g. last)
+  clean: jax.Array    # [B, M*b, L_moe, K] each block's commit forward, block j at [j*b, (j+1)*b)
+                      # (M = max_blocks; -1: none ran, e.g. after the last block)
 
 
 class Capture(NamedTuple):
@@ -141,12 +174,18 @@ class Capture(NamedTuple):
   n_states: jax.Array       # [B] int32 states recorded (capped at S)
   overflow: jax.Array       # [B] bool more steps happened than S could hold
   routes: RouteCapture | None = None   # MoE expert ids of every forward (capture_routes)
+  # [B, M*b] int32 each decoded block's final tokens, block j at [j*b, (j+1)*b) (M =
+  # max_blocks): with absolute placement block 0 starts with the prompt's last `lead` tokens;
+  # EOS after the response's first EOS and in blocks never decoded. Replay reads clean blocks
+  # and targets here. None: a family whose responses are the blocks (DiffusionGemma).
+  block_final: jax.Array | None = None
 
 
 class DecodeOutput(NamedTuple):
   tokens: jax.Array         # [B, N] response, EOS-filled after the first EOS
   nfe: jax.Array            # [B] int32 forwards, the paper's count: steps + 1 commit per block
   nfe_engine: jax.Array     # [B] int32 forwards the engine ran (commits nobody needs skipped)
+  nfe_denoise: jax.Array    # [B] int32 denoising forwards only (the authors' count)
   n_generated: jax.Array    # [B] int32 tokens through the first EOS
   finished: jax.Array       # [B] bool an EOS was generated
   capture: Capture | None
@@ -162,13 +201,14 @@ def _empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None)
     p, n_layers, top_k = route_dims
     none = lambda *shape: jnp.full(shape + (n_layers, top_k), -1, ROUTE_DTYPE)
     routes = RouteCapture(state=none(b_rows, s, b), prompt=none(b_rows, p),
-                          clean=none(b_rows, cfg.gen_length))
+                          clean=none(b_rows, cfg.max_blocks * b))
   return Capture(block_tokens=i32(b_rows, s, b), block=i32(b_rows, s), step=i32(b_rows, s),
                  z=jnp.zeros((b_rows, s, b, d_model), z_dtype), alpha=f32(b_rows, s, b),
                  entropy=f32(b_rows, s, b), topk_ids=i32(b_rows, s, b, k),
                  topk_logprobs=f32(b_rows, s, b, k), commit=jnp.zeros((b_rows, s, b), bool),
                  valid=jnp.zeros((b_rows, s), bool), n_states=i32(b_rows),
-                 overflow=jnp.zeros((b_rows,), bool), routes=routes)
+                 overflow=jnp.zeros((b_rows,), bool), routes=routes,
+                 block_final=i32(b_rows, cfg.max_blocks * b))
 
 
 def token_major_routes(expert_ids) -> jax.Array:
@@ -246,18 +286,72 @@ def block_layout(b_rows, start, block_size: int, kind: int):
                               segment=0, response=0, state_id=state_id)
 
 
+class Placed(NamedTuple):
+  """Left-padded prompts placed on the block grid (`place_prompts`, module docstring)."""
+  tokens: jax.Array   # [B, P] the prompt's complete blocks, left-padded: what the prefill reads
+  valid: jax.Array    # [B, P] bool
+  lead: jax.Array     # [B] int32 prompt tokens at the start of the first decoded block
+  head: jax.Array     # [B, b] int32 the first decoded block before its first step: the
+                      # prompt's last `lead` tokens, then masks
+
+
+def prompt_lead(prompt_valid, block_size: int, placement: str):
+  """[B] int32 prompt tokens each row's first decoded block starts with: n mod b with
+  absolute placement (n = the row's prompt tokens), 0 at the prompt's end."""
+  n = jnp.sum(prompt_valid, axis=-1, dtype=jnp.int32)
+  return n % block_size if placement == "absolute" else jnp.zeros_like(n)
+
+
+def row_blocks(lead, cfg: DecodeConfig):
+  """[B] int32 blocks each row decodes: enough to hold its `lead` prompt tokens and N more."""
+  return (lead + cfg.gen_length + cfg.block_size - 1) // cfg.block_size
+
+
+def place_prompts(prompt_tokens, prompt_valid, block_size: int, mask_id: int,
+                  placement: str) -> Placed:
+  """Prompts [B, P] (left-padded, P a multiple of b) on the block grid of `placement`
+  (PLACEMENTS): each row shifted right by its `lead`, so its complete blocks end at P and its
+  last `lead` tokens open the first decoded block. "prompt_end" changes nothing (lead 0)."""
+  p, b = prompt_tokens.shape[1], block_size
+  lead = prompt_lead(prompt_valid, b, placement)
+  if placement != "absolute":
+    head = jnp.full((prompt_tokens.shape[0], b), mask_id, jnp.int32)
+    return Placed(prompt_tokens.astype(jnp.int32), prompt_valid.astype(bool), lead, head)
+  src = jnp.arange(p, dtype=jnp.int32)[None, :] - lead[:, None]          # [B, P]
+  take = lambda x, idx: jnp.take_along_axis(x, jnp.clip(idx, 0, p - 1), axis=1)
+  tokens = take(prompt_tokens, src).astype(jnp.int32)
+  valid = take(prompt_valid, src) & (src >= 0)
+  col = jnp.arange(b, dtype=jnp.int32)[None, :]
+  tail = take(prompt_tokens, p - lead[:, None] + col)                    # [B, b]
+  head = jnp.where(col < lead[:, None], tail, mask_id).astype(jnp.int32)
+  return Placed(tokens, valid, lead, head)
+
+
+def place_for_decoder(prompt_tokens, prompt_valid, cfg: DecodeConfig) -> Placed:
+  """`place_prompts` on the block grid of a decoder's config."""
+  return place_prompts(prompt_tokens, prompt_valid, cfg.block_size, cfg.mask_id,
+                       cfg.block_placement)
+
+
+def fixed_positions(j, lead, block_size: int):
+  """[B, b] bool positions of block j that hold prompt tokens (block 0's first `lead`): they
+  are context, never masked, edited or part of the response."""
+  return (j == 0) & (jnp.arange(block_size)[None, :] < lead[:, None])
+
+
 @dataclasses.dataclass(frozen=True)
 class _Canvas:
   """What every step of one `decode` call shares: the model, the shapes and the whole-canvas
-  layout ([prompt | response], used by steps that forward the whole canvas)."""
+  layout ([prompt | response blocks], used by steps that forward the whole canvas)."""
   model: Transformer
   cfg: DecodeConfig
   b_rows: int
   p: int                     # prompt length (a multiple of b)
-  valid: jax.Array           # [B, P + N] bool: prompt padding is False
-  positions: jax.Array       # [B, P + N] int32
-  meta: object               # [B, P + N] TokenMeta of a bidirectional forward
+  valid: jax.Array           # [B, P + M*b] bool: prompt padding is False (M = max_blocks)
+  positions: jax.Array       # [B, P + M*b] int32
+  meta: object               # [B, P + M*b] TokenMeta of a bidirectional forward
   embedding: jax.Array       # [V, D] the input embedding table the residual is built from
+  lead: jax.Array | None = None   # [B] int32 prompt tokens opening the first block (`Placed`)
 
   @property
   def bidirectional(self) -> bool:
@@ -463,10 +557,12 @@ def _denoise_step(cv: _Canvas, step_hidden, active, j, key, c: _Step) -> _Step:
   step_key = jax.random.fold_in(jax.random.fold_in(key, j), c.step)
   prop = _propose_step(cv, hidden, masked, step_key)
   cand, conf, ent, logits = prop.cand, prop.conf, prop.entropy, prop.logits
-  write = select_commits(cfg.rule, masked, conf, ent) & need[:, None]
+  write = select_commits(cfg.rule, masked, conf, ent, cfg.commit_compare) & need[:, None]
   post, settled = c.post, c.settled
   if cfg.editing:
-    edits = select_edits(cfg.edit_threshold, c.tokens, masked, cand, conf) & need[:, None]
+    editable = ~fixed_positions(j, cv.lead, cfg.block_size)            # never the prompt's
+    edits = select_edits(cfg.edit_threshold, c.tokens, masked, cand, conf,
+                         editable) & need[:, None]
     filled = need & ~jnp.any(masked, axis=-1)          # a step on the filled block
     post = post + filled.astype(jnp.int32)
     settled = settled | (filled & ~jnp.any(edits, axis=-1))
@@ -535,44 +631,74 @@ def _denoise_block(cv: _Canvas, canvas, cache, active, j, key, init: _Step) -> _
               first)
 
 
-def _decode_block(cv: _Canvas, carry):
+class _Blocks(NamedTuple):
+  """The carry of the block loop."""
+  j: jax.Array          # scalar int32 the block to decode next
+  canvas: jax.Array     # [B, P + M*b] int32
+  cache: object         # KVCache or None
+  stopped: jax.Array    # [B] bool the row decodes no more blocks (EOS, with eos_early_stop)
+  denoise: jax.Array    # [B] int32 denoising forwards
+  commits: jax.Array    # [B] int32 commit forwards run
+  skipped: jax.Array    # [B] int32 commit forwards counted (the paper's count), not run
+  cap: Capture | None
+  key: jax.Array
+
+
+def _active(cv: _Canvas, c: _Blocks):
+  """[B] bool rows that decode block c.j: not stopped, and within their own blocks."""
+  return ~c.stopped & (c.j < row_blocks(cv.lead, cv.cfg))
+
+
+def _decode_block(cv: _Canvas, c: _Blocks) -> _Blocks:
   """Block j: denoise until no mask remains (or the step bound; with editing, until a step on
   the filled block edits nothing or its editing steps are spent), write it into the canvas,
   then the commit forward that writes it into the KV cache where a later block needs it."""
   cfg, mcfg, b_rows, b = cv.cfg, cv.model.cfg, cv.b_rows, cv.cfg.block_size
-  j, canvas, cache, finished, nfe, skipped, cap, key = carry
+  j = c.j
   start = cv.p + j * b
-  active = ~finished                                                   # [B]
-
-  tokens0 = jnp.where(active[:, None], cfg.mask_id, cfg.eos_id).astype(jnp.int32)
-  tokens0 = jnp.broadcast_to(tokens0, (b_rows, b))
+  active = _active(cv, c)                                              # [B]
+  fresh = jax.lax.dynamic_slice_in_dim(c.canvas, start, b, axis=1)    # masks (block 0: the
+  tokens0 = jnp.where(active[:, None], fresh, cfg.eos_id).astype(jnp.int32)  # prompt's tail)
   res0 = residual_lib.zero_residual(b_rows, b, mcfg.d_model, mcfg.compute_dtype)
   zeros = jnp.zeros((b_rows,), jnp.int32)
-  init = _Step(tokens0, res0, jnp.int32(0), nfe, zeros, zeros > 0, cap)
-  out = _denoise_block(cv, canvas, cache, active, j, key, init)
-  nfe, cap = out.nfe, out.cap
+  init = _Step(tokens0, res0, jnp.int32(0), c.denoise, zeros, zeros > 0, c.cap)
+  out = _denoise_block(cv, c.canvas, c.cache, active, j, c.key, init)
+  cache, cap = c.cache, out.cap
   # A row that hit the step bound keeps masks; they become EOS so output stays well-formed.
   tokens = jnp.where(out.tokens == cfg.mask_id, cfg.eos_id, out.tokens)
-  canvas = jax.lax.dynamic_update_slice_in_dim(canvas, tokens, start, axis=1)
-  eos_here = active & jnp.any(tokens == cfg.eos_id, axis=-1)
+  canvas = jax.lax.dynamic_update_slice_in_dim(c.canvas, tokens, start, axis=1)
+  response_eos = (tokens == cfg.eos_id) & ~fixed_positions(j, cv.lead, b)
+  stop = active & jnp.any(response_eos, axis=-1) & cfg.eos_early_stop
+  commits, skipped = c.commits, c.skipped
   if not cv.bidirectional:
-    needs_commit = active & ~eos_here & (j < cfg.n_blocks - 1)
+    needs_commit = active & ~stop & (j < row_blocks(cv.lead, cfg) - 1)
     if cache is not None:
       cache, cap = _commit_forward(cv, tokens, start, cache, needs_commit, cap)
-    nfe = nfe + needs_commit.astype(jnp.int32)
+    commits = commits + needs_commit.astype(jnp.int32)
     skipped = skipped + (active & ~needs_commit).astype(jnp.int32)  # counted, not run
-  return j + 1, canvas, cache, finished | eos_here, nfe, skipped, cap, key
+  return _Blocks(j + 1, canvas, cache, c.stopped | stop, out.nfe, commits, skipped, cap, c.key)
 
 
-def _finished_response(canvas, p: int, cfg: DecodeConfig):
-  """(response [B, N] EOS-filled after the first EOS, tokens through the first EOS [B])."""
+def _finished_response(blocks, lead, cfg: DecodeConfig):
+  """Each row's response from its decoded blocks [B, M*b] (block j at [j*b, (j+1)*b); the
+  response starts `lead` [B] tokens into block 0): (response [B, N] EOS-filled after the
+  first EOS, tokens through the first EOS [B], an EOS was generated [B])."""
   n = cfg.gen_length
-  response = canvas[:, p:]
+  response = jnp.take_along_axis(blocks, lead[:, None] + jnp.arange(n)[None, :], axis=1)
   response = jnp.where(response == cfg.mask_id, cfg.eos_id, response)  # never-decoded blocks
   is_eos = response == cfg.eos_id
-  first_eos = jnp.where(jnp.any(is_eos, axis=-1), jnp.argmax(is_eos, axis=-1), n - 1)
+  finished = jnp.any(is_eos, axis=-1)
+  first_eos = jnp.where(finished, jnp.argmax(is_eos, axis=-1), n - 1)
   after = jnp.arange(n)[None, :] > first_eos[:, None]
-  return jnp.where(after, cfg.eos_id, response), (first_eos + 1).astype(jnp.int32)
+  return jnp.where(after, cfg.eos_id, response), (first_eos + 1).astype(jnp.int32), finished
+
+
+def final_blocks(blocks, lead, n_generated, finished, cfg: DecodeConfig):
+  """`Capture.block_final` [B, M*b] from the decoded blocks: masks (blocks never decoded)
+  and everything after the response's first EOS become EOS, as in the response."""
+  pos = jnp.arange(blocks.shape[1])[None, :]
+  cut = jnp.where(finished, lead + n_generated, blocks.shape[1])[:, None]
+  return jnp.where((pos >= cut) | (blocks == cfg.mask_id), cfg.eos_id, blocks).astype(jnp.int32)
 
 
 def _check_route_capture(model: Transformer, cfg: DecodeConfig):
@@ -592,11 +718,8 @@ def _check_route_capture(model: Transformer, cfg: DecodeConfig):
                      f"model.moe.n_experts={mcfg.moe.n_experts} does not fit")
 
 
-def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig) -> DecodeOutput:
-  """Decodes a batch of left-padded prompts [B, P]. Call under `jax.jit` (see `make_decoder`)."""
-  mcfg = model.cfg
-  b_rows, p = prompt_tokens.shape
-  b, n = cfg.block_size, cfg.gen_length
+def _check_decode(model: Transformer, cfg: DecodeConfig, p: int):
+  b, mcfg = cfg.block_size, model.cfg
   if p % b:
     raise ValueError(f"prompt length {p} must be a multiple of the block size {b} "
                      "(left-pad prompts to a block boundary)")
@@ -605,39 +728,62 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
     raise ValueError(f"decode.cache={cfg.cache!r} caches a bidirectional canvas; "
                      f"model.family={mcfg.family!r} decodes through its exact KV cache: set "
                      "decode.cache='none'")
-  embedding = model.embedding_table
-  prompt_pos, prompt_meta = prompt_layout(prompt_valid, b)
-  canvas = jnp.concatenate([prompt_tokens, jnp.full((b_rows, n), cfg.mask_id, jnp.int32)], axis=1)
-  canvas_valid = jnp.concatenate([prompt_valid, jnp.ones((b_rows, n), bool)], axis=1)
-  canvas_pos = jnp.broadcast_to(jnp.arange(p + n, dtype=jnp.int32), (b_rows, p + n))
-  canvas_meta = make_meta(jnp.where(canvas_valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
-  cv = _Canvas(model, cfg, b_rows, p, canvas_valid, canvas_pos, canvas_meta, embedding)
+  if cfg.block_placement == "absolute" and mcfg.family == "bidirectional":
+    raise ValueError("decode.block_placement='absolute' places blocks of a block-causal model; "
+                     "a bidirectional canvas (model.family='bidirectional', LLaDA-8B) starts its "
+                     "blocks at the prompt's end: set decode.block_placement='prompt_end'")
 
+
+def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, cap):
+  """The KV cache [.., width] holding the prompt's complete blocks (one forward); with
+  `capture_routes`, their routes in `cap`. -> (cache, cap)."""
+  b_rows = placed.tokens.shape[0]
+  pos, meta = prompt_layout(placed.valid, cfg.block_size)
+  out = model(placed.tokens, pos, meta, cache=init_cache(model.cfg, b_rows, width),
+              cache_mode="write", cache_offset=0)
+  if cfg.capture_routes:
+    routes = jnp.where(placed.valid[:, :, None, None],
+                       token_major_routes(out.routing.expert_ids), -1).astype(ROUTE_DTYPE)
+    cap = cap._replace(routes=cap.routes._replace(prompt=routes))
+  return out.cache, cap
+
+
+def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig) -> DecodeOutput:
+  """Decodes a batch of left-padded prompts [B, P]. Call under `jax.jit` (see `make_decoder`)."""
+  mcfg = model.cfg
+  b_rows, p = prompt_tokens.shape
+  width = p + cfg.max_blocks * cfg.block_size
+  _check_decode(model, cfg, p)
+  grid = place_for_decoder(prompt_tokens, prompt_valid, cfg)
+  canvas = jnp.concatenate([grid.tokens, grid.head,
+                            jnp.full((b_rows, width - p - cfg.block_size), cfg.mask_id,
+                                     jnp.int32)], axis=1)                    # [B, P + M*b]
+  canvas_valid = jnp.concatenate([grid.valid, jnp.ones((b_rows, width - p), bool)], axis=1)
+  canvas_pos = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (b_rows, width))
+  canvas_meta = make_meta(jnp.where(canvas_valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
+  cv = _Canvas(model, cfg, b_rows, p, canvas_valid, canvas_pos, canvas_meta,
+               model.embedding_table, grid.lead)
   cap = None
   if cfg.capture_states:
     route_dims = (p, mcfg.n_moe_layers, mcfg.moe.top_k) if cfg.capture_routes else None
     cap = _empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
   cache = None
   if not cv.bidirectional and cfg.kv_cache:
-    cache = init_cache(mcfg, b_rows, p + n)
-    prefill = model(prompt_tokens, prompt_pos, prompt_meta, cache=cache, cache_mode="write",
-                    cache_offset=0)
-    cache = prefill.cache
-    if cfg.capture_routes:
-      prompt_routes = jnp.where(prompt_valid[:, :, None, None],
-                                token_major_routes(prefill.routing.expert_ids), -1)
-      cap = cap._replace(routes=cap.routes._replace(prompt=prompt_routes.astype(ROUTE_DTYPE)))
+    cache, cap = _prefill(model, grid, cfg, width, cap)
 
-  def block_cond(carry):
-    j, _, _, finished, *_ = carry
-    return (j < cfg.n_blocks) & jnp.any(~finished)
+  def block_cond(c: _Blocks):
+    return (c.j < cfg.max_blocks) & jnp.any(_active(cv, c))
 
   zeros = jnp.zeros((b_rows,), jnp.int32)
-  init = (jnp.int32(0), canvas, cache, jnp.zeros((b_rows,), bool), zeros, zeros, cap, key)
-  _, canvas, _, finished, nfe_engine, skipped, cap, _ = jax.lax.while_loop(
-      block_cond, lambda carry: _decode_block(cv, carry), init)
-  response, n_generated = _finished_response(canvas, p, cfg)
-  return DecodeOutput(response, nfe_engine + skipped, nfe_engine, n_generated, finished, cap)
+  init = _Blocks(jnp.int32(0), canvas, cache, zeros > 0, zeros, zeros, zeros, cap, key)
+  out = jax.lax.while_loop(block_cond, lambda c: _decode_block(cv, c), init)
+  blocks = out.canvas[:, p:]
+  response, n_generated, finished = _finished_response(blocks, grid.lead, cfg)
+  cap = out.cap
+  if cap is not None:
+    cap = cap._replace(block_final=final_blocks(blocks, grid.lead, n_generated, finished, cfg))
+  ran = out.denoise + out.commits
+  return DecodeOutput(response, ran + out.skipped, ran, out.denoise, n_generated, finished, cap)
 
 
 # XLA:CPU's YNNPACK dot fusions pack the weights on every call, which decode steps of few tokens

@@ -23,7 +23,7 @@ from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.models import families
 from orl_jax.models.transformer import Transformer
-from orl_jax.rollout import capture_bytes, route_capture_bytes
+from orl_jax.rollout import block_final_bytes, capture_bytes, route_capture_bytes
 
 
 @dataclasses.dataclass
@@ -196,11 +196,13 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   dcfg = rollout_decode_config(config, tok)
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
-  cap = capture_bytes(n_rollouts, dcfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
+  cap = (capture_bytes(n_rollouts, dcfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
+         + block_final_bytes(n_rollouts, dcfg))
   note = (f"{n_rollouts} responses x {dcfg.capture_states} states x b={dcfg.block_size} x "
           f"D={cfg.d_model}")
   if cfg.moe is not None and dcfg.capture_routes:   # orl.capture_routes: expert ids per forward
-    cap += route_capture_bytes(n_rollouts, dcfg, p_len, cfg.n_moe_layers, cfg.moe.top_k)
+    cap += route_capture_bytes(n_rollouts, dcfg, p_len, cfg.n_moe_layers, cfg.moe.top_k,
+                               dcfg.max_blocks)
     note += f" + routes ({cfg.n_moe_layers} MoE layers x top-{cfg.moe.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
   prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)

@@ -15,8 +15,10 @@ queue ([Q, P] prompts and a cursor); its outputs land at the prompt's queue inde
   offset.
 
 Per row, tokens, `nfe`, `nfe_engine`, `n_generated` and the captured states are those of
-decoding that prompt alone with `decoding.decode` (same counting rules), provided the row's
-randomness is its own: prompt q samples with key `fold_in(key, q)`, whichever row decodes it.
+decoding that prompt alone with `decoding.decode` (same counting rules, same block placement:
+the queue's prompts are placed on the block grid once, `decoding.place_prompts`), provided the
+row's randomness is its own: prompt q samples with key `fold_in(key, q)`, whichever row decodes
+it.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from flax import nnx
 from orl_jax import residual as residual_lib
 from orl_jax.decoding import (Capture, DecodeConfig, _Canvas, _empty_capture, _finished_response,
                               StepSizedJit, _needs_step, _next_residual, _record,
-                              _soft_embedding, propose)
+                              _soft_embedding, final_blocks, fixed_positions, place_for_decoder,
+                              propose, row_blocks)
 from orl_jax.models.transformer import Transformer, init_cache, write_at
 from orl_jax.residual import Residual
 from orl_jax.unmasking import select_commits, select_edits
@@ -46,6 +49,7 @@ class EngineOutput(NamedTuple):
   tokens: jax.Array         # [Q, N] response, EOS-filled after the first EOS
   nfe: jax.Array            # [Q] int32 the paper's count (steps + 1 commit per block)
   nfe_engine: jax.Array     # [Q] int32 forwards run for the prompt (its prefill excluded)
+  nfe_denoise: jax.Array    # [Q] int32 denoising forwards only (the authors' count)
   n_generated: jax.Array    # [Q] int32 tokens through the first EOS
   finished: jax.Array       # [Q] bool an EOS was generated
   capture: Capture | None   # [Q, S, ...] the states of each prompt's decode
@@ -62,22 +66,23 @@ class _Rows(NamedTuple):
   res: Residual         # [B, b, D] what the next step consumes
   post: jax.Array       # [B] int32 steps taken on the filled block (editing)
   settled: jax.Array    # [B] bool a step on the filled block edited nothing (editing)
-  response: jax.Array   # [B, N] int32 the row's finished blocks (mask elsewhere)
+  response: jax.Array   # [B, M*b] int32 the row's finished blocks (mask elsewhere)
   nfe: jax.Array        # [B] int32 forwards run for the row's prompt
+  denoise: jax.Array    # [B] int32 of which denoising forwards
   skipped: jax.Array    # [B] int32 commit forwards counted (paper's count) but not run
 
 
 class _Results(NamedTuple):
   """What each queued prompt's decode produced ([Q, ...]), written when its row retires."""
-  response: jax.Array   # [Q, N] int32
+  blocks: jax.Array     # [Q, M*b] int32 its decoded blocks
   nfe: jax.Array        # [Q] int32
   nfe_engine: jax.Array  # [Q] int32
-  finished: jax.Array   # [Q] bool
+  nfe_denoise: jax.Array  # [Q] int32
 
 
 class _Carry(NamedTuple):
   rows: _Rows
-  cache: object         # KVCache [L, B, P + N + b, ...] (block-causal) or None
+  cache: object         # KVCache [L, B, P + M*b + b, ...] (block-causal) or None
   cursor: jax.Array     # scalar int32 next queue index to hand out
   results: _Results
   cap: Capture | None
@@ -88,8 +93,10 @@ class _Carry(NamedTuple):
 class _Engine:
   """What every iteration shares: the model, the queue and the shapes."""
   cv: _Canvas                # the model, the decode config and the embedding table
-  queue_tokens: jax.Array    # [Q, P] int32 left-padded prompts
+  queue_tokens: jax.Array    # [Q, P] int32 the prompts' complete blocks (`decoding.Placed`)
   queue_valid: jax.Array     # [Q, P] bool
+  queue_lead: jax.Array      # [Q] int32 prompt tokens opening each prompt's first block
+  queue_head: jax.Array      # [Q, b] int32 each prompt's first block before its first step
   key: jax.Array             # prompt q samples with fold_in(key, q)
 
   @property
@@ -109,14 +116,25 @@ class _Engine:
     slot = jnp.minimum(slot, self.n_queue - 1)
     return self.queue_tokens[slot], self.queue_valid[slot]
 
+  def lead(self, slot):
+    """[B] int32 prompt tokens opening the rows' first blocks (idle rows: prompt 0's)."""
+    return self.queue_lead[jnp.minimum(slot, self.n_queue - 1)]
+
+  def fixed(self, rows: "_Rows"):
+    """[B, b] bool positions of the rows' active blocks that hold prompt tokens."""
+    return fixed_positions(rows.block[:, None], self.lead(rows.slot), self.cfg.block_size)
+
 
 def _fresh_block(eng: _Engine, rows: _Rows, start, block) -> _Rows:
-  """Rows `start` [B] begin denoising response block `block` [B]: all mask, cold residual."""
-  cfg, b = eng.cfg, eng.cfg.block_size
+  """Rows `start` [B] begin denoising response block `block` [B]: all mask (block 0: the
+  prompt's last tokens first), cold residual."""
+  cfg = eng.cfg
   at = lambda new, old: jnp.where(start.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
   res = jax.tree.map(lambda x: at(jnp.zeros_like(x), x), rows.res)
+  head = eng.queue_head[jnp.minimum(rows.slot, eng.n_queue - 1)]
+  tokens = jnp.where((block == 0)[:, None], head, cfg.mask_id)
   return rows._replace(phase=at(DENOISE, rows.phase), block=at(block, rows.block),
-                       step=at(0, rows.step), tokens=at(jnp.full((1, b), cfg.mask_id), rows.tokens),
+                       step=at(0, rows.step), tokens=at(tokens, rows.tokens),
                        res=res, post=at(0, rows.post), settled=at(False, rows.settled))
 
 
@@ -132,7 +150,7 @@ def _refill(eng: _Engine, rows: _Rows, cache, cursor, free):
   at = lambda new, old: jnp.where(take.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
   rows = rows._replace(slot=slot, phase=jnp.where(free & ~take, IDLE, rows.phase),
                        response=at(cfg.mask_id, rows.response), nfe=at(0, rows.nfe),
-                       skipped=at(0, rows.skipped))
+                       denoise=at(0, rows.denoise), skipped=at(0, rows.skipped))
   if eng.cv.bidirectional:
     rows = _fresh_block(eng, rows, take, jnp.zeros_like(slot))
   else:
@@ -151,10 +169,11 @@ def _slab_inputs(eng: _Engine, rows: _Rows):
   """Block-causal: (tokens, positions, metadata [B, b], cache offsets [B]) of each row's forward:
   a prompt block (PREFILL), its active block as a state (DENOISE) or as clean tokens (COMMIT),
   or padding written past the canvas (IDLE)."""
-  cfg, p, b, n = eng.cfg, eng.p, eng.cfg.block_size, eng.cfg.gen_length
+  cfg, p, b = eng.cfg, eng.p, eng.cfg.block_size
   phase = rows.phase
   offset = jnp.select([phase == PREFILL, phase == IDLE],
-                      [rows.block * b, jnp.full_like(phase, p + n)], p + rows.block * b)
+                      [rows.block * b, jnp.full_like(phase, p + cfg.max_blocks * b)],
+                      p + rows.block * b)
   positions = offset[:, None] + jnp.arange(b, dtype=jnp.int32)[None]
   prompt_tokens, prompt_valid = eng.prompts(rows.slot)
   in_prompt = jnp.minimum(positions, p - 1)
@@ -217,10 +236,11 @@ def _denoise(eng: _Engine, rows: _Rows, logits, cap):
   need = rows.phase == DENOISE
   masked = rows.tokens == cfg.mask_id
   cand, conf, ent = _propose_rows(eng, rows, logits)
-  write = select_commits(cfg.rule, masked, conf, ent) & need[:, None]
+  write = select_commits(cfg.rule, masked, conf, ent, cfg.commit_compare) & need[:, None]
   post, settled = rows.post, rows.settled
   if cfg.editing:
-    edits = select_edits(cfg.edit_threshold, rows.tokens, masked, cand, conf) & need[:, None]
+    edits = select_edits(cfg.edit_threshold, rows.tokens, masked, cand, conf,
+                         ~eng.fixed(rows)) & need[:, None]
     filled = need & ~jnp.any(masked, axis=-1)
     post = post + filled.astype(jnp.int32)
     settled = settled | (filled & ~jnp.any(edits, axis=-1))
@@ -235,13 +255,14 @@ def _denoise(eng: _Engine, rows: _Rows, logits, cap):
                   entropy=residual_lib.normalized_entropy(logits), topk_ids=top_ids,
                   topk_logprobs=top_lp, commit=write)
   rows = rows._replace(tokens=new_tokens, res=nxt, step=rows.step + need, post=post,
-                       settled=settled, nfe=rows.nfe + need)
+                       settled=settled, nfe=rows.nfe + need, denoise=rows.denoise + need)
   return rows, cap
 
 
 def _advance(eng: _Engine, rows: _Rows):
-  """Each row's next phase after the forward. -> (rows, retire [B], eos [B]): rows whose
-  response ended (EOS committed in a finished block, or the last block finished)."""
+  """Each row's next phase after the forward. -> (rows, retire [B]): rows whose decode ended
+  (EOS committed in a finished block, with `eos_early_stop`, or the row's last block
+  finished)."""
   cfg, n_prompt_blocks = eng.cfg, eng.p // eng.cfg.block_size
   phase, b = rows.phase, cfg.block_size
   # PREFILL: the next prompt block, or denoise response block 0 after the last one
@@ -253,8 +274,9 @@ def _advance(eng: _Engine, rows: _Rows):
   final = jnp.where(rows.tokens == cfg.mask_id, cfg.eos_id, rows.tokens)
   written = write_at(rows.response, final, rows.block * b)
   response = jnp.where(done[:, None], written, rows.response)
-  eos = done & jnp.any(final == cfg.eos_id, axis=-1)
-  retire = done & (eos | (rows.block == cfg.n_blocks - 1))
+  eos = done & jnp.any((final == cfg.eos_id) & ~eng.fixed(rows), axis=-1)
+  last = rows.block == row_blocks(eng.lead(rows.slot), cfg) - 1
+  retire = done & ((eos & cfg.eos_early_stop) | last)
   # block-causal: a finished block that a later block reads is committed into the KV cache;
   # the commit of the response's last block is counted (the paper's NFE) but not run
   cached = not eng.cv.bidirectional
@@ -268,22 +290,22 @@ def _advance(eng: _Engine, rows: _Rows):
   next_block = (done & ~retire & (not cached)) | committed
   rows = _fresh_block(eng, rows, next_block, rows.block + 1)
   rows = _fresh_block(eng, rows, prefilled, jnp.zeros_like(rows.block))
-  return rows, retire, eos
+  return rows, retire
 
 
-def _retire(results: _Results, rows: _Rows, retire, eos, n_queue: int) -> _Results:
+def _retire(results: _Results, rows: _Rows, retire, n_queue: int) -> _Results:
   """Writes the retiring rows' outputs at their prompts' queue indices."""
   slot = jnp.where(retire, rows.slot, n_queue)   # out of bounds -> dropped
   put = lambda buf, val: buf.at[slot].set(val, mode="drop")
-  return _Results(put(results.response, rows.response), put(results.nfe, rows.nfe + rows.skipped),
-                  put(results.nfe_engine, rows.nfe), put(results.finished, eos))
+  return _Results(put(results.blocks, rows.response), put(results.nfe, rows.nfe + rows.skipped),
+                  put(results.nfe_engine, rows.nfe), put(results.nfe_denoise, rows.denoise))
 
 
 def _iteration(eng: _Engine, c: _Carry) -> _Carry:
   logits, cache = _forward(eng, c.rows, c.cache)
   rows, cap = _denoise(eng, c.rows, logits, c.cap)
-  rows, retire, eos = _advance(eng, rows)
-  results = _retire(c.results, rows, retire, eos, eng.n_queue)
+  rows, retire = _advance(eng, rows)
+  results = _retire(c.results, rows, retire, eng.n_queue)
   rows, cache, cursor = _refill(eng, rows, cache, c.cursor, retire)
   return _Carry(rows, cache, cursor, results, cap, c.iterations + 1)
 
@@ -296,8 +318,9 @@ def _initial_rows(eng: _Engine, n_rows: int) -> _Rows:
                res=residual_lib.zero_residual(n_rows, cfg.block_size, mcfg.d_model,
                                               mcfg.compute_dtype),
                post=zeros, settled=zeros > 0,
-               response=jnp.full((n_rows, cfg.gen_length), cfg.mask_id, jnp.int32),
-               nfe=zeros, skipped=zeros)
+               response=jnp.full((n_rows, cfg.max_blocks * cfg.block_size), cfg.mask_id,
+                                 jnp.int32),
+               nfe=zeros, denoise=zeros, skipped=zeros)
 
 
 def _check(model: Transformer, cfg: DecodeConfig, p: int, n_rows: int):
@@ -313,6 +336,10 @@ def _check(model: Transformer, cfg: DecodeConfig, p: int, n_rows: int):
   if not cfg.kv_cache and model.cfg.family != "bidirectional":
     raise ValueError("decode.schedule='per_row' decodes block-causal models through the KV "
                      "cache: kv_cache=False is the lock-step reference only")
+  if cfg.block_placement == "absolute" and model.cfg.family == "bidirectional":
+    raise ValueError("decode.block_placement='absolute' places blocks of a block-causal model; "
+                     "a bidirectional canvas (LLaDA-8B) starts its blocks at the prompt's end: "
+                     "set decode.block_placement='prompt_end'")
 
 
 def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
@@ -322,25 +349,29 @@ def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: Decode
   (see `make_engine`)."""
   mcfg = model.cfg
   n_queue, p = queue_tokens.shape
+  width = p + cfg.max_blocks * cfg.block_size
   _check(model, cfg, p, n_rows)
   cv = _Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
-  eng = _Engine(cv, queue_tokens.astype(jnp.int32), queue_valid.astype(bool), key)
+  placed = place_for_decoder(queue_tokens.astype(jnp.int32), queue_valid.astype(bool), cfg)
+  eng = _Engine(cv, placed.tokens, placed.valid, placed.lead, placed.head, key)
   cap = None
   if cfg.capture_states:
     cap = _empty_capture(n_queue, cfg, mcfg.d_model, mcfg.compute_dtype)
-  cache = None if cv.bidirectional else init_cache(mcfg, n_rows, p + cfg.gen_length
-                                                   + cfg.block_size)   # + b: idle rows' writes
-  zeros = jnp.zeros((n_queue,), jnp.int32)
-  results = _Results(jnp.full((n_queue, cfg.gen_length), cfg.mask_id, jnp.int32), zeros, zeros,
-                     zeros > 0)
+  cache = None if cv.bidirectional else init_cache(mcfg, n_rows, width + cfg.block_size)
+  zeros = jnp.zeros((n_queue,), jnp.int32)                           # + b: idle rows' writes
+  results = _Results(jnp.full((n_queue, width - p), cfg.mask_id, jnp.int32), zeros, zeros,
+                     zeros)
   rows, cache, cursor = _refill(eng, _initial_rows(eng, n_rows), cache, jnp.int32(0),
                                 jnp.ones((n_rows,), bool))
   out = jax.lax.while_loop(lambda c: jnp.any(c.rows.phase != IDLE),
                            lambda c: _iteration(eng, c),
                            _Carry(rows, cache, cursor, results, cap, jnp.int32(0)))
-  tokens, n_generated = _finished_response(out.results.response, 0, cfg)
-  r = out.results
-  return EngineOutput(tokens, r.nfe, r.nfe_engine, n_generated, r.finished, out.cap,
+  r, cap = out.results, out.cap
+  tokens, n_generated, finished = _finished_response(r.blocks, placed.lead, cfg)
+  if cap is not None:
+    cap = cap._replace(block_final=final_blocks(r.blocks, placed.lead, n_generated, finished,
+                                                cfg))
+  return EngineOutput(tokens, r.nfe, r.nfe_engine, r.nfe_denoise, n_generated, finished, cap,
                       out.iterations)
 
 

@@ -3,10 +3,13 @@
 TPS is generated tokens / wall seconds of the jitted decoder after an ahead-of-time compile
 (compilation excluded); verification and detokenisation are not timed.
 
-A family with its own decoder (`Family.make_decoder`: DiffusionGemma's uniform-noise sampler)
-is evaluated through it; such a family also reports `tpf_*_decoder`, TPF over its denoising
-forwards only (transformers' count), beside `tpf_*` with one commit forward per decoded canvas
-(the paper's count, DESIGN §2.2).
+Forwards are counted both ways (DESIGN §2.2) and both are reported: `tpf_*` / `nfe_mean` use
+the paper's count (denoising forwards plus one commit forward per decoded block, the last one
+included: the headline), `tpf_*_denoise` / `nfe_mean_denoise` the authors' count (denoising
+forwards only: what LLaDA2's `generate`, Fast-dLLM and transformers' DiffusionGemma count),
+and `tpf_*_engine` / `nfe_mean_engine` the forwards the engine ran (commit forwards no later
+block needs skipped). A family with its own decoder (`Family.make_decoder`: DiffusionGemma's
+uniform-noise sampler) is evaluated through it.
 """
 from __future__ import annotations
 
@@ -56,8 +59,7 @@ class Decoded(NamedTuple):
   nfe_engine: np.ndarray    # [n] forwards the engine ran
   n_generated: np.ndarray   # [n] tokens through the first EOS (DiffusionGemma: its non-padding
                             # tokens, transformers' count)
-  nfe_denoise: np.ndarray | None   # [n] denoising forwards only (DiffusionGemma: the authors' /
-                                   # transformers' count); None for the mask families
+  nfe_denoise: np.ndarray   # [n] denoising forwards only (the authors' count)
   seconds: float
 
 
@@ -69,8 +71,14 @@ def _decoder(graphdef, task, config, rule: UnmaskRule, temperature: float, model
     return family.make_decoder(config, model_cfg, graphdef, rule, temperature)
   dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
                                   eos_id=task.tokenizer.eos_id, rule=rule,
-                                  temperature=temperature)
+                                  temperature=temperature, family=_family_name(model_cfg))
   return make_decoder(graphdef, dcfg)
+
+
+def _family_name(model_cfg) -> str | None:
+  """The weights' registry family (decides the block decoder's rules); None without a model
+  config (then `model.hf_family`)."""
+  return None if model_cfg is None else getattr(model_cfg, "hf_family", "")
 
 
 def _bar(total: int, desc: str, progress: bool, *, unit: str, leave: bool):
@@ -97,7 +105,7 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
                        "decode with their family's own sampler: set decode.schedule='lockstep'")
     dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
                                     eos_id=task.tokenizer.eos_id, rule=rule,
-                                    temperature=temperature)
+                                    temperature=temperature, family=_family_name(model_cfg))
     with bar:
       return _decode_queue(graphdef, params, prompts, valid, dcfg, batch_size=batch_size,
                            seed=seed, mesh=mesh, bar=bar)
@@ -119,12 +127,11 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     out = jax.block_until_ready(compiled(params, *batch, jax.random.fold_in(key, i)))
     seconds += time.perf_counter() - t0
     bar.update(max(0, min(e, len(problems)) - s))      # padding rows are not problems
-    decoder = getattr(out, "nfe_denoise", None)
-    outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated)
-                                     + (() if decoder is None else (decoder,))))
+    outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated,
+                                      out.nfe_denoise)))
   bar.close()
   arrays = [np.concatenate(x)[:len(problems)] for x in zip(*outs)]
-  return Decoded(*arrays[:4], arrays[4] if len(arrays) > 4 else None, seconds)
+  return Decoded(*arrays, seconds)
 
 
 def _decode_queue(graphdef, params, prompts, valid, dcfg, *, batch_size: int, seed: int, mesh,
@@ -143,9 +150,9 @@ def _decode_queue(graphdef, params, prompts, valid, dcfg, *, batch_size: int, se
   out = jax.block_until_ready(compiled(params, prompts, valid, key))
   seconds = time.perf_counter() - t0
   bar.update(len(prompts))
-  tokens, nfe, nfe_engine, n_gen = sharding_lib.to_host(
-      (out.tokens, out.nfe, out.nfe_engine, out.n_generated))
-  return Decoded(tokens, nfe, nfe_engine, n_gen, None, seconds)
+  tokens, nfe, nfe_engine, n_gen, denoise = sharding_lib.to_host(
+      (out.tokens, out.nfe, out.nfe_engine, out.n_generated, out.nfe_denoise))
+  return Decoded(tokens, nfe, nfe_engine, n_gen, denoise, seconds)
 
 
 def _score_shared(problems, texts, verifier) -> np.ndarray:
@@ -183,11 +190,10 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
   return {   # TPF: the paper's count (one commit forward per decoded block, the last included)
       "accuracy": float(scores.mean()),
       **_tpf_fields(n_gen, d.nfe, ""),
+      # denoising forwards only: the authors' count (no commit forwards)
+      **_tpf_fields(n_gen, d.nfe_denoise, "_denoise"),
       # the forwards the engine ran (commits no later block needs are skipped)
       **_tpf_fields(n_gen, d.nfe_engine, "_engine"),
-      # denoising forwards only (the authors' / transformers' DiffusionGemma count; no commit
-      # forwards)
-      **({} if d.nfe_denoise is None else _tpf_fields(n_gen, d.nfe_denoise, "_denoise")),
       "tokens_mean": float(n_gen.mean()),
       "tps": float(n_gen.sum() / max(d.seconds, 1e-9)),
       "n_problems": len(problems),
@@ -274,9 +280,11 @@ def merge_seeds(path: str, name: str, keys: Sequence[str]) -> dict:
 
 def format_table(all_results: dict, reference: str = "base") -> str:
   """A plain-text table: model, setting, accuracy, TPF (mean / pooled), NFE, TPS, and the
-  pooled-TPF ratio to the `reference` model at the same decoder setting when it was evaluated."""
+  pooled-TPF ratio to the `reference` model at the same decoder setting when it was evaluated.
+  TPF and NFE are the paper's count (+ one commit forward per block); `tpf_dn` / `nfe_dn` the
+  authors' (denoising forwards only; '-' for results written before it was recorded)."""
   head = (f"{'model':<16} {'decoder':<20} {'acc':>6} {'tpf_mean':>9} {'tpf_pool':>9} "
-          f"{'vs_' + reference:>9} {'nfe':>6} {'tps':>9}")
+          f"{'vs_' + reference:>9} {'nfe':>6} {'tpf_dn':>7} {'nfe_dn':>7} {'tps':>9}")
   lines = [head, "-" * len(head)]
   ref = all_results.get(reference, {})
   for model, settings in all_results.items():
@@ -285,9 +293,13 @@ def format_table(all_results: dict, reference: str = "base") -> str:
                else f"{'':>9}")
       spread = (f"  (+-{r['accuracy_std']:.3f} / +-{r['tpf_pooled_std']:.2f} over "
                 f"{len(r['seeds'])} seeds)" if "seeds" in r else "")
+      denoise = (f"{r['tpf_pooled_denoise']:>7.2f} {r['nfe_mean_denoise']:>7.1f}"
+                 if "tpf_pooled_denoise" in r else f"{'-':>7} {'-':>7}")
       lines.append(f"{model:<16} {label:<20} {r['accuracy']:>6.3f} {r['tpf_mean']:>9.2f} "
-                   f"{r['tpf_pooled']:>9.2f} {ratio} {r['nfe_mean']:>6.1f} {r['tps']:>9.0f}"
-                   + spread)
+                   f"{r['tpf_pooled']:>9.2f} {ratio} {r['nfe_mean']:>6.1f} {denoise} "
+                   f"{r['tps']:>9.0f}" + spread)
+  lines.append("tpf / nfe: the paper's count (denoising forwards + one commit forward per "
+               "decoded block); tpf_dn / nfe_dn: the authors' (denoising forwards only)")
   return "\n".join(lines)
 
 

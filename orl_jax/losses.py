@@ -51,13 +51,13 @@ class LossConfig:
 
 
 def sft_loss(model, batch, key, *, block_size: int, mask_id: int, vocab_chunk: int = 0,
-             residual_fn=None):
-  """1/t-weighted masked CE in the staircase layout; the head statistics go `vocab_chunk`
-  tokens at a time when that is > 0 (same value, no [R, T, V] logits). `residual_fn(model,
-  packed, batch, key)` supplies the residual fed at the noised tokens (offline RCD, the
-  residual warm-up); None for plain SFT."""
+             residual_fn=None, eos_id: int = 0, placement: str = "prompt_end"):
+  """1/t-weighted masked CE in the staircase layout, blocks placed as `placement` places them
+  (`batch.sft_batch`); the head statistics go `vocab_chunk` tokens at a time when that is > 0
+  (same value, no [R, T, V] logits). `residual_fn(model, packed, batch, key)` supplies the
+  residual fed at the noised tokens (offline RCD, the residual warm-up); None for plain SFT."""
   pb = sft_batch(key, batch["prompt_tokens"], batch["prompt_valid"], batch["response"],
-                 block_size=block_size, mask_id=mask_id)
+                 block_size=block_size, mask_id=mask_id, eos_id=eos_id, placement=placement)
   residual = (None if residual_fn is None
               else residual_fn(model, pb, batch, jax.random.fold_in(key, 1)))
   hidden, _, norm_ratio = model.hidden_states(pb.tokens, pb.positions, pb.meta,

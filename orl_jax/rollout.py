@@ -15,12 +15,15 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from orl_jax import engine
-from orl_jax.decoding import ROUTE_DTYPE, Capture, DecodeConfig, decode
+from orl_jax.decoding import ROUTE_DTYPE, Capture, DecodeConfig, decode, place_for_decoder
 
 
 @struct.dataclass
 class Trajectories:
-  prompt_tokens: jax.Array   # [P, Lp] int32 left-padded prompts (one copy per prompt)
+  prompt_tokens: jax.Array   # [P, Lp] int32 each prompt as the rollout's prefill read it (one
+                             # copy per prompt): left-padded, its complete blocks only with
+                             # absolute placement (`decoding.place_prompts`; the prompt's last
+                             # tokens open the first block, `Capture.block_final`)
   prompt_valid: jax.Array    # [P, Lp] bool
   responses: jax.Array       # [P*G, N] int32 final tokens (EOS-filled); row i is prompt i // G
   nfe: jax.Array             # [P*G] int32 forwards, the paper's count (decoding.DecodeOutput)
@@ -29,8 +32,8 @@ class Trajectories:
   finished: jax.Array        # [P*G] bool
   capture: Capture           # [P*G, S, ...] every forward step
   rollout_step: jax.Array    # scalar int32: the update these trajectories were drawn for
-  nfe_denoise: jax.Array | None = None  # [P*G] int32 denoising forwards only (DiffusionGemma:
-                                        # transformers' TPF denominator); None: mask families
+  nfe_denoise: jax.Array | None = None  # [P*G] int32 denoising forwards only, the authors'
+                                        # count (DiffusionGemma: transformers' TPF denominator)
 
 
 def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_size: int,
@@ -40,11 +43,18 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
     raise ValueError("rollouts need decode capture: set capture_states > 0")
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   out = decode(model, reps(prompt_tokens), reps(prompt_valid), key, cfg)
-  return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
+  return _trajectories(out, prompt_tokens, prompt_valid, cfg, rollout_step)
+
+
+def _trajectories(out, prompt_tokens, prompt_valid, cfg: DecodeConfig, rollout_step):
+  """`Trajectories` of a decode (`decoding.DecodeOutput` or `engine.EngineOutput`) of the
+  prompts [P, Lp] repeated G times."""
+  placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
+  return Trajectories(prompt_tokens=placed.tokens, prompt_valid=placed.valid,
                       responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
-                      n_generated=out.n_generated,
-                      finished=out.finished, capture=out.capture,
-                      rollout_step=jnp.asarray(rollout_step, jnp.int32))
+                      n_generated=out.n_generated, finished=out.finished, capture=out.capture,
+                      rollout_step=jnp.asarray(rollout_step, jnp.int32),
+                      nfe_denoise=out.nfe_denoise)
 
 
 def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
@@ -59,10 +69,7 @@ def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
   n_queue = prompt_tokens.shape[0] * group_size
   out = engine.decode_queue(model, reps(prompt_tokens), reps(prompt_valid), key, cfg,
                             n_rows or n_queue)
-  return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
-                      responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
-                      n_generated=out.n_generated, finished=out.finished, capture=out.capture,
-                      rollout_step=jnp.asarray(rollout_step, jnp.int32))
+  return _trajectories(out, prompt_tokens, prompt_valid, cfg, rollout_step)
 
 
 def make_rollout(graphdef, cfg, group_size: int, mesh=None, rollout_fn=None):
@@ -93,12 +100,20 @@ def capture_bytes(n_rows: int, cfg: DecodeConfig, d_model: int, dtype_bytes: int
   return n_rows * (s * per_state + 4 + 1)   # + n_states, overflow
 
 
+def block_final_bytes(n_rows: int, cfg: DecodeConfig) -> int:
+  """Bytes of `Capture.block_final` (the block decoder's final tokens of every block) that
+  `capture_bytes` leaves out (a family with its own sampler records none)."""
+  return n_rows * cfg.max_blocks * cfg.block_size * 4
+
+
 def route_capture_bytes(n_rows: int, cfg: DecodeConfig, prompt_len: int, n_moe_layers: int,
-                        top_k: int) -> int:
+                        top_k: int, blocks: int | None = None) -> int:
   """Bytes of the route buffers `capture_routes` adds to `capture_bytes` (the dry-run's
   capture row): K expert ids per MoE layer for every token of every captured state, of the
-  prompt prefill and of the commit forwards (`decoding.RouteCapture`)."""
+  prompt prefill and of the commit forwards of `blocks` blocks (`decoding.RouteCapture`;
+  None: N / b, the block decoder's `max_blocks` with absolute placement)."""
   if not cfg.capture_routes:
     return 0
-  tokens = cfg.capture_states * cfg.block_size + prompt_len + cfg.gen_length
+  blocks = cfg.gen_length // cfg.block_size if blocks is None else blocks
+  tokens = cfg.capture_states * cfg.block_size + prompt_len + blocks * cfg.block_size
   return n_rows * tokens * n_moe_layers * top_k * jnp.dtype(ROUTE_DTYPE).itemsize

@@ -11,17 +11,20 @@ import html
 import numpy as np
 
 
-def commit_steps(capture, n_rows: int, block_size: int, gen_length: int) -> np.ndarray:
+def commit_steps(capture, n_rows: int, block_size: int, gen_length: int,
+                 lead=None) -> np.ndarray:
   """[n_rows, gen_length] global step index at which each response token was committed (-1 =
-  never, e.g. EOS fill after the end)."""
+  never, e.g. EOS fill after the end). lead: [n_rows] prompt tokens opening each row's first
+  block (absolute placement, `decoding.prompt_lead`; None: 0)."""
   commit = np.asarray(capture.commit)[:n_rows]
   valid = np.asarray(capture.valid)[:n_rows]
   block = np.asarray(capture.block)[:n_rows]
+  lead = np.zeros(n_rows, np.int64) if lead is None else np.asarray(lead)[:n_rows]
   out = np.full((n_rows, gen_length), -1, np.int32)
   for r in range(n_rows):
     for k in np.flatnonzero(valid[r]):
-      pos = block[r, k] * block_size + np.flatnonzero(commit[r, k])
-      out[r, pos] = k
+      pos = block[r, k] * block_size + np.flatnonzero(commit[r, k]) - lead[r]
+      out[r, pos[pos < gen_length]] = k     # the last block may run past the response
   return out
 
 

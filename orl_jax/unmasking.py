@@ -9,6 +9,9 @@ import dataclasses
 import jax.numpy as jnp
 
 RULES = ("threshold", "entropy_budget", "fixed_steps")
+# How the threshold rule compares a candidate's probability with tau: ">=" (Fast-dLLM, LLaDA-8B;
+# our tiny model) or ">" (LLaDA2.x, SDAR: `confidence > threshold` in their `generate`).
+COMMIT_COMPARES = (">=", ">")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,14 +38,17 @@ class UnmaskRule:
                      f"'entropy_budget_0.5' or 'fixed_steps_1'")
 
 
-def select_commits(rule: UnmaskRule, masked, confidence, entropy):
+def select_commits(rule: UnmaskRule, masked, confidence, entropy, compare: str = ">="):
   """Boolean [B, b]: positions to commit this step.
 
   masked: [B, b] bool, still-masked positions; confidence: [B, b] probability of each position's
-  candidate token; entropy: [B, b] normalized entropy of each position's distribution.
+  candidate token; entropy: [B, b] normalized entropy of each position's distribution;
+  compare: the threshold rule's comparison (`COMMIT_COMPARES`).
   Every row with at least one masked position commits at least one (the most confident, or
   for entropy_budget the lowest-entropy one).
   """
+  if compare not in COMMIT_COMPARES:
+    raise ValueError(f"decode.commit_compare={compare!r} must be one of {COMMIT_COMPARES}")
   if rule.name == "entropy_budget":
     score = -entropy
   else:
@@ -52,7 +58,8 @@ def select_commits(rule: UnmaskRule, masked, confidence, entropy):
   rank = jnp.argsort(order, axis=-1, stable=True)            # rank of each position
   n_masked = jnp.sum(masked, axis=-1)
   if rule.name == "threshold":
-    n_take = jnp.sum(masked & (confidence >= rule.value), axis=-1)
+    above = confidence > rule.value if compare == ">" else confidence >= rule.value
+    n_take = jnp.sum(masked & above, axis=-1)
   elif rule.name == "fixed_steps":
     n_take = jnp.minimum(jnp.int32(rule.value), n_masked)
   else:  # entropy_budget: longest ascending-entropy prefix with cumsum(H) - max(H) <= gamma

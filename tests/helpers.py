@@ -16,6 +16,16 @@ TINY = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=
 TINY_BLOCK = 4   # the block size the tests decode TINY with
 
 
+def tiny_qwen3(transformers, tied: bool, max_position_embeddings: int = 128):
+  """A random tiny transformers Qwen3ForCausalLM (eager attention: it takes float masks)."""
+  cfg = transformers.Qwen3Config(
+      vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=16, intermediate_size=128, rms_norm_eps=1e-6,
+      rope_theta=1e6, tie_word_embeddings=tied, max_position_embeddings=max_position_embeddings)
+  cfg._attn_implementation = "eager"
+  return transformers.Qwen3ForCausalLM(cfg).eval()
+
+
 def tiny_model(seed=0, **overrides):
   cfg = dataclasses.replace(TINY, **overrides)
   return Transformer(cfg, rngs=nnx.Rngs(seed))

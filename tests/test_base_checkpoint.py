@@ -31,6 +31,8 @@ def test_committed_base_model_is_accurate():
   assert r["accuracy"] >= 0.85, r["accuracy"]
   assert r["nfe_mean_engine"] == 32  # one token per forward over a 32-token block
   assert r["nfe_mean"] == 33         # + the commit forward the paper counts per block
+  assert r["nfe_mean_denoise"] == 32  # the authors' count: denoising forwards only
+  assert r["tpf_pooled_denoise"] == r["tpf_pooled"] * 33 / 32
 
 
 def test_base_model_provenance_is_recorded():

@@ -88,10 +88,13 @@ def llada_dirs(tmp_path_factory):
 
 def library_decode(path: str, prompt: str, *, dtype: str, prompt_len: int, gen_length: int,
                    block_size: int, rule: UnmaskRule, chat: str, moe_impl: str = "dense",
-                   special: dict | None = None):
-  """The same prompt decoded through the library directly: (text, NFE, generated tokens);
-  `special`: the token ids to use (default: the family's)."""
+                   eos_early_stop: bool = True, special: dict | None = None):
+  """The same prompt decoded through the library directly, with the directory's family's
+  block placement and threshold comparison (its registry entry): (text, NFE the paper's
+  count, NFE the authors' count, generated tokens, the prompt's token count); `special`: the
+  token ids to use (default: the family's)."""
   family = hf.family_of(path)
+  rules = {k: families.get(family).decode[k] for k in ("block_placement", "commit_compare")}
   tok = HFTokenizer.from_file(path, special or families.get(family).special_tokens)
   arch = families.get(family).architecture_from_hf(hf.read_hf_config(path))
   if "moe" in arch:
@@ -101,18 +104,20 @@ def library_decode(path: str, prompt: str, *, dtype: str, prompt_len: int, gen_l
   graphdef, params = hf.load_model_params(path, family, cfg)
   tokens, valid = encode_prompts([Problem("p", apply_chat(prompt, chat))], tok, prompt_len)
   dcfg = DecodeConfig(gen_length=gen_length, block_size=block_size, mask_id=tok.mask_id,
-                      eos_id=tok.eos_id, rule=rule)
+                      eos_id=tok.eos_id, rule=rule, eos_early_stop=eos_early_stop, **rules)
   out = jax.device_get(make_decoder(graphdef, dcfg)(params, tokens, valid, jax.random.key(0)))
-  return tok.decode(out.tokens[0], stop_at_eos=True), int(out.nfe[0]), int(out.n_generated[0])
+  return (tok.decode(out.tokens[0], stop_at_eos=True), int(out.nfe[0]),
+          int(out.nfe_denoise[0]), int(out.n_generated[0]), int(valid.sum()))
 
 
 def _expected_line(path: str, config, special: dict | None = None) -> str:
   d = config.decode
-  text, nfe, n = library_decode(path, PROMPT, dtype=config.model.dtype,
-                                prompt_len=128, gen_length=32, block_size=d.block_size,
-                                rule=UnmaskRule(d.rule, d.rule_value), chat=config.task.chat,
-                                moe_impl=config.model.moe.impl, special=special)
-  return f"    -> {text}   [NFE {nfe}, TPF {n / max(nfe, 1):.2f}]"
+  text, nfe, denoise, n, _ = library_decode(
+      path, PROMPT, dtype=config.model.dtype, prompt_len=128, gen_length=32,
+      block_size=d.block_size, rule=UnmaskRule(d.rule, d.rule_value), chat=config.task.chat,
+      moe_impl=config.model.moe.impl, eos_early_stop=d.eos_early_stop, special=special)
+  return (f"    -> {text}   [NFE paper {nfe} / denoising {denoise}, TPF "
+          f"{n / max(nfe, 1):.2f} / {n / max(denoise, 1):.2f}]")
 
 
 def _decode_launcher():
@@ -250,6 +255,13 @@ def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
     config.task.prompt_len, config.decode.gen_length = 128, 32
   decoded = _decode_launcher().decode_model(config, name, path, [PROMPT])
   assert decoded.lines()[-1].splitlines()[-1] == _expected_line(path, config)
+  # blocks at absolute positions: the prompt is not a block multiple, so its last block is
+  # shared with the first generated tokens; every decoded block adds one paper's forward
+  *_, n_prompt = library_decode(path, PROMPT, dtype="float32", prompt_len=128, gen_length=32,
+                                block_size=config.decode.block_size,
+                                rule=UnmaskRule("threshold", 0.9), chat=config.task.chat)
+  assert n_prompt % config.decode.block_size
+  assert decoded.nfe[0] - decoded.nfe_denoise[0] >= 32 // config.decode.block_size
 
 
 def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_path):

@@ -88,25 +88,34 @@ def _assert_well_formed(out, q: int, cfg, family: str):
   eos = np.nonzero(tokens == cfg.eos_id)[0]
   assert bool(out.finished[q]) == (eos.size > 0), q
   assert int(out.n_generated[q]) == (eos[0] + 1 if eos.size else cfg.gen_length), q
-  steps = _steps_per_block(out.capture, q, cfg.n_blocks)
+  steps = _steps_per_block(out.capture, q, cfg.max_blocks)
   commits = np.count_nonzero(steps) if family == "block_causal" else 0
   assert int(out.nfe[q]) == steps.sum() + commits, q
 
 
-@pytest.mark.parametrize("family,temperature,rule", [
-    ("block_causal", 0.0, UnmaskRule("threshold", 0.3)),
-    ("block_causal", 1.0, UnmaskRule("entropy_budget", 0.4)),
-    ("bidirectional", 0.0, UnmaskRule("threshold", 0.3)),
-    ("bidirectional", 0.8, UnmaskRule("fixed_steps", 2)),
+@pytest.mark.parametrize("family,temperature,rule,rules", [
+    ("block_causal", 0.0, UnmaskRule("threshold", 0.3), {}),
+    ("block_causal", 1.0, UnmaskRule("entropy_budget", 0.4), {}),
+    ("bidirectional", 0.0, UnmaskRule("threshold", 0.3), {}),
+    ("bidirectional", 0.8, UnmaskRule("fixed_steps", 2), {}),
+    # LLaDA2 / SDAR rules: blocks at absolute positions (prompts of 8, 5, 2, 4, 8, 7, 0
+    # tokens share their last block with 0, 3, 2, 0, 0, 1, 0 generated ones), strict
+    # threshold; without early stop (every block decoded), with token editing
+    ("block_causal", 0.0, UnmaskRule("threshold", 0.3),
+     dict(block_placement="absolute", commit_compare=">", eos_early_stop=False)),
+    ("block_causal", 1.0, UnmaskRule("threshold", 0.3),
+     dict(block_placement="absolute", commit_compare=">", edit_threshold=0.2,
+          max_post_edit_steps=2)),
 ])
-def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule):
+def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule, rules):
   """Q = 7 prompts through 3 rows (refilled as responses end, EOS at different blocks, one
   all-padding prompt): tokens, NFE, generated counts and every captured state per prompt equal
   decoding that prompt alone (the all-padding prompt: its first state, and a well-formed decode;
   see TIED)."""
   graphdef, params = _model(family)
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
-                     rule=rule, temperature=temperature, capture_states=3 * GEN)
+                     rule=rule, temperature=temperature, capture_states=(6 if rules else 3) * GEN,
+                     **rules)
   prompts, valid = _queue()
   key = jax.random.key(4)
   out = jax.device_get(make_engine(graphdef, cfg, ROWS)(params, prompts, valid, key))
@@ -117,13 +126,17 @@ def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule)
       np.testing.assert_array_equal(out.capture.block_tokens[q][0], ref.capture.block_tokens[0][0])
       continue
     np.testing.assert_array_equal(out.tokens[q], ref.tokens[0], err_msg=f"prompt {q}")
-    for name in ("nfe", "nfe_engine", "n_generated", "finished"):
+    for name in ("nfe", "nfe_engine", "nfe_denoise", "n_generated", "finished"):
       assert getattr(out, name)[q] == getattr(ref, name)[0], (name, q)
     _assert_capture_equal(out.capture, q, ref.capture)
-  steps = np.stack([_steps_per_block(out.capture, q, cfg.n_blocks) for q in range(Q)])
+    np.testing.assert_array_equal(out.capture.block_final[q], ref.capture.block_final[0])
+  steps = np.stack([_steps_per_block(out.capture, q, cfg.max_blocks) for q in range(Q)])
   ends = {int(np.max(np.nonzero(s)[0])) for s in steps}
   assert len(ends) > 1, "the case should have prompts ending in different blocks"
-  if family == "block_causal" and temperature == 0:
+  if not rules.get("eos_early_stop", True):     # every prompt decodes all its blocks
+    assert any(ref.finished[0] for ref in alone)
+    assert {e + 1 for e in ends} <= {cfg.n_blocks, cfg.max_blocks}
+  if family == "block_causal" and temperature == 0 and not rules:
     # rows never wait: fewer forwards than the lock-step decoder on the same decodes; and each
     # iteration is some row's prefill block, step or commit (prefill blocks: non-padding ones)
     assert out.iterations < _lockstep_forwards(steps, ROWS)

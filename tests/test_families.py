@@ -328,6 +328,38 @@ def test_llada_variants():
     llada.get_config("16b")
 
 
+def test_each_family_decodes_by_its_authors_rules():
+  """Block placement and the threshold comparison follow the weights' family (its registry
+  entry; a decode.* setting overrides); whether a row stops after its EOS block is the
+  config's, set per variant as the official `generate` / serving stack does."""
+  rules = lambda c, family=None: config_lib.family_rules(c, family)
+  c = llada.get_config()                                  # LLaDA2.1-mini
+  assert rules(c) == {"block_placement": "absolute", "commit_compare": ">"}
+  assert rules(c, "llada") == {"block_placement": "prompt_end", "commit_compare": ">="}
+  assert rules(c, "qwen3") == {"block_placement": "absolute", "commit_compare": ">"}
+  assert rules(c, "") == config_lib.OWN_RULES                       # our tiny model
+  c.decode.commit_compare = ">="
+  assert rules(c) == {"block_placement": "absolute", "commit_compare": ">="}
+  stops = {v: llada.get_config(v).decode.eos_early_stop for v in llada.VARIANTS}
+  assert stops == {"2.1-mini": False, "2.1-mini-dllm": False, "2.1-mini-sglang": True,
+                   "2.0-mini": True, "8b-instruct": False, "8b-base": False, "debug": False}
+  dllm, sglang = llada.get_config("2.1-mini-dllm").decode, llada.get_config("2.1-mini-sglang").decode
+  assert (dllm.rule_value, dllm.edit_threshold, dllm.max_post_edit_steps) == (0.95, 0.9, 16)
+  assert (sglang.rule_value, sglang.edit_threshold, sglang.max_post_edit_steps) == (0.5, 0.0, 16)
+  dcfg = config_lib.decode_config(llada.get_config("8b-instruct"), mask_id=0, eos_id=1)
+  assert (dcfg.block_placement, dcfg.commit_compare, dcfg.eos_early_stop) == (
+      "prompt_end", ">=", False)
+  bad = llada.get_config("8b-instruct")
+  bad.decode.block_placement = "absolute"
+  with pytest.raises(config_lib.ConfigError, match="block_placement='absolute'"):
+    config_lib.validate(bad)
+  bad.decode.block_placement = "middle"
+  with pytest.raises(config_lib.ConfigError, match="decode.block_placement='middle'"):
+    config_lib.validate(bad)
+  with pytest.raises(config_lib.ConfigError, match="its own sampler"):
+    rules(c, "diffusion_gemma")
+
+
 def _params_by_hand(expert_ways: int) -> tuple[int, int, int]:
   """(parameters, per-device parameter count on fsdp=8 x expert=`expert_ways`, expert_bias
   count) of LLaDA2.x-mini (DESIGN §4) plus the residual adapter, counted by hand."""
@@ -366,10 +398,12 @@ def test_llada2_mini_dry_run_matches_hand_calculation(expert_ways):
     assert by[name].per_device_bytes == by[name].total_bytes // shards
   assert by["rollout capture buffers"].total_bytes == info["capture_bytes_traced"]
   # route capture (exact MoE replay): 64 responses x (captured states x b=32 + prompt 512 +
-  # commit forwards over 256 tokens) x 19 MoE layers x top-8 expert ids
+  # commit forwards over 288 tokens: 256 and the block the prompt's last tokens share, at
+  # absolute placement) x 19 MoE layers x top-8 expert ids
   assert c.orl.capture_routes
   dcfg = rollout_decode_config(c, types.SimpleNamespace(mask_id=0, eos_id=0))
-  routes = 64 * (dcfg.capture_states * 32 + 512 + 256) * 19 * 8 * np.dtype(ROUTE_DTYPE).itemsize
-  without = capture_bytes(64, dcfg, 2048, bf16)
+  assert dcfg.block_placement == "absolute" and dcfg.max_blocks == 9
+  routes = 64 * (dcfg.capture_states * 32 + 512 + 288) * 19 * 8 * np.dtype(ROUTE_DTYPE).itemsize
+  without = capture_bytes(64, dcfg, 2048, bf16) + 64 * 288 * 4     # + int32 block_final
   assert by["rollout capture buffers"].total_bytes == without + routes
   print(dry_run.format_table(rows, info))

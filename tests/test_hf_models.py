@@ -21,6 +21,7 @@ from orl_jax.models import ModelConfig
 from orl_jax.models import hf
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
+from tests.helpers import tiny_qwen3
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -53,12 +54,7 @@ def qwen3_dirs(tmp_path_factory):
   out = {}
   for tied in (False, True):
     torch.manual_seed(int(tied))
-    cfg = transformers.Qwen3Config(
-        vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, intermediate_size=128, rms_norm_eps=1e-6,
-        rope_theta=1e6, tie_word_embeddings=tied, max_position_embeddings=128)
-    cfg._attn_implementation = "eager"
-    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    model = tiny_qwen3(transformers, tied)
     with torch.no_grad():  # norms away from 1 so a mixed-up norm cannot pass
       for name, p in model.named_parameters():
         if "norm" in name:

@@ -28,8 +28,12 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int,
   is_state = st == SRC_STATE
   resp, sidx, pos = plan.src_resp, plan.src_state, plan.src_pos
   prompt_tok = traj.prompt_tokens[plan.src_group, jnp.clip(pos, 0, traj.prompt_tokens.shape[1] - 1)]
-  n = traj.responses.shape[1]
-  clean_tok = traj.responses[resp, jnp.clip(pos, 0, n - 1)]
+  # each decoded block's final tokens, block j at [j*b, (j+1)*b): the mask decoders record
+  # them (with absolute placement block 0 opens with the prompt's last tokens); a family
+  # whose responses are the blocks themselves (DiffusionGemma) records none
+  blocks = traj.responses if cap.block_final is None else cap.block_final
+  n = blocks.shape[1]
+  clean_tok = blocks[resp, jnp.clip(pos, 0, n - 1)]
   state_pos = jnp.clip(pos, 0, block_size - 1)
   state_tok = cap.block_tokens[resp, sidx, state_pos]
   tokens = jnp.where(st == SRC_PROMPT, prompt_tok,
@@ -37,7 +41,7 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int,
                                jnp.where(is_state, state_tok,
                                          jnp.where(st == SRC_MASK, mask_id, 0))))
   resp_block = cap.block[resp, sidx]
-  target = traj.responses[resp, jnp.clip(resp_block * block_size + state_pos, 0, n - 1)]
+  target = blocks[resp, jnp.clip(resp_block * block_size + state_pos, 0, n - 1)]
   z = jnp.where(is_state[..., None], cap.z[resp, sidx, state_pos], 0)
   alpha = jnp.where(is_state, cap.alpha[resp, sidx, state_pos], 0)
   sel = lambda x: jnp.where(is_state.reshape(is_state.shape + (1,) * (x.ndim - 2)), x, 0)

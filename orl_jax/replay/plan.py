@@ -14,6 +14,10 @@ block) and its states:
 
     [ prompt | r1 clean | r1 states ... | r2 clean | r2 states ... | prompt' | ... | pad ]
 
+The prompt is the one the rollout's prefill read (`Trajectories.prompt_tokens`): with absolute
+block placement (LLaDA2.x, SDAR) its complete blocks only; its last n mod b tokens open response
+block 0, in that block's clean copy and in every state of it (`Capture.block_final`,
+`Capture.block_tokens`), exactly as the decoder forwarded them.
 A group that does not fit one row is split into segments, each with its own prompt copy.
 The naive layout (`layout="naive"`) puts every state in its own row with its whole prefix.
 Fully bidirectional families (LLaDA) cannot share context — their prompt attends to the canvas

@@ -79,14 +79,20 @@ def replay_config(config, n_shards: int, context: str = "block") -> ReplayConfig
                       micro_batches=r.micro_batches, context=context)
 
 
-def rollout_decode_config(config, tok):
+def rollout_decode_config(config, tok, family: str | None = None):
+  """The rollout's decoder: the run's rules (`family`: the weights' registry family, which
+  decides block placement and the threshold comparison; None: `model.hf_family`), the rollout
+  rule and temperature, capture on. A rollout always stops a row after the block in which it
+  committed EOS: the blocks after it change no token of the response (it is cut at its first
+  EOS), and their states would train on tokens the response does not hold."""
   o = config.orl
   dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id,
                                   rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
-                                  temperature=o.rollout_temperature, capture_states=1)
-  steps = dcfg.n_blocks * dcfg.steps_bound
+                                  temperature=o.rollout_temperature, capture_states=1,
+                                  family=family)
+  steps = dcfg.max_blocks * dcfg.steps_bound
   return dataclasses.replace(dcfg, capture_states=o.capture_states or steps,
-                             capture_routes=o.capture_routes)
+                             capture_routes=o.capture_routes, eos_early_stop=True)
 
 
 class SimulatedCrash(RuntimeError):
@@ -137,7 +143,7 @@ class RolloutSummary:
   """What the host needs of a rollout: the arrays verification and planning read, and the
   rollout metrics (reduced on device; the capture buffers never leave it)."""
   prompt_ids: np.ndarray     # [P] problem ids
-  prompt_valid: np.ndarray   # [P, Lp] bool
+  prompt_valid: np.ndarray   # [P, Lp] bool of the prompts as the rollout read them
   responses: np.ndarray      # [P*G, N] int32 final tokens (EOS-filled)
   capture_valid: np.ndarray  # [P*G, S] bool captured states
   capture_block: np.ndarray  # [P*G, S] int32 block index of each state
@@ -168,7 +174,7 @@ def rollout_metrics(sums: dict, n_rollouts: int) -> dict:
   out = {"rollout_tpf": n_gen / max(nfe, 1), "rollout_tpf_engine": n_gen / max(nfe_engine, 1),
          "rollout_nfe": nfe / n_rollouts, "rollout_tokens": n_gen / n_rollouts,
          "capture_overflow": int(sums["overflow"]) / n_rollouts}
-  if "nfe_denoise" in sums:   # DiffusionGemma: the authors' TPF (denoising forwards only)
+  if "nfe_denoise" in sums:   # the authors' TPF: denoising forwards only
     out["rollout_tpf_denoise"] = n_gen / max(int(sums["nfe_denoise"]), 1)
   for k in range(ENTROPY_STEPS):
     count = int(sums[f"entropy_count{k}"])
@@ -230,8 +236,9 @@ def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
                        "orl.rollout_rows=0")
     rollout_fn = family.make_rollout(config, s.model_cfg, run.graphdef, o.group_size, s.mesh)
   else:
-    rollout_fn = make_rollout(run.graphdef, rollout_decode_config(config, tok), o.group_size,
-                              s.mesh, rollout_fn=_per_row_rollout_fn(config, s.mesh))
+    dcfg = rollout_decode_config(config, tok, getattr(s.model_cfg, "hf_family", ""))
+    rollout_fn = make_rollout(run.graphdef, dcfg, o.group_size, s.mesh,
+                              rollout_fn=_per_row_rollout_fn(config, s.mesh))
   unresolved = family.unresolved if family is not None else "masked"
   rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape),
                        family.replay_context if family is not None else "block")
@@ -302,7 +309,7 @@ def summarize(steps: OrlSteps, traj: Trajectories, prompts: Prompts) -> RolloutS
   """Every process gets the whole batch's small arrays, so all build the same replay plan."""
   sums = steps.sums(traj)
   with host_hop("verification"):
-    host = sharding_lib.to_host({"ids": prompts.ids, "valid": prompts.valid,
+    host = sharding_lib.to_host({"ids": prompts.ids, "valid": traj.prompt_valid,
                                  "responses": traj.responses, "cvalid": traj.capture.valid,
                                  "cblock": traj.capture.block, "sums": sums})
   return RolloutSummary(prompt_ids=host["ids"], prompt_valid=host["valid"],

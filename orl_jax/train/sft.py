@@ -14,10 +14,12 @@ import time
 import jax
 import jax.numpy as jnp
 
+from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.batch import PackedBatch, masked_state_tokens
 from orl_jax.data.pipeline import train_dataset
 from orl_jax.losses import sft_loss
+from orl_jax.models import families
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.train import rcd
 from orl_jax.train.run import RunLog, Setup, finish_run, prepare_run, resume
@@ -51,6 +53,15 @@ def residual_source(s: Setup):
   return None, {}
 
 
+def sft_placement(s: Setup) -> str:
+  """Where the SFT layout places the blocks: as the weights' family decodes them
+  (`config.family_rules`; a family with its own model keeps the prompt-end layout)."""
+  family = getattr(s.model_cfg, "hf_family", "")
+  if family and families.get(family).own_model:
+    return "prompt_end"
+  return config_lib.family_rules(s.config, family)["block_placement"]
+
+
 def make_sft_step(s: Setup, run, residual_fn, extra_inputs):
   """The jitted `(state, batch, base_key) -> (state, metrics)` of the SFT-layout modes."""
   config = s.config
@@ -58,7 +69,9 @@ def make_sft_step(s: Setup, run, residual_fn, extra_inputs):
                                                block_size=config.decode.block_size,
                                                mask_id=s.model_cfg.mask_id,
                                                residual_fn=residual_fn,
-                                               vocab_chunk=config.loss.get("vocab_chunk", 0))
+                                               vocab_chunk=config.loss.get("vocab_chunk", 0),
+                                               eos_id=s.tokenizer.eos_id,
+                                               placement=sft_placement(s))
   rows = sharding_lib.batch_sharding(s.mesh)
   repl = sharding_lib.replicated(s.mesh)
   batch_sh = {"prompt_tokens": rows, "prompt_valid": rows, "response": rows,

@@ -67,7 +67,9 @@ class Family:
   tensor_rules: Callable[[ModelConfig], list]        # ModelConfig -> [TensorRule]
   partition_rules: tuple[tuple[str, P], ...]         # (regex on our name, PartitionSpec)
   special_tokens: dict                               # mask/eos/pad/bos: id strings or tokens
-  decode: dict                                       # block_size, rule, rule_value defaults
+  decode: dict                                       # block_size, rule, rule_value defaults;
+                                                     # the authors' block_placement and
+                                                     # commit_compare (block decoder families)
   chat: str = "none"                                 # chat template of its instruct models
   ignored_hf: Callable[[ModelConfig], frozenset] = lambda cfg: frozenset()
   # ^ HF tensors a checkpoint may hold that the model does not use (a tied copy of the head)

@@ -86,5 +86,7 @@ FAMILY = Family(
     special_tokens=dict(mask="126336", eos="126348", pad="126081", bos="126080"),
     # the reference sampler: blocks of 32 (fixed steps, low-confidence remasking); our
     # default rule is the Fast-dLLM threshold 0.9 (DESIGN §2.2 baseline)
-    decode=dict(block_size=32, rule="threshold", rule_value=0.9),
+    # Fast-dLLM's `generate`: blocks start at the prompt's end; the threshold keeps conf >= tau
+    decode=dict(block_size=32, rule="threshold", rule_value=0.9,
+                block_placement="prompt_end", commit_compare=">="),
     chat="llada")

@@ -196,7 +196,10 @@ FAMILY = Family(
     partition_rules=moe_lib.PARTITION_RULES + sharding.PARTITION_RULES,
     special_tokens=dict(mask=str(MASK_ID), eos=str(EOS_ID), pad=str(EOS_ID), bos=""),
     # block-causal, block 32, threshold 0.95 with at-least-one (the official default)
-    decode=dict(block_size=32, rule="threshold", rule_value=0.95),
+    # the official `generate`: blocks at absolute positions (the prompt's last block shared
+    # with the first generated tokens), `confidence > threshold`
+    decode=dict(block_size=32, rule="threshold", rule_value=0.95,
+                block_placement="absolute", commit_compare=">"),
     # The chat template of LLaDA2.x is not in DESIGN §4 (its tokenizer's <role> markup); none
     # is built in: give prompts already formatted.
     chat="none")

@@ -89,5 +89,8 @@ FAMILY = Family(
     tensor_rules=tensor_rules, partition_rules=sharding.PARTITION_RULES,
     # SDAR's mask <|MASK|> (151669); Qwen chat end of turn
     special_tokens=dict(mask="<|MASK|>", eos="<|im_end|>", pad="<|endoftext|>", bos=""),
-    decode=dict(block_size=4, rule="threshold", rule_value=0.9),   # SDAR: block size 4
+    # SDAR's `block_diffusion_generate` (JetAstra/SDAR generate.py): block size 4, blocks at
+    # absolute positions, `confidence > threshold`; QwenDLM decodes as SDAR
+    decode=dict(block_size=4, rule="threshold", rule_value=0.9,
+                block_placement="absolute", commit_compare=">"),
     chat="qwen3", ignored_hf=_ignored)
