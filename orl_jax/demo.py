@@ -30,8 +30,9 @@ def _repo_path(path: str) -> str:
 
 def stage_config(config, stage: str, init_from: str, seed: int | None = None):
   """A copy of `config` with the stage's overrides, its own work directory and start point.
-  `seed`: the rollout seed of an ORL stage (the data/noise seed of other stages); the work
-  directory gets a `seed{k}` folder."""
+  `seed`: the rollout noise and the order of the training problems (ORL prompts, SFT rows) of
+  the stage; of a non-ORL stage also its init / masking-noise seed. The work directory gets a
+  `seed{k}` folder."""
   cfg = copy.deepcopy(config)
   with cfg.unlocked():
     cfg.update(config.stages[stage].to_dict())
@@ -40,6 +41,7 @@ def stage_config(config, stage: str, init_from: str, seed: int | None = None):
     cfg.pipeline = "train"
     if seed is not None:
       cfg.workdir = os.path.join(cfg.workdir, f"seed{seed}")
+      cfg.train.shuffle_seed = seed
       if cfg.train.mode == "orl":
         cfg.orl.rollout_seed = seed
       else:
@@ -149,6 +151,14 @@ def training_summary(metrics_path: str) -> dict:
   rkl = [r["loss_rkl"] for r in rows[len(rows) // 2:] if "loss_rkl" in r]
   if rkl:
     out["loss_rkl_mean_second_half"] = float(np.mean(rkl))
+  # The weighted AEC term's share of the objective and its size against the CE, averaged over
+  # the logged updates (issue: is AEC 0.3% or 30% of what the optimizer sees?)
+  terms = [r for r in rows if "loss_aec_weighted" in r and r.get("loss", 0) > 0]
+  if terms:
+    out["aec_share"] = float(np.mean([r["loss_aec_weighted"] / r["loss"] for r in terms]))
+    out["aec_to_ce"] = float(np.mean([r["loss_aec_weighted"] / max(r["loss_ce"], 1e-12)
+                                      for r in terms]))
+    out["rkl_share"] = float(np.mean([r["loss_rkl_weighted"] / r["loss"] for r in terms]))
   if rows and "updates_skipped" in rows[-1]:
     out["updates_skipped"] = rows[-1]["updates_skipped"]
   return out
