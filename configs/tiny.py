@@ -251,7 +251,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` reproduces it)
   # committed residual warm-up of that base (`make warmup` reproduces it; "" = train it)
   c.warmup_checkpoint = "assets/tiny_warmup"
-  c.seeds = ()                      # demo: rollout seeds of every ORL stage (() = `seed` only)
+  # demo: seeds of every ORL stage (() = `seed` only); a seed sets the rollout noise and the
+  # order of the ORL prompts (train.shuffle_seed)
+  c.seeds = ()
+  # demo: >= 0 retrains the warm-up with this seed and runs every stage that starts from the
+  # warm-up once more from it (results key `<name>@warmup<k>`, beside the seed means)
+  c.warmup_seed = -1
   return c
 
 
@@ -269,6 +274,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.workdir = "work_dirs/tiny_ablations"
     c.ablations = ABLATIONS
     c.seeds = (0, 1, 2)
+    c.warmup_seed = 3
     # One shared budget for every run of the study: 150 updates (the demo's ORL runs 300). The
     # rollout TPF of the demo's ORL run is within 10% of its final value by update 100-150, and
     # 21 runs of 300 updates do not fit a working day on 2 CPU cores.

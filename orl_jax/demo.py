@@ -213,10 +213,12 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
   """A markdown table of every model evaluated over seeds at `setting`: accuracy and pooled TPF
   as mean ± std over seeds, the change against `reference` (points; % of TPF), the paper's
   direction where it reports one, and whether ours moves the same way by more than the seed
-  spread (the sum of the two models' stds)."""
+  spread (the sum of the two models' stds); last, the model's run from a warm-up retrained with
+  another seed (`warmup_seed`), where there is one."""
   ref = all_results[reference][setting]
   head = ("| model | accuracy | TPF (pooled) | Δ acc (pts) | Δ TPF | paper Δ acc / Δ TPF | "
-          "moves as the paper (acc / TPF) |\n|---|---|---|---|---|---|---|")
+          "moves as the paper (acc / TPF) | other warm-up (acc / TPF) |\n"
+          "|---|---|---|---|---|---|---|---|")
   lines = [head]
   for name, r in all_results.items():
     r = r.get(setting)
@@ -232,10 +234,13 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
     moves = " / ".join(m or "–" for m in (_moves(d_acc, s_acc, p_acc),
                                           _moves(d_tpf, s_tpf, p_tpf)))
     same = name == reference
+    other = [v[setting] for k, v in all_results.items()
+             if k.startswith(f"{name}@warmup") and setting in v]
+    other = " ".join(f"{o['accuracy']:.3f} / {o['tpf_pooled']:.2f}" for o in other)
     lines.append(f"| {name} | {r['accuracy']:.3f} ± {r['accuracy_std']:.3f} | "
                  f"{r['tpf_pooled']:.2f} ± {r['tpf_pooled_std']:.2f} | "
                  f"{'' if same else f'{d_acc:+.1f}'} | {'' if same else f'{d_tpf:+.0f}%'} | "
-                 f"{'' if same else paper} | {'' if same else moves} |")
+                 f"{'' if same else paper} | {'' if same else moves} | {other} |")
   return "\n".join(lines)
 
 
@@ -247,6 +252,31 @@ def _write_ablation_table(config, all_results: dict) -> None:
   with open(os.path.join(config.workdir, "ablations.md"), "w") as f:
     f.write(table + "\n")
   print(table)
+
+
+def warmup_seed_name(name: str, seed: int) -> str:
+  """The results.json key of a model trained from the warm-up retrained with `seed`."""
+  return f"{name}@warmup{seed}"
+
+
+def _other_warmup_runs(config, base: str, stages, progress: bool, curves: list) -> dict | None:
+  """With `warmup_seed` >= 0: the warm-up retrained with that seed (its init, masking noise and
+  data order), then one more run of every stage that starts from the warm-up, from it, with
+  that seed; kept beside the seed means (`warmup_seed_name`), not merged into them."""
+  seed = config.get("warmup_seed", -1)
+  from_warmup = [st for st in stages if config.stage_start[st] == "warmup"]
+  if seed < 0 or not from_warmup:
+    return None
+  if seed in tuple(config.get("seeds", ())):
+    raise ValueError(f"warmup_seed={seed} is also one of seeds={tuple(config.seeds)}: pick "
+                     "another, the two runs would share a work directory")
+  warmup = _train_stage(config, "warmup", base, seed, progress, curves)[1]
+  all_results = None
+  for stage in from_warmup:
+    name, params_dir = _train_stage(config, stage, warmup, seed, progress, curves)
+    all_results = evaluate_params(config, params_dir, warmup_seed_name(name, seed),
+                                  progress=progress)
+  return all_results
 
 
 def run_demo(config, *, progress=True) -> str:
@@ -280,6 +310,7 @@ def run_demo(config, *, progress=True) -> str:
         seed_groups.setdefault(name, []).append(key)
   for name, keys in seed_groups.items():
     all_results = eval_lib.merge_seeds(results_path(config), name, keys)
+  all_results = _other_warmup_runs(config, base, stages, progress, curves) or all_results
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))
