@@ -100,12 +100,18 @@ def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
   from orl_jax.metrics import read_jsonl
   from orl_jax.train import loop
   cfg = run_config(name, overrides, seed, args.workdir)
-  steps, curve, t0 = cfg.train.steps, [], time.time()
+  steps, t0 = cfg.train.steps, time.time()
   stops = list(range(args.segment, steps, args.segment)) + [steps] if args.segment else [steps]
-  for stop in stops:
+  # the curve points of an interrupted run (its checkpoints resume the training)
+  curve_path = os.path.join(cfg.workdir, "curve.json")
+  curve = json.load(open(curve_path)) if os.path.exists(curve_path) else []
+  params_dir = os.path.join(cfg.workdir, "params")
+  for stop in stops[len(curve):]:
     params_dir = loop.train(cfg, progress=args.progress, stop_after=stop)
     r = evaluate(cfg, params_dir, args.curve_problems, [args.setting])[args.setting]
     curve.append({"updates": stop, "accuracy": r["accuracy"], "tpf_pooled": r["tpf_pooled"]})
+    with open(curve_path, "w") as f:
+      json.dump(curve, f)
     print(f"{name} seed {seed}: {stop}/{steps} updates, accuracy {r['accuracy']:.3f}, "
           f"TPF {r['tpf_pooled']:.2f} ({args.curve_problems} problems)", flush=True)
   final = evaluate(cfg, params_dir, args.final_problems, args.final_settings)
