@@ -219,9 +219,10 @@ def base_config() -> ml_collections.ConfigDict:
                            final_lr_fraction=0.1, log_every=20),
                 model=dict(residual=dict(mode="adapter", lr_scale=1.0)),
                 checkpoint=dict(every=200), eval=dict(name="warmup"))
-  # shuffle_seed 0: the demo's single ORL run is seed 0 of the `ablations` variant
+  # The demo's single ORL run reads the problems in order (train.shuffle_seed -1, the committed
+  # table); each seed of the `ablations` variant reads them in its own order.
   orl_train = dict(mode="orl", steps=300, lr=5e-5, warmup_steps=20, final_lr_fraction=0.1,
-                   log_every=5, shuffle_seed=0)
+                   log_every=5)
   orl = dict(train=orl_train, model=dict(residual=dict(mode="adapter")),
              checkpoint=dict(every=50), eval=dict(name="orl"))
   c.stages = ml_collections.ConfigDict(dict(
