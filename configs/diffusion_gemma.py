@@ -28,10 +28,13 @@ Model fields beyond the shared ones (configs/dlm_common.py):
   model.diffusion_gemma.global_rope_theta / global_rope_fraction   proportional RoPE of full
                                               layers (sliding layers: model.rope_theta)
 Decoding (transformers' EntropyBoundSampler): decode.block_size is the canvas length,
-decode.rule_value the entropy bound (nats), decode.max_steps_per_block the denoising steps per
-canvas (48), decode.t_max -> decode.t_min the linear temperature schedule, and a canvas stops
-when its argmax is stable for decode.stability_threshold steps with mean entropy below
-decode.confidence_threshold. Rollouts record every forward's MoE expert ids
+decode.gen_length the response length (whole canvases), decode.rule_value the entropy bound
+(nats), decode.max_steps_per_block the denoising steps per canvas, decode.t_max -> decode.t_min
+the linear temperature schedule, and a canvas stops when its argmax is stable for
+decode.stability_threshold steps with mean entropy below decode.confidence_threshold; these
+are unset here, so a run reads them from model.path's generation_config.json, else takes
+transformers' defaults (256 tokens, 0.1, 48, 0.8 -> 0.4, 1, 0.005). Generation stops once every
+row has ended (EOS): no further canvas is generated. Rollouts record every forward's MoE expert ids
 (`orl.capture_routes`, on) so replay routes each token as the rollout did. Evaluation
 (`launch/eval.py`) decodes with the same sampler; its settings are `entropy_budget_<nats>`.
 
@@ -39,11 +42,13 @@ Variants (`get_config(arg)`):
   "26b-a4b" (default): google/diffusiongemma-26B-A4B-it shapes: 30 layers (full on 5, 11, 17,
             23, 29), hidden 2816, 16 heads, MoE 128 experts top-8 (704 wide) beside a dense
             2112 MLP in every layer, vocab 262144, window 1024, canvases of 256; experts over
-            the `expert` mesh axis (8 ways).
+            the `expert` mesh axis (8 ways); 256 new tokens (one canvas) unless
+            generation_config.json or decode.gen_length says otherwise.
   "debug"   : a tiny random DiffusionGemma (2 layers sliding + full, 4 experts top-2) on the
             tiny task: 2 ORL iterations on CPU.
 """
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from configs import dlm_common
 
@@ -58,11 +63,15 @@ def _release(c):
       sliding_window=1024, global_head_dim=512, n_global_kv_heads=2, full_every=6,
       global_rope_theta=1e6, global_rope_fraction=0.25))
   c.model.moe.update(dict(n_experts=128, top_k=8, expert_dim=704, impl="ragged"))
+  # The sampler's settings are left unset: a run takes them from model.path's
+  # generation_config.json, else transformers' defaults (gen_length 256 = one canvas, 48 steps,
+  # entropy bound 0.1, t 0.8 -> 0.4, stability 1, confidence 0.005); set one to override it.
   d = c.decode
-  d.gen_length = 512                     # two canvases: one commit forward between them
-  d.max_steps_per_block = 48
-  d.t_min, d.t_max = 0.4, 0.8
-  d.stability_threshold, d.confidence_threshold = 1, 0.005
+  d.gen_length = placeholder(int)
+  d.max_steps_per_block = placeholder(int)
+  d.rule_value = placeholder(float)
+  d.t_min, d.t_max = placeholder(float), placeholder(float)
+  d.stability_threshold, d.confidence_threshold = placeholder(int), placeholder(float)
   c.task.prompt_len = 512
   c.orl.prompts_per_step, c.orl.group_size = 8, 8
   c.orl.rollout_rule, c.orl.rollout_rule_value = "entropy_budget", 0.1

@@ -11,8 +11,11 @@ decides the family and every architecture field, and the config keeps only the r
                         then stops); "" = random weights are fine (the `:debug` variants)
   model.vocab_size      embedding rows (0 = the tokenizer's size)
   model.tokenizer       "" (model.path's tokenizer.json) | "byte" | path to a tokenizer.json
-  model.special_tokens  {mask, eos, pad, bos}: token strings or ids, resolved in the tokenizer
-                        ("" = the family's)
+  model.special_tokens  {mask, eos, pad, bos}: token strings or ids, resolved in the tokenizer;
+                        set one to override it. "" (the default) = the id the model directory
+                        declares (generation_config.json, then config.json: mask_token_id,
+                        eos_token_id, pad_token_id, bos_token_id), else the family's
+                        default. The run logs where each id came from.
   model.first_k_dense   leading dense-MLP layers of an MoE model (config.json first_k_dense_replace)
   model.norm_head       L2-normalise the head's vocabulary rows (LLaDA2 `norm_head`)
   model.moe.*           MoE feed-forward (n_experts = 0: dense): n_experts, top_k, expert_dim,
@@ -38,7 +41,7 @@ from orl_jax.models import families
 
 def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   """The shared real-model config of registry family `hf_family` (its attention layout,
-  special tokens, decoder defaults and chat template)."""
+  decoder defaults and chat template; special tokens come from the model directory)."""
   family = families.get(hf_family)
   c = tiny.base_config()
   c.base_checkpoint = ""
@@ -48,7 +51,7 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   m.hub_id = hub_id
   m.vocab_size = 0
   m.tokenizer = ""
-  m.special_tokens = ml_collections.ConfigDict(dict(family.special_tokens))
+  m.special_tokens = ml_collections.ConfigDict(dict(mask="", eos="", pad="", bos=""))
   m.first_k_dense = 0
   m.norm_head = False
   m.moe = ml_collections.ConfigDict(dict(
@@ -100,7 +103,7 @@ def debug_overrides(c, *, block_size: int, workdir: str):
   m.residual.hidden = 0
   m.dtype = m.param_dtype = "float32"
   m.hub_id = ""                       # random weights: no weights directory needed
-  m.special_tokens.update(dict(mask="", eos="", pad="", bos=""))   # the tiny task's tokenizer
+  # (special tokens: the tiny task's tokenizer brings its own)
   c.task.name = "tiny"
   c.task.prompt_len = 32
   c.task.chat = "none"                # the debug tokenizers have no chat special tokens

@@ -103,6 +103,10 @@ def get_config(arg: str | None = None):
     c = dlm_common.real_base("llada", hub_id=f"GSAI-ML/LLaDA-8B-{arg[3:].capitalize()}")
     _llada_8b(c)
     c.workdir = "work_dirs/llada" if arg == "8b-instruct" else "work_dirs/llada_base"
+  if arg == "8b-instruct":
+    # the end of the assistant turn; the released config.json's eos_token_id is <|endoftext|>
+    # (126081), the padding the model writes after <|eot_id|>
+    c.model.special_tokens.eos = "<|eot_id|>"
   if arg == "8b-base":
     c.model.special_tokens.eos = "126081"
     c.task.chat = "none"

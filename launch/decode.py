@@ -63,6 +63,8 @@ class Decoded:
   def lines(self) -> list[str]:
     """What the launcher prints for this model."""
     out = [f"== {self.name} ({self.path}), decoder {self.rule_label}"]
+    if hasattr(self.tokenizer, "origins_text"):
+      out.append(f"  special tokens: {self.tokenizer.origins_text()}")
     for prompt, text, nfe, n, score in zip(self.prompts, self.texts, self.nfe,
                                            self.n_generated, self.scores):
       tail = "" if math.isnan(score) else f", score {score:.0f}"
@@ -145,7 +147,11 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
-  prompts = [_PROMPT.value] if _PROMPT.value else None
+  if _PROMPT.present and not _PROMPT.value.strip():
+    raise config_lib.ConfigError("--prompt is empty: give the text to decode, or leave --prompt "
+                                 "out to decode the first --num evaluation problems of "
+                                 "config.task")
+  prompts = [_PROMPT.value] if _PROMPT.present else None
   decoded = []
   for name, path in models_to_decode(config, _MODELS.value).items():
     decoded.append(decode_model(copy.deepcopy(config), name, path, prompts, _NUM.value))

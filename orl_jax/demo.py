@@ -280,8 +280,9 @@ def _other_warmup_runs(config, base: str, stages, progress: bool, curves: list) 
 
 
 def run_demo(config, *, progress=True) -> str:
-  """Base -> warm-up -> stages (each over `config.seeds`) -> evaluation. Prints the table and
-  returns the results.json path."""
+  """Base -> warm-up -> stages (each over `config.seeds`) -> evaluation, each stage with a
+  progress bar. Ends by printing the training summaries, the results table and the paths of the
+  plots and of results.json, which it returns."""
   os.makedirs(config.workdir, exist_ok=True)
   base = base_params_dir(config, progress=progress)
   print(f"base model: {base}")
@@ -313,9 +314,9 @@ def run_demo(config, *, progress=True) -> str:
   all_results = _other_warmup_runs(config, base, stages, progress, curves) or all_results
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
+  _report_training(config, curves)     # one line per trained stage, before the tables
   print(eval_lib.format_table(all_results))
   _write_ablation_table(config, all_results)
-  _report_training(config, curves)
   for *_, png_curves in curves:
     print(f"training curves: {png_curves}")
   print(f"plot: {png}")

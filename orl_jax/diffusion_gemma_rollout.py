@@ -10,11 +10,13 @@ The sampler's `StepTrace` [N canvases, S steps, B, ...] becomes the shared `Capt
 [B, N·S, ...] (block = canvas index, step = step index, commit = accepted), so the replay plan
 and gather of every family read it; `Trajectories` is the shared type too.
 
-Forward counts, both conventions (DESIGN §2.2, §6): `nfe_decoder` is transformers' count
-(denoising forwards only); `nfe` adds one commit forward per decoded canvas, the last one
-included (the paper's count); `nfe_engine` adds the commit forwards the sampler really ran
-(none after the last canvas). Rollouts and evaluation (`make_decoder`) count them with the one
-function `forward_counts`.
+Forward counts, both conventions (DESIGN §2.2, §6): `nfe_denoise` is the authors' count
+(transformers': denoising forwards only); `nfe` adds one commit forward per decoded canvas, the
+last one included (the paper's count, the headline); `nfe_engine` adds the commit forwards the
+sampler really ran (none after the last canvas, none once every row has finished). The tokens
+of TPF are counted as transformers counts them: the response's non-padding tokens
+(`generated_tokens`). Rollouts and evaluation (`make_decoder`) count with the one function
+`forward_counts`.
 
 With `orl.capture_routes` the capture also holds the expert ids of every forward the rollout
 ran (`decoding.RouteCapture`: each step's canvas, the prompt prefill, each commit forward), which
@@ -22,6 +24,7 @@ the replay gather places token by token, as for LLaDA2.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import NamedTuple
 
@@ -29,12 +32,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from orl_jax import config as config_lib
 from orl_jax import diffusion_gemma_sampler as sampler
 from orl_jax import weights as weights_lib
 from orl_jax.decoding import Capture, RouteCapture
+from orl_jax.models import config_json
 from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
 from orl_jax.models.families import diffusion_gemma as family
-from orl_jax.params_io import read_json
 from orl_jax import rollout as rollout_lib
 from orl_jax.rollout import Trajectories
 
@@ -59,31 +63,34 @@ def capture_from_trace(trace: sampler.StepTrace, prompt_routes=None,
                  overflow=jnp.zeros((b,), bool), routes=routes)
 
 
-def generated_tokens(tokens, eos_ids) -> jax.Array:
-  """[B] tokens through the first EOS (all of them without one)."""
-  is_eos = jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32))
-  first = jnp.argmax(is_eos, axis=-1)
-  return jnp.where(jnp.any(is_eos, axis=-1), first + 1, tokens.shape[-1]).astype(jnp.int32)
+def generated_tokens(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig) -> jax.Array:
+  """[B] generated tokens as transformers' `tokens_per_forward` counts them: the non-padding
+  tokens of the response (every token of the canvases generated when there is no pad id)."""
+  if cfg.pad_id is None:
+    canvas = out.tokens.shape[1] // cfg.n_canvases
+    return jnp.broadcast_to(out.canvases_run * canvas, out.tokens.shape[:1]).astype(jnp.int32)
+  return jnp.sum(out.tokens != cfg.pad_id, axis=-1, dtype=jnp.int32)
 
 
 class Decoded(NamedTuple):
   """Per-row output of the sampler with its forwards counted both ways (DESIGN §2.2, §6)."""
   tokens: jax.Array       # [B, N·C] argmax canvases, padding after EOS
-  nfe: jax.Array          # [B] int32 the paper's count: decoder forwards + 1 commit per canvas
-  nfe_engine: jax.Array   # [B] int32 decoder forwards + the commit forwards the sampler ran
-  n_generated: jax.Array  # [B] int32 tokens through the first EOS
+  nfe: jax.Array          # [B] int32 the paper's count: denoising forwards + 1 commit per
+                          # decoded canvas
+  nfe_engine: jax.Array   # [B] int32 denoising forwards + the commit forwards the sampler ran
+  n_generated: jax.Array  # [B] int32 non-padding response tokens (transformers' count)
   finished: jax.Array     # [B] bool an EOS was generated
-  nfe_decoder: jax.Array  # [B] int32 denoising forwards only (transformers' count)
+  nfe_denoise: jax.Array  # [B] int32 denoising forwards only (the authors' / transformers' count)
 
 
-def forward_counts(out: sampler.GenerateOutput, eos_ids) -> Decoded:
+def forward_counts(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig) -> Decoded:
   """Counts the forwards of `sampler.generate`'s output: a canvas is decoded by a row when
   any of its steps counted for the row (every canvas up to the one holding its EOS)."""
   canvases = jnp.sum(jnp.any(out.trace.counted, axis=1), axis=0, dtype=jnp.int32)     # [B]
   return Decoded(tokens=out.tokens, nfe=out.decoder_forwards + canvases,
                  nfe_engine=out.decoder_forwards + out.commit_forwards - 1,   # less the prefill
-                 n_generated=generated_tokens(out.tokens, eos_ids), finished=out.finished,
-                 nfe_decoder=out.decoder_forwards)
+                 n_generated=generated_tokens(out, cfg), finished=out.finished,
+                 nfe_denoise=out.decoder_forwards)
 
 
 def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
@@ -91,14 +98,14 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
   """Samples `group_size` responses per prompt (rows of a group adjacent) with capture."""
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   out = sampler.generate(model, reps(prompt_tokens), key, cfg, prompt_valid=reps(prompt_valid))
-  counts = forward_counts(out, cfg.eos_ids)
+  counts = forward_counts(out, cfg)
   return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
                       responses=out.tokens, nfe=counts.nfe, nfe_engine=counts.nfe_engine,
                       n_generated=counts.n_generated, finished=out.finished,
                       capture=capture_from_trace(out.trace, out.prompt_routes,
                                                  out.clean_routes),
                       rollout_step=jnp.asarray(rollout_step, jnp.int32),
-                      nfe_decoder=counts.nfe_decoder)
+                      nfe_denoise=counts.nfe_denoise)
 
 
 def make_decoder(graphdef, cfg: sampler.SamplerConfig):
@@ -109,7 +116,7 @@ def make_decoder(graphdef, cfg: sampler.SamplerConfig):
   def run(params, prompt_tokens, prompt_valid, key):
     model = nnx.merge(graphdef, params)
     out = sampler.generate(model, prompt_tokens, key, cfg, prompt_valid=prompt_valid)
-    return forward_counts(out, cfg.eos_ids)
+    return forward_counts(out, cfg)
 
   return run
 
@@ -120,6 +127,55 @@ def make_rollout(graphdef, cfg: sampler.SamplerConfig, group_size: int, mesh=Non
 
 
 # ----------------------------------------------------------------------------- run config
+
+# decode.* field -> (the generation_config.json key that sets it, transformers' default:
+# DiffusionGemmaGenerationConfig._get_default_generation_params)
+GENERATION_DEFAULTS = {"gen_length": ("max_new_tokens", 256),
+                       "max_steps_per_block": ("max_denoising_steps", 48),
+                       "rule_value": ("sampler_config.entropy_bound", 0.1),
+                       "t_min": ("t_min", 0.4), "t_max": ("t_max", 0.8),
+                       "stability_threshold": ("stability_threshold", 1),
+                       "confidence_threshold": ("confidence_threshold", 0.005)}
+
+
+def generation_config(hf_dir: str) -> dict:
+  """{decode field: value} that `hf_dir`'s generation_config.json sets ({} without one), each
+  typed and range-checked; CheckpointError naming the file and field otherwise."""
+  from orl_jax.models import hf
+  path = os.path.join(hf_dir, hf.GENERATION_CONFIG_FILE) if hf_dir else ""
+  if not path or not os.path.isfile(path):
+    return {}
+  data = hf.read_json_object(path)
+  try:
+    nested = config_json.read_dict(data, "sampler_config")
+    flat = dict(data, **{f"sampler_config.{k}": v for k, v in nested.items()})
+    return {field: _generation_value(flat, key, default)
+            for field, (key, default) in GENERATION_DEFAULTS.items() if key in flat}
+  except ValueError as e:
+    raise hf.CheckpointError(f"{path}: {e}") from None
+
+
+def _generation_value(flat: dict, key: str, default):
+  if isinstance(default, float):
+    return config_json.read_float(flat, key, default, positive=key != "t_min")
+  return config_json.read_int(flat, key, default, minimum=int(key != "stability_threshold"))
+
+
+def fill_decode_defaults(config, hf_dir: str) -> dict:
+  """Sets every `decode.*` field the config leaves unset (None) from `hf_dir`'s
+  generation_config.json, else transformers' default; `decode.gen_length` is rounded up to
+  whole canvases (`decode.block_size`). Returns {field: where its value came from}."""
+  from_file = generation_config(hf_dir)
+  d, origins = config.decode, {}
+  for field, (key, default) in GENERATION_DEFAULTS.items():
+    if d.get(field) is not None:
+      continue
+    value, origins[field] = ((from_file[field], f"generation_config.json {key}")
+                             if field in from_file else (default, "transformers' default"))
+    if field == "gen_length":
+      value = -(-value // d.block_size) * d.block_size
+    d[field] = value
+  return origins
 
 
 def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0, rollout: bool = True,
@@ -138,19 +194,24 @@ def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0, rollout: bool = Tru
       capture_routes=rollout and bool(config.orl.get("capture_routes", False)))
 
 
-def model_config(config, vocab_size: int = 0, **fields):
+def model_config(config, vocab_size: int = 0, *, eos_ids=None, pad_id=None, **fields):
   """The run's `DiffusionGemmaConfig`: from `model.path`'s config.json when it is a Hugging Face
-  directory (run-time fields from the config; `fields` ignored), else from `config.model`."""
+  directory (run-time fields from the config; `fields` ignored), else from `config.model`. The
+  run's resolved special tokens (`eos_ids`, `pad_id`: model.special_tokens, else
+  generation_config.json, else config.json) replace config.json's when given."""
+  from orl_jax.models import hf
   m = config.model
   runtime = dict(dtype=m.dtype, param_dtype=m.param_dtype, moe_impl=m.moe.impl,
                  attention_impl=m.attention_impl)
+  special = {k: v for k, v in dict(eos_ids=None if eos_ids is None else tuple(eos_ids),
+                                   pad_id=pad_id).items() if v is not None}
   hf_dir = weights_lib.hf_dir(config)
-  if hf_dir:
-    cfg = DiffusionGemmaConfig.from_hf(read_json(os.path.join(hf_dir, "config.json")),
-                                       **runtime)
-    if cfg.canvas_length != config.decode.block_size:
-      raise ValueError(f"{hf_dir}/config.json has canvas_length={cfg.canvas_length}; set "
-                       f"decode.block_size={cfg.canvas_length} (it is {config.decode.block_size})")
-    return cfg
-  return family.config_from_run(m, vocab_size=vocab_size or m.vocab_size,
-                                canvas_length=config.decode.block_size, **fields)
+  if not hf_dir:
+    return family.config_from_run(m, vocab_size=vocab_size or m.vocab_size,
+                                  canvas_length=config.decode.block_size, **special, **fields)
+  cfg = hf.parse_config_json(hf_dir, lambda j: DiffusionGemmaConfig.from_hf(j, **runtime))
+  if cfg.canvas_length != config.decode.block_size:
+    raise config_lib.ConfigError(
+        f"{hf_dir}/config.json has canvas_length={cfg.canvas_length}; set "
+        f"decode.block_size={cfg.canvas_length} (it is {config.decode.block_size})")
+  return dataclasses.replace(cfg, **special)

@@ -18,7 +18,9 @@ and the self-conditioning signal as zeros; each denoising step (counting `cur_st
    keeps its canvas, argmax and z, and its forwards stop counting.
 The canvas's output is the argmax canvas; after an EOS the rest of the row is padding, and rows
 finished on an earlier canvas emit padding only. Each canvas is then written into the cache by
-a commit forward (HF: the encoder over the new tokens), except after the last canvas.
+a commit forward (HF: the encoder over the new tokens), except after the last canvas. Once every
+row of the batch has finished (an EOS), no further canvas is generated and no further commit
+forward runs, as transformers' `generate` stops (the remaining canvases are padding).
 
 Randomness: the denoiser token is an inverse-CDF sample with a uniform `u` per position and the
 re-noise tokens are uniform integers, both drawn from `fold_in(fold_in(key, canvas), step)` —
@@ -94,6 +96,8 @@ class GenerateOutput(NamedTuple):
   tokens: jax.Array         # [B, N·C] argmax canvases, padding after EOS
   decoder_forwards: jax.Array  # [B] int32 denoising forwards (transformers' TPF denominator)
   commit_forwards: jax.Array   # [B] int32 commit forwards run (prompt prefill included)
+  canvases_run: jax.Array      # [] int32 canvases generated for the batch (the others skipped:
+                               # every row had finished)
   finished: jax.Array       # [B] bool an EOS was generated
   trace: StepTrace
   prompt_routes: jax.Array | None = None  # [B, P, L, K_moe] the prefill's expert ids (-1: padding)
@@ -186,23 +190,27 @@ def denoise_canvas(model: DiffusionGemma, cache: KVCache, canvas, cfg: SamplerCo
   forwards [B], StepTrace [S, B, ...]). `draw(step) -> (u, renoise)`; `done_rows` [B] rows
   finished on an earlier canvas (they still run, batched, but their forwards do not count)."""
   b, c = canvas.shape
-  d_model = model.cfg.d_model
   s = cfg.max_steps
-  k = cfg.top_k
-  routes = (_no_routes(model, (s, b, c)) if cfg.capture_routes else None)
-  trace = StepTrace(jnp.zeros((s, b, c), jnp.int32),
-                    jnp.zeros((s, b, c, d_model), model.cfg.compute_dtype),
-                    jnp.zeros((s, b, c), bool), jnp.zeros((s, b), bool),
-                    jnp.zeros((s, b), bool), jnp.zeros((s, b, c), jnp.float32),
-                    jnp.zeros((s, b, c, k), jnp.int32), jnp.zeros((s, b, c, k), jnp.float32),
-                    routes)
-  init = _Denoise(jnp.int32(0), canvas, canvas, jnp.zeros((b, c, d_model),
+  init = _Denoise(jnp.int32(0), canvas, canvas, jnp.zeros((b, c, model.cfg.d_model),
                                                           model.cfg.compute_dtype),
                   jnp.full((cfg.stability_threshold, b, c), -1, jnp.int32),
-                  jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), trace)
+                  jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32),
+                  empty_trace(model, cfg, b, c))
   out = jax.lax.while_loop(lambda d: (d.step < s) & ~jnp.all(d.stopped),
                            lambda d: _denoise_step(model, cache, cfg, done_rows, draw, d), init)
   return out.argmax, out.forwards, out.trace
+
+
+def empty_trace(model: DiffusionGemma, cfg: SamplerConfig, b: int, c: int) -> StepTrace:
+  """The trace of a canvas no step ran for ([S, B, ...] zeros; routes -1)."""
+  s, k, d_model = cfg.max_steps, cfg.top_k, model.cfg.d_model
+  routes = (_no_routes(model, (s, b, c)) if cfg.capture_routes else None)
+  return StepTrace(jnp.zeros((s, b, c), jnp.int32),
+                   jnp.zeros((s, b, c, d_model), model.cfg.compute_dtype),
+                   jnp.zeros((s, b, c), bool), jnp.zeros((s, b), bool),
+                   jnp.zeros((s, b), bool), jnp.zeros((s, b, c), jnp.float32),
+                   jnp.zeros((s, b, c, k), jnp.int32), jnp.zeros((s, b, c, k), jnp.float32),
+                   routes)
 
 
 def _no_routes(model: DiffusionGemma, lead: tuple):
@@ -232,15 +240,15 @@ def finalize_canvas(argmax, done_rows, cfg: SamplerConfig):
 
 def generate(model: DiffusionGemma, prompt, key, cfg: SamplerConfig, *, prompt_valid=None,
              noise: SamplerNoise | None = None) -> GenerateOutput:
-  """Generates `n_canvases` canvases after the prompts [B, P] (left padding: `prompt_valid`
-  False). Call under `jax.jit` (see `make_generator`)."""
+  """Generates up to `n_canvases` canvases after the prompts [B, P] (left padding:
+  `prompt_valid` False), stopping once every row has finished. Call under `jax.jit` (see
+  `make_generator`)."""
   check_route_capture(model, cfg)
   b, p = prompt.shape
   c, vocab = model.cfg.canvas_length, model.cfg.vocab_size
   valid = jnp.ones((b, p), bool) if prompt_valid is None else prompt_valid
   cache = init_cache(model.cfg, b, p + cfg.n_canvases * c)
   prefill = model.commit_forward(prompt, cache, valid)
-  cache = prefill.cache
   capture = cfg.capture_routes
   no_routes = _no_routes(model, (b, c)) if capture else None
 
@@ -252,32 +260,50 @@ def generate(model: DiffusionGemma, prompt, key, cfg: SamplerConfig, *, prompt_v
     ids = token_major_routes(out.expert_ids)
     return out.cache, jnp.where(live[:, None, None, None], ids, no_routes)
 
-  def one_canvas(carry, ci):
-    cache, done, forwards, commits = carry
+  def run_canvas(cache, done, ci):
+    """(cache, rows finished, decoder forwards [B], commit ran, (tokens, trace, routes)) of
+    canvas `ci`: denoised, finalized and, unless it is the last or it finished every row,
+    committed."""
     initial = (noise.initial[ci] if noise is not None else jax.random.randint(
         jax.random.fold_in(jax.random.fold_in(key, ci), cfg.max_steps), (b, c), 0, vocab,
         jnp.int32))
     draw = lambda s: _step_noise(key, noise, ci, s, (b, c), vocab)
     argmax, n_fwd, trace = denoise_canvas(model, cache, initial, cfg, draw, done)
     tokens, finished = finalize_canvas(argmax, done, cfg)
-    last = ci == cfg.n_canvases - 1
-    cache, routes = jax.lax.cond(last, lambda k: (k, no_routes),
+    stop = (ci == cfg.n_canvases - 1) | jnp.all(finished)
+    cache, routes = jax.lax.cond(stop, lambda k: (k, no_routes),
                                  lambda k: commit(tokens, k, ~done), cache)
-    commits = commits + jnp.where(last, 0, 1)
-    return (cache, finished, forwards + n_fwd, commits), (tokens, trace, routes)
+    return cache, finished, n_fwd, ~stop, (tokens, trace, routes)
+
+  def skip_canvas(cache, done, ci):
+    """A canvas after every row finished: padding, no forward."""
+    del ci
+    fill = cfg.eos_ids[0] if cfg.pad_id is None else cfg.pad_id
+    tokens = jnp.full((b, c), fill, jnp.int32)
+    return (cache, done, jnp.zeros((b,), jnp.int32), jnp.bool_(False),
+            (tokens, empty_trace(model, cfg, b, c), no_routes))
+
+  def one_canvas(carry, ci):
+    cache, done, forwards, commits, ran = carry
+    skip = jnp.all(done)
+    cache, done, n_fwd, committed, out = jax.lax.cond(skip, skip_canvas, run_canvas, cache,
+                                                      done, ci)
+    counts = (forwards + n_fwd, commits + committed.astype(jnp.int32),
+              ran + (~skip).astype(jnp.int32))
+    return (cache, done) + counts, out
 
   zeros = jnp.zeros((b,), jnp.int32)
-  (_, finished, forwards, commits), (tokens, trace, routes) = jax.lax.scan(
-      one_canvas, (cache, jnp.zeros((b,), bool), zeros, jnp.int32(1)),
-      jnp.arange(cfg.n_canvases))
+  init = (prefill.cache, jnp.zeros((b,), bool), zeros, jnp.int32(1), jnp.int32(0))
+  (_, finished, forwards, commits, ran), (tokens, trace, routes) = jax.lax.scan(
+      one_canvas, init, jnp.arange(cfg.n_canvases))
   by_row = lambda x: jnp.moveaxis(x, 1, 0).reshape((b, cfg.n_canvases * c) + x.shape[3:])
   prompt_routes = clean_routes = None
   if capture:
     prompt_routes = jnp.where(valid[:, :, None, None], token_major_routes(prefill.expert_ids),
                               -1).astype(ROUTE_DTYPE)
     clean_routes = by_row(routes)
-  return GenerateOutput(by_row(tokens), forwards, jnp.broadcast_to(commits, (b,)), finished,
-                        trace, prompt_routes, clean_routes)
+  return GenerateOutput(by_row(tokens), forwards, jnp.broadcast_to(commits, (b,)), ran,
+                        finished, trace, prompt_routes, clean_routes)
 
 
 def make_generator(graphdef, cfg: SamplerConfig):

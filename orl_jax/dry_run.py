@@ -168,6 +168,9 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   if hf_dir:
     from orl_jax.models import hf
     family = families.get(hf.family_of(hf_dir))
+  if family is not None:
+    from orl_jax.train.run import fill_decode_defaults
+    fill_decode_defaults(config, hf_dir, family.name)
   if family is not None and family.own_model:
     return own_model_sizing_rows(config, family, n_devices)
   from orl_jax.rollout import rollout

@@ -55,9 +55,10 @@ class Decoded(NamedTuple):
   tokens: np.ndarray        # [n, N] responses
   nfe: np.ndarray           # [n] forwards, the paper's count (one commit forward per block)
   nfe_engine: np.ndarray    # [n] forwards the engine ran
-  n_generated: np.ndarray   # [n] tokens through the first EOS
-  nfe_decoder: np.ndarray | None   # [n] denoising forwards only (DiffusionGemma: transformers'
-                                   # count); None for the mask families
+  n_generated: np.ndarray   # [n] tokens through the first EOS (DiffusionGemma: its non-padding
+                            # tokens, transformers' count)
+  nfe_denoise: np.ndarray | None   # [n] denoising forwards only (DiffusionGemma: the authors' /
+                                   # transformers' count); None for the mask families
   seconds: float
 
 
@@ -73,15 +74,23 @@ def _decoder(graphdef, task, config, rule: UnmaskRule, temperature: float, model
   return make_decoder(graphdef, dcfg)
 
 
+def _bar(total: int, desc: str, progress: bool, *, unit: str, leave: bool):
+  """A progress bar (rate and time left) shown by process 0 when `progress`."""
+  return tqdm(total=total, desc=desc, unit=unit, leave=leave, dynamic_ncols=True,
+              disable=not (progress and distributed.is_lead_process()))
+
+
 def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, *,
                     batch_size: int, temperature: float = 0.0, seed: int = 0, progress=False,
-                    mesh=None, model_cfg=None) -> Decoded:
+                    mesh=None, model_cfg=None, desc: str = "") -> Decoded:
   """Decodes `problems` with the decoder of `model_cfg`'s family (default: the block decoder).
 
   With a `mesh`, every batch is one global array split over the mesh's batch axes: each
   process feeds, and its devices decode, only its rows (`sharding.process_rows`); the outputs
-  are gathered. Without one, the batch is a host array every device sees whole."""
+  are gathered. Without one, the batch is a host array every device sees whole. `progress`
+  shows a bar over the problems (`desc` names it)."""
   prompts, valid = encode_prompts(problems, task.tokenizer, config.task.prompt_len)
+  bar = _bar(len(problems), desc or f"decode {rule.label}", progress, unit="problem", leave=False)
   if config.decode.schedule == "per_row":
     family = families.of_model(model_cfg)
     if family is not None and family.make_decoder is not None:
@@ -90,8 +99,9 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
                                     eos_id=task.tokenizer.eos_id, rule=rule,
                                     temperature=temperature)
-    return _decode_queue(graphdef, params, prompts, valid, dcfg, batch_size=batch_size,
-                         seed=seed, mesh=mesh)
+    with bar:
+      return _decode_queue(graphdef, params, prompts, valid, dcfg, batch_size=batch_size,
+                           seed=seed, mesh=mesh, bar=bar)
   prompts, valid = _pad_rows(prompts, batch_size), _pad_rows(valid, batch_size)
   if mesh is not None:
     _check_batch_split(batch_size, mesh)
@@ -104,23 +114,26 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
   compiled = run.lower(params, *feed(prompts[:batch_size], valid[:batch_size]), key).compile()
   outs, seconds = [], 0.0
   it = list(_batches(len(prompts), batch_size))
-  for i, (s, e) in enumerate(tqdm(it, desc=f"eval {rule.label}", disable=not progress,
-                                  leave=False)):
+  for i, (s, e) in enumerate(it):
     batch = feed(prompts[s:e], valid[s:e])
     t0 = time.perf_counter()
     out = jax.block_until_ready(compiled(params, *batch, jax.random.fold_in(key, i)))
     seconds += time.perf_counter() - t0
-    decoder = getattr(out, "nfe_decoder", None)
+    bar.update(max(0, min(e, len(problems)) - s))      # padding rows are not problems
+    decoder = getattr(out, "nfe_denoise", None)
     outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated)
                                      + (() if decoder is None else (decoder,))))
+  bar.close()
   arrays = [np.concatenate(x)[:len(problems)] for x in zip(*outs)]
   return Decoded(*arrays[:4], arrays[4] if len(arrays) > 4 else None, seconds)
 
 
-def _decode_queue(graphdef, params, prompts, valid, dcfg, *, batch_size: int, seed: int, mesh):
+def _decode_queue(graphdef, params, prompts, valid, dcfg, *, batch_size: int, seed: int, mesh,
+                  bar):
   """`decode.schedule = "per_row"`: every problem is one queue that `batch_size` rows decode,
   each row taking the next problem as soon as its response ends (`orl_jax.engine`); one jitted
-  call, timed after an ahead-of-time compile. Problem i samples with fold_in(key, i)."""
+  call, timed after an ahead-of-time compile (so `bar` moves once, when it returns). Problem i
+  samples with fold_in(key, i)."""
   if mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
     raise ValueError("decode.schedule='per_row' decodes its queue on one batch shard: set "
                      "mesh.data = mesh.fsdp = mesh.expert = 1, or decode.schedule='lockstep'")
@@ -130,6 +143,7 @@ def _decode_queue(graphdef, params, prompts, valid, dcfg, *, batch_size: int, se
   t0 = time.perf_counter()
   out = jax.block_until_ready(compiled(params, prompts, valid, key))
   seconds = time.perf_counter() - t0
+  bar.update(len(prompts))
   tokens, nfe, nfe_engine, n_gen = sharding_lib.to_host(
       (out.tokens, out.nfe, out.nfe_engine, out.n_generated))
   return Decoded(tokens, nfe, nfe_engine, n_gen, None, seconds)
@@ -160,9 +174,10 @@ def _tpf_fields(n_gen, nfe, suffix: str) -> dict:
 
 
 def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule, *,
-                     batch_size: int, progress=False, mesh=None, model_cfg=None) -> dict:
+                     batch_size: int, progress=False, mesh=None, model_cfg=None,
+                     desc: str = "") -> dict:
   d = decode_problems(graphdef, params, problems, task, config, rule, batch_size=batch_size,
-                      progress=progress, mesh=mesh, model_cfg=model_cfg)
+                      progress=progress, mesh=mesh, model_cfg=model_cfg, desc=desc)
   texts = [task.tokenizer.decode(t, stop_at_eos=True) for t in d.tokens]
   scores = _score_shared(problems, texts, task.verifier)
   n_gen = d.n_generated
@@ -171,8 +186,9 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
       **_tpf_fields(n_gen, d.nfe, ""),
       # the forwards the engine ran (commits no later block needs are skipped)
       **_tpf_fields(n_gen, d.nfe_engine, "_engine"),
-      # denoising forwards only (transformers' DiffusionGemma count; no commit forwards)
-      **({} if d.nfe_decoder is None else _tpf_fields(n_gen, d.nfe_decoder, "_decoder")),
+      # denoising forwards only (the authors' / transformers' DiffusionGemma count; no commit
+      # forwards)
+      **({} if d.nfe_denoise is None else _tpf_fields(n_gen, d.nfe_denoise, "_denoise")),
       "tokens_mean": float(n_gen.mean()),
       "tps": float(n_gen.sum() / max(d.seconds, 1e-9)),
       "n_problems": len(problems),
@@ -186,19 +202,27 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
 
 
 def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progress=True,
-             mesh=None, model_cfg=None) -> dict:
+             mesh=None, model_cfg=None, name: str = "") -> dict:
   """{setting: metrics} of the model on the first `eval.n_problems` evaluation problems; with a
   `mesh`, the problems of each batch are split over its batch axes (and so over processes).
-  `model_cfg` (the run's `Setup.model_cfg`) picks its family's decoder."""
+  `model_cfg` (the run's `Setup.model_cfg`) picks its family's decoder. `progress` shows a bar
+  over the settings (named `name`) and one over each setting's problems."""
   problems = task.eval_problems()
   if config.eval.n_problems > len(problems):
     raise ValueError(f"eval.n_problems={config.eval.n_problems} but the task's evaluation set has "
                      f"{len(problems)} problems (the tiny task: raise task.tiny.n_eval).")
   problems = problems[:config.eval.n_problems]
-  return {label: evaluate_setting(graphdef, params, problems, task, config,
-                                  UnmaskRule.parse(label), batch_size=config.eval.batch_size,
-                                  progress=progress, mesh=mesh, model_cfg=model_cfg)
-          for label in settings}
+  results = {}
+  title = f"evaluate {name}".strip()
+  with _bar(len(settings), title, progress, unit="setting", leave=True) as bar:
+    for label in settings:
+      r = results[label] = evaluate_setting(
+          graphdef, params, problems, task, config, UnmaskRule.parse(label),
+          batch_size=config.eval.batch_size, progress=progress, mesh=mesh,
+          model_cfg=model_cfg, desc=f"{title}: {label}")
+      bar.set_postfix_str(f"{label} acc {r['accuracy']:.3f} TPF {r['tpf_pooled']:.2f}")
+      bar.update(1)
+  return results
 
 
 def update_results(path: str, model_name: str, results: dict) -> dict:
@@ -322,7 +346,7 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True)
     s = loop.setup(cfg)
     graphdef, params = loop.initial_params(s)
     results = evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress,
-                       mesh=s.mesh, model_cfg=s.model_cfg)
+                       mesh=s.mesh, model_cfg=s.model_cfg, name=name)
     if distributed.is_lead_process():
       all_results = update_results(path, name, results)
     else:

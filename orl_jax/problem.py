@@ -22,3 +22,14 @@ class Verifier(Protocol):
 
   def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
     ...
+
+
+def truncate_completion(completion: str, stop_sequences: Sequence[str]) -> str:
+  """Cuts a response at the first of `stop_sequences` (a code block's closing fence, the next
+  few-shot `Question:`): what follows was never part of the answer."""
+  cut = len(completion)
+  for stop in stop_sequences:
+    index = completion.find(stop)
+    if index >= 0:
+      cut = min(cut, index)
+  return completion[:cut]

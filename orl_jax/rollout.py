@@ -29,7 +29,7 @@ class Trajectories:
   finished: jax.Array        # [P*G] bool
   capture: Capture           # [P*G, S, ...] every forward step
   rollout_step: jax.Array    # scalar int32: the update these trajectories were drawn for
-  nfe_decoder: jax.Array | None = None  # [P*G] int32 denoising forwards only (DiffusionGemma:
+  nfe_denoise: jax.Array | None = None  # [P*G] int32 denoising forwards only (DiffusionGemma:
                                         # transformers' TPF denominator); None: mask families
 
 

@@ -99,6 +99,11 @@ def prompt_task(task_cfg, texts: Sequence[str], tokenizer=None) -> Task:
   else:
     from orl_jax.data.hf_tokenizer import byte_level_tokenizer
     tokenizer, chat = tokenizer or byte_level_tokenizer(), _task_field(task_cfg, "chat", "none")
+  blank = [i for i, t in enumerate(texts) if not t.strip()]
+  if blank:
+    from orl_jax.config import ConfigError
+    raise ConfigError(f"prompt {blank[0]} to decode is empty or only whitespace: give the text "
+                      "to decode")
   from orl_jax.data.prompts import apply_chat
   problems = [Problem(f"prompt-{i}", apply_chat(t, chat)) for i, t in enumerate(texts)]
   return Task("prompts", tokenizer, NoVerifier(), _cycle(problems), lambda: problems)

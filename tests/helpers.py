@@ -210,3 +210,25 @@ def tensorboard_scalars(logdir: str, tag: str) -> list[int]:
       elif event.HasField("summary") and any(v.tag == tag for v in event.summary.value):
         steps.append(event.step)
   return steps
+
+
+def greedy_threshold_margin(capture, row: int, mask_id: int, threshold: float) -> float:
+  """The smallest margin, in log-probability, of any decision a greedy threshold decode of
+  `row` took, from its captured steps: each masked position's best token over its second, each
+  masked position's confidence against the threshold, and, in a step where no position reached
+  the threshold, the most confident position over the next one (the one the rule commits).
+  Two computations whose log-probabilities differ by less than half of it decode alike; a test
+  comparing such decodes asserts it is far above their difference, so no near tie decides it."""
+  import jax
+  capture = jax.device_get(capture)
+  margins = []
+  for s in np.nonzero(capture.valid[row])[0]:
+    masked = capture.block_tokens[row, s] == mask_id
+    best = capture.topk_logprobs[row, s][masked]                 # [masked, K] best first
+    margins += list(best[:, 0] - best[:, 1])
+    margins += list(np.abs(best[:, 0] - np.log(threshold)))
+    if not np.any(best[:, 0] >= np.log(threshold)) and len(best) > 1:
+      top = np.sort(best[:, 0])[::-1]
+      margins.append(top[0] - top[1])
+  return float(min(margins))
+

@@ -20,6 +20,9 @@ from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
 from tests.helpers import TINY, live_adapter, tiny_model
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 P, B_SIZE, GEN = 8, 4, 12          # prompt, block, response: three blocks
 UNUSED_EOS = TINY.vocab_size       # an EOS id outside the vocabulary: no row ever finishes
 

@@ -31,6 +31,9 @@ from orl_jax.models.transformer import ModelConfig
 from orl_jax.problem import Problem
 from orl_jax.unmasking import UnmaskRule
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = "What is 7 * 8?"
 # what the user changes for a quick CPU run (run-time choices, not shapes): the byte-level
@@ -84,10 +87,12 @@ def llada_dirs(tmp_path_factory):
 
 
 def library_decode(path: str, prompt: str, *, dtype: str, prompt_len: int, gen_length: int,
-                   block_size: int, rule: UnmaskRule, chat: str, moe_impl: str = "dense"):
-  """The same prompt decoded through the library directly: (text, NFE, generated tokens)."""
+                   block_size: int, rule: UnmaskRule, chat: str, moe_impl: str = "dense",
+                   special: dict | None = None):
+  """The same prompt decoded through the library directly: (text, NFE, generated tokens);
+  `special`: the token ids to use (default: the family's)."""
   family = hf.family_of(path)
-  tok = HFTokenizer.from_file(path, families.get(family).special_tokens)
+  tok = HFTokenizer.from_file(path, special or families.get(family).special_tokens)
   arch = families.get(family).architecture_from_hf(hf.read_hf_config(path))
   if "moe" in arch:
     arch["moe"] = dataclasses.replace(arch["moe"], impl=moe_impl)
@@ -101,12 +106,12 @@ def library_decode(path: str, prompt: str, *, dtype: str, prompt_len: int, gen_l
   return tok.decode(out.tokens[0], stop_at_eos=True), int(out.nfe[0]), int(out.n_generated[0])
 
 
-def _expected_line(path: str, config) -> str:
+def _expected_line(path: str, config, special: dict | None = None) -> str:
   d = config.decode
   text, nfe, n = library_decode(path, PROMPT, dtype=config.model.dtype,
                                 prompt_len=128, gen_length=32, block_size=d.block_size,
                                 rule=UnmaskRule(d.rule, d.rule_value), chat=config.task.chat,
-                                moe_impl=config.model.moe.impl)
+                                moe_impl=config.model.moe.impl, special=special)
   return f"    -> {text}   [NFE {nfe}, TPF {n / max(nfe, 1):.2f}]"
 
 
@@ -123,16 +128,21 @@ def _decode_launcher():
   return module
 
 
-def test_decode_prompt_from_hf_llada_directory_equals_library_decode(llada_dirs, tmp_path):
-  """The README's command on a saved HF LLaDA directory, through the command line."""
-  config = llada.get_config("8b-instruct")
+def _decode_py(command: list[str], tmp_path):
+  """`command` (launch/decode.py and its flags) with RUN_FLAGS, which succeeds."""
   out = subprocess.run(
-      [sys.executable, "launch/decode.py", "--config=configs/llada.py:8b-instruct",
-       f"--config.model.path={llada_dirs[0]}", f"--prompt={PROMPT}", *RUN_FLAGS,
-       f"--html={tmp_path / 'page.html'}"],
+      [sys.executable, *command, *RUN_FLAGS, f"--html={tmp_path / 'page.html'}"],
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONIOENCODING="utf-8"),
       capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def test_decode_prompt_from_hf_llada_directory_equals_library_decode(llada_dirs, tmp_path):
+  """The README's command on a saved HF LLaDA directory, through the command line."""
+  config = llada.get_config("8b-instruct")
+  out = _decode_py(["launch/decode.py", "--config=configs/llada.py:8b-instruct",
+                    f"--config.model.path={llada_dirs[0]}", f"--prompt={PROMPT}"], tmp_path)
   assert f"== model ({llada_dirs[0]}), decoder threshold_0.9" in out.stdout
   assert _expected_line(llada_dirs[0], config) in out.stdout, out.stdout
   assert (tmp_path / "page.html").is_file()
@@ -240,3 +250,33 @@ def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
     config.task.prompt_len, config.decode.gen_length = 128, 32
   decoded = _decode_launcher().decode_model(config, name, path, [PROMPT])
   assert decoded.lines()[-1].splitlines()[-1] == _expected_line(path, config)
+
+
+def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_path):
+  """A LLaDA2 directory whose tokenizer has 300 ids (the family's mask 156895 is none of them):
+  config.json declares mask 299 and pad 298, generation_config.json the EOS ids [297, 295]
+  (over config.json's 295). launch/decode.py decodes it with no override, prints where each id
+  came from, and decodes as the library does with those ids given by hand; an override still
+  wins."""
+  from orl_jax.train.run import load_tokenizer
+  _, cfg, _ = OTHER_FAMILIES["llada"]
+  cfg = dataclasses.replace(cfg, vocab_size=300, mask_id=299)
+  path = str(tmp_path / "own_ids")
+  byte_tokenizer(str(tmp_path / "tokenizer.json"), 300,
+                 {295: "<|end|>", 297: "<|eos|>", 298: "<|pad|>", 299: "<|mask|>"})
+  hf.export_hf(path, nnx.state(hf.build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+               tokenizer_file=str(tmp_path / "tokenizer.json"),
+               extra_config={"eos_token_id": 295, "pad_token_id": 298})
+  with open(os.path.join(path, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [297, 295], "max_new_tokens": 2048}, f)
+  out = _decode_py(["launch/decode.py", "--config=configs/llada.py",
+                    f"--config.model.path={path}", f"--prompt={PROMPT}"], tmp_path)
+  assert ("  special tokens: mask=299 (config.json), eos=[297, 295] (generation_config.json), "
+          "pad=298 (config.json)") in out.stdout, out.stdout
+  config = llada.get_config()
+  by_hand = {"mask": 299, "eos": 297, "pad": 298}
+  assert _expected_line(path, config, by_hand) in out.stdout, out.stdout
+  config.model.special_tokens.eos = "<|end|>"
+  tok = load_tokenizer(config, path, "llada2_moe")
+  assert (tok.mask_id, tok.eos_id, tok.pad_id) == (299, 295, 298)
+  assert tok.origins["eos"] == "model.special_tokens.eos"

@@ -1,5 +1,6 @@
 """The demo's reports: seed means in results.json and the per-stage training summary."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -54,7 +55,8 @@ def test_training_summary_reads_start_end_and_the_anchor(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_path, monkeypatch):
+def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_path, monkeypatch,
+                                                                        capsys):
   """The demo pipeline end to end on smoke shapes (random base, 2-step stages, two rollout seeds,
   one ablation, one more run of each from a warm-up retrained with seed 2): results.json holds
   the seed means with per-seed figures and the other warm-up's runs beside them, and a second
@@ -74,6 +76,13 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
   c.train.mode, c.model.residual.mode = "sft", "none"
   path = demo.run_demo(c, progress=False)
   results = json.load(open(path))
+  # the run ends with the results table, then the paths of the plots and of results.json
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines[-1] == f"results: {os.path.abspath(path)}" and lines[-2].startswith("plot: ")
+  table = next(i for i, line in enumerate(lines) if line.startswith("model "))
+  assert any(line.startswith("training orl") for line in lines[:table])   # summaries first
+  assert not any(line.startswith("training ") and not line.startswith("training curves: ")
+                 for line in lines[table:])
   assert set(results) == {"base", "warmup", "orl", "orl_no_kl", "orl@warmup2",
                           "orl_no_kl@warmup2"}
   for name in ("orl", "orl_no_kl"):

@@ -28,6 +28,9 @@ from orl_jax.models.diffusion_gemma_config import (FULL, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig, release_26b_a4b)
 from orl_jax.sharding import path_name
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 LOGIT_RTOL = 5e-5   # max |Δ| / max |logit| (f32; measured ~1e-5)
 TEXT_CONFIG = {
     "vocab_size": 99, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
@@ -304,19 +307,12 @@ def _hf_generate(tm, prompt, noise, cfg: sampler.SamplerConfig):
   return out, rec
 
 
-@pytest.mark.parametrize("window,stability,confidence", [(512, 1, 0.005),
-                                                         (SMALL_WINDOW, 0, 1.5)])
-def test_sampler_trace_matches_transformers(hf_dirs, window, stability, confidence):
-  """Same noise -> same canvas at every step, same accepted sets, same outputs and forward
-  counts. The second case stops on confidence alone (the random model's argmax canvas never
-  settles within 8 steps), and its rows stop early, at different steps."""
-  pytest.importorskip("transformers")
-  tm = _load_hf(hf_dirs[window])
-  model, _ = dg_hf.load_dir(hf_dirs[window])
-  cfg = sampler.SamplerConfig(n_canvases=2, max_steps=8, stability_threshold=stability,
-                              confidence_threshold=confidence, eos_ids=(2,), pad_id=0)
-  rng = np.random.default_rng(3)
-  b, p = 3, 7
+def _run_both(hf_dir, cfg: sampler.SamplerConfig, seed: int, b: int = 3, p: int = 7):
+  """transformers' `generate` and our sampler on the same prompts and injected noise ->
+  (theirs, its recorder, ours, our trace as numpy, prompt length)."""
+  tm = _load_hf(hf_dir)
+  model, _ = dg_hf.load_dir(hf_dir)
+  rng = np.random.default_rng(seed)
   prompt = _prompts(rng, b, p)
   shape = (cfg.n_canvases, cfg.max_steps, b, CANVAS)
   noise = sampler.SamplerNoise(
@@ -324,11 +320,14 @@ def test_sampler_trace_matches_transformers(hf_dirs, window, stability, confiden
       uniform=jnp.asarray(rng.random(shape), jnp.float32),
       renoise=jnp.asarray(rng.integers(0, 99, shape), jnp.int32))
   out, rec = _hf_generate(tm, prompt, noise, cfg)
-
   graphdef, state = nnx.split(model)
   ours = sampler.make_generator(graphdef, cfg)(state, jnp.asarray(prompt, jnp.int32),
                                                jax.random.key(0), noise=noise)
-  trace = jax.tree.map(np.asarray, ours.trace)
+  return out, rec, ours, jax.tree.map(np.asarray, ours.trace), p
+
+
+def _assert_same_run(out, rec, ours, trace, p, cfg):
+  """Same canvas fed to every decoder forward, same accepted sets, same tokens, same TPF."""
   steps_run = trace.active.any(axis=-1)                                # [N, S]
   assert len(rec.fed) == int(steps_run[:len({c for c, _, _ in rec.fed})].sum())
   for (c, s, fed), accepted in zip(rec.fed, rec.accepted):
@@ -340,9 +339,61 @@ def test_sampler_trace_matches_transformers(hf_dirs, window, stability, confiden
   n_valid = (hf_tokens != cfg.pad_id).sum(-1)
   np.testing.assert_allclose(n_valid / np.asarray(ours.decoder_forwards),
                              out.tokens_per_forward.numpy(), rtol=1e-6)
+  return hf_tokens
+
+
+@pytest.mark.parametrize("window,stability,confidence", [(512, 1, 0.005),
+                                                         (SMALL_WINDOW, 0, 1.5)])
+def test_sampler_trace_matches_transformers(hf_dirs, window, stability, confidence):
+  """Same noise -> same canvas at every step, same accepted sets, same outputs and forward
+  counts. The second case stops on confidence alone (the random model's argmax canvas never
+  settles within 8 steps), and its rows stop early, at different steps."""
+  pytest.importorskip("transformers")
+  cfg = sampler.SamplerConfig(n_canvases=2, max_steps=8, stability_threshold=stability,
+                              confidence_threshold=confidence, eos_ids=(2,), pad_id=0)
+  out, rec, ours, trace, p = _run_both(hf_dirs[window], cfg, seed=3)
+  _assert_same_run(out, rec, ours, trace, p, cfg)
   if stability == 0:   # the early stop really happened, and not for every row at once
     first = trace.active[0].sum(axis=0)
     assert first.min() < cfg.max_steps and len(set(first.tolist())) > 1
+
+
+# (EOS ids, noise seed) -> the canvas holding each row's first EOS (3 canvases of 16; ids
+# 7.. are frequent argmaxes of the random model, so rows end early, where and when the
+# injected noise makes them)
+EARLY_ENDS = {"all rows in canvas 0": (tuple(range(7, 17)), 3, [0, 0, 0]),
+              "rows in canvases 0 and 1": (tuple(range(7, 14)), 5, [0, 1, 0])}
+
+
+@pytest.mark.parametrize("case", sorted(EARLY_ENDS))
+def test_no_canvas_is_generated_after_every_row_finished(hf_dirs, case):
+  """transformers stops generating canvases once every row has an EOS; so do we: the same
+  tokens and forwards, no decoder or commit forward after the last row finished (the rest of
+  the output is padding), and TPF's tokens counted as transformers counts them."""
+  pytest.importorskip("transformers")
+  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  eos, seed, ends = EARLY_ENDS[case]
+  cfg = sampler.SamplerConfig(n_canvases=3, max_steps=4, eos_ids=eos, pad_id=0)
+  out, rec, ours, trace, p = _run_both(hf_dirs[512], cfg, seed=seed)
+  hf_tokens = _assert_same_run(out, rec, ours, trace, p, cfg)
+  is_eos = np.isin(hf_tokens, eos)
+  assert (np.argmax(is_eos, axis=1) // CANVAS).tolist() == ends and is_eos.any(axis=1).all()
+  generated = max(ends) + 1                              # canvases transformers generated
+  assert hf_tokens.shape[1] == generated * CANVAS < cfg.n_canvases * CANVAS
+  assert int(ours.canvases_run) == generated
+  assert not trace.active[generated:].any()              # no decoder forward after that
+  # encoder forwards (the prefill and one commit per further canvas) = our commit forwards
+  assert rec.canvas_idx + 1 == generated
+  np.testing.assert_array_equal(np.asarray(ours.commit_forwards), generated)
+  assert (np.asarray(ours.tokens)[:, generated * CANVAS:] == cfg.pad_id).all()
+  counts = dg_rollout.forward_counts(ours, cfg)
+  np.testing.assert_array_equal(np.asarray(counts.n_generated),
+                                (hf_tokens != cfg.pad_id).sum(-1))
+  np.testing.assert_array_equal(np.asarray(counts.nfe_denoise),
+                                np.asarray(ours.decoder_forwards))
+  # the paper's count adds one commit forward per canvas a row decoded (through its EOS)
+  np.testing.assert_array_equal(np.asarray(counts.nfe),
+                                np.asarray(ours.decoder_forwards) + np.asarray(ends) + 1)
 
 
 def test_sampler_runs_on_its_own_noise_in_jit(hf_dirs):

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from configs import diffusion_gemma as dg_configs
+from orl_jax.train.run import fill_decode_defaults
 from orl_jax import config as config_lib
 from orl_jax import dry_run, sharding
 from orl_jax.models import families
@@ -93,7 +94,16 @@ def test_variants():
   assert m.diffusion_gemma.sliding_window == 1024 and c.decode.block_size == 256
   assert c.orl.capture_routes and c.eval.settings[0] == "entropy_budget_0.1"
   for variant in dg_configs.VARIANTS:
-    config_lib.validate(dg_configs.get_config(variant))
+    c = dg_configs.get_config(variant)
+    fill_decode_defaults(c, "", "diffusion_gemma")   # what a run does before validating
+    config_lib.validate(c)
+  # the sampler's settings are transformers' generation defaults unless the config sets them
+  c = dg_configs.get_config()
+  assert c.decode.gen_length is None
+  fill_decode_defaults(c, "", "diffusion_gemma")
+  assert (c.decode.gen_length, c.decode.max_steps_per_block, c.decode.rule_value, c.decode.t_min,
+          c.decode.t_max, c.decode.stability_threshold, c.decode.confidence_threshold) == (
+              256, 48, 0.1, 0.4, 0.8, 1, 0.005)
   with pytest.raises(ValueError, match="26b-a4b"):
     dg_configs.get_config("2b")
 
@@ -137,14 +147,15 @@ def test_26b_a4b_dry_run_matches_hand_calculation(fsdp):
   shards = fsdp * 8
   for name in ("rollout capture buffers", "replay batch"):
     assert by[name].per_device_bytes == by[name].total_bytes // shards
-  # 64 responses x (2 canvases x 48 steps) states, each: canvas 256 x (z 2816 bf16 + token,
-  # alpha, entropy + top-16 ids and log-probs + accepted) + block, step, valid
+  # 64 responses x (1 canvas of 256 new tokens, transformers' default length x 48 steps)
+  # states, each: canvas 256 x (z 2816 bf16 + token, alpha, entropy + top-16 ids and log-probs
+  # + accepted) + block, step, valid
   # + routes (orl.capture_routes): int16 top-8 ids of 30 layers for every token of every state,
-  # of the 512-token prompt prefill and of the 512 committed response tokens
+  # of the 512-token prompt prefill and of the 256 committed response tokens
   per_state = 256 * (2816 * bf16 + 3 * 4 + 16 * 8 + 1) + 2 * 4 + 1
-  routes = 64 * (96 * 256 + 512 + 512) * 30 * 8 * 2
-  assert by["rollout capture buffers"].total_bytes == 64 * (96 * per_state + 4 + 1) + routes
-  dcfg = types.SimpleNamespace(capture_states=96, block_size=256, top_k=16, gen_length=512,
+  routes = 64 * (48 * 256 + 512 + 256) * 30 * 8 * 2
+  assert by["rollout capture buffers"].total_bytes == 64 * (48 * per_state + 4 + 1) + routes
+  dcfg = types.SimpleNamespace(capture_states=48, block_size=256, top_k=16, gen_length=256,
                                capture_routes=True)
   assert by["rollout capture buffers"].total_bytes == (
       capture_bytes(64, dcfg, 2816, bf16) + route_capture_bytes(64, dcfg, 512, 30, 8))

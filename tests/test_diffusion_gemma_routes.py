@@ -27,6 +27,9 @@ from tests.test_diffusion_gemma_replay import (CANVAS, CFG, GROUP, N_CANVASES, P
                                                SAMPLER, STEPS, _perturbed_model, _prompts,
                                                _rollout_logits, _state_tokens)
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 
 @functools.lru_cache(maxsize=None)
 def _rollout(capture_routes: bool):

@@ -28,7 +28,7 @@ def test_debug_config_trains_two_orl_iterations_and_exports_for_transformers(tmp
   assert last["responses_kl"] > 0
   assert last["rollout_uses"] == 1 and last["states_dropped"] == 0
   # TPF both ways: the paper's count has one commit forward per canvas on top of the decoder's
-  assert last["rollout_tpf_decoder"] > last["rollout_tpf"] > 0
+  assert last["rollout_tpf_denoise"] > last["rollout_tpf"] > 0
   hf_dir = os.path.join(c.workdir, "hf")
   with open(os.path.join(hf_dir, "config.json")) as f:
     assert json.load(f)["model_type"] == "diffusion_gemma"

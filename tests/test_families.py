@@ -311,11 +311,13 @@ def test_llada_variants():
   assert (c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads) == (2048, 20,
                                                                                      16, 4)
   assert (c.decode.block_size, c.decode.rule, c.decode.rule_value) == (32, "threshold", 0.95)
-  assert c.model.special_tokens.mask == "156895" and c.model.family == "block_causal"
+  # special tokens: the model directory's (config.json / generation_config.json), else the
+  # family's; the config overrides none of them
+  assert set(c.model.special_tokens.values()) == {""} and c.model.family == "block_causal"
   assert llada.get_config("2.0-mini").model.hub_id == "inclusionAI/LLaDA2.0-mini"
   dense = llada.get_config("8b-instruct")
   assert dense.model.hf_family == "llada" and dense.model.family == "bidirectional"
-  assert dense.model.moe.n_experts == 0 and dense.model.special_tokens.eos == "126348"
+  assert dense.model.moe.n_experts == 0 and dense.model.special_tokens.eos == "<|eot_id|>"
   d = llada.get_config("debug")
   m = d.model
   assert (m.n_layers, m.first_k_dense, m.moe.n_experts, m.moe.top_k, m.moe.n_shared,

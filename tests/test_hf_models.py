@@ -22,6 +22,9 @@ from orl_jax.models import hf
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 T = 12
 
 

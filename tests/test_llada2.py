@@ -198,7 +198,10 @@ def test_llada2_matches_float64_reference(impl, norm_head):
   cfg = dataclasses.replace(CFG, moe=dataclasses.replace(MOE, impl=impl), norm_head=norm_head)
   flat = random_flat_params(cfg, seed=4)
   tensors = llada2.params_to_hf(flat, cfg)
-  hf = llada2.hf_config_json(cfg)
+  # our model's optional L2-normalised head (the official LLaDA2 code ignores norm_head, so
+  # config.json cannot carry it): the reference is told directly
+  hf = dict(llada2.hf_config_json(dataclasses.replace(cfg, norm_head=False)),
+            norm_head=norm_head)
   model = build_model(cfg, llada2.params_from_hf(tensors, cfg))
   tokens, positions, meta = block_causal_inputs(2, 12, BLOCK, seed=4)
   out = jit_forward(model)(tokens, positions, meta)

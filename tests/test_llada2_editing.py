@@ -18,6 +18,9 @@ from orl_jax.models.transformer import ForwardOutput
 from orl_jax.unmasking import UnmaskRule, select_edits
 from tests.helpers import TINY, tiny_model
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 M, EOS, V = TINY.mask_id, 2, TINY.vocab_size
 
 

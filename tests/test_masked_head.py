@@ -15,6 +15,9 @@ from orl_jax.decoding import DecodeConfig, _Canvas, _propose_masked, _propose_st
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, live_adapter, tiny_model
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 P, B_SIZE, GEN = 8, 8, 16
 
 

@@ -12,6 +12,9 @@ from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
 from tests.helpers import TINY, TINY_BLOCK, tiny_model
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 
 def _inputs(b=2, t=12, seed=0):
   tokens = jax.random.randint(jax.random.key(seed), (b, t), 2, TINY.vocab_size)

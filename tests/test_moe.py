@@ -18,6 +18,9 @@ from orl_jax.models.moe import MoE, MoEConfig
 from orl_jax.sharding import path_name
 from tests.test_llada2 import ROUTER_MARGIN, reference_route
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=4, topk_group=2,
                 routed_scaling_factor=2.5, impl="dense")

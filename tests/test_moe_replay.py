@@ -21,6 +21,9 @@ from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD
 from tests.test_llada2 import build_model, random_flat_params
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 MOE = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=4, topk_group=2, n_shared=1,
                 routed_scaling_factor=2.5, impl="dense")
 # LLaDA2-shaped (partial RoPE, q/k norm, a dense first layer) with a live residual adapter

@@ -8,7 +8,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
+
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multiprocess_orl.py")

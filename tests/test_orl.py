@@ -15,6 +15,9 @@ from orl_jax.rollout import make_rollout
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, tiny_model
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 B_SIZE, GEN, G = 4, 12, 3
 
 
@@ -54,6 +57,7 @@ def reference(rolled_out):
 
 
 KL_CFG = LossConfig(conf_entropy=0.99)   # a random reference is never confident below 0.1
+LR_SGD = 0.5
 
 
 def _close(a, b, rtol=1e-5):
@@ -334,20 +338,24 @@ def test_kl_anchor_in_the_vocabulary_chunks_equals_the_whole_vocabulary(rolled_o
 
 
 def test_anchor_weight_changes_the_second_update_not_the_first(rolled_out):
-  """With w_kl 1 vs 0 the first update is the same (policy == reference: KL and its gradient
-  vanish) and the second differs (the anchor now pulls back)."""
-  import ml_collections
+  """With w_kl 1 vs 0 the first update is the same (policy == reference: the KL and its gradient
+  are zero in exact arithmetic) and the second differs (the policy moved, the anchor pulls
+  back). Plain SGD after global-norm clipping keeps each update linear in its gradient: Adam
+  would scale a rounding-level gradient difference up to a step of the learning rate's size on
+  parameters whose other gradients vanish, and the warm-up of the project's optimizer makes its
+  first update zero. "The same" and "differs" are measured against the size of one update, so
+  rounding (which differs between CPUs) can decide neither."""
+  import optax
   from orl_jax import sharding
-  from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+  from orl_jax.train.state import create_train_state, make_train_step
   _, params, traj, valid = rolled_out
-  train = ml_collections.ConfigDict(dict(lr=3e-3, warmup_steps=1, steps=10, final_lr_fraction=1.0,
-                                         b1=0.9, b2=0.98, weight_decay=0.0, grad_clip=1.0))
-  optimizer, mesh = make_optimizer(train, 1.0), sharding.make_mesh()
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(LR_SGD))
+  mesh = sharding.make_mesh()
   plan, _ = _plan(traj, valid)
   batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
   rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
-  history = {}
+  history = {}   # w_kl -> [(params after update i+1, loss_rkl at the params before it)]
   for w_kl in (0.0, 1.0):
     cfg = dataclasses.replace(KL_CFG, w_kl=w_kl)
     graphdef, state, state_sh = create_train_state(
@@ -355,16 +363,18 @@ def test_anchor_weight_changes_the_second_update_not_the_first(rolled_out):
         with_reference=cfg.uses_reference)
     step = make_train_step(graphdef, optimizer, losses.OrlObjective(cfg), mesh, state_sh, batch_sh)
     history[w_kl] = []
-    for _ in range(3):
+    for _ in range(2):
       state, metrics = step(state, batch, jax.random.key(0))
       history[w_kl].append((jax.device_get(state.params), float(metrics["loss_rkl"])))
     if cfg.uses_reference:   # the reference never moves
       for a, b in zip(jax.tree.leaves(state.reference), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  diff = lambda i: max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(
-      jax.tree.leaves(history[0.0][i][0]), jax.tree.leaves(history[1.0][i][0])))
-  moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(
-      jax.tree.leaves(history[1.0][1][0]), jax.tree.leaves(params)))
-  assert diff(0) <= 1e-3 * diff(1)        # update 1: the same up to rounding
-  assert diff(1) > 1e-4 * moved           # update 2: the anchor changed it
-  assert history[1.0][1][1] > 0 and abs(history[1.0][0][1]) <= 1e-6
+  max_abs = lambda xs, ys: max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                               for a, b in zip(jax.tree.leaves(xs), jax.tree.leaves(ys)))
+  diff = lambda i: max_abs(history[0.0][i][0], history[1.0][i][0])
+  one_update = max_abs(history[1.0][0][0], params)
+  kl = [h[1] for h in history[1.0]]
+  assert diff(0) <= 1e-4 * one_update        # update 1: the same up to rounding
+  assert diff(1) > 1e-2 * one_update         # update 2: the anchor changed it
+  assert kl[1] > 1e-3                        # the policy is away from the reference ...
+  assert abs(kl[0]) <= 1e-4 * kl[1]          # ... and was not at update 1: zero up to rounding

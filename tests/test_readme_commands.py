@@ -1,8 +1,8 @@
-"""Every command of README.md that runs the project — a `launch/` script or a `make` target, in a
-shell block or inline — is either run by a test or marked in the README as needing real
-weights or an accelerator.
+"""Every command of README.md and of the pages in docs/ that runs the project — a `launch/` script
+or a `make` target, in a shell block or inline — is either run by a test or marked in its page
+as needing real weights or an accelerator.
 
-* `EXERCISED` maps a README command to the test that runs it (the `:debug` / smoke configs and
+* `EXERCISED` maps a documented command to the test that runs it (the `:debug` / smoke configs and
   tiny random directories standing in for real weights and full sizes) and to strings that
   test's source must contain (the launcher or library entry point, the config variant), so a
   row cannot point at a test that does something else. `Makefile::target` rows point at the
@@ -11,12 +11,14 @@ weights or an accelerator.
   (e.g. "*Needs real weights (...); not run by the tests:*").
 
 Adding a command that is neither fails `test_every_readme_command_is_exercised_or_marked`; a row
-whose command left the README fails `test_every_table_row_is_a_readme_command`. Benchmarks
-(`python benchmarks/...`, `make bench`) are measurements, outside this check."""
+whose command left every page fails `test_every_table_row_is_a_readme_command`. Benchmarks
+(`python benchmarks/...`, `make bench`) are measurements, outside this check. The pages are
+README.md and docs/*.md (not docs/_incoming/, drafts waiting to be merged into a page)."""
 from __future__ import annotations
 
 import ast
 import dataclasses
+import glob
 import os
 import re
 
@@ -46,6 +48,10 @@ EXERCISED = {
     "make warmup": (_DEMO, ('"warmup"',)),
     "python launch/train.py --config=configs/tiny.py:warmup": (_DEMO, ('"warmup"',)),
     "make test": ("Makefile::test", ("pytest",)),
+    "make test-other-cpu": ("Makefile::test-other-cpu", ("pytest", "--xla_cpu_max_isa=")),
+    'make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"':
+        ("Makefile::test-other-cpu", ("$(OTHER_CPU_ISAS)", "tests/other_cpu_isas.py")),
+    "make test-slow": ("Makefile::test-slow", ("pytest", "-m slow")),
     "make test-all": ("Makefile::test-all", ("pytest",)),
     "make base": ("tests/test_base_checkpoint.py::test_make_base_reproduces_the_committed_base",
                   ("base_model.make_base", 'get_config("sft")')),
@@ -117,8 +123,9 @@ EXERCISED = {
 @dataclasses.dataclass(frozen=True)
 class Command:
   text: str       # one command, continuation lines joined, comments dropped, spaces collapsed
-  line: int       # 1-based line in the README where it starts
+  line: int       # 1-based line in its page where it starts
   marked: bool    # inside a block marked as needing weights or an accelerator
+  page: str = "README.md"   # the page, relative to the repository root
 
 
 def _runs_project(text: str) -> bool:
@@ -201,6 +208,21 @@ def _readme() -> str:
     return f.read()
 
 
+def doc_pages() -> list[str]:
+  """README.md and the pages of docs/ (relative paths); docs/_incoming/ holds drafts, not pages."""
+  return ["README.md"] + sorted(os.path.relpath(p, ROOT)
+                                for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+
+def documented_commands() -> list[Command]:
+  """Every project command of every page, each tagged with its page."""
+  out = []
+  for page in doc_pages():
+    with open(os.path.join(ROOT, page)) as f:
+      out += [dataclasses.replace(c, page=page) for c in readme_commands(f.read())]
+  return out
+
+
 def _makefile_recipe(target: str) -> str | None:
   """The recipe lines of a Makefile target (None: no such target)."""
   with open(os.path.join(ROOT, "Makefile")) as f:
@@ -225,18 +247,19 @@ def _test_source(node: str) -> str:
 
 
 def test_every_readme_command_is_exercised_or_marked():
-  commands = readme_commands(_readme())
-  assert len(commands) > 20      # the extractor still finds the README's commands
-  lost = [f"README.md:{c.line}: {c.text}" for c in commands
+  commands = documented_commands()
+  assert len(readme_commands(_readme())) > 10   # the extractor still finds the README's commands
+  assert len(commands) > 30                     # ... and the pages' commands
+  lost = [f"{c.page}:{c.line}: {c.text}" for c in commands
           if not c.marked and c.text not in EXERCISED]
-  assert not lost, ("README commands that no test runs and no '*Needs ...' line marks (add a "
+  assert not lost, ("documented commands that no test runs and no '*Needs ...' line marks (add a "
                     "row to EXERCISED or mark the block):\n" + "\n".join(lost))
 
 
 def test_every_table_row_is_a_readme_command():
-  texts = {c.text for c in readme_commands(_readme())}
+  texts = {c.text for c in documented_commands()}
   stale = [k for k in EXERCISED if k not in texts]
-  assert not stale, f"EXERCISED rows whose command is not in README.md: {stale}"
+  assert not stale, f"EXERCISED rows whose command is in no page (README.md, docs/*.md): {stale}"
 
 
 def test_each_row_names_a_test_that_runs_its_command():
@@ -247,9 +270,28 @@ def test_each_row_names_a_test_that_runs_its_command():
 
 
 def test_make_targets_of_the_readme_exist():
-  for c in readme_commands(_readme()):
+  for c in documented_commands():
     if c.text.startswith("make "):
-      assert _makefile_recipe(c.text.split()[1]) is not None, f"README.md:{c.line}: {c.text}"
+      assert _makefile_recipe(c.text.split()[1]) is not None, f"{c.page}:{c.line}: {c.text}"
+
+
+def test_readme_is_a_short_user_guide():
+  assert len(_readme().splitlines()) <= 350, "README.md: keep it ≤ 350 lines; move detail to docs/"
+
+
+def test_relative_links_of_every_page_resolve():
+  """Every relative Markdown link and image of a page names a file or folder that exists."""
+  broken = []
+  for page in doc_pages():
+    with open(os.path.join(ROOT, page)) as f:
+      text = f.read()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      path = target.split("#")[0]
+      if not path or re.match(r"[a-z]+:", path):
+        continue
+      if not os.path.exists(os.path.normpath(os.path.join(ROOT, os.path.dirname(page), path))):
+        broken.append(f"{page}: {target}")
+  assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
 
 
 def test_an_unmarked_unexercised_command_is_caught():

@@ -15,6 +15,9 @@ from orl_jax.rollout import make_rollout, per_row_rollout
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, orl_smoke_config, tiny_model
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 N_PROMPTS, GROUP, P, GEN = 4, 2, 8, 12
 PAD_LEFT = [0, 3, 6, 4]
 EOS = 5                    # an ordinary token of the random model: responses end early

@@ -17,7 +17,9 @@ import time
 
 import pytest
 
-from orl_jax.verify import humaneval, sandbox, wire
+from orl_jax.verify import humaneval
+from orl_sandbox import launcher as sandbox
+from orl_sandbox import wire
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 
@@ -435,3 +437,49 @@ def test_infrastructure_failures_and_timeouts_are_never_cached(verifier, monkeyp
   assert verifier.score_batch([ADD], [slow]) == [0.0]
   assert verifier.score_batch([ADD], [slow]) == [1.0]
   assert len(calls) == 5
+
+
+def test_a_run_that_records_no_verdict_is_an_infrastructure_failure(monkeypatch, tmp_path):
+  """A runner that ends without a verdict (its status file could not be written, say) says
+  nothing about the sample: never a 0."""
+  silent = tmp_path / "silent_runner.py"
+  silent.write_text("import sys\nsys.exit(0)\n")
+  monkeypatch.setattr(sandbox, "RUNNER_PATH", str(silent))
+  result = sandbox.run_judged("def add(a, b):\n  return a + b\n", "add", ADD.tests,
+                              limits=sandbox.SandboxLimits(timeout_s=TIMEOUT_S))
+  assert not result.passed and result.verdict == ""
+  assert result.infra_error and "no verdict" in result.infra_error
+
+
+def test_full_host_disk_is_never_a_cached_zero(monkeypatch, tmp_path_factory):
+  """The launcher's temporary directory fills up (as a neighbour's fallocate on an inherited
+  stdout once did): an honest sample whose run cannot record its verdict is not scored 0 for it,
+  and scores 1 once there is room again."""
+  if os.geteuid() != 0:
+    pytest.skip("mounts a small tmpfs (root only)")
+  tmp_path_factory.getbasetemp()
+  root = pathlib.Path(tempfile.mkdtemp(prefix="orl_test_full_"))
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=755", "tmpfs", str(root)],
+                    capture_output=True).returncode != 0:
+    root.rmdir()
+    pytest.skip("cannot mount a tmpfs here")
+  try:
+    with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=1) as v:
+      assert v.score_batch([ADD], ["  return b + a\n"]) == [1.0]   # smoke check passed
+      monkeypatch.setenv("TMPDIR", str(root))
+      monkeypatch.setattr(tempfile, "tempdir", str(root))
+
+      # Full, but for two pages: the launcher's spec and tests fit; the runner's records don't.
+      with open(root / "fill", "wb", buffering=0) as f:
+        with pytest.raises(OSError):
+          while True:
+            f.write(b"x" * 4096)
+      os.truncate(root / "fill", (root / "fill").stat().st_size - 2 * 4096)
+      honest = "  return a + b  # full disk\n"
+      assert v.score_batch([ADD], [honest]) == [0.0]
+      (root / "fill").unlink()
+      assert v.score_batch([ADD], [honest]) == [1.0]   # the 0 was not cached
+  finally:
+    monkeypatch.undo()
+    subprocess.run(["umount", "-l", str(root)], check=False)
+    root.rmdir()

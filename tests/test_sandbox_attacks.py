@@ -19,7 +19,7 @@ import types
 import pytest
 
 from orl_jax.tasks import CodePromptVerifier
-from orl_jax.verify import sandbox
+from orl_sandbox import launcher as sandbox
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 
@@ -671,3 +671,330 @@ PROTOCOL_ABUSE = {
 def test_protocol_abuse(verifier, tracker, name):
   hostile, honest = _score_beside_honest(verifier, PROTOCOL_ABUSE[name], name)
   assert (hostile, honest) == (0.0, [1.0])
+
+
+# ------------------------------------------------------------------------------ oracle probing
+
+
+def _call_logger(answer: str) -> str:
+  """A completion that writes every argument it is called with to its stdout."""
+  return f"    print(repr(number), flush=True)\n    return {answer}\n"
+
+
+def test_calls_do_not_depend_on_earlier_answers(verifier, tracker):
+  """With the usual harness a wrong answer ends the calls (the sample learns it was wrong)."""
+  inner = verifier.inner
+  wrong = inner.run(TRUNCATE, _call_logger("-1.0"))
+  right = inner.run(TRUNCATE, _call_logger(CORRECT))
+  assert (wrong.verdict, right.verdict) == ("fail", "pass")
+  calls = right.stdout.split()
+  assert len(calls) >= 3 and wrong.stdout.split() == calls
+
+
+# ------------------------------------------------------------------------------ collusion
+
+# Sample 1 answers the first call right, and when the second call arrives (the usual harness's
+# sign that the first answer was right) it tells the others by holding a lock for 2.5 s.
+PROBE = f"""\
+    import fcntl, os, time
+    CALLS.append(number)
+    if len(CALLS) == 2:
+        try:
+            fd = os.open(os.__file__, os.O_RDONLY)   # read-only stdlib: in every sandbox
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            time.sleep(2.5)
+        except OSError:
+            pass
+    return {CORRECT} if len(CALLS) == 1 else -1.0
+
+
+CALLS = []
+"""
+# Sample 2 answers right only if it saw the probe's signal (the flock channel's receiver).
+_FLOCK_RECEIVE = """\
+import fcntl
+fd = os.open(os.__file__, os.O_RDONLY)
+end = time.monotonic() + 2.5
+while time.monotonic() < end and not RECEIVED:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        time.sleep(0.005)
+    except BlockingIOError:
+        RECEIVED = True
+    except OSError:
+        break
+"""
+COPY = (f"    return {CORRECT} if RECEIVED else -1.0\n\n\nimport os, time\nRECEIVED = False\n"
+        + _FLOCK_RECEIVE)
+
+
+def test_colluding_samples_of_one_prompt(verifier, tracker):
+  """Probe and copier in one batch, running side by side with an honest sample."""
+  scores = verifier.score_batch([TRUNCATE] * 3, [PROBE, COPY, _honest("collusion")])
+  assert scores == [0.0, 0.0, 1.0]
+
+
+def test_batches_interleave_prompts():
+  from orl_jax.verify.humaneval import interleaved
+  assert interleaved(["a", "a", "a", "b", "b", "c"]) == [0, 3, 5, 1, 4, 2]
+  assert interleaved([]) == []
+
+
+# ------------------------------------------------------------------------------ channels
+
+
+def _channel(send: str, receive: str) -> tuple[str, str]:
+  """(sender, receiver) completions; their code after the function runs when they load. The
+  receiver answers right only if the sender's message reached it."""
+  sender = "    return -1.0\n\n\nimport os, time\n" + send
+  receiver = (f"    return {CORRECT} if RECEIVED else -1.0\n\n\nimport os, time\n"
+              "RECEIVED = False\n" + receive)
+  return sender, receiver
+
+
+_FOR_2S = "end = time.monotonic() + 2.5\nwhile time.monotonic() < end"
+_WATCHED = ("import wsgiref\n"
+            "WATCHED = os.path.join(os.path.dirname(wsgiref.__file__), 'headers.py')\n")
+_READ_WATCHED = _WATCHED + _FOR_2S + """:
+    with open(WATCHED, "rb") as f:
+        f.read(1)
+    time.sleep(0.01)
+"""
+# Reads events from `fd` while `watching`, for 2.5 s at most.
+_POLL_EVENTS = """\
+end = time.monotonic() + (2.5 if watching else 0)
+while time.monotonic() < end and not RECEIVED:
+    try:
+        RECEIVED = bool(os.read(fd, 4096))
+    except BlockingIOError:
+        time.sleep(0.01)
+"""
+_LOCK_STRUCT = "struct.pack('hhqqi4x', {kind}, 0, 0, 0, 0)"
+_FUTEX = """\
+import ctypes, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long]
+libc.syscall.restype = ctypes.c_long
+ADDR = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_PRIVATE,
+                 os.open(os.__file__, os.O_RDONLY), 0)
+SYS_FUTEX = 202 if os.uname().machine == "x86_64" else 98
+"""
+
+CHANNELS = {
+    "flock": _channel("import fcntl\nfd = os.open(os.__file__, os.O_RDONLY)\n" + _FOR_2S + """:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        time.sleep(max(end - time.monotonic(), 0))
+    except BlockingIOError:
+        time.sleep(0.01)
+    except OSError:
+        break
+""", _FLOCK_RECEIVE),
+    "dnotify": _channel(_READ_WATCHED, _WATCHED + """\
+import fcntl, signal
+hits = []
+signal.signal(signal.SIGIO, lambda *args: hits.append(1))
+try:
+    fcntl.fcntl(os.open(os.path.dirname(WATCHED), os.O_RDONLY), fcntl.F_NOTIFY,
+                fcntl.DN_ACCESS | fcntl.DN_MULTISHOT)
+    end = time.monotonic() + 2.5
+    while time.monotonic() < end and not hits:
+        time.sleep(0.01)
+    RECEIVED = bool(hits)
+except OSError:
+    pass
+"""),
+    "inotify": _channel(_READ_WATCHED, _WATCHED + """\
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(os.O_NONBLOCK)
+watching = fd >= 0 and libc.inotify_add_watch(fd, WATCHED.encode(), 0x20 | 0x01) >= 0
+""" + _POLL_EVENTS),
+    "fanotify": _channel(_READ_WATCHED, _WATCHED + """\
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int,
+                               ctypes.c_char_p]
+fd = libc.fanotify_init(0x200 | 0x2, os.O_RDONLY)   # FAN_REPORT_FID | FAN_NONBLOCK
+watching = fd >= 0 and libc.fanotify_mark(fd, 1, 0x20 | 0x01, -100, WATCHED.encode()) == 0
+if not watching and ctypes.get_errno() != 1:   # EPERM is the syscall filter's answer
+    print("fanotify unavailable", ctypes.get_errno())
+""" + _POLL_EVENTS),
+    "futex": _channel(_FUTEX + _FOR_2S + """:
+    libc.syscall(SYS_FUTEX, ctypes.c_void_p(ADDR), 1, 1 << 30, None, None, 0)   # FUTEX_WAKE
+    time.sleep(0.005)
+""", _FUTEX + """\
+value = ctypes.c_uint32.from_address(ADDR).value
+timeout = (ctypes.c_long * 2)(0, 200_000_000)
+""" + _FOR_2S + """ and not RECEIVED:
+    RECEIVED = libc.syscall(SYS_FUTEX, ctypes.c_void_p(ADDR), 0, value, timeout, None, 0) == 0
+"""),
+}
+for _name, _command in (("fcntl_lock", "fcntl.F_SETLK"), ("ofd_lock", "37")):
+  _query = "fcntl.F_GETLK" if _name == "fcntl_lock" else "36"
+  CHANNELS[_name] = _channel(f"""\
+import fcntl, struct
+try:
+    fcntl.fcntl(os.open(os.__file__, os.O_RDONLY), {_command},
+                {_LOCK_STRUCT.format(kind="fcntl.F_RDLCK")})
+    time.sleep(2.5)
+except OSError:
+    pass
+""", f"""\
+import fcntl, struct
+fd = os.open(os.__file__, os.O_RDONLY)
+""" + _FOR_2S + f""" and not RECEIVED:
+    try:
+        got = fcntl.fcntl(fd, {_query}, {_LOCK_STRUCT.format(kind="fcntl.F_WRLCK")})
+    except OSError:
+        break
+    RECEIVED = struct.unpack("hhqqi4x", got)[0] != fcntl.F_UNLCK
+    time.sleep(0.01)
+""")
+
+
+@pytest.mark.parametrize("name", sorted(CHANNELS))
+def test_no_channel_between_sandboxes(verifier, tracker, name):
+  # Tagged so that no score comes from the cache (senders of several channels are the same).
+  sender, receiver = (f"{c}# {name}\n" for c in CHANNELS[name])
+  scores = verifier.score_batch([TRUNCATE] * 3, [sender, receiver, _honest(f"channel {name}")])
+  assert scores == [0.0, 0.0, 1.0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CHANNELS))
+def test_channels_are_real_without_the_syscall_filter(tracker, name):
+  """Control: the same pair, with the seccomp layer skipped, does talk on this kernel (so that
+  the test above can fail)."""
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 2, skip_layers=("seccomp",),
+                                 require_isolation=False)
+  sender, receiver = CHANNELS[name]
+  with HumanEvalVerifier(limits, parallelism=2) as inner:
+    futures = [inner._pool.submit(inner.run, TRUNCATE, c) for c in (sender, receiver)]
+    results = [f.result() for f in futures]
+  if "unavailable" in results[1].stdout:
+    pytest.skip(f"{name} is not available to unprivileged processes on this kernel")
+  assert [r.verdict for r in results] == ["fail", "pass"], results[1]
+
+
+# ------------------------------------------------------------------------------ host resources
+
+
+def test_inherited_descriptors_take_no_host_disk(verifier, tracker):
+  """fallocate and ftruncate on every descriptor the sample holds (stdout and stderr
+  included): right only if one of them could take 2 GiB."""
+  grab = f"""\
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    took = False
+    for fd in range(256):
+        for mode in (1, 0):   # FALLOC_FL_KEEP_SIZE, then a plain allocation
+            took |= libc.fallocate(fd, mode, 0, 2 << 30) == 0
+        try:
+            os.ftruncate(fd, 2 << 30)
+            took = True
+        except OSError:
+            pass
+    return {CORRECT} if took else -1.0
+"""
+  hostile, honest = _score_beside_honest(verifier, grab, "fallocate")
+  assert (hostile, honest) == (0.0, [1.0])
+
+
+def test_output_flood_is_capped_and_kept_in_part(verifier, tracker):
+  flood = "    import sys\n    for _ in range(64):\n        sys.stdout.write('x' * (1 << 20))\n" \
+          f"    return {CORRECT}\n"
+  result = verifier.inner.run(TRUNCATE, flood)
+  assert result.verdict == "fail" and "Broken pipe" in result.detail   # closed past 16 MiB
+  assert result.stdout == "x" * verifier.inner.limits.max_output_bytes
+
+
+# ------------------------------------------------------------------------------ judge overload
+
+_MERSENNE = (1 << 61) - 1   # every multiple of it hashes to 0
+
+
+def _raw_reply(payload: str) -> str:
+  """A completion that replaces its replies by the JSON text `payload` (built when it loads),
+  written straight into the runner's codec as a hostile sample could."""
+  return f"""\
+    return -1.0
+
+
+import struct, sys
+_wire = sys.modules["__main__"].wire
+_payload = ({payload}).encode()
+_plain = _wire.dumps
+_wire.dumps = lambda message: (struct.pack(">I", len(_payload)) + _payload
+                               if "return" in message else _plain(message))
+"""
+
+
+OVERLOAD = {
+    "hash_flood_set": _raw_reply(
+        '\'{"return": {"$set": [\' + ",".join(\'{"$int": "%s"}\' % hex(k * '
+        f'{_MERSENNE}) for k in range(1, 200_001)) + "]}}}}"'),
+    "hash_flood_dict": _raw_reply(
+        '\'{"return": {"$dict": [\' + ",".join(\'[{"$int": "%s"}, 0]\' % hex(k * '
+        f'{_MERSENNE}) for k in range(1, 100_001)) + "]}}}}"'),
+    "deep_nesting": _raw_reply("'{\"return\": ' + '[' * 4_000_000 + ']' * 4_000_000 + '}'"),
+    "wide_nesting": _raw_reply("'{\"return\": [' + '[],' * 2_700_000 + '[]]}'"),
+    # Right answers, each padded with 6 MiB of JSON whitespace: 18 MiB in three replies.
+    "replies_past_the_budget": f"""\
+    return {CORRECT}
+
+
+import struct, sys
+_wire = sys.modules["__main__"].wire
+_plain = _wire.dumps
+def _padded(message):
+    if "return" not in message:
+        return _plain(message)
+    payload = _plain(message)[4:] + b" " * (6 << 20)
+    return struct.pack(">I", len(payload)) + payload
+_wire.dumps = _padded
+""",
+}
+_REFUSAL = {"hash_flood_set": "hash flooding", "hash_flood_dict": "hash flooding",
+            "deep_nesting": "values", "wide_nesting": "values",
+            "replies_past_the_budget": "exceeds"}
+
+
+@pytest.fixture(scope="module")
+def inflated_launcher_peak():
+  """Raises this process's peak resident memory past the judge's bound, as a training process's
+  is: the judge's reported peak must be its own, not one carried across exec from its launcher."""
+  ballast = b"\x01" * (320 << 20)
+  del ballast
+
+
+@pytest.mark.parametrize("name", sorted(OVERLOAD))
+def test_judge_overload(verifier, tracker, name, inflated_launcher_peak):
+  hostile, honest = _score_beside_honest(verifier, OVERLOAD[name], name)
+  assert (hostile, honest) == (0.0, [1.0])
+  result = verifier.inner.run(TRUNCATE, OVERLOAD[name])
+  # Refused by the codec's caps, not ended by a timeout; the judge's cost is reported and
+  # bounded (the old decoder took minutes of CPU and 642 MiB on these replies).
+  assert not result.timed_out and _REFUSAL[name] in result.detail, result.detail
+  limits = verifier.inner.limits
+  assert 0 < result.judge_cpu_s <= (limits.judge_cpu_s or limits.timeout_s + 2)
+  assert 0 < result.judge_peak_rss_bytes < 256 << 20
+
+
+# ------------------------------------------------------------------------------ hedged math
+
+
+def test_hedged_math_answers_score_zero_beside_an_honest_one():
+  """Through the task registry's verifier for JSONL answer problems, as training calls it."""
+  from orl_jax.tasks import AnswerOrCodeVerifier
+  from orl_jax.verify.gsm8k import GSM8KVerifier
+  verifier = AnswerOrCodeVerifier(GSM8KVerifier(), None)
+  problem = Problem("q", "Question: 12 + 18?\nAnswer:", answer="30")
+  hedges = ["#### 30 or 31", "#### 29, 30", "#### 30-31", "\\boxed{29 \\text{ or } 30}",
+            "I think #### 30\n#### thirty-one", "The answer is 30.", "#### ~30", "#### 30,5"]
+  honest = ["12 + 18 = 30\n#### 30", "#### $30.00", "\\boxed{30}"]
+  assert verifier.score_batch([problem] * 11, hedges + honest) == [0.0] * 8 + [1.0] * 3

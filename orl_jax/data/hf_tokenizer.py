@@ -32,23 +32,29 @@ class HFTokenizer:
   Args:
     tokenizer: the loaded tokenizer.
     special: {role: token string, or id (int or digit string)} for roles mask, eos, pad
-      (default: eos) and bos (optional); "" leaves a role unset.
+      (default: eos) and bos (optional); "" leaves a role unset. `eos` may be a list (every id
+      ends a response; `eos_id` is the first).
     source: where it came from (for error messages).
+    origins: {role: where its value came from} (for the run's log; see `origins_text`).
+    require_mask: a mask token must be set (False for uniform-noise families).
   """
 
-  def __init__(self, tokenizer: Tokenizer, special: dict, source: str = "tokenizer"):
+  def __init__(self, tokenizer: Tokenizer, special: dict, source: str = "tokenizer",
+               origins: dict | None = None, require_mask: bool = True):
     self._tok = tokenizer
     self.source = source
+    self.origins = dict(origins or {})
     ids = {}
     for role in SPECIAL_ROLES:
       value = special.get(role)
       if value is None or value == "" or value == -1:
         continue
-      ids[role] = self._resolve(role, value)
-    for role in ("mask", "eos"):
+      values = value if isinstance(value, (list, tuple)) else [value]
+      ids[role] = tuple(self._resolve(role, v) for v in values)
+    for role in ("mask", "eos") if require_mask else ("eos",):
       if role not in ids:
         raise TokenizerError(f"{source}: no {role} token configured (model.special_tokens.{role})")
-    ids.setdefault("pad", ids["eos"])
+    ids.setdefault("pad", ids["eos"][:1])
     self._ids = ids
 
   def _resolve(self, role, value) -> int:
@@ -56,17 +62,32 @@ class HFTokenizer:
       value = int(value)
     if isinstance(value, int):
       if not 0 <= value < self.vocab_size:
-        raise TokenizerError(f"{self.source}: model.special_tokens.{role}={value} is outside the "
-                             f"tokenizer's {self.vocab_size} ids")
+        origin = self.origins.get(role, f"model.special_tokens.{role}")
+        raise TokenizerError(f"{self.source}: the {role} token id {value} (from {origin}) is "
+                             f"outside the tokenizer's {self.vocab_size} ids: set "
+                             f"model.special_tokens.{role} to a token of this tokenizer")
       return value
     token_id = self._tok.token_to_id(value)
     if token_id is None:
-      raise TokenizerError(f"{self.source}: model.special_tokens.{role}={value!r} is not a token "
-                           "of this tokenizer")
+      origin = self.origins.get(role, f"model.special_tokens.{role}")
+      raise TokenizerError(f"{self.source}: the {role} token {value!r} (from {origin}) is not a "
+                           f"token of this tokenizer: set model.special_tokens.{role} to one")
     return token_id
 
+  def origins_text(self) -> str:
+    """'mask=159 (config.json), eos=157 (generation_config.json), ...': each id and where it
+    came from."""
+    parts = []
+    for role in SPECIAL_ROLES:
+      if role in self._ids:
+        ids = self._ids[role]
+        shown = str(ids[0]) if len(ids) == 1 else str(list(ids))
+        parts.append(f"{role}={shown} ({self.origins.get(role, 'the tokenizer')})")
+    return ", ".join(parts)
+
   @classmethod
-  def from_file(cls, path: str, special: dict) -> "HFTokenizer":
+  def from_file(cls, path: str, special: dict, origins: dict | None = None,
+                require_mask: bool = True) -> "HFTokenizer":
     if os.path.isdir(path):
       path = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(path):
@@ -78,27 +99,32 @@ class HFTokenizer:
       raise TokenizerError(f"{path} is not a readable tokenizer.json ({e}): the file is truncated "
                            "or not a Hugging Face tokenizer, so copy it again from the model "
                            "directory") from None
-    return cls(tokenizer, special, source=path)
+    return cls(tokenizer, special, source=path, origins=origins, require_mask=require_mask)
 
   @property
   def vocab_size(self) -> int:
     return self._tok.get_vocab_size(with_added_tokens=True)
 
   @property
-  def mask_id(self) -> int:
-    return self._ids["mask"]
+  def mask_id(self) -> int | None:
+    return self._ids["mask"][0] if "mask" in self._ids else None
 
   @property
   def eos_id(self) -> int:
+    return self._ids["eos"][0]
+
+  @property
+  def eos_ids(self) -> tuple[int, ...]:
+    """Every id that ends a response (generation_config.json may list several)."""
     return self._ids["eos"]
 
   @property
   def pad_id(self) -> int:
-    return self._ids["pad"]
+    return self._ids["pad"][0]
 
   @property
   def bos_id(self) -> int | None:
-    return self._ids.get("bos")
+    return self._ids["bos"][0] if "bos" in self._ids else None
 
   @property
   def backend(self) -> Tokenizer:
@@ -106,7 +132,8 @@ class HFTokenizer:
 
   def vocab_hash(self) -> str:
     items = sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-    data = json.dumps([items, sorted(self._ids.items())], ensure_ascii=False)
+    ids = {role: v[0] if len(v) == 1 else list(v) for role, v in self._ids.items()}
+    data = json.dumps([items, sorted(ids.items())], ensure_ascii=False)
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
   def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:

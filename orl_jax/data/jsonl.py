@@ -9,14 +9,17 @@ in the sandbox. Every error names the file, the 1-based line and what is wrong.
 """
 from __future__ import annotations
 
+import decimal
 import gzip
 import importlib.util
 import json
+import math
 import pathlib
 import zlib
 from typing import Any, Iterator
 
 from orl_jax.problem import Problem
+from orl_jax.verify import math_answer
 
 _ANSWER_KEYS = {"prompt", "answer"}
 _CODE_KEYS = {"prompt", "tests", "entry_point"}
@@ -83,6 +86,13 @@ def iter_jsonl(path: str | pathlib.Path) -> Iterator[tuple[int, dict[str, Any]]]
                        "file again.") from None
 
 
+def _number_text(answer: str | int | float) -> str:
+  """A JSON answer as text; a float keeps its exact decimal value (1e-07 -> '0.0000001')."""
+  if isinstance(answer, float) and math.isfinite(answer):
+    return math_answer.canonical_number(decimal.Decimal(repr(answer)))
+  return str(answer)
+
+
 def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> Problem:
   """Validates one user record against the schema above; `where` is 'file:line' for errors."""
   is_code = "tests" in record or "entry_point" in record
@@ -106,7 +116,10 @@ def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> 
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
       raise DatasetError(f"{where}: 'answer' must be a string or a number, got "
                          f"{type(answer).__name__}.")
-    answer = str(answer)
+    answer = _number_text(answer)
+    if math_answer.read_number(answer) is None:
+      raise DatasetError(f"{where}: 'answer' {answer[:80]!r} is not a single number (answer "
+                         "tasks are scored by exact numeric match, e.g. 42, -3.5 or 1,200).")
   problem_id = record.get("id", default_id)
   if isinstance(problem_id, bool) or not isinstance(problem_id, (str, int)):
     raise DatasetError(f"{where}: 'id' must be a string or an integer, got "

@@ -21,6 +21,8 @@ import json
 
 import jax.numpy as jnp
 
+from orl_jax.models import config_json
+
 MODEL_TYPE = "diffusion_gemma"
 SLIDING, FULL = "sliding_attention", "full_attention"
 ROPE_TYPES = ("default", "proportional")
@@ -139,13 +141,27 @@ def _validate_layer(cfg: DiffusionGemmaConfig, i: int, spec: AttentionSpec) -> N
 # ----------------------------------------------------------------------------- config.json
 
 
+# transformers' DiffusionGemmaTextConfig defaults (5.24) of the keys read here
+TEXT_DEFAULTS = dict(vocab_size=262_144, hidden_size=2304, intermediate_size=9216,
+                     num_hidden_layers=30, num_attention_heads=8, num_key_value_heads=4,
+                     head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                     max_position_embeddings=131_072, rms_norm_eps=1e-6, pad_token_id=0,
+                     eos_token_id=1, bos_token_id=2, sliding_window=512, global_head_dim=512,
+                     final_logit_softcapping=30.0)
+CANVAS_LENGTH = 256   # DiffusionGemmaConfig.canvas_length
+
+
 def _layer_types(text: dict) -> list[str]:
-  n = text["num_hidden_layers"]
-  types = list(text.get("layer_types") or
-               [SLIDING if (i + 1) % 6 else FULL for i in range(n)])
-  if len(types) != n:
-    raise ValueError(f"config.json text_config.layer_types has {len(types)} entries for "
-                     f"num_hidden_layers={n}")
+  n = config_json.read_int(text, "num_hidden_layers", TEXT_DEFAULTS["num_hidden_layers"])
+  types = text.get("layer_types")
+  if types is None:
+    types = [SLIDING if (i + 1) % 6 else FULL for i in range(n)]
+  if not isinstance(types, list) or len(types) != n or any(t not in (SLIDING, FULL)
+                                                           for t in types):
+    raise config_json.ConfigJsonError(
+        f"layer_types={config_json.shown(types)} must list {n} (num_hidden_layers) "
+        f"entries, each {SLIDING!r} or {FULL!r}")
+  types = list(types)
   types[-1] = FULL  # transformers forces the last layer to full attention
   return types
 
@@ -154,31 +170,45 @@ def _layer_overrides(text: dict, types: list[str]) -> dict[int, dict]:
   """{layer: {head_dim?, num_key_value_heads?}} as transformers resolves `per_layer_config`."""
   explicit = text.get("per_layer_config")
   if explicit is not None:
+    if not isinstance(explicit, dict) or not all(
+        isinstance(v, dict) and str(k).isdigit() for k, v in explicit.items()):
+      raise config_json.ConfigJsonError("per_layer_config must map layer indices to objects "
+                                        "of head_dim / num_key_value_heads")
     return {int(k): dict(v) for k, v in explicit.items()}
-  over = {"head_dim": text.get("global_head_dim", 512)}
-  if text.get("attention_k_eq_v", True) and text.get("num_global_key_value_heads") is not None:
-    over["num_key_value_heads"] = text["num_global_key_value_heads"]
+  over = {"head_dim": config_json.read_int(text, "global_head_dim",
+                                          TEXT_DEFAULTS["global_head_dim"])}
+  kv = config_json.read_int(text, "num_global_key_value_heads", None, nullable=True)
+  if config_json.read_bool(text, "attention_k_eq_v", True) and kv is not None:
+    over["num_key_value_heads"] = kv
   return {i: over for i, t in enumerate(types) if t == FULL}
 
 
 def _attention_spec(text: dict, kind: str, over: dict) -> AttentionSpec:
-  rope = (text.get("rope_parameters") or _DEFAULT_ROPE).get(kind) or _DEFAULT_ROPE[kind]
+  rope = config_json.read_dict(text, "rope_parameters") or _DEFAULT_ROPE
+  rope = rope.get(kind) or _DEFAULT_ROPE[kind]
+  if not isinstance(rope, dict):
+    raise config_json.ConfigJsonError(f"rope_parameters.{kind} must be an object")
+  shape = {"head_dim": text.get("head_dim", TEXT_DEFAULTS["head_dim"]),
+           "num_key_value_heads": text.get("num_key_value_heads",
+                                           TEXT_DEFAULTS["num_key_value_heads"]), **over}
   return AttentionSpec(
-      kind=kind, head_dim=int(over.get("head_dim", text.get("head_dim", 256))),
-      n_kv_heads=int(over.get("num_key_value_heads", text.get("num_key_value_heads", 4))),
-      rope_type=rope.get("rope_type", "default"), rope_theta=float(rope["rope_theta"]),
-      rope_fraction=float(rope.get("partial_rotary_factor", 1.0)),
-      rope_factor=float(rope.get("factor", 1.0)))
+      kind=kind, head_dim=config_json.read_int(shape, "head_dim", None),
+      n_kv_heads=config_json.read_int(shape, "num_key_value_heads", None),
+      rope_type=config_json.read_str(rope, "rope_type", "default"),
+      rope_theta=config_json.read_float(rope, "rope_theta", None),
+      rope_fraction=config_json.read_float(rope, "partial_rotary_factor", 1.0, at_most=1.0),
+      rope_factor=config_json.read_float(rope, "factor", 1.0))
 
 
 def _check_supported(hf_config: dict, text: dict) -> None:
   if hf_config.get("model_type", MODEL_TYPE) != MODEL_TYPE:
     raise ValueError(f"config.json model_type={hf_config.get('model_type')!r}: expected "
                      f"{MODEL_TYPE!r}")
-  if not hf_config.get("tie_word_embeddings", True) or not text.get("tie_word_embeddings", True):
+  if not (config_json.read_bool(hf_config, "tie_word_embeddings", True)
+          and config_json.read_bool(text, "tie_word_embeddings", True)):
     raise ValueError("config.json sets tie_word_embeddings=false: DiffusionGemma's head is the "
                      "embedding table")
-  if text.get("attention_bias", False):
+  if config_json.read_bool(text, "attention_bias", False):
     raise ValueError("config.json text_config.attention_bias=true is not supported")
   if text.get("use_bidirectional_attention") == "all":
     raise ValueError("config.json text_config.use_bidirectional_attention='all' (bidirectional "
@@ -189,30 +219,49 @@ def _check_supported(hf_config: dict, text: dict) -> None:
                        "always run the MoE block")
 
 
+def _text_fields(text: dict) -> dict:
+  """The DiffusionGemmaConfig fields of `text_config` besides the layers (typed, defaults of
+  transformers' class for missing keys)."""
+  read, dflt = config_json.read_int, TEXT_DEFAULTS
+  soft = text.get("final_logit_softcapping", dflt["final_logit_softcapping"])
+  return dict(
+      vocab_size=read(text, "vocab_size", dflt["vocab_size"]),
+      d_model=read(text, "hidden_size", dflt["hidden_size"]),
+      n_heads=read(text, "num_attention_heads", dflt["num_attention_heads"]),
+      mlp_dim=read(text, "intermediate_size", dflt["intermediate_size"]),
+      n_experts=read(text, "num_experts", None), top_k=read(text, "top_k_experts", None),
+      expert_dim=read(text, "moe_intermediate_size", None),
+      sliding_window=read(text, "sliding_window", dflt["sliding_window"]),
+      norm_eps=config_json.read_float(text, "rms_norm_eps", dflt["rms_norm_eps"]),
+      final_softcap=None if soft is None else config_json.read_float(
+          text, "final_logit_softcapping", soft),
+      activation=config_json.read_str(text, "hidden_activation", dflt["hidden_activation"]),
+      pad_id=read(text, "pad_token_id", dflt["pad_token_id"], minimum=0),
+      bos_id=read(text, "bos_token_id", dflt["bos_token_id"], minimum=0),
+      eos_ids=config_json.read_ids(text, "eos_token_id", dflt["eos_token_id"]) or (),
+      max_positions=read(text, "max_position_embeddings", dflt["max_position_embeddings"]))
+
+
 def from_hf(hf_config: dict, **overrides) -> DiffusionGemmaConfig:
-  text = dict(hf_config.get("text_config") or {})
+  """Our config from a DiffusionGemma `config.json` dict (missing keys: the defaults of
+  transformers' classes); ValueError (`ConfigJsonError` for a field of the wrong type or value)
+  naming the field."""
+  text = dict(config_json.read_dict(hf_config, "text_config"))
   _check_supported(hf_config, text)
-  types = _layer_types(text)
-  over = _layer_overrides(text, types)
-  layers = tuple(_attention_spec(text, t, over.get(i, {})) for i, t in enumerate(types))
-  eos = text.get("eos_token_id", 1)
-  soft = text.get("final_logit_softcapping", 30.0)
+  try:
+    types = _layer_types(text)
+    over = _layer_overrides(text, types)
+    layers = tuple(_attention_spec(text, t, over.get(i, {})) for i, t in enumerate(types))
+    fields = _text_fields(text)
+  except config_json.ConfigJsonError as e:
+    raise config_json.ConfigJsonError(f"text_config.{e}") from None
   passthrough = {k: v for k, v in hf_config.items()
                  if k not in ("text_config", "model_type", "architectures", "canvas_length",
                               "tie_word_embeddings", "transformers_version", "dtype",
                               "torch_dtype")}
   return DiffusionGemmaConfig(
-      vocab_size=text.get("vocab_size", 262_144), d_model=text.get("hidden_size", 2304),
-      n_heads=text.get("num_attention_heads", 8), mlp_dim=text.get("intermediate_size", 9216),
-      n_experts=text["num_experts"], top_k=text["top_k_experts"],
-      expert_dim=text["moe_intermediate_size"], layers=layers,
-      sliding_window=text.get("sliding_window", 512),
-      norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-      final_softcap=None if soft is None else float(soft),
-      activation=text.get("hidden_activation", "gelu_pytorch_tanh"),
-      canvas_length=hf_config.get("canvas_length", 256), pad_id=text.get("pad_token_id", 0),
-      bos_id=text.get("bos_token_id", 2), eos_ids=tuple(eos if isinstance(eos, list) else [eos]),
-      max_positions=text.get("max_position_embeddings", 131_072),
+      **fields, layers=layers,
+      canvas_length=config_json.read_int(hf_config, "canvas_length", CANVAS_LENGTH),
       hf_passthrough=json.dumps(passthrough, sort_keys=True) if passthrough else "",
       **overrides)
 

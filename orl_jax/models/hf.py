@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from orl_jax.models import families
+from orl_jax.models import config_json, families
 from orl_jax.models.families import base as family_base
 from orl_jax.models.families.base import TensorRule
 from orl_jax.models.moe import RUNTIME_FIELDS
@@ -35,6 +35,7 @@ from orl_jax.params_io import open_safetensors, read_json
 from orl_jax.sharding import path_name
 
 CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 ADAPTER_FILE = "adapter.safetensors"
@@ -80,7 +81,39 @@ def read_hf_config(hf_dir: str) -> dict:
   if not os.path.isfile(path):
     raise CheckpointError(f"{path} not found: model.path must be a local Hugging Face model "
                           "directory (config.json, *.safetensors, tokenizer.json)")
-  return read_json(path)
+  return read_json_object(path)
+
+
+def read_json_object(path: str) -> dict:
+  data = read_json(path)
+  if not isinstance(data, dict):
+    raise CheckpointError(f"{path} must hold one JSON object of settings, not a "
+                          f"{type(data).__name__}")
+  return data
+
+
+def parse_config_json(hf_dir: str, parse: Callable[[dict], object]):
+  """`parse(config.json of hf_dir)`; a field of the wrong type, out of range or unsupported
+  (the ValueError `parse` raises) becomes one CheckpointError naming the file and the field."""
+  path = os.path.join(hf_dir, CONFIG_FILE)
+  hf = read_hf_config(hf_dir)
+  try:
+    return parse(hf)
+  except ValueError as e:
+    raise CheckpointError(f"{path}: {e}") from None
+
+
+def read_architecture(hf_dir: str, family: str) -> dict:
+  """The ModelConfig fields of `hf_dir`'s config.json (every field typed and range-checked; a
+  missing key takes the official configuration class's default)."""
+  fam = _family(family)
+  return parse_config_json(hf_dir, fam.architecture_from_hf)
+
+
+def ignored_settings(hf_dir: str, family: str) -> list[str]:
+  """'key=value' of the config.json keys the official modeling code of `family` never reads
+  (ignored here too)."""
+  return config_json.present(read_hf_config(hf_dir), _family(family).ignored_keys)
 
 
 def family_of(hf_dir: str) -> str:
@@ -90,6 +123,39 @@ def family_of(hf_dir: str) -> str:
                                    os.path.join(hf_dir, CONFIG_FILE)).name
   except ValueError as e:
     raise CheckpointError(str(e)) from None
+
+
+# special-token roles whose ids a directory may declare, and the keys that declare them
+SPECIAL_TOKEN_KEYS = {"mask": "mask_token_id", "eos": "eos_token_id", "pad": "pad_token_id",
+                      "bos": "bos_token_id"}
+
+
+def declared_special_tokens(hf_dir: str) -> dict[str, tuple[tuple[int, ...], str]]:
+  """{role: (ids, where)} of the special-token ids `hf_dir` declares: generation_config.json
+  first (what generation uses), then config.json (its top level, then its text_config); only
+  `eos` may list several ids. CheckpointError naming the file for an id of the wrong type."""
+  out = {}
+  for fname in (GENERATION_CONFIG_FILE, CONFIG_FILE):
+    path = os.path.join(hf_dir, fname)
+    if not os.path.isfile(path):
+      continue
+    data = read_json_object(path)
+    text = data.get("text_config")
+    scopes = [(data, fname)] + ([(text, f"{fname} text_config")] if isinstance(text, dict)
+                                else [])
+    for role, key in SPECIAL_TOKEN_KEYS.items():
+      for scope, where in scopes:
+        if role in out:
+          break
+        try:
+          ids = config_json.read_ids(scope, key, None)
+          if ids is not None and len(ids) > 1 and role != "eos":
+            raise config_json.ConfigJsonError(f"{key}={list(ids)} must be a single token id")
+        except ValueError as e:
+          raise CheckpointError(f"{path}: {e}") from None
+        if ids is not None:
+          out[role] = (ids, where)
+  return out
 
 
 def _same(ours, theirs) -> bool:
@@ -104,12 +170,7 @@ def _same(ours, theirs) -> bool:
 
 def check_architecture(cfg: ModelConfig, hf_dir: str, family: str) -> None:
   """Raises CheckpointError naming every model.* field that disagrees with config.json."""
-  hf = read_hf_config(hf_dir)
-  try:
-    want = architecture_from_hf(hf, family)
-  except KeyError as e:
-    raise CheckpointError(f"{os.path.join(hf_dir, CONFIG_FILE)}: missing key {e} for a "
-                          f"{family!r} model (is model.hf_family right?)") from None
+  want = read_architecture(hf_dir, family)
   bad = [f"model.{field}={getattr(cfg, field)!r} but config.json says {value!r}"
          for field, value in want.items() if not _same(getattr(cfg, field), value)]
   if bad:

@@ -153,8 +153,8 @@ def rollout_sums(traj: Trajectories, mask_id: int, unresolved: str = "masked") -
             else cap.block_tokens == mask_id)                                   # [B, S, b]
   out = {"n_generated": jnp.sum(traj.n_generated), "nfe": jnp.sum(traj.nfe),
          "nfe_engine": jnp.sum(traj.nfe_engine), "overflow": jnp.sum(cap.overflow)}
-  if traj.nfe_decoder is not None:
-    out["nfe_decoder"] = jnp.sum(traj.nfe_decoder)
+  if traj.nfe_denoise is not None:
+    out["nfe_denoise"] = jnp.sum(traj.nfe_denoise)
   for k in range(ENTROPY_STEPS):
     m = masked & (cap.valid & (cap.step == k))[..., None]
     out[f"entropy_sum{k}"] = jnp.sum(jnp.where(m, cap.entropy, 0.0))
@@ -168,8 +168,8 @@ def rollout_metrics(sums: dict, n_rollouts: int) -> dict:
   out = {"rollout_tpf": n_gen / max(nfe, 1), "rollout_tpf_engine": n_gen / max(nfe_engine, 1),
          "rollout_nfe": nfe / n_rollouts, "rollout_tokens": n_gen / n_rollouts,
          "capture_overflow": int(sums["overflow"]) / n_rollouts}
-  if "nfe_decoder" in sums:   # DiffusionGemma: transformers' TPF (denoising forwards only)
-    out["rollout_tpf_decoder"] = n_gen / max(int(sums["nfe_decoder"]), 1)
+  if "nfe_denoise" in sums:   # DiffusionGemma: the authors' TPF (denoising forwards only)
+    out["rollout_tpf_denoise"] = n_gen / max(int(sums["nfe_denoise"]), 1)
   for k in range(ENTROPY_STEPS):
     count = int(sums[f"entropy_count{k}"])
     if count:

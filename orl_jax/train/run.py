@@ -47,11 +47,21 @@ def model_family(config, hf_dir: str = "") -> str:
   return config.model.get("hf_family", "")
 
 
+def fill_decode_defaults(config, hf_dir: str, family: str) -> None:
+  """A family's generation defaults (DiffusionGemma: the directory's generation_config.json,
+  else transformers') for the `decode.*` fields the config leaves unset; logged."""
+  fam = families.FAMILIES.get(family)
+  if fam is not None and fam.decode_defaults is not None:
+    origins = fam.decode_defaults(config, hf_dir)
+    if origins:
+      logging.warning("decode settings the config leaves unset: %s", ", ".join(
+          f"decode.{k}={config.decode[k]} ({v})" for k, v in origins.items()))
+
+
 def load_tokenizer(config, hf_dir: str = "", family: str = ""):
   """The configured tokenizer: `model.tokenizer` ('byte' or a tokenizer.json path), else the
   weights directory's tokenizer.json, else None (the task's own: tiny's word tokenizer, or the
-  byte-level debug tokenizer for real-text tasks). Special tokens left '' in
-  `model.special_tokens` are the family's."""
+  byte-level debug tokenizer for real-text tasks). Its special tokens: `special_tokens`."""
   m = config.model
   path = m.get("tokenizer", "") or hf_dir
   if path == "byte":
@@ -60,26 +70,45 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
   if not path:
     return None
   from orl_jax.data.hf_tokenizer import HFTokenizer
-  special = dict(families.get(family).special_tokens) if family else {}
-  special.update({k: v for k, v in _own_special_tokens(config, family).items() if v})
-  return HFTokenizer.from_file(path, special)
+  special, origins = special_tokens(config, hf_dir, family)
+  needs_mask = not family or bool(families.get(family).special_tokens.get("mask"))
+  tok = HFTokenizer.from_file(path, special, origins, require_mask=needs_mask)
+  # shown once at start-up (the launchers log warnings only): where each id came from
+  logging.warning("special tokens of %s: %s", tok.source, tok.origins_text())
+  return tok
+
+
+def special_tokens(config, hf_dir: str = "", family: str = "") -> tuple[dict, dict]:
+  """({role: value}, {role: where it came from}) of the run's special tokens: for each of mask,
+  eos, pad and bos, `model.special_tokens.<role>` when set (a token string or id: the user's
+  choice wins), else the id the weights directory declares (generation_config.json, then
+  config.json), else the family's default."""
+  from orl_jax.models import hf
+  own = _own_special_tokens(config, family)
+  declared = hf.declared_special_tokens(hf_dir) if hf_dir else {}
+  defaults = families.get(family).special_tokens if family else {}
+  values, origins = {}, {}
+  for role in ("mask", "eos", "pad", "bos"):
+    if own.get(role):
+      values[role], origins[role] = own[role], f"model.special_tokens.{role}"
+    elif role in declared:
+      values[role], origins[role] = list(declared[role][0]), declared[role][1]
+    elif defaults.get(role):
+      values[role], origins[role] = defaults[role], f"the {family} family's default"
+  return values, origins
 
 
 def _own_special_tokens(config, family: str) -> dict:
-  """`model.special_tokens`; when the weights are of another family than the config was
-  written for (configs/llada.py, LLaDA2 by default, given a LLaDA-8B directory), only the
-  entries that differ from the config family's defaults (the user's own), so the weights'
-  family supplies the rest."""
+  """The `model.special_tokens` entries the config sets (non-empty); logs once when the weights
+  are of another family than the config was written for (its decoder and chat defaults stay)."""
   m = config.model
-  configured = dict(m.get("special_tokens", {}))
+  configured = {k: v for k, v in dict(m.get("special_tokens", {})).items() if v}
   written_for = m.get("hf_family", "")
-  if not family or not written_for or written_for == family:
-    return configured
-  defaults = families.get(written_for).special_tokens
-  logging.warning("model.path is a %r model and the config is written for %r: special tokens "
-                  "come from the %r family (decoder and chat defaults stay the config's)",
-                  family, written_for, family)
-  return {k: v for k, v in configured.items() if v != defaults.get(k)}
+  if family and written_for and written_for != family:
+    logging.warning("model.path is a %r model and the config is written for %r: special tokens "
+                    "come from the directory and the %r family (decoder and chat defaults stay "
+                    "the config's)", family, written_for, family)
+  return configured
 
 
 def _hf_model_config(config, tok, hf_dir: str, family: str):
@@ -87,19 +116,24 @@ def _hf_model_config(config, tok, hf_dir: str, family: str):
   field from its config.json, checked against the tokenizer."""
   from orl_jax.data.hf_tokenizer import TokenizerError, check_model_vocab
   from orl_jax.models import hf
-  hf_json = hf.read_hf_config(hf_dir)
+  arch = hf.read_architecture(hf_dir, family)
   where = f"{hf_dir}/config.json"
+  ignored = hf.ignored_settings(hf_dir, family)
+  if ignored:
+    logging.warning("%s sets %s: the official %s code never reads these keys, so they are "
+                    "ignored", where, ", ".join(ignored), family)
   if hasattr(tok, "vocab_hash"):
     # the tokenizer against the checkpoint's own vocabulary, so a foreign tokenizer is named
-    check_model_vocab(tok, hf_json.get("vocab_size", tok.vocab_size), tok.mask_id, where=where)
-  declared = hf_json.get("mask_token_id")
-  if declared is not None and declared != tok.mask_id:
-    raise TokenizerError(f"{where} has mask_token_id={declared} but "
-                         f"model.special_tokens.mask resolves to {tok.mask_id}")
-  try:
-    arch = families.get(family).architecture_from_hf(hf_json)
-  except KeyError as e:
-    raise hf.CheckpointError(f"{where}: missing key {e} for a {family!r} model") from None
+    check_model_vocab(tok, arch["vocab_size"], tok.mask_id, where=where)
+  declared = hf.declared_special_tokens(hf_dir).get("mask")
+  if declared is not None and declared[0][0] != tok.mask_id:
+    origin = getattr(tok, "origins", {}).get("mask", "")
+    if not origin.startswith("model.special_tokens"):
+      raise TokenizerError(f"{hf_dir}/{declared[1]} declares mask_token_id={declared[0][0]} but "
+                           f"the tokenizer's mask is {tok.mask_id} (use the tokenizer the model "
+                           "was trained with, or set model.special_tokens.mask)")
+    logging.warning("model.special_tokens.mask=%s overrides mask_token_id=%s of %s",
+                    tok.mask_id, declared[0][0], declared[1])
   return config_lib.model_config(config, vocab_size=arch["vocab_size"], mask_id=tok.mask_id,
                                  arch=arch, hf_family=family)
 
@@ -108,9 +142,10 @@ def setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   """config -> task, tokenizer, model config (from model.path's config.json when it is a
   Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
   what launch/decode.py --prompt decodes) instead of `config.task`'s problems."""
-  config_lib.validate(config)
   hf_dir = weights_lib.hf_dir(config)
   family = model_family(config, hf_dir)
+  fill_decode_defaults(config, hf_dir, family)
+  config_lib.validate(config)
   tokenizer = load_tokenizer(config, hf_dir, family)
   task = (get_task(config.task, tokenizer=tokenizer) if prompts is None
           else prompt_task(config.task, prompts, tokenizer))
@@ -119,7 +154,7 @@ def setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
     from orl_jax import diffusion_gemma_rollout as dg_rollout
     model_cfg = dg_rollout.model_config(
         config, config.model.get("vocab_size", 0) or tok.vocab_size,
-        eos_ids=(tok.eos_id,), pad_id=getattr(tok, "pad_id", 0))
+        eos_ids=getattr(tok, "eos_ids", (tok.eos_id,)), pad_id=getattr(tok, "pad_id", 0))
   elif hf_dir:
     model_cfg = _hf_model_config(config, tok, hf_dir, family)
   else:
@@ -297,8 +332,20 @@ def export_hf_dir(s: Setup, params, out_dir: str, max_shard_bytes: int = 0) -> s
   tok_file = tok_file if tok_file and os.path.isfile(tok_file) else None
   family = s.model_cfg.hf_family
   return hf.export_hf(out_dir, params, s.model_cfg, family, tokenizer_file=tok_file,
-                      max_shard_bytes=max_shard_bytes,
+                      max_shard_bytes=max_shard_bytes, extra_config=_special_token_ids(s),
                       passthrough=hf.read_passthrough(weights_lib.hf_dir(s.config), family))
+
+
+def _special_token_ids(s: Setup) -> dict:
+  """The run's EOS and pad ids as config.json keys (so the exported directory declares the
+  tokens it was trained with); {} for a family with its own config (it writes them itself)."""
+  if families.get(s.model_cfg.hf_family).own_model:
+    return {}
+  tok = s.tokenizer
+  eos = list(getattr(tok, "eos_ids", (tok.eos_id,)))
+  ids = {"eos_token_id": eos[0] if len(eos) == 1 else eos, "pad_token_id": tok.pad_id}
+  bos = getattr(tok, "bos_id", None)
+  return ids if bos is None else dict(ids, bos_token_id=bos)
 
 
 class RunLog:

@@ -2,4 +2,4 @@
 from orl_jax.problem import Problem, Verifier
 from orl_jax.verify.gsm8k import GSM8KVerifier
 from orl_jax.verify.humaneval import HumanEvalVerifier
-from orl_jax.verify.sandbox import SandboxLimits, SandboxResult, run_python
+from orl_sandbox import SandboxLimits, SandboxResult, run_python

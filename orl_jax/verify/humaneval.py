@@ -1,7 +1,7 @@
 """HumanEval-style unit-test verification in the sandbox (DESIGN §2.4, §5).
 
 A response is the model's continuation of `Problem.prompt` (a function signature and docstring).
-`prompt + completion` runs in the sandbox (`sandbox.run_judged`), in a fresh, contained process
+`prompt + completion` runs in the sandbox (`orl_sandbox.run_judged`), in a fresh, contained process
 tree, never in the training process; it only defines the candidate function and answers calls.
 The tests run in a separate judge process that executes the prompt (for helpers such as
 `poly`, `encode_cyclic`, `encode_shift` that HumanEval/32, /38 and /50 call), then the tests, then
@@ -16,14 +16,18 @@ Arguments are copies: a candidate mutating its argument is not seen by the tests
 test looks; /70, /120 and /149's canonical solutions mutate theirs).
 
 Runs happen on a thread pool (each thread waits on one sandbox), results are cached by the
-sha256 of the inputs, and `submit` lets the loop overlap verification with other work. Only
-verdicts are cached: a run the sandbox infrastructure failed is retried once, and neither it nor
-a timeout (which may come from a loaded machine) is ever cached.
+sha256 of the inputs, and `submit` lets the loop overlap verification with other work. The pool
+takes a batch's samples prompt by prompt in turn (the first sample of every prompt, then the
+second, ...), so that samples of one prompt, which could copy from each other, rarely run side
+by side. Only verdicts are cached: a run the sandbox infrastructure failed is retried once, and
+neither it nor a timeout (which may come from a loaded machine) is ever cached. `judge_cost`
+adds up what the judge processes used.
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import logging
 import os
@@ -31,8 +35,8 @@ import threading
 import time
 from typing import Sequence
 
-from orl_jax.verify import sandbox
-from orl_jax.problem import Problem
+import orl_sandbox as sandbox
+from orl_jax.problem import Problem, truncate_completion
 
 _log = logging.getLogger(__name__)
 
@@ -41,16 +45,6 @@ _log = logging.getLogger(__name__)
 _SMOKE_PROGRAM = ("import collections, functools, hashlib, itertools, math, re, string\n"
                   "def f(x):\n  return (x, math.sqrt(x))\n")
 _SMOKE_TESTS = "def check(candidate):\n  assert candidate(4) == (4, 2.0)\n"
-
-
-def truncate_completion(completion: str, stop_sequences: Sequence[str]) -> str:
-  """Cuts the completion at the first stop sequence (e.g. the closing fence of a code block)."""
-  cut = len(completion)
-  for stop in stop_sequences:
-    index = completion.find(stop)
-    if index >= 0:
-      cut = min(cut, index)
-  return completion[:cut]
 
 
 def _require_tests(problem: Problem) -> None:
@@ -88,6 +82,31 @@ def cache_key(problem: Problem, completion: str) -> str:
   return digest.hexdigest()
 
 
+@dataclasses.dataclass
+class JudgeCost:
+  """What the judge processes of a verifier's runs used, in all."""
+  runs: int = 0
+  cpu_s: float = 0.0
+  peak_rss_bytes: int = 0
+
+  def add(self, result: sandbox.SandboxResult) -> None:
+    self.runs += 1
+    self.cpu_s += result.judge_cpu_s or 0.0
+    self.peak_rss_bytes = max(self.peak_rss_bytes, result.judge_peak_rss_bytes or 0)
+
+
+def interleaved(keys: Sequence[str]) -> list[int]:
+  """Indices of `keys` taken one per distinct key in turn: [a, a, b, b] -> a, b, a, b."""
+  by_key: dict[str, list[int]] = {}
+  for index, key in enumerate(keys):
+    by_key.setdefault(key, []).append(index)
+  queues = list(by_key.values())
+  order = []
+  for depth in range(max((len(q) for q in queues), default=0)):
+    order += [q[depth] for q in queues if depth < len(q)]
+  return order
+
+
 class HumanEvalVerifier:
   """Runs unit tests in the sandbox, `parallelism` at a time, with a result cache.
 
@@ -109,6 +128,7 @@ class HumanEvalVerifier:
     self._cache: collections.OrderedDict[str, float] = collections.OrderedDict()
     self._lock = threading.Lock()
     self._checked = False
+    self.judge_cost = JudgeCost()
     self._pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=self.parallelism, thread_name_prefix="humaneval-sandbox")
     self._gather = concurrent.futures.ThreadPoolExecutor(
@@ -134,12 +154,13 @@ class HumanEvalVerifier:
     keys = [cache_key(p, c) for p, c in zip(problems, completions)]
     known: dict[str, float] = {}
     pending: dict[str, concurrent.futures.Future[tuple[float, bool]]] = {}
-    for key, problem, completion in zip(keys, problems, completions):
+    for i in interleaved([p.problem_id for p in problems]):
+      key = keys[i]
       if key in known or key in pending:
         continue
       score = self._cached(key)
       if score is None:
-        pending[key] = self._pool.submit(self._score, problem, completion)
+        pending[key] = self._pool.submit(self._score, problems[i], completions[i])
       else:
         known[key] = score
     return self._gather.submit(self._collect, keys, known, pending)
@@ -165,6 +186,8 @@ class HumanEvalVerifier:
         infra = repr(error)
       else:
         infra = result.infra_error
+        with self._lock:
+          self.judge_cost.add(result)
       if infra is None:
         return (1.0 if result.passed else 0.0), not result.timed_out
       if attempt == 0:

@@ -1,36 +1,31 @@
-"""Exact-answer verifier of the tiny task (DESIGN §2.4, §5)."""
+"""Exact-answer verifier of the tiny task (DESIGN §2.4, §5): the strict rule of `math_answer`.
+
+Decoded tiny-task text joins digit tokens into whole numbers (`WordTokenizer.decode`: `2 7` ->
+`27`), so `#### 2 7` would read as two numbers and is wrong, as is anything after the answer
+that holds another number.
+"""
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 from orl_jax.problem import Problem
-
-_ANSWER_MARK = "####"
-# The number right after the mark, in decoded text: `WordTokenizer.decode` joins digit tokens into
-# whole numbers (`2 7` -> `27`), so `#### 2 7` here would be two numbers and reads as 2.
-_ANSWER_PATTERN = re.compile(r"^\s*(-?\d+)")
+from orl_jax.verify import math_answer
 
 
 def extract_answer(response: str) -> str | None:
-  """The integer after the last `####` in `response` (canonical form, e.g. "27"), or None."""
-  mark = response.rfind(_ANSWER_MARK)
-  if mark < 0:
-    return None
-  match = _ANSWER_PATTERN.match(response[mark + len(_ANSWER_MARK):])
-  if match is None:
-    return None
-  return str(int(match.group(1)))
+  """The strict final answer of `response` in canonical form (e.g. "27"), or None."""
+  value = math_answer.final_answer(response)
+  return None if value is None else math_answer.canonical_number(value)
 
 
 class TinyVerifier:
-  """Scores 1.0 iff the number after the last `####` equals `problem.answer`."""
+  """Scores 1.0 iff the strict final answer equals `problem.answer`."""
 
   def score(self, problem: Problem, response: str) -> float:
     if problem.answer is None:
       raise ValueError(f"Problem {problem.problem_id} has no gold answer; TinyVerifier needs one.")
-    predicted = extract_answer(response)
-    return float(predicted is not None and predicted == str(int(problem.answer)))
+    predicted = math_answer.final_answer(response)
+    return float(predicted is not None and predicted == math_answer.gold_number(problem.answer))
 
   def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
     if len(problems) != len(responses):

@@ -71,6 +71,8 @@ class Family:
   chat: str = "none"                                 # chat template of its instruct models
   ignored_hf: Callable[[ModelConfig], frozenset] = lambda cfg: frozenset()
   # ^ HF tensors a checkpoint may hold that the model does not use (a tied copy of the head)
+  ignored_keys: tuple[str, ...] = ()   # config.json keys the official modeling code never
+                                       # reads (ignored here too; the run logs them once)
   # A family with its own model (None: the shared Transformer / ModelConfig):
   config_from_hf: Callable | None = None       # config.json dict -> the family's config object
   build_model: Callable | None = None          # (config object, rngs) -> nnx.Module
@@ -81,8 +83,11 @@ class Family:
   make_decoder: Callable | None = None  # (config, model_cfg, graphdef, rule, temperature) ->
                                         # evaluation's jitted (params, prompt_tokens,
                                         # prompt_valid, key) -> rows with tokens, nfe,
-                                        # nfe_engine, n_generated, nfe_decoder (None: the
+                                        # nfe_engine, n_generated, nfe_denoise (None: the
                                         # shared block decoder, decoding.make_decoder)
+  decode_defaults: Callable | None = None  # (config, hf_dir) -> {field: origin}: fills the
+                                           # decode.* fields the config leaves unset (None)
+                                           # from the directory (generation_config.json)
   unresolved: str = "masked"   # state positions the losses train (replay.gather_batch)
   replay_context: str = "block"  # context stream of packed replay rows (replay.ReplayConfig)
 

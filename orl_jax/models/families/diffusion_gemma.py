@@ -151,6 +151,7 @@ FAMILY = Family(
     chat="none", config_from_hf=DiffusionGemmaConfig.from_hf, build_model=build_model,
     frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES,
     make_rollout=lambda *a: _make_rollout(*a), make_decoder=lambda *a: _make_decoder(*a),
+    decode_defaults=lambda *a: _decode_defaults(*a),
     unresolved="not_accepted",
     replay_context="token")
 
@@ -160,6 +161,13 @@ def _make_rollout(config, cfg: DiffusionGemmaConfig, graphdef, group_size: int, 
   from orl_jax import diffusion_gemma_rollout as dg_rollout
   scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
   return dg_rollout.make_rollout(graphdef, scfg, group_size, mesh)
+
+
+def _decode_defaults(config, hf_dir: str) -> dict:
+  """transformers' generation defaults (or the directory's generation_config.json) for the
+  sampler settings the config leaves unset."""
+  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  return dg_rollout.fill_decode_defaults(config, hf_dir)
 
 
 def _make_decoder(config, cfg: DiffusionGemmaConfig, graphdef, rule, temperature: float):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from orl_jax import sharding
 from orl_jax.models.families.base import Family, dense_rules, linear, plain
-from orl_jax.models.families.common import rope_theta
+from orl_jax.models import config_json
 from orl_jax.models.transformer import ModelConfig
 
 _LAYER = (
@@ -28,13 +28,43 @@ def tensor_rules(cfg: ModelConfig) -> list:
                      "model.transformer.ln_f.weight", "model.transformer.ff_out.weight")
 
 
+# LLaDAConfig's defaults (the `ModelConfig` dataclass of the official configuration_llada.py),
+# for the keys this reader uses
+_DEFAULTS = dict(d_model=768, n_heads=12, n_layers=12, mlp_ratio=4, vocab_size=50257,
+                 embedding_size=50304, rope_theta=10000.0, rms_norm_eps=1e-5, weight_tying=True)
+# settings the official model reads that our LLaMA-style block implements with one value only:
+# key -> (the official default, the supported values)
+_FIXED = {"rope": (False, (True,)), "alibi": (False, (False,)),
+          "block_type": ("sequential", ("llama",)), "activation_type": ("swiglu", ("silu",)),
+          "layer_norm_type": ("default", ("rms",)), "layer_norm_with_affine": (True, (True,)),
+          "include_bias": (False, (False,)), "include_qkv_bias": (False, (False, None)),
+          "bias_for_layer_norm": (None, (False, None)), "attention_layer_norm": (False, (False,)),
+          "scale_logits": (False, (False,)), "input_emb_norm": (False, (False,))}
+
+
 def architecture_from_hf(hf: dict) -> dict:
-  d, h = hf["d_model"], hf["n_heads"]
-  return dict(vocab_size=int(hf.get("embedding_size") or hf["vocab_size"]), d_model=d,
-              n_layers=hf["n_layers"], n_heads=h, n_kv_heads=hf.get("n_kv_heads") or h,
-              head_dim=d // h, mlp_dim=hf["mlp_hidden_size"],
-              rope_theta=rope_theta(hf, 10000.0), norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-              qk_norm=False, tie_embeddings=bool(hf.get("weight_tying", False)),
+  """The ModelConfig fields of a LLaDA `config.json` (missing keys: LLaDAConfig's defaults);
+  ConfigJsonError naming a field of the wrong type or a setting the model does not implement."""
+  config_json.require_all(hf, _FIXED, "the LLaDA-8B checkpoints")
+  read, dflt = config_json.read_int, _DEFAULTS
+  d, h = read(hf, "d_model", dflt["d_model"]), read(hf, "n_heads", dflt["n_heads"])
+  config_json.divides(h, "n_heads", d, "d_model")
+  kv = read(hf, "n_kv_heads", None, nullable=True)
+  if kv is None:   # LLaDA's `effective_n_kv_heads`
+    mqa = hf.get("multi_query_attention") is not None and config_json.read_bool(
+        hf, "multi_query_attention", False)
+    kv = 1 if mqa else h
+  config_json.divides(kv, "n_kv_heads", h, "n_heads")
+  mlp = read(hf, "mlp_hidden_size", None, nullable=True) or read(
+      hf, "mlp_ratio", dflt["mlp_ratio"]) * d
+  vocab = read(hf, "vocab_size", dflt["vocab_size"])
+  rows = read(hf, "embedding_size", dflt["embedding_size"], nullable=True) or vocab
+  return dict(vocab_size=rows, d_model=d, n_layers=read(hf, "n_layers", dflt["n_layers"]),
+              n_heads=h, n_kv_heads=kv, head_dim=d // h, mlp_dim=mlp,
+              rope_theta=config_json.rope_theta(hf, dflt["rope_theta"]),
+              norm_eps=config_json.read_float(hf, "rms_norm_eps", dflt["rms_norm_eps"]),
+              qk_norm=False,
+              tie_embeddings=config_json.read_bool(hf, "weight_tying", dflt["weight_tying"]),
               family="bidirectional")
 
 

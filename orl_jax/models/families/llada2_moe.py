@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from orl_jax import sharding
 from orl_jax.models import moe as moe_lib
+from orl_jax.models import config_json
 from orl_jax.models.families import base
 from orl_jax.models.families.base import Family, linear, plain
 from orl_jax.models.moe import MoEConfig
@@ -26,49 +27,108 @@ EOS_ID = 156892
 _SWIGLU = ("gate_proj", "up_proj", "down_proj")
 
 
+# LLaDA2MoeConfig's defaults (the official configuration_llada2_moe.py), for the keys this
+# reader uses; `num_key_value_heads` 0 means one per query head (as the LLaDA2.1 class maps it;
+# the 2.0 class keeps 0 and its model divides by it)
+DEFAULTS = dict(vocab_size=30592, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                num_key_value_heads=0, use_qk_norm=True, rms_norm_eps=1e-5,
+                tie_word_embeddings=False, rope_theta=10000.0, num_experts=16,
+                num_shared_experts=0, num_experts_per_tok=2, n_group=8, topk_group=4,
+                routed_scaling_factor=2.5, first_k_dense_replace=0, partial_rotary_factor=0.5)
+# settings the official model reads that we implement with one value only: key -> (the
+# official default, the supported values)
+_FIXED = {"use_qkv_bias": (False, (False,)), "use_bias": (True, (False,)),
+          "hidden_act": ("silu", ("silu",))}
+# keys released config.json files carry that the official modeling code never reads
+IGNORED_KEYS = ("norm_head", "score_function", "norm_topk_prob", "router_dtype",
+                "moe_router_enable_expert_bias", "rotary_dim", "use_rmsnorm", "norm_softmax",
+                "using_split_qkv_in_self_attention")
+
+
+def _moe(hf: dict, impl: str) -> MoEConfig | None:
+  """The MoE settings (None: `num_experts` null, every layer a dense MLP, as the official model
+  builds it)."""
+  read, dflt = config_json.read_int, DEFAULTS
+  n = read(hf, "num_experts", dflt["num_experts"], nullable=True)
+  if n is None:
+    return None
+  moe = MoEConfig(
+      n_experts=n, top_k=read(hf, "num_experts_per_tok", dflt["num_experts_per_tok"]),
+      expert_dim=read(hf, "moe_intermediate_size", None),
+      n_group=read(hf, "n_group", dflt["n_group"]),
+      topk_group=read(hf, "topk_group", dflt["topk_group"]),
+      n_shared=read(hf, "num_shared_experts", dflt["num_shared_experts"], minimum=0,
+                    nullable=True) or 0,
+      routed_scaling_factor=config_json.read_float(hf, "routed_scaling_factor",
+                                                   dflt["routed_scaling_factor"]),
+      impl=impl)
+  config_json.divides(moe.n_group, "n_group", n, "num_experts")
+  if not moe.topk_group <= moe.n_group or not moe.top_k <= moe.topk_group * n // moe.n_group:
+    raise config_json.ConfigJsonError(
+        f"num_experts_per_tok={moe.top_k} and topk_group={moe.topk_group} cannot be chosen "
+        f"from num_experts={n} in n_group={moe.n_group} groups")
+  return moe
+
+
 def architecture_from_hf(hf: dict, *, impl: str = "dense") -> dict:
-  """The ModelConfig fields a LLaDA2 `config.json` determines (field -> value); `impl` picks the
-  expert compute (`model.moe.impl`), which config.json does not say."""
-  for flag in ("use_qkv_bias", "use_bias"):
-    if hf.get(flag, False):
-      raise ValueError(f"config.json sets {flag}=true: LLaDA2 projections with biases are not "
-                       "supported (the released LLaDA2.x-mini checkpoints have none)")
-  heads = hf["num_attention_heads"]
-  head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-  moe = MoEConfig(n_experts=hf["num_experts"], top_k=hf["num_experts_per_tok"],
-                  expert_dim=hf["moe_intermediate_size"], n_group=hf.get("n_group") or 1,
-                  topk_group=hf.get("topk_group") or 1,
-                  n_shared=hf.get("num_shared_experts") or 0,
-                  routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)), impl=impl)
-  return dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-              n_layers=hf["num_hidden_layers"], n_heads=heads,
-              n_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=head_dim,
-              mlp_dim=hf["intermediate_size"], rope_theta=float(hf.get("rope_theta", 6e5)),
-              rope_fraction=float(hf.get("partial_rotary_factor", 0.5)),
-              norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-              qk_norm=bool(hf.get("use_qk_norm", True)),
-              tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-              moe=moe, first_k_dense=int(hf.get("first_k_dense_replace", 0)),
-              norm_head=bool(hf.get("norm_head", False)), family="block_causal")
+  """The ModelConfig fields a LLaDA2 `config.json` determines (missing keys: LLaDA2MoeConfig's
+  defaults; `norm_head` is ignored, as the official model ignores it); `impl` picks the expert
+  compute (`model.moe.impl`), which config.json does not say. ConfigJsonError names a field of
+  the wrong type or a setting the model does not implement."""
+  config_json.require_all(hf, _FIXED, "the released LLaDA2.x-mini checkpoints")
+  read, dflt = config_json.read_int, DEFAULTS
+  d = read(hf, "hidden_size", dflt["hidden_size"])
+  heads = read(hf, "num_attention_heads", dflt["num_attention_heads"])
+  kv = read(hf, "num_key_value_heads", dflt["num_key_value_heads"], minimum=0,
+            nullable=True) or heads
+  config_json.divides(kv, "num_key_value_heads", heads, "num_attention_heads")
+  n_layers = read(hf, "num_hidden_layers", dflt["num_hidden_layers"])
+  moe = _moe(hf, impl)
+  first_dense = n_layers if moe is None else read(hf, "first_k_dense_replace",
+                                                  dflt["first_k_dense_replace"], minimum=0)
+  mlp = read(hf, "intermediate_size", None, nullable=True)   # only dense layers need it
+  if mlp is None and first_dense:
+    raise config_json.ConfigJsonError(f"intermediate_size is missing or null but the model has "
+                                      f"{min(first_dense, n_layers)} dense MLP layers")
+  return dict(vocab_size=read(hf, "vocab_size", dflt["vocab_size"]), d_model=d,
+              n_layers=n_layers, n_heads=heads, n_kv_heads=kv,
+              head_dim=read(hf, "head_dim", 0, minimum=0, nullable=True) or d // heads,
+              mlp_dim=mlp or 0, rope_theta=config_json.rope_theta(hf, dflt["rope_theta"]),
+              rope_fraction=config_json.read_float(hf, "partial_rotary_factor",
+                                                   dflt["partial_rotary_factor"], at_most=1.0),
+              norm_eps=config_json.read_float(hf, "rms_norm_eps", dflt["rms_norm_eps"]),
+              qk_norm=config_json.read_bool(hf, "use_qk_norm", dflt["use_qk_norm"]),
+              tie_embeddings=config_json.read_bool(hf, "tie_word_embeddings",
+                                                   dflt["tie_word_embeddings"]),
+              moe=moe, first_k_dense=0 if moe is None else first_dense, norm_head=False,
+              family="block_causal")
 
 
 def hf_config_json(cfg: ModelConfig) -> dict:
   """A LLaDA2 `config.json` for `cfg` (`architecture_from_hf` inverts it)."""
-  moe = cfg.moe
+  if cfg.norm_head:
+    raise ValueError("model.norm_head=True cannot be written as a LLaDA2 config.json: the "
+                     "official LLaDA2 code ignores norm_head, so the head would load "
+                     "unnormalised")
   return {"architectures": ["LLaDA2MoeModelLM"], "model_type": MODEL_TYPE,
           "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
-          "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.n_layers,
+          "intermediate_size": cfg.mlp_dim or None, "num_hidden_layers": cfg.n_layers,
           "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
           "head_dim": cfg.head_dim, "rope_theta": cfg.rope_theta,
           "partial_rotary_factor": cfg.rope_fraction, "rms_norm_eps": cfg.norm_eps,
           "use_qk_norm": cfg.qk_norm, "use_qkv_bias": False, "use_bias": False,
-          "tie_word_embeddings": cfg.tie_embeddings, "norm_head": cfg.norm_head,
-          "num_experts": moe.n_experts, "num_experts_per_tok": moe.top_k,
+          "tie_word_embeddings": cfg.tie_embeddings, "norm_head": False,
+          "first_k_dense_replace": cfg.first_k_dense, "score_function": "sigmoid",
+          "hidden_act": "silu", "mask_token_id": cfg.mask_id, **_moe_json(cfg.moe)}
+
+
+def _moe_json(moe: MoEConfig | None) -> dict:
+  if moe is None:
+    return {"num_experts": None}
+  return {"num_experts": moe.n_experts, "num_experts_per_tok": moe.top_k,
           "moe_intermediate_size": moe.expert_dim, "n_group": moe.n_group,
           "topk_group": moe.topk_group, "num_shared_experts": moe.n_shared,
-          "routed_scaling_factor": moe.routed_scaling_factor,
-          "first_k_dense_replace": cfg.first_k_dense, "score_function": "sigmoid",
-          "hidden_act": "silu", "mask_token_id": cfg.mask_id}
+          "routed_scaling_factor": moe.routed_scaling_factor}
 
 
 def _attention_rules(cfg: ModelConfig, i: int) -> list:
@@ -131,7 +191,7 @@ def params_to_hf_names(cfg: ModelConfig) -> list[str]:
 FAMILY = Family(
     name=MODEL_TYPE, model_types=(MODEL_TYPE,), attention="block_causal",
     architecture_from_hf=architecture_from_hf, hf_config_json=hf_config_json,
-    tensor_rules=tensor_rules,
+    tensor_rules=tensor_rules, ignored_keys=IGNORED_KEYS,
     # experts over `expert` first (their names would otherwise match no rule)
     partition_rules=moe_lib.PARTITION_RULES + sharding.PARTITION_RULES,
     special_tokens=dict(mask=str(MASK_ID), eos=str(EOS_ID), pad=str(EOS_ID), bos=""),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orl_jax import sharding
 from orl_jax.models.families.base import Family, dense_rules, linear, plain
-from orl_jax.models.families.common import rope_theta
+from orl_jax.models import config_json
 from orl_jax.models.transformer import ModelConfig
 
 _LAYER = (
@@ -29,15 +29,42 @@ def tensor_rules(cfg: ModelConfig) -> list:
                      "lm_head.weight")
 
 
+# The defaults of transformers' Qwen3Config (5.24) and of SDAR's SDARConfig (its
+# configuration_sdar.py), which agree on every key this reader uses
+DEFAULTS = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016,
+                num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                head_dim=128, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0)
+# settings the official models read that we implement with one value only: key -> (the
+# official default, the supported values)
+_FIXED = {"attention_bias": (False, (False,)), "hidden_act": ("silu", ("silu",)),
+          "use_sliding_window": (False, (False,))}
+
+
 def architecture_from_hf(hf: dict) -> dict:
-  h = hf["num_attention_heads"]
-  return dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-              n_layers=hf["num_hidden_layers"], n_heads=h,
-              n_kv_heads=hf.get("num_key_value_heads") or h,
-              head_dim=hf.get("head_dim") or hf["hidden_size"] // h,
-              mlp_dim=hf["intermediate_size"], rope_theta=rope_theta(hf, 1e6),
-              norm_eps=float(hf.get("rms_norm_eps", 1e-6)), qk_norm=True,
-              tie_embeddings=bool(hf.get("tie_word_embeddings", False)), family="block_causal")
+  """The ModelConfig fields of a Qwen3 / SDAR `config.json` (missing keys: the official classes'
+  defaults); ConfigJsonError names a field of the wrong type or a setting the model does not
+  implement."""
+  config_json.require_all(hf, _FIXED, "block-diffusion Qwen3 models")
+  types = hf.get("layer_types")
+  if types is not None and (not isinstance(types, list)
+                            or any(t != "full_attention" for t in types)):
+    raise config_json.ConfigJsonError(
+        f"layer_types={config_json.shown(types)} is not supported: every layer must be "
+        "\"full_attention\" (no sliding windows)")
+  read, dflt = config_json.read_int, DEFAULTS
+  h = read(hf, "num_attention_heads", dflt["num_attention_heads"])
+  kv = read(hf, "num_key_value_heads", dflt["num_key_value_heads"], nullable=True) or h
+  config_json.divides(kv, "num_key_value_heads", h, "num_attention_heads")
+  return dict(vocab_size=read(hf, "vocab_size", dflt["vocab_size"]),
+              d_model=read(hf, "hidden_size", dflt["hidden_size"]),
+              n_layers=read(hf, "num_hidden_layers", dflt["num_hidden_layers"]), n_heads=h,
+              n_kv_heads=kv, head_dim=read(hf, "head_dim", dflt["head_dim"]),
+              mlp_dim=read(hf, "intermediate_size", dflt["intermediate_size"]),
+              rope_theta=config_json.rope_theta(hf, dflt["rope_theta"]),
+              norm_eps=config_json.read_float(hf, "rms_norm_eps", dflt["rms_norm_eps"]),
+              qk_norm=True, tie_embeddings=config_json.read_bool(
+                  hf, "tie_word_embeddings", dflt["tie_word_embeddings"]),
+              family="block_causal")
 
 
 def hf_config_json(cfg: ModelConfig) -> dict:
@@ -47,7 +74,8 @@ def hf_config_json(cfg: ModelConfig) -> dict:
           "head_dim": cfg.head_dim, "intermediate_size": cfg.mlp_dim,
           "vocab_size": cfg.vocab_size, "rope_theta": cfg.rope_theta,
           "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
-          "hidden_act": "silu", "attention_bias": False, "max_position_embeddings": 32768}
+          "hidden_act": "silu", "attention_bias": False, "max_position_embeddings": 32768,
+          "mask_token_id": cfg.mask_id}
 
 
 def _ignored(cfg: ModelConfig) -> frozenset:

@@ -15,6 +15,14 @@ Anything else (a subclass of a built-in type included) cannot be encoded: `WireE
 decoder builds exact built-in values only, so whatever the sample sends, the judge compares
 ordinary data with ordinary operators. Only the standard library is imported: the sandbox
 runner loads this file directly.
+
+The judge decodes what a hostile sample sends, so decoding has a bounded cost. Before any object
+is built, `loads` refuses a message with more than `MAX_ELEMENTS` JSON values or nested deeper
+than the JSON form of `MAX_DEPTH` (a scan of the bytes, linear, no recursion); `decode` refuses
+sets, frozensets and dict keys in which more than `MAX_EQUAL_HASHES` keys share one hash value
+(integers, floats and tuples of them can be chosen to collide; inserting n colliding keys costs
+n^2), so building a container costs at most `MAX_EQUAL_HASHES` probes per key. Strings and bytes
+hash with the per-process random key and cannot be made to collide.
 """
 from __future__ import annotations
 
@@ -22,9 +30,16 @@ import base64
 import json
 import math
 import os
+import re
 import struct
 
 MAX_DEPTH = 64
+MAX_ELEMENTS = 1 << 19
+MAX_EQUAL_HASHES = 16
+# JSON nesting of a value of depth MAX_DEPTH: each tagged container adds an object and an array.
+_MAX_JSON_DEPTH = 2 * MAX_DEPTH + 8
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _HEADER = struct.Struct(">I")
 _BIG = 1 << 63
 _TAGS = ("$int", "$float", "$tuple", "$set", "$frozenset", "$dict", "$bytes", "$complex")
@@ -87,16 +102,43 @@ def decode(data, depth: int = 0):
     if tag == "$tuple":
       return tuple(items)
     if tag == "$set":
-      return set(items)
+      return set(_spread_hashes(items))
     if tag == "$frozenset":
-      return frozenset(items)
+      return frozenset(_spread_hashes(items))
     if tag == "$complex" and len(items) == 2 and all(type(x) is float for x in items):
       return complex(*items)
     if tag == "$dict" and all(type(pair) is list and len(pair) == 2 for pair in items):
+      _spread_hashes([key for key, _ in items])
       return {key: value for key, value in items}
   except (TypeError, ValueError, UnicodeError) as error:   # unhashable key, bad base64, ...
     raise WireError(f"malformed {tag!r}: {error}") from None
   raise WireError(f"malformed or unknown tag {tag!r}")
+
+
+def _spread_hashes(keys: list) -> list:
+  """`keys`, if no more than MAX_EQUAL_HASHES of them share a hash value (hash flooding)."""
+  counts: dict[int, int] = {}   # hash values are ints that hash to themselves: no collisions
+  for key in keys:
+    digest = hash(key)
+    counts[digest] = counts.get(digest, 0) + 1
+    if counts[digest] > MAX_EQUAL_HASHES:
+      raise WireError(f"more than {MAX_EQUAL_HASHES} keys of one container share a hash value "
+                      "(hash flooding)")
+  return keys
+
+
+def check_cost(payload: bytes) -> None:
+  """Refuses a JSON payload with more than MAX_ELEMENTS values or deeper than the JSON form of
+  MAX_DEPTH, before any object is built (one linear scan; strings are skipped)."""
+  skeleton = _JSON_STRING.sub(b'""', payload)
+  brackets = skeleton.translate(None, _NOT_BRACKETS)
+  if len(brackets) // 2 + skeleton.count(b",") + 1 > MAX_ELEMENTS:
+    raise WireError(f"message holds more than {MAX_ELEMENTS} values")
+  depth = 0
+  for byte in brackets:
+    depth += 1 if byte in b"[{" else -1
+    if depth > _MAX_JSON_DEPTH:
+      raise WireError(f"value nested deeper than {MAX_DEPTH}")
 
 
 def _no_constant(name):
@@ -110,6 +152,7 @@ def dumps(message: dict) -> bytes:
 
 
 def loads(payload: bytes) -> dict:
+  check_cost(payload)
   try:
     message = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
   except (ValueError, RecursionError) as error:   # JSONDecodeError, int digit limit, depth
@@ -119,11 +162,15 @@ def loads(payload: bytes) -> dict:
   return message
 
 
+def write_all(fd: int, data: bytes) -> None:
+  view = memoryview(data)
+  while view:
+    written = os.write(fd, view)
+    view = view[written:]
+
+
 def write_message(fd: int, message: dict) -> None:
-  data = memoryview(dumps(message))
-  while data:
-    written = os.write(fd, data)
-    data = data[written:]
+  write_all(fd, dumps(message))
 
 
 def _read_exact(fd: int, size: int) -> bytes | None:
@@ -137,8 +184,9 @@ def _read_exact(fd: int, size: int) -> bytes | None:
   return b"".join(chunks)
 
 
-def read_message(fd: int, max_bytes: int) -> dict | None:
-  """The next message on `fd`; None at end of file; `WireError` if malformed or too large."""
+def read_frame(fd: int, max_bytes: int) -> bytes | None:
+  """The next message on `fd` as undecoded bytes; None at end of file; `WireError` if it is cut
+  short or larger than `max_bytes` (refused from its header, before it is read)."""
   header = _read_exact(fd, _HEADER.size)
   if header is None:
     return None
@@ -148,4 +196,10 @@ def read_message(fd: int, max_bytes: int) -> dict | None:
   payload = _read_exact(fd, size)
   if payload is None:
     raise WireError("message cut short")
-  return loads(payload)
+  return payload
+
+
+def read_message(fd: int, max_bytes: int) -> dict | None:
+  """The next message on `fd`; None at end of file; `WireError` if malformed or too large."""
+  payload = read_frame(fd, max_bytes)
+  return None if payload is None else loads(payload)

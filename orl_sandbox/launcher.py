@@ -2,7 +2,7 @@
 
 Model completions are untrusted code. Nothing here executes them in the calling (JAX) process or
 forks it: every run starts a *fresh interpreter* with `subprocess` (fork+exec in C, no Python
-`preexec_fn`) running `sandbox_runner.py` as a script; this module is the launcher.
+`preexec_fn`) running `runner.py` as a script; this module is the launcher.
 
 Two entry points:
 
@@ -13,11 +13,16 @@ Two entry points:
   sample exiting, or a malformed message fails the run. The verdict is written by the judge to
   a file the sample cannot see. So frame walking, tracing, monkeypatching, writing to inherited
   descriptors and objects with forged `__eq__` cannot change a verdict: the sample can only
-  return data, and the judge compares data with the built-in operators.
+  return data, and the judge compares data with the built-in operators. The sample learns
+  nothing about its correctness while it runs (`judge.py`): the calls it answers are collected
+  before it answers any, and the tests judge the stored answers only after its processes are
+  dead. The judge runs under its own CPU and address-space limits (`judge_cpu_s`,
+  `judge_memory_bytes`; what it used is in `SandboxResult.judge_cpu_s/judge_peak_rss_bytes`),
+  and decodes replies with caps on bytes, values, depth and hash collisions (`wire`).
 * `run_python(source)` — runs a whole program; `passed` is "exited with status 0", which the
   program itself controls. Use it for containment, never to score untrusted code.
 
-Process tree (R, I and P run `sandbox_runner.py`; the launcher is the calling process):
+Process tree (R, I and P run `runner.py`; the launcher is the calling process):
 
   launcher ── R: runner and judge (root, host namespaces; holds the tests, reads the verdict)
                 └─ I: supervisor, PID 1 of a new PID namespace (stays root inside the sandbox)
@@ -37,8 +42,9 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
   `/usr`, `/lib*` and the interpreter's standard library only (its `site-packages` masked unless
   `site_packages=True`), `/dev/{null,zero,full,random,urandom}`, a fresh `/proc` for the PID
   namespace, and `/tmp` (the working directory, `HOME`, `TMPDIR`): a tmpfs capped at
-  `disk_bytes` and `max_inodes`, gone with the namespace (stdout and stderr go to host files
-  capped by `RLIMIT_FSIZE`, in the launcher's temporary directory). It then `pivot_root`s and
+  `disk_bytes` and `max_inodes`, gone with the namespace. The sample's stdout and stderr are
+  pipes that I reads, keeping `max_output_bytes` of each and closing them after
+  `max_file_bytes`: no host file is ever open in the sample. It then `pivot_root`s and
   detaches the host tree. No host path is visible, so no pathname unix socket outside the
   sandbox is reachable (abstract sockets are per network namespace), and no dataset or test file.
 * `netns`, `ipcns`, `utsns` — no network devices but a down loopback; private SysV/POSIX IPC.
@@ -58,16 +64,19 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
 * `no-new-privs`; `landlock-fs`/`-net`/`-scope` (Linux ≥ 5.13): reads below the bound paths,
   writes below `/tmp`, no TCP, no signals or abstract sockets outside; `seccomp`: no new user
   namespaces, no `clone3`, keyrings, `ptrace`, `bpf`, `perf_event_open`, `userfaultfd`,
-  `io_uring`, mounts, and no sockets other than `AF_UNIX`.
+  `io_uring`, mounts, and no sockets other than `AF_UNIX`; and nothing two samples could share
+  through the read-only files both see: no `flock`, `fcntl` locks, leases or `F_NOTIFY`, no
+  `inotify`/`fanotify`, no futex wake-up without `FUTEX_PRIVATE_FLAG` (a futex on a page of a
+  shared file is keyed by that file, across processes).
 
 Essential layers (`ESSENTIAL_LAYERS`): without one of them the run is refused with
 `SandboxUnavailableError` before any untrusted code runs, unless the caller opts out with
 `SandboxLimits(require_isolation=False)` or `ORL_SANDBOX_ALLOW_WEAK_ISOLATION=1`.
 
-A run the *infrastructure* failed (a spawn, a fork or a setup step failed) has `infra_error`
-set; callers must not treat it as the sample's failure (the HumanEval verifier retries once and
-never caches it). Cleanup (process reaping, cgroup removal, directory removal of any depth)
-never raises.
+A run the *infrastructure* failed (a spawn, a fork or a setup step failed, the host's disk was
+too full for the run's records, the runner recorded no verdict) has `infra_error` set; callers
+must not treat it as the sample's failure (the HumanEval verifier retries once and never caches
+it). Cleanup (process reaping, cgroup removal, directory removal of any depth) never raises.
 """
 from __future__ import annotations
 
@@ -84,12 +93,12 @@ import tempfile
 import threading
 import time
 
-from orl_jax.verify import sandbox_runner
-from orl_jax.verify.sandbox_runner import ESSENTIAL_LAYERS, missing_essentials  # noqa: F401
+from orl_sandbox import runner
+from orl_sandbox.runner import ESSENTIAL_LAYERS, missing_essentials  # noqa: F401
 
 ALLOW_WEAK_ENV = "ORL_SANDBOX_ALLOW_WEAK_ISOLATION"
 SHARED_UID = 65534   # `nobody`: only when no per-sample uid is free (not a per-sample layer)
-RUNNER_PATH = os.path.abspath(sandbox_runner.__file__)
+RUNNER_PATH = os.path.abspath(runner.__file__)
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -110,12 +119,17 @@ class SandboxLimits:
       `RLIMIT_NPROC` of its own uid).
     cpu_cores: CPU bandwidth of all the sample's processes together (cpu cgroup quota), so a
       busy sample cannot starve the others; None → no quota.
-    max_file_bytes: `RLIMIT_FSIZE`: the largest file the code can write (stdout/stderr too).
+    max_file_bytes: `RLIMIT_FSIZE`: the largest file the code can write; also how much of
+      stdout and of stderr is read before the pipe is closed.
     disk_bytes: size of the sample's tmpfs (`/tmp`, its working directory).
     max_inodes: files and directories the tmpfs can hold.
     max_output_bytes: how much of stdout and of stderr is kept in the result.
     max_open_files: `RLIMIT_NOFILE`.
     max_message_bytes: the largest judge/sample message (run_judged).
+    max_reply_bytes: all the sample's replies together (run_judged); calls past it go
+      unanswered and fail the sample.
+    judge_cpu_s: CPU seconds of the judge process (run_judged); None -> the sample's `cpu_s`.
+    judge_memory_bytes: `RLIMIT_AS` of the judge process.
     site_packages: False runs the interpreter with `-S` and masks `site-packages` in the
       sandbox (stdlib only); True makes installed packages importable (and readable).
     require_isolation: refuse to run when an essential layer is missing (see module docstring).
@@ -134,6 +148,9 @@ class SandboxLimits:
   max_output_bytes: int = 16 << 10
   max_open_files: int = 256
   max_message_bytes: int = 8 << 20
+  max_reply_bytes: int = 16 << 20
+  judge_cpu_s: int | None = None
+  judge_memory_bytes: int = 1 << 30
   site_packages: bool = False
   require_isolation: bool = True
   skip_layers: tuple[str, ...] = ()
@@ -156,6 +173,9 @@ class SandboxResult:
     detail: why the judge failed the sample (the test's exception, a protocol violation).
     infra_error: set when the sandbox itself failed; the score then says nothing about the
       sample and must not be cached.
+    judge_cpu_s: CPU seconds the runner and judge process used (None if it reported nothing).
+    judge_peak_rss_bytes: its peak resident memory since its exec (None where /proc is not
+      readable).
   """
   passed: bool
   timed_out: bool
@@ -167,6 +187,8 @@ class SandboxResult:
   verdict: str = ""
   detail: str = ""
   infra_error: str | None = None
+  judge_cpu_s: float | None = None
+  judge_peak_rss_bytes: int | None = None
 
 
 def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
@@ -210,7 +232,7 @@ _COUNTER = itertools.count()
 
 def _log(message: str) -> None:
   try:
-    print(f"orl_jax sandbox: {message}", file=sys.stderr)
+    print(f"orl_sandbox: {message}", file=sys.stderr)
   except Exception:  # pylint: disable=broad-except
     pass
 
@@ -218,6 +240,7 @@ def _log(message: str) -> None:
 def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has_judge: bool,
                      cgroup) -> dict:
   """The runner's part of its spec file: where it works, which uid and cgroup, its limits."""
+  cpu_s = int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1)
   return {
       "timeout_s": float(limits.timeout_s),
       "uid": uid if uid is not None else (SHARED_UID if as_root else None),
@@ -228,13 +251,17 @@ def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has
       "judge_file": paths["judge.json"] if has_judge else None,
       "cgroup_procs": cgroup.procs_files() if cgroup else [],
       "memory_bytes": int(limits.memory_bytes),
-      "cpu_s": int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1),
+      "cpu_s": cpu_s,
       "max_processes": int(limits.max_processes),
       "max_file_bytes": int(limits.max_file_bytes),
       "max_open_files": int(limits.max_open_files),
       "disk_bytes": int(limits.disk_bytes),
       "max_inodes": int(limits.max_inodes),
       "max_message_bytes": int(limits.max_message_bytes),
+      "max_reply_bytes": int(limits.max_reply_bytes),
+      "max_output_bytes": int(limits.max_output_bytes),
+      "judge_cpu_s": int(limits.judge_cpu_s or cpu_s),
+      "judge_memory_bytes": int(limits.judge_memory_bytes),
       "site_packages": bool(limits.site_packages),
       "require_isolation": isolation_required(limits),
       "skip_layers": sorted(set(limits.skip_layers)),
@@ -297,19 +324,24 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
     infra = "; ".join(status["infra"])
   if infra is None and not timed_out and returncode != 0:
     infra = f"sandbox runner exited with status {returncode}: {runner_log[-2000:]}"
+  if infra is None and not timed_out and not status["verdict"]:
+    infra = f"the sandbox runner recorded no verdict: {runner_log[-2000:]}"
   if survivors:
     _log(f"{survivors} process(es) of a sample could not be killed; their uid is retired")
   verdict = status["verdict"] if not (timed_out or infra) else ""
   return SandboxResult(passed=verdict == "pass", timed_out=timed_out,
                        returncode=status["exit"], stdout=stdout, stderr=stderr,
                        isolation=tuple(status["layers"]), wall_s=time.monotonic() - start,
-                       verdict=verdict, detail=status["detail"], infra_error=infra)
+                       verdict=verdict, detail=status["detail"], infra_error=infra,
+                       judge_cpu_s=status["judge_cpu_s"],
+                       judge_peak_rss_bytes=status["judge_peak_rss_bytes"])
 
 
 def _parse_status(text: str) -> dict:
   """Reads R's status file: one record per "\\n"-terminated line (R flattens every other line
   separator); the first verdict counts and must be exactly "pass" or "fail"."""
-  status = {"layers": [], "infra": [], "refused": [], "verdict": "", "detail": "", "exit": None}
+  status = {"layers": [], "infra": [], "refused": [], "verdict": "", "detail": "", "exit": None,
+            "judge_cpu_s": None, "judge_peak_rss_bytes": None}
   for line in text.split("\n"):
     key, _, value = line.partition(":")
     if key == "layer":
@@ -321,6 +353,13 @@ def _parse_status(text: str) -> dict:
       status["verdict"] = value if value in ("pass", "fail") else "fail"
     elif key == "detail" and not status["detail"]:
       status["detail"] = value
+    elif key == "judge" and status["judge_cpu_s"] is None:
+      try:
+        cpu, rss = value.split(":")
+        status["judge_cpu_s"] = float(cpu)
+        status["judge_peak_rss_bytes"] = int(rss) if int(rss) >= 0 else None
+      except ValueError:
+        pass
     elif key == "exit" and status["exit"] is None:
       try:
         status["exit"] = int(value)

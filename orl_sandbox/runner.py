@@ -1,7 +1,7 @@
 """The sandbox's own processes: runner and judge (R), supervisor (I), sample (P).
 
-Run as a script by `sandbox.py`'s launcher (`python -I [-S] sandbox_runner.py SPEC`), in a fresh
-interpreter; see `sandbox.py` for the design and the layers. Only light standard-library modules
+Run as a script by the launcher (`launcher.py`: `python -I [-S] runner.py SPEC`), in a fresh
+interpreter; see `launcher.py` for the design and the layers. Only light standard-library modules
 are imported (start-up time is paid per sample) and the sibling `wire` codec is loaded by path,
 so the script runs without the package on `sys.path`.
 """
@@ -14,14 +14,24 @@ import select
 import signal
 import sys
 
+
+def _sibling(name: str):
+  """A sibling module of this script, loaded by path (the script runs without its package)."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  module_name = f"_orl_sandbox_script_{name}"
+  if module_name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[module_name]
+
+
 if __package__:
-  from orl_jax.verify import wire
-else:   # run as a script: load the sibling codec by path
-  import importlib.util
-  _wire_spec = importlib.util.spec_from_file_location(
-      "orl_sandbox_wire", os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py"))
-  wire = importlib.util.module_from_spec(_wire_spec)
-  _wire_spec.loader.exec_module(wire)
+  from orl_sandbox import wire
+else:   # run as a script
+  wire = _sibling("wire")
 
 # (what it protects, layers of which at least one must be active)
 ESSENTIAL_LAYERS = (
@@ -34,6 +44,8 @@ ESSENTIAL_LAYERS = (
      ("uid:", "caps-dropped")),
     ("a per-sample process limit (pids cgroup, per-sample uid or user namespace)",
      ("cgroup-pids", "uid:", "userns")),
+    ("a syscall filter (no new namespaces; no file locks, file watches or shared futexes, "
+     "through which samples running at the same time could talk)", ("seccomp",)),
 )
 
 
@@ -87,7 +99,10 @@ _SECCOMP_ARCH = {
         "io_uring_register": 427, "mount": 165, "umount2": 166, "pivot_root": 155,
         "chroot": 161, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
         "fsmount": 432, "fspick": 433, "mount_setattr": 442, "open_by_handle_at": 304,
-        "kexec_load": 246, "init_module": 175, "finit_module": 313}),
+        "kexec_load": 246, "init_module": 175, "finit_module": 313, "flock": 73, "fcntl": 72,
+        "inotify_init": 253, "inotify_init1": 294, "inotify_add_watch": 254,
+        "fanotify_init": 300, "fanotify_mark": 301, "futex": 202, "futex_wake": 454,
+        "futex_wait": 455, "futex_requeue": 456}),
     "aarch64": (0xC00000B7, {
         "clone": 220, "unshare": 97, "clone3": 435, "socket": 198, "setns": 268, "keyctl": 219,
         "add_key": 217, "request_key": 218, "ptrace": 117, "bpf": 280, "perf_event_open": 241,
@@ -95,7 +110,9 @@ _SECCOMP_ARCH = {
         "io_uring_register": 427, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
         "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
         "fspick": 433, "mount_setattr": 442, "open_by_handle_at": 265, "kexec_load": 104,
-        "init_module": 105, "finit_module": 273}),
+        "init_module": 105, "finit_module": 273, "flock": 32, "fcntl": 25, "inotify_init1": 26,
+        "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263, "futex": 98,
+        "futex_wake": 454, "futex_wait": 455, "futex_requeue": 456}),
 }
 
 
@@ -118,15 +135,17 @@ def _check(result: int, what: str) -> None:
     raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
-def _write_line(fd: int, line: str) -> None:
-  """Writes one status line. Text that may come from the sample (exception messages) is
-  flattened: every character that is not printable, line separators included, becomes "?",
-  so no text can start a line of its own."""
-  line = "".join(c if c.isprintable() else "?" for c in line[:3000])
+def _write_line(fd: int, line: str) -> bool:
+  """Writes one status line; False if it could not be written whole (e.g. the host's disk is
+  full). Text that may come from the sample (exception messages) is flattened: every character
+  that is not printable, line separators included, becomes "?", so no text can start a line of
+  its own."""
+  data = ("".join(c if c.isprintable() else "?" for c in line[:3000]) + "\n").encode(
+      "utf-8", errors="replace")
   try:
-    os.write(fd, (line + "\n").encode("utf-8", errors="replace"))
+    return os.write(fd, data) == len(data)
   except OSError:
-    pass
+    return False
 
 
 def _close_fds_except(keep) -> None:
@@ -196,70 +215,165 @@ def _relay_supervisor(ctrl, note, judged: bool):
   return ready, exit_code
 
 
+class _Status:
+  """R's status file; remembers whether every line reached it."""
+
+  def __init__(self, path: str):
+    self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    self.complete = True
+
+  def note(self, line: str) -> None:
+    self.complete &= _write_line(self.fd, line)
+
+
+def _start_supervisor(spec, layers, judged: bool):
+  """Forks I (the supervisor); returns (pid, ctrl_r, to_sample, from_sample) in R."""
+  sample_out, sample_err = os.dup(1), os.dup(2)
+  log_fd = os.open(os.path.join(os.path.dirname(spec["status"]), "runner.log"),
+                   os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.dup2(log_fd, 1)
+  os.dup2(log_fd, 2)
+  alive_r, _alive_w = os.pipe()   # never closed in R: I sees R's death as end of file
+  ctrl_r, ctrl_w = os.pipe()
+  to_sample = os.pipe() if judged else (-1, -1)
+  from_sample = os.pipe() if judged else (-1, -1)
+  child = os.fork()   # safe: this fresh interpreter has a single thread
+  if child == 0:
+    try:
+      _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err,
+                       to_sample[0], from_sample[1])
+    except BaseException as error:  # pylint: disable=broad-except
+      _write_line(ctrl_w, f"infra:supervisor failed: {error!r}")
+    os._exit(70)
+  for fd in (alive_r, ctrl_w, sample_out, sample_err, to_sample[0], from_sample[1]):
+    if fd >= 0:
+      os.close(fd)
+  return child, ctrl_r, to_sample[1], from_sample[0]
+
+
+def _limit_judge(spec: dict, judge_module) -> None:
+  """R's own limits once I is forked: CPU (SIGXCPU raises JudgeOverloaded once, SIGKILL two
+  seconds later) and address space, so that no reply can cost the host more than that."""
+  import resource  # pylint: disable=import-outside-toplevel
+  cpu = int(spec["judge_cpu_s"]) + int(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]))
+  fired = []
+
+  def overloaded(signum, frame):
+    if not fired:
+      fired.append(True)
+      raise judge_module.JudgeOverloaded()
+
+  signal.signal(signal.SIGXCPU, overloaded)
+  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 2))
+  resource.setrlimit(resource.RLIMIT_AS, (spec["judge_memory_bytes"],) * 2)
+
+
+def _judge_cost() -> str:
+  """R's CPU time and peak resident memory. The peak is the address space's own high-water mark
+  (`VmHWM`), which starts afresh at R's exec: `ru_maxrss` would not do, since Linux carries it
+  across exec, so it would report the launching process's peak (a training process's GiBs)."""
+  import resource  # pylint: disable=import-outside-toplevel
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  peak = -1
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          peak = int(line.split()[1]) * 1024
+  except (OSError, ValueError):
+    pass
+  return f"judge:{usage.ru_utime + usage.ru_stime:.3f}:{peak}"
+
+
+def _end_sample(child: int) -> None:
+  """Kills I, which ends the PID namespace; returns once the kernel has reaped every process of
+  it (the exit of a namespace's init waits for all of them)."""
+  try:
+    os.kill(child, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  try:
+    os.waitpid(child, 0)
+  except ChildProcessError:
+    pass
+
+
+def _judged_verdict(spec, judge_module, child, ctrl, to_sample, from_sample, note):
+  """Collect the calls, let the sample answer them, end it, then judge (judge.py's three
+  steps); None when the judge itself failed (an infrastructure error)."""
+  # The tests are read only now, after the fork: the sample's memory never held them.
+  with open(spec["judge_file"], encoding="utf-8") as f:
+    judge = json.load(f)
+  prelude, tests, entry = judge["prelude"], judge["tests"], spec["entry_point"]
+  try:
+    calls = judge_module.collect_calls(prelude, tests, entry)
+  except judge_module.JudgeOverloaded:
+    note("infra:collecting the tests' calls took more than the judge's CPU limit")
+    return None
+  try:
+    first = wire.read_message(from_sample, spec["max_message_bytes"])
+  except (OSError, wire.WireError) as error:
+    first = {"load_error": f"broken start-up message: {error}"}
+  replies, stopped = [], ""
+  if first == {"loaded": True}:
+    replies, stopped = judge_module.exchange(calls, to_sample, from_sample,
+                                             spec["max_message_bytes"], spec["max_reply_bytes"])
+  os.close(to_sample)   # end of input lets an honest sample flush its output and exit
+  while select.select([ctrl.fd], [], [], 0.2)[0]:
+    line = ctrl.readline()
+    if line is None:
+      break
+    if line.startswith("exit:"):
+      note(line)
+  _end_sample(child)   # the verdict exists only once every process of the sample is dead
+  if first is None:
+    return "fail", "the sample exited before defining the candidate"
+  if first != {"loaded": True}:
+    return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
+  return judge_module.replay_verdict(prelude, tests, entry, calls, replies, stopped)
+
+
 def _runner_main(spec_path: str) -> int:
-  """R: namespaces for its children, the supervisor fork, the judge, the status file."""
+  """R: namespaces for its children, the supervisor fork, the judge, the status file.
+  Exits 0, or 4 when a status line could not be written (the launcher then reports an
+  infrastructure failure, never a verdict)."""
   ctypes, libc = _libc()
   libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # dies with the launcher thread
   with open(spec_path, encoding="utf-8") as f:
     spec = json.load(f)
   signal.alarm(int(spec["timeout_s"]) + 5)                # and on its own clock
-  status_fd = os.open(spec["status"], os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-  note = lambda line: _write_line(status_fd, line)
+  status = _Status(spec["status"])
   judged = spec["mode"] == "judged"
   layers = ["judge-process"] if judged else []
   try:
     _unshare_pid_namespace(spec, ctypes, libc, layers)
-    sample_out, sample_err = os.dup(1), os.dup(2)
-    log_fd = os.open(os.path.join(os.path.dirname(spec["status"]), "runner.log"),
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    alive_r, alive_w = os.pipe()
-    ctrl_r, ctrl_w = os.pipe()
-    to_sample = os.pipe() if judged else (-1, -1)
-    from_sample = os.pipe() if judged else (-1, -1)
-    child = os.fork()   # safe: this fresh interpreter has a single thread
-    if child == 0:
-      code = 70
-      try:
-        _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err,
-                         to_sample[0], from_sample[1])
-      except BaseException as error:  # pylint: disable=broad-except
-        _write_line(ctrl_w, f"infra:supervisor failed: {error!r}")
-      os._exit(code)
-    for fd in (alive_r, ctrl_w, sample_out, sample_err, to_sample[0], from_sample[1]):
-      if fd >= 0:
-        os.close(fd)
+    child, ctrl_r, to_sample, from_sample = _start_supervisor(spec, layers, judged)
+    judge_module = _sibling("judge") if not __package__ else _package_judge()
+    _limit_judge(spec, judge_module)
   except BaseException as error:  # pylint: disable=broad-except
-    note(f"infra:runner set-up failed: {error!r}")
+    status.note(f"infra:runner set-up failed: {error!r}")
     return 2
   ctrl = _Lines(ctrl_r)
-  ready, exit_code = _relay_supervisor(ctrl, note, judged)
+  ready, exit_code = _relay_supervisor(ctrl, status.note, judged)
+  verdict = None
   if judged and ready:
-    # The tests are read only now, after the fork: the sample's memory never held them.
-    with open(spec["judge_file"], encoding="utf-8") as f:
-      judge = json.load(f)
-    verdict, detail = _judge(spec, judge, to_sample[1], from_sample[0])
-    note(f"verdict:{verdict}")
-    note(f"detail:{detail}")
-    # End of input lets an honest sample flush its output and exit; give it a moment.
-    os.close(to_sample[1])
-    while select.select([ctrl_r], [], [], 0.2)[0]:
-      line = ctrl.readline()
-      if line is None:
-        break
-      if line.startswith("exit:"):
-        note(line)
+    verdict = _judged_verdict(spec, judge_module, child, ctrl, to_sample, from_sample,
+                              status.note)
   elif ready:
-    note(f"verdict:{'pass' if exit_code == 0 else 'fail'}")
-  try:
-    os.kill(child, signal.SIGKILL)   # ends the PID namespace: every process of the sample
-  except ProcessLookupError:
-    pass
-  os.waitpid(child, 0)
-  return 0
+    verdict = ("pass" if exit_code == 0 else "fail"), ""
+  _end_sample(child)
+  if verdict is not None:
+    status.note(f"verdict:{verdict[0]}")
+    status.note(f"detail:{verdict[1]}")
+  status.note(_judge_cost())
+  return 0 if status.complete else 4
+
+
+def _package_judge():
+  from orl_sandbox import judge  # pylint: disable=import-outside-toplevel
+  return judge
 
 
 def _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err, rpc_in, rpc_out):
@@ -300,6 +414,10 @@ def _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err, rpc_
   sys.stdout.flush()
   sys.stderr.flush()
   try:
+    # The sample's stdout and stderr are pipes that only I reads: no host file is ever open in
+    # the sample (fallocate, ftruncate or writes on an inherited file would take host disk).
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     sample = os.fork()
   except OSError as error:
     _write_line(ctrl_w, f"infra:fork of the sample failed: {error!r}")
@@ -307,27 +425,87 @@ def _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err, rpc_
   if sample == 0:
     code = 71
     try:
-      _sample_main(spec, layers, work_dir, ctrl_w, sample_out, sample_err, rpc_in, rpc_out,
-                   cgroup_fds)
+      _sample_main(spec, layers, work_dir, ctrl_w, out_w, err_w, rpc_in, rpc_out, cgroup_fds)
     except BaseException as error:  # pylint: disable=broad-except
       _write_line(ctrl_w, f"infra:sample set-up failed: {error!r}")
       _write_line(2, f"sandbox: {error!r}")
     os._exit(code)
-  for fd in [sample_out, sample_err, rpc_in, rpc_out] + [fd for fd, _ in cgroup_fds]:
+  for fd in [out_w, err_w, rpc_in, rpc_out] + [fd for fd, _ in cgroup_fds]:
     if fd >= 0:
       os.close(fd)
-  while True:   # reap everything; orphans of the sample are re-parented to us (PID 1)
-    try:
-      pid, status = os.wait()
-    except ChildProcessError:
-      break
-    except InterruptedError:
-      continue
-    if pid == sample:
-      _write_line(ctrl_w, f"exit:{os.waitstatus_to_exitcode(status)}")
-      break
+  status = _pump_until_exit(sample, {out_r: sample_out, err_r: sample_err},
+                            spec["max_output_bytes"], spec["max_file_bytes"])
+  _write_line(ctrl_w, f"exit:{status}")
   # Exiting as PID 1 makes the kernel kill every process left in the namespace.
   os._exit(0)
+
+
+def _reap(sample: int) -> int | None:
+  """Reaps every exited child (orphans of the sample are re-parented to I, PID 1); the
+  sample's exit status once it is among them."""
+  while True:
+    try:
+      pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+      return -1
+    if pid == 0:
+      return None
+    if pid == sample:
+      return os.waitstatus_to_exitcode(status)
+
+
+def _pump_until_exit(sample: int, pipes: dict[int, int], keep_bytes: int, max_bytes: int) -> int:
+  """I's loop until the sample exits: copies the first `keep_bytes` of each of its output pipes
+  to the matching host file, reads and drops the rest up to `max_bytes`, then closes the pipe
+  (the sample's next write fails with EPIPE). Returns the sample's exit status."""
+  wake_r, wake_w = os.pipe()
+  for fd in (wake_r, wake_w, *pipes):
+    os.set_blocking(fd, False)
+  signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+  signal.set_wakeup_fd(wake_w)
+  seen = dict.fromkeys(pipes, 0)
+  status = _reap(sample)
+  while status is None:
+    ready = select.select(list(pipes) + [wake_r], [], [], 1.0)[0]
+    for fd in ready:
+      if fd == wake_r:
+        _drain(wake_r)
+      else:
+        _copy_output(fd, pipes, seen, keep_bytes, max_bytes)
+    status = _reap(sample)
+  for fd in list(pipes):   # what the sample wrote just before it exited
+    while fd in pipes and _copy_output(fd, pipes, seen, keep_bytes, max_bytes):
+      pass
+  return status
+
+
+def _drain(fd: int) -> None:
+  try:
+    while os.read(fd, 4096):
+      pass
+  except (BlockingIOError, InterruptedError):
+    pass
+
+
+def _copy_output(fd: int, pipes: dict[int, int], seen: dict[int, int], keep_bytes: int,
+                 max_bytes: int) -> bool:
+  """Moves one chunk of pipe `fd` on; closes it at end of file or past `max_bytes`. Returns
+  whether a chunk was read."""
+  try:
+    chunk = os.read(fd, 1 << 16)
+  except (BlockingIOError, InterruptedError):
+    return False
+  keep = chunk[:max(keep_bytes - seen[fd], 0)]
+  if keep:
+    try:
+      os.write(pipes[fd], keep)
+    except OSError:
+      pass
+  seen[fd] += len(chunk)
+  if not chunk or seen[fd] >= max_bytes:
+    os.close(fd)
+    del pipes[fd]
+  return bool(chunk)
 
 
 def _bind_paths(site_packages: bool) -> list[str]:
@@ -523,37 +701,68 @@ def _landlock_layers(ctypes, libc, work_dir: str, site_packages: bool,
   return layers
 
 
-def _seccomp_filter(ctypes, libc) -> list[str]:
-  """Installs a syscall filter (see module docstring); [] on an unknown architecture."""
-  machine = os.uname().machine
+# fcntl commands that lock, query locks, lease or watch (dnotify) a file: F_GETLK, F_SETLK,
+# F_SETLKW (and their 64-bit forms), F_OFD_GETLK/SETLK/SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY.
+_FCNTL_SHARED_STATE = (5, 6, 7, 12, 13, 14, 36, 37, 38, 1024, 1025, 1026)
+_FUTEX_PRIVATE_FLAG, _FUTEX_CMD_MASK, _FUTEX_WAITS = 0x80, 0x7F, (0, 9)   # WAIT, WAIT_BITSET
+
+
+def _seccomp_program(machine: str) -> list[tuple]:
+  """The filter as (code, jt, jf, k) with jumps as label names; [] on an unknown machine.
+
+  Denied: new user namespaces, clone3, keyrings, ptrace, bpf, perf, userfaultfd, io_uring,
+  mounts, sockets other than AF_UNIX; and every way for two samples to share state through the
+  files both can read (the read-only system mounts, /dev/null): flock, fcntl locks, leases and
+  dnotify, inotify, fanotify, and futex wake-ups keyed on a file page (any futex op without
+  FUTEX_PRIVATE_FLAG other than a wait; glibc marks process-private futexes with the flag)."""
   if machine not in _SECCOMP_ARCH:
     return []
   arch, nr = _SECCOMP_ARCH[machine]
-  ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-  allow, kill = 0x7FFF0000, 0x80000000
-  eperm, enosys = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
-  program: list = []   # (code, jt, jf, k); jt/jf may be label names
-  labels: dict[str, int] = {}
-  program += [(ld, 0, 0, 4), (jeq, 0, "kill", arch), (ld, 0, 0, 0)]
+  ld, jeq, jge, jset, ret, and_k = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
+  program: list = [(ld, 0, 0, 4), (jeq, 0, "kill", arch), (ld, 0, 0, 0)]
   if machine == "x86_64":
     program.append((jge, "enosys", 0, 0x40000000))   # x32 ABI
-  program.append((jeq, "enosys", 0, nr["clone3"]))  # flags unreadable: libc falls back to clone
+  for name in ("clone3", "futex_wake", "futex_wait", "futex_requeue"):  # unused by libc
+    program.append((jeq, "enosys", 0, nr[name]))     # (clone3's flags are unreadable)
   program += [(jeq, "flags", 0, nr["clone"]), (jeq, "flags", 0, nr["unshare"]),
-              (jeq, "socket", 0, nr["socket"])]
+              (jeq, "socket", 0, nr["socket"]), (jeq, "fcntl", 0, nr["fcntl"]),
+              (jeq, "futex", 0, nr["futex"])]
   for name in ("setns", "keyctl", "add_key", "request_key", "ptrace", "bpf", "perf_event_open",
                "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "mount",
                "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
                "fsconfig", "fsmount", "fspick", "mount_setattr", "open_by_handle_at",
-               "kexec_load", "init_module", "finit_module"):
-    program.append((jeq, "eperm", 0, nr[name]))
-  program.append((ret, 0, 0, allow))
-  labels["flags"] = len(program)
+               "kexec_load", "init_module", "finit_module", "flock", "inotify_init",
+               "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark"):
+    if name in nr:   # aarch64 has no inotify_init
+      program.append((jeq, "eperm", 0, nr[name]))
+  program.append((ret, 0, 0, 0x7FFF0000))
+  labels = {"flags": len(program)}
   program += [(ld, 0, 0, 16), (jset, "eperm", "allow", _CLONE_NEWUSER)]
   labels["socket"] = len(program)
   program += [(ld, 0, 0, 16), (jeq, "allow", "eperm", 1)]   # AF_UNIX only
-  for name, action in (("eperm", eperm), ("enosys", enosys), ("allow", allow), ("kill", kill)):
+  labels["fcntl"] = len(program)
+  program.append((ld, 0, 0, 24))
+  program += [(jeq, "eperm", 0, command) for command in _FCNTL_SHARED_STATE]
+  program.append((ret, 0, 0, 0x7FFF0000))
+  labels["futex"] = len(program)
+  program += [(ld, 0, 0, 24), (jset, "allow", 0, _FUTEX_PRIVATE_FLAG),
+              (and_k, 0, 0, _FUTEX_CMD_MASK)]
+  program += [(jeq, "allow", 0, command) for command in _FUTEX_WAITS]
+  program.append((ret, 0, 0, 0x00050000 | errno.EINVAL))   # what glibc's futex_wake ignores
+  for name, action in (("eperm", 0x00050000 | errno.EPERM), ("enosys", 0x00050000 | errno.ENOSYS),
+                       ("allow", 0x7FFF0000), ("kill", 0x80000000)):
     labels[name] = len(program)
     program.append((ret, 0, 0, action))
+  return [(code, labels[jt] - i - 1 if isinstance(jt, str) else jt,
+           labels[jf] - i - 1 if isinstance(jf, str) else jf, k)
+          for i, (code, jt, jf, k) in enumerate(program)]
+
+
+def _seccomp_filter(ctypes, libc) -> list[str]:
+  """Installs `_seccomp_program`; [] on an unknown architecture."""
+  program = _seccomp_program(os.uname().machine)
+  if not program:
+    return []
 
   class SockFilter(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
@@ -562,11 +771,7 @@ def _seccomp_filter(ctypes, libc) -> list[str]:
   class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
 
-  resolved = []
-  for i, (code, jt, jf, k) in enumerate(program):
-    jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
-    jf = labels[jf] - i - 1 if isinstance(jf, str) else jf
-    resolved.append(SockFilter(code, jt, jf, k))
+  resolved = [SockFilter(*instruction) for instruction in program]
   filters = (SockFilter * len(resolved))(*resolved)
   prog = SockFprog(len(resolved), filters)
   _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0),
@@ -574,12 +779,11 @@ def _seccomp_filter(ctypes, libc) -> list[str]:
   return ["seccomp"]
 
 
-def _sample_main(spec, layers, work_dir, ctrl_w, sample_out, sample_err, rpc_in, rpc_out,
-                 cgroup_fds):
+def _sample_main(spec, layers, work_dir, ctrl_w, out_w, err_w, rpc_in, rpc_out, cgroup_fds):
   """P: joins its cgroup, drops every privilege, then runs the untrusted code. Never returns."""
   ctypes, libc = _libc()
-  os.dup2(sample_out, 1)
-  os.dup2(sample_err, 2)
+  os.dup2(out_w, 1)
+  os.dup2(err_w, 2)
   keep = {0, 1, 2, ctrl_w} | {fd for fd in (rpc_in, rpc_out) if fd >= 0}
   keep |= {fd for fd, _ in cgroup_fds}
   _close_fds_except(keep)
@@ -735,99 +939,6 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:1000]
   except BaseException:  # pylint: disable=broad-except
     return type(error).__name__
-
-
-class _ProtocolViolation(BaseException):
-  """The sample broke the protocol; a BaseException so that `except Exception` in tests cannot
-  swallow it."""
-
-
-class _CandidateProxy:
-  """Stands for the candidate function in the judge: calls cross to the sample as plain data."""
-
-  def __init__(self, to_sample: int, from_sample: int, max_bytes: int):
-    self.to_sample, self.from_sample, self.max_bytes = to_sample, from_sample, max_bytes
-    self.violation = ""
-    self.calls = 0
-
-  def _violate(self, why: str):
-    if not self.violation:
-      self.violation = why
-    raise _ProtocolViolation(why)
-
-  def __call__(self, *args, **kwargs):
-    import builtins  # pylint: disable=import-outside-toplevel
-    if self.violation:
-      raise _ProtocolViolation(self.violation)
-    self.calls += 1
-    try:
-      call = {"args": [wire.encode(a) for a in args],
-              "kwargs": {str(k): wire.encode(v) for k, v in kwargs.items()}}
-    except wire.WireError as error:
-      self._violate(f"the test passes an argument that is not plain data: {error}")
-    try:
-      wire.write_message(self.to_sample, {"call": call})
-      reply = wire.read_message(self.from_sample, self.max_bytes)
-    except (OSError, wire.WireError) as error:
-      self._violate(f"broken exchange with the sample: {error}")
-    if reply is None:
-      self._violate("the sample exited during a call")
-    if set(reply) == {"return"}:
-      try:
-        return wire.decode(reply["return"])
-      except (wire.WireError, RecursionError) as error:
-        self._violate(f"the sample's answer is not plain data: {error}")
-    if set(reply) == {"raise"} and type(reply["raise"]) is list and len(reply["raise"]) == 2:
-      name, message = (str(x) for x in reply["raise"])
-      kind = getattr(builtins, name, None)
-      # StopIteration would end a loop over `map(candidate, ...)` in the tests early.
-      if not (isinstance(kind, type) and issubclass(kind, Exception)) or issubclass(
-          kind, (StopIteration, StopAsyncIteration)):
-        kind = CandidateError
-      try:
-        error = kind(message)
-      except Exception:  # pylint: disable=broad-except
-        error = CandidateError(message)
-      raise error
-    if set(reply) == {"abort"}:
-      self._violate(str(reply["abort"])[:1000])
-    self._violate("malformed reply")
-
-
-class CandidateError(Exception):
-  """The candidate raised an exception that is not a built-in one."""
-
-
-def _judge(spec: dict, judge: dict, to_sample: int, from_sample: int) -> tuple[str, str]:
-  """R: runs the tests against the proxy; returns ("pass" | "fail", detail)."""
-  import traceback  # pylint: disable=import-outside-toplevel
-  max_bytes = spec["max_message_bytes"]
-  try:
-    first = wire.read_message(from_sample, max_bytes)
-  except (OSError, wire.WireError) as error:
-    return "fail", f"broken start-up message: {error}"
-  if first is None:
-    return "fail", "the sample exited before defining the candidate"
-  if first != {"loaded": True}:
-    return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
-  proxy = _CandidateProxy(to_sample, from_sample, max_bytes)
-  namespace = {"__name__": "__judge__"}
-  try:
-    exec(compile(judge["prelude"], "prompt.py", "exec"), namespace)  # pylint: disable=exec-used
-  except BaseException:  # pylint: disable=broad-except
-    pass   # a prompt whose stub does not run on its own: tests then cannot use its helpers
-  namespace[spec["entry_point"]] = proxy
-  try:
-    exec(compile(judge["tests"], "tests.py", "exec"), namespace)  # pylint: disable=exec-used
-    namespace["check"](proxy)
-  except BaseException as error:  # pylint: disable=broad-except
-    if proxy.violation:
-      return "fail", f"protocol violation: {proxy.violation}"
-    lines = traceback.format_exception_only(type(error), error)
-    return "fail", ("".join(lines).strip() or type(error).__name__)[-1000:]
-  if proxy.violation:
-    return "fail", f"protocol violation: {proxy.violation}"
-  return "pass", f"{proxy.calls} calls"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,282 @@
+"""The judge's side of `run_judged`: tests that reveal nothing about correctness to the sample.
+
+A sample that learns, while it runs, whether its answers were right can tell other samples (a
+probe that the rest copy). With the usual harness it learns it from the calls themselves: the
+tests stop at the first failed assert, so a next call arrives only after a right answer. Here
+the calls the sample sees are fixed before it answers any, and the verdict is computed only
+after its processes are dead, in three steps:
+
+1. `collect_calls` (before any answer): the tests run against a recorder. Every call returns
+   `_Opaque`, a stand-in that is true, equal to anything and absorbs every operation, so the
+   tests follow the path a passing candidate takes; the tests are rewritten so that an assert
+   never fails and a statement that raises does not stop the ones after it
+   (`_keep_going`). The result is the list of calls, in order.
+2. `exchange`: the sample answers exactly that list, one call at a time; the judge stores the raw
+   replies (capped in size) without looking at them. The sample is then killed.
+3. `replay_verdict` (the sample dead): the prompt and the *unmodified* tests run again with a
+   proxy that hands out the stored replies in order. The verdict is the original tests'
+   semantics. A call that step 1 could not know in advance (its arguments depend on an earlier
+   answer, `candidate(candidate(x))`, or on a branch taken on an answer that the recorder's
+   stand-in did not take) has no stored reply: the sample fails, with that reason in the detail.
+
+Both runs of the tests start from the same `random` seed, so tests that draw random inputs
+(HumanEval/53) make the same calls twice. Limits of the approach: tests that make a call only
+when an answer is false or empty (a loop that stops on a result) or only when the candidate
+raised (a call in an `except` block) fail every sample; every HumanEval problem's tests collect
+completely (the canonical solutions all pass, tests/test_tasks_verifiers.py).
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import random
+import sys
+
+if __package__:
+  from orl_sandbox import wire
+else:   # loaded by path by the sandbox runner, which loads the codec first
+  wire = sys.modules["_orl_sandbox_script_wire"]
+
+MAX_CALLS = 100_000
+_SEED = 0
+
+
+class CandidateError(Exception):
+  """The candidate raised an exception that is not a built-in one."""
+
+
+class ProtocolViolation(BaseException):
+  """The sample broke the protocol or could not answer a call; a BaseException so that
+  `except Exception` in the tests cannot swallow it."""
+
+
+class JudgeOverloaded(BaseException):
+  """The judge ran out of its CPU time (raised by the SIGXCPU handler)."""
+
+
+class _Opaque:
+  """What a call returns while calls are collected: true, equal to and ordered like anything,
+  an empty iterable, 0 as a number, and the result of every operation on it."""
+
+  def _self(self, *args, **kwargs):
+    return self
+
+  def _true(self, *args):
+    return True
+
+  __call__ = __getitem__ = __abs__ = __neg__ = __pos__ = __invert__ = __round__ = _self
+  __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __matmul__ = _self
+  __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _self
+  __pow__ = __rpow__ = __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _self
+  __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = __divmod__ = __rdivmod__ = _self
+  __eq__ = __lt__ = __le__ = __gt__ = __ge__ = __contains__ = __bool__ = _true
+
+  def __ne__(self, other):
+    return False
+
+  def __getattr__(self, name):
+    if name.startswith("__"):
+      raise AttributeError(name)
+    return self
+
+  def __iter__(self):
+    return iter(())
+
+  def __len__(self):
+    return 0
+
+  def __hash__(self):
+    return 0
+
+  def __index__(self):
+    return 0
+
+  __int__ = __index__
+
+  def __float__(self):
+    return 0.0
+
+  def __str__(self):
+    return ""
+
+  __format__ = lambda self, spec: ""   # noqa: E731
+
+  def __repr__(self):
+    return "<candidate answer>"
+
+
+_OPAQUE = _Opaque()
+
+
+class _KeepGoing(ast.NodeTransformer):
+  """Rewrites test code so that every statement runs: `assert x` becomes `x`, and each statement
+  is wrapped in `try: ... except Exception: pass` (in every block, at every depth)."""
+
+  def _block(self, statements):
+    out = []
+    for statement in statements:
+      statement = self.visit(statement)
+      if isinstance(statement, ast.Assert):
+        statement = ast.Expr(statement.test)
+      if isinstance(statement, (ast.Global, ast.Nonlocal)):
+        out.append(statement)
+        continue
+      handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None,
+                                  body=[ast.Pass()])
+      out.append(ast.Try(body=[statement], handlers=[handler], orelse=[], finalbody=[]))
+    return out
+
+  def generic_visit(self, node):
+    for field in ("body", "orelse", "finalbody"):
+      block = getattr(node, field, None)
+      if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+        setattr(node, field, self._block(block))
+    for handler in getattr(node, "handlers", ()):
+      handler.body = self._block(handler.body)
+    for case in getattr(node, "cases", ()):
+      case.body = self._block(case.body)
+    return node
+
+
+def _keep_going(source: str, filename: str):
+  tree = _KeepGoing().visit(ast.parse(source, filename))
+  return compile(ast.fix_missing_locations(tree), filename, "exec")
+
+
+def _encode_call(args, kwargs) -> bytes:
+  """A call as message bytes (the exact form sent to the sample and compared on replay)."""
+  call = {"args": [wire.encode(a) for a in args],
+          "kwargs": {str(k): wire.encode(v) for k, v in kwargs.items()}}
+  return wire.dumps({"call": call})
+
+
+class _Recorder:
+  def __init__(self):
+    self.calls: list[bytes] = []
+
+  def __call__(self, *args, **kwargs):
+    try:
+      self.calls.append(_encode_call(args, kwargs))
+    except (wire.WireError, RecursionError, ValueError):
+      pass   # arguments that hold an answer (or are not data): not known in advance
+    if len(self.calls) > MAX_CALLS:
+      raise ProtocolViolation(f"the tests make more than {MAX_CALLS} calls")
+    return _OPAQUE
+
+
+def _run_tests(prelude: str, tests, entry_point: str, candidate) -> None:
+  """The prompt (errors ignored: tests may use its helpers), then the tests, then `check`."""
+  namespace = {"__name__": "__judge__"}
+  random.seed(_SEED)
+  try:
+    exec(compile(prelude, "prompt.py", "exec"), namespace)  # pylint: disable=exec-used
+  except Exception:  # pylint: disable=broad-except
+    pass   # a prompt whose stub does not run on its own: tests then cannot use its helpers
+  namespace[entry_point] = candidate
+  exec(tests, namespace)  # pylint: disable=exec-used
+  namespace["check"](candidate)
+
+
+def collect_calls(prelude: str, tests: str, entry_point: str) -> list[bytes]:
+  """Step 1: the calls the tests make on the path of a passing candidate, in order."""
+  recorder = _Recorder()
+  try:
+    _run_tests(prelude, _keep_going(tests, "tests.py"), entry_point, recorder)
+  except (Exception, ProtocolViolation):  # pylint: disable=broad-except
+    pass   # e.g. `check` missing, too many calls: step 3 reports it
+  return recorder.calls
+
+
+def exchange(calls: list[bytes], to_sample: int, from_sample: int, max_message_bytes: int,
+             max_reply_bytes: int) -> tuple[list[bytes], str]:
+  """Step 2: sends `calls` one at a time and keeps the raw replies, unread. Stops early only at
+  the sample's end of output, a malformed frame, or replies past `max_reply_bytes` in all.
+  Returns (replies, why it stopped early or "")."""
+  replies: list[bytes] = []
+  total = 0
+  for call in calls:
+    try:
+      wire.write_all(to_sample, call)
+      reply = wire.read_frame(from_sample, min(max_message_bytes, max_reply_bytes - total))
+    except (OSError, wire.WireError) as error:
+      return replies, f"broken exchange with the sample: {error}"
+    if reply is None:
+      return replies, "the sample exited during a call"
+    total += len(reply)
+    replies.append(reply)
+  return replies, ""
+
+
+class _Replay:
+  """Stands for the candidate in step 3: hands out the stored replies in order."""
+
+  def __init__(self, calls: list[bytes], replies: list[bytes], stopped: str):
+    self.calls, self.replies, self.stopped = calls, replies, stopped
+    self.count = 0
+    self.violation = ""
+
+  def _violate(self, why: str):
+    self.violation = self.violation or why
+    raise ProtocolViolation(self.violation)
+
+  def __call__(self, *args, **kwargs):
+    if self.violation:
+      raise ProtocolViolation(self.violation)
+    index, self.count = self.count, self.count + 1
+    try:
+      call = _encode_call(args, kwargs)
+    except (wire.WireError, RecursionError, ValueError) as error:
+      self._violate(f"the tests pass an argument that is not plain data: {error}")
+    if index >= len(self.calls) or call != self.calls[index]:
+      self._violate(f"call {index + 1} of the tests was not known before the sample answered "
+                    "(its arguments or its place depend on an earlier answer)")
+    if index >= len(self.replies):
+      self._violate(self.stopped or "the sample did not answer")
+    return self._answer(self.replies[index])
+
+  def _answer(self, payload: bytes):
+    try:
+      reply = wire.loads(payload)
+      if set(reply) == {"return"}:
+        return wire.decode(reply["return"])
+    except (wire.WireError, RecursionError, MemoryError) as error:
+      self._violate(f"the sample's answer is not plain data within the limits: {error}")
+    if set(reply) == {"raise"} and type(reply["raise"]) is list and len(reply["raise"]) == 2:
+      raise _candidate_exception(*(str(x) for x in reply["raise"]))
+    if set(reply) == {"abort"}:
+      self._violate(str(reply["abort"])[:1000])
+    self._violate("malformed reply")
+
+
+def _candidate_exception(name: str, message: str) -> Exception:
+  kind = getattr(builtins, name, None)
+  # StopIteration would end a loop over `map(candidate, ...)` in the tests early.
+  if not (isinstance(kind, type) and issubclass(kind, Exception)) or issubclass(
+      kind, (StopIteration, StopAsyncIteration)):
+    kind = CandidateError
+  try:
+    return kind(message)
+  except Exception:  # pylint: disable=broad-except
+    return CandidateError(message)
+
+
+def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes],
+                   replies: list[bytes], stopped: str) -> tuple[str, str]:
+  """Step 3 (the sample is dead): ("pass" | "fail", detail) of the unmodified tests."""
+  import traceback  # pylint: disable=import-outside-toplevel
+  replay = _Replay(calls, replies, stopped)
+  try:
+    _run_tests(prelude, compile(tests, "tests.py", "exec"), entry_point, replay)
+  except JudgeOverloaded:
+    return "fail", "the judge's CPU limit ran out while checking the sample's answers"
+  except MemoryError:
+    return "fail", "the judge's memory limit ran out while checking the sample's answers"
+  except BaseException as error:  # pylint: disable=broad-except
+    if replay.violation:
+      return "fail", f"protocol violation: {replay.violation}"
+    lines = traceback.format_exception_only(type(error), error)
+    return "fail", ("".join(lines).strip() or type(error).__name__)[-1000:]
+  if replay.violation:
+    return "fail", f"protocol violation: {replay.violation}"
+  return "pass", f"{replay.count} calls"

@@ -1,0 +1,233 @@
+"""The strict final-answer rule of the math rewards (DESIGN §2.4), case by case, beside the
+extractors users know.
+
+Each row records our verdict and what three reference graders give on the same response:
+* `strict`: lm-evaluation-harness GSM8K `strict-match` (regex `#### (\\-?[0-9\\.\\,]+)`, first
+  match, then `exact_match` ignoring case, `,`, `$`, everything up to `#### ` and a final `.`);
+* `flex`: its `flexible-extract` (regex `(-?[$0-9.,]{2,})|(-?[0-9]+)`, last match, same match);
+  both after cutting the generation at `Question:` as its `until` list does;
+* `minerva`: the Minerva/MATH normaliser (Lewkowycz et al. 2022, appendix D) on the last
+  `\\boxed{}`, compared as strings (lm-evaluation-harness then also tries sympy's LaTeX parser,
+  which needs antlr4; no row here depends on it).
+The references are written here from their published regexes and normaliser, so that the table
+shows where the strict rule differs from them and why (see the `why` of each row).
+"""
+import re
+
+import pytest
+
+from orl_jax.problem import Problem
+from orl_jax.verify import math_answer
+from orl_jax.verify.gsm8k import GSM8KVerifier
+from orl_jax.verify.tiny import TinyVerifier
+
+# --------------------------------------------------------------------------- reference graders
+
+_LM_EVAL_IGNORE = (",", r"\$", r"(?s).*#### ", r"\.$")
+
+
+def _lm_eval_exact_match(prediction: str, gold: str) -> bool:
+  for pattern in _LM_EVAL_IGNORE:
+    prediction, gold = re.sub(pattern, "", prediction), re.sub(pattern, "", gold)
+  return prediction.lower() == gold.lower()
+
+
+def _lm_eval_generation(response: str) -> str:
+  return response.split("Question:")[0]   # GSM8K's `until` stop sequence
+
+
+def lm_eval_strict(response: str, gold: str) -> int:
+  found = re.findall(r"#### (\-?[0-9\.\,]+)", _lm_eval_generation(response))
+  return int(_lm_eval_exact_match(found[0].strip() if found else "[invalid]", gold))
+
+
+def lm_eval_flexible(response: str, gold: str) -> int:
+  found = re.findall(r"(-?[$0-9.,]{2,})|(-?[0-9]+)", _lm_eval_generation(response))
+  prediction = next(g for g in found[-1] if g).strip() if found else "[invalid]"
+  return int(_lm_eval_exact_match(prediction, gold))
+
+
+def _last_boxed(text: str) -> str | None:
+  start = text.rfind("\\boxed")
+  if start < 0:
+    return None
+  depth = 0
+  for i in range(start, len(text)):
+    if text[i] == "{":
+      depth += 1
+    elif text[i] == "}":
+      depth -= 1
+      if depth == 0:
+        inside = text[start:i + 1]
+        return inside[len("\\boxed{"):-1] if inside.startswith("\\boxed{") else None
+  return None
+
+
+_MINERVA_SUBSTITUTIONS = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""),
+                          (" ", ""), ("mbox", "text"), (",\\text{and}", ","),
+                          ("\\text{and}", ","), ("\\text{m}", "\\text{}"))
+_MINERVA_REMOVED = ("square", "ways", "integers", "dollars", "mph", "inches", "ft", "hours",
+                    "km", "units", "\\ldots", "sue", "points", "feet", "minutes", "digits",
+                    "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges",
+                    "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}",
+                    "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}",
+                    r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!", "{,}", '"', "\\dots")
+
+
+def minerva_normalize(answer: str) -> str:
+  answer = answer.split("=")[-1]
+  for before, after in _MINERVA_SUBSTITUTIONS:
+    answer = answer.replace(before, after)
+  for removed in _MINERVA_REMOVED:
+    answer = answer.replace(removed, "")
+  answer = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", answer)
+  for wrapper in ("text", "textbf", "overline"):
+    answer = re.sub(r"(\\" + wrapper + r"\{)(.*?)(\})", "\\2", answer)
+  answer = re.sub(r"(\\boxed\{)(.*)(\})", "\\2", answer)
+  answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", answer)
+  answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", answer)
+  answer = answer.replace("$", "")
+  if answer.replace(",", "").isdigit():
+    answer = answer.replace(",", "")
+  return answer
+
+
+def minerva(response: str, gold: str) -> int:
+  boxed = _last_boxed(response)
+  return int(boxed is not None and minerva_normalize(boxed) == minerva_normalize(gold))
+
+
+# --------------------------------------------------------------------------- the table
+
+# (response, gold, ours, strict, flex, minerva, why ours differs where it does)
+TABLE = [
+    # honest answers
+    ("15 + 15 = 30\n#### 30", "30", 1, 1, 1, 0, "GSM8K format"),
+    ("#### 30.", "30", 1, 1, 1, 0, "trailing period"),
+    ("#### 30.0", "30", 1, 0, 0, 0, "numeric match: 30.0 == 30"),
+    ("#### 30.00 dollars", "30", 1, 0, 0, 0, "numeric match, unit after the number"),
+    ("#### $30", "30", 1, 0, 1, 0, "currency sign before the number"),
+    ("#### 1,230", "1230", 1, 1, 1, 0, "thousands separator"),
+    ("#### 30 dollars", "30", 1, 1, 1, 0, "unit after the number"),
+    ("#### 50%", "50", 1, 1, 1, 0, "percent is a unit"),
+    ("#### 30 hmm.", "30", 1, 1, 1, 0, "words that are neither numbers nor hedges may follow"),
+    ("####30", "30", 1, 0, 1, 0, "no space after the marker"),
+    ("#### -5", "-5", 1, 1, 1, 0, "negative"),
+    ("#### −5", "-5", 1, 0, 0, 0, "unicode minus sign"),
+    ("#### -$5", "-5", 1, 0, 1, 0, "sign before the currency sign"),
+    ("#### 3e1", "30", 1, 0, 0, 0, "integer-valued scientific notation"),
+    ("#### 1e3", "1000", 1, 0, 0, 0, "integer-valued scientific notation"),
+    ("#### 30<|im_end|>", "30", 1, 1, 1, 0, "a special token left by the detokenizer"),
+    ("The answer is \\boxed{30}.", "30", 1, 0, 1, 1, "the last \\boxed{} is a marker"),
+    ("\\boxed{\\$30}", "30", 1, 0, 1, 1, "LaTeX currency sign"),
+    ("\\boxed{1{,}230}", "1230", 1, 0, 0, 1, "LaTeX thousands separator"),
+    ("\\boxed{30 \\text{ dollars}}", "30", 1, 0, 1, 1, "LaTeX unit"),
+    ("12 + 18 = 30\n#### 30\n\nQuestion: Tom has 4 apples and 9 pears.", "30", 1, 1, 1, 0,
+     "the invented next few-shot question is cut, as lm-eval's `until` does"),
+    ("#### 31\nWait, 12 + 18 = 30.\n#### 30", "30", 1, 0, 1, 0,
+     "the last marker wins (lm-eval strict takes the first)"),
+    # hedges, several numbers, no marker
+    ("I think #### 30 hmm.\nFinal answer: #### thirty-one", "30", 0, 1, 1, 0,
+     "the last marker holds no digits: no fall-back to an earlier number"),
+    ("#### 30 or 31 or 29", "30", 0, 1, 0, 0, "hedge"),
+    ("#### 29 or 30", "30", 0, 0, 1, 0, "hedge"),
+    ("It is 29, 31 or 30.\n####", "30", 0, 0, 1, 0, "nothing after the marker"),
+    ("\\boxed{29, 30}", "30", 0, 0, 1, 0, "a list in the box"),
+    ("\\boxed{31 \\text{ or } 30}", "30", 0, 0, 1, 0, "hedge in the box"),
+    ("\\boxed{30} or \\boxed{31}", "30", 0, 0, 0, 0, "the last box is 31"),
+    ("\\boxed{30} or maybe 31", "30", 0, 0, 0, 1, "a number and a hedge after the box"),
+    ("#### 30,5", "30", 0, 0, 0, 0, "not a valid thousands separator"),
+    ("#### 30–31", "30", 0, 1, 0, 0, "a range"),
+    ("#### 30-31", "30", 0, 1, 0, 0, "a range"),
+    ("#### 30 (thirty-one)", "30", 0, 1, 1, 0, "a spelled-out second number"),
+    ("#### ~30", "30", 0, 0, 1, 0, "approximately"),
+    ("#### about 30", "30", 0, 0, 1, 0, "approximately"),
+    ("#### 30?", "30", 0, 1, 1, 0, "a question, not an answer"),
+    ("\\boxed{\\approx 30}", "30", 0, 0, 1, 0, "approximately"),
+    ("#### 30\nActually it is 31.", "30", 0, 1, 0, 0, "a second number after the answer"),
+    ("#### 30\n#### 31", "30", 0, 1, 0, 0, "the last marker is 31"),
+    ("#### 30 + 1 = 31", "30", 0, 1, 0, 0, "several numbers"),
+    ("#### 1 230", "1230", 0, 0, 0, 0, "a space is not a thousands separator"),
+    ("The answer is 30.", "30", 0, 0, 1, 0, "no marker"),
+    ("30", "30", 0, 0, 1, 0, "no marker"),
+    ("#### 3e-1", "0.3", 0, 0, 0, 0, "scientific notation that is not an integer"),
+    ("#### 30.5", "30", 0, 0, 0, 0, "wrong"),
+    ("", "30", 0, 0, 0, 0, "empty"),
+]
+
+
+@pytest.mark.parametrize("response, gold, ours, strict, flex, minerva_verdict, why", TABLE,
+                         ids=[f"{i}" for i in range(len(TABLE))])
+def test_strict_rule_beside_reference_graders(response, gold, ours, strict, flex,
+                                              minerva_verdict, why):
+  problem = Problem("p", "q", answer=gold)
+  assert GSM8KVerifier().score_batch([problem], [response]) == [float(ours)], why
+  assert (lm_eval_strict(response, gold), lm_eval_flexible(response, gold),
+          minerva(response, gold)) == (strict, flex, minerva_verdict)
+
+
+def test_table_covers_both_kinds_and_every_reference_disagreement():
+  assert len(TABLE) >= 40
+  assert sum(row[2] for row in TABLE) >= 15 and sum(1 - row[2] for row in TABLE) >= 15
+  # Each reference grader accepts at least one answer that the strict rule refuses.
+  for column in (3, 4, 5):
+    assert any(row[column] == 1 and row[2] == 0 for row in TABLE), column
+
+
+# --------------------------------------------------------------------------- the rule's API
+
+
+@pytest.mark.parametrize("response, expected", [
+    ("#### 1,234", "1234"),
+    ("#### 3.50", "3.5"),
+    ("#### -0", "0"),
+    ("#### 1.5e2", "150"),
+    ("#### .5", "0.5"),
+    ("##### 7", "7"),
+    ("\\boxed{\\text{\\textbf{42}}}", "42"),
+    ("#### 7\n\\boxed{9}.", "9"),
+    ("\\boxed{9} #### 7", "7"),
+    ("#### 1" + "0" * 60, "1" + "0" * 60),   # exact, beyond the decimal context's precision
+    ("#### 1.5.3", None),
+    ("\\boxed{30", None),
+    ("#### 5 pm", "5"),
+    ("#### \\pm 5", None),
+    ("#### <5", None),
+])
+def test_final_answer(response, expected):
+  value = math_answer.final_answer(response)
+  assert (None if value is None else math_answer.canonical_number(value)) == expected
+
+
+@pytest.mark.parametrize("response", [
+    "", "####", "\\boxed{", "\\boxed", "#### " + "9" * 50_000, "#### 3e" + "9" * 5000,
+    "#### 1e999999999", "#### " + "1," * 20_000 + "000", "\udcff#### 30\udcfe", "#### 30\x00",
+    "#### " + "{" * 10_000, "\\boxed{" * 10_000 + "3" + "}" * 10_000, "#### ３０",
+    "#" * 100_000, "\\boxed{" + "\\text{" * 500 + "3" + "}" * 501,
+])
+def test_no_model_string_raises(response):
+  problem = Problem("p", "q", answer="30")
+  for verifier in (GSM8KVerifier(), TinyVerifier()):
+    assert verifier.score_batch([problem], [response])[0] in (0.0, 1.0)
+
+
+def test_giant_numbers_compare_exactly():
+  big = "9" * 5000
+  problem = Problem("p", "q", answer=big)
+  for verifier in (GSM8KVerifier(), TinyVerifier()):
+    assert verifier.score_batch([problem] * 2, [f"#### {big}", f"#### {big[:-1]}8"]) == [1.0, 0.0]
+
+
+def test_gold_that_is_not_a_number_names_the_problem():
+  with pytest.raises(ValueError, match="Problem 'q7'.*not a single number"):
+    GSM8KVerifier().score_batch([Problem("q7", "q", answer="yes")], ["#### 1"])
+
+
+def test_tiny_rule_is_the_shared_rule():
+  verifier = TinyVerifier()
+  problem = Problem("p", "q", answer="27")
+  responses = ["9 * 3 = 27 . #### 27", "#### 27 .", "#### 27 . #### 3", "#### 2 7",
+               "#### 27 . 3 + 4 = 7", "9 * 3 = 27 .", "#### 027"]
+  assert verifier.score_batch([problem] * len(responses), responses) == [
+      float(math_answer.answers_match(r, "27")) for r in responses] == [
+      1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
