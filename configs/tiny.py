@@ -137,6 +137,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.grad_clip = 1.0           # global-norm gradient clipping (0 = off)
   c.train.freeze_base = False       # True: only the residual adapter trains
   c.train.log_every = 50            # updates between log lines and metrics.jsonl records
+  # Order of the training problems (SFT rows, ORL prompts): -1 = the stream's own order,
+  # k >= 0 = a permutation seeded by k (the demo's seeds set it, so seeds differ in data order)
+  c.train.shuffle_seed = -1
   # residual_warmup: share of rows whose second pass consumes the model's own first-pass z
   c.train.self_condition_probability = 0.5
 
@@ -229,6 +232,8 @@ def base_config() -> ml_collections.ConfigDict:
                            final_lr_fraction=0.1, log_every=20),
                 model=dict(residual=dict(mode="adapter", lr_scale=1.0)),
                 checkpoint=dict(every=200), eval=dict(name="warmup"))
+  # The demo's single ORL run reads the problems in order (train.shuffle_seed -1, the committed
+  # table); each seed of the `ablations` variant reads them in its own order.
   orl_train = dict(mode="orl", steps=300, lr=5e-5, warmup_steps=20, final_lr_fraction=0.1,
                    log_every=5)
   orl = dict(train=orl_train, model=dict(residual=dict(mode="adapter")),
@@ -260,7 +265,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` reproduces it)
   # committed residual warm-up of that base (`make warmup` reproduces it; "" = train it)
   c.warmup_checkpoint = "assets/tiny_warmup"
-  c.seeds = ()                      # demo: rollout seeds of every ORL stage (() = `seed` only)
+  # demo: seeds of every ORL stage (() = `seed` only); a seed sets the rollout noise and the
+  # order of the ORL prompts (train.shuffle_seed)
+  c.seeds = ()
+  # demo: >= 0 retrains the warm-up with this seed and runs every stage that starts from the
+  # warm-up once more from it (results key `<name>@warmup<k>`, beside the seed means)
+  c.warmup_seed = -1
   return c
 
 
@@ -278,6 +288,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.workdir = "work_dirs/tiny_ablations"
     c.ablations = ABLATIONS
     c.seeds = (0, 1, 2)
+    c.warmup_seed = 3
     # One shared budget for every run of the study: 150 updates (the demo's ORL runs 300). The
     # rollout TPF of the demo's ORL run is within 10% of its final value by update 100-150, and
     # 21 runs of 300 updates do not fit a working day on 2 CPU cores.

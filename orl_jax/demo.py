@@ -30,8 +30,9 @@ def _repo_path(path: str) -> str:
 
 def stage_config(config, stage: str, init_from: str, seed: int | None = None):
   """A copy of `config` with the stage's overrides, its own work directory and start point.
-  `seed`: the rollout seed of an ORL stage (the data/noise seed of other stages); the work
-  directory gets a `seed{k}` folder."""
+  `seed`: the rollout noise and the order of the training problems (ORL prompts, SFT rows) of
+  the stage; of a non-ORL stage also its init / masking-noise seed. The work directory gets a
+  `seed{k}` folder."""
   cfg = copy.deepcopy(config)
   with cfg.unlocked():
     cfg.update(config.stages[stage].to_dict())
@@ -40,6 +41,7 @@ def stage_config(config, stage: str, init_from: str, seed: int | None = None):
     cfg.pipeline = "train"
     if seed is not None:
       cfg.workdir = os.path.join(cfg.workdir, f"seed{seed}")
+      cfg.train.shuffle_seed = seed
       if cfg.train.mode == "orl":
         cfg.orl.rollout_seed = seed
       else:
@@ -149,6 +151,14 @@ def training_summary(metrics_path: str) -> dict:
   rkl = [r["loss_rkl"] for r in rows[len(rows) // 2:] if "loss_rkl" in r]
   if rkl:
     out["loss_rkl_mean_second_half"] = float(np.mean(rkl))
+  # The weighted AEC term's share of the objective and its size against the CE, averaged over
+  # the logged updates (issue: is AEC 0.3% or 30% of what the optimizer sees?)
+  terms = [r for r in rows if "loss_aec_weighted" in r and r.get("loss", 0) > 0]
+  if terms:
+    out["aec_share"] = float(np.mean([r["loss_aec_weighted"] / r["loss"] for r in terms]))
+    out["aec_to_ce"] = float(np.mean([r["loss_aec_weighted"] / max(r["loss_ce"], 1e-12)
+                                      for r in terms]))
+    out["rkl_share"] = float(np.mean([r["loss_rkl_weighted"] / r["loss"] for r in terms]))
   if rows and "updates_skipped" in rows[-1]:
     out["updates_skipped"] = rows[-1]["updates_skipped"]
   return out
@@ -203,10 +213,12 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
   """A markdown table of every model evaluated over seeds at `setting`: accuracy and pooled TPF
   as mean ± std over seeds, the change against `reference` (points; % of TPF), the paper's
   direction where it reports one, and whether ours moves the same way by more than the seed
-  spread (the sum of the two models' stds)."""
+  spread (the sum of the two models' stds); last, the model's run from a warm-up retrained with
+  another seed (`warmup_seed`), where there is one."""
   ref = all_results[reference][setting]
   head = ("| model | accuracy | TPF (pooled) | Δ acc (pts) | Δ TPF | paper Δ acc / Δ TPF | "
-          "moves as the paper (acc / TPF) |\n|---|---|---|---|---|---|---|")
+          "moves as the paper (acc / TPF) | other warm-up (acc / TPF) |\n"
+          "|---|---|---|---|---|---|---|---|")
   lines = [head]
   for name, r in all_results.items():
     r = r.get(setting)
@@ -222,10 +234,13 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
     moves = " / ".join(m or "–" for m in (_moves(d_acc, s_acc, p_acc),
                                           _moves(d_tpf, s_tpf, p_tpf)))
     same = name == reference
+    other = [v[setting] for k, v in all_results.items()
+             if k.startswith(f"{name}@warmup") and setting in v]
+    other = " ".join(f"{o['accuracy']:.3f} / {o['tpf_pooled']:.2f}" for o in other)
     lines.append(f"| {name} | {r['accuracy']:.3f} ± {r['accuracy_std']:.3f} | "
                  f"{r['tpf_pooled']:.2f} ± {r['tpf_pooled_std']:.2f} | "
                  f"{'' if same else f'{d_acc:+.1f}'} | {'' if same else f'{d_tpf:+.0f}%'} | "
-                 f"{'' if same else paper} | {'' if same else moves} |")
+                 f"{'' if same else paper} | {'' if same else moves} | {other} |")
   return "\n".join(lines)
 
 
@@ -237,6 +252,31 @@ def _write_ablation_table(config, all_results: dict) -> None:
   with open(os.path.join(config.workdir, "ablations.md"), "w") as f:
     f.write(table + "\n")
   print(table)
+
+
+def warmup_seed_name(name: str, seed: int) -> str:
+  """The results.json key of a model trained from the warm-up retrained with `seed`."""
+  return f"{name}@warmup{seed}"
+
+
+def _other_warmup_runs(config, base: str, stages, progress: bool, curves: list) -> dict | None:
+  """With `warmup_seed` >= 0: the warm-up retrained with that seed (its init, masking noise and
+  data order), then one more run of every stage that starts from the warm-up, from it, with
+  that seed; kept beside the seed means (`warmup_seed_name`), not merged into them."""
+  seed = config.get("warmup_seed", -1)
+  from_warmup = [st for st in stages if config.stage_start[st] == "warmup"]
+  if seed < 0 or not from_warmup:
+    return None
+  if seed in tuple(config.get("seeds", ())):
+    raise ValueError(f"warmup_seed={seed} is also one of seeds={tuple(config.seeds)}: pick "
+                     "another, the two runs would share a work directory")
+  warmup = _train_stage(config, "warmup", base, seed, progress, curves)[1]
+  all_results = None
+  for stage in from_warmup:
+    name, params_dir = _train_stage(config, stage, warmup, seed, progress, curves)
+    all_results = evaluate_params(config, params_dir, warmup_seed_name(name, seed),
+                                  progress=progress)
+  return all_results
 
 
 def run_demo(config, *, progress=True) -> str:
@@ -271,6 +311,7 @@ def run_demo(config, *, progress=True) -> str:
         seed_groups.setdefault(name, []).append(key)
   for name, keys in seed_groups.items():
     all_results = eval_lib.merge_seeds(results_path(config), name, keys)
+  all_results = _other_warmup_runs(config, base, stages, progress, curves) or all_results
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
   _report_training(config, curves)     # one line per trained stage, before the tables

@@ -47,9 +47,10 @@ def _check_batch_split(batch_size: int, mesh) -> None:
 
 
 def _pad_rows(x: np.ndarray, batch_size: int) -> np.ndarray:
-  """Static batch shape: the last batch is padded by repeating the first rows."""
+  """Static batch shape: the last batch is padded by repeating the first rows (cyclically,
+  when there are fewer rows than one batch)."""
   pad = (-len(x)) % batch_size
-  return np.concatenate([x, x[:pad]]) if pad else x
+  return np.concatenate([x, x[np.arange(pad) % len(x)]]) if pad else x
 
 
 class Decoded(NamedTuple):

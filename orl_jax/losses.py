@@ -296,6 +296,8 @@ def orl_loss(model, batch: PackedBatch, cfg: LossConfig, totals: LossTotals | No
     counts = totals.response_counts()
   metrics = {
       "loss_ce": ce, "loss_aec": l_aec, "loss_rkl": kl, "aec_hinge_active": hinge_active,
+      # each term as it enters the objective (additive over micro-batches, like `loss`)
+      "loss_aec_weighted": cfg.w_aec * l_aec, "loss_rkl_weighted": cfg.w_kl * kl,
       **counts,
       "replay_entropy": jnp.sum(entropy * m) / jnp.maximum(n_masked, 1),
       "replay_token_acc": jnp.sum((stats.argmax == batch.targets) * m)

@@ -58,14 +58,16 @@ def test_training_summary_reads_start_end_and_the_anchor(tmp_path):
 def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_path, monkeypatch,
                                                                         capsys):
   """The demo pipeline end to end on smoke shapes (random base, 2-step stages, two rollout seeds,
-  one ablation): results.json holds the seed means with per-seed figures, and a second run over
-  the same work directory reuses every evaluation (the demo resumes without re-evaluating)."""
+  one ablation, one more run of each from a warm-up retrained with seed 2): results.json holds
+  the seed means with per-seed figures and the other warm-up's runs beside them, and a second
+  run over the same work directory reuses every evaluation (the demo resumes without
+  re-evaluating)."""
   from orl_jax import demo
   from tests.helpers import orl_smoke_config
   c = orl_smoke_config(tmp_path / "demo", steps=2)
   c.pipeline = "demo"
   c.base_checkpoint, c.warmup_checkpoint = "", ""
-  c.seeds, c.ablations = (0, 1), ("no_kl",)
+  c.seeds, c.ablations, c.warmup_seed = (0, 1), ("no_kl",), 2
   c.eval.n_problems, c.eval.batch_size, c.eval.settings = 8, 8, ("threshold_0.9",)
   for stage in c.stages:
     c.stages[stage].train.steps, c.stages[stage].train.warmup_steps = 2, 1
@@ -81,7 +83,8 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
   assert any(line.startswith("training orl") for line in lines[:table])   # summaries first
   assert not any(line.startswith("training ") and not line.startswith("training curves: ")
                  for line in lines[table:])
-  assert set(results) == {"base", "warmup", "orl", "orl_no_kl"}
+  assert set(results) == {"base", "warmup", "orl", "orl_no_kl", "orl@warmup2",
+                          "orl_no_kl@warmup2"}
   for name in ("orl", "orl_no_kl"):
     r = results[name]["threshold_0.9"]
     assert [s["seed"] for s in r["seeds"]] == ["0", "1"]
@@ -107,10 +110,12 @@ def test_ablation_table_compares_with_orl_and_the_paper_beyond_the_seed_spread()
                               "tpf_pooled_std": tpf_std, "seeds": []}}
   results = {"base": {"threshold_0.9": {"accuracy": 0.95, "tpf_pooled": 3.0}},
              "orl": model(0.95, 0.01, 6.0, 0.3), "orl_no_kl": model(0.92, 0.01, 3.0, 0.3),
-             "orl_no_aec": model(0.95, 0.01, 6.3, 0.3)}
+             "orl_no_aec": model(0.95, 0.01, 6.3, 0.3),
+             "orl@warmup3": {"threshold_0.9": {"accuracy": 0.94, "tpf_pooled": 5.5}}}
   rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
           for line in ablation_table(results).splitlines()[2:]}
   assert set(rows) == {"orl", "orl_no_kl", "orl_no_aec"}        # the base has no seeds
   assert rows["orl_no_kl"][:4] == ["0.920 ± 0.010", "3.00 ± 0.30", "-3.0", "-50%"]
-  assert rows["orl_no_kl"][4:] == ["-6.7 / -47.0%", "same way / same way"]
-  assert rows["orl_no_aec"][2:] == ["+0.0", "+5%", "– / -28.0%", "– / within spread"]
+  assert rows["orl_no_kl"][4:] == ["-6.7 / -47.0%", "same way / same way", ""]
+  assert rows["orl_no_aec"][2:] == ["+0.0", "+5%", "– / -28.0%", "– / within spread", ""]
+  assert rows["orl"][-1] == "0.940 / 5.50"          # the run from the other warm-up

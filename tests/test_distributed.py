@@ -72,6 +72,22 @@ def test_process_rows_give_the_single_process_stream():
   assert next(strided).tolist() == [1, 4] and next(strided).tolist() == [7, 10]
 
 
+def test_a_shuffle_seed_permutes_the_stream_the_same_way_for_any_process_split():
+  """`shuffle_seed` >= 0: the global stream is a seeded permutation of the problem indices
+  (distinct, other seeds give other orders), and the processes' rows still concatenate to it."""
+  natural = next(iter(prompt_dataset(None, batch_size=64)))
+  first = [next(it) for it in [iter(prompt_dataset(None, batch_size=64, shuffle_seed=0))] * 3]
+  again = next(iter(prompt_dataset(None, batch_size=64, shuffle_seed=0)))
+  other = next(iter(prompt_dataset(None, batch_size=64, shuffle_seed=1)))
+  np.testing.assert_array_equal(first[0], again)
+  stream = np.concatenate(first)
+  assert len(set(stream.tolist())) == stream.size           # a permutation: no repeats
+  assert np.mean(first[0] == natural) < 0.1 and np.mean(first[0] == other) < 0.1
+  parts = [iter(prompt_dataset(None, batch_size=64, rows=r, shuffle_seed=0))
+           for r in (range(0, 32), range(32, 64))]
+  np.testing.assert_array_equal(np.concatenate([next(p) for p in parts]), first[0])
+
+
 def test_coordinator_variables_are_passed_on():
   """JAX reads JAX_COORDINATOR_ADDRESS itself but not the process count and id."""
   env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4",

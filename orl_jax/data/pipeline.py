@@ -51,33 +51,39 @@ def encode_prompts(problems: Sequence[Problem], tokenizer, prompt_len: int):
 
 
 def global_indices(batch_size: int, rows: Sequence[int] | None = None,
-                   size: int = 2**31 - 1) -> grain.MapDataset:
+                   size: int = 2**31 - 1, shuffle_seed: int = -1) -> grain.MapDataset:
   """Problem indices of this process's `rows` of consecutive global batches (default: every
-  row): element j of local batch k is problem `k * batch_size + rows[j]`. The global stream
-  is the same for any number of processes."""
+  row): element j of local batch k is problem `order[k * batch_size + rows[j]]`, where `order`
+  is the identity (`shuffle_seed` < 0) or a seeded permutation of [0, size) (grain's index
+  shuffle: any element in O(1), so a resumed stream needs only its position). The global
+  stream is the same for any number of processes."""
   rows = tuple(range(batch_size)) if rows is None else tuple(int(r) for r in rows)
   local = len(rows)
   ds = grain.MapDataset.range(size // batch_size * local)
-  return ds.map(lambda i: (i // local) * batch_size + rows[i % local])
+  ds = ds.map(lambda i: (i // local) * batch_size + rows[i % local])
+  if shuffle_seed < 0:
+    return ds
+  order = grain.MapDataset.range(size).shuffle(seed=shuffle_seed)
+  return ds.map(lambda i: order[int(i)])
 
 
 def train_dataset(problem_at: Callable[[int], Problem], tokenizer, *, prompt_len: int,
                   gen_length: int, batch_size: int, rows: Sequence[int] | None = None,
-                  size: int = 2**31 - 1) -> grain.MapDataset:
+                  size: int = 2**31 - 1, shuffle_seed: int = -1) -> grain.MapDataset:
   """This process's `rows` of global batches of `batch_size` encoded training problems.
 
   The stream is a pure function of the index, so the grain iterator state (one integer) is all
   a checkpoint needs for an exact resume.
   """
-  ds = global_indices(batch_size, rows, size)
+  ds = global_indices(batch_size, rows, size, shuffle_seed)
   ds = ds.map(lambda i: encode_example(problem_at(int(i)), tokenizer, prompt_len, gen_length))
   return ds.batch(batch_size if rows is None else len(rows), drop_remainder=True)
 
 
 def prompt_dataset(problem_at: Callable[[int], Problem], *, batch_size: int,
-                   rows: Sequence[int] | None = None,
-                   size: int = 2**31 - 1) -> grain.MapDataset:
+                   rows: Sequence[int] | None = None, size: int = 2**31 - 1,
+                   shuffle_seed: int = -1) -> grain.MapDataset:
   """This process's `rows` of global batches of problem indices for on-policy rollouts
   (problems are materialised by the loop)."""
-  ds = global_indices(batch_size, rows, size)
+  ds = global_indices(batch_size, rows, size, shuffle_seed)
   return ds.batch(batch_size if rows is None else len(rows), drop_remainder=True)

@@ -411,7 +411,8 @@ def prompt_stream(s: Setup):
   (checkpointed with the state)."""
   n_prompts = s.config.orl.prompts_per_step
   return iter(prompt_dataset(s.task.train_problem, batch_size=n_prompts,
-                             rows=sharding_lib.process_rows(s.mesh, n_prompts)))
+                             rows=sharding_lib.process_rows(s.mesh, n_prompts),
+                             shuffle_seed=s.config.train.shuffle_seed))
 
 
 def train_orl(s: Setup, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:

@@ -86,7 +86,8 @@ def train_sft(s: Setup, *, progress: bool = True, stop_after: int | None = None)
   run = prepare_run(s)
   data = train_dataset(s.task.train_problem, s.tokenizer, prompt_len=config.task.prompt_len,
                        gen_length=config.decode.gen_length, batch_size=tc.batch_size,
-                       rows=sharding_lib.process_rows(s.mesh, tc.batch_size))
+                       rows=sharding_lib.process_rows(s.mesh, tc.batch_size),
+                       shuffle_seed=tc.shuffle_seed)
   data_iter = iter(data)
   state, start = resume(run, data_iter)
   residual_fn, extra_inputs = residual_source(s)

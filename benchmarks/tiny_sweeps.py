@@ -1,0 +1,206 @@
+"""Sweeps of ORL's settings on the tiny task: each run is one ORL stage of configs/tiny.py with
+overrides, trained in segments so its held-out accuracy is measured along the way, then
+evaluated on the full evaluation set. One JSON holds every run (resumable: finished runs are
+skipped), with the training summary (reward, rollout TPF, the AEC term's share of the
+objective), the rollout entropy profile (mean normalized entropy of the masked positions at
+step k of a block, over the last tenth of training) and the curves.
+
+  python benchmarks/tiny_sweeps.py --study=aec              # loss.w_aec 1, 10, 100, 300
+  python benchmarks/tiny_sweeps.py --study=anchor           # lr 2e-4 / 1e-3, with / without KL
+  python benchmarks/tiny_sweeps.py --run=hot:train.lr=3e-4,loss.w_aec=10 --seeds=0,1,2
+  python benchmarks/tiny_sweeps.py --plot=lr1e-3,lr1e-3_no_kl --png=curves.png   # no training
+
+Runs start from the committed warm-up (`assets/tiny_warmup`) unless `stage=` names a stage of
+configs/tiny.py that starts from the base. A seed sets the rollout noise and the prompt order
+(`demo.stage_config`).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np
+
+
+STUDIES = {
+    "aec": {"w_aec1": {}, "w_aec10": {"loss.w_aec": 10.0}, "w_aec100": {"loss.w_aec": 100.0},
+            "w_aec300": {"loss.w_aec": 300.0}},
+    "anchor": {"lr2e-4": {"train.lr": 2e-4}, "lr2e-4_no_kl": {"train.lr": 2e-4, "loss.w_kl": 0.0},
+               "lr1e-3": {"train.lr": 1e-3}, "lr1e-3_no_kl": {"train.lr": 1e-3, "loss.w_kl": 0.0}},
+}
+
+
+def parse_run(spec: str) -> tuple[str, dict]:
+  """'name:a.b=1,c.d=x' -> ('name', {'a.b': 1, 'c.d': 'x'})."""
+  name, _, rest = spec.partition(":")
+  overrides = {}
+  for item in filter(None, rest.split(",")):
+    key, _, value = item.partition("=")
+    try:
+      overrides[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      overrides[key] = value
+  return name, overrides
+
+
+def run_config(name: str, overrides: dict, seed: int, workdir: str):
+  """The ORL stage's config with `overrides` (dotted keys; `stage` picks the stage)."""
+  from configs import tiny
+  from orl_jax import demo
+  overrides = dict(overrides)
+  stage = overrides.pop("stage", "orl")
+  config = tiny.get_config("demo")
+  start = config.stage_start[stage]
+  init = demo._repo_path(config.base_checkpoint if start == "base" else config.warmup_checkpoint)
+  cfg = demo.stage_config(config, stage, init, seed)
+  with cfg.unlocked():
+    cfg.workdir = os.path.join(workdir, name, f"seed{seed}")
+    for key, value in overrides.items():
+      node, *path, leaf = key.split(".")
+      target = cfg[node]
+      for p in path:
+        target = target[p]
+      if leaf not in target:
+        raise KeyError(f"--run {name}: no config field {key!r}")
+      target[leaf] = type(target[leaf])(value)
+  return cfg
+
+
+def evaluate(cfg, params_dir: str, n_problems: int, settings) -> dict:
+  import copy
+  from orl_jax import evaluate as eval_lib
+  ecfg = copy.deepcopy(cfg)
+  with ecfg.unlocked():
+    ecfg.eval.n_problems = n_problems
+    ecfg.eval.settings = tuple(settings)
+    ecfg.workdir = os.path.join(cfg.workdir, f"eval{n_problems}")
+  return eval_lib.evaluate_models(ecfg, [(params_dir, "m")], progress=False)["m"]
+
+
+def entropy_profile(rows: list[dict]) -> list[float]:
+  """Mean rollout entropy at step k of a block over the last tenth of the logged iterations."""
+  tail = rows[-max(len(rows) // 10, 1):]
+  out = []
+  for k in range(8):
+    vals = [r[f"rollout_entropy_step{k}"] for r in tail if f"rollout_entropy_step{k}" in r]
+    if not vals:
+      break
+    out.append(float(np.mean(vals)))
+  return out
+
+
+def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
+  from orl_jax import demo
+  from orl_jax.metrics import read_jsonl
+  from orl_jax.train import loop
+  cfg = run_config(name, overrides, seed, args.workdir)
+  steps, t0 = cfg.train.steps, time.time()
+  stops = list(range(args.segment, steps, args.segment)) + [steps] if args.segment else [steps]
+  # the curve points of an interrupted run (its checkpoints resume the training)
+  curve_path = os.path.join(cfg.workdir, "curve.json")
+  curve = json.load(open(curve_path)) if os.path.exists(curve_path) else []
+  params_dir = os.path.join(cfg.workdir, "params")
+  for stop in stops[len(curve):]:
+    params_dir = loop.train(cfg, progress=args.progress, stop_after=stop)
+    r = evaluate(cfg, params_dir, args.curve_problems, [args.setting])[args.setting]
+    curve.append({"updates": stop, "accuracy": r["accuracy"], "tpf_pooled": r["tpf_pooled"]})
+    with open(curve_path, "w") as f:
+      json.dump(curve, f)
+    print(f"{name} seed {seed}: {stop}/{steps} updates, accuracy {r['accuracy']:.3f}, "
+          f"TPF {r['tpf_pooled']:.2f} ({args.curve_problems} problems)", flush=True)
+  final = evaluate(cfg, params_dir, args.final_problems, args.final_settings)
+  metrics_path = os.path.join(cfg.workdir, "metrics.jsonl")
+  rows = read_jsonl(metrics_path)
+  return {"overrides": overrides, "seed": seed, "updates": steps, "minutes":
+          (time.time() - t0) / 60, "final": final, "curve": curve,
+          "summary": demo.training_summary(metrics_path),
+          "entropy_profile": entropy_profile(rows),
+          "reward_curve": [(r["step"], r["reward"]) for r in rows if "reward" in r],
+          "rollout_tpf_curve": [(r["step"], r["rollout_tpf"]) for r in rows
+                                if "rollout_tpf" in r]}
+
+
+def plot(results: dict, names: list[str], png: str) -> None:
+  """Reward (training rollouts, smoothed) and held-out accuracy per run, side by side."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, (ax_r, ax_a, ax_t) = plt.subplots(1, 3, figsize=(15, 4))
+  for name in names:
+    for key, run in sorted(results.items()):
+      if key.rpartition("@")[0] != name:
+        continue
+      label = f"{name} {key.rpartition('@')[2]}"
+      steps, reward = zip(*run["reward_curve"])
+      k = max(len(reward) // 15, 1)
+      smooth = np.convolve(reward, np.ones(k) / k, mode="valid")
+      line, = ax_r.plot(steps[k - 1:], smooth, label=label)
+      c = line.get_color()
+      ax_a.plot([p["updates"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]],
+                "o-", color=c, label=label)
+      ax_t.plot([p["updates"] for p in run["curve"]], [p["tpf_pooled"] for p in run["curve"]],
+                "o-", color=c, label=label)
+  ax_r.set(title="training reward (rollouts, smoothed)", xlabel="ORL iteration")
+  ax_a.set(title="held-out accuracy (greedy)", xlabel="ORL update")
+  ax_t.set(title="held-out pooled TPF (paper count)", xlabel="ORL update")
+  ax_a.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(png, dpi=110)
+  print(f"plot: {png}")
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--study", choices=sorted(STUDIES), action="append", default=[])
+  ap.add_argument("--run", action="append", default=[], help="name:key=value,key=value")
+  ap.add_argument("--seeds", default="0")
+  ap.add_argument("--workdir", default="work_dirs/tiny_sweeps")
+  ap.add_argument("--out", default="benchmarks/results/tiny_sweeps.json")
+  ap.add_argument("--segment", type=int, default=100, help="updates between accuracy points")
+  ap.add_argument("--curve_problems", type=int, default=512)
+  ap.add_argument("--final_problems", type=int, default=2048)
+  ap.add_argument("--setting", default="threshold_0.9")
+  ap.add_argument("--final_settings", default="threshold_0.9")
+  ap.add_argument("--plot", default="", help="comma-separated run names to plot (no training)")
+  ap.add_argument("--png", default="benchmarks/results/tiny_sweeps.png")
+  ap.add_argument("--progress", action="store_true")
+  args = ap.parse_args()
+  args.final_settings = args.final_settings.split(",")
+  results = {}
+  if os.path.exists(args.out):
+    with open(args.out) as f:
+      results = json.load(f).get("runs", {})
+  if args.plot:
+    plot(results, args.plot.split(","), args.png)
+    return
+  runs = [item for study in args.study for item in STUDIES[study].items()]
+  runs += [parse_run(spec) for spec in args.run]
+  headline = None
+  for seed in (int(s) for s in args.seeds.split(",")):
+    for name, overrides in runs:
+      key = f"{name}@seed{seed}"
+      if key in results:
+        print(f"{key}: done before, skipped")
+        continue
+      results[key] = train_and_measure(name, overrides, seed, args)
+      r = results[key]["final"][args.final_settings[0]]
+      headline = (key, r["accuracy"], r["tpf_pooled"])
+      print(f"{key}: accuracy {r['accuracy']:.4f}, pooled TPF {r['tpf_pooled']:.3f}, "
+            f"summary {json.dumps(results[key]['summary'])}", flush=True)
+      os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+      tmp = args.out + ".tmp"
+      with open(tmp, "w") as f:
+        json.dump({"about": __doc__.split("\n\n")[0], "runs": results}, f, indent=1)
+      os.replace(tmp, args.out)
+  if headline:
+    print(f"tiny_sweeps_last_pooled_tpf[{headline[0]}]: {headline[2]:.3f}")
+
+
+if __name__ == "__main__":
+  main()
