@@ -15,8 +15,6 @@ from __future__ import annotations
 import ast
 import os
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("orl_jax", "pallas_kernels", "orl_sandbox")
 MAX_FUNCTION_LINES = 80
@@ -200,13 +198,11 @@ def test_the_graph_reader_sees_function_local_relative_and_submodule_imports(tmp
 # ----------------------------------------------------------------------------- the project
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: fixed in the next commits")
 def test_the_import_graph_has_no_cycle_counting_function_local_imports():
   cycle = find_cycle(import_graph(module_files()))
   assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: fixed in the next commits")
 def test_no_model_module_reaches_decoding_rollout_replay_losses_or_training():
   graph = import_graph(module_files())
   bad = [" -> ".join(chain) for module in sorted(graph) if module.startswith("orl_jax.models")
@@ -214,7 +210,6 @@ def test_no_model_module_reaches_decoding_rollout_replay_losses_or_training():
   assert not bad, "models/ reaches code above it:\n" + "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: fixed in the next commits")
 def test_no_function_is_longer_than_80_lines():
   long = long_functions(("orl_jax", "pallas_kernels"), MAX_FUNCTION_LINES)
   assert not long, "functions over 80 lines:\n" + "\n".join(long)
