@@ -38,7 +38,7 @@ from configs import tiny
 from orl_jax import decoding, params_io, residual as residual_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax import decoders
-from orl_jax.models import hf
+from orl_jax.models import build, hf
 from orl_jax.models.transformer import init_cache
 from orl_jax.train import loop
 from orl_jax.unmasking import UnmaskRule, select_commits
@@ -375,7 +375,7 @@ def setup_60m(args) -> dict:
   m, peer = s.model_cfg, None
   if args.model == "blockcausal60m":
     m = dataclasses.replace(m, family="block_causal")
-    graphdef, _ = hf.abstract_params(m)        # same tensors, block-causal attention
+    graphdef, _ = build.abstract_params(m)        # same tensors, block-causal attention
     modes, skipped = supported_modes(
         [dict(kv_cache=kv, schedule="lockstep") for kv in (True, False)]
         + [dict(kv_cache=True, schedule="per_row"),     # the engine always uses the KV cache

@@ -26,6 +26,7 @@ from orl_jax.data.pipeline import encode_prompts
 from orl_jax.data.prompts import apply_chat
 from orl_jax.decoding import DecodeConfig, make_decoder
 from orl_jax.models import families, hf
+from orl_jax.models.build import build_model
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.problem import Problem
@@ -219,7 +220,7 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
                         canvas_length=16, eos_ids=(EOS,), pad_id=PAD, bos_id=BOS)
   path = str(tmp_path / "diffusion_gemma")
   byte_tokenizer(str(tmp_path / "tokenizer.json"), VOCAB, SPECIALS)
-  hf.export_hf(path, nnx.state(hf.build_model(cfg, 0), nnx.Param), cfg, "diffusion_gemma",
+  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, "diffusion_gemma",
                tokenizer_file=str(tmp_path / "tokenizer.json"))
   config = _config_of("diffusion_gemma", path)
   decoded = _decode_launcher().decode_model(config, "dg", path, [PROMPT])
@@ -283,7 +284,7 @@ def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
   model_type, cfg, specials = OTHER_FAMILIES[name]
   path = str(tmp_path / name)
   byte_tokenizer(str(tmp_path / "tokenizer.json"), cfg.vocab_size, specials)
-  hf.export_hf(path, nnx.state(hf.build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
                tokenizer_file=str(tmp_path / "tokenizer.json"),
                extra_config={"model_type": model_type})
   config = importlib.import_module(f"configs.{name}").get_config()
@@ -312,7 +313,7 @@ def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_pa
   path = str(tmp_path / "own_ids")
   byte_tokenizer(str(tmp_path / "tokenizer.json"), 300,
                  {295: "<|end|>", 297: "<|eos|>", 298: "<|pad|>", 299: "<|mask|>"})
-  hf.export_hf(path, nnx.state(hf.build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
                tokenizer_file=str(tmp_path / "tokenizer.json"),
                extra_config={"eos_token_id": 295, "pad_token_id": 298})
   with open(os.path.join(path, "generation_config.json"), "w") as f:

@@ -277,12 +277,12 @@ import jax
 jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np
 from orl_jax import sharding
-from orl_jax.models import families, hf
+from orl_jax.models import build, families, hf
 from tests.test_families import LLADA2, write_llada2_dir
 tensors = write_llada2_dir(PATH)
 mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, expert=4)
 assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "expert": 4}
-_, abstract = hf.abstract_params(LLADA2)
+_, abstract = build.abstract_params(LLADA2)
 sh = sharding.tree_shardings(abstract, mesh, families.partition_rules("llada2_moe"))
 _, params = hf.load_model_params(PATH, "llada2_moe", LLADA2, shardings=sh)
 up = hf._flat_params(params)["layers.2.mlp.up_proj"]

@@ -27,6 +27,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from orl_jax.models import config_json, families
+from orl_jax.models.build import abstract_params
 from orl_jax.models.families import base as family_base
 from orl_jax.models.families.base import TensorRule
 from orl_jax.models.moe import RUNTIME_FIELDS
@@ -453,21 +454,6 @@ def _write_weights(directory: str, tensors: dict[str, np.ndarray], max_shard_byt
   total = sum(t.nbytes for t in tensors.values())
   with open(os.path.join(directory, INDEX_FILE), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-
-
-def build_model(cfg, seed: int = 0, mesh=None):
-  """The model of `cfg`: its family's own (DiffusionGemma) or the shared Transformer (`mesh`:
-  the mesh its attention kernels run on, inside `shard_map`)."""
-  from orl_jax.models.transformer import Transformer
-  family = families.FAMILIES.get(getattr(cfg, "hf_family", ""))
-  if family is not None and family.own_model:
-    return family.build_model(cfg, nnx.Rngs(seed), mesh)
-  return Transformer(cfg, rngs=nnx.Rngs(seed), mesh=mesh)
-
-
-def abstract_params(cfg: ModelConfig, seed: int = 0):
-  """(graphdef, params State of ShapeDtypeStructs) without allocating the model."""
-  return nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed)), nnx.Param)
 
 
 def load_model_params(hf_dir: str, family: str, cfg: ModelConfig, *, shardings=None,

@@ -19,7 +19,7 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
-from orl_jax.models import families
+from orl_jax.models import build, families
 from orl_jax.tasks import get_task, prompt_task
 from orl_jax.train.state import (create_train_state, frozen_params, init_model_params,
                                  make_optimizer)
@@ -216,7 +216,7 @@ def initial_params(s: Setup):
   weights = weights_lib.weights_of(s.config)
   if weights is not None and weights.kind == weights_lib.HF:
     from orl_jax.models import hf
-    _, abstract = hf.abstract_params(s.model_cfg, s.config.seed)
+    _, abstract = build.abstract_params(s.model_cfg, s.config.seed)
     shardings = sharding_lib.tree_shardings(abstract, s.mesh,
                                             families.partition_rules(s.model_cfg.hf_family))
     return hf.load_model_params(weights.path, s.model_cfg.hf_family, s.model_cfg,
