@@ -24,6 +24,7 @@ cache on and off, per_row without and with refill).
       --peer_modes=dual    # one cache mode a side (the first mode run is the "exact" reference)
 """
 import argparse
+import copy
 import dataclasses
 import os
 import tempfile
@@ -34,12 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import tiny
-from orl_jax import config as config_lib
 from orl_jax import decoding, params_io, residual as residual_lib
 from orl_jax.data.pipeline import encode_prompts
-from orl_jax.decoding import make_decoder
-from orl_jax.engine import make_engine
-from orl_jax.models import hf
+from orl_jax import decoders
+from orl_jax.models import build, hf
 from orl_jax.models.transformer import init_cache
 from orl_jax.train import loop
 from orl_jax.unmasking import UnmaskRule, select_commits
@@ -127,9 +126,10 @@ def run_tiny(args):
   tok = s.tokenizer
   problems = s.task.eval_problems()[:args.batch]
   prompts, valid = encode_prompts(problems, tok, config.task.prompt_len)
-  dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id,
-                                  rule=UnmaskRule.parse(args.rule), temperature=0.0)
-  jitted = make_decoder(graphdef, dcfg)
+  setting = dict(mask_id=tok.mask_id, eos_id=tok.eos_id, rule=UnmaskRule.parse(args.rule),
+                 temperature=0.0)
+  dcfg = decoders.block_decode_config(config, s.model_cfg, "evaluate", **setting)
+  jitted = decoders.make_decoder(config, s.model_cfg, graphdef, "evaluate", **setting)
   key = jax.random.key(0)
 
   def run_jitted():
@@ -249,14 +249,16 @@ def supported_modes(modes) -> tuple[list, list]:
   return [m for m, _ in ok], [dict(mode=m, missing=f) for m, f in skipped]
 
 
-def prepare_ours(graphdef, params, dcfg, ids, valid, schedule: str = "lockstep",
-                 n_rows: int = 0):
-  """(run, DecodeOutput or EngineOutput): our decoder compiled ahead of time (so compile is
-  excluded) and run once. schedule "per_row": the engine (orl_jax.engine) decoding the prompts
-  as one queue on `n_rows` rows (0: one row per prompt)."""
+def prepare_ours(graphdef, params, config, ids, valid, n_rows: int = 0):
+  """(run, DecodeOutput or EngineOutput): our decoder of `config` (greedy, threshold 0.9;
+  `decoders.make_decoder`) compiled ahead of time (so compile is excluded) and run once.
+  decode.schedule "per_row": the engine (orl_jax.engine) decoding the prompts as one queue on
+  `n_rows` rows (0: one row per prompt)."""
+  from benchmarks.peers import llada_dir
   args = (params, jnp.asarray(ids), jnp.asarray(valid), jax.random.key(0))
-  run = (make_engine(graphdef, dcfg, n_rows or len(ids)) if schedule == "per_row"
-         else make_decoder(graphdef, dcfg))
+  run = decoders.make_decoder(config, None, graphdef, "evaluate", mask_id=llada_dir.MASK_ID,
+                              eos_id=llada_dir.EOS_ID, rule=UnmaskRule("threshold", THRESHOLD),
+                              temperature=0.0, n_rows=n_rows or len(ids))
   compiled = run.lower(*args).compile()
   go = lambda: jax.block_until_ready(compiled(*args))
   return go, go()
@@ -284,13 +286,13 @@ def interleaved_times(runs: dict, repeats: int) -> dict:
   return {name: (float(np.median(t)), t) for name, t in times.items()}
 
 
-def decode_cfg_for(s, mode: dict):
-  """The DecodeConfig of the benchmark (greedy, threshold 0.9) in one of OUR_MODES."""
-  from benchmarks.peers import llada_dir
-  dcfg = config_lib.decode_config(s.config, mask_id=llada_dir.MASK_ID, eos_id=llada_dir.EOS_ID,
-                                  rule=UnmaskRule("threshold", THRESHOLD), temperature=0.0)
-  have = {f.name for f in dataclasses.fields(dcfg)}
-  return dataclasses.replace(dcfg, **{k: v for k, v in mode.items() if k in have})
+def config_for(s, mode: dict):
+  """The run config of the benchmark in one of OUR_MODES (its decode.cache / decode.schedule)."""
+  config = copy.deepcopy(s.config)
+  with config.unlocked():
+    for k in ("cache", "schedule"):
+      config.decode[k] = mode[k]
+  return config
 
 
 def _figure(seconds, runs, tokens: int, nfe_row: float, bound: dict, agree=None) -> dict:
@@ -321,7 +323,7 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
   ids, valid = llada_dir.random_prompts(batch, PROMPT_LEN, MIN_PROMPT, m.vocab_size, seed=1)
   runs, results, meta = {}, {}, {}
   for mode in ctx["modes"]:
-    dcfg = decode_cfg_for(ctx["setup"], mode)
+    config = config_for(ctx["setup"], mode)
     n_queue = batch * mode.get("refill", 1)         # refill: a longer queue on `batch` rows
     q_ids, q_valid = llada_dir.random_prompts(n_queue, PROMPT_LEN, MIN_PROMPT, m.vocab_size,
                                               seed=1)   # its first `batch` prompts are `ids`
@@ -330,8 +332,8 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
       kind = "plain"
     name = "ours/" + "/".join(f"{k}{v}" if k == "refill" else ("kv" if v else "recompute")
                               if isinstance(v, bool) else str(v) for k, v in mode.items())
-    runs[name], results[name] = prepare_ours(ctx["graphdef"], ctx["params"], dcfg, q_ids,
-                                             q_valid, mode.get("schedule", "lockstep"), batch)
+    runs[name], results[name] = prepare_ours(ctx["graphdef"], ctx["params"], config, q_ids,
+                                             q_valid, batch)
     meta[name] = (kind, n_queue)
   for peer_name in (ctx["peer_modes"] if ctx["peer"] is not None else ()):
     runs[f"peer/{peer_name}"], results[f"peer/{peer_name}"] = prepare_peer(
@@ -373,7 +375,7 @@ def setup_60m(args) -> dict:
   m, peer = s.model_cfg, None
   if args.model == "blockcausal60m":
     m = dataclasses.replace(m, family="block_causal")
-    graphdef, _ = hf.abstract_params(m)        # same tensors, block-causal attention
+    graphdef, _ = build.abstract_params(m)        # same tensors, block-causal attention
     modes, skipped = supported_modes(
         [dict(kv_cache=kv, schedule="lockstep") for kv in (True, False)]
         + [dict(kv_cache=True, schedule="per_row"),     # the engine always uses the KV cache

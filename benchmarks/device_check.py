@@ -33,7 +33,7 @@ from configs import tiny
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.tiny_task import tiny_tokenizer
-from orl_jax.decoding import make_decoder
+from orl_jax import decoders
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.train.state import init_model_params, make_optimizer
 from orl_jax.unmasking import UnmaskRule
@@ -126,9 +126,9 @@ def decode(size: str, bandwidth: float | None) -> dict:
   model_cfg = type(model_cfg)(**{**model_cfg.__dict__, **DECODE_MODEL[size]})
   graphdef, params = init_model_params(model_cfg, 0)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-  dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id,
-                                  rule=UnmaskRule.parse("threshold_0.9"), temperature=0.0)
-  run = make_decoder(graphdef, dcfg)
+  run = decoders.make_decoder(config, model_cfg, graphdef, "evaluate", mask_id=tok.mask_id,
+                              eos_id=tok.eos_id, rule=UnmaskRule.parse("threshold_0.9"),
+                              temperature=0.0)
   out = dict(params=sum(x.size for x in jax.tree.leaves(params)), weight_bytes=weight_bytes,
              hbm_bytes_per_s=bandwidth)
   for batch in (1, 64):

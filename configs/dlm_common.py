@@ -21,8 +21,7 @@ decides the family and every architecture field, and the config keeps only the r
   model.moe.*           MoE feed-forward (n_experts = 0: dense): n_experts, top_k, expert_dim,
                         n_group, topk_group, n_shared, routed_scaling_factor (architecture), and
                         impl (ragged: grouped matmul, TPU/GPU | dense: every expert on every
-                        token, tiny CPU models), freeze_router (no router updates),
-                        aux_loss_weight (load-balance loss, 0 = off: the ORL default). Experts
+                        token, tiny CPU models), freeze_router (no router updates). Experts
                         run expert-parallel exactly when mesh.expert > 1, exchanging tokens by
                         exchange (auto: ragged_all_to_all on TPU/GPU, all_to_all elsewhere |
                         all_to_all: padded to the worst case, runs everywhere |
@@ -56,7 +55,7 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   m.norm_head = False
   m.moe = ml_collections.ConfigDict(dict(
       n_experts=0, top_k=0, expert_dim=0, n_group=1, topk_group=1, n_shared=0,
-      routed_scaling_factor=1.0, impl="ragged", freeze_router=False, aux_loss_weight=0.0,
+      routed_scaling_factor=1.0, impl="ragged", freeze_router=False,
       exchange="auto"))   # expert-parallel token exchange (orl_jax.models.moe.EXCHANGES)
   c.task.chat = family.chat
   c.decode.block_size = family.decode["block_size"]

@@ -12,7 +12,9 @@ Prints each response with its forwards counted both ways (DESIGN §2.2): the pap
 (denoising forwards + one commit forward per decoded block; TPF uses it) and the authors' count
 (denoising forwards only, what the model's official `generate` runs); writes an HTML page where
 every token is coloured by the step at which it was committed (Base vs ORL side by side).
-Blocks sit where the model's authors put them (`decode.block_placement`): prompts need no
+A DiffusionGemma directory decodes with its uniform-noise sampler (canvases of
+`decode.block_size`, rule `entropy_budget_<nats>`); a token is coloured by the last step that
+accepted it. Blocks sit where the model's authors put them (`decode.block_placement`): prompts need no
 padding to a block boundary.
 Without --prompt it decodes the first --num evaluation problems of `config.task`. The config
 file gives the run-time choices (decoder rule, block size, lengths, dtypes, chat template).
@@ -30,12 +32,11 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from orl_jax import config as config_lib
+from orl_jax import decoders
 from orl_jax import evaluate as eval_lib
 from orl_jax import trajectory_view
 from orl_jax import weights as weights_lib
 from orl_jax.data.pipeline import encode_prompts
-from orl_jax.decoding import make_decoder, prompt_lead
-from orl_jax.models import families
 from orl_jax.train import loop
 from orl_jax.unmasking import UnmaskRule
 
@@ -95,17 +96,6 @@ def models_to_decode(config, models_flag: str) -> dict[str, str]:
   return models
 
 
-def _check_decodable(config) -> None:
-  """The shared block decoder serves mask-diffusion families; a family with its own sampler
-  (DiffusionGemma) stops, before any weights load, with what to run instead."""
-  name = loop.model_family(config, weights_lib.hf_dir(config))
-  if name and families.get(name).own_model:
-    raise config_lib.ConfigError(
-        f"launch/decode.py decodes mask-diffusion families, not {name!r} (uniform-noise "
-        "canvases): its sampler runs in ORL rollouts (python launch/train.py with this config "
-        "logs rollout TPF) and from Python as orl_jax.diffusion_gemma_sampler.generate")
-
-
 def _encode(problems, tokenizer, prompt_len: int):
   try:
     return encode_prompts(problems, tokenizer, prompt_len)
@@ -120,23 +110,22 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   every shape (its config.json); a params folder is decoded with the residual mode it was
   trained with."""
   cfg = eval_lib.model_config_for(config, path)
-  _check_decodable(cfg)
   s = loop.setup(cfg, prompts=prompts)
   problems = s.task.eval_problems() if prompts else s.task.eval_problems()[:num]
   tok = s.tokenizer
   tokens, valid = _encode(problems, tok, cfg.task.prompt_len)
   rule = UnmaskRule(cfg.decode.rule, cfg.decode.rule_value)
-  dcfg = config_lib.decode_config(cfg, mask_id=tok.mask_id, eos_id=tok.eos_id, rule=rule,
-                                  family=s.model_cfg.hf_family)
-  dcfg = dataclasses.replace(dcfg, capture_states=dcfg.max_blocks * dcfg.steps_bound)
   graphdef, params = loop.initial_params(s)
-  out = jax.device_get(make_decoder(graphdef, dcfg)(params, tokens, valid, jax.random.key(0)))
+  ids = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
+  run = decoders.make_decoder(cfg, s.model_cfg, graphdef, "decode", rule=rule, **ids)
+  out = jax.device_get(run(params, tokens, valid, jax.random.key(0)))
   texts = [tok.decode(t, stop_at_eos=True) for t in out.tokens]
+  lead = decoders.prompt_lead(cfg, s.model_cfg, valid, **ids)
   return Decoded(
       name=name, path=path, rule_label=rule.label, prompts=[p.prompt for p in problems],
       texts=texts, tokens=np.asarray(out.tokens),
-      steps=trajectory_view.commit_steps(out.capture, len(problems), dcfg.block_size,
-                                         dcfg.gen_length, np.asarray(prompt_lead(valid, dcfg.block_size, dcfg.block_placement))),
+      steps=trajectory_view.commit_steps(out.capture, len(problems), cfg.decode.block_size,
+                                         cfg.decode.gen_length, np.asarray(lead)),
       nfe=np.asarray(out.nfe), nfe_denoise=np.asarray(out.nfe_denoise),
       n_generated=np.asarray(out.n_generated),
       scores=list(s.task.verifier.score_batch(problems, texts)), tokenizer=tok)

@@ -9,13 +9,11 @@ import dataclasses
 
 import ml_collections
 
+from orl_jax.choices import KL_REFERENCES, REPLAY_LAYOUTS, SCHEDULES
 from orl_jax.decoding import CACHE_MODES, PLACEMENTS, DecodeConfig
-from orl_jax.engine import SCHEDULES
-from orl_jax.losses import KL_REFERENCES
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
-from orl_jax.replay.plan import LAYOUTS as REPLAY_LAYOUTS
 from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import COMMIT_COMPARES, RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
@@ -63,6 +61,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
   errors += _rules_errors(config)
   errors += _editing_errors(config)
   errors += _cache_errors(config)
+  errors += _run_errors(config)
+  errors += _replay_errors(config)
+  for label in config.eval.settings:
+    try:
+      UnmaskRule.parse(label)
+    except ValueError as e:
+      errors.append(f"eval.settings: {e}")
+  if len(errors) == 1:
+    raise ConfigError(f"invalid config: {errors[0]}")
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The train, eval, checkpoint, ORL, loss-reference and data-mesh settings' problems."""
+  errors = []
+  m, t = config.model, config.train
+  check = lambda cond, msg: None if cond else errors.append(msg)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
   check(t.lr > 0, f"train.lr={t.lr} must be positive")
   check(t.steps >= 0, f"train.steps={t.steps} must be >= 0")
@@ -99,16 +115,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if n_data > 0:
     check(t.batch_size % n_data == 0,
           f"train.batch_size={t.batch_size} must be divisible by mesh.data={n_data}")
-  errors += _replay_errors(config)
-  for label in config.eval.settings:
-    try:
-      UnmaskRule.parse(label)
-    except ValueError as e:
-      errors.append(f"eval.settings: {e}")
-  if len(errors) == 1:
-    raise ConfigError(f"invalid config: {errors[0]}")
-  if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  return errors
 
 
 def _moe_errors(config: ml_collections.ConfigDict) -> list[str]:

@@ -16,7 +16,7 @@ last one included (the paper's count, the headline); `nfe_engine` adds the commi
 sampler really ran (none after the last canvas, none once every row has finished). The tokens
 of TPF are counted as transformers counts them: the response's non-padding tokens
 (`generated_tokens`). Rollouts and evaluation (`make_decoder`) count with the one function
-`forward_counts`.
+`forward_counts`. Which sampler a model runs is chosen in `orl_jax.decoders`.
 
 With `orl.capture_routes` the capture also holds the expert ids of every forward the rollout
 ran (`decoding.RouteCapture`: each step's canvas, the prompt prefill, each commit forward), which
@@ -24,22 +24,13 @@ the replay gather places token by token, as for LLaDA2.
 """
 from __future__ import annotations
 
-import dataclasses
-import os
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax import config as config_lib
 from orl_jax import diffusion_gemma_sampler as sampler
-from orl_jax import weights as weights_lib
-from orl_jax.decoding import Capture, RouteCapture
-from orl_jax.models import config_json
-from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
-from orl_jax.models.families import diffusion_gemma as family
 from orl_jax import rollout as rollout_lib
+from orl_jax.decoding import Capture, DecodeOutput, RouteCapture
 from orl_jax.rollout import Trajectories
 
 
@@ -72,25 +63,21 @@ def generated_tokens(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig) ->
   return jnp.sum(out.tokens != cfg.pad_id, axis=-1, dtype=jnp.int32)
 
 
-class Decoded(NamedTuple):
-  """Per-row output of the sampler with its forwards counted both ways (DESIGN §2.2, §6)."""
-  tokens: jax.Array       # [B, N·C] argmax canvases, padding after EOS
-  nfe: jax.Array          # [B] int32 the paper's count: denoising forwards + 1 commit per
-                          # decoded canvas
-  nfe_engine: jax.Array   # [B] int32 denoising forwards + the commit forwards the sampler ran
-  n_generated: jax.Array  # [B] int32 non-padding response tokens (transformers' count)
-  finished: jax.Array     # [B] bool an EOS was generated
-  nfe_denoise: jax.Array  # [B] int32 denoising forwards only (the authors' / transformers' count)
-
-
-def forward_counts(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig) -> Decoded:
-  """Counts the forwards of `sampler.generate`'s output: a canvas is decoded by a row when
-  any of its steps counted for the row (every canvas up to the one holding its EOS)."""
+def forward_counts(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig,
+                   capture: bool = False) -> DecodeOutput:
+  """The decoders' output (`decoding.DecodeOutput`) of `sampler.generate`'s: tokens [B, N·C]
+  (argmax canvases, padding after EOS) and the forwards counted both ways (DESIGN §2.2, §6) —
+  a canvas is decoded by a row when any of its steps counted for the row (every canvas up to
+  the one holding its EOS); `n_generated` the non-padding tokens (transformers' count). With
+  `capture`, the trace as a `Capture` (the trajectory page's commit steps)."""
   canvases = jnp.sum(jnp.any(out.trace.counted, axis=1), axis=0, dtype=jnp.int32)     # [B]
-  return Decoded(tokens=out.tokens, nfe=out.decoder_forwards + canvases,
-                 nfe_engine=out.decoder_forwards + out.commit_forwards - 1,   # less the prefill
-                 n_generated=generated_tokens(out, cfg), finished=out.finished,
-                 nfe_denoise=out.decoder_forwards)
+  return DecodeOutput(
+      tokens=out.tokens, nfe=out.decoder_forwards + canvases,
+      nfe_engine=out.decoder_forwards + out.commit_forwards - 1,   # less the prefill
+      nfe_denoise=out.decoder_forwards, n_generated=generated_tokens(out, cfg),
+      finished=out.finished,
+      capture=(capture_from_trace(out.trace, out.prompt_routes, out.clean_routes)
+               if capture else None))
 
 
 def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
@@ -108,15 +95,16 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
                       nfe_denoise=counts.nfe_denoise)
 
 
-def make_decoder(graphdef, cfg: sampler.SamplerConfig):
-  """Jitted `(params, prompt_tokens, prompt_valid, key) -> Decoded`: evaluation's decoder
-  (`evaluate.decode_problems`), the rollout's sampler without capture."""
+def make_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):
+  """Jitted `(params, prompt_tokens, prompt_valid, key) -> decoding.DecodeOutput`: the
+  sampler of evaluation and of the decode launcher (`orl_jax.decoders`), with its trace as a
+  `Capture` when `capture`."""
 
   @jax.jit
   def run(params, prompt_tokens, prompt_valid, key):
     model = nnx.merge(graphdef, params)
     out = sampler.generate(model, prompt_tokens, key, cfg, prompt_valid=prompt_valid)
-    return forward_counts(out, cfg)
+    return forward_counts(out, cfg, capture)
 
   return run
 
@@ -127,56 +115,6 @@ def make_rollout(graphdef, cfg: sampler.SamplerConfig, group_size: int, mesh=Non
 
 
 # ----------------------------------------------------------------------------- run config
-
-# decode.* field -> (the generation_config.json key that sets it, transformers' default:
-# DiffusionGemmaGenerationConfig._get_default_generation_params)
-GENERATION_DEFAULTS = {"gen_length": ("max_new_tokens", 256),
-                       "max_steps_per_block": ("max_denoising_steps", 48),
-                       "rule_value": ("sampler_config.entropy_bound", 0.1),
-                       "t_min": ("t_min", 0.4), "t_max": ("t_max", 0.8),
-                       "stability_threshold": ("stability_threshold", 1),
-                       "confidence_threshold": ("confidence_threshold", 0.005)}
-
-
-def generation_config(hf_dir: str) -> dict:
-  """{decode field: value} that `hf_dir`'s generation_config.json sets ({} without one), each
-  typed and range-checked; CheckpointError naming the file and field otherwise."""
-  from orl_jax.models import hf
-  path = os.path.join(hf_dir, hf.GENERATION_CONFIG_FILE) if hf_dir else ""
-  if not path or not os.path.isfile(path):
-    return {}
-  data = hf.read_json_object(path)
-  try:
-    nested = config_json.read_dict(data, "sampler_config")
-    flat = dict(data, **{f"sampler_config.{k}": v for k, v in nested.items()})
-    return {field: _generation_value(flat, key, default)
-            for field, (key, default) in GENERATION_DEFAULTS.items() if key in flat}
-  except ValueError as e:
-    raise hf.CheckpointError(f"{path}: {e}") from None
-
-
-def _generation_value(flat: dict, key: str, default):
-  if isinstance(default, float):
-    return config_json.read_float(flat, key, default, positive=key != "t_min")
-  return config_json.read_int(flat, key, default, minimum=int(key != "stability_threshold"))
-
-
-def fill_decode_defaults(config, hf_dir: str) -> dict:
-  """Sets every `decode.*` field the config leaves unset (None) from `hf_dir`'s
-  generation_config.json, else transformers' default; `decode.gen_length` is rounded up to
-  whole canvases (`decode.block_size`). Returns {field: where its value came from}."""
-  from_file = generation_config(hf_dir)
-  d, origins = config.decode, {}
-  for field, (key, default) in GENERATION_DEFAULTS.items():
-    if d.get(field) is not None:
-      continue
-    value, origins[field] = ((from_file[field], f"generation_config.json {key}")
-                             if field in from_file else (default, "transformers' default"))
-    if field == "gen_length":
-      value = -(-value // d.block_size) * d.block_size
-    d[field] = value
-  return origins
-
 
 def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0, rollout: bool = True,
                    entropy_bound: float | None = None) -> sampler.SamplerConfig:
@@ -192,26 +130,3 @@ def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0, rollout: bool = Tru
       stability_threshold=d.stability_threshold, confidence_threshold=d.confidence_threshold,
       pad_id=pad_id, eos_ids=tuple(eos_ids), top_k=d.top_k,
       capture_routes=rollout and bool(config.orl.get("capture_routes", False)))
-
-
-def model_config(config, vocab_size: int = 0, *, eos_ids=None, pad_id=None, **fields):
-  """The run's `DiffusionGemmaConfig`: from `model.path`'s config.json when it is a Hugging Face
-  directory (run-time fields from the config; `fields` ignored), else from `config.model`. The
-  run's resolved special tokens (`eos_ids`, `pad_id`: model.special_tokens, else
-  generation_config.json, else config.json) replace config.json's when given."""
-  from orl_jax.models import hf
-  m = config.model
-  runtime = dict(dtype=m.dtype, param_dtype=m.param_dtype, moe_impl=m.moe.impl,
-                 attention_impl=m.attention_impl)
-  special = {k: v for k, v in dict(eos_ids=None if eos_ids is None else tuple(eos_ids),
-                                   pad_id=pad_id).items() if v is not None}
-  hf_dir = weights_lib.hf_dir(config)
-  if not hf_dir:
-    return family.config_from_run(m, vocab_size=vocab_size or m.vocab_size,
-                                  canvas_length=config.decode.block_size, **special, **fields)
-  cfg = hf.parse_config_json(hf_dir, lambda j: DiffusionGemmaConfig.from_hf(j, **runtime))
-  if cfg.canvas_length != config.decode.block_size:
-    raise config_lib.ConfigError(
-        f"{hf_dir}/config.json has canvas_length={cfg.canvas_length}; set "
-        f"decode.block_size={cfg.canvas_length} (it is {config.decode.block_size})")
-  return dataclasses.replace(cfg, **special)

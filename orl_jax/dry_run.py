@@ -45,10 +45,6 @@ def mesh_shape(config, n_devices: int | None = None) -> dict[str, int]:
   return dict(zip(sharding_lib.MESH_AXES, sizes + [expert]))
 
 
-def abstract_mesh(shape: dict[str, int]) -> jax.sharding.AbstractMesh:
-  return jax.sharding.AbstractMesh(tuple(shape.values()), tuple(shape.keys()))
-
-
 def _special_id(value, default=0) -> int:
   return int(value) if isinstance(value, str) and value.isdigit() else default
 
@@ -122,7 +118,8 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   if not vocab and not _hf_dir(config):
     raise config_lib.ConfigError("dry run: set model.vocab_size (or model.path) to size a "
                                  f"{family.name} model")
-  cfg = dg_rollout.model_config(config, vocab)
+  from orl_jax.train.run import own_model_config
+  cfg = own_model_config(config, _hf_dir(config), family.name, vocab)
   model = nnx.eval_shape(lambda: family.build_model(cfg, nnx.Rngs(0)))
   graphdef, params = nnx.split(model, nnx.Param)
   rules = family.partition_rules
@@ -174,7 +171,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   if family is not None and family.own_model:
     return own_model_sizing_rows(config, family, n_devices)
   from orl_jax.rollout import rollout
-  from orl_jax.train.orl import rollout_decode_config
+  from orl_jax.decoders import block_decode_config
   from orl_jax.train.state import frozen_params
 
   shape = mesh_shape(config, n_devices)
@@ -193,7 +190,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   o = config.orl
   specials = config.model.get("special_tokens", {})
   tok = types.SimpleNamespace(mask_id=cfg.mask_id, eos_id=_special_id(specials.get("eos", "")))
-  dcfg = rollout_decode_config(config, tok)
+  dcfg = block_decode_config(config, None, "rollout", mask_id=tok.mask_id, eos_id=tok.eos_id)
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
   cap = (capture_bytes(n_rollouts, dcfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)

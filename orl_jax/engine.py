@@ -40,7 +40,6 @@ from orl_jax.unmasking import select_commits, select_edits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 make_meta)
 
-SCHEDULES = ("lockstep", "per_row")
 PREFILL, DENOISE, COMMIT, IDLE = 0, 1, 2, 3   # what a row's next forward does
 
 

@@ -8,11 +8,13 @@ the paper's count (denoising forwards plus one commit forward per decoded block,
 included: the headline), `tpf_*_denoise` / `nfe_mean_denoise` the authors' count (denoising
 forwards only: what LLaDA2's `generate`, Fast-dLLM and transformers' DiffusionGemma count),
 and `tpf_*_engine` / `nfe_mean_engine` the forwards the engine ran (commit forwards no later
-block needs skipped). A family with its own decoder (`Family.make_decoder`: DiffusionGemma's
-uniform-noise sampler) is evaluated through it.
+block needs skipped). Every model is decoded by the decoder of its kind
+(`decoders.make_decoder`: the lock-step decoder, the per-row engine or DiffusionGemma's
+uniform-noise sampler).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -23,13 +25,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from orl_jax import config as config_lib
 from orl_jax import distributed
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
-from orl_jax.decoding import make_decoder
-from orl_jax.models import families
-from orl_jax.engine import make_engine
+from orl_jax import decoders
 from orl_jax.unmasking import UnmaskRule
 
 
@@ -64,24 +63,6 @@ class Decoded(NamedTuple):
   seconds: float
 
 
-def _decoder(graphdef, task, config, rule: UnmaskRule, temperature: float, model_cfg=None):
-  """The jitted decoder of the model's family (`Family.make_decoder`) or the shared block
-  decoder: `(params, prompt_tokens, prompt_valid, key) -> rows with tokens, nfe, ...`."""
-  family = families.of_model(model_cfg)
-  if family is not None and family.make_decoder is not None:
-    return family.make_decoder(config, model_cfg, graphdef, rule, temperature)
-  dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
-                                  eos_id=task.tokenizer.eos_id, rule=rule,
-                                  temperature=temperature, family=_family_name(model_cfg))
-  return make_decoder(graphdef, dcfg)
-
-
-def _family_name(model_cfg) -> str | None:
-  """The weights' registry family (decides the block decoder's rules); None without a model
-  config (then `model.hf_family`)."""
-  return None if model_cfg is None else getattr(model_cfg, "hf_family", "")
-
-
 def _bar(total: int, desc: str, progress: bool, *, unit: str, leave: bool):
   """A progress bar (rate and time left) shown by process 0 when `progress`."""
   return tqdm(total=total, desc=desc, unit=unit, leave=leave, dynamic_ncols=True,
@@ -99,16 +80,12 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
   shows a bar over the problems (`desc` names it)."""
   prompts, valid = encode_prompts(problems, task.tokenizer, config.task.prompt_len)
   bar = _bar(len(problems), desc or f"decode {rule.label}", progress, unit="problem", leave=False)
-  if config.decode.schedule == "per_row":
-    family = families.of_model(model_cfg)
-    if family is not None and family.make_decoder is not None:
-      raise ValueError(f"decode.schedule='per_row' runs the block decoder; {family.name} models "
-                       "decode with their family's own sampler: set decode.schedule='lockstep'")
-    dcfg = config_lib.decode_config(config, mask_id=task.tokenizer.mask_id,
-                                    eos_id=task.tokenizer.eos_id, rule=rule,
-                                    temperature=temperature, family=_family_name(model_cfg))
+  make = functools.partial(decoders.make_decoder, config, model_cfg, graphdef, "evaluate",
+                           mask_id=task.tokenizer.mask_id, eos_id=task.tokenizer.eos_id,
+                           rule=rule, temperature=temperature)
+  if decoders.sampler_kind(config, model_cfg) == decoders.PER_ROW:
     with bar:
-      return _decode_queue(graphdef, params, prompts, valid, dcfg, batch_size=batch_size,
+      return _decode_queue(make(n_rows=min(batch_size, len(prompts))), params, prompts, valid,
                            seed=seed, mesh=mesh, bar=bar)
   prompts, valid = _pad_rows(prompts, batch_size), _pad_rows(valid, batch_size)
   if mesh is not None:
@@ -117,7 +94,7 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     feed = lambda p, v: sharding_lib.shard_batch((p[rows], v[rows]), mesh, batch_size)
   else:
     feed = lambda p, v: (p, v)
-  run = _decoder(graphdef, task, config, rule, temperature, model_cfg)
+  run = make()
   key = jax.random.key(seed)
   compiled = run.lower(params, *feed(prompts[:batch_size], valid[:batch_size]), key).compile()
   outs, seconds = [], 0.0
@@ -135,16 +112,14 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
   return Decoded(*arrays, seconds)
 
 
-def _decode_queue(graphdef, params, prompts, valid, dcfg, *, batch_size: int, seed: int, mesh,
-                  bar):
+def _decode_queue(run, params, prompts, valid, *, seed: int, mesh, bar):
   """`decode.schedule = "per_row"`: every problem is one queue that `batch_size` rows decode,
   each row taking the next problem as soon as its response ends (`orl_jax.engine`); one jitted
-  call, timed after an ahead-of-time compile (so `bar` moves once, when it returns). Problem i
-  samples with fold_in(key, i)."""
+  call of the engine `run`, timed after an ahead-of-time compile (so `bar` moves once, when it
+  returns). Problem i samples with fold_in(key, i)."""
   if mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
     raise ValueError("decode.schedule='per_row' decodes its queue on one batch shard: set "
                      "mesh.data = mesh.fsdp = mesh.expert = 1, or decode.schedule='lockstep'")
-  run = make_engine(graphdef, dcfg, min(batch_size, len(prompts)))
   key = jax.random.key(seed)
   compiled = run.lower(params, prompts, valid, key).compile()
   t0 = time.perf_counter()

@@ -23,10 +23,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from orl_jax.batch import PackedBatch, layer_routes, sft_batch, split_rows
+from orl_jax.choices import KL_REFERENCES
 from orl_jax.vocab_chunks import token_stats
 
 _EPS = 1e-6
-KL_REFERENCES = ("initial", "rollout")
 
 
 @dataclasses.dataclass(frozen=True)

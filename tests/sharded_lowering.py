@@ -29,7 +29,7 @@ from orl_jax.losses import OrlObjective  # noqa: E402
 from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.rollout import make_rollout  # noqa: E402
 from orl_jax.train import loop  # noqa: E402
-from orl_jax.train.orl import rollout_decode_config  # noqa: E402
+from orl_jax.decoders import block_decode_config  # noqa: E402
 from orl_jax.train.state import create_train_state, make_optimizer, make_train_step  # noqa: E402
 from pallas_kernels.staircase_attention import target_platform  # noqa: E402
 from pallas_kernels.staircase_attention.lowering import (KERNEL_CALLS, custom_calls,  # noqa: E402
@@ -84,7 +84,8 @@ def lowered_steps(name: str, platform: str) -> dict:
   graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, c.seed,
                                                  with_reference=loop.needs_reference(c))
   rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
-  dcfg = rollout_decode_config(c, s.tokenizer)
+  dcfg = block_decode_config(c, None, "rollout", mask_id=s.tokenizer.mask_id,
+                             eos_id=s.tokenizer.eos_id)
   n_prompts, group = c.orl.prompts_per_step, c.orl.group_size
   prompts = jax.ShapeDtypeStruct((n_prompts, c.task.prompt_len), jnp.int32, sharding=rows)
   valid = jax.ShapeDtypeStruct((n_prompts, c.task.prompt_len), jnp.bool_, sharding=rows)

@@ -26,6 +26,7 @@ from orl_jax.data.pipeline import encode_prompts
 from orl_jax.data.prompts import apply_chat
 from orl_jax.decoding import DecodeConfig, make_decoder
 from orl_jax.models import families, hf
+from orl_jax.models.build import build_model
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.problem import Problem
@@ -201,12 +202,48 @@ def test_rejected_options_say_what_to_set(llada_dirs, tmp_path):
   assert "does not exist" in lines[0] and "Hugging Face model directory" in lines[0]
 
 
-def test_diffusion_gemma_stops_with_the_command_that_decodes_it():
-  from configs import diffusion_gemma
-  from orl_jax.config import ConfigError
-  with pytest.raises(ConfigError, match="launch/train.py") as e:
-    _decode_launcher()._check_decodable(diffusion_gemma.get_config("debug"))
-  assert "diffusion_gemma_sampler.generate" in str(e.value) and "\n" not in str(e.value)
+def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_path):
+  """launch/decode.py decodes a tiny random DiffusionGemma directory with the family's sampler:
+  its tokens are `diffusion_gemma_sampler.generate`'s for the same prompt and key, its forwards
+  the sampler's denoising steps (+ one commit per decoded canvas: the paper's count), and the
+  page colours a token by the last step of its canvas that accepted it (-1: none did; the
+  canvas's output is its argmax)."""
+  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  from orl_jax import diffusion_gemma_sampler as sampler
+  from orl_jax.train import loop
+  from tests.test_config_json import BOS, EOS, PAD, SPECIALS, VOCAB, _config_of
+  from orl_jax.models.diffusion_gemma_config import (FULL, SLIDING, AttentionSpec,
+                                                     release_26b_a4b)
+  layers = (AttentionSpec(SLIDING, 8, 1), AttentionSpec(FULL, 16, 1, "proportional", 1e6, 0.25))
+  cfg = release_26b_a4b(vocab_size=VOCAB, d_model=16, n_heads=2, mlp_dim=24, n_experts=4,
+                        top_k=2, expert_dim=8, layers=layers, sliding_window=8,
+                        canvas_length=16, eos_ids=(EOS,), pad_id=PAD, bos_id=BOS)
+  path = str(tmp_path / "diffusion_gemma")
+  byte_tokenizer(str(tmp_path / "tokenizer.json"), VOCAB, SPECIALS)
+  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, "diffusion_gemma",
+               tokenizer_file=str(tmp_path / "tokenizer.json"))
+  config = _config_of("diffusion_gemma", path)
+  decoded = _decode_launcher().decode_model(config, "dg", path, [PROMPT])
+  assert decoded.tokens.shape == (1, 32) and "NFE paper" in decoded.lines()[-1]
+  s = loop.setup(_config_of("diffusion_gemma", path), prompts=[PROMPT])
+  graphdef, params = loop.initial_params(s)
+  tokens, valid = encode_prompts(s.task.eval_problems(), s.tokenizer, s.config.task.prompt_len)
+  scfg = dg_rollout.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids,
+                                   pad_id=s.model_cfg.pad_id, rollout=False)
+  out = sampler.make_generator(graphdef, scfg)(params, tokens, jax.random.key(0), valid)
+  np.testing.assert_array_equal(decoded.tokens, np.asarray(out.tokens))
+  counted = np.asarray(out.trace.counted)                       # [N canvases, S steps, B]
+  np.testing.assert_array_equal(decoded.nfe_denoise, counted.sum(axis=(0, 1)))
+  np.testing.assert_array_equal(decoded.nfe, counted.sum(axis=(0, 1))
+                                + counted.any(axis=1).sum(axis=0))
+  accepted = np.asarray(out.trace.accepted)[:, :, 0] & counted[:, :, :1]   # [N, S, C]
+  n_steps = counted.shape[1]
+  want = np.full(decoded.tokens.shape[1], -1)
+  for canvas, step in zip(*np.nonzero(accepted.any(axis=2))):
+    c = cfg.canvas_length
+    want[canvas * c:(canvas + 1) * c][accepted[canvas, step]] = canvas * n_steps + step
+  np.testing.assert_array_equal(decoded.steps[0], want)
+  assert (want >= 0).any()
 
 
 def test_default_llada_config_reads_a_llada_8b_directory_with_its_special_tokens(llada_dirs):
@@ -247,7 +284,7 @@ def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
   model_type, cfg, specials = OTHER_FAMILIES[name]
   path = str(tmp_path / name)
   byte_tokenizer(str(tmp_path / "tokenizer.json"), cfg.vocab_size, specials)
-  hf.export_hf(path, nnx.state(hf.build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
                tokenizer_file=str(tmp_path / "tokenizer.json"),
                extra_config={"model_type": model_type})
   config = importlib.import_module(f"configs.{name}").get_config()
@@ -276,7 +313,7 @@ def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_pa
   path = str(tmp_path / "own_ids")
   byte_tokenizer(str(tmp_path / "tokenizer.json"), 300,
                  {295: "<|end|>", 297: "<|eos|>", 298: "<|pad|>", 299: "<|mask|>"})
-  hf.export_hf(path, nnx.state(hf.build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
                tokenizer_file=str(tmp_path / "tokenizer.json"),
                extra_config={"eos_token_id": 295, "pad_token_id": 298})
   with open(os.path.join(path, "generation_config.json"), "w") as f:

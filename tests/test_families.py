@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import types
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +30,7 @@ from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
 from orl_jax.train import loop
-from orl_jax.train.orl import rollout_decode_config
+from orl_jax.decoders import block_decode_config
 from orl_jax.train.state import frozen_params, make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -278,12 +277,12 @@ import jax
 jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np
 from orl_jax import sharding
-from orl_jax.models import families, hf
+from orl_jax.models import build, families, hf
 from tests.test_families import LLADA2, write_llada2_dir
 tensors = write_llada2_dir(PATH)
 mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, expert=4)
 assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "expert": 4}
-_, abstract = hf.abstract_params(LLADA2)
+_, abstract = build.abstract_params(LLADA2)
 sh = sharding.tree_shardings(abstract, mesh, families.partition_rules("llada2_moe"))
 _, params = hf.load_model_params(PATH, "llada2_moe", LLADA2, shardings=sh)
 up = hf._flat_params(params)["layers.2.mlp.up_proj"]
@@ -401,7 +400,7 @@ def test_llada2_mini_dry_run_matches_hand_calculation(expert_ways):
   # commit forwards over 288 tokens: 256 and the block the prompt's last tokens share, at
   # absolute placement) x 19 MoE layers x top-8 expert ids
   assert c.orl.capture_routes
-  dcfg = rollout_decode_config(c, types.SimpleNamespace(mask_id=0, eos_id=0))
+  dcfg = block_decode_config(c, None, "rollout", mask_id=0, eos_id=0)
   assert dcfg.block_placement == "absolute" and dcfg.max_blocks == 9
   routes = 64 * (dcfg.capture_states * 32 + 512 + 288) * 19 * 8 * np.dtype(ROUTE_DTYPE).itemsize
   without = capture_bytes(64, dcfg, 2048, bf16) + 64 * 288 * 4     # + int32 block_final

@@ -260,12 +260,12 @@ import jax
 jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np
 from orl_jax import sharding
-from orl_jax.models import hf
+from orl_jax.models import build, hf
 from tests.test_hf_models import _llada_cfg, _write_llada_dir
 cfg = _llada_cfg()
 tensors = _write_llada_dir(PATH, cfg)
 mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2)
-_, abstract = hf.abstract_params(cfg)
+_, abstract = build.abstract_params(cfg)
 sh = sharding.tree_shardings(abstract, mesh)
 _, params = hf.load_model_params(PATH, "llada", cfg, shardings=sh)
 flat = hf._flat_params(params)

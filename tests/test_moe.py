@@ -120,24 +120,6 @@ def test_route_capture_and_frozen_router():
   assert not moe_lib.frozen_param("layers.3.mlp.gate_proj", cfg)
 
 
-def test_load_balance_loss():
-  ids = jnp.asarray([[0, 1], [0, 2], [0, 1]])
-  scores = jnp.asarray([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.2, 0.2, 0.2, 0.4]])
-  routed = moe_lib.RoutedTokens(ids, jnp.ones((3, 2)), scores)
-  share = np.array([3, 2, 1, 0]) / 6
-  probs = np.asarray(scores) / np.asarray(scores).sum(-1, keepdims=True)
-  want = 4 * np.sum(share * probs.mean(0))
-  np.testing.assert_allclose(float(moe_lib.load_balance_loss(routed, 4)), want, rtol=1e-6)
-  masked = moe_lib.load_balance_loss(routed, 4, jnp.asarray([True, True, False]))
-  share2 = np.array([2, 1, 1, 0]) / 4
-  np.testing.assert_allclose(float(masked), 4 * np.sum(share2 * probs[:2].mean(0)), rtol=1e-6)
-  # Off by default: the module reports 0 without computing it.
-  graphdef, params = _moe(CFG)
-  assert float(_apply(graphdef, params, _x(3)).aux_loss) == 0.0
-  on_def, _ = _moe(dataclasses.replace(CFG, aux_loss_weight=0.01))
-  assert float(_apply(on_def, params, _x(3)).aux_loss) > 0.5   # ~1 when balanced
-
-
 @pytest.mark.parametrize("field,value,match", [
     ("impl", "megablox", "model.moe.impl"),
     ("n_group", 3, "model.moe.n_group"),

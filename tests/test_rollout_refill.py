@@ -159,7 +159,7 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
   """Lock-step: the default rollout; per_row: the engine on orl.rollout_rows rows, refused on
   more than one batch shard (the queue is one device-side array)."""
   import types
-  from orl_jax.train.orl import _per_row_rollout_fn
+  from orl_jax.decoders import _per_row_rollout_fn
   c = orl_smoke_config("unused")
   one, two = types.SimpleNamespace(shape={"data": 1}), types.SimpleNamespace(shape={"data": 2})
   assert _per_row_rollout_fn(c, one) is None

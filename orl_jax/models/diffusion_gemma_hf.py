@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 
 from orl_jax.models.diffusion_gemma import DiffusionGemma
 from orl_jax.models.families import base as family_base
+from orl_jax.models.hf import CheckpointError
 from orl_jax.models.families import diffusion_gemma as family
 from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
 from orl_jax.params_io import open_safetensors, read_json
@@ -30,15 +31,6 @@ from orl_jax.sharding import path_name
 
 CONFIG_FILE, SINGLE_FILE, INDEX_FILE = ("config.json", "model.safetensors",
                                         "model.safetensors.index.json")
-
-
-class CheckpointError(ValueError):
-  """A model directory that does not match the configured model; the message names the file."""
-
-
-def hf_names(cfg: DiffusionGemmaConfig) -> list[str]:
-  """Every text tensor name of a DiffusionGemma checkpoint of `cfg`."""
-  return sorted({r.hf for r in family.tensor_rules(cfg)})
 
 
 def params_to_hf(flat: dict[str, np.ndarray], cfg: DiffusionGemmaConfig,

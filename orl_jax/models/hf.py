@@ -27,6 +27,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from orl_jax.models import config_json, families
+from orl_jax.models.build import abstract_params
 from orl_jax.models.families import base as family_base
 from orl_jax.models.families.base import TensorRule
 from orl_jax.models.moe import RUNTIME_FIELDS
@@ -101,6 +102,47 @@ def parse_config_json(hf_dir: str, parse: Callable[[dict], object]):
     return parse(hf)
   except ValueError as e:
     raise CheckpointError(f"{path}: {e}") from None
+
+
+def generation_config(hf_dir: str, defaults: dict) -> dict:
+  """{decode field: value} that `hf_dir`'s generation_config.json sets ({} without one) for
+  the fields of `defaults` (a family's `generation_defaults`), each typed and range-checked;
+  CheckpointError naming the file and field otherwise."""
+  path = os.path.join(hf_dir, GENERATION_CONFIG_FILE) if hf_dir else ""
+  if not path or not os.path.isfile(path):
+    return {}
+  data = read_json_object(path)
+  try:
+    nested = config_json.read_dict(data, "sampler_config")
+    flat = dict(data, **{f"sampler_config.{k}": v for k, v in nested.items()})
+    return {field: _generation_value(flat, key, default, strict)
+            for field, (key, default, strict) in defaults.items() if key in flat}
+  except ValueError as e:
+    raise CheckpointError(f"{path}: {e}") from None
+
+
+def _generation_value(flat: dict, key: str, default, strict: bool):
+  if isinstance(default, float):
+    return config_json.read_float(flat, key, default, positive=strict)
+  return config_json.read_int(flat, key, default, minimum=int(strict))
+
+
+def fill_decode_defaults(decode, hf_dir: str, defaults: dict) -> dict:
+  """Sets every field of `decode` (the run's `config.decode`) that `defaults` names and the
+  config leaves unset (None) from `hf_dir`'s generation_config.json, else the official default;
+  `gen_length` is rounded up to whole blocks (`decode.block_size`). Returns {field: where its
+  value came from}."""
+  from_file = generation_config(hf_dir, defaults)
+  origins = {}
+  for field, (key, default, _) in defaults.items():
+    if decode.get(field) is not None:
+      continue
+    value, origins[field] = ((from_file[field], f"generation_config.json {key}")
+                             if field in from_file else (default, "transformers' default"))
+    if field == "gen_length":
+      value = -(-value // decode.block_size) * decode.block_size
+    decode[field] = value
+  return origins
 
 
 def read_architecture(hf_dir: str, family: str) -> dict:
@@ -412,21 +454,6 @@ def _write_weights(directory: str, tensors: dict[str, np.ndarray], max_shard_byt
   total = sum(t.nbytes for t in tensors.values())
   with open(os.path.join(directory, INDEX_FILE), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-
-
-def build_model(cfg, seed: int = 0, mesh=None):
-  """The model of `cfg`: its family's own (DiffusionGemma) or the shared Transformer (`mesh`:
-  the mesh its attention kernels run on, inside `shard_map`)."""
-  from orl_jax.models.transformer import Transformer
-  family = families.FAMILIES.get(getattr(cfg, "hf_family", ""))
-  if family is not None and family.own_model:
-    return family.build_model(cfg, nnx.Rngs(seed), mesh)
-  return Transformer(cfg, rngs=nnx.Rngs(seed), mesh=mesh)
-
-
-def abstract_params(cfg: ModelConfig, seed: int = 0):
-  """(graphdef, params State of ShapeDtypeStructs) without allocating the model."""
-  return nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed)), nnx.Param)
 
 
 def load_model_params(hf_dir: str, family: str, cfg: ModelConfig, *, shardings=None,

@@ -50,7 +50,7 @@ from pallas_kernels.staircase_attention import current_platform
 IMPLS = ("ragged", "dense")
 EXCHANGES = ("auto", "all_to_all", "ragged_all_to_all")
 # MoEConfig fields that are run-time choices (model.moe.*), not architecture (config.json)
-RUNTIME_FIELDS = ("impl", "exchange", "expert_parallel", "freeze_router", "aux_loss_weight")
+RUNTIME_FIELDS = ("impl", "exchange", "expert_parallel", "freeze_router")
 EXPERT_AXIS = "expert"
 _TOKEN_AXES = ("data", "fsdp")   # with "expert", the batch axes (orl_jax.sharding.BATCH_AXES)
 _warned: set[str] = set()
@@ -75,7 +75,6 @@ class MoEConfig:
   expert_parallel: bool = False       # split experts over the mesh axis "expert" (shard_map)
   exchange: str = "auto"              # expert-parallel token exchange, one of EXCHANGES
   freeze_router: bool = False         # router kernel gets no gradient (stop_gradient)
-  aux_loss_weight: float = 0.0        # load-balance loss weight (0: off, the ORL default)
 
   def validate(self) -> None:
     """Raises ValueError naming the model.moe.* field that is inconsistent."""
@@ -126,20 +125,6 @@ def route(logits: jax.Array, expert_bias: jax.Array, cfg: MoEConfig,
   chosen = jnp.take_along_axis(scores, ids, axis=-1)
   weights = chosen / (jnp.sum(chosen, axis=-1, keepdims=True) + 1e-20)
   return RoutedTokens(ids, weights * cfg.routed_scaling_factor, scores)
-
-
-def load_balance_loss(routed: RoutedTokens, n_experts: int, token_mask=None) -> jax.Array:
-  """Switch-style balance loss `E · Σ_e f_e · P_e` over real tokens: `f_e` the share of
-  assignments that went to expert e (no gradient), `P_e` the mean sum-normalised score."""
-  n, k = routed.expert_ids.shape
-  valid = jnp.ones((n,), jnp.float32) if token_mask is None else token_mask.astype(jnp.float32)
-  n_valid = jnp.maximum(jnp.sum(valid), 1.0)
-  counts = jnp.sum(jax.nn.one_hot(routed.expert_ids, n_experts) * valid[:, None, None],
-                   axis=(0, 1))
-  share = jax.lax.stop_gradient(counts / (n_valid * k))
-  probs = routed.scores / (jnp.sum(routed.scores, axis=-1, keepdims=True) + 1e-20)
-  mean_prob = jnp.sum(probs * valid[:, None], axis=0) / n_valid
-  return n_experts * jnp.sum(share * mean_prob)
 
 
 # ----------------------------------------------------------------------------- expert compute
@@ -318,7 +303,6 @@ class Router(nnx.Module):
 class MoEOutput(NamedTuple):
   y: jax.Array            # [B, T, D]
   expert_ids: jax.Array   # [B, T, K] int32 routes taken (captured for replay)
-  aux_loss: jax.Array     # scalar f32 load-balance loss (unweighted)
 
 
 class MoE(nnx.Module):
@@ -338,9 +322,8 @@ class MoE(nnx.Module):
     self.down_proj = nnx.Param(init(rngs.params(), (e, f, d), param_dtype))
     self.shared_experts = shared_experts
 
-  def __call__(self, x, routes=None, token_mask=None) -> MoEOutput:
-    """x: [B, T, D]; routes: [B, T, K] int32 captured expert ids (-1: re-route) or None;
-    token_mask: [B, T] real tokens for the load-balance loss (None: all)."""
+  def __call__(self, x, routes=None) -> MoEOutput:
+    """x: [B, T, D]; routes: [B, T, K] int32 captured expert ids (-1: re-route) or None."""
     cfg = self.cfg
     b, t, d = x.shape
     flat = x.reshape(b * t, d)
@@ -358,10 +341,7 @@ class MoE(nnx.Module):
     y = y.reshape(b, t, d)
     if self.shared_experts is not None:
       y = y + self.shared_experts(x)
-    mask = None if token_mask is None else token_mask.reshape(b * t)
-    aux = (load_balance_loss(routed, cfg.n_experts, mask) if cfg.aux_loss_weight
-           else jnp.zeros((), jnp.float32))
-    return MoEOutput(y, routed.expert_ids.reshape(b, t, cfg.top_k).astype(jnp.int32), aux)
+    return MoEOutput(y, routed.expert_ids.reshape(b, t, cfg.top_k).astype(jnp.int32))
 
 
 # Partition rules of the MoE parameters, in the (regex, PartitionSpec) form of

@@ -215,14 +215,13 @@ class Block(nnx.Module):
     x = x + h
     if not self.is_moe:
       return x + self.mlp(self.post_attn_norm(x)), new_cache, None
-    moe_out = self.mlp(self.post_attn_norm(x), routes, token_mask=meta.kind != KIND_PAD)
+    moe_out = self.mlp(self.post_attn_norm(x), routes)
     return x + moe_out.y, new_cache, moe_out
 
 
 class Routing(NamedTuple):
   """What the MoE layers did in one forward (None for dense models)."""
   expert_ids: jax.Array   # [L_moe, B, T, K] int32 routes taken; give back as `routes` to replay
-  aux_loss: jax.Array     # scalar f32 load-balance loss summed over MoE layers (unweighted)
 
 
 class ForwardOutput(NamedTuple):
@@ -307,7 +306,7 @@ class Transformer(nnx.Module):
       if cache_mode == "write":
         cache_meta = TokenMeta(*(write_at(c, m, cache_offset) for c, m in zip(cache.meta, meta)))
     new_k, new_v = [], []
-    taken, aux = [], []
+    taken = []
     last = len(self.layers) - 1
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
@@ -317,14 +316,13 @@ class Transformer(nnx.Module):
                                       keep if i == last and not layer.is_moe else None)
       if moe_out is not None:
         taken.append(moe_out.expert_ids)
-        aux.append(moe_out.aux_loss)
       if cache_mode == "write":
         new_k.append(layer_cache[0])
         new_v.append(layer_cache[1])
     new_cache = cache
     if cache_mode == "write":
       new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), cache_meta)
-    routing = Routing(jnp.stack(taken), sum(aux)) if taken else None
+    routing = Routing(jnp.stack(taken)) if taken else None
     if keep is not None and self.layers[last].is_moe:
       x = take_span(x, *keep)
     return self.final_norm(x), new_cache, norm_ratio, routing

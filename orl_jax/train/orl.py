@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import os
 import time
 from typing import Any, Callable
@@ -40,17 +39,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from orl_jax import config as config_lib
+from orl_jax import decoders
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, ReplayPlan, build_plan, gather_batch
-from orl_jax.rollout import Trajectories, make_rollout, per_row_rollout
+from orl_jax.rollout import Trajectories
 from orl_jax.train.run import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
-from orl_jax.unmasking import UnmaskRule
 
 ENTROPY_STEPS = 8   # rollout_entropy_step{k} is logged for the first steps of every block
 
@@ -77,22 +75,6 @@ def replay_config(config, n_shards: int, context: str = "block") -> ReplayConfig
                       layout="canvas" if bidirectional else r.layout, n_shards=n_shards,
                       response_blocks=config.decode.gen_length // config.decode.block_size,
                       micro_batches=r.micro_batches, context=context)
-
-
-def rollout_decode_config(config, tok, family: str | None = None):
-  """The rollout's decoder: the run's rules (`family`: the weights' registry family, which
-  decides block placement and the threshold comparison; None: `model.hf_family`), the rollout
-  rule and temperature, capture on. A rollout always stops a row after the block in which it
-  committed EOS: the blocks after it change no token of the response (it is cut at its first
-  EOS), and their states would train on tokens the response does not hold."""
-  o = config.orl
-  dcfg = config_lib.decode_config(config, mask_id=tok.mask_id, eos_id=tok.eos_id,
-                                  rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
-                                  temperature=o.rollout_temperature, capture_states=1,
-                                  family=family)
-  steps = dcfg.max_blocks * dcfg.steps_bound
-  return dataclasses.replace(dcfg, capture_states=o.capture_states or steps,
-                             capture_routes=o.capture_routes, eos_early_stop=True)
 
 
 class SimulatedCrash(RuntimeError):
@@ -212,33 +194,14 @@ def _abstract_batch(s: Setup, run: Run, rollout_fn, rcfg: ReplayConfig, gather_f
   return jax.eval_shape(gather_fn, traj, ReplayPlan.abstract(rcfg))
 
 
-def _per_row_rollout_fn(config, mesh):
-  """`decode.schedule = "per_row"`: the per-row rollout on `orl.rollout_rows` rows (0: one
-  per response); None: the lock-step rollout."""
-  if config.decode.schedule != "per_row":
-    return None
-  rows = config.orl.rollout_rows
-  if rows and sharding_lib.n_batch_shards(mesh.shape) > 1:
-    raise ValueError(f"orl.rollout_rows={rows} decodes the rollout queue on one batch shard: "
-                     "set mesh.data = mesh.fsdp = mesh.expert = 1, or orl.rollout_rows=0")
-  return functools.partial(per_row_rollout, n_rows=rows)
-
-
 def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
   """Jits rollout, gather and the train step once, before the first iteration."""
   config, tok = s.config, s.tokenizer
   o = config.orl
   family = families.FAMILIES.get(getattr(s.model_cfg, "hf_family", ""))
-  if family is not None and family.make_rollout is not None:   # a family's own sampler
-    if o.rollout_rows:
-      raise ValueError(f"orl.rollout_rows={o.rollout_rows} sets the per-row engine's rows, but "
-                       f"{family.name} models roll out with their family's own sampler: set "
-                       "orl.rollout_rows=0")
-    rollout_fn = family.make_rollout(config, s.model_cfg, run.graphdef, o.group_size, s.mesh)
-  else:
-    dcfg = rollout_decode_config(config, tok, getattr(s.model_cfg, "hf_family", ""))
-    rollout_fn = make_rollout(run.graphdef, dcfg, o.group_size, s.mesh,
-                              rollout_fn=_per_row_rollout_fn(config, s.mesh))
+  rollout_fn = decoders.make_decoder(config, s.model_cfg, run.graphdef, "rollout",
+                                     mask_id=tok.mask_id, eos_id=tok.eos_id,
+                                     group_size=o.group_size, mesh=s.mesh)
   unresolved = family.unresolved if family is not None else "masked"
   rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape),
                        family.replay_context if family is not None else "block")

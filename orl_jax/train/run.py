@@ -19,7 +19,7 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
-from orl_jax.models import families
+from orl_jax.models import build, families
 from orl_jax.tasks import get_task, prompt_task
 from orl_jax.train.state import (create_train_state, frozen_params, init_model_params,
                                  make_optimizer)
@@ -51,8 +51,9 @@ def fill_decode_defaults(config, hf_dir: str, family: str) -> None:
   """A family's generation defaults (DiffusionGemma: the directory's generation_config.json,
   else transformers') for the `decode.*` fields the config leaves unset; logged."""
   fam = families.FAMILIES.get(family)
-  if fam is not None and fam.decode_defaults is not None:
-    origins = fam.decode_defaults(config, hf_dir)
+  if fam is not None and fam.generation_defaults:
+    from orl_jax.models import hf
+    origins = hf.fill_decode_defaults(config.decode, hf_dir, fam.generation_defaults)
     if origins:
       logging.warning("decode settings the config leaves unset: %s", ", ".join(
           f"decode.{k}={config.decode[k]} ({v})" for k, v in origins.items()))
@@ -138,6 +139,20 @@ def _hf_model_config(config, tok, hf_dir: str, family: str):
                                  arch=arch, hf_family=family)
 
 
+def own_model_config(config, hf_dir: str, family: str, vocab_size: int = 0, **special):
+  """The config object of a family with its own model (`Family.config_from_run`): from
+  `hf_dir`'s config.json (a CheckpointError naming the file and field) or from `config.model`;
+  `special`: the run's resolved eos_ids / pad_id."""
+  fam = families.get(family)
+  build = lambda hf_config: fam.config_from_run(
+      config.model, block_size=config.decode.block_size, vocab_size=vocab_size,
+      hf_config=hf_config, **special)
+  if not hf_dir:
+    return build(None)
+  from orl_jax.models import hf
+  return hf.parse_config_json(hf_dir, build)
+
+
 def setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   """config -> task, tokenizer, model config (from model.path's config.json when it is a
   Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
@@ -151,9 +166,8 @@ def setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
           else prompt_task(config.task, prompts, tokenizer))
   tok = task.tokenizer
   if family and families.get(family).own_model:   # DiffusionGemma: its own config class
-    from orl_jax import diffusion_gemma_rollout as dg_rollout
-    model_cfg = dg_rollout.model_config(
-        config, config.model.get("vocab_size", 0) or tok.vocab_size,
+    model_cfg = own_model_config(
+        config, hf_dir, family, config.model.get("vocab_size", 0) or tok.vocab_size,
         eos_ids=getattr(tok, "eos_ids", (tok.eos_id,)), pad_id=getattr(tok, "pad_id", 0))
   elif hf_dir:
     model_cfg = _hf_model_config(config, tok, hf_dir, family)
@@ -202,7 +216,7 @@ def initial_params(s: Setup):
   weights = weights_lib.weights_of(s.config)
   if weights is not None and weights.kind == weights_lib.HF:
     from orl_jax.models import hf
-    _, abstract = hf.abstract_params(s.model_cfg, s.config.seed)
+    _, abstract = build.abstract_params(s.model_cfg, s.config.seed)
     shardings = sharding_lib.tree_shardings(abstract, s.mesh,
                                             families.partition_rules(s.model_cfg.hf_family))
     return hf.load_model_params(weights.path, s.model_cfg.hf_family, s.model_cfg,

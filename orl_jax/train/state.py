@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from orl_jax.models.build import build_model
 from orl_jax.models.families import partition_rules
 from orl_jax.models.moe import frozen_param
 from orl_jax.models.transformer import ModelConfig
@@ -76,8 +77,7 @@ def make_optimizer(train_cfg, residual_lr_scale: float, freeze_base: bool = Fals
 
 def init_model_params(model_cfg: ModelConfig, seed: int):
   """(graphdef, params) of a freshly initialised model."""
-  from orl_jax.models import hf
-  graphdef, params = nnx.split(hf.build_model(model_cfg, seed), nnx.Param)
+  graphdef, params = nnx.split(build_model(model_cfg, seed), nnx.Param)
   return graphdef, params
 
 
@@ -88,8 +88,7 @@ def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, param
   axes (replicated when only `data` has more than one device). `with_reference` adds a frozen copy of the starting
   parameters (the KL anchor's reference, DESIGN §2.6), sharded like them. The returned graphdef
   carries the mesh to the model's attention (kernels run per device inside `shard_map`)."""
-  from orl_jax.models import hf
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: hf.build_model(
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: build_model(
       model_cfg, seed, mesh)), nnx.Param)
 
   def init(given):

@@ -54,16 +54,6 @@ def _require_tests(problem: Problem) -> None:
                      "'tests' and 'entry_point').")
 
 
-def humaneval_program(problem: Problem, completion: str) -> str:
-  """The single program of the reference harness (prompt, completion, tests, `check` call).
-
-  For reading and debugging only: the verifier never runs tests in the sample's process.
-  """
-  _require_tests(problem)
-  return (problem.prompt + completion + "\n" + problem.tests
-          + f"\ncheck({problem.entry_point})\n")
-
-
 def judge_run(problem: Problem, completion: str,
               limits: sandbox.SandboxLimits) -> sandbox.SandboxResult:
   """Scores one completion: the candidate in the sandbox, the tests in the judge process."""

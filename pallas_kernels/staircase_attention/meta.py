@@ -23,7 +23,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 KIND_PAD = 0
 KIND_PROMPT = 1
@@ -89,7 +88,3 @@ def staircase_visible_pairs(q: TokenMeta, k: TokenMeta, window: int = 0):
   state_ctx = q_state & k_ctx & (k.block < q.block)
   state_state = q_state & k_state & (q.state_id == k.state_id)
   return real & same_group & (ctx_ctx | state_ctx | state_state)
-
-
-def to_numpy(meta: TokenMeta) -> TokenMeta:
-  return TokenMeta(*(np.asarray(f) for f in meta))

@@ -33,11 +33,6 @@ def for_model_type(model_type: str, where: str = "config.json") -> Family:
   return family
 
 
-def of_model(model_cfg) -> Family | None:
-  """The family of a built model's config (`hf_family`), None for a model of ours."""
-  return FAMILIES.get(getattr(model_cfg, "hf_family", "") or "")
-
-
 def partition_rules(name: str) -> tuple:
   """The partition rules of family `name` ('' = our own models: the generic rules)."""
   return get(name).partition_rules if name else sharding.PARTITION_RULES

@@ -5,7 +5,9 @@ the HF `config.json` <-> ModelConfig fields (both directions), the tensor-name m
 transposes, fused tensors and stacked experts (`TensorRule`), the partition rules of its
 parameters, its attention layout, and the decoder defaults and special tokens its configs start
 from. The loader, the exporter, the sharding and the run set-up read these objects through the
-registry (`orl_jax.models.families`); nothing else branches on a family name.
+registry (`orl_jax.models.families`); nothing else branches on a family name. A family
+describes checkpoints, not samplers: which decoder runs a model is decided by the model's kind
+in `orl_jax.decoders`.
 
 The name map is a list of pieces: each `TensorRule` says that our parameter `ours` (or its slot
 `expert` of a stacked `[E, ...]` array) equals the HF tensor `hf` (or the rows `rows` of a fused
@@ -18,7 +20,7 @@ exporting concatenates the pieces of each HF tensor. Both directions are the pur
 below.
 
 A family whose model is not the shared `Transformer` (DiffusionGemma) names its own config and
-model classes (`config_from_hf`, `build_model`) and may carry HF tensors it does not model
+model classes (`config_from_hf`, `config_from_run`, `build_model`) and may carry HF tensors it does not model
 through an export (`passthrough_prefixes`: a vision tower) and mark parameters the optimizer
 must leave alone (`frozen`).
 """
@@ -77,19 +79,16 @@ class Family:
                                        # reads (ignored here too; the run logs them once)
   # A family with its own model (None: the shared Transformer / ModelConfig):
   config_from_hf: Callable | None = None       # config.json dict -> the family's config object
+  config_from_run: Callable | None = None      # (config.model, block_size=, vocab_size=,
+                                               # hf_config=config.json dict or None, eos_ids=,
+                                               # pad_id=) -> the family's config object
   build_model: Callable | None = None          # (config object, rngs) -> nnx.Module
   frozen: Callable[[str], bool] | None = None  # parameter names the optimizer must not update
   passthrough_prefixes: tuple[str, ...] = ()   # HF tensors exported unchanged (not modelled)
-  make_rollout: Callable | None = None  # (config, model_cfg, graphdef, group_size, mesh) ->
-                                        # jitted rollout (None: the shared block decoder)
-  make_decoder: Callable | None = None  # (config, model_cfg, graphdef, rule, temperature) ->
-                                        # evaluation's jitted (params, prompt_tokens,
-                                        # prompt_valid, key) -> rows with tokens, nfe,
-                                        # nfe_engine, n_generated, nfe_denoise (None: the
-                                        # shared block decoder, decoding.make_decoder)
-  decode_defaults: Callable | None = None  # (config, hf_dir) -> {field: origin}: fills the
-                                           # decode.* fields the config leaves unset (None)
-                                           # from the directory (generation_config.json)
+  # decode.* field -> (generation_config.json key, the official default, > 0 (float) / >= 1
+  # (int)): the decoder settings a config leaving them unset (None) takes from the directory's
+  # generation_config.json, else from the official generation class (`hf.fill_decode_defaults`)
+  generation_defaults: dict = dataclasses.field(default_factory=dict)
   unresolved: str = "masked"   # state positions the losses train (replay.gather_batch)
   replay_context: str = "block"  # context stream of packed replay rows (replay.ReplayConfig)
 

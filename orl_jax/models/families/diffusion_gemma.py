@@ -133,6 +133,37 @@ def config_from_run(m, *, vocab_size: int, canvas_length: int, eos_ids=(1,), pad
       moe_impl=m.moe.impl, attention_impl=m.attention_impl, hf_passthrough=hf_passthrough)
 
 
+def model_config(m, *, block_size: int, vocab_size: int = 0, hf_config: dict | None = None,
+                 eos_ids=None, pad_id=None) -> DiffusionGemmaConfig:
+  """The run's `DiffusionGemmaConfig`: from a checkpoint's config.json (`hf_config`; the
+  run-time fields from `m`, the run's `config.model`), else from `m` (random init or sizing).
+  `block_size` is `decode.block_size`, the canvas. The run's resolved special tokens
+  (`eos_ids`, `pad_id`) replace config.json's when given. ValueError naming decode.block_size
+  when config.json's canvas differs."""
+  special = {k: v for k, v in dict(eos_ids=None if eos_ids is None else tuple(eos_ids),
+                                   pad_id=pad_id).items() if v is not None}
+  if hf_config is None:
+    return config_from_run(m, vocab_size=vocab_size or m.vocab_size, canvas_length=block_size,
+                           **special)
+  cfg = DiffusionGemmaConfig.from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype,
+                                     moe_impl=m.moe.impl, attention_impl=m.attention_impl)
+  if cfg.canvas_length != block_size:
+    raise ValueError(f"canvas_length={cfg.canvas_length}: set decode.block_size="
+                     f"{cfg.canvas_length} (it is {block_size})")
+  return dataclasses.replace(cfg, **special)
+
+
+# decode.* field -> (the generation_config.json key that sets it, transformers' default:
+# DiffusionGemmaGenerationConfig._get_default_generation_params, the value must be > 0 (float)
+# or >= 1 (int))
+GENERATION_DEFAULTS = {"gen_length": ("max_new_tokens", 256, True),
+                       "max_steps_per_block": ("max_denoising_steps", 48, True),
+                       "rule_value": ("sampler_config.entropy_bound", 0.1, True),
+                       "t_min": ("t_min", 0.4, False), "t_max": ("t_max", 0.8, True),
+                       "stability_threshold": ("stability_threshold", 1, False),
+                       "confidence_threshold": ("confidence_threshold", 0.005, True)}
+
+
 PARTITION_RULES: tuple[tuple[str, P], ...] = (
     (r"moe\.(gate_proj|up_proj)$", P(EXPERT_AXIS, "fsdp", "tensor")),     # [E, D, F]
     (r"moe\.down_proj$", P(EXPERT_AXIS, "tensor", "fsdp")),               # [E, F, D]
@@ -150,39 +181,10 @@ FAMILY = Family(
     decode=dict(block_size=256, rule="entropy_budget", rule_value=0.1),
     chat="none", config_from_hf=DiffusionGemmaConfig.from_hf, build_model=build_model,
     frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES,
-    make_rollout=lambda *a: _make_rollout(*a), make_decoder=lambda *a: _make_decoder(*a),
-    decode_defaults=lambda *a: _decode_defaults(*a),
+    config_from_run=lambda *a, **kw: model_config(*a, **kw),
+    generation_defaults=GENERATION_DEFAULTS,
     unresolved="not_accepted",
     replay_context="token")
-
-
-def _make_rollout(config, cfg: DiffusionGemmaConfig, graphdef, group_size: int, mesh):
-  """The uniform-noise sampler with capture (`orl_jax.diffusion_gemma_rollout`)."""
-  from orl_jax import diffusion_gemma_rollout as dg_rollout
-  scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
-  return dg_rollout.make_rollout(graphdef, scfg, group_size, mesh)
-
-
-def _decode_defaults(config, hf_dir: str) -> dict:
-  """transformers' generation defaults (or the directory's generation_config.json) for the
-  sampler settings the config leaves unset."""
-  from orl_jax import diffusion_gemma_rollout as dg_rollout
-  return dg_rollout.fill_decode_defaults(config, hf_dir)
-
-
-def _make_decoder(config, cfg: DiffusionGemmaConfig, graphdef, rule, temperature: float):
-  """Evaluation's decoder: the uniform-noise sampler (no capture) whose entropy bound (nats)
-  is the setting's `entropy_budget_<bound>`; it samples with its own temperature schedule
-  (decode.t_max -> decode.t_min), so `temperature` is not used."""
-  del temperature
-  from orl_jax import diffusion_gemma_rollout as dg_rollout
-  if rule.name != "entropy_budget":
-    raise ValueError(f"eval.settings: {rule.label!r} is not a DiffusionGemma decoder; its "
-                     "sampler accepts by an entropy bound: use 'entropy_budget_<nats>' "
-                     "(transformers' default 0.1)")
-  scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id,
-                                   rollout=False, entropy_bound=rule.value)
-  return dg_rollout.make_decoder(graphdef, scfg)
 
 
 def params_to_hf(flat: dict, cfg: DiffusionGemmaConfig, passthrough: dict | None = None) -> dict:

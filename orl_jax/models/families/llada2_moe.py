@@ -183,11 +183,6 @@ def params_from_hf(tensors: dict, cfg: ModelConfig) -> dict:
   return base.params_from_hf(tensors, tensor_rules(cfg))
 
 
-def params_to_hf_names(cfg: ModelConfig) -> list[str]:
-  """Every official tensor name of a LLaDA2 model of `cfg`."""
-  return sorted({r.hf for r in tensor_rules(cfg)})
-
-
 FAMILY = Family(
     name=MODEL_TYPE, model_types=(MODEL_TYPE,), attention="block_causal",
     architecture_from_hf=architecture_from_hf, hf_config_json=hf_config_json,

@@ -1,0 +1,215 @@
+"""The shape of the code, read from its source with `ast` (nothing is imported or run):
+
+* the import graph of `orl_jax/`, `pallas_kernels/` and `orl_sandbox/` — every import
+  statement, the function-local ones included — has no cycle;
+* the models (`orl_jax/models/`) sit below decoding, rollouts, replay, losses and training: no
+  module under `models/` reaches one of those, directly or through the modules it imports;
+* no function in `orl_jax/` or `pallas_kernels/` is longer than 80 lines.
+
+An import edge goes to the most specific module the statement names: `import a.b` and
+`from a import b` (b a submodule) go to `a.b`; `from a.b import name` goes to `a.b`. Imports
+under `if TYPE_CHECKING:` never run and are not edges.
+"""
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("orl_jax", "pallas_kernels", "orl_sandbox")
+MAX_FUNCTION_LINES = 80
+
+# What the models must never reach: decoding, sampling, rollouts, replay, losses, training and
+# evaluation (modules by name, packages by prefix; any module named for a sampler or rollout).
+ABOVE_MODELS = ("orl_jax.decoding", "orl_jax.engine", "orl_jax.rollout", "orl_jax.losses",
+                "orl_jax.evaluate", "orl_jax.decoders")
+ABOVE_MODELS_PACKAGES = ("orl_jax.replay", "orl_jax.train")
+ABOVE_MODELS_WORDS = ("sampler", "rollout")
+
+
+def module_files(packages=PACKAGES) -> dict[str, str]:
+  """{dotted module name: file path} of every .py file under `packages`."""
+  out = {}
+  for package in packages:
+    for folder, _, files in os.walk(os.path.join(ROOT, package)):
+      for name in files:
+        if not name.endswith(".py"):
+          continue
+        rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].split(os.sep)
+        if rel[-1] == "__init__":
+          rel = rel[:-1]
+        out[".".join(rel)] = os.path.join(folder, name)
+  return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+  test = node.test
+  return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+      isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST):
+  """Every Import/ImportFrom node of `tree` (function bodies included), less TYPE_CHECKING."""
+  stack = [tree]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, ast.If) and _is_type_checking(node):
+      stack.extend(node.orelse)
+      continue
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      yield node
+    stack.extend(ast.iter_child_nodes(node))
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+  """The absolute module a `from ... import` statement reads from."""
+  if not node.level:
+    return node.module or ""
+  parts = module.split(".")
+  base = parts if is_package else parts[:-1]
+  base = base[:len(base) - (node.level - 1)]
+  return ".".join(base + ([node.module] if node.module else []))
+
+
+def _known(name: str, modules) -> str | None:
+  """`name` or its nearest enclosing module among `modules` (None: outside the packages)."""
+  while name:
+    if name in modules:
+      return name
+    name = name.rpartition(".")[0]
+  return None
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+  """{module: the modules of `modules` it imports anywhere in its file}."""
+  graph = {}
+  for module, path in modules.items():
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), filename=path)
+    is_package = path.endswith("__init__.py")
+    edges = set()
+    for node in _import_nodes(tree):
+      if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+      else:
+        source = _resolve(module, is_package, node)
+        targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source
+                   for a in node.names]
+      edges |= {t for t in (_known(t, modules) for t in targets) if t and t != module}
+    graph[module] = edges
+  return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One cycle of `graph` as [a, b, ..., a], or None (iterative depth-first search)."""
+  state = {}                              # module -> 1 on the current path, 2 done
+  for start in sorted(graph):
+    if state.get(start):
+      continue
+    path, iters = [start], [iter(sorted(graph[start]))]
+    state[start] = 1
+    while path:
+      nxt = next(iters[-1], None)
+      if nxt is None:
+        state[path.pop()] = 2
+        iters.pop()
+      elif state.get(nxt) == 1:
+        return path[path.index(nxt):] + [nxt]
+      elif not state.get(nxt):
+        state[nxt] = 1
+        path.append(nxt)
+        iters.append(iter(sorted(graph.get(nxt, ()))))
+  return None
+
+
+def reach_path(graph, start: str, is_target) -> list[str] | None:
+  """The shortest import chain from `start` to a module `is_target` accepts, or None."""
+  parents, frontier = {start: None}, [start]
+  while frontier:
+    nxt = []
+    for module in frontier:
+      for dep in sorted(graph.get(module, ())):
+        if dep in parents:
+          continue
+        parents[dep] = module
+        if is_target(dep):
+          chain = [dep]
+          while parents[chain[-1]] is not None:
+            chain.append(parents[chain[-1]])
+          return chain[::-1]
+        nxt.append(dep)
+    frontier = nxt
+  return None
+
+
+def is_above_models(module: str) -> bool:
+  last = module.rpartition(".")[2]
+  return (module in ABOVE_MODELS
+          or any(module == p or module.startswith(p + ".") for p in ABOVE_MODELS_PACKAGES)
+          or (not module.startswith("orl_jax.models")
+              and any(w in last for w in ABOVE_MODELS_WORDS)))
+
+
+def long_functions(packages, limit: int) -> list[str]:
+  """'path:line name (n lines)' for every function longer than `limit` lines."""
+  out = []
+  for module, path in module_files(packages).items():
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), filename=path)
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        n = node.end_lineno - node.lineno + 1
+        if n > limit:
+          out.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} ({n} lines)")
+  return out
+
+
+# ----------------------------------------------------------------------------- the reader itself
+
+
+def test_the_graph_reader_sees_function_local_relative_and_submodule_imports(tmp_path):
+  """The reader must see what the checks below rely on: a function-local import, a relative
+  one, `from package import submodule`, and it must find the cycle they make."""
+  pkg = tmp_path / "pkg"
+  (pkg / "sub").mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "a.py").write_text("def f():\n  from pkg.sub import b\n  return b\n")
+  (pkg / "sub" / "__init__.py").write_text("")
+  (pkg / "sub" / "b.py").write_text("from . import c\n")
+  (pkg / "sub" / "c.py").write_text(
+      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from pkg import d\n"
+      "def g():\n  import pkg.a\n")
+  (pkg / "d.py").write_text("from pkg.sub.c import g\n")
+  global ROOT
+  saved, ROOT = ROOT, str(tmp_path)
+  try:
+    modules = module_files(("pkg",))
+  finally:
+    ROOT = saved
+  graph = import_graph(modules)
+  assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.sub.c"}
+  assert graph["pkg.sub.c"] == {"pkg.a"} and graph["pkg.d"] == {"pkg.sub.c"}
+  assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"]
+  assert reach_path(graph, "pkg.d", lambda m: m == "pkg.a") == ["pkg.d", "pkg.sub.c", "pkg.a"]
+  del graph["pkg.sub.c"]
+  assert find_cycle(graph) is None
+
+
+# ----------------------------------------------------------------------------- the project
+
+
+def test_the_import_graph_has_no_cycle_counting_function_local_imports():
+  cycle = find_cycle(import_graph(module_files()))
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_model_module_reaches_decoding_rollout_replay_losses_or_training():
+  graph = import_graph(module_files())
+  bad = [" -> ".join(chain) for module in sorted(graph) if module.startswith("orl_jax.models")
+         for chain in [reach_path(graph, module, is_above_models)] if chain]
+  assert not bad, "models/ reaches code above it:\n" + "\n".join(bad)
+
+
+def test_no_function_is_longer_than_80_lines():
+  long = long_functions(("orl_jax", "pallas_kernels"), MAX_FUNCTION_LINES)
+  assert not long, "functions over 80 lines:\n" + "\n".join(long)
