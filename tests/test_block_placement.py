@@ -22,6 +22,9 @@ from tests.helpers import TINY, tiny_qwen3
 from tests.test_families import write_llada2_dir
 from tests.test_llada2 import reference_forward
 
+# compares token ids and forward counts: rerun under other CPU numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 MARGIN = 1e-4    # decisions closer than this to a tie could go either way in float32 (our
                  # float32 probabilities differ from the float64 reference by < 6e-6 here)
 HEAD_SCALE = 6.0  # sharper random heads: the threshold often commits several tokens a step
