@@ -42,11 +42,11 @@ import numpy as np
 from configs import tiny
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.decoding import Capture
+from orl_jax.decoding import Capture, DecodeOutput
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.batch import ROW_FIELDS
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import Trajectories
+from orl_jax.rollout import trajectories
 from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
 from pallas_kernels.staircase_attention import staircase_visible
 
@@ -91,12 +91,12 @@ def synthetic_trajectories(group: int, model_cfg, rng: np.random.Generator):
                 commit=jnp.zeros((group, s, BLOCK), bool), valid=jnp.ones((group, s), bool),
                 n_states=jnp.full((group,), s, jnp.int32), overflow=jnp.zeros((group,), bool))
   prompt = rng.integers(5, v, (1, PROMPT)).astype(np.int32)
-  return Trajectories(prompt_tokens=jnp.asarray(prompt), prompt_valid=jnp.ones((1, PROMPT), bool),
-                      responses=jnp.asarray(responses), nfe=jnp.zeros((group,), jnp.int32),
-                      nfe_engine=jnp.zeros((group,), jnp.int32),
-                      n_generated=jnp.full((group,), n, jnp.int32),
-                      finished=jnp.ones((group,), bool), capture=cap,
-                      rollout_step=jnp.asarray(0, jnp.int32))
+  out = DecodeOutput(tokens=jnp.asarray(responses), nfe=jnp.zeros((group,), jnp.int32),
+                     nfe_engine=jnp.zeros((group,), jnp.int32),
+                     nfe_denoise=jnp.zeros((group,), jnp.int32),
+                     n_generated=jnp.full((group,), n, jnp.int32),
+                     finished=jnp.ones((group,), bool), capture=cap)
+  return trajectories(out, jnp.asarray(prompt), jnp.ones((1, PROMPT), bool), 0)
 
 
 def _plan(traj, group, layout, row_len, n_rows, micro_batches):

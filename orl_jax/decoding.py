@@ -6,7 +6,7 @@ rule, carry the residual); then one commit forward writes the block into the KV 
 Bidirectional families (LLaDA) forward the whole canvas each step and need no commit forward,
 or, with `cache` (Fast-dLLM, approximate), forward the whole canvas once at each block start
 and then only the block (`dual`) or the block and what follows it (`prefix`) against the K/V
-that forward stored (see `_Canvas.cached_step_logits`).
+that forward stored (see `Canvas.cached_step_logits`).
 
 Where blocks sit follows each family's authors (`block_placement`, `place_prompts`):
 "prompt_end" starts the first block at the prompt's end (Fast-dLLM's LLaDA-8B; our tiny
@@ -191,7 +191,7 @@ class DecodeOutput(NamedTuple):
   capture: Capture | None
 
 
-def _empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None) -> Capture:
+def empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None) -> Capture:
   """route_dims: (prompt length, MoE layers, experts per token) when capturing routes."""
   s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k
   i32 = lambda *shape: jnp.zeros(shape, jnp.int32)
@@ -216,7 +216,7 @@ def token_major_routes(expert_ids) -> jax.Array:
   return jnp.moveaxis(expert_ids, 0, 2).astype(ROUTE_DTYPE)
 
 
-def _record(cap: Capture, do: jax.Array, routes=None, rows=None, **fields) -> Capture:
+def record_state(cap: Capture, do: jax.Array, routes=None, rows=None, **fields) -> Capture:
   """Writes one state per row where `do` [B] is true (mode='drop' past the buffer's end).
   routes: the step's [L_moe, B, b, K] expert ids (with `capture_routes`). rows: [B] int32 the
   capture row each batch row writes to (default: its own; `orl_jax.engine` passes each row's
@@ -340,7 +340,7 @@ def fixed_positions(j, lead, block_size: int):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Canvas:
+class Canvas:
   """What every step of one `decode` call shares: the model, the shapes and the whole-canvas
   layout ([prompt | response blocks], used by steps that forward the whole canvas)."""
   model: Transformer
@@ -457,7 +457,7 @@ class _Step(NamedTuple):
   cap: Capture | None
 
 
-def _needs_step(cfg: DecodeConfig, active, tokens, post, settled):
+def needs_step(cfg: DecodeConfig, active, tokens, post, settled):
   """[B] bool rows that take another step of the block: a mask remains, or (editing) the
   filled block has neither settled nor used its `max_post_edit_steps`."""
   has_mask = jnp.any(tokens == cfg.mask_id, axis=-1)
@@ -466,7 +466,7 @@ def _needs_step(cfg: DecodeConfig, active, tokens, post, settled):
   return active & (has_mask | ((post < cfg.max_post_edit_steps) & ~settled))
 
 
-def _soft_embedding(cv: _Canvas, logits) -> Residual:
+def soft_embedding(cv: Canvas, logits) -> Residual:
   """DESIGN §2.2 step 4 at every position of `logits`: z = softmax(logits / T_res) @ E."""
   mcfg = cv.model.cfg
   return residual_lib.residual_from_logits(logits, cv.embedding, embed_scale=mcfg.embed_scale,
@@ -474,8 +474,8 @@ def _soft_embedding(cv: _Canvas, logits) -> Residual:
                                            dtype=mcfg.compute_dtype)
 
 
-def _next_residual(cv: _Canvas, nxt: Residual | None, new_tokens, need, res: Residual) -> Residual:
-  """This step's soft embedding `nxt` (`_soft_embedding`) at the positions still masked (rows
+def next_residual(cv: Canvas, nxt: Residual | None, new_tokens, need, res: Residual) -> Residual:
+  """This step's soft embedding `nxt` (`soft_embedding`) at the positions still masked (rows
   that took no step keep theirs). None: the model has no residual pathway and the masked head
   computed none; the residual stays zero."""
   if nxt is None:
@@ -486,13 +486,13 @@ def _next_residual(cv: _Canvas, nxt: Residual | None, new_tokens, need, res: Res
       need.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), nxt, res)
 
 
-class _Proposal(NamedTuple):
+class Proposal(NamedTuple):
   """A step's proposal for the block ([B, b]; unmasked positions are arbitrary when only the
   masked ones went through the head)."""
   cand: jax.Array
   conf: jax.Array
   entropy: jax.Array
-  soft: Residual | None      # the next step's residual source (`_soft_embedding`), or None
+  soft: Residual | None      # the next step's residual source (`soft_embedding`), or None
   logits: jax.Array | None   # [B, b, V] every position's logits (`cfg.full_head`), else None
 
 
@@ -504,7 +504,7 @@ def head_widths(block_size: int) -> tuple[int, ...]:
   return tuple(widths)
 
 
-def _propose_masked(cv: _Canvas, hidden, masked, key) -> _Proposal:
+def propose_masked(cv: Canvas, hidden, masked, key) -> Proposal:
   """The head and the proposal at the masked positions only (`cfg.masked_head`): each row's
   masked positions are gathered into the smallest width of `head_widths` that holds every
   row's, and the results scattered back. Sampling adds the Gumbel noise `propose` would draw
@@ -529,59 +529,92 @@ def _propose_masked(cv: _Canvas, hidden, masked, key) -> _Proposal:
                                         part.dtype).at[rows, idx].set(part)
       soft = None
       if mcfg.residual_mode != "none":
-        soft = jax.tree.map(lambda x: put(x, 0), _soft_embedding(cv, logits))
+        soft = jax.tree.map(lambda x: put(x, 0), soft_embedding(cv, logits))
       return put(cand, cfg.mask_id), put(conf, 0.0), put(ent, 1.0), soft
     return run
 
   cand, conf, ent, soft = jax.lax.switch(branch, [at_width(w) for w in widths], None)
-  return _Proposal(cand, conf, ent, soft, None)
+  return Proposal(cand, conf, ent, soft, None)
 
 
-def _propose_step(cv: _Canvas, hidden, masked, key) -> _Proposal:
+def propose_step(cv: Canvas, hidden, masked, key) -> Proposal:
   """The step's proposal from the block's hidden states [B, b, D]."""
   if not cv.cfg.full_head:
-    return _propose_masked(cv, hidden, masked, key)
+    return propose_masked(cv, hidden, masked, key)
   logits = cv.model.head(hidden)
   cand, conf, ent = propose(logits, key, cv.cfg.temperature)
-  return _Proposal(cand, conf, ent, _soft_embedding(cv, logits), logits)
+  return Proposal(cand, conf, ent, soft_embedding(cv, logits), logits)
 
 
-def _denoise_step(cv: _Canvas, step_hidden, active, j, key, c: _Step) -> _Step:
-  """One denoising step of block j (DESIGN §2.2 steps 1-4; with editing, the LLaDA2.1
-  token-to-token rewrites of the same forward), capturing the state it consumed.
-  step_hidden: `_Step -> ([B, b, D] final hidden states, routes or None)`, the step's forward."""
-  cfg, b_rows = cv.cfg, cv.b_rows
-  masked = c.tokens == cfg.mask_id
-  need = _needs_step(cfg, active, c.tokens, c.post, c.settled)              # [B]
-  hidden, routes = step_hidden(c)                                          # [B, b, D]
-  step_key = jax.random.fold_in(jax.random.fold_in(key, j), c.step)
-  prop = _propose_step(cv, hidden, masked, step_key)
-  cand, conf, ent, logits = prop.cand, prop.conf, prop.entropy, prop.logits
-  write = select_commits(cfg.rule, masked, conf, ent, cfg.commit_compare) & need[:, None]
-  post, settled = c.post, c.settled
+class StepUpdate(NamedTuple):
+  """What one denoising step does to a block ([B, b] / [B]); `denoise_update`."""
+  tokens: jax.Array     # [B, b] the block after the step
+  write: jax.Array      # [B, b] bool positions the step wrote (committed or edited)
+  res: Residual         # the residual the next step consumes
+  post: jax.Array       # [B] int32 steps taken on the filled block (editing)
+  settled: jax.Array    # [B] bool a step on the filled block edited nothing (editing)
+
+
+def denoise_update(cv: Canvas, tokens, res: Residual, post, settled, need, prop: Proposal,
+                   editable=None) -> StepUpdate:
+  """The commit/edit rule and the residual update of one step (DESIGN §2.2 steps 2-4), for the
+  rows `need` [B] that take it; the others keep their block, residual and counters.
+
+  The unmasking rule commits masked positions from the proposal; with editing (LLaDA2.1) the
+  same forward also rewrites `editable` [B, b] committed tokens whose candidate clears the edit
+  threshold, counts a step on a filled block (`post`) and marks the block settled when such a
+  step edits nothing. The next residual is this step's soft embedding where masks remain."""
+  cfg = cv.cfg
+  masked = tokens == cfg.mask_id
+  write = select_commits(cfg.rule, masked, prop.conf, prop.entropy,
+                         cfg.commit_compare) & need[:, None]
   if cfg.editing:
-    editable = ~fixed_positions(j, cv.lead, cfg.block_size)            # never the prompt's
-    edits = select_edits(cfg.edit_threshold, c.tokens, masked, cand, conf,
+    edits = select_edits(cfg.edit_threshold, tokens, masked, prop.cand, prop.conf,
                          editable) & need[:, None]
     filled = need & ~jnp.any(masked, axis=-1)          # a step on the filled block
     post = post + filled.astype(jnp.int32)
     settled = settled | (filled & ~jnp.any(edits, axis=-1))
     write = write | edits
-  new_tokens = jnp.where(write, cand, c.tokens)
-  nxt = _next_residual(cv, prop.soft, new_tokens, need, c.res)
-  cap = c.cap
-  if cfg.capture_states:
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
-    cap = _record(cap, need, routes, block_tokens=c.tokens,
-                  block=jnp.full((b_rows,), j, jnp.int32),
-                  step=jnp.full((b_rows,), c.step, jnp.int32), z=c.res.z, alpha=c.res.alpha,
-                  entropy=residual_lib.normalized_entropy(logits), topk_ids=top_ids,
-                  topk_logprobs=top_lp, commit=write)
-  return _Step(new_tokens, nxt, c.step + 1, c.nfe + need.astype(jnp.int32), post, settled, cap)
+  new_tokens = jnp.where(write, prop.cand, tokens)
+  return StepUpdate(new_tokens, write, next_residual(cv, prop.soft, new_tokens, need, res),
+                    post, settled)
 
 
-def _commit_forward(cv: _Canvas, tokens, start, cache, needs_commit, cap):
+def capture_step(cfg: DecodeConfig, cap: Capture | None, need, logits, tokens, res: Residual,
+                 write, block, step, routes=None, rows=None) -> Capture | None:
+  """Records the state a step consumed (`tokens` [B, b] and `res` before the step), its
+  prediction (`logits` [B, b, V]: normalized entropy, top-K) and what it wrote, for the rows
+  `need` (`record_state`; `rows`: their capture rows). Unchanged without `capture_states`."""
+  if not cfg.capture_states:
+    return cap
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
+  return record_state(cap, need, routes, rows=rows, block_tokens=tokens, block=block,
+                      step=step, z=res.z, alpha=res.alpha,
+                      entropy=residual_lib.normalized_entropy(logits), topk_ids=top_ids,
+                      topk_logprobs=top_lp, commit=write)
+
+
+def _denoise_step(cv: Canvas, step_hidden, active, j, key, c: _Step) -> _Step:
+  """One denoising step of block j (DESIGN §2.2 steps 1-4; with editing, the LLaDA2.1
+  token-to-token rewrites of the same forward), capturing the state it consumed.
+  step_hidden: `_Step -> ([B, b, D] final hidden states, routes or None)`, the step's forward."""
+  cfg, b_rows = cv.cfg, cv.b_rows
+  masked = c.tokens == cfg.mask_id
+  need = needs_step(cfg, active, c.tokens, c.post, c.settled)              # [B]
+  hidden, routes = step_hidden(c)                                          # [B, b, D]
+  step_key = jax.random.fold_in(jax.random.fold_in(key, j), c.step)
+  prop = propose_step(cv, hidden, masked, step_key)
+  editable = ~fixed_positions(j, cv.lead, cfg.block_size) if cfg.editing else None
+  up = denoise_update(cv, c.tokens, c.res, c.post, c.settled, need, prop, editable)
+  cap = capture_step(cfg, c.cap, need, prop.logits, c.tokens, c.res, up.write,
+                     block=jnp.full((b_rows,), j, jnp.int32),
+                     step=jnp.full((b_rows,), c.step, jnp.int32), routes=routes)
+  return _Step(up.tokens, up.res, c.step + 1, c.nfe + need.astype(jnp.int32), up.post,
+               up.settled, cap)
+
+
+def _commit_forward(cv: Canvas, tokens, start, cache, needs_commit, cap):
   """Writes the finished block into the KV cache (one forward, run when any row needs it);
   with `capture_routes`, records its routes for the rows that needed it. -> (cache, cap)."""
   b_rows, b = cv.b_rows, cv.cfg.block_size
@@ -606,7 +639,7 @@ def _commit_forward(cv: _Canvas, tokens, start, cache, needs_commit, cap):
   return cache, cap
 
 
-def _denoise_block(cv: _Canvas, canvas, cache, active, j, key, init: _Step) -> _Step:
+def _denoise_block(cv: Canvas, canvas, cache, active, j, key, init: _Step) -> _Step:
   """The denoising steps of block j, from `init` (the block all [MASK], zero residual).
 
   With `decode.cache` (bidirectional families, Fast-dLLM) the first step is one forward of
@@ -616,7 +649,7 @@ def _denoise_block(cv: _Canvas, canvas, cache, active, j, key, init: _Step) -> _
   start = cv.p + j * cfg.block_size
 
   def step_cond(c: _Step):
-    need = _needs_step(cfg, active, c.tokens, c.post, c.settled)
+    need = needs_step(cfg, active, c.tokens, c.post, c.settled)
     return jnp.any(need) & (c.step < cfg.steps_bound)
 
   def loop(step_logits, c: _Step) -> _Step:
@@ -644,12 +677,12 @@ class _Blocks(NamedTuple):
   key: jax.Array
 
 
-def _active(cv: _Canvas, c: _Blocks):
+def _active(cv: Canvas, c: _Blocks):
   """[B] bool rows that decode block c.j: not stopped, and within their own blocks."""
   return ~c.stopped & (c.j < row_blocks(cv.lead, cv.cfg))
 
 
-def _decode_block(cv: _Canvas, c: _Blocks) -> _Blocks:
+def _decode_block(cv: Canvas, c: _Blocks) -> _Blocks:
   """Block j: denoise until no mask remains (or the step bound; with editing, until a step on
   the filled block edits nothing or its editing steps are spent), write it into the canvas,
   then the commit forward that writes it into the KV cache where a later block needs it."""
@@ -679,7 +712,7 @@ def _decode_block(cv: _Canvas, c: _Blocks) -> _Blocks:
   return _Blocks(j + 1, canvas, cache, c.stopped | stop, out.nfe, commits, skipped, cap, c.key)
 
 
-def _finished_response(blocks, lead, cfg: DecodeConfig):
+def finished_response(blocks, lead, cfg: DecodeConfig):
   """Each row's response from its decoded blocks [B, M*b] (block j at [j*b, (j+1)*b); the
   response starts `lead` [B] tokens into block 0): (response [B, N] EOS-filled after the
   first EOS, tokens through the first EOS [B], an EOS was generated [B])."""
@@ -761,12 +794,12 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
   canvas_valid = jnp.concatenate([grid.valid, jnp.ones((b_rows, width - p), bool)], axis=1)
   canvas_pos = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (b_rows, width))
   canvas_meta = make_meta(jnp.where(canvas_valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
-  cv = _Canvas(model, cfg, b_rows, p, canvas_valid, canvas_pos, canvas_meta,
+  cv = Canvas(model, cfg, b_rows, p, canvas_valid, canvas_pos, canvas_meta,
                model.embedding_table, grid.lead)
   cap = None
   if cfg.capture_states:
     route_dims = (p, mcfg.n_moe_layers, mcfg.moe.top_k) if cfg.capture_routes else None
-    cap = _empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
+    cap = empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
   cache = None
   if not cv.bidirectional and cfg.kv_cache:
     cache, cap = _prefill(model, grid, cfg, width, cap)
@@ -778,7 +811,7 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
   init = _Blocks(jnp.int32(0), canvas, cache, zeros > 0, zeros, zeros, zeros, cap, key)
   out = jax.lax.while_loop(block_cond, lambda c: _decode_block(cv, c), init)
   blocks = out.canvas[:, p:]
-  response, n_generated, finished = _finished_response(blocks, grid.lead, cfg)
+  response, n_generated, finished = finished_response(blocks, grid.lead, cfg)
   cap = out.cap
   if cap is not None:
     cap = cap._replace(block_final=final_blocks(blocks, grid.lead, n_generated, finished, cfg))

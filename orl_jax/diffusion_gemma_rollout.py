@@ -85,14 +85,8 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
   """Samples `group_size` responses per prompt (rows of a group adjacent) with capture."""
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   out = sampler.generate(model, reps(prompt_tokens), key, cfg, prompt_valid=reps(prompt_valid))
-  counts = forward_counts(out, cfg)
-  return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
-                      responses=out.tokens, nfe=counts.nfe, nfe_engine=counts.nfe_engine,
-                      n_generated=counts.n_generated, finished=out.finished,
-                      capture=capture_from_trace(out.trace, out.prompt_routes,
-                                                 out.clean_routes),
-                      rollout_step=jnp.asarray(rollout_step, jnp.int32),
-                      nfe_denoise=counts.nfe_denoise)
+  return rollout_lib.trajectories(forward_counts(out, cfg, capture=True), prompt_tokens,
+                                  prompt_valid, rollout_step)
 
 
 def make_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):

@@ -30,13 +30,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.decoding import (Capture, DecodeConfig, _Canvas, _empty_capture, _finished_response,
-                              StepSizedJit, _needs_step, _next_residual, _record,
-                              _soft_embedding, final_blocks, fixed_positions, place_for_decoder,
-                              propose, row_blocks)
+from orl_jax.decoding import (Canvas, Capture, DecodeConfig, Proposal, StepSizedJit,
+                              capture_step, denoise_update, empty_capture, final_blocks,
+                              finished_response, fixed_positions, needs_step,
+                              place_for_decoder, propose, row_blocks, soft_embedding)
 from orl_jax.models.transformer import Transformer, init_cache, write_at
 from orl_jax.residual import Residual
-from orl_jax.unmasking import select_commits, select_edits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 make_meta)
 
@@ -91,7 +90,7 @@ class _Carry(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class _Engine:
   """What every iteration shares: the model, the queue and the shapes."""
-  cv: _Canvas                # the model, the decode config and the embedding table
+  cv: Canvas                # the model, the decode config and the embedding table
   queue_tokens: jax.Array    # [Q, P] int32 the prompts' complete blocks (`decoding.Placed`)
   queue_valid: jax.Array     # [Q, P] bool
   queue_lead: jax.Array      # [Q] int32 prompt tokens opening each prompt's first block
@@ -229,32 +228,19 @@ def _propose_rows(eng: _Engine, rows: _Rows, logits):
 
 
 def _denoise(eng: _Engine, rows: _Rows, logits, cap):
-  """The denoising step of the DENOISE rows (`decoding._denoise_step`, per row), recording
-  each state at the row's prompt slot. -> (rows, cap)."""
+  """The denoising step of the DENOISE rows (`decoding.denoise_update`, per row), recording
+  each state at the row's prompt slot (`decoding.capture_step`). -> (rows, cap)."""
   cfg = eng.cfg
   need = rows.phase == DENOISE
-  masked = rows.tokens == cfg.mask_id
   cand, conf, ent = _propose_rows(eng, rows, logits)
-  write = select_commits(cfg.rule, masked, conf, ent, cfg.commit_compare) & need[:, None]
-  post, settled = rows.post, rows.settled
-  if cfg.editing:
-    edits = select_edits(cfg.edit_threshold, rows.tokens, masked, cand, conf,
-                         ~eng.fixed(rows)) & need[:, None]
-    filled = need & ~jnp.any(masked, axis=-1)
-    post = post + filled.astype(jnp.int32)
-    settled = settled | (filled & ~jnp.any(edits, axis=-1))
-    write = write | edits
-  new_tokens = jnp.where(write, cand, rows.tokens)
-  nxt = _next_residual(eng.cv, _soft_embedding(eng.cv, logits), new_tokens, need, rows.res)
-  if cfg.capture_states:
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
-    cap = _record(cap, need, rows=rows.slot, block_tokens=rows.tokens, block=rows.block,
-                  step=rows.step, z=rows.res.z, alpha=rows.res.alpha,
-                  entropy=residual_lib.normalized_entropy(logits), topk_ids=top_ids,
-                  topk_logprobs=top_lp, commit=write)
-  rows = rows._replace(tokens=new_tokens, res=nxt, step=rows.step + need, post=post,
-                       settled=settled, nfe=rows.nfe + need, denoise=rows.denoise + need)
+  prop = Proposal(cand, conf, ent, soft_embedding(eng.cv, logits), logits)
+  editable = ~eng.fixed(rows) if cfg.editing else None
+  up = denoise_update(eng.cv, rows.tokens, rows.res, rows.post, rows.settled, need, prop,
+                      editable)
+  cap = capture_step(cfg, cap, need, logits, rows.tokens, rows.res, up.write, block=rows.block,
+                     step=rows.step, rows=rows.slot)
+  rows = rows._replace(tokens=up.tokens, res=up.res, step=rows.step + need, post=up.post,
+                       settled=up.settled, nfe=rows.nfe + need, denoise=rows.denoise + need)
   return rows, cap
 
 
@@ -268,7 +254,7 @@ def _advance(eng: _Engine, rows: _Rows):
   prefilled = (phase == PREFILL) & (rows.block + 1 == n_prompt_blocks)
   rows = rows._replace(block=jnp.where(phase == PREFILL, rows.block + 1, rows.block))
   # DENOISE: the block is done when no row of a lock-step decode would step it again
-  more = _needs_step(cfg, phase == DENOISE, rows.tokens, rows.post, rows.settled)
+  more = needs_step(cfg, phase == DENOISE, rows.tokens, rows.post, rows.settled)
   done = (phase == DENOISE) & ~(more & (rows.step < cfg.steps_bound))
   final = jnp.where(rows.tokens == cfg.mask_id, cfg.eos_id, rows.tokens)
   written = write_at(rows.response, final, rows.block * b)
@@ -350,12 +336,12 @@ def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: Decode
   n_queue, p = queue_tokens.shape
   width = p + cfg.max_blocks * cfg.block_size
   _check(model, cfg, p, n_rows)
-  cv = _Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
+  cv = Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
   placed = place_for_decoder(queue_tokens.astype(jnp.int32), queue_valid.astype(bool), cfg)
   eng = _Engine(cv, placed.tokens, placed.valid, placed.lead, placed.head, key)
   cap = None
   if cfg.capture_states:
-    cap = _empty_capture(n_queue, cfg, mcfg.d_model, mcfg.compute_dtype)
+    cap = empty_capture(n_queue, cfg, mcfg.d_model, mcfg.compute_dtype)
   cache = None if cv.bidirectional else init_cache(mcfg, n_rows, width + cfg.block_size)
   zeros = jnp.zeros((n_queue,), jnp.int32)                           # + b: idle rows' writes
   results = _Results(jnp.full((n_queue, width - p), cfg.mask_id, jnp.int32), zeros, zeros,
@@ -366,7 +352,7 @@ def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: Decode
                            lambda c: _iteration(eng, c),
                            _Carry(rows, cache, cursor, results, cap, jnp.int32(0)))
   r, cap = out.results, out.cap
-  tokens, n_generated, finished = _finished_response(r.blocks, placed.lead, cfg)
+  tokens, n_generated, finished = finished_response(r.blocks, placed.lead, cfg)
   if cap is not None:
     cap = cap._replace(block_final=final_blocks(r.blocks, placed.lead, n_generated, finished,
                                                 cfg))

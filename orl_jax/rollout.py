@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from orl_jax import engine
-from orl_jax.decoding import ROUTE_DTYPE, Capture, DecodeConfig, decode, place_for_decoder
+from orl_jax.decoding import (ROUTE_DTYPE, Capture, DecodeConfig, DecodeOutput, decode,
+                              place_for_decoder)
 
 
 @struct.dataclass
@@ -36,25 +37,32 @@ class Trajectories:
                                         # count (DiffusionGemma: transformers' TPF denominator)
 
 
-def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_size: int,
-            rollout_step) -> Trajectories:
-  """Decodes `group_size` responses per prompt (rows of a group are adjacent)."""
-  if cfg.capture_states <= 0:
-    raise ValueError("rollouts need decode capture: set capture_states > 0")
-  reps = lambda x: jnp.repeat(x, group_size, axis=0)
-  out = decode(model, reps(prompt_tokens), reps(prompt_valid), key, cfg)
-  return _trajectories(out, prompt_tokens, prompt_valid, cfg, rollout_step)
-
-
-def _trajectories(out, prompt_tokens, prompt_valid, cfg: DecodeConfig, rollout_step):
-  """`Trajectories` of a decode (`decoding.DecodeOutput` or `engine.EngineOutput`) of the
-  prompts [P, Lp] repeated G times."""
-  placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
-  return Trajectories(prompt_tokens=placed.tokens, prompt_valid=placed.valid,
+def trajectories(out: DecodeOutput, prompt_tokens, prompt_valid, rollout_step) -> Trajectories:
+  """The one way `Trajectories` are made: a decoder's output with capture (`DecodeOutput`, or
+  `engine.EngineOutput` of the same fields) of the prompts [P, Lp] — as the decoder's prefill
+  read them — repeated G times, drawn for update `rollout_step`."""
+  if out.capture is None:
+    raise ValueError("trajectories need the decoder's capture: decode with capture_states > 0")
+  return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
                       responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
                       n_generated=out.n_generated, finished=out.finished, capture=out.capture,
                       rollout_step=jnp.asarray(rollout_step, jnp.int32),
                       nfe_denoise=out.nfe_denoise)
+
+
+def _check_capture(cfg: DecodeConfig):
+  if cfg.capture_states <= 0:
+    raise ValueError("rollouts need decode capture: set capture_states > 0")
+
+
+def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_size: int,
+            rollout_step) -> Trajectories:
+  """Decodes `group_size` responses per prompt (rows of a group are adjacent)."""
+  _check_capture(cfg)
+  reps = lambda x: jnp.repeat(x, group_size, axis=0)
+  out = decode(model, reps(prompt_tokens), reps(prompt_valid), key, cfg)
+  placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
+  return trajectories(out, placed.tokens, placed.valid, rollout_step)
 
 
 def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
@@ -63,13 +71,13 @@ def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
   one queue decoded on `n_rows` rows (`orl.rollout_rows`; 0 = P*G, one row per response), a
   row whose response ended taking the next response of the queue. Response i samples with
   fold_in(key, i) and its states land in capture row i, as in `rollout`, whatever `n_rows`."""
-  if cfg.capture_states <= 0:
-    raise ValueError("rollouts need decode capture: set capture_states > 0")
+  _check_capture(cfg)
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   n_queue = prompt_tokens.shape[0] * group_size
   out = engine.decode_queue(model, reps(prompt_tokens), reps(prompt_valid), key, cfg,
                             n_rows or n_queue)
-  return _trajectories(out, prompt_tokens, prompt_valid, cfg, rollout_step)
+  placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
+  return trajectories(out, placed.tokens, placed.valid, rollout_step)
 
 
 def make_rollout(graphdef, cfg, group_size: int, mesh=None, rollout_fn=None):

@@ -13,7 +13,7 @@ from flax import nnx
 from configs import tiny
 from orl_jax import residual as residual_lib
 from orl_jax.config import ConfigError, validate
-from orl_jax.decoding import DecodeConfig, _Canvas, make_decoder
+from orl_jax.decoding import DecodeConfig, Canvas, make_decoder
 from orl_jax.models.transformer import apply_rope
 from orl_jax.residual import Residual
 from orl_jax.unmasking import UnmaskRule
@@ -52,7 +52,7 @@ def _decode(model, cache, rule, eos_id=UNUSED_EOS):
 
 
 def _canvas(model, cache, rows=3):
-  """A `_Canvas` over prompts + GEN, and a canvas whose block 0 is committed (block 1 active)."""
+  """A `Canvas` over prompts + GEN, and a canvas whose block 0 is committed (block 1 active)."""
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
                      cache=cache)
   tokens, valid = _prompts(rows)
@@ -60,7 +60,7 @@ def _canvas(model, cache, rows=3):
   canvas_valid = jnp.concatenate([valid, jnp.ones((rows, GEN), bool)], axis=1)
   positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (rows, width))
   meta = make_meta(jnp.where(canvas_valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
-  cv = _Canvas(model, cfg, rows, P, canvas_valid, positions, meta, model.embedding_table)
+  cv = Canvas(model, cfg, rows, P, canvas_valid, positions, meta, model.embedding_table)
   block0 = jax.random.randint(jax.random.key(2), (rows, B_SIZE), 3, TINY.vocab_size)
   masks = jnp.full((rows, GEN - B_SIZE), TINY.mask_id, jnp.int32)
   return cv, jnp.concatenate([tokens, block0, masks], axis=1), canvas_valid

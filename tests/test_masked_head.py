@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from orl_jax import decoding
-from orl_jax.decoding import DecodeConfig, _Canvas, _propose_masked, _propose_step, head_widths
+from orl_jax.decoding import DecodeConfig, Canvas, propose_masked, propose_step, head_widths
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, live_adapter, tiny_model
 
@@ -42,10 +42,10 @@ def test_masked_proposal_equals_the_whole_block_head(counts, temperature):
   hidden = jax.random.normal(jax.random.key(2), (rows, B_SIZE, TINY.d_model)) * 3.0
   base = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
                       temperature=temperature)
-  cv = lambda cfg: _Canvas(model, cfg, rows, P, None, None, None, model.embedding_table)
+  cv = lambda cfg: Canvas(model, cfg, rows, P, None, None, None, model.embedding_table)
   key = jax.random.key(7)
-  got = _propose_masked(cv(base), hidden, masked, key)
-  full = _propose_step(cv(decoding.dataclasses.replace(base, masked_head=False)), hidden,
+  got = propose_masked(cv(base), hidden, masked, key)
+  full = propose_step(cv(decoding.dataclasses.replace(base, masked_head=False)), hidden,
                        masked, key)
   m = np.asarray(masked)
   np.testing.assert_array_equal(np.asarray(got.cand)[m], np.asarray(full.cand)[m])
