@@ -40,7 +40,7 @@ from orl_jax.data.pipeline import encode_prompts
 from orl_jax import decoders
 from orl_jax.models import build, hf
 from orl_jax.models.transformer import init_cache
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule, select_commits
 from pallas_kernels.staircase_attention import KIND_CLEAN, KIND_STATE
 from flax import nnx
@@ -117,8 +117,8 @@ def naive_decode(graphdef, params, prompts, valid, dcfg):
 def run_tiny(args):
   """The tiny model: the jitted decoder against the host-driven loop (identical tokens)."""
   config = tiny.get_config("eval")
-  s = loop.setup(config)
-  graphdef, params = loop.initial_params(s)
+  s = build_setup(config)
+  graphdef, params = initial_params(s)
   used = "random init"
   if os.path.exists(os.path.join(args.params, params_io.META_FILE)):
     params, _ = params_io.load_params(args.params, params)

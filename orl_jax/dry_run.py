@@ -58,8 +58,8 @@ def sizing_model_config(config):
   vocab = config.model.get("vocab_size", 0)
   mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
   if hf_dir or not vocab:
-    from orl_jax.train.run import setup
-    cfg = setup(config).model_cfg
+    from orl_jax.train.setup import build_setup
+    cfg = build_setup(config).model_cfg
   else:
     cfg = config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
   if cfg.moe is not None:
@@ -96,7 +96,7 @@ def abstract_replay_batch(config, traj, *, mask_id: int, block_size: int):
 
 def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
   """Optimizer state and (ORL with the KL anchor) the frozen reference copy."""
-  from orl_jax.train.run import needs_reference
+  from orl_jax.train.setup import needs_reference
   from orl_jax.train.state import make_optimizer
   optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
                              config.train.freeze_base, frozen)
@@ -118,7 +118,7 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   if not vocab and not _hf_dir(config):
     raise config_lib.ConfigError("dry run: set model.vocab_size (or model.path) to size a "
                                  f"{family.name} model")
-  from orl_jax.train.run import own_model_config
+  from orl_jax.train.setup import own_model_config
   cfg = own_model_config(config, _hf_dir(config), family.name, vocab)
   model = nnx.eval_shape(lambda: family.build_model(cfg, nnx.Rngs(0)))
   graphdef, params = nnx.split(model, nnx.Param)
@@ -166,7 +166,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
     from orl_jax.models import hf
     family = families.get(hf.family_of(hf_dir))
   if family is not None:
-    from orl_jax.train.run import fill_decode_defaults
+    from orl_jax.train.setup import fill_decode_defaults
     fill_decode_defaults(config, hf_dir, family.name)
   if family is not None and family.own_model:
     return own_model_sizing_rows(config, family, n_devices)

@@ -229,11 +229,11 @@ def _config_of(family: str, path: str):
 def _run_error(family: str, path: str) -> Exception:
   """The error the launchers meet: decode.py's decode path for the mask families, the run
   set-up (training, evaluation) for DiffusionGemma (decode.py refuses that family)."""
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup
   config = _config_of(family, path)
   with pytest.raises(Exception) as e:
     if family == "diffusion_gemma":
-      loop.setup(config, prompts=[PROMPT])
+      build_setup(config, prompts=[PROMPT])
     else:
       _decode_launcher().decode_model(config, "m", path, [PROMPT])
   return e.value
@@ -332,7 +332,7 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   generates them; what the config sets (max_steps_per_block in :debug) and a special-token
   override still win."""
   from orl_jax import diffusion_gemma_rollout as dg_rollout
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup
   path = _family_dir(tmp_path, "diffusion_gemma")          # config.json: eos 298, pad 299
   _edit(path, "generation_config.json", eos_token_id=[EOS, MASK], pad_token_id=BOS,
         max_new_tokens=20, max_denoising_steps=7, t_min=0.3, t_max=0.9, stability_threshold=2,
@@ -341,7 +341,7 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   c = _config_of("diffusion_gemma", path)
   with c.unlocked():
     c.decode.gen_length = None
-  s = loop.setup(c, prompts=[PROMPT])
+  s = build_setup(c, prompts=[PROMPT])
   assert (s.model_cfg.eos_ids, s.model_cfg.pad_id) == ((EOS, MASK), BOS)
   d = s.config.decode
   assert (d.gen_length, d.max_steps_per_block, d.t_min, d.t_max, d.stability_threshold,
@@ -351,11 +351,11 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   assert (scfg.n_canvases, scfg.eos_ids, scfg.pad_id) == (2, (EOS, MASK), BOS)
   c = _config_of("diffusion_gemma", path)
   c.model.special_tokens.eos = "<|mdm_mask|>"
-  assert loop.setup(c, prompts=[PROMPT]).model_cfg.eos_ids == (MASK,)
+  assert build_setup(c, prompts=[PROMPT]).model_cfg.eos_ids == (MASK,)
   os.remove(os.path.join(path, "generation_config.json"))  # config.json's ids, transformers'
   c = _config_of("diffusion_gemma", path)                  # sampler defaults
   with c.unlocked():
     c.decode.gen_length, c.replay.row_len = None, 512
-  s = loop.setup(c, prompts=[PROMPT])
+  s = build_setup(c, prompts=[PROMPT])
   assert (s.model_cfg.eos_ids, s.model_cfg.pad_id, s.config.decode.gen_length,
           s.config.decode.t_max) == ((EOS,), PAD, 256, 0.8)

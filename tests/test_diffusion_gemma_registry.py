@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from configs import diffusion_gemma as dg_configs
-from orl_jax.train.run import fill_decode_defaults
+from orl_jax.train.setup import fill_decode_defaults
 from orl_jax import config as config_lib
 from orl_jax import dry_run, sharding
 from orl_jax.models import families

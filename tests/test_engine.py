@@ -204,12 +204,12 @@ def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
   import os
   from configs import tiny
   from orl_jax import evaluate as eval_lib
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup, initial_params
   config = tiny.get_config("eval")
   config.model.init_from = os.path.join(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))), "assets", "tiny_base")
-  s = loop.setup(config)
-  graphdef, params = loop.initial_params(s)
+  s = build_setup(config)
+  graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:20]
   rule = UnmaskRule("threshold", 0.9)
   lock = eval_lib.decode_problems(graphdef, params, problems, s.task, config, rule, batch_size=8)

@@ -29,7 +29,7 @@ from orl_jax.models.families import base
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
 from orl_jax.decoders import block_decode_config
 from orl_jax.train.state import frozen_params, make_optimizer
 
@@ -181,13 +181,13 @@ def _debug_config_at(path: str, workdir: str):
 
 def test_model_path_hf_directory_sets_family_and_shapes_then_exports_official_names(tmp_path):
   written = write_llada2_dir(str(tmp_path / "src"))
-  s = loop.setup(_debug_config_at(str(tmp_path / "src"), str(tmp_path / "w")))
+  s = build_setup(_debug_config_at(str(tmp_path / "src"), str(tmp_path / "w")))
   cfg = s.model_cfg
   assert (cfg.hf_family, cfg.family, cfg.n_layers, cfg.vocab_size) == ("llada2_moe",
                                                                       "block_causal", 3, 300)
   assert cfg.moe.impl == "ragged" and cfg.moe.n_experts == 8 and cfg.first_k_dense == 1
-  _, params = loop.initial_params(s)
-  loop.export_hf_dir(s, params, str(tmp_path / "out"), max_shard_bytes=60_000)
+  _, params = initial_params(s)
+  export_hf_dir(s, params, str(tmp_path / "out"), max_shard_bytes=60_000)
   exported = {}
   for f in os.listdir(tmp_path / "out"):
     if f.startswith("model-"):

@@ -141,10 +141,10 @@ def test_orl_trains_on_refilled_rollouts(tmp_path, engine_calls):
   """Two ORL iterations of the smoke shapes with 6 responses decoded on 4 rows: every update
   consumes its fresh rollout and packs its states."""
   import json
-  from orl_jax.train import loop
+  from orl_jax.train.entry import train
   c = orl_smoke_config(tmp_path, steps=2)
   c.decode.schedule, c.orl.rollout_rows = "per_row", 4
-  loop.train(c, progress=False)
+  train(c, progress=False)
   assert [rows for rows, _ in engine_calls if rows == 4] == [4, 4], engine_calls  # 2 rollouts
   with open(tmp_path / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]

@@ -47,7 +47,7 @@ from orl_jax.losses import OrlObjective
 from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, ReplayPlan, build_plan, gather_batch
 from orl_jax.rollout import Trajectories
-from orl_jax.train.run import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
+from orl_jax.train.setup import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
 ENTROPY_STEPS = 8   # rollout_entropy_step{k} is logged for the first steps of every block

@@ -22,7 +22,7 @@ from orl_jax.losses import sft_loss
 from orl_jax.models import families
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.train import rcd
-from orl_jax.train.run import RunLog, Setup, finish_run, prepare_run, resume
+from orl_jax.train.setup import RunLog, Setup, finish_run, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
 

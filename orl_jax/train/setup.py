@@ -1,4 +1,4 @@
-"""The life of a training run, shared by every loop (`sft.py`, `orl.py`): `setup` (config ->
+"""The life of a training run, shared by every loop (`sft.py`, `orl.py`): `build_setup` (config ->
 task, tokenizer, model config, mesh), `prepare_run` (optimizer, sharded state, checkpoint
 manager), `resume` (the newest checkpoint that restores) and `finish_run` (export the final
 parameters)."""
@@ -153,7 +153,7 @@ def own_model_config(config, hf_dir: str, family: str, vocab_size: int = 0, **sp
   return hf.parse_config_json(hf_dir, build)
 
 
-def setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
+def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   """config -> task, tokenizer, model config (from model.path's config.json when it is a
   Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
   what launch/decode.py --prompt decodes) instead of `config.task`'s problems."""
