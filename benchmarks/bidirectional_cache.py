@@ -34,7 +34,7 @@ MODES = ("none", "prefix", "dual")
 
 def bidirectional_config(args):
   c = tiny.get_config("eval")
-  c.model.family = "bidirectional"
+  c.model.attention = "bidirectional"
   c.model.init_from = "assets/tiny_base"
   c.decode.block_size = args.block_size
   c.eval.n_problems, c.eval.batch_size = args.n_problems, args.batch

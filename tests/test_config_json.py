@@ -68,7 +68,7 @@ def _qwen3_fields(c) -> dict:
               n_kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
               mlp_dim=c["intermediate_size"], rope_theta=c["rope_theta"],
               norm_eps=c["rms_norm_eps"], qk_norm=True,
-              tie_embeddings=c["tie_word_embeddings"], family="block_causal")
+              tie_embeddings=c["tie_word_embeddings"], attention="block_causal")
 
 
 @pytest.mark.parametrize("given", [{}, {"hidden_size": 256, "num_attention_heads": 8,
@@ -103,7 +103,7 @@ def test_llada2_missing_keys_take_the_official_defaults():
                     n_group=o["n_group"], topk_group=o["topk_group"],
                     n_shared=o["num_shared_experts"],
                     routed_scaling_factor=o["routed_scaling_factor"], impl="dense"),
-      first_k_dense=o["first_k_dense_replace"], norm_head=False, family="block_causal")
+      first_k_dense=o["first_k_dense_replace"], norm_head=False, attention="block_causal")
   with pytest.raises(config_json.ConfigJsonError, match="use_bias=true .missing: the official"):
     llada2_moe.architecture_from_hf({"model_type": "llada2_moe", "moe_intermediate_size": 64})
   with pytest.raises(config_json.ConfigJsonError, match="moe_intermediate_size is missing"):
@@ -119,7 +119,7 @@ def test_llada_missing_keys_take_the_official_defaults():
                       n_layers=o["n_layers"], n_heads=o["n_heads"], n_kv_heads=o["n_heads"],
                       head_dim=o["d_model"] // o["n_heads"], mlp_dim=o["mlp_ratio"] * o["d_model"],
                       rope_theta=o["rope_theta"], norm_eps=o["rms_norm_eps"], qk_norm=False,
-                      tie_embeddings=o["weight_tying"], family="bidirectional")
+                      tie_embeddings=o["weight_tying"], attention="bidirectional")
   for key in supported:      # each official default is a model we do not implement
     given = {k: v for k, v in supported.items() if k != key}
     with pytest.raises(config_json.ConfigJsonError,
@@ -166,7 +166,7 @@ _MOE = MoEConfig(n_experts=4, top_k=2, expert_dim=8, n_group=2, topk_group=1, n_
 CONFIGS = {   # family -> (a small model of it, the config that decodes it)
     "llada": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2, n_kv_heads=2,
                           head_dim=8, mlp_dim=24, mask_id=MASK, rope_theta=5e5, norm_eps=1e-5,
-                          family="bidirectional", hf_family="llada"), "llada:8b-instruct"),
+                          attention="bidirectional", hf_family="llada"), "llada:8b-instruct"),
     "llada2_moe": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2,
                                n_kv_heads=1, head_dim=8, mlp_dim=24, mask_id=MASK,
                                rope_theta=6e5, rope_fraction=0.5, qk_norm=True, moe=_MOE,

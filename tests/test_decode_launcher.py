@@ -63,7 +63,7 @@ def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> 
   model.safetensors (torch [out, in] names of DESIGN §4), tokenizer.json."""
   cfg = ModelConfig(vocab_size=LLADA_VOCAB, d_model=d_model, n_layers=n_layers, n_heads=4,
                     n_kv_heads=4, head_dim=d_model // 4, mlp_dim=2 * d_model, mask_id=126336,
-                    rope_theta=5e5, norm_eps=1e-5, family="bidirectional", hf_family="llada")
+                    rope_theta=5e5, norm_eps=1e-5, attention="bidirectional", hf_family="llada")
   rng = np.random.default_rng(seed)
   w = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)
   d, f = d_model, cfg.mlp_dim

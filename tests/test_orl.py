@@ -21,8 +21,8 @@ pytestmark = pytest.mark.numerics
 B_SIZE, GEN, G = 4, 12, 3
 
 
-def _rollout(family, residual_mode="adapter"):
-  model = tiny_model(7, residual_mode=residual_mode, family=family)
+def _rollout(attention, residual_mode="adapter"):
+  model = tiny_model(7, residual_mode=residual_mode, attention=attention)
   if residual_mode == "adapter":
     st = nnx.state(model, nnx.Param)
     k = st["adapter"]["down_proj"]["kernel"]

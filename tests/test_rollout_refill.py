@@ -24,8 +24,9 @@ EOS = 5                    # an ordinary token of the random model: responses en
 COUNTS = ("nfe", "nfe_engine", "n_generated", "finished")
 
 
-def _model(family):
-  return nnx.split(live_adapter(tiny_model(3, residual_mode="adapter", family=family), 0.05, 9))
+def _model(attention):
+  model = tiny_model(3, residual_mode="adapter", attention=attention)
+  return nnx.split(live_adapter(model, 0.05, 9))
 
 
 def _prompts():
@@ -69,14 +70,14 @@ def _rollout(graphdef, params, cfg, n_rows, key):
   return jax.device_get(run(params, *_prompts(), key, 0))
 
 
-@pytest.mark.parametrize("family,temperature,rule", [
+@pytest.mark.parametrize("attention,temperature,rule", [
     ("block_causal", 1.0, UnmaskRule("threshold", 0.3)),
     ("bidirectional", 1.0, UnmaskRule("entropy_budget", 0.4)),
 ])
-def test_fewer_rows_decode_each_response_as_alone(engine_calls, family, temperature, rule):
+def test_fewer_rows_decode_each_response_as_alone(engine_calls, attention, temperature, rule):
   """8 responses (4 prompts x 2) sampled at temperature 1 on 3 rows equal the same rollout on 8
   rows and each response decoded alone with the lock-step decoder and fold_in(key, i)."""
-  graphdef, params = _model(family)
+  graphdef, params = _model(attention)
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                      rule=rule, temperature=temperature, capture_states=3 * GEN)
   key = jax.random.key(4)

@@ -69,7 +69,7 @@ def replay_config(config, n_shards: int, context: str = "block") -> ReplayConfig
   """Bidirectional families always replay full canvases (their context cannot be shared);
   `context`: the family's context stream (`Family.replay_context`)."""
   r = config.replay
-  bidirectional = config.model.family == "bidirectional"
+  bidirectional = config.model.attention == "bidirectional"
   return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
                       max_responses=r.max_responses, states_per_response=r.states_per_response,
                       layout="canvas" if bidirectional else r.layout, n_shards=n_shards,

@@ -232,7 +232,8 @@ def initial_params(s: Setup):
   return graphdef, params
 
 
-# ModelConfig fields that decide which tensors exist and their shapes
+# ModelConfig fields that decide which tensors exist and their shapes (only these are compared:
+# meta.json of older runs names the attention layout `family`, now `attention`, unread here)
 _SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
                  "qk_norm", "tie_embeddings", "first_k_dense")
 
