@@ -15,7 +15,7 @@ One iteration, step by step (`orl_iteration`), with the module that owns each st
     summarize     here                device-side metrics; small arrays to host [hop: verification]
     verify        verify/, tasks.py   decoded responses -> rewards [P*G]       [hop: verification]
     plan          replay/plan.py      host plan, then put on device            [hop: planning]
-    gather        replay/batch.py     jitted, out_shardings = the batch's      (device)
+    gather        replay/gather.py    jitted, out_shardings = the batch's      (device)
     update        train/state.py      jitted train step with losses.OrlObjective (device)
 
 Everything but the named hops runs without host transfers (tested under

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.batch import PackedBatch, masked_state_tokens
+from orl_jax.packed_batch import PackedBatch, masked_state_tokens
 from orl_jax.data.pipeline import train_dataset
 from orl_jax.losses import sft_loss
 from orl_jax.models import families
