@@ -74,9 +74,9 @@ def make_base(config, out_dir: str, *, progress: bool = True) -> dict:
   with cfg.unlocked():
     cfg.train.mode = "eval"
     cfg.model.init_from = params_dir
-  s = build_setup(cfg)
-  graphdef, params = initial_params(s)
-  results = eval_lib.evaluate(graphdef, params, s.task, cfg, SETTINGS, progress=progress)
+  setup = build_setup(cfg)
+  graphdef, params = initial_params(setup)
+  results = eval_lib.evaluate(graphdef, params, setup.task, cfg, SETTINGS, progress=progress)
   eval_s = time.perf_counter() - t1
 
   record = {

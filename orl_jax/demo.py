@@ -53,11 +53,11 @@ def stage_config(config, stage: str, init_from: str, seed: int | None = None):
 def base_params_dir(config, *, progress=True) -> str:
   """The committed base model if it matches the config, else one trained (and cached) in the
   work directory by the `sft` stage."""
-  s = build_setup(config)
+  setup = build_setup(config)
   committed = _repo_path(config.base_checkpoint) if config.base_checkpoint else ""
   if committed and os.path.exists(os.path.join(committed, params_io.META_FILE)):
     try:
-      check_compatible(committed, s)
+      check_compatible(committed, setup)
       return committed
     except ValueError as e:
       logging.warning("not using %s: %s", committed, e)

@@ -87,9 +87,9 @@ def abstract_replay_batch(config, traj, *, mask_id: int, block_size: int):
   """The ShapeDtypeStructs of one replay batch (`config.replay` rows) gathered from `traj`."""
   from orl_jax.replay import ReplayConfig, ReplayPlan, gather_batch
   r = config.replay
-  rcfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
-                      max_responses=r.max_responses)
-  plan = ReplayPlan.abstract(rcfg)
+  replay_cfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
+                            max_responses=r.max_responses)
+  plan = ReplayPlan.abstract(replay_cfg)
   return jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=mask_id, block_size=block_size),
                         traj, plan)
 
@@ -129,19 +129,19 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   rows += _optimizer_rows(config, params, shape, rules, family.frozen)
   data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
-  scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids)
+  sampler_cfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids)
   p_len = config.task.prompt_len
   prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
   valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
   traj = jax.eval_shape(
       lambda p, t, v: dg_rollout.rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0),
-                                         scfg, o.group_size, 0), params, prompts, valid)
+                                         sampler_cfg, o.group_size, 0), params, prompts, valid)
   n_rollouts = o.prompts_per_step * o.group_size
-  n_states = scfg.n_canvases * scfg.max_steps
+  n_states = sampler_cfg.n_canvases * sampler_cfg.max_steps
   cap = _tree_bytes(traj.capture)   # with orl.capture_routes: the route buffers too
   note = (f"{n_rollouts} responses x {n_states} states x canvas {cfg.canvas_length} x "
           f"D={cfg.d_model}")
-  if scfg.capture_routes:            # expert ids of every step, the prefill, the commits
+  if sampler_cfg.capture_routes:            # expert ids of every step, the prefill, the commits
     note += f" + routes ({cfg.n_layers} MoE layers x top-{cfg.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
   batch = abstract_replay_batch(config, traj, mask_id=-1, block_size=cfg.canvas_length)
@@ -190,26 +190,26 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   o = config.orl
   specials = config.model.get("special_tokens", {})
   tok = types.SimpleNamespace(mask_id=cfg.mask_id, eos_id=_special_id(specials.get("eos", "")))
-  dcfg = block_decode_config(config, None, "rollout", mask_id=tok.mask_id, eos_id=tok.eos_id)
+  decode_cfg = block_decode_config(config, None, "rollout", mask_id=tok.mask_id, eos_id=tok.eos_id)
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
-  cap = (capture_bytes(n_rollouts, dcfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
-         + block_final_bytes(n_rollouts, dcfg))
-  note = (f"{n_rollouts} responses x {dcfg.capture_states} states x b={dcfg.block_size} x "
-          f"D={cfg.d_model}")
-  if cfg.moe is not None and dcfg.capture_routes:   # orl.capture_routes: expert ids per forward
-    cap += route_capture_bytes(n_rollouts, dcfg, p_len, cfg.n_moe_layers, cfg.moe.top_k,
-                               dcfg.max_blocks)
+  cap = (capture_bytes(n_rollouts, decode_cfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
+         + block_final_bytes(n_rollouts, decode_cfg))
+  note = (f"{n_rollouts} responses x {decode_cfg.capture_states} states x "
+          f"b={decode_cfg.block_size} x D={cfg.d_model}")
+  if cfg.moe is not None and decode_cfg.capture_routes:   # orl.capture_routes: expert ids
+    cap += route_capture_bytes(n_rollouts, decode_cfg, p_len, cfg.n_moe_layers, cfg.moe.top_k,
+                               decode_cfg.max_blocks)
     note += f" + routes ({cfg.n_moe_layers} MoE layers x top-{cfg.moe.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
   prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
   valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
   traj = jax.eval_shape(
-      lambda p, t, v: rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0), dcfg,
+      lambda p, t, v: rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0), decode_cfg,
                               o.group_size, 0), params, prompts, valid)
 
   # One replay batch: R rows x T tokens.
-  batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id, block_size=dcfg.block_size)
+  batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id, block_size=decode_cfg.block_size)
   r = config.replay
   replay = _tree_bytes(batch)
   rows.append(SizingRow("replay batch", replay, replay // data_par,

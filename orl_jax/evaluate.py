@@ -330,10 +330,10 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True)
   all_results = {}
   for weights, name in models:
     cfg = model_config_for(config, weights)
-    s = build_setup(cfg)
-    graphdef, params = initial_params(s)
-    results = evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress,
-                       mesh=s.mesh, model_cfg=s.model_cfg, name=name)
+    setup = build_setup(cfg)
+    graphdef, params = initial_params(setup)
+    results = evaluate(graphdef, params, setup.task, cfg, cfg.eval.settings, progress=progress,
+                       mesh=setup.mesh, model_cfg=setup.model_cfg, name=name)
     if distributed.is_lead_process():
       all_results = update_results(path, name, results)
     else:
