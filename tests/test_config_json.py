@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -321,6 +322,58 @@ def test_an_empty_prompt_is_refused_in_one_line(prompt):
       f"--config.model.path={os.path.join(ROOT, 'assets', 'tiny_base')}", f"--prompt={prompt}")
   assert code == 1 and len(lines) == 1 and stdout == "", lines
   assert lines[0].startswith("decode.py: --prompt is empty"), lines
+
+
+def _settled(path: str, *names: str) -> None:
+  """Dates the directory's files a minute back (as a downloaded model's are)."""
+  old = time.time() - 60
+  for name in names:
+    os.utime(os.path.join(path, name), (old, old))
+
+
+def _count_parses(monkeypatch) -> list[str]:
+  """The names of the files hf.py parses from now on, in order."""
+  parsed, read_json = [], hf.read_json
+
+  def counted(path):
+    parsed.append(os.path.basename(path))
+    return read_json(path)
+  monkeypatch.setattr(hf, "read_json", counted)
+  return parsed
+
+
+def test_set_up_parses_each_json_file_of_a_directory_once(tmp_path, monkeypatch):
+  """Set-up asks config.json five times (family, special tokens, architecture, ignored keys,
+  the mask check) and generation_config.json twice: each file is parsed once."""
+  from orl_jax.train.setup import build_setup
+  path = _family_dir(tmp_path, "llada2_moe")
+  _edit(path, "generation_config.json", eos_token_id=EOS)
+  _settled(path, "config.json", "generation_config.json")
+  parsed = _count_parses(monkeypatch)
+  setup = build_setup(_config_of("llada2_moe", path), prompts=[PROMPT])
+  assert setup.model_cfg.hf_family == "llada2_moe"
+  assert sorted(parsed) == ["config.json", "generation_config.json"], parsed
+
+
+def test_json_reader_sees_every_version_of_a_file_and_hands_out_copies(tmp_path, monkeypatch):
+  path = str(tmp_path / "config.json")
+  parses = _count_parses(monkeypatch)
+
+  def write(value):
+    with open(path, "w") as f:
+      json.dump({"a": value}, f)
+  write(1)
+  _settled(str(tmp_path), "config.json")
+  hf.read_json_object(path)["a"] = 5                    # the caller's copy
+  assert hf.read_json_object(path) == {"a": 1} and len(parses) == 1
+  write(2)                                              # a new mtime
+  assert hf.read_json_object(path) == {"a": 2}
+  # written again at the same size and (as within one mtime tick) the same mtime: a file this
+  # recent is parsed at every read
+  mtime_ns = os.stat(path).st_mtime_ns
+  write(3)
+  os.utime(path, ns=(mtime_ns, mtime_ns))
+  assert hf.read_json_object(path) == {"a": 3}
 
 
 # ----------------------------------------------------------------------------- DiffusionGemma
