@@ -1,7 +1,7 @@
-"""The life of a training run, shared by every loop (`sft.py`, `orl.py`): `build_setup` (config ->
-task, tokenizer, model config, mesh), `prepare_run` (optimizer, sharded state, checkpoint
-manager), `resume` (the newest checkpoint that restores) and `finish_run` (export the final
-parameters)."""
+"""The life of a training run, shared by every loop (`sft.py`, `orl.py`): `build_setup`
+(config -> task, tokenizer, model config, mesh), `prepare_run` (optimizer, sharded state,
+checkpoint manager), `resume` (the newest checkpoint that restores) and `finish_run` (export the
+final parameters)."""
 from __future__ import annotations
 
 import dataclasses
