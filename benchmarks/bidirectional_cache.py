@@ -25,7 +25,7 @@ from flax import nnx
 from configs import tiny
 from orl_jax.data.pipeline import encode_example
 from orl_jax.evaluate import decode_problems
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
 
@@ -34,7 +34,7 @@ MODES = ("none", "prefix", "dual")
 
 def bidirectional_config(args):
   c = tiny.get_config("eval")
-  c.model.family = "bidirectional"
+  c.model.attention = "bidirectional"
   c.model.init_from = "assets/tiny_base"
   c.decode.block_size = args.block_size
   c.eval.n_problems, c.eval.batch_size = args.n_problems, args.batch
@@ -85,7 +85,7 @@ def finetune(s, graphdef, params, steps: int, batch_size: int = 64, lr: float = 
 
 def converted_params(s, steps: int):
   """The base converted to bidirectional attention (cached under work_dirs/)."""
-  graphdef, params = loop.initial_params(s)
+  graphdef, params = initial_params(s)
   path = os.path.join(_common.ROOT, "work_dirs", f"tiny_bidirectional_{steps}.pkl")
   if os.path.exists(path):
     with open(path, "rb") as f:
@@ -118,7 +118,7 @@ def main():
   ap.add_argument("--rule", default="threshold_0.9")
   ap.add_argument("--repeats", type=int, default=3)
   args = ap.parse_args()
-  s = loop.setup(bidirectional_config(args))
+  s = build_setup(bidirectional_config(args))
   graphdef, params = converted_params(s, args.finetune_steps)
   problems = s.task.eval_problems()[:args.n_problems]
   rule = UnmaskRule.parse(args.rule)

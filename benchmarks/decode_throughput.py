@@ -40,7 +40,7 @@ from orl_jax.data.pipeline import encode_prompts
 from orl_jax import decoders
 from orl_jax.models import build, hf
 from orl_jax.models.transformer import init_cache
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule, select_commits
 from pallas_kernels.staircase_attention import KIND_CLEAN, KIND_STATE
 from flax import nnx
@@ -117,8 +117,8 @@ def naive_decode(graphdef, params, prompts, valid, dcfg):
 def run_tiny(args):
   """The tiny model: the jitted decoder against the host-driven loop (identical tokens)."""
   config = tiny.get_config("eval")
-  s = loop.setup(config)
-  graphdef, params = loop.initial_params(s)
+  s = build_setup(config)
+  graphdef, params = initial_params(s)
   used = "random init"
   if os.path.exists(os.path.join(args.params, params_io.META_FILE)):
     params, _ = params_io.load_params(args.params, params)
@@ -328,7 +328,7 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
     q_ids, q_valid = llada_dir.random_prompts(n_queue, PROMPT_LEN, MIN_PROMPT, m.vocab_size,
                                               seed=1)   # its first `batch` prompts are `ids`
     kind = mode.get("cache", "kv" if mode.get("kv_cache", True) else "none")
-    if m.family != "bidirectional" and kind == "none":
+    if m.attention != "bidirectional" and kind == "none":
       kind = "plain"
     name = "ours/" + "/".join(f"{k}{v}" if k == "refill" else ("kv" if v else "recompute")
                               if isinstance(v, bool) else str(v) for k, v in mode.items())
@@ -374,7 +374,7 @@ def setup_60m(args) -> dict:
   graphdef, params, s = llada_dir.load_ours(path, gen_length=GEN, block_size=BLOCK)
   m, peer = s.model_cfg, None
   if args.model == "blockcausal60m":
-    m = dataclasses.replace(m, family="block_causal")
+    m = dataclasses.replace(m, attention="block_causal")
     graphdef, _ = build.abstract_params(m)        # same tensors, block-causal attention
     modes, skipped = supported_modes(
         [dict(kv_cache=kv, schedule="lockstep") for kv in (True, False)]
@@ -414,8 +414,9 @@ def run_60m(args):
   ctx = setup_60m(args)
   m = ctx["model_cfg"]
   size = SIZE_SMALL if args.small else SIZE_60M
-  result = dict(model=args.model, small=args.small, family=m.family, size=size, params=n_params(m),
-                weights_dir_seed=0, head_scale=args.head_scale, hardware=ctx["hw"],
+  result = dict(model=args.model, small=args.small, attention=m.attention, size=size,
+                params=n_params(m), weights_dir_seed=0, head_scale=args.head_scale,
+                hardware=ctx["hw"],
                 threads=args.threads, prompt_len=[MIN_PROMPT, PROMPT_LEN], gen_length=GEN,
                 block_size=BLOCK, threshold=THRESHOLD, repeats=args.repeats,
                 device=jax.devices()[0].device_kind, skipped=ctx["skipped"], batches={})

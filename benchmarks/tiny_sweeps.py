@@ -98,7 +98,7 @@ def entropy_profile(rows: list[dict]) -> list[float]:
 def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
   from orl_jax import demo
   from orl_jax.metrics import read_jsonl
-  from orl_jax.train import loop
+  from orl_jax.train.entry import train
   cfg = run_config(name, overrides, seed, args.workdir)
   steps, t0 = cfg.train.steps, time.time()
   stops = list(range(args.segment, steps, args.segment)) + [steps] if args.segment else [steps]
@@ -107,7 +107,7 @@ def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
   curve = json.load(open(curve_path)) if os.path.exists(curve_path) else []
   params_dir = os.path.join(cfg.workdir, "params")
   for stop in stops[len(curve):]:
-    params_dir = loop.train(cfg, progress=args.progress, stop_after=stop)
+    params_dir = train(cfg, progress=args.progress, stop_after=stop)
     r = evaluate(cfg, params_dir, args.curve_problems, [args.setting])[args.setting]
     curve.append({"updates": stop, "accuracy": r["accuracy"], "tpf_pooled": r["tpf_pooled"]})
     with open(curve_path, "w") as f:

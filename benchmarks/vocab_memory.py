@@ -17,7 +17,7 @@ from flax import nnx
 
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.models import ModelConfig, Transformer
-from orl_jax.batch import PackedBatch
+from orl_jax.packed_batch import PackedBatch
 from orl_jax.residual import Residual
 from orl_jax.losses import sft_loss
 from pallas_kernels.staircase_attention import TokenMeta

@@ -45,7 +45,7 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   c = tiny.base_config()
   c.base_checkpoint = ""
   m = c.model
-  m.family = family.attention
+  m.attention = family.attention
   m.hf_family = hf_family
   m.hub_id = hub_id
   m.vocab_size = 0
@@ -97,7 +97,7 @@ def debug_overrides(c, *, block_size: int, workdir: str):
   A random model never gets a verified answer, so every response trains (min_reward = 0)."""
   m = c.model
   m.d_model, m.n_layers, m.head_dim, m.mlp_dim = 32, 2, 8, 64
-  m.n_heads, m.n_kv_heads = 4, (4 if c.model.family == "bidirectional" else 2)
+  m.n_heads, m.n_kv_heads = 4, (4 if c.model.attention == "bidirectional" else 2)
   m.vocab_size = 0
   m.residual.hidden = 0
   m.dtype = m.param_dtype = "float32"

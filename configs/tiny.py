@@ -48,7 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.pipeline = "train"            # "demo": base -> (orl) -> evaluation -> results.json
 
   c.model = ml_collections.ConfigDict()
-  c.model.family = "block_causal"   # attention layout: "block_causal" (KV cache) | "bidirectional"
+  c.model.attention = "block_causal"  # layout: "block_causal" (KV cache) | "bidirectional"
   c.model.d_model = 128             # hidden size
   c.model.n_layers = 4              # transformer layers
   c.model.n_heads = 4               # query heads
@@ -100,7 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
   # max_post_edit_steps): dllm 0.95 / 0.9 / 16, SGLang 0.5 / 0.0 / 16.
   c.decode.edit_threshold = 1.0
   c.decode.max_post_edit_steps = 0  # LLaDA2.1 editing steps after a block fills
-  # Bidirectional families (model.family="bidirectional"; others must keep "none": they decode
+  # Bidirectional families (model.attention="bidirectional"; others must keep "none": they decode
   # through an exact KV cache): "none" forwards the whole canvas every step (exact); Fast-dLLM's
   # approximate caches forward the whole canvas once per block start, then only the block and
   # what follows it ("prefix") or only the block ("dual") against the stored K/V. ORL

@@ -37,7 +37,7 @@ from orl_jax import evaluate as eval_lib
 from orl_jax import trajectory_view
 from orl_jax import weights as weights_lib
 from orl_jax.data.pipeline import encode_prompts
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
@@ -110,12 +110,12 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   every shape (its config.json); a params folder is decoded with the residual mode it was
   trained with."""
   cfg = eval_lib.model_config_for(config, path)
-  s = loop.setup(cfg, prompts=prompts)
+  s = build_setup(cfg, prompts=prompts)
   problems = s.task.eval_problems() if prompts else s.task.eval_problems()[:num]
   tok = s.tokenizer
   tokens, valid = _encode(problems, tok, cfg.task.prompt_len)
   rule = UnmaskRule(cfg.decode.rule, cfg.decode.rule_value)
-  graphdef, params = loop.initial_params(s)
+  graphdef, params = initial_params(s)
   ids = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
   run = decoders.make_decoder(cfg, s.model_cfg, graphdef, "decode", rule=rule, **ids)
   out = jax.device_get(run(params, tokens, valid, jax.random.key(0)))

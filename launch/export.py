@@ -18,7 +18,8 @@ from ml_collections import config_flags
 
 from orl_jax import params_io
 from orl_jax import weights as weights_lib
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, check_compatible, export_hf_dir
+from orl_jax.train.state import init_model_params
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
@@ -40,11 +41,11 @@ def main(argv):
       config.model.path = ""   # a params folder in model.path: --params names the weights
     config.model.residual.mode = meta.get("model", {}).get("residual_mode",
                                                            config.model.residual.mode)
-  s = loop.setup(config)
-  _, params = loop.init_model_params(s.model_cfg, config.seed)
-  loop.check_compatible(_PARAMS.value, s)
+  s = build_setup(config)
+  _, params = init_model_params(s.model_cfg, config.seed)
+  check_compatible(_PARAMS.value, s)
   params, _ = params_io.load_params(_PARAMS.value, params)
-  out = loop.export_hf_dir(s, params, _OUT.value, _SHARD.value)
+  out = export_hf_dir(s, params, _OUT.value, _SHARD.value)
   print(f"exported: {os.path.abspath(out)}")
 
 

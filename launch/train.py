@@ -11,7 +11,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from orl_jax import demo, distributed
-from orl_jax.train import loop
+from orl_jax.train.entry import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
@@ -29,7 +29,7 @@ def main(argv):
   elif config.get("pipeline", "train") == "demo":
     demo.run_demo(config)
   else:
-    out = loop.train(config)
+    out = train(config)
     print(f"parameters: {out}")
 
 

@@ -21,7 +21,8 @@ import jax
 
 from orl_jax import evaluate as eval_lib
 from orl_jax import params_io
-from orl_jax.train import loop
+from orl_jax.train.entry import train
+from orl_jax.train.setup import build_setup, initial_params
 
 # The settings the README reports (accuracy at one token per forward, and the default decoder).
 SETTINGS = ("fixed_steps_1", "threshold_0.9")
@@ -65,7 +66,7 @@ def make_base(config, out_dir: str, *, progress: bool = True) -> dict:
   start_step = max((int(d) for d in (os.listdir(checkpoints) if os.path.isdir(checkpoints) else [])
                     if d.isdigit()), default=0)
   t0 = time.perf_counter()
-  params_dir = loop.train(config, progress=progress)
+  params_dir = train(config, progress=progress)
   train_s = time.perf_counter() - t0
 
   t1 = time.perf_counter()
@@ -73,9 +74,9 @@ def make_base(config, out_dir: str, *, progress: bool = True) -> dict:
   with cfg.unlocked():
     cfg.train.mode = "eval"
     cfg.model.init_from = params_dir
-  s = loop.setup(cfg)
-  graphdef, params = loop.initial_params(s)
-  results = eval_lib.evaluate(graphdef, params, s.task, cfg, SETTINGS, progress=progress)
+  setup = build_setup(cfg)
+  graphdef, params = initial_params(setup)
+  results = eval_lib.evaluate(graphdef, params, setup.task, cfg, SETTINGS, progress=progress)
   eval_s = time.perf_counter() - t1
 
   record = {

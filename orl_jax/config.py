@@ -19,7 +19,7 @@ from orl_jax.unmasking import COMMIT_COMPARES, RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
 
 TRAIN_MODES = ("sft", "residual_warmup", "orl", "rcd_offline", "eval")
-FAMILIES = families.ATTENTION_LAYOUTS
+ATTENTION_LAYOUTS = families.ATTENTION_LAYOUTS
 
 
 class ConfigError(ValueError):
@@ -32,7 +32,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   m, d, t = config.model, config.decode, config.train
   check = lambda cond, msg: None if cond else errors.append(msg)
   check(t.mode in TRAIN_MODES, f"train.mode={t.mode!r} must be one of {TRAIN_MODES}")
-  check(m.family in FAMILIES, f"model.family={m.family!r} must be one of {FAMILIES}")
+  check(m.attention in ATTENTION_LAYOUTS,
+        f"model.attention={m.attention!r} must be one of {ATTENTION_LAYOUTS}")
   check(m.residual.mode in RESIDUAL_MODES,
         f"model.residual.mode={m.residual.mode!r} must be one of {RESIDUAL_MODES}")
   check(m.attention_impl in IMPLS, f"model.attention_impl={m.attention_impl!r} must be one of {IMPLS}")
@@ -178,9 +179,9 @@ def _rules_errors(config: ml_collections.ConfigDict) -> list[str]:
   if compare not in ("auto",) + COMMIT_COMPARES:
     errors.append(f"decode.commit_compare={compare!r} must be one of "
                   f"{('auto',) + COMMIT_COMPARES}")
-  if placement == "absolute" and config.model.family == "bidirectional":
+  if placement == "absolute" and config.model.attention == "bidirectional":
     errors.append("decode.block_placement='absolute' places blocks of a block-causal model; "
-                  "model.family='bidirectional' (LLaDA-8B) starts its blocks at the prompt's "
+                  "model.attention='bidirectional' (LLaDA-8B) starts its blocks at the prompt's "
                   "end: set decode.block_placement='auto' or 'prompt_end'")
   return errors
 
@@ -197,9 +198,9 @@ def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
         f"decode.max_post_edit_steps={d.max_post_edit_steps} adds editing steps, but "
         "decode.edit_threshold=1.0 never edits: lower decode.edit_threshold (dllm 0.9, SGLang "
         "0.0) or set decode.max_post_edit_steps=0")
-  check(not config.orl.capture_routes or config.model.family != "bidirectional",
-        f"orl.capture_routes needs a model decoded through a KV cache (model.family="
-        f"{config.model.family!r} replays whole canvases and captures no routes)")
+  check(not config.orl.capture_routes or config.model.attention != "bidirectional",
+        f"orl.capture_routes needs a model decoded through a KV cache (model.attention="
+        f"{config.model.attention!r} replays whole canvases and captures no routes)")
   return errors
 
 
@@ -229,15 +230,15 @@ def _schedule_errors(config: ml_collections.ConfigDict) -> list[str]:
 def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
   """decode.cache: Fast-dLLM's approximate caches exist for bidirectional canvases only, and
   ORL rollouts must decode exactly (their captured states are replayed)."""
-  cache, family = config.decode.get("cache", "none"), config.model.family
+  cache, attention = config.decode.get("cache", "none"), config.model.attention
   if cache == "none":
     return []
   if cache not in CACHE_MODES:
     return [f"decode.cache={cache!r} must be one of {CACHE_MODES}"]
   errors = []
-  if family != "bidirectional":
-    errors.append(f"decode.cache={cache!r} caches a bidirectional canvas, but model.family="
-                  f"{family!r} already decodes through its exact KV cache: set "
+  if attention != "bidirectional":
+    errors.append(f"decode.cache={cache!r} caches a bidirectional canvas, but model.attention="
+                  f"{attention!r} already decodes through its exact KV cache: set "
                   "decode.cache='none'")
   if config.train.mode == "orl":
     errors.append(f"decode.cache={cache!r} is approximate: ORL rollouts capture what each step "
@@ -280,7 +281,8 @@ def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id:
       n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim, mask_id=mask_id,
       rope_theta=m.rope_theta, rope_fraction=m.get("rope_fraction", 1.0), norm_eps=m.norm_eps,
       qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale,
-      family=m.family, dtype=m.dtype, param_dtype=m.param_dtype, attention_impl=m.attention_impl,
+      attention=m.attention, dtype=m.dtype, param_dtype=m.param_dtype,
+      attention_impl=m.attention_impl,
       residual_mode=m.residual.mode, residual_hidden=m.residual.hidden,
       residual_scale=m.residual.scale, residual_temperature=m.residual.temperature,
       moe=moe_config(config), first_k_dense=m.get("first_k_dense", 0),

@@ -63,18 +63,19 @@ def block_decode_config(config, model_cfg, purpose: str, *, mask_id: int, eos_id
   family = _registry_family(model_cfg)
   if purpose == "rollout":
     o = config.orl
-    dcfg = config_lib.decode_config(config, mask_id=mask_id, eos_id=eos_id,
-                                    rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
-                                    temperature=o.rollout_temperature, capture_states=1,
-                                    family=family)
-    steps = dcfg.max_blocks * dcfg.steps_bound
-    return dataclasses.replace(dcfg, capture_states=o.capture_states or steps,
+    decode_cfg = config_lib.decode_config(config, mask_id=mask_id, eos_id=eos_id,
+                                          rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
+                                          temperature=o.rollout_temperature, capture_states=1,
+                                          family=family)
+    steps = decode_cfg.max_blocks * decode_cfg.steps_bound
+    return dataclasses.replace(decode_cfg, capture_states=o.capture_states or steps,
                                capture_routes=o.capture_routes, eos_early_stop=True)
-  dcfg = config_lib.decode_config(config, mask_id=mask_id, eos_id=eos_id, rule=rule,
-                                  temperature=temperature, family=family)
+  decode_cfg = config_lib.decode_config(config, mask_id=mask_id, eos_id=eos_id, rule=rule,
+                                        temperature=temperature, family=family)
   if purpose == "decode":
-    dcfg = dataclasses.replace(dcfg, capture_states=dcfg.max_blocks * dcfg.steps_bound)
-  return dcfg
+    decode_cfg = dataclasses.replace(
+        decode_cfg, capture_states=decode_cfg.max_blocks * decode_cfg.steps_bound)
+  return decode_cfg
 
 
 def make_decoder(config, model_cfg, graphdef, purpose: str, *, mask_id: int, eos_id: int,
@@ -89,14 +90,14 @@ def make_decoder(config, model_cfg, graphdef, purpose: str, *, mask_id: int, eos
   kind = sampler_kind(config, model_cfg)
   if kind == UNIFORM_NOISE:
     return _uniform_noise_decoder(config, model_cfg, graphdef, purpose, rule, group_size, mesh)
-  dcfg = block_decode_config(config, model_cfg, purpose, mask_id=mask_id, eos_id=eos_id,
-                             rule=rule, temperature=temperature)
+  decode_cfg = block_decode_config(config, model_cfg, purpose, mask_id=mask_id, eos_id=eos_id,
+                                   rule=rule, temperature=temperature)
   if purpose == "rollout":
-    return rollout_lib.make_rollout(graphdef, dcfg, group_size, mesh,
+    return rollout_lib.make_rollout(graphdef, decode_cfg, group_size, mesh,
                                     rollout_fn=_per_row_rollout_fn(config, mesh))
   if kind == PER_ROW and purpose == "evaluate":
-    return engine.make_engine(graphdef, dcfg, n_rows)
-  return decoding.make_decoder(graphdef, dcfg)
+    return engine.make_engine(graphdef, decode_cfg, n_rows)
+  return decoding.make_decoder(graphdef, decode_cfg)
 
 
 def _per_row_rollout_fn(config, mesh):
@@ -124,17 +125,17 @@ def _uniform_noise_decoder(config, cfg: DiffusionGemmaConfig, graphdef, purpose:
       raise ValueError(f"orl.rollout_rows={config.orl.rollout_rows} sets the per-row engine's "
                        "rows, but diffusion_gemma models roll out with their family's own "
                        "sampler: set orl.rollout_rows=0")
-    scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
-    return dg_rollout.make_rollout(graphdef, scfg, group_size, mesh)
+    sampler_cfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
+    return dg_rollout.make_rollout(graphdef, sampler_cfg, group_size, mesh)
   rule = rule or UnmaskRule(config.decode.rule, config.decode.rule_value)
   if rule.name != "entropy_budget":
     where = "eval.settings" if purpose == "evaluate" else "decode.rule"
     raise ValueError(f"{where}: {rule.label!r} is not a DiffusionGemma decoder; its sampler "
                      "accepts by an entropy bound: use 'entropy_budget_<nats>' (transformers' "
                      "default 0.1)")
-  scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id,
-                                   rollout=False, entropy_bound=rule.value)
-  return dg_rollout.make_decoder(graphdef, scfg, capture=purpose == "decode")
+  sampler_cfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id,
+                                          rollout=False, entropy_bound=rule.value)
+  return dg_rollout.make_decoder(graphdef, sampler_cfg, capture=purpose == "decode")
 
 
 def prompt_lead(config, model_cfg, prompt_valid, *, mask_id: int, eos_id: int):
@@ -142,5 +143,5 @@ def prompt_lead(config, model_cfg, prompt_valid, *, mask_id: int, eos_id: int):
   absolute placement, `decoding.prompt_lead`); 0 for the uniform-noise sampler."""
   if sampler_kind(config, model_cfg) == UNIFORM_NOISE:
     return jnp.zeros(prompt_valid.shape[:1], jnp.int32)
-  dcfg = block_decode_config(config, model_cfg, "decode", mask_id=mask_id, eos_id=eos_id)
-  return decoding.prompt_lead(prompt_valid, dcfg.block_size, dcfg.block_placement)
+  decode_cfg = block_decode_config(config, model_cfg, "decode", mask_id=mask_id, eos_id=eos_id)
+  return decoding.prompt_lead(prompt_valid, decode_cfg.block_size, decode_cfg.block_placement)

@@ -355,7 +355,7 @@ class Canvas:
 
   @property
   def bidirectional(self) -> bool:
-    return self.model.cfg.family == "bidirectional"
+    return self.model.cfg.attention == "bidirectional"
 
   def step_meta(self, start):
     """Whole-canvas metadata of a block-causal step without cache: prompt, committed (clean)
@@ -743,9 +743,9 @@ def _check_route_capture(model: Transformer, cfg: DecodeConfig):
   if mcfg.moe is None or not mcfg.n_moe_layers:
     raise ValueError("orl.capture_routes records MoE routes, but the model has no MoE layer: "
                      "set orl.capture_routes=False")
-  if mcfg.family == "bidirectional" or not cfg.kv_cache:
+  if mcfg.attention == "bidirectional" or not cfg.kv_cache:
     raise ValueError("orl.capture_routes needs a block-causal model decoded through the KV "
-                     f"cache (model.family={mcfg.family!r}, kv_cache={cfg.kv_cache})")
+                     f"cache (model.attention={mcfg.attention!r}, kv_cache={cfg.kv_cache})")
   if mcfg.moe.n_experts > jnp.iinfo(ROUTE_DTYPE).max:
     raise ValueError(f"orl.capture_routes stores expert ids as {jnp.dtype(ROUTE_DTYPE).name}: "
                      f"model.moe.n_experts={mcfg.moe.n_experts} does not fit")
@@ -757,14 +757,14 @@ def _check_decode(model: Transformer, cfg: DecodeConfig, p: int):
     raise ValueError(f"prompt length {p} must be a multiple of the block size {b} "
                      "(left-pad prompts to a block boundary)")
   _check_route_capture(model, cfg)
-  if cfg.cache != "none" and mcfg.family != "bidirectional":
+  if cfg.cache != "none" and mcfg.attention != "bidirectional":
     raise ValueError(f"decode.cache={cfg.cache!r} caches a bidirectional canvas; "
-                     f"model.family={mcfg.family!r} decodes through its exact KV cache: set "
-                     "decode.cache='none'")
-  if cfg.block_placement == "absolute" and mcfg.family == "bidirectional":
+                     f"model.attention={mcfg.attention!r} decodes through its exact KV cache: "
+                     "set decode.cache='none'")
+  if cfg.block_placement == "absolute" and mcfg.attention == "bidirectional":
     raise ValueError("decode.block_placement='absolute' places blocks of a block-causal model; "
-                     "a bidirectional canvas (model.family='bidirectional', LLaDA-8B) starts its "
-                     "blocks at the prompt's end: set decode.block_placement='prompt_end'")
+                     "a bidirectional canvas (model.attention='bidirectional', LLaDA-8B) starts "
+                     "its blocks at the prompt's end: set decode.block_placement='prompt_end'")
 
 
 def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, cap):

@@ -14,7 +14,8 @@ import numpy as np
 from orl_jax import evaluate as eval_lib
 from orl_jax import distributed, params_io, plots
 from orl_jax.metrics import read_jsonl
-from orl_jax.train import loop
+from orl_jax.train.entry import train
+from orl_jax.train.setup import build_setup, check_compatible
 
 CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
               "replay_entropy", "rollout_entropy_step0", "rollout_entropy_step2")
@@ -52,11 +53,11 @@ def stage_config(config, stage: str, init_from: str, seed: int | None = None):
 def base_params_dir(config, *, progress=True) -> str:
   """The committed base model if it matches the config, else one trained (and cached) in the
   work directory by the `sft` stage."""
-  s = loop.setup(config)
+  setup = build_setup(config)
   committed = _repo_path(config.base_checkpoint) if config.base_checkpoint else ""
   if committed and os.path.exists(os.path.join(committed, params_io.META_FILE)):
     try:
-      loop.check_compatible(committed, s)
+      check_compatible(committed, setup)
       return committed
     except ValueError as e:
       logging.warning("not using %s: %s", committed, e)
@@ -69,7 +70,7 @@ def base_params_dir(config, *, progress=True) -> str:
     sft_cfg.model.residual.mode = "none"
     sft_cfg.model.init_from = ""
     sft_cfg.workdir = os.path.join(config.workdir, "base")
-  return loop.train(sft_cfg, progress=progress)
+  return train(sft_cfg, progress=progress)
 
 
 def warmup_params_dir(config, base: str, curves: list, *, progress=True) -> str:
@@ -81,7 +82,7 @@ def warmup_params_dir(config, base: str, curves: list, *, progress=True) -> str:
   if (committed and os.path.exists(os.path.join(committed, params_io.META_FILE))
       and os.path.abspath(base) == os.path.abspath(committed_base)):
     try:
-      loop.check_compatible(committed, loop.setup(config))
+      check_compatible(committed, build_setup(config))
       return committed
     except ValueError as e:
       logging.warning("not using %s: %s", committed, e)
@@ -168,7 +169,7 @@ def _train_stage(config, stage: str, init_from: str, seed: int | None, progress:
                  curves: list) -> tuple[str, str]:
   """(eval name, params folder) of one trained stage; its training curves go to `curves`."""
   cfg = stage_config(config, stage, init_from, seed)
-  params_dir = loop.train(cfg, progress=progress)
+  params_dir = train(cfg, progress=progress)
   metrics = os.path.join(cfg.workdir, "metrics.jsonl")
   suffix = "" if seed is None else f"_seed{seed}"
   png = os.path.join(config.workdir, f"curves_{stage}{suffix}.png")

@@ -58,8 +58,8 @@ def sizing_model_config(config):
   vocab = config.model.get("vocab_size", 0)
   mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
   if hf_dir or not vocab:
-    from orl_jax.train.run import setup
-    cfg = setup(config).model_cfg
+    from orl_jax.train.setup import build_setup
+    cfg = build_setup(config).model_cfg
   else:
     cfg = config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
   if cfg.moe is not None:
@@ -87,16 +87,16 @@ def abstract_replay_batch(config, traj, *, mask_id: int, block_size: int):
   """The ShapeDtypeStructs of one replay batch (`config.replay` rows) gathered from `traj`."""
   from orl_jax.replay import ReplayConfig, ReplayPlan, gather_batch
   r = config.replay
-  rcfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
-                      max_responses=r.max_responses)
-  plan = ReplayPlan.abstract(rcfg)
+  replay_cfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
+                            max_responses=r.max_responses)
+  plan = ReplayPlan.abstract(replay_cfg)
   return jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=mask_id, block_size=block_size),
                         traj, plan)
 
 
 def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
   """Optimizer state and (ORL with the KL anchor) the frozen reference copy."""
-  from orl_jax.train.run import needs_reference
+  from orl_jax.train.setup import needs_reference
   from orl_jax.train.state import make_optimizer
   optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
                              config.train.freeze_base, frozen)
@@ -118,7 +118,7 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   if not vocab and not _hf_dir(config):
     raise config_lib.ConfigError("dry run: set model.vocab_size (or model.path) to size a "
                                  f"{family.name} model")
-  from orl_jax.train.run import own_model_config
+  from orl_jax.train.setup import own_model_config
   cfg = own_model_config(config, _hf_dir(config), family.name, vocab)
   model = nnx.eval_shape(lambda: family.build_model(cfg, nnx.Rngs(0)))
   graphdef, params = nnx.split(model, nnx.Param)
@@ -129,19 +129,19 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   rows += _optimizer_rows(config, params, shape, rules, family.frozen)
   data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
-  scfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids)
+  sampler_cfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids)
   p_len = config.task.prompt_len
   prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
   valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
   traj = jax.eval_shape(
       lambda p, t, v: dg_rollout.rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0),
-                                         scfg, o.group_size, 0), params, prompts, valid)
+                                         sampler_cfg, o.group_size, 0), params, prompts, valid)
   n_rollouts = o.prompts_per_step * o.group_size
-  n_states = scfg.n_canvases * scfg.max_steps
+  n_states = sampler_cfg.n_canvases * sampler_cfg.max_steps
   cap = _tree_bytes(traj.capture)   # with orl.capture_routes: the route buffers too
   note = (f"{n_rollouts} responses x {n_states} states x canvas {cfg.canvas_length} x "
           f"D={cfg.d_model}")
-  if scfg.capture_routes:            # expert ids of every step, the prefill, the commits
+  if sampler_cfg.capture_routes:            # expert ids of every step, the prefill, the commits
     note += f" + routes ({cfg.n_layers} MoE layers x top-{cfg.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
   batch = abstract_replay_batch(config, traj, mask_id=-1, block_size=cfg.canvas_length)
@@ -166,7 +166,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
     from orl_jax.models import hf
     family = families.get(hf.family_of(hf_dir))
   if family is not None:
-    from orl_jax.train.run import fill_decode_defaults
+    from orl_jax.train.setup import fill_decode_defaults
     fill_decode_defaults(config, hf_dir, family.name)
   if family is not None and family.own_model:
     return own_model_sizing_rows(config, family, n_devices)
@@ -190,26 +190,26 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   o = config.orl
   specials = config.model.get("special_tokens", {})
   tok = types.SimpleNamespace(mask_id=cfg.mask_id, eos_id=_special_id(specials.get("eos", "")))
-  dcfg = block_decode_config(config, None, "rollout", mask_id=tok.mask_id, eos_id=tok.eos_id)
+  decode_cfg = block_decode_config(config, None, "rollout", mask_id=tok.mask_id, eos_id=tok.eos_id)
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
-  cap = (capture_bytes(n_rollouts, dcfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
-         + block_final_bytes(n_rollouts, dcfg))
-  note = (f"{n_rollouts} responses x {dcfg.capture_states} states x b={dcfg.block_size} x "
-          f"D={cfg.d_model}")
-  if cfg.moe is not None and dcfg.capture_routes:   # orl.capture_routes: expert ids per forward
-    cap += route_capture_bytes(n_rollouts, dcfg, p_len, cfg.n_moe_layers, cfg.moe.top_k,
-                               dcfg.max_blocks)
+  cap = (capture_bytes(n_rollouts, decode_cfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
+         + block_final_bytes(n_rollouts, decode_cfg))
+  note = (f"{n_rollouts} responses x {decode_cfg.capture_states} states x "
+          f"b={decode_cfg.block_size} x D={cfg.d_model}")
+  if cfg.moe is not None and decode_cfg.capture_routes:   # orl.capture_routes: expert ids
+    cap += route_capture_bytes(n_rollouts, decode_cfg, p_len, cfg.n_moe_layers, cfg.moe.top_k,
+                               decode_cfg.max_blocks)
     note += f" + routes ({cfg.n_moe_layers} MoE layers x top-{cfg.moe.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
   prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
   valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
   traj = jax.eval_shape(
-      lambda p, t, v: rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0), dcfg,
+      lambda p, t, v: rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0), decode_cfg,
                               o.group_size, 0), params, prompts, valid)
 
   # One replay batch: R rows x T tokens.
-  batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id, block_size=dcfg.block_size)
+  batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id, block_size=decode_cfg.block_size)
   r = config.replay
   replay = _tree_bytes(batch)
   rows.append(SizingRow("replay batch", replay, replay // data_par,

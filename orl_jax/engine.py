@@ -318,10 +318,10 @@ def _check(model: Transformer, cfg: DecodeConfig, p: int, n_rows: int):
   if cfg.capture_routes:
     raise ValueError("orl.capture_routes is not supported by decode.schedule='per_row' yet: "
                      "set decode.schedule='lockstep'")
-  if not cfg.kv_cache and model.cfg.family != "bidirectional":
+  if not cfg.kv_cache and model.cfg.attention != "bidirectional":
     raise ValueError("decode.schedule='per_row' decodes block-causal models through the KV "
                      "cache: kv_cache=False is the lock-step reference only")
-  if cfg.block_placement == "absolute" and model.cfg.family == "bidirectional":
+  if cfg.block_placement == "absolute" and model.cfg.attention == "bidirectional":
     raise ValueError("decode.block_placement='absolute' places blocks of a block-causal model; "
                      "a bidirectional canvas (LLaDA-8B) starts its blocks at the prompt's end: "
                      "set decode.block_placement='prompt_end'")

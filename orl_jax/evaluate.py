@@ -325,15 +325,15 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True)
   """Evaluates each (weights path, name) with `eval.settings` on `config.task`, side by side;
   merges `{name: {setting: metrics}}` into WORKDIR/results.json (process 0) and returns all
   results (on other processes: this call's)."""
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup, initial_params
   path = os.path.join(config.workdir, "results.json")
   all_results = {}
   for weights, name in models:
     cfg = model_config_for(config, weights)
-    s = loop.setup(cfg)
-    graphdef, params = loop.initial_params(s)
-    results = evaluate(graphdef, params, s.task, cfg, cfg.eval.settings, progress=progress,
-                       mesh=s.mesh, model_cfg=s.model_cfg, name=name)
+    setup = build_setup(cfg)
+    graphdef, params = initial_params(setup)
+    results = evaluate(graphdef, params, setup.task, cfg, cfg.eval.settings, progress=progress,
+                       mesh=setup.mesh, model_cfg=setup.model_cfg, name=name)
     if distributed.is_lead_process():
       all_results = update_results(path, name, results)
     else:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from orl_jax.batch import PackedBatch, layer_routes, sft_batch, split_rows
+from orl_jax.packed_batch import PackedBatch, layer_routes, sft_batch, split_rows
 from orl_jax.choices import KL_REFERENCES
 from orl_jax.vocab_chunks import token_stats
 

@@ -96,12 +96,12 @@ def check_checkpoint_roundtrip(config) -> dict:
   from orl_jax import params_io, sharding
   from orl_jax.checkpoint import Checkpointer, abstract_like
   from orl_jax.data.pipeline import prompt_dataset
-  from orl_jax.train import loop
-  s = loop.setup(config)
-  run = loop.prepare_run(s)
+  from orl_jax.train.setup import build_setup, prepare_run, resume
+  s = build_setup(config)
+  run = prepare_run(s)
   n = config.orl.prompts_per_step
   prompts = iter(prompt_dataset(None, batch_size=n, rows=sharding.process_rows(s.mesh, n)))
-  state, step = loop.resume(run, prompts)
+  state, step = resume(run, prompts)
   run.ckpt.close()
   host = sharding.to_host(state)
   exported = load_file(os.path.join(config.workdir, "params", params_io.PARAMS_FILE))
@@ -132,11 +132,11 @@ def evaluate_trained(config) -> dict:
   import numpy as np
   from orl_jax import evaluate as eval_lib
   from orl_jax import sharding
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup, initial_params
   from orl_jax.unmasking import UnmaskRule
   cfg = eval_lib.model_config_for(config, eval_lib.RANDOM_INIT)
-  s = loop.setup(cfg)
-  graphdef, params = loop.initial_params(s)
+  s = build_setup(cfg)
+  graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:8]
   rule = UnmaskRule.parse("threshold_0.9")
   tokens, nfe, *_ = eval_lib.decode_problems(graphdef, params, problems, s.task, cfg, rule,
@@ -153,10 +153,11 @@ def evaluate_trained(config) -> dict:
 def main():
   args = parse_args()
   info = start_runtime(args)
-  from orl_jax.train import loop, run
+  from orl_jax.train import setup as setup_lib
+  from orl_jax.train.entry import train
   config = run_config(args)
-  run.MetricsWriter = RecordingWriter
-  loop.train(config, progress=False)
+  setup_lib.MetricsWriter = RecordingWriter
+  train(config, progress=False)
   result = dict(info, losses=[r["loss"] for r in RecordingWriter.rows],
                 rewards=[r["reward"] for r in RecordingWriter.rows],
                 states_packed=[r["states_packed"] for r in RecordingWriter.rows],

@@ -28,7 +28,7 @@ from orl_jax.dry_run import abstract_replay_batch  # noqa: E402
 from orl_jax.losses import OrlObjective  # noqa: E402
 from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.rollout import make_rollout  # noqa: E402
-from orl_jax.train import loop  # noqa: E402
+from orl_jax.train.setup import build_setup, loss_config, needs_reference  # noqa: E402
 from orl_jax.decoders import block_decode_config  # noqa: E402
 from orl_jax.train.state import create_train_state, make_optimizer, make_train_step  # noqa: E402
 from pallas_kernels.staircase_attention import target_platform  # noqa: E402
@@ -79,10 +79,10 @@ def kernels_by_row_split(jaxpr, rows_split=()) -> list[tuple[str, ...]]:
 
 def lowered_steps(name: str, platform: str) -> dict:
   c = debug_config(name)
-  s = loop.setup(c)
+  s = build_setup(c)
   optimizer = make_optimizer(c.train, c.model.residual.lr_scale, c.train.freeze_base)
   graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, c.seed,
-                                                 with_reference=loop.needs_reference(c))
+                                                 with_reference=needs_reference(c))
   rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
   dcfg = block_decode_config(c, None, "rollout", mask_id=s.tokenizer.mask_id,
                              eos_id=s.tokenizer.eos_id)
@@ -97,7 +97,7 @@ def lowered_steps(name: str, platform: str) -> dict:
   batch = abstract_replay_batch(c, traj, mask_id=s.model_cfg.mask_id,
                                 block_size=dcfg.block_size)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
-  step_fn = make_train_step(graphdef, optimizer, OrlObjective(loop.loss_config(c)), s.mesh,
+  step_fn = make_train_step(graphdef, optimizer, OrlObjective(loss_config(c)), s.mesh,
                             state_sh, batch_sh)
   train_step = lambda state, batch: step_fn(state, batch, key)
   out = {}
@@ -117,7 +117,7 @@ def lowered_steps(name: str, platform: str) -> dict:
 def sharded_equals_reference(name: str) -> float:
   """Max |logits| difference: interpret-mode kernels in shard_map vs the unsharded reference."""
   c = debug_config(name)
-  s = loop.setup(c)
+  s = build_setup(c)
   model_cfg = dataclasses.replace(s.model_cfg, attention_impl="pallas")
   reference = Transformer(dataclasses.replace(model_cfg, attention_impl="xla"), rngs=nnx.Rngs(0))
   sharded = Transformer(model_cfg, rngs=nnx.Rngs(0), mesh=s.mesh)

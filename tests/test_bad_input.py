@@ -20,7 +20,7 @@ from orl_jax.config import ConfigError, validate
 from orl_jax.data.hf_tokenizer import HFTokenizer, TokenizerError, byte_level_tokenizer
 from orl_jax.data.jsonl import DatasetError, load_jsonl_problems
 from orl_jax.models import hf
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, initial_params, params_meta
 from orl_jax.train.state import init_model_params
 from tests.helpers import orl_smoke_config, truncate_half
 
@@ -45,7 +45,7 @@ def _damage(path, how):
 
 @pytest.fixture(scope="module")
 def smoke_setup():
-  return loop.setup(tiny.get_config("smoke"))
+  return build_setup(tiny.get_config("smoke"))
 
 
 @pytest.fixture()
@@ -53,7 +53,7 @@ def params_dir(tmp_path, smoke_setup):
   """A params folder of the smoke model, as a training run exports it."""
   _, params = init_model_params(smoke_setup.model_cfg, 0)
   path = str(tmp_path / "params")
-  params_io.save_params(path, params, loop.params_meta(smoke_setup))
+  params_io.save_params(path, params, params_meta(smoke_setup))
   return path
 
 
@@ -143,7 +143,7 @@ def test_a_tokenizer_larger_than_the_checkpoint_vocabulary_is_blamed(tmp_path):
   c.model.path, c.model.tokenizer = str(hf_dir), tok_path
   c.model.special_tokens.update(dict(mask="<|mask|>", eos="<|eos|>", pad="<|pad|>", bos=""))
   with pytest.raises(TokenizerError) as e:
-    loop.setup(c)
+    build_setup(c)
   msg = str(e.value)
   assert msg.startswith(tok_path) and f"{hf_dir}/config.json" in msg
   assert "300 tokens" in msg and "260 embedding rows" in msg
@@ -159,7 +159,7 @@ def test_init_from_with_another_vocabulary_names_both_sides(params_dir, smoke_se
   c = tiny.get_config("smoke")
   c.model.init_from = params_dir
   with pytest.raises(params_io.ParamsFileError, match="another vocabulary") as e:
-    loop.initial_params(loop.setup(c))
+    initial_params(build_setup(c))
   msg = str(e.value)
   assert meta_path in msg and "0123456789abcdef" in msg
   assert smoke_setup.tokenizer.vocab_hash() in msg and "tiny task's tokenizer" in msg
@@ -181,7 +181,7 @@ def test_init_from_missing_a_tensor_is_an_error(params_dir):
   c = tiny.get_config("smoke")
   c.model.init_from = params_dir
   with pytest.raises(params_io.ParamsFileError) as e:
-    loop.initial_params(loop.setup(c))
+    initial_params(build_setup(c))
   msg = str(e.value)
   assert os.path.join(params_dir, params_io.PARAMS_FILE) in msg
   assert "lacks 1 tensor" in msg and "lm_head.kernel" in msg
@@ -194,7 +194,7 @@ def test_init_from_with_an_extra_tensor_is_an_error(params_dir):
   c = tiny.get_config("smoke")
   c.model.init_from = params_dir
   with pytest.raises(params_io.ParamsFileError, match="layers.9.mlp.up_proj.kernel") as e:
-    loop.initial_params(loop.setup(c))
+    initial_params(build_setup(c))
   _one_sentence(str(e.value))
 
 
@@ -202,7 +202,7 @@ def test_init_from_adds_only_adapter_parameters_and_logs_them(params_dir, caplog
   c = orl_smoke_config(params_dir + "_orl")             # residual.mode = "adapter"
   c.model.init_from = params_dir
   with caplog.at_level(logging.WARNING):
-    _, params = loop.initial_params(loop.setup(c))
+    _, params = initial_params(build_setup(c))
   fresh = [n for n in params_io.flatten(params.to_pure_dict()) if params_io.is_adapter(n)]
   assert fresh
   logged = [r.getMessage() for r in caplog.records if "adapter parameters start" in r.getMessage()]
@@ -271,7 +271,7 @@ def test_launcher_reports_bad_input_in_one_line(tmp_path, params_dir):
 def test_an_evaluation_batch_the_mesh_cannot_split_is_refused_before_any_work():
   """The demo and evaluation decode each batch split over the mesh's batch shards: a batch size
   that does not divide is refused when the mesh is known, naming the field."""
-  from orl_jax.train.run import check_divisible_by_shards
+  from orl_jax.train.setup import check_divisible_by_shards
   c = tiny.get_config("demo")
   c.eval.batch_size = 6
   with pytest.raises(ConfigError, match="eval.batch_size=6"):

@@ -10,7 +10,7 @@ from configs import tiny
 from orl_jax import base_model
 from orl_jax import evaluate as eval_lib
 from orl_jax import params_io
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,9 +22,9 @@ def test_committed_base_model_is_accurate():
   meta = params_io.read_meta(BASE)
   config = tiny.get_config("eval")
   config.model.init_from = BASE
-  s = loop.setup(config)
+  s = build_setup(config)
   assert meta["vocab_hash"] == s.tokenizer.vocab_hash()
-  graphdef, params = loop.initial_params(s)
+  graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:64]
   r = eval_lib.evaluate_setting(graphdef, params, problems, s.task, config,
                                 UnmaskRule("fixed_steps", 1), batch_size=64)

@@ -23,7 +23,7 @@ from safetensors.numpy import load_file
 
 from orl_jax.checkpoint import Checkpointer, CheckpointRestoreError, abstract_like
 from orl_jax.metrics import MetricsWriter, read_jsonl
-from orl_jax.train import loop
+from orl_jax.train.entry import train
 from tests.helpers import (CHECKPOINT_FILE_KINDS, orl_smoke_config, tensorboard_scalars,
                            truncate_half)
 
@@ -122,9 +122,9 @@ def test_metrics_writer_keeps_each_step_once_after_a_resume(tmp_path):
 
 _RUN = textwrap.dedent("""
   import sys
-  from orl_jax.train import loop
+  from orl_jax.train.entry import train
   from tests.test_checkpoint_recovery import killed_orl_config
-  loop.train(killed_orl_config(sys.argv[1]), progress=False)
+  train(killed_orl_config(sys.argv[1]), progress=False)
   print("FINISHED")
 """)
 
@@ -146,7 +146,7 @@ def _logged_steps(workdir):
 
 @pytest.mark.slow
 def test_orl_killed_at_random_points_resumes_bit_exactly_with_clean_logs(tmp_path):
-  straight = loop.train(killed_orl_config(tmp_path / "a"), progress=False)
+  straight = train(killed_orl_config(tmp_path / "a"), progress=False)
   workdir = str(tmp_path / "b")
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
              # restarts reuse the compiled programs (same executables, so the same bits)

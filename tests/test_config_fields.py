@@ -15,7 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Names under which the code holds a configuration (or one of its sections).
 # Root configurations (the field's path is spelled out) and sections held under short names
 # (the field may sit in any section).
-CONFIG_NAMES = re.compile(r"^(config|cfg|s\.config|self\.config)((\.\w+)*)$|^(m|t|r|d|dist_cfg)$")
+CONFIG_NAMES = re.compile(r"^(config|cfg|s\.config|setup\.config|self\.config)((\.\w+)*)$"
+                          r"|^(m|t|r|d|dist_cfg)$")
 
 
 def _declared() -> tuple[set[str], set[str]]:

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -68,7 +69,7 @@ def _qwen3_fields(c) -> dict:
               n_kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
               mlp_dim=c["intermediate_size"], rope_theta=c["rope_theta"],
               norm_eps=c["rms_norm_eps"], qk_norm=True,
-              tie_embeddings=c["tie_word_embeddings"], family="block_causal")
+              tie_embeddings=c["tie_word_embeddings"], attention="block_causal")
 
 
 @pytest.mark.parametrize("given", [{}, {"hidden_size": 256, "num_attention_heads": 8,
@@ -103,7 +104,7 @@ def test_llada2_missing_keys_take_the_official_defaults():
                     n_group=o["n_group"], topk_group=o["topk_group"],
                     n_shared=o["num_shared_experts"],
                     routed_scaling_factor=o["routed_scaling_factor"], impl="dense"),
-      first_k_dense=o["first_k_dense_replace"], norm_head=False, family="block_causal")
+      first_k_dense=o["first_k_dense_replace"], norm_head=False, attention="block_causal")
   with pytest.raises(config_json.ConfigJsonError, match="use_bias=true .missing: the official"):
     llada2_moe.architecture_from_hf({"model_type": "llada2_moe", "moe_intermediate_size": 64})
   with pytest.raises(config_json.ConfigJsonError, match="moe_intermediate_size is missing"):
@@ -119,7 +120,7 @@ def test_llada_missing_keys_take_the_official_defaults():
                       n_layers=o["n_layers"], n_heads=o["n_heads"], n_kv_heads=o["n_heads"],
                       head_dim=o["d_model"] // o["n_heads"], mlp_dim=o["mlp_ratio"] * o["d_model"],
                       rope_theta=o["rope_theta"], norm_eps=o["rms_norm_eps"], qk_norm=False,
-                      tie_embeddings=o["weight_tying"], family="bidirectional")
+                      tie_embeddings=o["weight_tying"], attention="bidirectional")
   for key in supported:      # each official default is a model we do not implement
     given = {k: v for k, v in supported.items() if k != key}
     with pytest.raises(config_json.ConfigJsonError,
@@ -166,7 +167,7 @@ _MOE = MoEConfig(n_experts=4, top_k=2, expert_dim=8, n_group=2, topk_group=1, n_
 CONFIGS = {   # family -> (a small model of it, the config that decodes it)
     "llada": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2, n_kv_heads=2,
                           head_dim=8, mlp_dim=24, mask_id=MASK, rope_theta=5e5, norm_eps=1e-5,
-                          family="bidirectional", hf_family="llada"), "llada:8b-instruct"),
+                          attention="bidirectional", hf_family="llada"), "llada:8b-instruct"),
     "llada2_moe": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2,
                                n_kv_heads=1, head_dim=8, mlp_dim=24, mask_id=MASK,
                                rope_theta=6e5, rope_fraction=0.5, qk_norm=True, moe=_MOE,
@@ -229,11 +230,11 @@ def _config_of(family: str, path: str):
 def _run_error(family: str, path: str) -> Exception:
   """The error the launchers meet: decode.py's decode path for the mask families, the run
   set-up (training, evaluation) for DiffusionGemma (decode.py refuses that family)."""
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup
   config = _config_of(family, path)
   with pytest.raises(Exception) as e:
     if family == "diffusion_gemma":
-      loop.setup(config, prompts=[PROMPT])
+      build_setup(config, prompts=[PROMPT])
     else:
       _decode_launcher().decode_model(config, "m", path, [PROMPT])
   return e.value
@@ -323,6 +324,58 @@ def test_an_empty_prompt_is_refused_in_one_line(prompt):
   assert lines[0].startswith("decode.py: --prompt is empty"), lines
 
 
+def _settled(path: str, *names: str) -> None:
+  """Dates the directory's files a minute back (as a downloaded model's are)."""
+  old = time.time() - 60
+  for name in names:
+    os.utime(os.path.join(path, name), (old, old))
+
+
+def _count_parses(monkeypatch) -> list[str]:
+  """The names of the files hf.py parses from now on, in order."""
+  parsed, read_json = [], hf.read_json
+
+  def counted(path):
+    parsed.append(os.path.basename(path))
+    return read_json(path)
+  monkeypatch.setattr(hf, "read_json", counted)
+  return parsed
+
+
+def test_set_up_parses_each_json_file_of_a_directory_once(tmp_path, monkeypatch):
+  """Set-up asks config.json five times (family, special tokens, architecture, ignored keys,
+  the mask check) and generation_config.json twice: each file is parsed once."""
+  from orl_jax.train.setup import build_setup
+  path = _family_dir(tmp_path, "llada2_moe")
+  _edit(path, "generation_config.json", eos_token_id=EOS)
+  _settled(path, "config.json", "generation_config.json")
+  parsed = _count_parses(monkeypatch)
+  setup = build_setup(_config_of("llada2_moe", path), prompts=[PROMPT])
+  assert setup.model_cfg.hf_family == "llada2_moe"
+  assert sorted(parsed) == ["config.json", "generation_config.json"], parsed
+
+
+def test_json_reader_sees_every_version_of_a_file_and_hands_out_copies(tmp_path, monkeypatch):
+  path = str(tmp_path / "config.json")
+  parses = _count_parses(monkeypatch)
+
+  def write(value):
+    with open(path, "w") as f:
+      json.dump({"a": value}, f)
+  write(1)
+  _settled(str(tmp_path), "config.json")
+  hf.read_json_object(path)["a"] = 5                    # the caller's copy
+  assert hf.read_json_object(path) == {"a": 1} and len(parses) == 1
+  write(2)                                              # a new mtime
+  assert hf.read_json_object(path) == {"a": 2}
+  # written again at the same size and (as within one mtime tick) the same mtime: a file this
+  # recent is parsed at every read
+  mtime_ns = os.stat(path).st_mtime_ns
+  write(3)
+  os.utime(path, ns=(mtime_ns, mtime_ns))
+  assert hf.read_json_object(path) == {"a": 3}
+
+
 # ----------------------------------------------------------------------------- DiffusionGemma
 
 
@@ -332,7 +385,7 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   generates them; what the config sets (max_steps_per_block in :debug) and a special-token
   override still win."""
   from orl_jax import diffusion_gemma_rollout as dg_rollout
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup
   path = _family_dir(tmp_path, "diffusion_gemma")          # config.json: eos 298, pad 299
   _edit(path, "generation_config.json", eos_token_id=[EOS, MASK], pad_token_id=BOS,
         max_new_tokens=20, max_denoising_steps=7, t_min=0.3, t_max=0.9, stability_threshold=2,
@@ -341,7 +394,7 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   c = _config_of("diffusion_gemma", path)
   with c.unlocked():
     c.decode.gen_length = None
-  s = loop.setup(c, prompts=[PROMPT])
+  s = build_setup(c, prompts=[PROMPT])
   assert (s.model_cfg.eos_ids, s.model_cfg.pad_id) == ((EOS, MASK), BOS)
   d = s.config.decode
   assert (d.gen_length, d.max_steps_per_block, d.t_min, d.t_max, d.stability_threshold,
@@ -351,11 +404,11 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   assert (scfg.n_canvases, scfg.eos_ids, scfg.pad_id) == (2, (EOS, MASK), BOS)
   c = _config_of("diffusion_gemma", path)
   c.model.special_tokens.eos = "<|mdm_mask|>"
-  assert loop.setup(c, prompts=[PROMPT]).model_cfg.eos_ids == (MASK,)
+  assert build_setup(c, prompts=[PROMPT]).model_cfg.eos_ids == (MASK,)
   os.remove(os.path.join(path, "generation_config.json"))  # config.json's ids, transformers'
   c = _config_of("diffusion_gemma", path)                  # sampler defaults
   with c.unlocked():
     c.decode.gen_length, c.replay.row_len = None, 512
-  s = loop.setup(c, prompts=[PROMPT])
+  s = build_setup(c, prompts=[PROMPT])
   assert (s.model_cfg.eos_ids, s.model_cfg.pad_id, s.config.decode.gen_length,
           s.config.decode.t_max) == ((EOS,), PAD, 256, 0.8)

@@ -31,7 +31,7 @@ UNUSED_EOS = TINY.vocab_size       # an EOS id outside the vocabulary: no row ev
 def model():
   """A random bidirectional model with a live residual adapter (its zero-initialised output
   projection perturbed, so a step's z changes the logits)."""
-  return live_adapter(tiny_model(3, family="bidirectional", residual_mode="adapter"), 0.3, 4)
+  return live_adapter(tiny_model(3, attention="bidirectional", residual_mode="adapter"), 0.3, 4)
 
 
 def _prompts(rows=3):
@@ -248,7 +248,7 @@ def test_rows_finish_independently(model, cache="dual"):
 
 def _bidirectional_config(cache, mode="eval"):
   c = tiny.get_config("smoke")
-  c.model.family, c.decode.cache, c.train.mode = "bidirectional", cache, mode
+  c.model.attention, c.decode.cache, c.train.mode = "bidirectional", cache, mode
   return c
 
 
@@ -258,13 +258,13 @@ def test_validate_accepts_caches_for_bidirectional_evaluation():
 
 
 @pytest.mark.parametrize("change, field", [
-    (dict(family="block_causal"), "model.family='block_causal'"),
+    (dict(attention="block_causal"), "model.attention='block_causal'"),
     (dict(mode="orl"), "train.mode='orl'"),
     (dict(cache="full"), "must be one of"),
 ])
 def test_validate_rejects_cache_misuse(change, field):
   c = _bidirectional_config(change.get("cache", "dual"), change.get("mode", "eval"))
-  c.model.family = change.get("family", "bidirectional")
+  c.model.attention = change.get("attention", "bidirectional")
   with pytest.raises(ConfigError, match="decode.cache") as e:
     validate(c)
   assert field in str(e.value)
@@ -277,5 +277,5 @@ def test_decoder_rejects_cache_with_capture_or_block_causal_model():
   graphdef, state = nnx.split(tiny_model(0))
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=1, eos_id=2, cache="prefix")
   tokens, valid = _prompts()
-  with pytest.raises(ValueError, match="model.family='block_causal'"):
+  with pytest.raises(ValueError, match="model.attention='block_causal'"):
     make_decoder(graphdef, cfg)(state, tokens, valid, jax.random.key(0))

@@ -63,7 +63,7 @@ def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> 
   model.safetensors (torch [out, in] names of DESIGN §4), tokenizer.json."""
   cfg = ModelConfig(vocab_size=LLADA_VOCAB, d_model=d_model, n_layers=n_layers, n_heads=4,
                     n_kv_heads=4, head_dim=d_model // 4, mlp_dim=2 * d_model, mask_id=126336,
-                    rope_theta=5e5, norm_eps=1e-5, family="bidirectional", hf_family="llada")
+                    rope_theta=5e5, norm_eps=1e-5, attention="bidirectional", hf_family="llada")
   rng = np.random.default_rng(seed)
   w = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)
   d, f = d_model, cfg.mlp_dim
@@ -210,7 +210,7 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
   canvas's output is its argmax)."""
   from orl_jax import diffusion_gemma_rollout as dg_rollout
   from orl_jax import diffusion_gemma_sampler as sampler
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup, initial_params
   from tests.test_config_json import BOS, EOS, PAD, SPECIALS, VOCAB, _config_of
   from orl_jax.models.diffusion_gemma_config import (FULL, SLIDING, AttentionSpec,
                                                      release_26b_a4b)
@@ -225,8 +225,8 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
   config = _config_of("diffusion_gemma", path)
   decoded = _decode_launcher().decode_model(config, "dg", path, [PROMPT])
   assert decoded.tokens.shape == (1, 32) and "NFE paper" in decoded.lines()[-1]
-  s = loop.setup(_config_of("diffusion_gemma", path), prompts=[PROMPT])
-  graphdef, params = loop.initial_params(s)
+  s = build_setup(_config_of("diffusion_gemma", path), prompts=[PROMPT])
+  graphdef, params = initial_params(s)
   tokens, valid = encode_prompts(s.task.eval_problems(), s.tokenizer, s.config.task.prompt_len)
   scfg = dg_rollout.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids,
                                    pad_id=s.model_cfg.pad_id, rollout=False)
@@ -249,7 +249,7 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
 def test_default_llada_config_reads_a_llada_8b_directory_with_its_special_tokens(llada_dirs):
   """configs/llada.py is written for LLaDA2 (mask 156895); given a LLaDA-8B directory the
   directory's family supplies the special tokens, while a user's own override still wins."""
-  from orl_jax.train.run import load_tokenizer
+  from orl_jax.train.setup import load_tokenizer
   config = llada.get_config()
   tok = load_tokenizer(config, llada_dirs[0], "llada")
   assert (tok.mask_id, tok.eos_id) == (126336, 126348)
@@ -307,7 +307,7 @@ def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_pa
   (over config.json's 295). launch/decode.py decodes it with no override, prints where each id
   came from, and decodes as the library does with those ids given by hand; an override still
   wins."""
-  from orl_jax.train.run import load_tokenizer
+  from orl_jax.train.setup import load_tokenizer
   _, cfg, _ = OTHER_FAMILIES["llada"]
   cfg = dataclasses.replace(cfg, vocab_size=300, mask_id=299)
   path = str(tmp_path / "own_ids")

@@ -19,7 +19,7 @@ from orl_jax import diffusion_gemma_sampler as sampler
 from orl_jax import evaluate as eval_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.models import families
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
@@ -39,8 +39,8 @@ def _config(workdir):
 def _hand_count(c):
   """Per-row (generated tokens, decoder forwards, decoded canvases) of the sampler run the
   evaluation makes (model 'random' = init from config.seed; batch 0 uses fold_in(key(0), 0))."""
-  s = loop.setup(eval_lib.model_config_for(c, eval_lib.RANDOM_INIT))
-  graphdef, params = loop.initial_params(s)
+  s = build_setup(eval_lib.model_config_for(c, eval_lib.RANDOM_INIT))
+  graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:c.eval.n_problems]
   prompts, valid = encode_prompts(problems, s.task.tokenizer, c.task.prompt_len)
   scfg = dg_rollout.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids, pad_id=s.model_cfg.pad_id,

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from configs import diffusion_gemma as dg_configs
-from orl_jax.train.run import fill_decode_defaults
+from orl_jax.train.setup import fill_decode_defaults
 from orl_jax import config as config_lib
 from orl_jax import dry_run, sharding
 from orl_jax.models import families
@@ -88,7 +88,7 @@ def test_layer_scalars_are_frozen_and_self_conditioning_is_the_residual_pathway(
 def test_variants():
   c = dg_configs.get_config()
   m = c.model
-  assert m.hf_family == "diffusion_gemma" and m.family == "token_causal"
+  assert m.hf_family == "diffusion_gemma" and m.attention == "token_causal"
   assert (m.d_model, m.n_layers, m.n_heads, m.moe.n_experts, m.moe.top_k) == (2816, 30, 16,
                                                                               128, 8)
   assert m.diffusion_gemma.sliding_window == 1024 and c.decode.block_size == 256

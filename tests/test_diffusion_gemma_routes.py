@@ -20,7 +20,7 @@ import pytest
 from flax import nnx
 
 from orl_jax import diffusion_gemma_rollout as dg_rollout
-from orl_jax.batch import layer_routes
+from orl_jax.packed_batch import layer_routes
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from pallas_kernels.staircase_attention import KIND_PAD
 from tests.test_diffusion_gemma_replay import (CANVAS, CFG, GROUP, N_CANVASES, PROMPT, RTOL,

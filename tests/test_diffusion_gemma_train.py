@@ -10,7 +10,7 @@ import pytest
 from configs import diffusion_gemma as dg_configs
 from orl_jax.metrics import read_jsonl
 from orl_jax.models import diffusion_gemma_hf as dg_hf
-from orl_jax.train import loop
+from orl_jax.train.entry import train
 
 
 @pytest.mark.slow
@@ -18,7 +18,7 @@ def test_debug_config_trains_two_orl_iterations_and_exports_for_transformers(tmp
   c = dg_configs.get_config("debug")
   c.workdir = str(tmp_path / "run")
   c.train.steps = 2
-  loop.train(c, progress=False)
+  train(c, progress=False)
   rows = read_jsonl(os.path.join(c.workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows] == [1, 2]
   last = rows[-1]

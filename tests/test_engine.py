@@ -27,8 +27,9 @@ EOS = 5                              # an ordinary token of the random model: ro
 TIED = [q for q, pad in enumerate(PAD_LEFT) if pad == P]
 
 
-def _model(family):
-  return nnx.split(live_adapter(tiny_model(3, residual_mode="adapter", family=family), 0.05, 9))
+def _model(attention):
+  model = tiny_model(3, residual_mode="adapter", attention=attention)
+  return nnx.split(live_adapter(model, 0.05, 9))
 
 
 def _queue():
@@ -79,7 +80,7 @@ def _lockstep_forwards(steps: np.ndarray, rows: int) -> int:
   return total
 
 
-def _assert_well_formed(out, q: int, cfg, family: str):
+def _assert_well_formed(out, q: int, cfg, attention: str):
   """What holds for any decode of prompt q, however its ties were broken: no mask left, EOS
   bookkeeping consistent with the tokens, and the paper's forward count = captured steps + one
   commit forward per decoded block (block-causal families; bidirectional ones have none)."""
@@ -89,11 +90,11 @@ def _assert_well_formed(out, q: int, cfg, family: str):
   assert bool(out.finished[q]) == (eos.size > 0), q
   assert int(out.n_generated[q]) == (eos[0] + 1 if eos.size else cfg.gen_length), q
   steps = _steps_per_block(out.capture, q, cfg.max_blocks)
-  commits = np.count_nonzero(steps) if family == "block_causal" else 0
+  commits = np.count_nonzero(steps) if attention == "block_causal" else 0
   assert int(out.nfe[q]) == steps.sum() + commits, q
 
 
-@pytest.mark.parametrize("family,temperature,rule,rules", [
+@pytest.mark.parametrize("attention,temperature,rule,rules", [
     ("block_causal", 0.0, UnmaskRule("threshold", 0.3), {}),
     ("block_causal", 1.0, UnmaskRule("entropy_budget", 0.4), {}),
     ("bidirectional", 0.0, UnmaskRule("threshold", 0.3), {}),
@@ -107,12 +108,12 @@ def _assert_well_formed(out, q: int, cfg, family: str):
      dict(block_placement="absolute", commit_compare=">", edit_threshold=0.2,
           max_post_edit_steps=2)),
 ])
-def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule, rules):
+def test_each_queued_prompt_decodes_as_it_would_alone(attention, temperature, rule, rules):
   """Q = 7 prompts through 3 rows (refilled as responses end, EOS at different blocks, one
   all-padding prompt): tokens, NFE, generated counts and every captured state per prompt equal
   decoding that prompt alone (the all-padding prompt: its first state, and a well-formed decode;
   see TIED)."""
-  graphdef, params = _model(family)
+  graphdef, params = _model(attention)
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                      rule=rule, temperature=temperature, capture_states=(6 if rules else 3) * GEN,
                      **rules)
@@ -121,7 +122,7 @@ def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule,
   out = jax.device_get(make_engine(graphdef, cfg, ROWS)(params, prompts, valid, key))
   alone = _alone(graphdef, params, cfg, prompts, valid, key)
   for q, ref in enumerate(alone):
-    _assert_well_formed(out, q, cfg, family)
+    _assert_well_formed(out, q, cfg, attention)
     if q in TIED:
       np.testing.assert_array_equal(out.capture.block_tokens[q][0], ref.capture.block_tokens[0][0])
       continue
@@ -136,7 +137,7 @@ def test_each_queued_prompt_decodes_as_it_would_alone(family, temperature, rule,
   if not rules.get("eos_early_stop", True):     # every prompt decodes all its blocks
     assert any(ref.finished[0] for ref in alone)
     assert {e + 1 for e in ends} <= {cfg.n_blocks, cfg.max_blocks}
-  if family == "block_causal" and temperature == 0 and not rules:
+  if attention == "block_causal" and temperature == 0 and not rules:
     # rows never wait: fewer forwards than the lock-step decoder on the same decodes; and each
     # iteration is some row's prefill block, step or commit (prefill blocks: non-padding ones)
     assert out.iterations < _lockstep_forwards(steps, ROWS)
@@ -204,12 +205,12 @@ def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
   import os
   from configs import tiny
   from orl_jax import evaluate as eval_lib
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup, initial_params
   config = tiny.get_config("eval")
   config.model.init_from = os.path.join(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))), "assets", "tiny_base")
-  s = loop.setup(config)
-  graphdef, params = loop.initial_params(s)
+  s = build_setup(config)
+  graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:20]
   rule = UnmaskRule("threshold", 0.9)
   lock = eval_lib.decode_problems(graphdef, params, problems, s.task, config, rule, batch_size=8)

@@ -29,7 +29,7 @@ from orl_jax.models.families import base
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
 from orl_jax.decoders import block_decode_config
 from orl_jax.train.state import frozen_params, make_optimizer
 
@@ -42,7 +42,7 @@ LLADA2 = ModelConfig(vocab_size=300, d_model=32, n_layers=3, n_heads=4, n_kv_hea
 DENSE = dict(
     llada=ModelConfig(vocab_size=80, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4,
                       head_dim=12, mlp_dim=96, mask_id=79, rope_theta=5e5, norm_eps=1e-5,
-                      family="bidirectional", hf_family="llada"),
+                      attention="bidirectional", hf_family="llada"),
     qwen3=ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                       head_dim=16, mlp_dim=128, mask_id=95, rope_theta=1e6, qk_norm=True,
                       tie_embeddings=True, hf_family="qwen3"),
@@ -64,7 +64,7 @@ def test_config_json_round_trip_and_name_map_for_every_family(name):
   # (families with their own model: tests/test_diffusion_gemma_registry.py)
   fam, cfg = families.get(name), DENSE[name]
   arch = fam.architecture_from_hf(fam.hf_config_json(cfg))
-  assert dataclasses.replace(cfg, **arch) == cfg and arch["family"] == fam.attention
+  assert dataclasses.replace(cfg, **arch) == cfg and arch["attention"] == fam.attention
   assert families.for_model_type(fam.hf_config_json(cfg)["model_type"]) is fam
   flat = _random_flat(cfg, seed=1)
   tensors = base.params_to_hf(flat, fam.tensor_rules(cfg))
@@ -181,13 +181,13 @@ def _debug_config_at(path: str, workdir: str):
 
 def test_model_path_hf_directory_sets_family_and_shapes_then_exports_official_names(tmp_path):
   written = write_llada2_dir(str(tmp_path / "src"))
-  s = loop.setup(_debug_config_at(str(tmp_path / "src"), str(tmp_path / "w")))
+  s = build_setup(_debug_config_at(str(tmp_path / "src"), str(tmp_path / "w")))
   cfg = s.model_cfg
-  assert (cfg.hf_family, cfg.family, cfg.n_layers, cfg.vocab_size) == ("llada2_moe",
+  assert (cfg.hf_family, cfg.attention, cfg.n_layers, cfg.vocab_size) == ("llada2_moe",
                                                                       "block_causal", 3, 300)
   assert cfg.moe.impl == "ragged" and cfg.moe.n_experts == 8 and cfg.first_k_dense == 1
-  _, params = loop.initial_params(s)
-  loop.export_hf_dir(s, params, str(tmp_path / "out"), max_shard_bytes=60_000)
+  _, params = initial_params(s)
+  export_hf_dir(s, params, str(tmp_path / "out"), max_shard_bytes=60_000)
   exported = {}
   for f in os.listdir(tmp_path / "out"):
     if f.startswith("model-"):
@@ -312,10 +312,10 @@ def test_llada_variants():
   assert (c.decode.block_size, c.decode.rule, c.decode.rule_value) == (32, "threshold", 0.95)
   # special tokens: the model directory's (config.json / generation_config.json), else the
   # family's; the config overrides none of them
-  assert set(c.model.special_tokens.values()) == {""} and c.model.family == "block_causal"
+  assert set(c.model.special_tokens.values()) == {""} and c.model.attention == "block_causal"
   assert llada.get_config("2.0-mini").model.hub_id == "inclusionAI/LLaDA2.0-mini"
   dense = llada.get_config("8b-instruct")
-  assert dense.model.hf_family == "llada" and dense.model.family == "bidirectional"
+  assert dense.model.hf_family == "llada" and dense.model.attention == "bidirectional"
   assert dense.model.moe.n_experts == 0 and dense.model.special_tokens.eos == "<|eot_id|>"
   d = llada.get_config("debug")
   m = d.model

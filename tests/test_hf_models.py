@@ -104,7 +104,7 @@ def test_qwen3_config_json_is_read(qwen3_dirs):
 def _llada_cfg(**kw):
   cfg = ModelConfig(vocab_size=80, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=12,
                     mlp_dim=96, mask_id=79, rope_theta=5e5, norm_eps=1e-5, qk_norm=False,
-                    tie_embeddings=False, family="bidirectional")
+                    tie_embeddings=False, attention="bidirectional")
   return dataclasses.replace(cfg, **kw)
 
 

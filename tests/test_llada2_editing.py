@@ -226,6 +226,6 @@ def test_validate_accepts_the_presets_and_rejects_routes_without_block_causal():
   config = tiny_config.get_config("smoke")
   config.orl.capture_routes = True
   config_lib.validate(config)
-  config.model.family = "bidirectional"
+  config.model.attention = "bidirectional"
   with pytest.raises(config_lib.ConfigError, match=r"orl\.capture_routes"):
     config_lib.validate(config)

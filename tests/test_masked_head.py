@@ -69,14 +69,14 @@ def _decode(model, masked_head, temperature, cache="none"):
 _SLOW = pytest.mark.slow   # ~17 s each: the default run keeps one greedy and one sampled case
 
 
-@pytest.mark.parametrize("family,cache,temperature", [
+@pytest.mark.parametrize("attention,cache,temperature", [
     ("bidirectional", "dual", 0.0), ("block_causal", "none", 1.0),
     pytest.param("block_causal", "none", 0.0, marks=_SLOW),
     pytest.param("bidirectional", "none", 0.0, marks=_SLOW),
     pytest.param("bidirectional", "none", 1.0, marks=_SLOW),
     pytest.param("bidirectional", "dual", 1.0, marks=_SLOW)])
-def test_decodes_do_not_change(family, cache, temperature):
-  model = live_adapter(tiny_model(3, family=family, residual_mode="adapter"), 0.3, 4)
+def test_decodes_do_not_change(attention, cache, temperature):
+  model = live_adapter(tiny_model(3, attention=attention, residual_mode="adapter"), 0.3, 4)
   on, off = (_decode(model, flag, temperature, cache) for flag in (True, False))
   np.testing.assert_array_equal(on.tokens, off.tokens)
   np.testing.assert_array_equal(on.nfe, off.nfe)

@@ -116,16 +116,16 @@ def test_kv_cache_decoding_equals_full_recompute(mode, rule, temperature):
   assert np.all(np.asarray(cached.nfe) >= 3)
 
 
-@pytest.mark.parametrize("family", ["block_causal", "bidirectional", "moe"])
+@pytest.mark.parametrize("kind", ["block_causal", "bidirectional", "moe"])
 @pytest.mark.parametrize("per_row", [False, True])
-def test_keep_equals_slicing_the_whole_forward(family, per_row):
+def test_keep_equals_slicing_the_whole_forward(kind, per_row):
   """hidden_states(keep=(start, n)): the last layer's queries, output projection and MLP only
   at those positions (dense), or the whole forward then a slice (an MoE last layer), equal
   the whole forward's hidden states there; a cache written alongside is unchanged."""
   from orl_jax.models.moe import MoEConfig
   from orl_jax.models.transformer import init_cache
-  kw = dict(family="bidirectional" if family == "bidirectional" else "block_causal")
-  if family == "moe":
+  kw = dict(attention="bidirectional" if kind == "bidirectional" else "block_causal")
+  if kind == "moe":
     kw.update(moe=MoEConfig(n_experts=4, top_k=2, expert_dim=8, n_group=2, topk_group=1,
                             n_shared=1, impl="dense"), first_k_dense=1)
   model = tiny_model(2, **kw)

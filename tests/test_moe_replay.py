@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.batch import layer_routes
+from orl_jax.packed_batch import layer_routes
 from orl_jax.decoding import DecodeConfig, token_major_routes
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.models.moe import MoEConfig

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.numerics
 B_SIZE, GEN, G = 4, 12, 3
 
 
-def _rollout(family, residual_mode="adapter"):
-  model = tiny_model(7, residual_mode=residual_mode, family=family)
+def _rollout(attention, residual_mode="adapter"):
+  model = tiny_model(7, residual_mode=residual_mode, attention=attention)
   if residual_mode == "adapter":
     st = nnx.state(model, nnx.Param)
     k = st["adapter"]["down_proj"]["kernel"]
@@ -248,7 +248,7 @@ def test_micro_batches_must_divide_the_rows(rolled_out):
   _, _, traj, valid = rolled_out
   with pytest.raises(ValueError, match="replay.micro_batches=3"):
     _plan(traj, valid, micro_batches=3, n_rows=40)
-  from orl_jax.batch import split_rows
+  from orl_jax.packed_batch import split_rows
   plan, _ = _plan(traj, valid, n_rows=40)
   batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
   with pytest.raises(ValueError, match="micro-batches"):

@@ -57,15 +57,15 @@ EXERCISED = {
                   ("base_model.make_base", 'get_config("sft")')),
     # SFT from scratch on the smoke shapes (4 steps, resumed past a damaged checkpoint)
     "python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000":
-        ("tests/test_train.py::test_exact_resume_is_bit_identical", ("loop.train(_smoke(",)),
-    "python launch/train.py --config=configs/tiny.py:orl": (_ORL, ("loop.train(orl_smoke_config",)),
+        ("tests/test_train.py::test_exact_resume_is_bit_identical", ("train(_smoke(",)),
+    "python launch/train.py --config=configs/tiny.py:orl": (_ORL, ("train(orl_smoke_config",)),
     # the ORL loop; rollouts at entropy_budget: tests/test_model.py, the gate: tests/test_orl.py
     "python launch/train.py --config=configs/tiny.py:orl --config.orl.rollout_rule=entropy_budget "
     "--config.orl.rollout_rule_value=0.5 --config.loss.gate_entropy=0.05":
-        (_ORL, ("loop.train(orl_smoke_config",)),
+        (_ORL, ("train(orl_smoke_config",)),
     "python launch/train.py --config=configs/tiny.py:rcd_offline":
         ("tests/test_train.py::test_rcd_offline_trains_from_a_frozen_reference",
-         ("stages.rcd_offline", "loop.train(")),
+         ("stages.rcd_offline", "train(")),
     # evaluation of the committed base with the tiny eval config (one setting, 64 problems)
     "python launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=assets/tiny_base "
     "--config.eval.settings=\"('threshold_0.7','threshold_0.9','entropy_budget_0.5')\"":
@@ -106,7 +106,7 @@ EXERCISED = {
     "python launch/train.py --config=configs/diffusion_gemma.py:debug --config.train.steps=2":
         ("tests/test_diffusion_gemma_train.py::"
          "test_debug_config_trains_two_orl_iterations_and_exports_for_transformers",
-         ('get_config("debug")', "c.train.steps = 2", "loop.train(")),
+         ('get_config("debug")', "c.train.steps = 2", "train(")),
     # the launcher's compare path (evaluate_models) on the debug config
     # (_config: get_config("debug"), 16 problems)
     "python launch/eval.py --config=configs/diffusion_gemma.py:debug --config.eval.compare=random:base":

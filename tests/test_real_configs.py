@@ -55,14 +55,14 @@ def test_debug_config_runs_two_orl_iterations(tmp_path, name):
       os.listdir(tmp_path / "hf"))
 
 
-@pytest.mark.parametrize("module,arg,family,tied", [
+@pytest.mark.parametrize("module,arg,attention,tied", [
     (llada, "8b-instruct", "bidirectional", False), (llada, "8b-base", "bidirectional", False),
     (sdar, "4b", "block_causal", False), (sdar, "8b", "block_causal", False),
     (qwendlm, "4b", "block_causal", True)])
-def test_full_size_variants_validate(module, arg, family, tied):
+def test_full_size_variants_validate(module, arg, attention, tied):
   c = module.get_config(arg)
   validate(c)
-  assert c.model.family == family and c.model.tie_embeddings == tied
+  assert c.model.attention == attention and c.model.tie_embeddings == tied
   assert c.model.path == "" and c.loss.vocab_chunk > 0
   assert c.model.special_tokens.mask == ""      # the model directory's mask_token_id
   if module is sdar:

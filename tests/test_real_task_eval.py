@@ -11,7 +11,7 @@ import pytest
 from configs import llada
 from orl_jax import evaluate as eval_lib
 from orl_jax.tasks import get_task
-from orl_jax.train import loop
+from orl_jax.train.entry import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +62,7 @@ def test_eval_launcher_gsm8k_base_vs_orl_on_llada_debug(tmp_path):
   c.task.prompt_len = 136
   c.replay.row_len = 256
   c.workdir = str(tmp_path / "orl")
-  orl_params = loop.train(c, progress=False)
+  orl_params = train(c, progress=False)
   out = subprocess.run(
       [sys.executable, "launch/eval.py", "--config=configs/llada.py:debug",
        "--config.task.name=gsm8k", "--config.task.prompt_len=512", "--config.model.tokenizer=byte",

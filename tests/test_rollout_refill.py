@@ -24,8 +24,9 @@ EOS = 5                    # an ordinary token of the random model: responses en
 COUNTS = ("nfe", "nfe_engine", "n_generated", "finished")
 
 
-def _model(family):
-  return nnx.split(live_adapter(tiny_model(3, residual_mode="adapter", family=family), 0.05, 9))
+def _model(attention):
+  model = tiny_model(3, residual_mode="adapter", attention=attention)
+  return nnx.split(live_adapter(model, 0.05, 9))
 
 
 def _prompts():
@@ -69,14 +70,14 @@ def _rollout(graphdef, params, cfg, n_rows, key):
   return jax.device_get(run(params, *_prompts(), key, 0))
 
 
-@pytest.mark.parametrize("family,temperature,rule", [
+@pytest.mark.parametrize("attention,temperature,rule", [
     ("block_causal", 1.0, UnmaskRule("threshold", 0.3)),
     ("bidirectional", 1.0, UnmaskRule("entropy_budget", 0.4)),
 ])
-def test_fewer_rows_decode_each_response_as_alone(engine_calls, family, temperature, rule):
+def test_fewer_rows_decode_each_response_as_alone(engine_calls, attention, temperature, rule):
   """8 responses (4 prompts x 2) sampled at temperature 1 on 3 rows equal the same rollout on 8
   rows and each response decoded alone with the lock-step decoder and fold_in(key, i)."""
-  graphdef, params = _model(family)
+  graphdef, params = _model(attention)
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                      rule=rule, temperature=temperature, capture_states=3 * GEN)
   key = jax.random.key(4)
@@ -141,10 +142,10 @@ def test_orl_trains_on_refilled_rollouts(tmp_path, engine_calls):
   """Two ORL iterations of the smoke shapes with 6 responses decoded on 4 rows: every update
   consumes its fresh rollout and packs its states."""
   import json
-  from orl_jax.train import loop
+  from orl_jax.train.entry import train
   c = orl_smoke_config(tmp_path, steps=2)
   c.decode.schedule, c.orl.rollout_rows = "per_row", 4
-  loop.train(c, progress=False)
+  train(c, progress=False)
   assert [rows for rows, _ in engine_calls if rows == 4] == [4, 4], engine_calls  # 2 rollouts
   with open(tmp_path / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]

@@ -2,7 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from orl_jax.batch import noise_blocks, sft_batch
+from orl_jax.packed_batch import noise_blocks, sft_batch
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 staircase_visible)
 

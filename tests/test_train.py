@@ -11,7 +11,9 @@ from safetensors.numpy import load_file
 from configs import tiny
 from orl_jax.config import ConfigError, validate
 from orl_jax.metrics import read_jsonl
-from orl_jax.train import loop
+from orl_jax.train import entry
+from orl_jax.train.entry import train
+from orl_jax.train.setup import build_setup, prepare_run, resume
 from tests.helpers import (CHECKPOINT_FILE_KINDS, orl_smoke_config, tensorboard_scalars,
                            truncate_half)
 
@@ -42,15 +44,15 @@ def test_validate_names_the_fields():
 def test_exact_resume_is_bit_identical(tmp_path, caplog):
   """Killed after step 3 with checkpoints at steps 2 and 3, and step 3's array data damaged
   afterwards: the run resumes from step 2 and ends bit-identical to an uninterrupted one."""
-  straight = loop.train(_smoke(tmp_path / "a", steps=4), progress=False)
+  straight = train(_smoke(tmp_path / "a", steps=4), progress=False)
   killed = _smoke(tmp_path / "b", steps=4)
   killed.checkpoint.every = 1
-  loop.train(killed, progress=False, stop_after=3)                      # "killed" at step 3
+  train(killed, progress=False, stop_after=3)                      # "killed" at step 3
   truncate_half(CHECKPOINT_FILE_KINDS["array data"](tmp_path / "b" / "checkpoints" / "3"))
   before = read_jsonl(str(tmp_path / "b" / "metrics.jsonl"))
   assert [r["step"] for r in before] == [2, 3]                          # log_every=2, and the last
   with caplog.at_level(logging.WARNING):
-    resumed = loop.train(killed, progress=False)
+    resumed = train(killed, progress=False)
   warnings = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
   assert len(warnings) == 1 and "step 3" in warnings[0] and "resuming from step 2" in warnings[0]
   assert os.path.isdir(tmp_path / "b" / "checkpoints-corrupt" / "3")   # moved aside, kept
@@ -73,12 +75,12 @@ _SHARDED = textwrap.dedent("""
   from orl_jax import sharding
   from orl_jax.data.pipeline import train_dataset
   from orl_jax.losses import sft_loss
-  from orl_jax.train import loop
+  from orl_jax.train.setup import build_setup
   from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
   assert len(jax.devices()) == 4
   c = tiny.get_config("smoke")
   c.train.batch_size = 8
-  s = loop.setup(c)
+  s = build_setup(c)
   batch = next(iter(train_dataset(s.task.train_problem, s.tokenizer, prompt_len=32,
                                   gen_length=32, batch_size=8)))
   losses = []
@@ -108,10 +110,10 @@ def test_one_and_four_devices_give_the_same_loss():
 
 def test_orl_is_on_policy_and_resumes_exactly(tmp_path):
   import json
-  straight = loop.train(orl_smoke_config(tmp_path / "a"), progress=False)
+  straight = train(orl_smoke_config(tmp_path / "a"), progress=False)
   # killed after step 3 (logged) with the last checkpoint at step 2
-  loop.train(orl_smoke_config(tmp_path / "b"), progress=False, stop_after=3)
-  resumed = loop.train(orl_smoke_config(tmp_path / "b"), progress=False)
+  train(orl_smoke_config(tmp_path / "b"), progress=False, stop_after=3)
+  resumed = train(orl_smoke_config(tmp_path / "b"), progress=False)
   a = load_file(os.path.join(straight, "params.safetensors"))
   b = load_file(os.path.join(resumed, "params.safetensors"))
   for k in a:
@@ -131,9 +133,9 @@ def test_an_orl_iteration_moves_data_only_at_its_named_host_hops(tmp_path, monke
   only the named hops (prompts, verification, planning, logging, checkpoints) reach the host."""
   import contextlib
   import jax
-  from orl_jax.train import orl, run
-  s = run.setup(orl_smoke_config(tmp_path, steps=2))
-  r = run.prepare_run(s)
+  from orl_jax.train import orl
+  s = build_setup(orl_smoke_config(tmp_path, steps=2))
+  r = prepare_run(s)
   steps = orl.build_orl_steps(s, r, orl.prompt_stream(s))
   from orl_jax.data import tiny_task
   calls, train_problem = [], tiny_task.train_problem
@@ -163,19 +165,19 @@ def test_ledger_refuses_reuse():
 
 
 def test_rcd_offline_trains_from_a_frozen_reference(tmp_path):
-  base = loop.train(_smoke(tmp_path / "base", steps=2, warmup_steps=1), progress=False)
+  base = train(_smoke(tmp_path / "base", steps=2, warmup_steps=1), progress=False)
   c = _smoke(tmp_path / "rcd", steps=2, warmup_steps=1)
   c.update(c.stages.rcd_offline.to_dict())
   c.train.steps, c.train.warmup_steps = 2, 1
   c.model.init_from = base
-  out = loop.train(c, progress=False)
+  out = train(c, progress=False)
   trained = load_file(os.path.join(out, "params.safetensors"))
   ref = load_file(os.path.join(base, "params.safetensors"))
   moved = max(float(np.abs(trained[k] - ref[k]).max()) for k in ref)
   assert moved > 0.01 * c.train.lr      # the model moved (Adam's steps are ~lr, rounding ~1e-8)
   c.model.residual.mode = "none"         # ... and needs rcd mode
   with pytest.raises(ValueError, match="rcd"):
-    loop.train(c, progress=False)
+    train(c, progress=False)
 
 
 def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_path):
@@ -188,10 +190,10 @@ def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_pat
     c.checkpoint.save_rollouts = True
     return c
 
-  straight = loop.train(cfg(tmp_path / "a"), progress=False)
+  straight = train(cfg(tmp_path / "a"), progress=False)
   with pytest.raises(SimulatedCrash):
-    loop.train(cfg(tmp_path / "b"), progress=False, crash_before_update_at=2)
-  resumed = loop.train(cfg(tmp_path / "b"), progress=False)
+    train(cfg(tmp_path / "b"), progress=False, crash_before_update_at=2)
+  resumed = train(cfg(tmp_path / "b"), progress=False)
   a = load_file(os.path.join(straight, "params.safetensors"))
   b = load_file(os.path.join(resumed, "params.safetensors"))
   for k in a:
@@ -344,24 +346,24 @@ def _orl_with_verifier(monkeypatch, workdir, verifier, steps):
   plan)] of every iteration that built a replay plan)."""
   from orl_jax.train import orl
   plans = []
-  real_build, real_setup = orl.build_plan, loop.setup
+  real_build, real_setup = orl.build_plan, build_setup
 
   def build_plan(**kw):
     plan, stats = real_build(**kw)
     plans.append((np.asarray(kw["eligible"]), plan))
     return plan, stats
 
-  def setup(config):
+  def setup_with_verifier(config):
     import dataclasses
     s = real_setup(config)
     s.task = dataclasses.replace(s.task, verifier=verifier)
     return s
 
   monkeypatch.setattr(orl, "build_plan", build_plan)
-  monkeypatch.setattr(loop, "setup", setup)
+  monkeypatch.setattr(entry, "build_setup", setup_with_verifier)
   c = orl_smoke_config(workdir, steps=steps)
   c.orl.min_reward = 1.0
-  return loop.train(c, progress=False), plans
+  return train(c, progress=False), plans
 
 
 def test_orl_trains_only_on_verified_responses(tmp_path, monkeypatch):
@@ -390,9 +392,9 @@ def test_orl_iteration_without_verified_responses_takes_no_step(tmp_path, monkey
   # no update: the checkpointed state holds the starting parameters and untouched moments
   import jax
   c = orl_smoke_config(tmp_path, steps=3)
-  run = loop.prepare_run(loop.setup(c))
+  run = prepare_run(build_setup(c))
   fresh = jax.device_get(run.state)
-  state, at = loop.resume(run, None)
+  state, at = resume(run, None)
   run.ckpt.close()
   assert at == 3 and int(state.step) == 0
   for a, b in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(fresh)):

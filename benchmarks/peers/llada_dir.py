@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 
 from configs import llada as llada_configs
 from orl_jax.data.hf_tokenizer import BYTE_SPECIALS
-from orl_jax.train import loop
+from orl_jax.train.setup import build_setup, initial_params
 
 # The byte-level tokenizer (`model.tokenizer="byte"`) supplies the special ids; its 260 tokens
 # fit in any vocabulary this module writes.
@@ -85,8 +85,8 @@ def our_config(path: str, residual: str = "none", **decode_overrides):
 
 def load_ours(path: str, residual: str = "none", **decode_overrides):
   """(graphdef, params, setup) of the LLaDA directory, read as a run reads model.path."""
-  s = loop.setup(our_config(path, residual, **decode_overrides))
-  graphdef, params = loop.initial_params(s)
+  s = build_setup(our_config(path, residual, **decode_overrides))
+  graphdef, params = initial_params(s)
   return graphdef, params, s
 
 

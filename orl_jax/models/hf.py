@@ -14,11 +14,13 @@ has) in a separate `adapter.safetensors` under our own names.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import json
 import os
 import shutil
 import tempfile
+import time
 from typing import Callable
 
 import jax
@@ -85,12 +87,32 @@ def read_hf_config(hf_dir: str) -> dict:
   return read_json_object(path)
 
 
+# resolved path -> ((size, mtime_ns, inode), object): a directory's config.json and
+# generation_config.json are parsed once per version, however many readers ask at set-up (its
+# family, architecture, ignored keys, special tokens, generation defaults)
+_JSON_CACHE: dict[str, tuple[tuple[int, int, int], dict]] = {}
+_JSON_CACHE_ENTRIES = 64
+# a file written this recently may be written again within the same mtime tick at the same size,
+# which its version would not show: it is parsed again at every read until it has settled
+_SETTLED_S = 2.0
+
+
 def read_json_object(path: str) -> dict:
-  data = read_json(path)
-  if not isinstance(data, dict):
-    raise CheckpointError(f"{path} must hold one JSON object of settings, not a "
-                          f"{type(data).__name__}")
-  return data
+  """The JSON object in `path`, parsed once per version of the file (size, mtime, inode) and
+  returned as a copy (a caller's edits stay its own); a truncated or non-JSON file is one
+  ParamsFileError naming it."""
+  real = os.path.realpath(path)
+  st = os.stat(real)
+  version = (st.st_size, st.st_mtime_ns, st.st_ino)
+  cached = _JSON_CACHE.get(real)
+  if cached is None or cached[0] != version:
+    data = read_json(path)
+    if time.time() - st.st_mtime < _SETTLED_S:
+      return data
+    if len(_JSON_CACHE) >= _JSON_CACHE_ENTRIES:
+      _JSON_CACHE.clear()
+    cached = _JSON_CACHE[real] = (version, data)
+  return copy.deepcopy(cached[1])
 
 
 def parse_config_json(hf_dir: str, parse: Callable[[dict], object]):

@@ -47,7 +47,7 @@ class ModelConfig:
   qk_norm: bool = False
   tie_embeddings: bool = False
   embed_scale: float = 1.0
-  family: str = "block_causal"      # attention layout: block_causal | bidirectional
+  attention: str = "block_causal"   # attention layout: block_causal | bidirectional
   hf_family: str = ""               # registry family (orl_jax.models.families); "" = ours (tiny)
   dtype: str = "float32"            # compute dtype
   param_dtype: str = "float32"

@@ -1,7 +1,7 @@
 """The replay plan (DESIGN §2.5), built on the host from small arrays only (validity, block
 index, rewards): for each row slot, where its token comes from (a prompt, a response's final
-tokens, or a captured state) plus its staircase metadata. `replay/batch.py` then gathers tokens,
-residuals and rollout statistics by index on the device, so large buffers (`z` is
+tokens, or a captured state) plus its staircase metadata. `replay/gather.py` then gathers
+tokens, residuals and rollout statistics by index on the device, so large buffers (`z` is
 [B, S, b, D]) never visit the host.
 
 `build_plan` is six steps: `select_states` -> `form_units` -> `pack_rows` (first-fit
@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from orl_jax.batch import micro_batch_of_rows
+from orl_jax.packed_batch import micro_batch_of_rows
 from orl_jax.choices import REPLAY_LAYOUTS
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 TokenMeta)

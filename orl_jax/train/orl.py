@@ -15,7 +15,7 @@ One iteration, step by step (`orl_iteration`), with the module that owns each st
     summarize     here                device-side metrics; small arrays to host [hop: verification]
     verify        verify/, tasks.py   decoded responses -> rewards [P*G]       [hop: verification]
     plan          replay/plan.py      host plan, then put on device            [hop: planning]
-    gather        replay/batch.py     jitted, out_shardings = the batch's      (device)
+    gather        replay/gather.py    jitted, out_shardings = the batch's      (device)
     update        train/state.py      jitted train step with losses.OrlObjective (device)
 
 Everything but the named hops runs without host transfers (tested under
@@ -47,7 +47,7 @@ from orl_jax.losses import OrlObjective
 from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, ReplayPlan, build_plan, gather_batch
 from orl_jax.rollout import Trajectories
-from orl_jax.train.run import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
+from orl_jax.train.setup import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
 ENTROPY_STEPS = 8   # rollout_entropy_step{k} is logged for the first steps of every block
@@ -69,7 +69,7 @@ def replay_config(config, n_shards: int, context: str = "block") -> ReplayConfig
   """Bidirectional families always replay full canvases (their context cannot be shared);
   `context`: the family's context stream (`Family.replay_context`)."""
   r = config.replay
-  bidirectional = config.model.family == "bidirectional"
+  bidirectional = config.model.attention == "bidirectional"
   return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
                       max_responses=r.max_responses, states_per_response=r.states_per_response,
                       layout="canvas" if bidirectional else r.layout, n_shards=n_shards,
@@ -170,9 +170,9 @@ def rollout_metrics(sums: dict, n_rollouts: int) -> dict:
 class OrlSteps:
   """The pieces of one iteration, built once before the loop (the jitted ones from abstract
   shapes), and what they share."""
-  s: Setup
+  setup: Setup
   run: Run
-  rcfg: ReplayConfig
+  replay_cfg: ReplayConfig
   rollout: Callable        # (params, tokens, valid, key, rollout_step) -> Trajectories
   sums: Callable           # Trajectories -> rollout_sums, replicated
   gather: Callable         # (Trajectories, ReplayPlan) -> PackedBatch, rows over the data axes
@@ -185,41 +185,41 @@ class OrlSteps:
   snapshots: Checkpointer | None
 
 
-def _abstract_batch(s: Setup, run: Run, rollout_fn, rcfg: ReplayConfig, gather_fn):
+def _abstract_batch(setup: Setup, run: Run, rollout_fn, replay_cfg: ReplayConfig, gather_fn):
   """Shapes of one replay batch, from the rollout's and the plan's abstract shapes."""
-  p, lp = s.config.orl.prompts_per_step, s.config.task.prompt_len
+  p, lp = setup.config.orl.prompts_per_step, setup.config.task.prompt_len
   prompts = jax.ShapeDtypeStruct((p, lp), jnp.int32), jax.ShapeDtypeStruct((p, lp), jnp.bool_)
   traj = jax.eval_shape(rollout_fn, run.state.params, *prompts, jax.random.key(0),
                         run.state.step)
-  return jax.eval_shape(gather_fn, traj, ReplayPlan.abstract(rcfg))
+  return jax.eval_shape(gather_fn, traj, ReplayPlan.abstract(replay_cfg))
 
 
-def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
+def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
   """Jits rollout, gather and the train step once, before the first iteration."""
-  config, tok = s.config, s.tokenizer
+  config, tok = setup.config, setup.tokenizer
   o = config.orl
-  family = families.FAMILIES.get(getattr(s.model_cfg, "hf_family", ""))
-  rollout_fn = decoders.make_decoder(config, s.model_cfg, run.graphdef, "rollout",
+  family = families.FAMILIES.get(getattr(setup.model_cfg, "hf_family", ""))
+  rollout_fn = decoders.make_decoder(config, setup.model_cfg, run.graphdef, "rollout",
                                      mask_id=tok.mask_id, eos_id=tok.eos_id,
-                                     group_size=o.group_size, mesh=s.mesh)
+                                     group_size=o.group_size, mesh=setup.mesh)
   unresolved = family.unresolved if family is not None else "masked"
-  rcfg = replay_config(config, sharding_lib.n_batch_shards(s.mesh.shape),
-                       family.replay_context if family is not None else "block")
-  rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
+  replay_cfg = replay_config(config, sharding_lib.n_batch_shards(setup.mesh.shape),
+                             family.replay_context if family is not None else "block")
+  rows, repl = sharding_lib.batch_sharding(setup.mesh), sharding_lib.replicated(setup.mesh)
   gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
                                               block_size=config.decode.block_size,
                                               unresolved=unresolved)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl,
-                          _abstract_batch(s, run, rollout_fn, rcfg, gather_fn))
+                          _abstract_batch(setup, run, rollout_fn, replay_cfg, gather_fn))
   update = make_train_step(run.graphdef, run.optimizer, OrlObjective(loss_config(config)),
-                           s.mesh, run.state_shardings, batch_sh,
-                           micro_batches=rcfg.micro_batches)
+                           setup.mesh, run.state_shardings, batch_sh,
+                           micro_batches=replay_cfg.micro_batches)
   rollout_seed = o.rollout_seed if o.rollout_seed >= 0 else config.seed
   snapshots = None
   if config.checkpoint.save_rollouts:
     snapshots = Checkpointer(os.path.join(config.workdir, "rollouts"), every=1, keep=1)
   return OrlSteps(
-      s=s, run=run, rcfg=rcfg, rollout=rollout_fn,
+      setup=setup, run=run, replay_cfg=replay_cfg, rollout=rollout_fn,
       sums=jax.jit(lambda traj: rollout_sums(traj, tok.mask_id, unresolved),
                    out_shardings=repl),
       gather=jax.jit(gather_fn, out_shardings=batch_sh), update=update,
@@ -230,14 +230,14 @@ def build_orl_steps(s: Setup, run: Run, prompt_iter) -> OrlSteps:
 
 def draw_prompts(steps: OrlSteps, it: int) -> Prompts:
   """This process's next prompts -> global [P, ...] arrays split over the data axes."""
-  s = steps.s
-  n_prompts = s.config.orl.prompts_per_step
+  setup = steps.setup
+  n_prompts = setup.config.orl.prompts_per_step
   with host_hop("prompts"):
     local_idx = np.asarray(next(steps.prompt_iter), np.int32)
-    problems = {int(i): s.task.train_problem(int(i)) for i in local_idx}
-    local_pt, local_pv = encode_prompts([problems[int(i)] for i in local_idx], s.tokenizer,
-                                        s.config.task.prompt_len)
-    ids, tokens, valid = sharding_lib.shard_batch((local_idx, local_pt, local_pv), s.mesh,
+    problems = {int(i): setup.task.train_problem(int(i)) for i in local_idx}
+    local_pt, local_pv = encode_prompts([problems[int(i)] for i in local_idx], setup.tokenizer,
+                                        setup.config.task.prompt_len)
+    ids, tokens, valid = sharding_lib.shard_batch((local_idx, local_pt, local_pv), setup.mesh,
                                                   n_prompts)
     key = jax.random.fold_in(steps.rollout_key, it)
   return Prompts(ids, tokens, valid, key, problems)
@@ -255,7 +255,7 @@ def rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
 
 
 def _restore_rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
-  o, mesh = steps.s.config.orl, steps.s.mesh
+  o, mesh = steps.setup.config.orl, steps.setup.mesh
   abstract = jax.eval_shape(steps.rollout, state.params, prompts.tokens, prompts.valid,
                             steps.rollout_key, state.step)
   saved, _ = steps.snapshots.restore(it, {
@@ -285,26 +285,26 @@ def verify(steps: OrlSteps, summary: RolloutSummary, known: dict | None = None) 
   """[P*G] rewards of the decoded responses (process 0's on every process). `known`: the
   problems this process already built (`Prompts.problems`); only the other processes' prompts
   are read again."""
-  s, g = steps.s, steps.s.config.orl.group_size
+  setup, g = steps.setup, steps.setup.config.orl.group_size
   with host_hop("verification"):
-    texts = [s.tokenizer.decode(r, stop_at_eos=True) for r in summary.responses]
+    texts = [setup.tokenizer.decode(r, stop_at_eos=True) for r in summary.responses]
     known = dict(known or {})
     for i in summary.prompt_ids:
       if int(i) not in known:
-        known[int(i)] = s.task.train_problem(int(i))
+        known[int(i)] = setup.task.train_problem(int(i))
     problems = [known[int(i)] for i in summary.prompt_ids for _ in range(g)]
-    return agreed(np.asarray(s.task.verifier.score_batch(problems, texts), np.float32))
+    return agreed(np.asarray(setup.task.verifier.score_batch(problems, texts), np.float32))
 
 
 def plan(steps: OrlSteps, summary: RolloutSummary, verified: np.ndarray, it: int):
   """(replay plan on the device, packing stats): the verified responses' states in rows."""
-  config = steps.s.config
+  config = steps.setup.config
   with host_hop("planning"):
     replay_plan, stats = build_plan(
         prompt_valid=summary.prompt_valid, capture_valid=summary.capture_valid,
         capture_block=summary.capture_block, eligible=verified,
         group_size=config.orl.group_size, block_size=config.decode.block_size,
-        cfg=steps.rcfg, rng=np.random.default_rng([config.seed, it]))
+        cfg=steps.replay_cfg, rng=np.random.default_rng([config.seed, it]))
     return jax.device_put(replay_plan, steps.plan_sharding), stats
 
 
@@ -337,7 +337,7 @@ def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=Non
   t2 = time.perf_counter()
   if crash_before_update_at == it:
     raise SimulatedCrash(f"simulated kill between rollout and update at iteration {it}")
-  verified = rewards >= steps.s.config.orl.min_reward
+  verified = rewards >= steps.setup.config.orl.min_reward
   metrics, stats, t3 = {}, {}, time.perf_counter()
   steps.ledger.consume(it)
   if verified.any():
@@ -369,22 +369,22 @@ def log_iteration(steps: OrlSteps, log: RunLog, state, it: int, rec: IterationRe
                         loss=f"{scalars.get('loss', float('nan')):.3f}")
 
 
-def prompt_stream(s: Setup):
+def prompt_stream(setup: Setup):
   """The iterator of this process's problem ids, `orl.prompts_per_step` per iteration
   (checkpointed with the state)."""
-  n_prompts = s.config.orl.prompts_per_step
-  return iter(prompt_dataset(s.task.train_problem, batch_size=n_prompts,
-                             rows=sharding_lib.process_rows(s.mesh, n_prompts),
-                             shuffle_seed=s.config.train.shuffle_seed))
+  n_prompts = setup.config.orl.prompts_per_step
+  return iter(prompt_dataset(setup.task.train_problem, batch_size=n_prompts,
+                             rows=sharding_lib.process_rows(setup.mesh, n_prompts),
+                             shuffle_seed=setup.config.train.shuffle_seed))
 
 
-def train_orl(s: Setup, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:
+def train_orl(setup: Setup, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:
   """Runs ORL to `train.steps` iterations, resuming from the work directory's checkpoint."""
-  run = prepare_run(s)
-  prompt_iter = prompt_stream(s)
+  run = prepare_run(setup)
+  prompt_iter = prompt_stream(setup)
   state, start = resume(run, prompt_iter)
-  steps = build_orl_steps(s, run, prompt_iter)
-  log = RunLog(s, start, "orl", progress=progress, stop_after=stop_after)
+  steps = build_orl_steps(setup, run, prompt_iter)
+  log = RunLog(setup, start, "orl", progress=progress, stop_after=stop_after)
   it = start   # iterations done (= checkpoint step); state.step counts optimizer updates
   while it < log.last:
     state, record = orl_iteration(steps, state, it,
@@ -398,4 +398,4 @@ def train_orl(s: Setup, *, progress=True, stop_after=None, crash_before_update_a
   log.close()
   if steps.snapshots is not None:
     steps.snapshots.close()
-  return finish_run(s, run, state, it)
+  return finish_run(setup, run, state, it)

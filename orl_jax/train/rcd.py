@@ -16,22 +16,22 @@ from flax import nnx
 from orl_jax import params_io
 from orl_jax import weights as weights_lib
 from orl_jax.residual import Residual, residual_from_logits
-from orl_jax.batch import masked_state_tokens
+from orl_jax.packed_batch import masked_state_tokens
 from orl_jax.train.state import init_model_params
 
 
-def reference_residual_fn(s):
+def reference_residual_fn(setup):
   """(residual_fn, extra batch inputs). The reference is the starting params folder's model with no
   residual pathway; its parameters travel in the batch (replicated), never into the graph."""
-  reference_dir = weights_lib.params_dir(s.config)
+  reference_dir = weights_lib.params_dir(setup.config)
   if not reference_dir:
     raise ValueError("train.mode='rcd_offline' needs a params folder in model.path (or "
                      "model.init_from): the frozen reference")
-  if s.model_cfg.residual_mode != "rcd":
+  if setup.model_cfg.residual_mode != "rcd":
     raise ValueError("train.mode='rcd_offline' trains model.residual.mode='rcd', got "
-                     f"{s.model_cfg.residual_mode!r}")
-  ref_cfg = dataclasses.replace(s.model_cfg, residual_mode="none")
-  ref_graphdef, ref_params = init_model_params(ref_cfg, s.config.seed)
+                     f"{setup.model_cfg.residual_mode!r}")
+  ref_cfg = dataclasses.replace(setup.model_cfg, residual_mode="none")
+  ref_graphdef, ref_params = init_model_params(ref_cfg, setup.config.seed)
   ref_params, _ = params_io.load_params(reference_dir, ref_params)
 
   def residual_fn(model, pb, batch, key):

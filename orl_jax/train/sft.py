@@ -16,13 +16,13 @@ import jax.numpy as jnp
 
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.batch import PackedBatch, masked_state_tokens
+from orl_jax.packed_batch import PackedBatch, masked_state_tokens
 from orl_jax.data.pipeline import train_dataset
 from orl_jax.losses import sft_loss
 from orl_jax.models import families
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.train import rcd
-from orl_jax.train.run import RunLog, Setup, finish_run, prepare_run, resume
+from orl_jax.train.setup import RunLog, Setup, finish_run, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
 
@@ -41,62 +41,62 @@ def self_conditioning_residual(model, pb: PackedBatch, key, probability: float) 
   return Residual(jnp.where(at[..., None], res.z, 0), jnp.where(at, res.alpha, 0))
 
 
-def residual_source(s: Setup):
+def residual_source(setup: Setup):
   """(residual_fn, extra batch inputs) of the run's mode: `residual_fn(model, packed, batch,
   key)` gives the residual at the noised tokens, None for plain SFT."""
-  mode = s.config.train.mode
+  mode = setup.config.train.mode
   if mode == "rcd_offline":
-    return rcd.reference_residual_fn(s)
+    return rcd.reference_residual_fn(setup)
   if mode == "residual_warmup":
-    p_self = s.config.train.self_condition_probability
+    p_self = setup.config.train.self_condition_probability
     return (lambda model, pb, batch, key: self_conditioning_residual(model, pb, key, p_self)), {}
   return None, {}
 
 
-def sft_placement(s: Setup) -> str:
+def sft_placement(setup: Setup) -> str:
   """Where the SFT layout places the blocks: as the weights' family decodes them
   (`config.family_rules`; a family with its own model keeps the prompt-end layout)."""
-  family = getattr(s.model_cfg, "hf_family", "")
+  family = getattr(setup.model_cfg, "hf_family", "")
   if family and families.get(family).own_model:
     return "prompt_end"
-  return config_lib.family_rules(s.config, family)["block_placement"]
+  return config_lib.family_rules(setup.config, family)["block_placement"]
 
 
-def make_sft_step(s: Setup, run, residual_fn, extra_inputs):
+def make_sft_step(setup: Setup, run, residual_fn, extra_inputs):
   """The jitted `(state, batch, base_key) -> (state, metrics)` of the SFT-layout modes."""
-  config = s.config
+  config = setup.config
   loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
                                                block_size=config.decode.block_size,
-                                               mask_id=s.model_cfg.mask_id,
+                                               mask_id=setup.model_cfg.mask_id,
                                                residual_fn=residual_fn,
                                                vocab_chunk=config.loss.get("vocab_chunk", 0),
-                                               eos_id=s.tokenizer.eos_id,
-                                               placement=sft_placement(s))
-  rows = sharding_lib.batch_sharding(s.mesh)
-  repl = sharding_lib.replicated(s.mesh)
+                                               eos_id=setup.tokenizer.eos_id,
+                                               placement=sft_placement(setup))
+  rows = sharding_lib.batch_sharding(setup.mesh)
+  repl = sharding_lib.replicated(setup.mesh)
   batch_sh = {"prompt_tokens": rows, "prompt_valid": rows, "response": rows,
               **jax.tree.map(lambda _: repl, extra_inputs)}
-  return make_train_step(run.graphdef, run.optimizer, loss_fn, s.mesh, run.state_shardings,
+  return make_train_step(run.graphdef, run.optimizer, loss_fn, setup.mesh, run.state_shardings,
                          batch_sh)
 
 
-def train_sft(s: Setup, *, progress: bool = True, stop_after: int | None = None) -> str:
+def train_sft(setup: Setup, *, progress: bool = True, stop_after: int | None = None) -> str:
   """Runs an SFT-layout mode (sft, residual_warmup, rcd_offline) to `train.steps`."""
-  config, tc = s.config, s.config.train
-  run = prepare_run(s)
-  data = train_dataset(s.task.train_problem, s.tokenizer, prompt_len=config.task.prompt_len,
+  config, tc = setup.config, setup.config.train
+  run = prepare_run(setup)
+  data = train_dataset(setup.task.train_problem, setup.tokenizer, prompt_len=config.task.prompt_len,
                        gen_length=config.decode.gen_length, batch_size=tc.batch_size,
-                       rows=sharding_lib.process_rows(s.mesh, tc.batch_size),
+                       rows=sharding_lib.process_rows(setup.mesh, tc.batch_size),
                        shuffle_seed=tc.shuffle_seed)
   data_iter = iter(data)
   state, start = resume(run, data_iter)
-  residual_fn, extra_inputs = residual_source(s)
-  step_fn = make_sft_step(s, run, residual_fn, extra_inputs)
+  residual_fn, extra_inputs = residual_source(setup)
+  step_fn = make_sft_step(setup, run, residual_fn, extra_inputs)
   base_key = jax.random.key(config.seed)
-  log = RunLog(s, start, config.train.mode, progress=progress, stop_after=stop_after)
+  log = RunLog(setup, start, config.train.mode, progress=progress, stop_after=stop_after)
   t0, step = time.perf_counter(), start
   while step < log.last:
-    batch = dict(sharding_lib.shard_batch(next(data_iter), s.mesh, tc.batch_size),
+    batch = dict(sharding_lib.shard_batch(next(data_iter), setup.mesh, tc.batch_size),
                  **extra_inputs)
     state, metrics = step_fn(state, batch, base_key)
     step += 1
@@ -107,4 +107,4 @@ def train_sft(s: Setup, *, progress: bool = True, stop_after: int | None = None)
     if run.ckpt.should_save(step, final=step == log.last):
       run.ckpt.save(step, state, data_iter)
   log.close()
-  return finish_run(s, run, state, step)
+  return finish_run(setup, run, state, step)

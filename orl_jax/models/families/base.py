@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from orl_jax.models.transformer import ModelConfig
 
-# Attention layouts of DLM families (`model.family`): a fully bidirectional canvas
+# Attention layouts of DLM families (`model.attention`): a fully bidirectional canvas
 # (LLaDA-8B), block-causal with bidirectional blocks and a KV cache (SDAR, LLaDA2.x), or a
 # token-causal committed stream with a bidirectional canvas over it (DiffusionGemma).
 ATTENTION_LAYOUTS = ("bidirectional", "block_causal", "token_causal")

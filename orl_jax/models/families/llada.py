@@ -65,7 +65,7 @@ def architecture_from_hf(hf: dict) -> dict:
               norm_eps=config_json.read_float(hf, "rms_norm_eps", dflt["rms_norm_eps"]),
               qk_norm=False,
               tie_embeddings=config_json.read_bool(hf, "weight_tying", dflt["weight_tying"]),
-              family="bidirectional")
+              attention="bidirectional")
 
 
 def hf_config_json(cfg: ModelConfig) -> dict:

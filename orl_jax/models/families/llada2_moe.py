@@ -101,7 +101,7 @@ def architecture_from_hf(hf: dict, *, impl: str = "dense") -> dict:
               tie_embeddings=config_json.read_bool(hf, "tie_word_embeddings",
                                                    dflt["tie_word_embeddings"]),
               moe=moe, first_k_dense=0 if moe is None else first_dense, norm_head=False,
-              family="block_causal")
+              attention="block_causal")
 
 
 def hf_config_json(cfg: ModelConfig) -> dict:

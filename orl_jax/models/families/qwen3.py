@@ -64,7 +64,7 @@ def architecture_from_hf(hf: dict) -> dict:
               norm_eps=config_json.read_float(hf, "rms_norm_eps", dflt["rms_norm_eps"]),
               qk_norm=True, tie_embeddings=config_json.read_bool(
                   hf, "tie_word_embeddings", dflt["tie_word_embeddings"]),
-              family="block_causal")
+              attention="block_causal")
 
 
 def hf_config_json(cfg: ModelConfig) -> dict:

@@ -1,7 +1,7 @@
-"""The life of a training run, shared by every loop (`sft.py`, `orl.py`): `setup` (config ->
-task, tokenizer, model config, mesh), `prepare_run` (optimizer, sharded state, checkpoint
-manager), `resume` (the newest checkpoint that restores) and `finish_run` (export the final
-parameters)."""
+"""The life of a training run, shared by every loop (`sft.py`, `orl.py`): `build_setup`
+(config -> task, tokenizer, model config, mesh), `prepare_run` (optimizer, sharded state,
+checkpoint manager), `resume` (the newest checkpoint that restores) and `finish_run` (export the
+final parameters)."""
 from __future__ import annotations
 
 import dataclasses
@@ -153,7 +153,7 @@ def own_model_config(config, hf_dir: str, family: str, vocab_size: int = 0, **sp
   return hf.parse_config_json(hf_dir, build)
 
 
-def setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
+def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   """config -> task, tokenizer, model config (from model.path's config.json when it is a
   Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
   what launch/decode.py --prompt decodes) instead of `config.task`'s problems."""
@@ -207,23 +207,23 @@ def check_divisible_by_shards(config, n_shards: int) -> None:
                                  "shards of the mesh (mesh.data x mesh.fsdp x mesh.expert)")
 
 
-def initial_params(s: Setup):
+def initial_params(setup: Setup):
   """(graphdef, params): read from a Hugging Face `model.path` (straight into the family's
   partition-rule shardings), fresh, or loaded from a params folder (`model.path` or
   `model.init_from`). Only residual adapter parameters may be absent from the weights (they keep
   their zero-output initialisation, and are logged); any other missing or extra tensor is an
   error."""
-  weights = weights_lib.weights_of(s.config)
+  weights = weights_lib.weights_of(setup.config)
   if weights is not None and weights.kind == weights_lib.HF:
     from orl_jax.models import hf
-    _, abstract = build.abstract_params(s.model_cfg, s.config.seed)
-    shardings = sharding_lib.tree_shardings(abstract, s.mesh,
-                                            families.partition_rules(s.model_cfg.hf_family))
-    return hf.load_model_params(weights.path, s.model_cfg.hf_family, s.model_cfg,
-                                shardings=shardings, seed=s.config.seed, check_config=False)
-  graphdef, params = init_model_params(s.model_cfg, s.config.seed)
+    _, abstract = build.abstract_params(setup.model_cfg, setup.config.seed)
+    shardings = sharding_lib.tree_shardings(abstract, setup.mesh,
+                                            families.partition_rules(setup.model_cfg.hf_family))
+    return hf.load_model_params(weights.path, setup.model_cfg.hf_family, setup.model_cfg,
+                                shardings=shardings, seed=setup.config.seed, check_config=False)
+  graphdef, params = init_model_params(setup.model_cfg, setup.config.seed)
   if weights is not None:
-    check_compatible(weights.path, s)
+    check_compatible(weights.path, setup)
     params, kept = params_io.load_params(weights.path, params)
     if kept:
       logging.warning("%s=%s has no residual adapter: %d adapter parameters start from their "
@@ -232,26 +232,27 @@ def initial_params(s: Setup):
   return graphdef, params
 
 
-# ModelConfig fields that decide which tensors exist and their shapes
+# ModelConfig fields that decide which tensors exist and their shapes (only these are compared:
+# meta.json of older runs names the attention layout `family`, now `attention`, unread here)
 _SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
                  "qk_norm", "tie_embeddings", "first_k_dense")
 
 
-def check_compatible(params_dir: str, s: Setup) -> None:
+def check_compatible(params_dir: str, setup: Setup) -> None:
   """Raises ValueError naming both sides when the folder's meta.json records another vocabulary
   or another model shape than the configured one."""
   meta_path = os.path.join(params_dir, params_io.META_FILE)
   meta = params_io.read_meta(params_dir)
   vocab = meta.get("vocab_hash")
   stored = meta.get("model", {})
-  tok = s.tokenizer
-  tok_name = getattr(tok, "source", None) or f"the {s.config.task.name} task's tokenizer"
+  tok = setup.tokenizer
+  tok_name = getattr(tok, "source", None) or f"the {setup.config.task.name} task's tokenizer"
   if vocab and hasattr(tok, "vocab_hash") and vocab != tok.vocab_hash():
     raise params_io.ParamsFileError(
         f"{meta_path} records another vocabulary (hash {vocab}) than {tok_name} (hash "
         f"{tok.vocab_hash()}, {tok.vocab_size} tokens): use the "
         "tokenizer the parameters were trained with, or retrain them (`make base`)")
-  ours = dataclasses.asdict(s.model_cfg)
+  ours = dataclasses.asdict(setup.model_cfg)
   if "vocab_size" in stored and stored["vocab_size"] != ours["vocab_size"]:
     raise params_io.ParamsFileError(
         f"{meta_path} has vocab_size={stored['vocab_size']} but the model built from {tok_name} "
@@ -265,11 +266,11 @@ def check_compatible(params_dir: str, s: Setup) -> None:
                                     "model.path at another folder")
 
 
-def params_meta(s: Setup, extra: dict | None = None) -> dict:
-  meta = {"model": dataclasses.asdict(s.model_cfg), "task": s.config.task.to_dict(),
-          "decode": s.config.decode.to_dict()}
-  if hasattr(s.tokenizer, "vocab_hash"):
-    meta["vocab_hash"] = s.tokenizer.vocab_hash()
+def params_meta(setup: Setup, extra: dict | None = None) -> dict:
+  meta = {"model": dataclasses.asdict(setup.model_cfg), "task": setup.config.task.to_dict(),
+          "decode": setup.config.decode.to_dict()}
+  if hasattr(setup.tokenizer, "vocab_hash"):
+    meta["vocab_hash"] = setup.tokenizer.vocab_hash()
   meta.update(extra or {})
   return meta
 
@@ -284,19 +285,19 @@ class Run:
   ckpt: Checkpointer
 
 
-def prepare_run(s: Setup) -> Run:
+def prepare_run(setup: Setup) -> Run:
   """Records the config, builds the optimizer and the sharded train state (from the starting
   weights when there are any) and opens the work directory's checkpoint manager."""
-  config = s.config
+  config = setup.config
   os.makedirs(config.workdir, exist_ok=True)
   if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
   optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
-                             config.train.freeze_base, frozen_params(s.model_cfg))
-  graphdef, params = initial_params(s)
-  graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, config.seed,
-                                                 params=params,
+                             config.train.freeze_base, frozen_params(setup.model_cfg))
+  graphdef, params = initial_params(setup)
+  graphdef, state, state_sh = create_train_state(setup.model_cfg, optimizer, setup.mesh,
+                                                 config.seed, params=params,
                                                  with_reference=needs_reference(config))
   ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
                       keep=config.checkpoint.keep)
@@ -314,19 +315,19 @@ def resume(run: Run, data_iter) -> tuple[object, int]:
   return state, start
 
 
-def finish_run(s: Setup, run: Run, state, step: int) -> str:
+def finish_run(setup: Setup, run: Run, state, step: int) -> str:
   """Waits for checkpoints and exports the final parameters to WORKDIR/params, and, for a
   model of a registered family, as a Hugging Face directory WORKDIR/hf with its official tensor
   names (process 0 writes; every process returns once the folders are complete)."""
   run.ckpt.close()
-  out = os.path.join(s.config.workdir, "params")
+  out = os.path.join(setup.config.workdir, "params")
   params = sharding_lib.to_host(state.params)   # a collective: every process takes part
   if distributed.is_lead_process():
-    params_io.save_params(out, params, params_meta(s, {"train_steps": int(step),
-                                                       "seed": s.config.seed,
-                                                       "mode": s.config.train.mode}))
-    if s.model_cfg.hf_family:
-      export_hf_dir(s, params, os.path.join(s.config.workdir, HF_EXPORT_DIR))
+    params_io.save_params(out, params, params_meta(setup, {"train_steps": int(step),
+                                                       "seed": setup.config.seed,
+                                                       "mode": setup.config.train.mode}))
+    if setup.model_cfg.hf_family:
+      export_hf_dir(setup, params, os.path.join(setup.config.workdir, HF_EXPORT_DIR))
   distributed.barrier("export_params")
   return out
 
@@ -334,28 +335,28 @@ def finish_run(s: Setup, run: Run, state, step: int) -> str:
 HF_EXPORT_DIR = "hf"   # WORKDIR/hf: the final parameters as a Hugging Face directory
 
 
-def export_hf_dir(s: Setup, params, out_dir: str, max_shard_bytes: int = 0) -> str:
+def export_hf_dir(setup: Setup, params, out_dir: str, max_shard_bytes: int = 0) -> str:
   """Writes `params` as a Hugging Face directory of the run's family (with the weights
   directory's tokenizer.json when there is one)."""
   from orl_jax.models import hf
-  if not s.model_cfg.hf_family:
+  if not setup.model_cfg.hf_family:
     raise config_lib.ConfigError("export: the model belongs to no Hugging Face family; set "
                                  "model.hf_family (or model.path to a Hugging Face directory)")
-  source = weights_lib.hf_dir(s.config) or s.config.model.get("tokenizer", "")
+  source = weights_lib.hf_dir(setup.config) or setup.config.model.get("tokenizer", "")
   tok_file = os.path.join(source, "tokenizer.json") if os.path.isdir(source) else source
   tok_file = tok_file if tok_file and os.path.isfile(tok_file) else None
-  family = s.model_cfg.hf_family
-  return hf.export_hf(out_dir, params, s.model_cfg, family, tokenizer_file=tok_file,
-                      max_shard_bytes=max_shard_bytes, extra_config=_special_token_ids(s),
-                      passthrough=hf.read_passthrough(weights_lib.hf_dir(s.config), family))
+  family = setup.model_cfg.hf_family
+  return hf.export_hf(out_dir, params, setup.model_cfg, family, tokenizer_file=tok_file,
+                      max_shard_bytes=max_shard_bytes, extra_config=_special_token_ids(setup),
+                      passthrough=hf.read_passthrough(weights_lib.hf_dir(setup.config), family))
 
 
-def _special_token_ids(s: Setup) -> dict:
+def _special_token_ids(setup: Setup) -> dict:
   """The run's EOS and pad ids as config.json keys (so the exported directory declares the
   tokens it was trained with); {} for a family with its own config (it writes them itself)."""
-  if families.get(s.model_cfg.hf_family).own_model:
+  if families.get(setup.model_cfg.hf_family).own_model:
     return {}
-  tok = s.tokenizer
+  tok = setup.tokenizer
   eos = list(getattr(tok, "eos_ids", (tok.eos_id,)))
   ids = {"eos_token_id": eos[0] if len(eos) == 1 else eos, "pad_token_id": tok.pad_id}
   bos = getattr(tok, "bos_id", None)
@@ -366,12 +367,12 @@ class RunLog:
   """The progress bar and the metrics file of a loop that runs steps (start, last]; `last` is
   `train.steps`, or `stop_after` when a test ends the run early (a simulated kill)."""
 
-  def __init__(self, s: Setup, start: int, desc: str, *, progress: bool = True,
+  def __init__(self, setup: Setup, start: int, desc: str, *, progress: bool = True,
                stop_after: int | None = None):
-    tc = s.config.train
+    tc = setup.config.train
     self.log_every = tc.log_every
     self.last = tc.steps if stop_after is None else min(tc.steps, stop_after)
-    self.writer = MetricsWriter(s.config.workdir, resume_step=start)
+    self.writer = MetricsWriter(setup.config.workdir, resume_step=start)
     self.bar = tqdm(total=tc.steps, initial=start, desc=desc, dynamic_ncols=True,
                     disable=not (progress and distributed.is_lead_process()))
 

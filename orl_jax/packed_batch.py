@@ -1,7 +1,8 @@
 """The packed rows every training forward consumes (SFT, ORL replay, offline RCD): one batch
-type, and the SFT layout that builds them from data (`sft_batch`). Every batch has tokens, positions, staircase metadata, targets and (optionally) the
-residual consumed at state tokens; SFT adds `ce_weight`, ORL replay adds the rollout
-statistics, the response/state slots and the AEC pairs its losses need (`replay/batch.py`)."""
+type, and the SFT layout that builds them from data (`sft_batch`). Every batch has tokens,
+positions, staircase metadata, targets and (optionally) the residual consumed at state tokens;
+SFT adds `ce_weight`, ORL replay adds the rollout statistics, the response/state slots and the
+AEC pairs its losses need (`replay/gather.py`)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,17 +1,13 @@
-"""Training entry point `train(config)`: the run's `train.mode` picks its loop from `LOOPS`.
+"""The training entry point `train(config)`: the run's `train.mode` picks its loop from `LOOPS`.
 
-Where things live: `run.py` (set-up, resume, export; shared by every loop), `sft.py` (SFT, the
+Where things live: `setup.py` (set-up, resume, export; shared by every loop), `sft.py` (SFT, the
 residual warm-up and offline RCD), `orl.py` (the on-policy loop), `state.py` (train state,
-optimizer, the jitted step). The set-up helpers are re-exported here, the module launchers,
-the demo and the evaluation import.
+optimizer, the jitted step).
 """
 from __future__ import annotations
 
 from orl_jax.train import orl, sft
-from orl_jax.train.run import (Run, Setup, check_compatible, export_hf_dir,  # noqa: F401
-                               finish_run, initial_params, loss_config, model_family,
-                               needs_reference, params_meta, prepare_run, resume, setup)
-from orl_jax.train.state import init_model_params  # noqa: F401
+from orl_jax.train.setup import build_setup
 from orl_jax.weights import require_weights
 
 # train.mode -> the loop that runs it: `loop(setup, progress=, stop_after=, **test_hooks)`
@@ -26,9 +22,9 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
   `stop_after` ends the run early after that many steps (tests use it to simulate a kill).
   """
   require_weights(config)
-  s = setup(config)
+  setup = build_setup(config)
   loop = LOOPS.get(config.train.mode)
   if loop is None:
     raise ValueError(f"train() runs train.mode 'sft', 'residual_warmup', 'rcd_offline' or "
                      f"'orl', got {config.train.mode!r}")
-  return loop(s, progress=progress, stop_after=stop_after, **test_hooks)
+  return loop(setup, progress=progress, stop_after=stop_after, **test_hooks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from orl_jax.batch import PackedBatch
+from orl_jax.packed_batch import PackedBatch
 from orl_jax.replay.plan import SRC_CLEAN, SRC_MASK, SRC_PROMPT, SRC_STATE, ReplayPlan
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import TokenMeta
