@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.decoding import (Capture, DecodeConfig, _Canvas, _empty_capture, _finished_response,
+from orl_jax.decode_types import Capture
+from orl_jax.decoding import (DecodeConfig, _Canvas, _empty_capture, _finished_response,
                               StepSizedJit, _needs_step, _next_residual, _record,
                               _soft_embedding, final_blocks, fixed_positions, place_for_decoder,
                               propose, row_blocks)
