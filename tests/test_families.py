@@ -84,6 +84,24 @@ def test_lookups_name_the_field_or_file():
   assert families.get("llada2_moe").partition_rules[0][0].startswith(r"mlp\.(gate_proj")
 
 
+def test_our_own_models_have_the_default_family():
+  """`model.hf_family = ""` is a real family (never None): the generic partition rules, the
+  tiny model's block rules, a mask token, no frozen parameters of its own, no Hugging Face form
+  (the checkpoint module says so, naming the field)."""
+  ours = families.get("")
+  ours_cfg = dataclasses.replace(DENSE["llada"], hf_family="")
+  assert ours is families.OURS and families.of_model(ours_cfg) is ours
+  assert families.of_model(object()) is ours                # a config without hf_family
+  assert ours.decode == {"block_placement": "prompt_end", "commit_compare": ">="}
+  assert (ours.noise, ours.frozen, ours.own_model, ours.hf_checkpoint) == ("mask", None, False,
+                                                                           False)
+  assert "" not in families.FAMILIES and ours.model_types == ()
+  with pytest.raises(ValueError, match="model.hf_family=''"):
+    ours.tensor_rules(ours_cfg)
+  with pytest.raises(hf.CheckpointError, match="model.hf_family='' is a model of ours"):
+    hf.tensor_rules("", ours_cfg)
+
+
 def test_no_family_if_chains_outside_the_registry():
   """Only the family folders (orl_jax/models/<family>/) and the registry may compare with a
   family name or model_type."""
