@@ -45,7 +45,7 @@ PREFILL, DENOISE, COMMIT, IDLE = 0, 1, 2, 3   # what a row's next forward does
 
 
 class EngineOutput(NamedTuple):
-  """`decoding.DecodeOutput` per queued prompt ([Q, ...]) plus the loop's iteration count."""
+  """`decode_types.DecodeOutput` per queued prompt ([Q, ...]) plus the loop's iteration count."""
   tokens: jax.Array         # [Q, N] response, EOS-filled after the first EOS
   nfe: jax.Array            # [Q] int32 the paper's count (steps + 1 commit per block)
   nfe_engine: jax.Array     # [Q] int32 forwards run for the prompt (its prefill excluded)

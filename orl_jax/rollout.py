@@ -30,7 +30,7 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
 
 
 def _trajectories(out, prompt_tokens, prompt_valid, cfg: DecodeConfig, rollout_step):
-  """`Trajectories` of a decode (`decoding.DecodeOutput` or `engine.EngineOutput`) of the
+  """`Trajectories` of a decode (`decode_types.DecodeOutput` or `engine.EngineOutput`) of the
   prompts [P, Lp] repeated G times."""
   placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
   return Trajectories(prompt_tokens=placed.tokens, prompt_valid=placed.valid,
@@ -93,7 +93,7 @@ def route_capture_bytes(n_rows: int, cfg: DecodeConfig, prompt_len: int, n_moe_l
                         top_k: int, blocks: int | None = None) -> int:
   """Bytes of the route buffers `capture_routes` adds to `capture_bytes` (the dry-run's
   capture row): K expert ids per MoE layer for every token of every captured state, of the
-  prompt prefill and of the commit forwards of `blocks` blocks (`decoding.RouteCapture`;
+  prompt prefill and of the commit forwards of `blocks` blocks (`decode_types.RouteCapture`;
   None: N / b, the block decoder's `max_blocks` with absolute placement)."""
   if not cfg.capture_routes:
     return 0
