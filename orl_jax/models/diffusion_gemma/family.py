@@ -23,7 +23,6 @@ import json
 from jax.sharding import PartitionSpec as P
 
 from orl_jax import sharding
-from orl_jax.models import family_base as base
 from orl_jax.models.family_base import Family, linear, plain, TensorRule
 from orl_jax.models.diffusion_gemma.config import (FULL, MODEL_TYPE, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig)
