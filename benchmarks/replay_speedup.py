@@ -42,11 +42,10 @@ import numpy as np
 from configs import tiny
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.decoding import Capture, DecodeOutput
+from orl_jax.decode_types import Capture, DecodeOutput, trajectories
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.packed_batch import ROW_FIELDS
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import trajectories
 from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
 from pallas_kernels.staircase_attention import staircase_visible
 

@@ -17,8 +17,8 @@ Launch lines:
 With `model.path` a Hugging Face directory, its config.json decides every shape (the values
 below are for sizing and random-init runs); the run exports WORKDIR/hf, which transformers'
 `DiffusionGemmaForBlockDiffusion` loads (the vision tower of `model.path` is carried through).
-launch/decode.py does not decode this family (uniform-noise canvases, its own sampler: ORL
-rollouts run it, and `orl_jax.diffusion_gemma_sampler.generate` from Python); it says so.
+launch/decode.py, evaluation and ORL rollouts decode it with the family's own uniform-noise
+sampler (`orl_jax.models.diffusion_gemma.sampler`; `sampler.generate` from Python).
 
 Model fields beyond the shared ones (configs/dlm_common.py):
   model.diffusion_gemma.sliding_window        window of the sliding layers (1024 in the release)

@@ -2,9 +2,10 @@
 
 They extend `configs/tiny.py`'s schema with the fields a real model needs. A family's facts
 (attention layout, special tokens, decoder defaults, chat template) come from its registry
-entry, `orl_jax.models.families`; when `model.path` is a Hugging Face directory its config.json
-decides the family and every architecture field, and the config keeps only the run-time choices
-(dtypes, attention kernel, residual pathway, model.moe.impl ...).
+entry (`orl_jax/models/<family>/family.py`, listed in `orl_jax.models.families`); when
+`model.path` is a Hugging Face directory its config.json decides the family and every
+architecture field, and the config keeps only the run-time choices (dtypes, attention kernel,
+residual pathway, model.moe.impl ...).
   model.hf_family       registry family (llada | qwen3 | llada2_moe) of a model without an HF
                         model.path (random init, params folder); an HF model.path's model_type wins
   model.hub_id          the HF repository the variant is (named when model.path is unset; training

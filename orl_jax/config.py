@@ -294,27 +294,25 @@ def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id:
   return ModelConfig(**fields)
 
 
-# The decoding rules of our own models (hf_family ""): the tiny model is trained with its
-# response starting on a block boundary, and commits at conf >= tau.
-OWN_RULES = {"block_placement": "prompt_end", "commit_compare": ">="}
+# The block decoder's rules a family sets (`Family.decode`) and `decode.*` may override
+BLOCK_RULES = ("block_placement", "commit_compare")
 
 
 def family_rules(config: ml_collections.ConfigDict, family: str | None = None) -> dict:
   """{block_placement, commit_compare} of a run: `decode.*` where set, else ("auto") the
-  authors' rules of registry family `family` (None: `model.hf_family`; '' = ours, OWN_RULES).
-  Pass the weights' family (`Setup.model_cfg.hf_family`): a config written for one family may
-  load another's checkpoint."""
+  authors' rules of registry family `family` (None: `model.hf_family`; '' = ours, whose
+  default family records the rules the tiny model is trained with). Pass the weights' family
+  (`Setup.model_cfg.hf_family`): a config written for one family may load another's
+  checkpoint."""
   family = config.model.get("hf_family", "") if family is None else family
-  rules = dict(OWN_RULES)
-  if family:
-    entry = families.get(family)
-    missing = [k for k in OWN_RULES if k not in entry.decode]
-    if missing:
-      raise ConfigError(f"the {family!r} family does not decode with the block decoder (its "
-                        f"registry entry has no {missing}): it decodes with its own sampler")
-    rules = {k: entry.decode[k] for k in OWN_RULES}
+  entry = families.get(family)
+  missing = [k for k in BLOCK_RULES if k not in entry.decode]
+  if missing:
+    raise ConfigError(f"the {family!r} family does not decode with the block decoder (its "
+                      f"registry entry has no {missing}): it decodes with its own sampler")
+  rules = {k: entry.decode[k] for k in BLOCK_RULES}
   d = config.decode
-  for k in OWN_RULES:
+  for k in BLOCK_RULES:
     if d.get(k, "auto") != "auto":
       rules[k] = d[k]
   return rules

@@ -7,18 +7,18 @@ caller:
   batch steps together (`decode.schedule = "lockstep"`);
 * the per-row engine (`orl_jax.engine`): the same denoising, each row refilled from a queue as
   soon as its response ends (`decode.schedule = "per_row"`);
-* the uniform-noise sampler of DiffusionGemma (`orl_jax.diffusion_gemma_sampler`), a model with
-  its own config class (`DiffusionGemmaConfig`).
+* the uniform-noise sampler of DiffusionGemma (`orl_jax.models.diffusion_gemma.sampler`), a
+  model with its own config class (`DiffusionGemmaConfig`).
 
 A purpose says what the decoder is for:
 
 * "evaluate": jitted `(params, prompt_tokens [B, P], prompt_valid [B, P], key) ->
-  decoding.DecodeOutput` without capture (the per-row engine: the same signature over a queue
+  decode_types.DecodeOutput` without capture (the per-row engine: the same signature over a queue
   of B prompts decoded on `n_rows` rows, `engine.EngineOutput` = DecodeOutput + iterations);
 * "decode": the same with every state captured (the launcher's trajectory page); always the
   lock-step decoder for the mask families;
 * "rollout": jitted `(params, prompt_tokens [P, Lp], prompt_valid, key, rollout_step) ->
-  rollout.Trajectories`, `group_size` responses per prompt with exact state capture.
+  decode_types.Trajectories`, `group_size` responses per prompt with exact state capture.
 """
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ import jax.numpy as jnp
 
 from orl_jax import config as config_lib
 from orl_jax import decoding, engine
-from orl_jax import diffusion_gemma_rollout as dg_rollout
 from orl_jax import rollout as rollout_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
+from orl_jax.models.diffusion_gemma import rollout as dg_rollout
+from orl_jax.models.diffusion_gemma import sampler as dg_sampler
+from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig
 from orl_jax.unmasking import UnmaskRule
 
 PURPOSES = ("evaluate", "decode", "rollout")
@@ -125,15 +126,16 @@ def _uniform_noise_decoder(config, cfg: DiffusionGemmaConfig, graphdef, purpose:
       raise ValueError(f"orl.rollout_rows={config.orl.rollout_rows} sets the per-row engine's "
                        "rows, but diffusion_gemma models roll out with their family's own "
                        "sampler: set orl.rollout_rows=0")
-    sampler_cfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
-    return dg_rollout.make_rollout(graphdef, sampler_cfg, group_size, mesh)
+    sampler_cfg = dg_sampler.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
+    return rollout_lib.make_rollout(graphdef, sampler_cfg, group_size, mesh,
+                                    rollout_fn=dg_rollout.rollout)
   rule = rule or UnmaskRule(config.decode.rule, config.decode.rule_value)
   if rule.name != "entropy_budget":
     where = "eval.settings" if purpose == "evaluate" else "decode.rule"
     raise ValueError(f"{where}: {rule.label!r} is not a DiffusionGemma decoder; its sampler "
                      "accepts by an entropy bound: use 'entropy_budget_<nats>' (transformers' "
                      "default 0.1)")
-  sampler_cfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id,
+  sampler_cfg = dg_sampler.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id,
                                           rollout=False, entropy_bound=rule.value)
   return dg_rollout.make_decoder(graphdef, sampler_cfg, capture=purpose == "decode")
 

@@ -42,6 +42,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
+from orl_jax.decode_types import (ROUTE_DTYPE, Capture, DecodeOutput, RouteCapture,
+                                   token_major_routes)
 from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
 from orl_jax.unmasking import COMMIT_COMPARES, UnmaskRule, select_commits, select_edits
@@ -147,50 +149,6 @@ class DecodeConfig:
     return (self.max_steps_per_block or self.block_size) + self.max_post_edit_steps
 
 
-ROUTE_DTYPE = jnp.int16   # captured expert ids (-1 = none); LLaDA2 has 256 experts
-
-
-class RouteCapture(NamedTuple):
-  """The MoE routes of every forward a rollout ran (`capture_routes`), token-major, so replay
-  rows gather them like tokens. Entries are expert ids, -1 where no forward routed the token."""
-  state: jax.Array    # [B, S, b, L_moe, K] each captured step's routes of the active block
-  prompt: jax.Array   # [B, P, L_moe, K] the prompt prefill's routes
-  clean: jax.Array    # [B, M*b, L_moe, K] each block's commit forward, block j at [j*b, (j+1)*b)
-                      # (M = max_blocks; -1: none ran, e.g. after the last block)
-
-
-class Capture(NamedTuple):
-  """Every forward step of a rollout, exactly as consumed. Shapes [B, S, ...], S = max states."""
-  block_tokens: jax.Array   # [B, S, b] int32 tokens of the active block before the step
-  block: jax.Array          # [B, S] int32 block index within the response
-  step: jax.Array           # [B, S] int32 step index within the block
-  z: jax.Array              # [B, S, b, D] residual soft embedding consumed by the step
-  alpha: jax.Array          # [B, S, b] residual entropy weight consumed (rcd)
-  entropy: jax.Array        # [B, S, b] normalized entropy of the step's prediction (T = 1)
-  topk_ids: jax.Array       # [B, S, b, K] int32
-  topk_logprobs: jax.Array  # [B, S, b, K] f32
-  commit: jax.Array         # [B, S, b] bool positions the step wrote (unmasked or edited)
-  valid: jax.Array          # [B, S] bool
-  n_states: jax.Array       # [B] int32 states recorded (capped at S)
-  overflow: jax.Array       # [B] bool more steps happened than S could hold
-  routes: RouteCapture | None = None   # MoE expert ids of every forward (capture_routes)
-  # [B, M*b] int32 each decoded block's final tokens, block j at [j*b, (j+1)*b) (M =
-  # max_blocks): with absolute placement block 0 starts with the prompt's last `lead` tokens;
-  # EOS after the response's first EOS and in blocks never decoded. Replay reads clean blocks
-  # and targets here. None: a family whose responses are the blocks (DiffusionGemma).
-  block_final: jax.Array | None = None
-
-
-class DecodeOutput(NamedTuple):
-  tokens: jax.Array         # [B, N] response, EOS-filled after the first EOS
-  nfe: jax.Array            # [B] int32 forwards, the paper's count: steps + 1 commit per block
-  nfe_engine: jax.Array     # [B] int32 forwards the engine ran (commits nobody needs skipped)
-  nfe_denoise: jax.Array    # [B] int32 denoising forwards only (the authors' count)
-  n_generated: jax.Array    # [B] int32 tokens through the first EOS
-  finished: jax.Array       # [B] bool an EOS was generated
-  capture: Capture | None
-
-
 def empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None) -> Capture:
   """route_dims: (prompt length, MoE layers, experts per token) when capturing routes."""
   s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k
@@ -209,11 +167,6 @@ def empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None) 
                  valid=jnp.zeros((b_rows, s), bool), n_states=i32(b_rows),
                  overflow=jnp.zeros((b_rows,), bool), routes=routes,
                  block_final=i32(b_rows, cfg.max_blocks * b))
-
-
-def token_major_routes(expert_ids) -> jax.Array:
-  """A forward's routes [L_moe, B, T, K] -> [B, T, L_moe, K] in the capture dtype."""
-  return jnp.moveaxis(expert_ids, 0, 2).astype(ROUTE_DTYPE)
 
 
 def record_state(cap: Capture, do: jax.Array, routes=None, rows=None, **fields) -> Capture:

@@ -112,7 +112,8 @@ def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
 def own_model_sizing_rows(config, family, n_devices: int | None = None):
   """`sizing_rows` of a family with its own model (DiffusionGemma): its config from the run
   config (or model.path's config.json), its rollout traced abstractly."""
-  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  from orl_jax.models.diffusion_gemma import rollout as dg_rollout
+  from orl_jax.models.diffusion_gemma.sampler import sampler_config
   shape = mesh_shape(config, n_devices)
   vocab = config.model.get("vocab_size", 0)
   if not vocab and not _hf_dir(config):
@@ -129,7 +130,7 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   rows += _optimizer_rows(config, params, shape, rules, family.frozen)
   data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
-  sampler_cfg = dg_rollout.sampler_config(config, eos_ids=cfg.eos_ids)
+  sampler_cfg = sampler_config(config, eos_ids=cfg.eos_ids)
   p_len = config.task.prompt_len
   prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
   valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
@@ -160,15 +161,15 @@ def _hf_dir(config) -> str:
 
 
 def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
-  family = families.FAMILIES.get(config.model.get("hf_family", ""))
   hf_dir = _hf_dir(config)
   if hf_dir:
     from orl_jax.models import hf
     family = families.get(hf.family_of(hf_dir))
-  if family is not None:
-    from orl_jax.train.setup import fill_decode_defaults
-    fill_decode_defaults(config, hf_dir, family.name)
-  if family is not None and family.own_model:
+  else:
+    family = families.get(config.model.get("hf_family", ""))
+  from orl_jax.train.setup import fill_decode_defaults
+  fill_decode_defaults(config, hf_dir, family.name)
+  if family.own_model:
     return own_model_sizing_rows(config, family, n_devices)
   from orl_jax.rollout import rollout
   from orl_jax.decoders import block_decode_config
@@ -178,7 +179,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   cfg = sizing_model_config(config)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))),
                                nnx.Param)
-  rules = families.partition_rules(cfg.hf_family)
+  rules = families.of_model(cfg).partition_rules
   rows = []
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   total, per = _per_device(params, shape, rules)

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.decoding import (Canvas, Capture, DecodeConfig, Proposal, StepSizedJit,
+from orl_jax.decode_types import Capture
+from orl_jax.decoding import (Canvas, DecodeConfig, Proposal, StepSizedJit,
                               capture_step, denoise_update, empty_capture, final_blocks,
                               finished_response, fixed_positions, needs_step,
                               place_for_decoder, propose, row_blocks, soft_embedding)

@@ -12,42 +12,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
+from flax import nnx
 
 from orl_jax import engine
-from orl_jax.decoding import (ROUTE_DTYPE, Capture, DecodeConfig, DecodeOutput, decode,
-                              place_for_decoder)
-
-
-@struct.dataclass
-class Trajectories:
-  prompt_tokens: jax.Array   # [P, Lp] int32 each prompt as the rollout's prefill read it (one
-                             # copy per prompt): left-padded, its complete blocks only with
-                             # absolute placement (`decoding.place_prompts`; the prompt's last
-                             # tokens open the first block, `Capture.block_final`)
-  prompt_valid: jax.Array    # [P, Lp] bool
-  responses: jax.Array       # [P*G, N] int32 final tokens (EOS-filled); row i is prompt i // G
-  nfe: jax.Array             # [P*G] int32 forwards, the paper's count (decoding.DecodeOutput)
-  nfe_engine: jax.Array      # [P*G] int32 forwards the engine ran
-  n_generated: jax.Array     # [P*G] int32
-  finished: jax.Array        # [P*G] bool
-  capture: Capture           # [P*G, S, ...] every forward step
-  rollout_step: jax.Array    # scalar int32: the update these trajectories were drawn for
-  nfe_denoise: jax.Array | None = None  # [P*G] int32 denoising forwards only, the authors'
-                                        # count (DiffusionGemma: transformers' TPF denominator)
-
-
-def trajectories(out: DecodeOutput, prompt_tokens, prompt_valid, rollout_step) -> Trajectories:
-  """The one way `Trajectories` are made: a decoder's output with capture (`DecodeOutput`, or
-  `engine.EngineOutput` of the same fields) of the prompts [P, Lp] — as the decoder's prefill
-  read them — repeated G times, drawn for update `rollout_step`."""
-  if out.capture is None:
-    raise ValueError("trajectories need the decoder's capture: decode with capture_states > 0")
-  return Trajectories(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid,
-                      responses=out.tokens, nfe=out.nfe, nfe_engine=out.nfe_engine,
-                      n_generated=out.n_generated, finished=out.finished, capture=out.capture,
-                      rollout_step=jnp.asarray(rollout_step, jnp.int32),
-                      nfe_denoise=out.nfe_denoise)
+from orl_jax.decode_types import ROUTE_DTYPE, Trajectories, trajectories
+from orl_jax.decoding import DecodeConfig, decode, place_for_decoder
 
 
 def _check_capture(cfg: DecodeConfig):

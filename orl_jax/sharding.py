@@ -212,7 +212,7 @@ def partition_spec(name: str, shape, mesh_shape: dict, rules=PARTITION_RULES) ->
 
 def tree_shardings(tree, mesh, rules=PARTITION_RULES):
   """NamedShardings for every array leaf of `tree` (params, optimizer state, train state) by
-  the partition rules (a model family's: `orl_jax.models.families.partition_rules`);
+  the partition rules (a model family's: `Family.partition_rules`, `orl_jax.models.families`);
   replicated when only `data` has more than one device."""
   mesh_shape = dict(mesh.shape)
 

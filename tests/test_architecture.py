@@ -213,3 +213,16 @@ def test_no_model_module_reaches_decoding_rollout_replay_losses_or_training():
 def test_no_function_is_longer_than_80_lines():
   long = long_functions(("orl_jax", "pallas_kernels"), MAX_FUNCTION_LINES)
   assert not long, "functions over 80 lines:\n" + "\n".join(long)
+
+
+def test_a_family_folder_importing_a_decoder_is_caught():
+  """The rule above covers the family folders (`orl_jax/models/<family>/`, their samplers and
+  rollout glue included): one import of the decoders from a family module is reported, while
+  the shared output types (`orl_jax.decode_types`) they build stay allowed."""
+  graph = import_graph(module_files())
+  sampler = "orl_jax.models.diffusion_gemma.sampler"
+  assert "orl_jax.decode_types" in graph[sampler] and not is_above_models("orl_jax.decode_types")
+  graph[sampler] = graph[sampler] | {"orl_jax.decoding"}
+  rollout = "orl_jax.models.diffusion_gemma.rollout"
+  assert reach_path(graph, sampler, is_above_models) == [sampler, "orl_jax.decoding"]
+  assert reach_path(graph, rollout, is_above_models) == [rollout, sampler, "orl_jax.decoding"]

@@ -16,9 +16,11 @@ import time
 import pytest
 
 from orl_jax.models import config_json, hf
-from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig, release_26b_a4b
-from orl_jax.models.diffusion_gemma_config import AttentionSpec, FULL, SLIDING
-from orl_jax.models.families import llada, llada2_moe, qwen3
+from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig, release_26b_a4b
+from orl_jax.models.diffusion_gemma.config import AttentionSpec, FULL, SLIDING
+from orl_jax.models.llada import family as llada
+from orl_jax.models.llada2_moe import family as llada2_moe
+from orl_jax.models.qwen3 import family as qwen3
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
 from tests.test_decode_launcher import PROMPT, _decode_launcher, byte_tokenizer
@@ -384,7 +386,7 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   settings the config leaves unset; max_new_tokens rounds up to whole canvases, as transformers
   generates them; what the config sets (max_steps_per_block in :debug) and a special-token
   override still win."""
-  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  from orl_jax.models.diffusion_gemma import sampler
   from orl_jax.train.setup import build_setup
   path = _family_dir(tmp_path, "diffusion_gemma")          # config.json: eos 298, pad 299
   _edit(path, "generation_config.json", eos_token_id=[EOS, MASK], pad_token_id=BOS,
@@ -399,7 +401,7 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   d = s.config.decode
   assert (d.gen_length, d.max_steps_per_block, d.t_min, d.t_max, d.stability_threshold,
           d.confidence_threshold, d.rule_value) == (32, 6, 0.3, 0.9, 2, 0.01, 0.2)
-  scfg = dg_rollout.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids,
+  scfg = sampler.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids,
                                    pad_id=s.model_cfg.pad_id, rollout=False)
   assert (scfg.n_canvases, scfg.eos_ids, scfg.pad_id) == (2, (EOS, MASK), BOS)
   c = _config_of("diffusion_gemma", path)

@@ -40,7 +40,7 @@ PROMPT = "What is 7 * 8?"
 # what the user changes for a quick CPU run (run-time choices, not shapes): the byte-level
 # test tokenizer writes the chat template in ~100 tokens; one block of response
 RUN_FLAGS = ("--config.task.prompt_len=128", "--config.decode.gen_length=32")
-# LLaDA's special tokens at their ids (orl_jax/models/families/llada.py): a real directory's
+# LLaDA's special tokens at their ids (orl_jax/models/llada/family.py): a real directory's
 LLADA_SPECIALS = {126336: "<|mdm_mask|>", 126348: "<|eot_id|>", 126081: "<|endoftext|>",
                   126080: "<|startoftext|>"}
 LLADA_VOCAB = 126464
@@ -204,15 +204,14 @@ def test_rejected_options_say_what_to_set(llada_dirs, tmp_path):
 
 def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_path):
   """launch/decode.py decodes a tiny random DiffusionGemma directory with the family's sampler:
-  its tokens are `diffusion_gemma_sampler.generate`'s for the same prompt and key, its forwards
+  its tokens are `sampler.generate`'s for the same prompt and key, its forwards
   the sampler's denoising steps (+ one commit per decoded canvas: the paper's count), and the
   page colours a token by the last step of its canvas that accepted it (-1: none did; the
   canvas's output is its argmax)."""
-  from orl_jax import diffusion_gemma_rollout as dg_rollout
-  from orl_jax import diffusion_gemma_sampler as sampler
+  from orl_jax.models.diffusion_gemma import sampler
   from orl_jax.train.setup import build_setup, initial_params
   from tests.test_config_json import BOS, EOS, PAD, SPECIALS, VOCAB, _config_of
-  from orl_jax.models.diffusion_gemma_config import (FULL, SLIDING, AttentionSpec,
+  from orl_jax.models.diffusion_gemma.config import (FULL, SLIDING, AttentionSpec,
                                                      release_26b_a4b)
   layers = (AttentionSpec(SLIDING, 8, 1), AttentionSpec(FULL, 16, 1, "proportional", 1e6, 0.25))
   cfg = release_26b_a4b(vocab_size=VOCAB, d_model=16, n_heads=2, mlp_dim=24, n_experts=4,
@@ -228,7 +227,7 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
   s = build_setup(_config_of("diffusion_gemma", path), prompts=[PROMPT])
   graphdef, params = initial_params(s)
   tokens, valid = encode_prompts(s.task.eval_problems(), s.tokenizer, s.config.task.prompt_len)
-  scfg = dg_rollout.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids,
+  scfg = sampler.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids,
                                    pad_id=s.model_cfg.pad_id, rollout=False)
   out = sampler.make_generator(graphdef, scfg)(params, tokens, jax.random.key(0), valid)
   np.testing.assert_array_equal(decoded.tokens, np.asarray(out.tokens))

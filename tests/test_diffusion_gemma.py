@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax import diffusion_gemma_sampler as sampler
-from orl_jax.models import diffusion_gemma as dg
-from orl_jax.models import diffusion_gemma_hf as dg_hf
-from orl_jax.models.diffusion_gemma_config import (FULL, SLIDING, AttentionSpec,
+from orl_jax.models.diffusion_gemma import sampler
+from orl_jax.models.diffusion_gemma import model as dg
+from tests import diffusion_gemma_dirs as dg_hf
+from orl_jax.models.diffusion_gemma.config import (FULL, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig, release_26b_a4b)
 from orl_jax.sharding import path_name
 
@@ -371,7 +371,7 @@ def test_no_canvas_is_generated_after_every_row_finished(hf_dirs, case):
   tokens and forwards, no decoder or commit forward after the last row finished (the rest of
   the output is padding), and TPF's tokens counted as transformers counts them."""
   pytest.importorskip("transformers")
-  from orl_jax import diffusion_gemma_rollout as dg_rollout
+  from orl_jax.models.diffusion_gemma import rollout as dg_rollout
   eos, seed, ends = EARLY_ENDS[case]
   cfg = sampler.SamplerConfig(n_canvases=3, max_steps=4, eos_ids=eos, pad_id=0)
   out, rec, ours, trace, p = _run_both(hf_dirs[512], cfg, seed=seed)

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from configs import diffusion_gemma as dg_configs
-from orl_jax import diffusion_gemma_rollout as dg_rollout
-from orl_jax import diffusion_gemma_sampler as sampler
+from orl_jax.models.diffusion_gemma import sampler
 from orl_jax import evaluate as eval_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.models import families
@@ -43,7 +42,7 @@ def _hand_count(c):
   graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:c.eval.n_problems]
   prompts, valid = encode_prompts(problems, s.task.tokenizer, c.task.prompt_len)
-  scfg = dg_rollout.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids, pad_id=s.model_cfg.pad_id,
+  scfg = sampler.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids, pad_id=s.model_cfg.pad_id,
                                    rollout=False, entropy_bound=UnmaskRule.parse(SETTING).value)
   out = sampler.make_generator(graphdef, scfg)(params, prompts,
                                                jax.random.fold_in(jax.random.key(0), 0), valid)

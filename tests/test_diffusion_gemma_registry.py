@@ -13,9 +13,9 @@ from orl_jax.train.setup import fill_decode_defaults
 from orl_jax import config as config_lib
 from orl_jax import dry_run, sharding
 from orl_jax.models import families
-from orl_jax.models.diffusion_gemma import DiffusionGemma
-from orl_jax.models.diffusion_gemma_config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
-from orl_jax.models.families import base
+from orl_jax.models.diffusion_gemma.model import DiffusionGemma
+from orl_jax.models.diffusion_gemma.config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
+from orl_jax.models import family_base as base
 from orl_jax.rollout import capture_bytes, route_capture_bytes
 from orl_jax.train.state import frozen_params
 

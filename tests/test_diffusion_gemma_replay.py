@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax import diffusion_gemma_rollout as dg_rollout
-from orl_jax import diffusion_gemma_sampler as sampler
-from orl_jax.models.diffusion_gemma import DiffusionGemma, init_cache
-from orl_jax.models.diffusion_gemma_config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
+from orl_jax.models.diffusion_gemma import rollout as dg_rollout
+from orl_jax.models.diffusion_gemma import sampler
+from orl_jax.models.diffusion_gemma.model import DiffusionGemma, init_cache
+from orl_jax.models.diffusion_gemma.config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.replay.plan import SRC_STATE
+from orl_jax.rollout import make_rollout
 from orl_jax.sharding import path_name
 
 RTOL = 1e-4        # of the largest logit (DESIGN §2.3)
@@ -71,8 +72,8 @@ def rollout_and_replay():
   model = _perturbed_model()
   graphdef, params = nnx.split(model, nnx.Param)
   prompt, valid = _prompts()
-  traj = dg_rollout.make_rollout(graphdef, SAMPLER, GROUP)(params, prompt, valid,
-                                                           jax.random.key(3), 0)
+  traj = make_rollout(graphdef, SAMPLER, GROUP, rollout_fn=dg_rollout.rollout)(
+      params, prompt, valid, jax.random.key(3), 0)
   cap = traj.capture
   rcfg = ReplayConfig(row_len=256, n_rows=2, max_states=48, max_responses=4, context="token")
   plan, stats = build_plan(prompt_valid=np.asarray(valid), capture_valid=np.asarray(cap.valid),

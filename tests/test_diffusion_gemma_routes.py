@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax import diffusion_gemma_rollout as dg_rollout
+from orl_jax.models.diffusion_gemma import rollout as dg_rollout
 from orl_jax.packed_batch import layer_routes
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
+from orl_jax.rollout import make_rollout
 from pallas_kernels.staircase_attention import KIND_PAD
 from tests.test_diffusion_gemma_replay import (CANVAS, CFG, GROUP, N_CANVASES, PROMPT, RTOL,
                                                SAMPLER, STEPS, _perturbed_model, _prompts,
@@ -37,8 +38,8 @@ def _rollout(capture_routes: bool):
   graphdef, params = nnx.split(model, nnx.Param)
   prompt, valid = _prompts()
   scfg = dataclasses.replace(SAMPLER, capture_routes=capture_routes)
-  traj = dg_rollout.make_rollout(graphdef, scfg, GROUP)(params, prompt, valid,
-                                                        jax.random.key(3), 0)
+  traj = make_rollout(graphdef, scfg, GROUP, rollout_fn=dg_rollout.rollout)(
+      params, prompt, valid, jax.random.key(3), 0)
   return model, traj
 
 

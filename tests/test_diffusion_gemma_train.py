@@ -9,7 +9,7 @@ import pytest
 
 from configs import diffusion_gemma as dg_configs
 from orl_jax.metrics import read_jsonl
-from orl_jax.models import diffusion_gemma_hf as dg_hf
+from tests import diffusion_gemma_dirs as dg_hf
 from orl_jax.train.entry import train
 
 

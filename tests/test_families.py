@@ -1,6 +1,6 @@
-"""The model-family registry (orl_jax/models/families) and what reads it: config.json <-> model
-config, the tensor-name map (fused QKV rows, stacked experts) on whole tensors and on device
-slices, `model.path` (HF directory -> family and shapes from config.json), LLaDA2 directory
+"""The model-family registry (orl_jax/models/families.py; one folder per family) and what reads
+it: config.json <-> model config, the tensor-name map (fused QKV rows, stacked experts) on whole
+tensors and on device slices, `model.path` (HF directory -> family and shapes from config.json), LLaDA2 directory
 load -> export -> load, the expert mesh axis, frozen parameters in the optimizer, the llada
 config variants and the dry-run memory table against a hand calculation."""
 import dataclasses
@@ -23,9 +23,9 @@ from configs import llada
 from orl_jax import config as config_lib
 from orl_jax import dry_run, sharding
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
-from orl_jax.decoding import ROUTE_DTYPE
+from orl_jax.decode_types import ROUTE_DTYPE
 from orl_jax.models import families, hf
-from orl_jax.models.families import base
+from orl_jax.models import family_base as base
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
@@ -80,18 +80,41 @@ def test_lookups_name_the_field_or_file():
     families.for_model_type("gpt2", "x/config.json")
   with pytest.raises(ValueError, match="model.hf_family='mistral'"):
     families.get("mistral")
-  assert families.partition_rules("") == sharding.PARTITION_RULES
-  assert families.partition_rules("llada2_moe")[0][0].startswith(r"mlp\.(gate_proj")
+  assert families.get("").partition_rules == sharding.PARTITION_RULES
+  assert families.get("llada2_moe").partition_rules[0][0].startswith(r"mlp\.(gate_proj")
+
+
+def test_our_own_models_have_the_default_family():
+  """`model.hf_family = ""` is a real family (never None): the generic partition rules, the
+  tiny model's block rules, a mask token, no frozen parameters of its own, no Hugging Face form
+  (the checkpoint module says so, naming the field)."""
+  ours = families.get("")
+  ours_cfg = dataclasses.replace(DENSE["llada"], hf_family="")
+  assert ours is families.OURS and families.of_model(ours_cfg) is ours
+  assert families.of_model(object()) is ours                # a config without hf_family
+  assert ours.decode == {"block_placement": "prompt_end", "commit_compare": ">="}
+  assert (ours.noise, ours.frozen, ours.own_model, ours.hf_checkpoint) == ("mask", None, False,
+                                                                           False)
+  assert "" not in families.FAMILIES and ours.model_types == ()
+  with pytest.raises(ValueError, match="model.hf_family=''"):
+    ours.tensor_rules(ours_cfg)
+  with pytest.raises(hf.CheckpointError, match="model.hf_family='' is a model of ours"):
+    hf.tensor_rules("", ours_cfg)
 
 
 def test_no_family_if_chains_outside_the_registry():
-  """Only orl_jax/models/families/ may compare with a family name or model_type."""
+  """Only the family folders (orl_jax/models/<family>/) and the registry may compare with a
+  family name or model_type."""
   names = "|".join(sorted(families.FAMILIES) + sorted(families.BY_MODEL_TYPE))
   pattern = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']""")
+  models = os.path.join(ROOT, "orl_jax", "models")
+  family_dirs = tuple(os.path.join(models, d) for d in os.listdir(models)
+                      if os.path.isfile(os.path.join(models, d, "__init__.py")))
+  assert len(family_dirs) == len(families.FAMILIES) + 1     # each family and ours
   offenders = []
   for top in ("orl_jax", "launch"):
     for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
-      if os.path.join("models", "families") in dirpath:
+      if dirpath.startswith(family_dirs):
         continue
       for f in files:
         if f.endswith(".py"):
@@ -242,7 +265,7 @@ def test_launcher_without_weights_stops_with_one_sentence():
 
 
 def test_expert_axis_alone_shards_experts():
-  rules = families.partition_rules("llada2_moe")
+  rules = families.get("llada2_moe").partition_rules
   only_experts = {"data": 2, "fsdp": 1, "tensor": 1, "expert": 4}
   spec = lambda name, shape, mesh: sharding.partition_spec(name, shape, mesh, rules)
   assert spec("layers.1.mlp.up_proj", (8, 32, 12), only_experts) == P("expert", None, None)
@@ -283,7 +306,7 @@ tensors = write_llada2_dir(PATH)
 mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, expert=4)
 assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "expert": 4}
 _, abstract = build.abstract_params(LLADA2)
-sh = sharding.tree_shardings(abstract, mesh, families.partition_rules("llada2_moe"))
+sh = sharding.tree_shardings(abstract, mesh, families.get("llada2_moe").partition_rules)
 _, params = hf.load_model_params(PATH, "llada2_moe", LLADA2, shardings=sh)
 up = hf._flat_params(params)["layers.2.mlp.up_proj"]
 assert up.sharding.spec[0] == "expert", up.sharding.spec
@@ -336,7 +359,7 @@ def test_each_family_decodes_by_its_authors_rules():
   assert rules(c) == {"block_placement": "absolute", "commit_compare": ">"}
   assert rules(c, "llada") == {"block_placement": "prompt_end", "commit_compare": ">="}
   assert rules(c, "qwen3") == {"block_placement": "absolute", "commit_compare": ">"}
-  assert rules(c, "") == config_lib.OWN_RULES                       # our tiny model
+  assert rules(c, "") == {"block_placement": "prompt_end", "commit_compare": ">="}   # ours
   c.decode.commit_compare = ">="
   assert rules(c) == {"block_placement": "absolute", "commit_compare": ">="}
   stops = {v: llada.get_config(v).decode.eos_early_stop for v in llada.VARIANTS}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.models.families import llada2_moe as llada2
+from orl_jax.models.llada2_moe import family as llada2
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.sharding import path_name

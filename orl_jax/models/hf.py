@@ -6,7 +6,8 @@ network: tensors are read with the safetensors numpy API, one slice per device s
 (`jax.make_array_from_callback`), so no process ever holds a full host copy of the model.
 
 What differs between families (config.json keys, tensor names, transposes, fused QKV, stacked
-experts) is in `orl_jax.models.families`; this module only reads and writes files. PyTorch
+experts) is in each family's folder (`orl_jax/models/<family>/`, listed in
+`orl_jax.models.families`); this module only reads and writes files. PyTorch
 `Linear` weights are `[out, in]`; our NNX kernels are `[in, out]` (transposed on load and on
 export). Export writes the same HF layout back, with the residual adapter (which no HF model
 has) in a separate `adapter.safetensors` under our own names.
@@ -30,8 +31,8 @@ from safetensors.numpy import save_file
 
 from orl_jax.models import config_json, families
 from orl_jax.models.build import abstract_params
-from orl_jax.models.families import base as family_base
-from orl_jax.models.families.base import TensorRule
+from orl_jax.models import family_base
+from orl_jax.models.family_base import TensorRule
 from orl_jax.models.moe import RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.params_io import open_safetensors, read_json
@@ -51,10 +52,15 @@ class CheckpointError(ValueError):
 
 
 def _family(name: str) -> families.Family:
+  """The Hugging Face family `name`; a CheckpointError for an unknown name or for ours ('')."""
   try:
-    return families.get(name)
+    family = families.get(name)
   except ValueError as e:
     raise CheckpointError(str(e)) from None
+  if not family.hf_checkpoint:
+    raise CheckpointError(f"model.hf_family={name!r} is a model of ours, which has no Hugging "
+                          f"Face form: set model.hf_family to one of {FAMILIES}")
+  return family
 
 
 def tensor_rules(family: str, cfg: ModelConfig) -> list[TensorRule]:

@@ -46,7 +46,7 @@ from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, ReplayPlan, build_plan, gather_batch
-from orl_jax.rollout import Trajectories
+from orl_jax.decode_types import Trajectories
 from orl_jax.train.setup import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
@@ -198,13 +198,13 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
   """Jits rollout, gather and the train step once, before the first iteration."""
   config, tok = setup.config, setup.tokenizer
   o = config.orl
-  family = families.FAMILIES.get(getattr(setup.model_cfg, "hf_family", ""))
+  family = families.of_model(setup.model_cfg)
   rollout_fn = decoders.make_decoder(config, setup.model_cfg, run.graphdef, "rollout",
                                      mask_id=tok.mask_id, eos_id=tok.eos_id,
                                      group_size=o.group_size, mesh=setup.mesh)
-  unresolved = family.unresolved if family is not None else "masked"
+  unresolved = family.unresolved
   replay_cfg = replay_config(config, sharding_lib.n_batch_shards(setup.mesh.shape),
-                             family.replay_context if family is not None else "block")
+                             family.replay_context)
   rows, repl = sharding_lib.batch_sharding(setup.mesh), sharding_lib.replicated(setup.mesh)
   gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
                                               block_size=config.decode.block_size,

@@ -50,8 +50,8 @@ def model_family(config, hf_dir: str = "") -> str:
 def fill_decode_defaults(config, hf_dir: str, family: str) -> None:
   """A family's generation defaults (DiffusionGemma: the directory's generation_config.json,
   else transformers') for the `decode.*` fields the config leaves unset; logged."""
-  fam = families.FAMILIES.get(family)
-  if fam is not None and fam.generation_defaults:
+  fam = families.get(family)
+  if fam.generation_defaults:
     from orl_jax.models import hf
     origins = hf.fill_decode_defaults(config.decode, hf_dir, fam.generation_defaults)
     if origins:
@@ -72,7 +72,7 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
     return None
   from orl_jax.data.hf_tokenizer import HFTokenizer
   special, origins = special_tokens(config, hf_dir, family)
-  needs_mask = not family or bool(families.get(family).special_tokens.get("mask"))
+  needs_mask = families.get(family).noise == "mask"
   tok = HFTokenizer.from_file(path, special, origins, require_mask=needs_mask)
   # shown once at start-up (the launchers log warnings only): where each id came from
   logging.warning("special tokens of %s: %s", tok.source, tok.origins_text())
@@ -87,7 +87,7 @@ def special_tokens(config, hf_dir: str = "", family: str = "") -> tuple[dict, di
   from orl_jax.models import hf
   own = _own_special_tokens(config, family)
   declared = hf.declared_special_tokens(hf_dir) if hf_dir else {}
-  defaults = families.get(family).special_tokens if family else {}
+  defaults = families.get(family).special_tokens
   values, origins = {}, {}
   for role in ("mask", "eos", "pad", "bos"):
     if own.get(role):
@@ -165,7 +165,7 @@ def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   task = (get_task(config.task, tokenizer=tokenizer) if prompts is None
           else prompt_task(config.task, prompts, tokenizer))
   tok = task.tokenizer
-  if family and families.get(family).own_model:   # DiffusionGemma: its own config class
+  if families.get(family).own_model:   # DiffusionGemma: its own config class
     model_cfg = own_model_config(
         config, hf_dir, family, config.model.get("vocab_size", 0) or tok.vocab_size,
         eos_ids=getattr(tok, "eos_ids", (tok.eos_id,)), pad_id=getattr(tok, "pad_id", 0))
@@ -218,7 +218,7 @@ def initial_params(setup: Setup):
     from orl_jax.models import hf
     _, abstract = build.abstract_params(setup.model_cfg, setup.config.seed)
     shardings = sharding_lib.tree_shardings(abstract, setup.mesh,
-                                            families.partition_rules(setup.model_cfg.hf_family))
+                                            families.of_model(setup.model_cfg).partition_rules)
     return hf.load_model_params(weights.path, setup.model_cfg.hf_family, setup.model_cfg,
                                 shardings=shardings, seed=setup.config.seed, check_config=False)
   graphdef, params = init_model_params(setup.model_cfg, setup.config.seed)

@@ -56,10 +56,10 @@ def residual_source(setup: Setup):
 def sft_placement(setup: Setup) -> str:
   """Where the SFT layout places the blocks: as the weights' family decodes them
   (`config.family_rules`; a family with its own model keeps the prompt-end layout)."""
-  family = getattr(setup.model_cfg, "hf_family", "")
-  if family and families.get(family).own_model:
+  family = families.of_model(setup.model_cfg)
+  if family.own_model:
     return "prompt_end"
-  return config_lib.family_rules(setup.config, family)["block_placement"]
+  return config_lib.family_rules(setup.config, family.name)["block_placement"]
 
 
 def make_sft_step(setup: Setup, run, residual_fn, extra_inputs):

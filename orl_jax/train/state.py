@@ -10,7 +10,7 @@ import optax
 from flax import nnx, struct
 
 from orl_jax.models.build import build_model
-from orl_jax.models.families import partition_rules
+from orl_jax.models import families
 from orl_jax.models.moe import frozen_param
 from orl_jax.models.transformer import ModelConfig
 from orl_jax import sharding as sharding_lib
@@ -43,9 +43,8 @@ def frozen_params(model_cfg: ModelConfig) -> Callable[[str], bool] | None:
   """The predicate on parameter names the optimizer must leave alone (an MoE router's
   `expert_bias`, a frozen router; a family's own, such as DiffusionGemma's `layer_scalar`
   buffers), or None when the model has none."""
-  from orl_jax.models import families
-  family = families.FAMILIES.get(getattr(model_cfg, "hf_family", ""))
-  if family is not None and family.frozen is not None:
+  family = families.of_model(model_cfg)
+  if family.frozen is not None:
     return family.frozen
   if model_cfg.moe is None:
     return None
@@ -98,7 +97,8 @@ def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, param
                       reference=reference)
 
   abstract = jax.eval_shape(init, params)
-  shardings = sharding_lib.tree_shardings(abstract, mesh, partition_rules(model_cfg.hf_family))
+  rules = families.of_model(model_cfg).partition_rules
+  shardings = sharding_lib.tree_shardings(abstract, mesh, rules)
   state = jax.jit(init, out_shardings=shardings)(params)
   return graphdef, state, shardings
 

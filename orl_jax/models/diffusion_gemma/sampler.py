@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax.decoding import ROUTE_DTYPE, token_major_routes
-from orl_jax.models.diffusion_gemma import DiffusionGemma, KVCache, init_cache
+from orl_jax.decode_types import ROUTE_DTYPE, token_major_routes
+from orl_jax.models.diffusion_gemma.model import DiffusionGemma, KVCache, init_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,22 @@ class SamplerConfig:
                        f"{self.t_max}")
 
 
+def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0, rollout: bool = True,
+                   entropy_bound: float | None = None) -> SamplerConfig:
+  """The sampler of a run: canvases of `decode.block_size`, `decode.gen_length` tokens, the
+  entropy bound (nats) of the rollout rule (`orl.rollout_rule_value`), of `decode.rule_value`
+  (rollout=False) or `entropy_bound`; rollouts record routes with `orl.capture_routes`."""
+  d = config.decode
+  bound = config.orl.rollout_rule_value if rollout else d.rule_value
+  bound = bound if entropy_bound is None else entropy_bound
+  return SamplerConfig(
+      n_canvases=d.gen_length // d.block_size, max_steps=d.max_steps_per_block,
+      entropy_bound=float(bound), t_min=d.t_min, t_max=d.t_max,
+      stability_threshold=d.stability_threshold, confidence_threshold=d.confidence_threshold,
+      pad_id=pad_id, eos_ids=tuple(eos_ids), top_k=d.top_k,
+      capture_routes=rollout and bool(config.orl.get("capture_routes", False)))
+
+
 class SamplerNoise(NamedTuple):
   """Explicit randomness, leading axes [n_canvases, ...]."""
   initial: jax.Array   # [N, B, C] int32 starting canvases
@@ -78,7 +94,7 @@ class SamplerNoise(NamedTuple):
 
 class StepTrace(NamedTuple):
   """What each denoising step consumed and decided, [N, S, B, ...] (N canvases, S steps): the
-  rollout capture of this family (`orl_jax.diffusion_gemma_rollout`)."""
+  rollout capture of this family (`rollout.py` beside this module)."""
   canvas: jax.Array     # [N, S, B, C] int32 canvas fed to the step (noise tokens included)
   z: jax.Array          # [N, S, B, C, D] self-conditioning soft embedding consumed
   accepted: jax.Array   # [N, S, B, C] bool positions the step accepted

@@ -1,6 +1,6 @@
 """DiffusionGemma (`model_type: diffusion_gemma`, DESIGN §4): a family with its own model.
 
-Its model is not the shared `Transformer` but `orl_jax.models.diffusion_gemma.DiffusionGemma`
+Its model is not the shared `Transformer` but `DiffusionGemma` (`model.py` beside this module)
 with `DiffusionGemmaConfig` (`config_from_hf` / `build_model`). What the registry records:
 
 * the name map: transformers ties the encoder's text weights, the decoder's and the head, so a
@@ -23,9 +23,8 @@ import json
 from jax.sharding import PartitionSpec as P
 
 from orl_jax import sharding
-from orl_jax.models.families import base
-from orl_jax.models.families.base import Family, linear, plain, TensorRule
-from orl_jax.models.diffusion_gemma_config import (FULL, MODEL_TYPE, SLIDING, AttentionSpec,
+from orl_jax.models.family_base import Family, linear, plain, TensorRule
+from orl_jax.models.diffusion_gemma.config import (FULL, MODEL_TYPE, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig)
 
 DECODER = "model.decoder."
@@ -89,7 +88,7 @@ def architecture_from_hf(hf: dict) -> dict:
 
 
 def build_model(cfg: DiffusionGemmaConfig, rngs, mesh=None):
-  from orl_jax.models.diffusion_gemma import DiffusionGemma
+  from orl_jax.models.diffusion_gemma.model import DiffusionGemma
   return DiffusionGemma(cfg, rngs=rngs, mesh=mesh)
 
 
@@ -183,16 +182,5 @@ FAMILY = Family(
     frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES,
     config_from_run=lambda *a, **kw: model_config(*a, **kw),
     generation_defaults=GENERATION_DEFAULTS,
-    unresolved="not_accepted",
+    unresolved="not_accepted", noise="uniform",
     replay_context="token")
-
-
-def params_to_hf(flat: dict, cfg: DiffusionGemmaConfig, passthrough: dict | None = None) -> dict:
-  """Our flat params -> checkpoint tensors (plus `passthrough` unchanged)."""
-  return {**(passthrough or {}), **base.params_to_hf(flat, tensor_rules(cfg))}
-
-
-def split_passthrough(tensors: dict) -> tuple[dict, dict]:
-  """(modelled tensors, passthrough tensors) of a checkpoint."""
-  through = {k: v for k, v in tensors.items() if k.startswith(PASSTHROUGH_PREFIXES)}
-  return {k: v for k, v in tensors.items() if k not in through}, through

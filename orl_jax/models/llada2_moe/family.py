@@ -16,8 +16,8 @@ from __future__ import annotations
 from orl_jax import sharding
 from orl_jax.models import moe as moe_lib
 from orl_jax.models import config_json
-from orl_jax.models.families import base
-from orl_jax.models.families.base import Family, linear, plain
+from orl_jax.models import family_base as base
+from orl_jax.models.family_base import Family, linear, plain
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
 

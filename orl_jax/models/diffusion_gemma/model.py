@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from orl_jax.models.diffusion_gemma_config import AttentionSpec, DiffusionGemmaConfig
+from orl_jax.models.diffusion_gemma.config import AttentionSpec, DiffusionGemmaConfig
 from orl_jax.models.moe import ExpertWeights, RoutedTokens, dense_experts, ragged_experts
 from orl_jax.residual import Residual, RMSNorm
 from pallas_kernels.staircase_attention import KIND_STATE, TokenMeta

@@ -1,13 +1,15 @@
-"""What a model family is (DESIGN §4): one `Family` object per HF architecture.
+"""What a model family is (DESIGN §4): one `Family` object per HF architecture, and one for our
+own models (`orl_jax.models.ours`, the default: `model.hf_family = ""`).
 
 A family says everything that differs between checkpoints of the one shared `Transformer`:
 the HF `config.json` <-> ModelConfig fields (both directions), the tensor-name map with its
 transposes, fused tensors and stacked experts (`TensorRule`), the partition rules of its
 parameters, its attention layout, and the decoder defaults and special tokens its configs start
 from. The loader, the exporter, the sharding and the run set-up read these objects through the
-registry (`orl_jax.models.families`); nothing else branches on a family name. A family
-describes checkpoints, not samplers: which decoder runs a model is decided by the model's kind
-in `orl_jax.decoders`.
+registry (`orl_jax.models.families`); nothing else branches on a family name. Each family is a
+folder `orl_jax/models/<name>/` whose `FAMILY` the registry lists. A family describes
+checkpoints, not samplers: which decoder runs a model is decided by the model's kind in
+`orl_jax.decoders`.
 
 The name map is a list of pieces: each `TensorRule` says that our parameter `ours` (or its slot
 `expert` of a stacked `[E, ...]` array) equals the HF tensor `hf` (or the rows `rows` of a fused
@@ -20,9 +22,9 @@ exporting concatenates the pieces of each HF tensor. Both directions are the pur
 below.
 
 A family whose model is not the shared `Transformer` (DiffusionGemma) names its own config and
-model classes (`config_from_hf`, `config_from_run`, `build_model`) and may carry HF tensors it does not model
-through an export (`passthrough_prefixes`: a vision tower) and mark parameters the optimizer
-must leave alone (`frozen`).
+model classes (`config_from_hf`, `config_from_run`, `build_model`) and may carry HF tensors it
+does not model through an export (`passthrough_prefixes`: a vision tower) and mark parameters
+the optimizer must leave alone (`frozen`).
 """
 from __future__ import annotations
 
@@ -61,9 +63,11 @@ def plain(hf: str, ours: str, **kw) -> TensorRule:
 @dataclasses.dataclass(frozen=True)
 class Family:
   """One model family. Callables take/return plain dicts and `ModelConfig`s (no I/O)."""
-  name: str                                          # our key: model.hf_family
+  name: str                                          # our key: model.hf_family ("": ours)
   model_types: tuple[str, ...]                       # HF config.json `model_type` values
-  attention: str                                     # one of ATTENTION_LAYOUTS
+                                                     # (none: no Hugging Face form, ours)
+  attention: str                                     # one of ATTENTION_LAYOUTS ("": any,
+                                                     # `model.attention` says; ours)
   architecture_from_hf: Callable[[dict], dict]       # config.json -> ModelConfig fields
   hf_config_json: Callable[[ModelConfig], dict]      # ModelConfig -> config.json
   tensor_rules: Callable[[ModelConfig], list]        # ModelConfig -> [TensorRule]
@@ -91,6 +95,13 @@ class Family:
   generation_defaults: dict = dataclasses.field(default_factory=dict)
   unresolved: str = "masked"   # state positions the losses train (replay.gather_batch)
   replay_context: str = "block"  # context stream of packed replay rows (replay.ReplayConfig)
+  noise: str = "mask"          # what an undecided position holds: a mask token ("mask", the
+                               # tokenizer needs one) or a uniform random token ("uniform")
+
+  @property
+  def hf_checkpoint(self) -> bool:
+    """Whether the family has a Hugging Face form (config.json, a name map) to load and export."""
+    return bool(self.model_types)
 
   @property
   def own_model(self) -> bool:

@@ -1,4 +1,6 @@
-"""DiffusionGemma Hugging Face checkpoints <-> our `DiffusionGemma` (DESIGN §4).
+"""DiffusionGemma Hugging Face directories <-> our `DiffusionGemma`, whole tensors at a time: the
+tests' own reader and writer (DESIGN §4), beside the run's sharded loader and exporter
+(`orl_jax.models.hf`), against which they check it.
 
 transformers ties the encoder's text weights, the decoder's and the head, so a checkpoint holds
 the text stack once, under `model.decoder.*`, plus the encoder's own `layer_scalar` buffers
@@ -6,10 +8,10 @@ the text stack once, under `model.decoder.*`, plus the encoder's own `layer_scal
 (`model.encoder.vision_tower.*`, `model.encoder.embed_vision.*`), and no `lm_head`. The vision
 tensors are carried through untouched (`passthrough`) so an export loads back into transformers.
 
-The name map (with its one-to-many fused experts) is the family registry's
-(`orl_jax.models.families.diffusion_gemma`); this module reads and writes whole directories for
-tests and tools. `params_from_hf` / `params_to_hf` are pure functions over flat dicts of numpy
-arrays (our dot-joined names, as `orl_jax.sharding.path_name` writes them).
+The name map (with its one-to-many fused experts) is the family's
+(`orl_jax.models.diffusion_gemma.family`). `params_from_hf` / `params_to_hf` are pure functions
+over flat dicts of numpy arrays (our dot-joined names, as `orl_jax.sharding.path_name` writes
+them).
 """
 from __future__ import annotations
 
@@ -21,11 +23,11 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from orl_jax.models.diffusion_gemma import DiffusionGemma
-from orl_jax.models.families import base as family_base
+from orl_jax.models import family_base
+from orl_jax.models.diffusion_gemma import family
+from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig
+from orl_jax.models.diffusion_gemma.model import DiffusionGemma
 from orl_jax.models.hf import CheckpointError
-from orl_jax.models.families import diffusion_gemma as family
-from orl_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
 from orl_jax.params_io import open_safetensors, read_json
 from orl_jax.sharding import path_name
 
@@ -36,13 +38,14 @@ CONFIG_FILE, SINGLE_FILE, INDEX_FILE = ("config.json", "model.safetensors",
 def params_to_hf(flat: dict[str, np.ndarray], cfg: DiffusionGemmaConfig,
                  passthrough: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
   """Our flat params -> DiffusionGemma checkpoint tensors (plus `passthrough` unchanged)."""
-  return family.params_to_hf(flat, cfg, passthrough)
+  return {**(passthrough or {}), **family_base.params_to_hf(flat, family.tensor_rules(cfg))}
 
 
 def params_from_hf(tensors: dict[str, np.ndarray], cfg: DiffusionGemmaConfig):
   """Checkpoint tensors -> (our flat params, passthrough tensors). Raises CheckpointError naming
   missing and unexpected tensors."""
-  modelled, passthrough = family.split_passthrough(tensors)
+  passthrough = {k: v for k, v in tensors.items() if k.startswith(family.PASSTHROUGH_PREFIXES)}
+  modelled = {k: v for k, v in tensors.items() if k not in passthrough}
   try:
     flat = family_base.params_from_hf(modelled, family.tensor_rules(cfg))
   except ValueError as e:

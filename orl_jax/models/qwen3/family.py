@@ -3,7 +3,7 @@ block-causal, per-head q/k RMSNorm before RoPE, HF Qwen3 weight names."""
 from __future__ import annotations
 
 from orl_jax import sharding
-from orl_jax.models.families.base import Family, dense_rules, linear, plain
+from orl_jax.models.family_base import Family, dense_rules, linear, plain
 from orl_jax.models import config_json
 from orl_jax.models.transformer import ModelConfig
 

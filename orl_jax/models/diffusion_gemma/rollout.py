@@ -16,10 +16,11 @@ last one included (the paper's count, the headline); `nfe_engine` adds the commi
 sampler really ran (none after the last canvas, none once every row has finished). The tokens
 of TPF are counted as transformers counts them: the response's non-padding tokens
 (`generated_tokens`). Rollouts and evaluation (`make_decoder`) count with the one function
-`forward_counts`. Which sampler a model runs is chosen in `orl_jax.decoders`.
+`forward_counts`. Which sampler a model runs is chosen in `orl_jax.decoders`, which also jits
+`rollout` data-parallel (`orl_jax.rollout.make_rollout`).
 
 With `orl.capture_routes` the capture also holds the expert ids of every forward the rollout
-ran (`decoding.RouteCapture`: each step's canvas, the prompt prefill, each commit forward), which
+ran (`decode_types.RouteCapture`: each step's canvas, the prompt prefill, each commit forward), which
 the replay gather places token by token, as for LLaDA2.
 """
 from __future__ import annotations
@@ -28,10 +29,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax import diffusion_gemma_sampler as sampler
-from orl_jax import rollout as rollout_lib
-from orl_jax.decoding import Capture, DecodeOutput, RouteCapture
-from orl_jax.rollout import Trajectories
+from orl_jax.decode_types import (Capture, DecodeOutput, RouteCapture, Trajectories,
+                                   trajectories)
+from orl_jax.models.diffusion_gemma import sampler
 
 
 def capture_from_trace(trace: sampler.StepTrace, prompt_routes=None,
@@ -65,7 +65,7 @@ def generated_tokens(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig) ->
 
 def forward_counts(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig,
                    capture: bool = False) -> DecodeOutput:
-  """The decoders' output (`decoding.DecodeOutput`) of `sampler.generate`'s: tokens [B, N·C]
+  """The decoders' output (`decode_types.DecodeOutput`) of `sampler.generate`'s: tokens [B, N·C]
   (argmax canvases, padding after EOS) and the forwards counted both ways (DESIGN §2.2, §6) —
   a canvas is decoded by a row when any of its steps counted for the row (every canvas up to
   the one holding its EOS); `n_generated` the non-padding tokens (transformers' count). With
@@ -85,12 +85,12 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
   """Samples `group_size` responses per prompt (rows of a group adjacent) with capture."""
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   out = sampler.generate(model, reps(prompt_tokens), key, cfg, prompt_valid=reps(prompt_valid))
-  return rollout_lib.trajectories(forward_counts(out, cfg, capture=True), prompt_tokens,
-                                  prompt_valid, rollout_step)
+  return trajectories(forward_counts(out, cfg, capture=True), prompt_tokens,
+                      prompt_valid, rollout_step)
 
 
 def make_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):
-  """Jitted `(params, prompt_tokens, prompt_valid, key) -> decoding.DecodeOutput`: the
+  """Jitted `(params, prompt_tokens, prompt_valid, key) -> decode_types.DecodeOutput`: the
   sampler of evaluation and of the decode launcher (`orl_jax.decoders`), with its trace as a
   `Capture` when `capture`."""
 
@@ -101,26 +101,3 @@ def make_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):
     return forward_counts(out, cfg, capture)
 
   return run
-
-
-def make_rollout(graphdef, cfg: sampler.SamplerConfig, group_size: int, mesh=None):
-  """Jitted `(params, prompt_tokens, prompt_valid, key, rollout_step) -> Trajectories`."""
-  return rollout_lib.make_rollout(graphdef, cfg, group_size, mesh, rollout_fn=rollout)
-
-
-# ----------------------------------------------------------------------------- run config
-
-def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0, rollout: bool = True,
-                   entropy_bound: float | None = None) -> sampler.SamplerConfig:
-  """The sampler of a run: canvases of `decode.block_size`, `decode.gen_length` tokens, the
-  entropy bound (nats) of the rollout rule (`orl.rollout_rule_value`), of `decode.rule_value`
-  (rollout=False) or `entropy_bound`; rollouts record routes with `orl.capture_routes`."""
-  d = config.decode
-  bound = config.orl.rollout_rule_value if rollout else d.rule_value
-  bound = bound if entropy_bound is None else entropy_bound
-  return sampler.SamplerConfig(
-      n_canvases=d.gen_length // d.block_size, max_steps=d.max_steps_per_block,
-      entropy_bound=float(bound), t_min=d.t_min, t_max=d.t_max,
-      stability_threshold=d.stability_threshold, confidence_threshold=d.confidence_threshold,
-      pad_id=pad_id, eos_ids=tuple(eos_ids), top_k=d.top_k,
-      capture_routes=rollout and bool(config.orl.get("capture_routes", False)))

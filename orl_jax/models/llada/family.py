@@ -6,7 +6,7 @@ attn_out, ff_proj (the SiLU gate), up_proj, ff_out}, ln_f, ff_out (head)}`.
 from __future__ import annotations
 
 from orl_jax import sharding
-from orl_jax.models.families.base import Family, dense_rules, linear, plain
+from orl_jax.models.family_base import Family, dense_rules, linear, plain
 from orl_jax.models import config_json
 from orl_jax.models.transformer import ModelConfig
 

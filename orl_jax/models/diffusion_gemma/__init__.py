@@ -1,0 +1,10 @@
+"""DiffusionGemma (DESIGN §4): a uniform-noise family with its own model.
+
+* `config.py`: `DiffusionGemmaConfig` and its config.json reading and writing;
+* `model.py`: the model (`DiffusionGemma`: commit forward, canvas decoder, self-conditioning);
+* `family.py`: its registry entry (`FAMILY`: name map, partition rules, run config -> model
+  config, generation defaults);
+* `sampler.py`: transformers' uniform-noise sampler, run config -> `SamplerConfig`;
+* `rollout.py`: the sampler's trace as the shared `Capture`, `Trajectories` and forward counts.
+"""
+from orl_jax.models.diffusion_gemma.family import FAMILY  # noqa: F401
