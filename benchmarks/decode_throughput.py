@@ -250,7 +250,7 @@ def supported_modes(modes) -> tuple[list, list]:
 
 
 def prepare_ours(graphdef, params, config, ids, valid, n_rows: int = 0):
-  """(run, DecodeOutput or EngineOutput): our decoder of `config` (greedy, threshold 0.9;
+  """(run, DecodeOutput): our decoder of `config` (greedy, threshold 0.9;
   `decoders.make_decoder`) compiled ahead of time (so compile is excluded) and run once.
   decode.schedule "per_row": the engine (orl_jax.engine) decoding the prompts as one queue on
   `n_rows` rows (0: one row per prompt)."""

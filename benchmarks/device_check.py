@@ -20,6 +20,7 @@ kernels run in interpret mode: the figures only show that the script runs. The l
 is `kernel_parity_max_rel_err: X`.
 """
 import argparse
+import dataclasses
 import types
 
 import _common
@@ -35,7 +36,8 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.data.tiny_task import tiny_tokenizer
 from orl_jax import decoders
 from orl_jax.losses import LossConfig, OrlObjective
-from orl_jax.train.state import init_model_params, make_optimizer
+from orl_jax.optimizer import OptimizerConfig, make_optimizer
+from orl_jax.train.state import init_model_params
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import (KERNELS, TokenMeta, attention, current_platform,
                                                 staircase_attention_reference, testing)
@@ -152,7 +154,9 @@ def orl_step(size: str) -> dict:
   config = tiny.get_config("sft")
   tok = tiny_tokenizer()
   s_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
-  optimizer, mesh = make_optimizer(config.train, 1.0), sharding_lib.make_mesh()
+  optimizer = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(config),
+                                                 residual_lr_scale=1.0))
+  mesh = sharding_lib.make_mesh()
   # the KL anchor to the rollout policy: the benchmark's states carry no frozen reference copy
   objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))
   if size == "full":

@@ -31,6 +31,7 @@ of the layouts within one G of one run is meaningful. The last line printed is t
   python benchmarks/replay_speedup.py [--groups 8 16 24] [--responses-per-row 1 2] [--repeats 3]
 """
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -46,7 +47,8 @@ from orl_jax.decode_types import Capture, DecodeOutput, trajectories
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.packed_batch import ROW_FIELDS
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+from orl_jax.optimizer import OptimizerConfig, make_optimizer
+from orl_jax.train.state import create_train_state, make_train_step
 from pallas_kernels.staircase_attention import staircase_visible
 
 PROMPT, BLOCK, N_BLOCKS, STEPS = 512, 32, 4, 4
@@ -100,11 +102,12 @@ def synthetic_trajectories(group: int, model_cfg, rng: np.random.Generator):
 
 def _plan(traj, group, layout, row_len, n_rows, micro_batches):
   cfg = ReplayConfig(row_len=row_len, n_rows=n_rows, max_states=group * STATES,
-                     max_responses=group, layout=layout, micro_batches=micro_batches)
+                     max_responses=group, block_size=BLOCK, layout=layout,
+                     micro_batches=micro_batches)
   return build_plan(prompt_valid=np.ones((1, PROMPT), bool),
                     capture_valid=np.ones((group, STATES), bool),
                     capture_block=np.asarray(traj.capture.block), eligible=np.ones((group,), bool),
-                    group_size=group, block_size=BLOCK, cfg=cfg, rng=np.random.default_rng(0))
+                    group_size=group, cfg=cfg, rng=np.random.default_rng(0))
 
 
 def visible_pairs(plan) -> int:
@@ -146,7 +149,7 @@ class Runner:
 
   def __init__(self, traj, group, layout, row_len, rows, m, s_cfg, optimizer, mesh, objective):
     plan, _ = _plan(traj, group, layout, row_len, rows, m)
-    self.batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id, block_size=BLOCK)
+    self.batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id)
     graphdef, state, state_sh = create_train_state(s_cfg, optimizer, mesh, 0)
     repl = sharding_lib.replicated(mesh)
     self.step = make_train_step(graphdef, optimizer, objective, mesh, state_sh,
@@ -179,7 +182,7 @@ def prepare_layout(traj, group, layout, row_len, args, s_cfg, optimizer, mesh, o
   out = {"row_len": row_len, "rows": rows, "tokens": rows * row_len,
          "attention_pairs_dense": rows * row_len ** 2, "attention_pairs_visible":
          visible_pairs(plan), "micro_batch_trials": []}
-  batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id, block_size=BLOCK)
+  batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id)
   make = lambda m: Runner(traj, group, layout, row_len, rows, m, s_cfg, optimizer, mesh,
                           objective)
   for m in [d for d in range(1, rows + 1) if rows % d == 0]:
@@ -282,7 +285,8 @@ def main():
   tok = tiny_tokenizer()
   s_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
   mesh = sharding_lib.make_mesh()
-  optimizer = make_optimizer(config.train, 1.0)
+  optimizer = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(config),
+                                                 residual_lr_scale=1.0))
   objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))
   results = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
              "attention_impl": s_cfg.attention_impl, "prompt_len": PROMPT, "block": BLOCK,

@@ -14,6 +14,7 @@ from orl_jax.decoding import CACHE_MODES, PLACEMENTS, DecodeConfig
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
+from orl_jax.optimizer import OptimizerConfig
 from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import COMMIT_COMPARES, RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
@@ -81,14 +82,7 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
   m, t = config.model, config.train
   check = lambda cond, msg: None if cond else errors.append(msg)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
-  check(t.lr > 0, f"train.lr={t.lr} must be positive")
-  check(t.steps >= 0, f"train.steps={t.steps} must be >= 0")
-  check(t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0")
-  check(max(t.warmup_steps, 1) < max(t.steps, 2),
-        f"train.warmup_steps={t.warmup_steps} must be below train.steps={t.steps} (the cosine "
-        "decay after the warmup needs at least one step)")
-  check(0 <= t.final_lr_fraction <= 1,
-        f"train.final_lr_fraction={t.final_lr_fraction} must be in [0, 1]")
+  errors += OptimizerConfig.from_config(config).errors()
   check(t.log_every > 0, f"train.log_every={t.log_every} must be positive")
   check(config.eval.batch_size > 0, f"eval.batch_size={config.eval.batch_size} must be positive")
   n_eval = config.task.get("tiny", {}).get("n_eval", 512) if config.task.name == "tiny" else None

@@ -49,6 +49,8 @@ class Capture(NamedTuple):
 
 
 class DecodeOutput(NamedTuple):
+  """What every decoder returns (`orl_jax.decoders`), one row per prompt (the per-row engine:
+  per queued prompt, [Q, ...])."""
   tokens: jax.Array         # [B, N] response, EOS-filled after the first EOS
   nfe: jax.Array            # [B] int32 forwards, the paper's count: steps + 1 commit per block
   nfe_engine: jax.Array     # [B] int32 forwards the engine ran (commits nobody needs skipped)
@@ -56,6 +58,8 @@ class DecodeOutput(NamedTuple):
   n_generated: jax.Array    # [B] int32 tokens through the first EOS
   finished: jax.Array       # [B] bool an EOS was generated
   capture: Capture | None
+  iterations: jax.Array | None = None   # scalar int32 forwards the per-row engine's loop ran
+                                        # (each over all its rows); None: other decoders
 
 
 def token_major_routes(expert_ids) -> jax.Array:
@@ -82,8 +86,8 @@ class Trajectories:
 
 
 def trajectories(out: DecodeOutput, prompt_tokens, prompt_valid, rollout_step) -> Trajectories:
-  """The one way `Trajectories` are made: a decoder's output with capture (`DecodeOutput`, or
-  `engine.EngineOutput` of the same fields) of the prompts [P, Lp] — as the decoder's prefill
+  """The one way `Trajectories` are made: a decoder's output with capture (`DecodeOutput`)
+  of the prompts [P, Lp] — as the decoder's prefill
   read them — repeated G times, drawn for update `rollout_step`."""
   if out.capture is None:
     raise ValueError("trajectories need the decoder's capture: decode with capture_states > 0")

@@ -14,7 +14,7 @@ A purpose says what the decoder is for:
 
 * "evaluate": jitted `(params, prompt_tokens [B, P], prompt_valid [B, P], key) ->
   decode_types.DecodeOutput` without capture (the per-row engine: the same signature over a queue
-  of B prompts decoded on `n_rows` rows, `engine.EngineOutput` = DecodeOutput + iterations);
+  of B prompts decoded on `n_rows` rows, with `DecodeOutput.iterations` set);
 * "decode": the same with every state captured (the launcher's trajectory page); always the
   lock-step decoder for the mask families;
 * "rollout": jitted `(params, prompt_tokens [P, Lp], prompt_valid, key, rollout_step) ->

@@ -83,23 +83,20 @@ def _tree_bytes(tree) -> int:
   return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def abstract_replay_batch(config, traj, *, mask_id: int, block_size: int):
-  """The ShapeDtypeStructs of one replay batch (`config.replay` rows) gathered from `traj`."""
-  from orl_jax.replay import ReplayConfig, ReplayPlan, gather_batch
-  r = config.replay
-  replay_cfg = ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
-                            max_responses=r.max_responses)
-  plan = ReplayPlan.abstract(replay_cfg)
-  return jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=mask_id, block_size=block_size),
-                        traj, plan)
+def abstract_replay_batch(config, traj, *, mask_id: int):
+  """The ShapeDtypeStructs of one replay batch (`config.replay` rows, the run's
+  `train.orl.replay_config`) gathered from `traj`."""
+  from orl_jax.replay import ReplayPlan, gather_batch
+  from orl_jax.train.orl import replay_config
+  plan = ReplayPlan.abstract(replay_config(config, n_shards=1))
+  return jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=mask_id), traj, plan)
 
 
 def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
   """Optimizer state and (ORL with the KL anchor) the frozen reference copy."""
   from orl_jax.train.setup import needs_reference
-  from orl_jax.train.state import make_optimizer
-  optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
-                             config.train.freeze_base, frozen)
+  from orl_jax.optimizer import OptimizerConfig, make_optimizer
+  optimizer = make_optimizer(OptimizerConfig.from_config(config), frozen)
   total, per = _per_device(jax.eval_shape(optimizer.init, params), shape, rules)
   rows = [SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)")]
   if needs_reference(config):
@@ -112,7 +109,6 @@ def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
 def own_model_sizing_rows(config, family, n_devices: int | None = None):
   """`sizing_rows` of a family with its own model (DiffusionGemma): its config from the run
   config (or model.path's config.json), its rollout traced abstractly."""
-  from orl_jax.models.diffusion_gemma import rollout as dg_rollout
   from orl_jax.models.diffusion_gemma.sampler import sampler_config
   shape = mesh_shape(config, n_devices)
   vocab = config.model.get("vocab_size", 0)
@@ -131,12 +127,7 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
   sampler_cfg = sampler_config(config, eos_ids=cfg.eos_ids)
-  p_len = config.task.prompt_len
-  prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
-  valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
-  traj = jax.eval_shape(
-      lambda p, t, v: dg_rollout.rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0),
-                                         sampler_cfg, o.group_size, 0), params, prompts, valid)
+  traj = traced_rollout(config, cfg, graphdef, params, mask_id=-1, eos_id=cfg.eos_ids[0])
   n_rollouts = o.prompts_per_step * o.group_size
   n_states = sampler_cfg.n_canvases * sampler_cfg.max_steps
   cap = _tree_bytes(traj.capture)   # with orl.capture_routes: the route buffers too
@@ -145,7 +136,7 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   if sampler_cfg.capture_routes:            # expert ids of every step, the prefill, the commits
     note += f" + routes ({cfg.n_layers} MoE layers x top-{cfg.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
-  batch = abstract_replay_batch(config, traj, mask_id=-1, block_size=cfg.canvas_length)
+  batch = abstract_replay_batch(config, traj, mask_id=-1)
   r = config.replay
   replay = _tree_bytes(batch)
   rows.append(SizingRow("replay batch", replay, replay // data_par,
@@ -153,6 +144,19 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   info = {"mesh": shape, "n_params": n_params, "model": dataclasses.asdict(cfg),
           "capture_bytes_traced": cap}
   return rows, info
+
+
+def traced_rollout(config, model_cfg, graphdef, params, *, mask_id: int, eos_id: int):
+  """The run's rollout (`decoders.make_decoder(..., "rollout")`, the decoder training uses)
+  traced abstractly: `Trajectories` of ShapeDtypeStructs for `orl.prompts_per_step` prompts of
+  `task.prompt_len` tokens, `orl.group_size` responses each."""
+  from orl_jax import decoders
+  o, p_len = config.orl, config.task.prompt_len
+  run = decoders.make_decoder(config, model_cfg, graphdef, "rollout", mask_id=mask_id,
+                              eos_id=eos_id, group_size=o.group_size)
+  prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
+  valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
+  return jax.eval_shape(run, params, prompts, valid, jax.random.key(0), 0)
 
 
 def _hf_dir(config) -> str:
@@ -171,7 +175,6 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   fill_decode_defaults(config, hf_dir, family.name)
   if family.own_model:
     return own_model_sizing_rows(config, family, n_devices)
-  from orl_jax.rollout import rollout
   from orl_jax.decoders import block_decode_config
   from orl_jax.train.state import frozen_params
 
@@ -191,7 +194,8 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   o = config.orl
   specials = config.model.get("special_tokens", {})
   tok = types.SimpleNamespace(mask_id=cfg.mask_id, eos_id=_special_id(specials.get("eos", "")))
-  decode_cfg = block_decode_config(config, None, "rollout", mask_id=tok.mask_id, eos_id=tok.eos_id)
+  decode_cfg = block_decode_config(config, cfg, "rollout", mask_id=tok.mask_id,
+                                   eos_id=tok.eos_id)
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
   cap = (capture_bytes(n_rollouts, decode_cfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
@@ -203,14 +207,10 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
                                decode_cfg.max_blocks)
     note += f" + routes ({cfg.n_moe_layers} MoE layers x top-{cfg.moe.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
-  prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
-  valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
-  traj = jax.eval_shape(
-      lambda p, t, v: rollout(nnx.merge(graphdef, p), t, v, jax.random.key(0), decode_cfg,
-                              o.group_size, 0), params, prompts, valid)
+  traj = traced_rollout(config, cfg, graphdef, params, mask_id=tok.mask_id, eos_id=tok.eos_id)
 
   # One replay batch: R rows x T tokens.
-  batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id, block_size=decode_cfg.block_size)
+  batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id)
   r = config.replay
   replay = _tree_bytes(batch)
   rows.append(SizingRow("replay batch", replay, replay // data_par,

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.decode_types import Capture
+from orl_jax.decode_types import Capture, DecodeOutput
 from orl_jax.decoding import (Canvas, DecodeConfig, Proposal, StepSizedJit,
                               capture_step, denoise_update, empty_capture, final_blocks,
                               finished_response, fixed_positions, needs_step,
@@ -41,18 +41,6 @@ from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMP
                                                 make_meta)
 
 PREFILL, DENOISE, COMMIT, IDLE = 0, 1, 2, 3   # what a row's next forward does
-
-
-class EngineOutput(NamedTuple):
-  """`decoding.DecodeOutput` per queued prompt ([Q, ...]) plus the loop's iteration count."""
-  tokens: jax.Array         # [Q, N] response, EOS-filled after the first EOS
-  nfe: jax.Array            # [Q] int32 the paper's count (steps + 1 commit per block)
-  nfe_engine: jax.Array     # [Q] int32 forwards run for the prompt (its prefill excluded)
-  nfe_denoise: jax.Array    # [Q] int32 denoising forwards only (the authors' count)
-  n_generated: jax.Array    # [Q] int32 tokens through the first EOS
-  finished: jax.Array       # [Q] bool an EOS was generated
-  capture: Capture | None   # [Q, S, ...] the states of each prompt's decode
-  iterations: jax.Array     # scalar int32 forwards the loop ran (each over all B rows)
 
 
 class _Rows(NamedTuple):
@@ -329,7 +317,7 @@ def _check(model: Transformer, cfg: DecodeConfig, p: int, n_rows: int):
 
 
 def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
-                 n_rows: int) -> EngineOutput:
+                 n_rows: int) -> DecodeOutput:
   """Decodes Q left-padded prompts [Q, P] on `n_rows` rows, each row refilled from the queue
   as soon as its response ends. Prompt q samples with `fold_in(key, q)`. Call under `jax.jit`
   (see `make_engine`)."""
@@ -357,12 +345,12 @@ def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: Decode
   if cap is not None:
     cap = cap._replace(block_final=final_blocks(r.blocks, placed.lead, n_generated, finished,
                                                 cfg))
-  return EngineOutput(tokens, r.nfe, r.nfe_engine, r.nfe_denoise, n_generated, finished, cap,
+  return DecodeOutput(tokens, r.nfe, r.nfe_engine, r.nfe_denoise, n_generated, finished, cap,
                       out.iterations)
 
 
 def make_engine(graphdef, cfg: DecodeConfig, n_rows: int):
-  """Jitted `(params_state, queue_tokens [Q, P], queue_valid [Q, P], key) -> EngineOutput`
+  """Jitted `(params_state, queue_tokens [Q, P], queue_valid [Q, P], key) -> DecodeOutput`
   decoding the queue on `n_rows` rows."""
 
   def run(state, queue_tokens, queue_valid, key):

@@ -30,7 +30,8 @@ from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.rollout import make_rollout  # noqa: E402
 from orl_jax.train.setup import build_setup, loss_config, needs_reference  # noqa: E402
 from orl_jax.decoders import block_decode_config  # noqa: E402
-from orl_jax.train.state import create_train_state, make_optimizer, make_train_step  # noqa: E402
+from orl_jax.optimizer import OptimizerConfig, make_optimizer  # noqa: E402
+from orl_jax.train.state import create_train_state, make_train_step  # noqa: E402
 from pallas_kernels.staircase_attention import target_platform  # noqa: E402
 from pallas_kernels.staircase_attention.lowering import (KERNEL_CALLS, custom_calls,  # noqa: E402
                                                          lowered_text)
@@ -80,7 +81,7 @@ def kernels_by_row_split(jaxpr, rows_split=()) -> list[tuple[str, ...]]:
 def lowered_steps(name: str, platform: str) -> dict:
   c = debug_config(name)
   s = build_setup(c)
-  optimizer = make_optimizer(c.train, c.model.residual.lr_scale, c.train.freeze_base)
+  optimizer = make_optimizer(OptimizerConfig.from_config(c))
   graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, c.seed,
                                                  with_reference=needs_reference(c))
   rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
@@ -94,8 +95,7 @@ def lowered_steps(name: str, platform: str) -> dict:
   key = jax.random.key(0)
   decode_step = lambda params, prompts, valid: rollout_fn(params, prompts, valid, key, 0)
   traj = jax.eval_shape(decode_step, params, prompts, valid)
-  batch = abstract_replay_batch(c, traj, mask_id=s.model_cfg.mask_id,
-                                block_size=dcfg.block_size)
+  batch = abstract_replay_batch(c, traj, mask_id=s.model_cfg.mask_id)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
   step_fn = make_train_step(graphdef, optimizer, OrlObjective(loss_config(c)), s.mesh,
                             state_sh, batch_sh)

@@ -60,11 +60,11 @@ def replay_batch():
   cap = jax.device_get(traj.capture)
   plan, _ = build_plan(prompt_valid=np.asarray(valid), capture_valid=cap.valid,
                        capture_block=cap.block, eligible=np.ones(4, bool), group_size=2,
-                       block_size=4, cfg=ReplayConfig(row_len=64, n_rows=6, max_states=32,
-                                                      max_responses=4),
+                       cfg=ReplayConfig(row_len=64, n_rows=6, max_states=32, max_responses=4,
+                                        block_size=4),
                        rng=np.random.default_rng(0))
   return (graphdef, params, reference,
-          gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=4))
+          gather_batch(traj, plan, mask_id=TINY.mask_id))
 
 
 @pytest.mark.parametrize("kl_reference", ["initial", "rollout"])

@@ -74,7 +74,7 @@ def test_registry_entry_maps_config_json_and_every_tensor():
 
 
 def test_layer_scalars_are_frozen_and_self_conditioning_is_the_residual_pathway():
-  from orl_jax.train.state import param_labels
+  from orl_jax.optimizer import param_labels
   frozen = frozen_params(TINY)
   model = DiffusionGemma(TINY, rngs=nnx.Rngs(0))
   labels = {sharding.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(

@@ -75,12 +75,13 @@ def rollout_and_replay():
   traj = make_rollout(graphdef, SAMPLER, GROUP, rollout_fn=dg_rollout.rollout)(
       params, prompt, valid, jax.random.key(3), 0)
   cap = traj.capture
-  rcfg = ReplayConfig(row_len=256, n_rows=2, max_states=48, max_responses=4, context="token")
+  rcfg = ReplayConfig(row_len=256, n_rows=2, max_states=48, max_responses=4, block_size=CANVAS,
+                      context="token")
   plan, stats = build_plan(prompt_valid=np.asarray(valid), capture_valid=np.asarray(cap.valid),
                            capture_block=np.asarray(cap.block), eligible=np.ones(4, bool),
-                           group_size=GROUP, block_size=CANVAS, cfg=rcfg,
+                           group_size=GROUP, cfg=rcfg,
                            rng=np.random.default_rng(0))
-  batch = gather_batch(traj, plan, mask_id=-1, block_size=CANVAS, unresolved="not_accepted")
+  batch = gather_batch(traj, plan, mask_id=-1, unresolved="not_accepted")
   hidden, _, ratio = model.hidden_states(batch.tokens, batch.positions, batch.meta,
                                          residual=batch.residual)
   return dict(model=model, traj=traj, plan=plan, stats=stats, batch=batch,

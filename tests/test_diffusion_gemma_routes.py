@@ -45,13 +45,14 @@ def _rollout(capture_routes: bool):
 
 def _packed(traj):
   cap = jax.device_get(traj.capture)
-  rcfg = ReplayConfig(row_len=256, n_rows=2, max_states=48, max_responses=4, context="token")
+  rcfg = ReplayConfig(row_len=256, n_rows=2, max_states=48, max_responses=4, block_size=CANVAS,
+                      context="token")
   plan, stats = build_plan(prompt_valid=np.asarray(traj.prompt_valid), capture_valid=cap.valid,
                            capture_block=cap.block, eligible=np.ones(4, bool),
-                           group_size=GROUP, block_size=CANVAS, cfg=rcfg,
+                           group_size=GROUP, cfg=rcfg,
                            rng=np.random.default_rng(0))
   assert stats["states_dropped"] == 0
-  return gather_batch(traj, plan, mask_id=-1, block_size=CANVAS, unresolved="not_accepted"), plan
+  return gather_batch(traj, plan, mask_id=-1, unresolved="not_accepted"), plan
 
 
 def _replayed_logits(model, batch, routes):

@@ -31,7 +31,8 @@ from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
 from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
 from orl_jax.decoders import block_decode_config
-from orl_jax.train.state import frozen_params, make_optimizer
+from orl_jax.optimizer import OptimizerConfig, make_optimizer
+from orl_jax.train.state import frozen_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOE = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=2, topk_group=1, n_shared=1,
@@ -277,10 +278,11 @@ def test_expert_axis_alone_shards_experts():
 
 def test_frozen_parameters_get_no_update_and_no_moments():
   cfg = dataclasses.replace(LLADA2, moe=dataclasses.replace(MOE, freeze_router=True))
-  train = llada.get_config("debug").train
+  config = llada.get_config("debug")
   flat = {k: jnp.asarray(v) for k, v in _random_flat(cfg, seed=3).items()}
   grads = {k: jnp.ones_like(v) for k, v in flat.items()}
-  opt = make_optimizer(train, 0.1, frozen=frozen_params(cfg))
+  opt = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(config),
+                                           residual_lr_scale=0.1), frozen=frozen_params(cfg))
   state = opt.init(flat)
   params = flat
   for _ in range(2):                  # the warmup's first learning rate is 0

@@ -55,11 +55,12 @@ def _batch(traj, valid):
   cap = jax.device_get(traj.capture)
   plan, stats = build_plan(
       prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
-      eligible=np.ones(traj.responses.shape[0], bool), group_size=G, block_size=B_SIZE,
-      cfg=ReplayConfig(row_len=160, n_rows=24, max_states=160, max_responses=8),
+      eligible=np.ones(traj.responses.shape[0], bool), group_size=G,
+      cfg=ReplayConfig(row_len=160, n_rows=24, max_states=160, max_responses=8,
+                       block_size=B_SIZE),
       rng=np.random.default_rng(0))
   assert stats["states_dropped"] == 0 and stats["states_packed"] == int(cap.valid.sum())
-  return gather_batch(traj, plan, mask_id=CFG.mask_id, block_size=B_SIZE), plan
+  return gather_batch(traj, plan, mask_id=CFG.mask_id), plan
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))

@@ -68,19 +68,19 @@ def _close(a, b, rtol=1e-5):
 
 
 def _plan(traj, valid, **kw):
-  defaults = dict(row_len=160, n_rows=40, max_states=96, max_responses=8,
+  defaults = dict(row_len=160, n_rows=40, max_states=96, max_responses=8, block_size=B_SIZE,
                   response_blocks=GEN // B_SIZE)
   defaults.update(kw)
   cap = jax.device_get(traj.capture)
   return build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
                     eligible=np.ones(traj.responses.shape[0], bool), group_size=G,
-                    block_size=B_SIZE, cfg=ReplayConfig(**defaults),
+                    cfg=ReplayConfig(**defaults),
                     rng=np.random.default_rng(0))
 
 
 def _replayed_vs_captured(graphdef, params, traj, plan):
   """(replayed log-probs at the captured top-K ids, captured log-probs, batch) at state tokens."""
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
   model = nnx.merge(graphdef, params)
   logits = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual).logits
   logp = jax.nn.log_softmax(logits, -1)
@@ -130,7 +130,7 @@ def test_packing_does_not_change_the_loss(rolled_out, reference):
   for kw in (dict(layout="naive"), dict(row_len=64), dict(row_len=160), dict(row_len=400)):
     plan, stats = _plan(traj, valid, **kw)
     assert stats["states_dropped"] == 0
-    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
     loss, m = orl_loss(model, batch, KL_CFG, reference=ref)
     values.append([float(m[k]) for k in ("loss_ce", "loss_aec", "loss_rkl")] + [float(loss)])
     assert m["responses_aec"] > 0 and m["responses_kl"] > 0
@@ -197,7 +197,7 @@ def test_capped_reverse_kl_cap_reached_and_not():
 
 def _loss_and_grads(graphdef, params, traj, plan, micro_batches, n_shards=1, reference=None):
   from orl_jax.train.state import loss_and_grads
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
   cfg = KL_CFG if reference is not None else dataclasses.replace(KL_CFG, kl_reference="rollout")
   objective = losses.OrlObjective(cfg)
   fn = lambda p, b, r: loss_and_grads(graphdef, objective, p, b, jax.random.key(0),
@@ -250,7 +250,7 @@ def test_micro_batches_must_divide_the_rows(rolled_out):
     _plan(traj, valid, micro_batches=3, n_rows=40)
   from orl_jax.packed_batch import split_rows
   plan, _ = _plan(traj, valid, n_rows=40)
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
   with pytest.raises(ValueError, match="micro-batches"):
     split_rows(batch, 3)
 
@@ -258,16 +258,17 @@ def test_micro_batches_must_divide_the_rows(rolled_out):
 def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
   import ml_collections
   from orl_jax import sharding
-  from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+  from orl_jax.optimizer import OptimizerConfig, make_optimizer
+  from orl_jax.train.state import create_train_state, make_train_step
   _, params, traj, valid = rolled_out
-  train = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=2, steps=10, final_lr_fraction=0.1,
-                                         b1=0.9, b2=0.98, weight_decay=0.01, grad_clip=1.0))
-  optimizer, mesh = make_optimizer(train, 1.0), sharding.make_mesh()
+  train = OptimizerConfig(lr=1e-3, warmup_steps=2, steps=10, final_lr_fraction=0.1, b1=0.9,
+                          b2=0.98, weight_decay=0.01, grad_clip=1.0, residual_lr_scale=1.0)
+  optimizer, mesh = make_optimizer(train), sharding.make_mesh()
   rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   metrics = {}
   for m in (1, 4):
     plan, _ = _plan(traj, valid, layout="naive", row_len=20, n_rows=40, micro_batches=m)
-    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
     graphdef, state, state_sh = create_train_state(
         dataclasses.replace(TINY, residual_mode="adapter"), optimizer, mesh, 0, params=params,
         with_reference=True)
@@ -293,7 +294,7 @@ def _kl_loss(graphdef, batch, cfg=KL_CFG):
 def kl_batch(rolled_out):
   graphdef, params, traj, valid = rolled_out
   plan, _ = _plan(traj, valid)
-  return gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  return gather_batch(traj, plan, mask_id=TINY.mask_id)
 
 
 def test_kl_to_reference_is_zero_at_start_and_live_after_a_change(rolled_out, reference,
@@ -352,7 +353,7 @@ def test_anchor_weight_changes_the_second_update_not_the_first(rolled_out):
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(LR_SGD))
   mesh = sharding.make_mesh()
   plan, _ = _plan(traj, valid)
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
   rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
   history = {}   # w_kl -> [(params after update i+1, loss_rkl at the params before it)]

@@ -1,3 +1,4 @@
+import dataclasses
 import logging
 import os
 import subprocess
@@ -76,7 +77,8 @@ _SHARDED = textwrap.dedent("""
   from orl_jax.data.pipeline import train_dataset
   from orl_jax.losses import sft_loss
   from orl_jax.train.setup import build_setup
-  from orl_jax.train.state import create_train_state, make_optimizer, make_train_step
+  from orl_jax.optimizer import OptimizerConfig, make_optimizer
+  from orl_jax.train.state import create_train_state, make_train_step
   assert len(jax.devices()) == 4
   c = tiny.get_config("smoke")
   c.train.batch_size = 8
@@ -86,7 +88,7 @@ _SHARDED = textwrap.dedent("""
   losses = []
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = sharding.make_mesh(devices=devices)
-    opt = make_optimizer(c.train, 0.1)
+    opt = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(c), residual_lr_scale=0.1))
     g, state, sh = create_train_state(s.model_cfg, opt, mesh, 0)
     fn = lambda m, b, k: sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)
     step = make_train_step(g, opt, fn, mesh, sh)
@@ -229,12 +231,13 @@ _SHARDED_REPLAY = textwrap.dedent("""
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = sharding.make_mesh(devices=devices)
     plan, stats = build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
-                             eligible=np.ones(6, bool), group_size=3, block_size=4,
+                             eligible=np.ones(6, bool), group_size=3,
                              cfg=ReplayConfig(row_len=48, n_rows=8, max_states=48,
-                                              max_responses=6, n_shards=len(devices)),
+                                              max_responses=6, block_size=4,
+                                              n_shards=len(devices)),
                              rng=np.random.default_rng(0))
     assert stats["states_dropped"] == 0
-    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=4)
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
     rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     batch = jax.device_put(batch, jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
     assert len(batch.tokens.sharding.device_set) == len(devices)
@@ -251,11 +254,11 @@ _SHARDED_REPLAY = textwrap.dedent("""
   from orl_jax.losses import OrlObjective
   from orl_jax.train.state import loss_and_grads
   plan, _ = build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
-                       eligible=np.ones(6, bool), group_size=3, block_size=4,
+                       eligible=np.ones(6, bool), group_size=3,
                        cfg=ReplayConfig(row_len=48, n_rows=8, max_states=48, max_responses=6,
-                                        n_shards=4, micro_batches=2),
+                                        block_size=4, n_shards=4, micro_batches=2),
                        rng=np.random.default_rng(0))
-  batch = jax.device_put(gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=4),
+  batch = jax.device_put(gather_batch(traj, plan, mask_id=TINY.mask_id),
                          jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
   objective = OrlObjective(LossConfig(conf_entropy=0.99))
   (loss, _), grads = loss_and_grads(graphdef, objective, params, batch, jax.random.key(0),

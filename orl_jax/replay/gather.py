@@ -14,9 +14,11 @@ from pallas_kernels.staircase_attention import TokenMeta
 UNRESOLVED = ("masked", "not_accepted")
 
 
-def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int,
+def gather_batch(traj, plan: ReplayPlan, *, mask_id: int,
                  unresolved: str = "masked") -> PackedBatch:
-  """Device-side gather of a packed batch from trajectories (call under jit).
+  """Device-side gather of a packed batch from trajectories (call under jit). The block size
+  is the captured states' width (`Capture.block_tokens` [B, S, b]), the plan's
+  `ReplayConfig.block_size`.
 
   `unresolved` says which state positions the losses train (`PackedBatch.masked`): "masked"
   (mask families: the mask tokens of the captured canvas) or "not_accepted" (uniform-noise
@@ -24,6 +26,7 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, block_size: int,
   if unresolved not in UNRESOLVED:
     raise ValueError(f"unresolved={unresolved!r} must be one of {UNRESOLVED}")
   cap = traj.capture
+  block_size = cap.block_tokens.shape[2]
   st = plan.src_type
   is_state = st == SRC_STATE
   resp, sidx, pos = plan.src_resp, plan.src_state, plan.src_pos

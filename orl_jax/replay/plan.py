@@ -59,6 +59,7 @@ class ReplayConfig:
   n_rows: int                   # R, rows per update (static shape)
   max_states: int               # selected-state slots per update
   max_responses: int            # response slots per update
+  block_size: int               # b, tokens of a decoded block (a captured state's width)
   states_per_response: int = 0  # 0 = all captured states; else a random contiguous window
   layout: str = "packed"        # packed | naive | canvas (bidirectional families)
   response_blocks: int = 0      # canvas layout: blocks per response (future blocks are masks)
@@ -68,6 +69,8 @@ class ReplayConfig:
   micro_batches: int = 1        # row micro-batches per update (gradient accumulation)
 
   def __post_init__(self):
+    if self.block_size <= 0:
+      raise ValueError(f"the replay block size must be positive, got {self.block_size}")
     if self.layout not in LAYOUTS:
       raise ValueError(f"replay.layout must be one of {LAYOUTS}, got {self.layout!r}")
     if self.context not in CONTEXTS:
@@ -340,13 +343,13 @@ def balance_and_order(plan: ReplayPlan, cfg: ReplayConfig, prompt_len: int, b: i
 
 
 def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_size: int,
-               block_size: int, cfg: ReplayConfig, rng: np.random.Generator):
+               cfg: ReplayConfig, rng: np.random.Generator):
   """Packs selected states into `cfg.n_rows` rows of `cfg.row_len` tokens.
 
   Returns (plan, stats). States that do not fit the static capacity are dropped and counted
   in `stats["states_dropped"]` (raise replay.n_rows / row_len if that is not zero).
   """
-  b, prompt_len = block_size, prompt_valid.shape[1]
+  b, prompt_len = cfg.block_size, prompt_valid.shape[1]
   selected = select_states(capture_valid, capture_block, eligible, cfg, rng)
   units = form_units(selected, group_size, prompt_len, b, cfg)
   rows, dropped = pack_rows(units, prompt_len, b, cfg)

@@ -71,7 +71,8 @@ def replay_config(config, n_shards: int, context: str = "block") -> ReplayConfig
   r = config.replay
   bidirectional = config.model.attention == "bidirectional"
   return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
-                      max_responses=r.max_responses, states_per_response=r.states_per_response,
+                      max_responses=r.max_responses, block_size=config.decode.block_size,
+                      states_per_response=r.states_per_response,
                       layout="canvas" if bidirectional else r.layout, n_shards=n_shards,
                       response_blocks=config.decode.gen_length // config.decode.block_size,
                       micro_batches=r.micro_batches, context=context)
@@ -207,7 +208,6 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
                              family.replay_context)
   rows, repl = sharding_lib.batch_sharding(setup.mesh), sharding_lib.replicated(setup.mesh)
   gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
-                                              block_size=config.decode.block_size,
                                               unresolved=unresolved)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl,
                           _abstract_batch(setup, run, rollout_fn, replay_cfg, gather_fn))
@@ -303,7 +303,7 @@ def plan(steps: OrlSteps, summary: RolloutSummary, verified: np.ndarray, it: int
     replay_plan, stats = build_plan(
         prompt_valid=summary.prompt_valid, capture_valid=summary.capture_valid,
         capture_block=summary.capture_block, eligible=verified,
-        group_size=config.orl.group_size, block_size=config.decode.block_size,
+        group_size=config.orl.group_size,
         cfg=steps.replay_cfg, rng=np.random.default_rng([config.seed, it]))
     return jax.device_put(replay_plan, steps.plan_sharding), stats
 

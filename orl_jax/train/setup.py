@@ -21,8 +21,8 @@ from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
 from orl_jax.models import build, families
 from orl_jax.tasks import get_task, prompt_task
-from orl_jax.train.state import (create_train_state, frozen_params, init_model_params,
-                                 make_optimizer)
+from orl_jax.optimizer import OptimizerConfig, make_optimizer
+from orl_jax.train.state import create_train_state, frozen_params, init_model_params
 
 
 @dataclasses.dataclass
@@ -293,8 +293,7 @@ def prepare_run(setup: Setup) -> Run:
   if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
-  optimizer = make_optimizer(config.train, config.model.residual.lr_scale,
-                             config.train.freeze_base, frozen_params(setup.model_cfg))
+  optimizer = make_optimizer(OptimizerConfig.from_config(config), frozen_params(setup.model_cfg))
   graphdef, params = initial_params(setup)
   graphdef, state, state_sh = create_train_state(setup.model_cfg, optimizer, setup.mesh,
                                                  config.seed, params=params,

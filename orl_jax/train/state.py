@@ -25,20 +25,6 @@ class TrainState:
                          # sharded like params, checkpointed with the state, never updated
 
 
-# The residual pathway's modules (DESIGN §2.1): our adapter, DiffusionGemma's self-conditioning.
-RESIDUAL_MODULES = ("adapter", "self_conditioning")
-
-
-def param_labels(params, frozen: Callable[[str], bool] | None = None) -> Any:
-  """'residual' for the residual adapter's parameters, 'frozen' for those `frozen(name)` marks
-  (never updated), 'base' for everything else."""
-  def label(path, _):
-    if frozen is not None and frozen(sharding_lib.path_name(path)):
-      return "frozen"
-    return "residual" if any(getattr(k, "key", k) in RESIDUAL_MODULES for k in path) else "base"
-  return jax.tree_util.tree_map_with_path(label, params)
-
-
 def frozen_params(model_cfg: ModelConfig) -> Callable[[str], bool] | None:
   """The predicate on parameter names the optimizer must leave alone (an MoE router's
   `expert_bias`, a frozen router; a family's own, such as DiffusionGemma's `layer_scalar`
@@ -49,29 +35,6 @@ def frozen_params(model_cfg: ModelConfig) -> Callable[[str], bool] | None:
   if model_cfg.moe is None:
     return None
   return functools.partial(frozen_param, cfg=model_cfg.moe)
-
-
-def make_optimizer(train_cfg, residual_lr_scale: float, freeze_base: bool = False,
-                   frozen: Callable[[str], bool] | None = None):
-  """AdamW with linear warmup and cosine decay, global-norm clipping, and a separate learning
-  rate for the residual adapter (`lr * model.residual.lr_scale`, DESIGN §2.1 residual scaling).
-  Parameters `frozen(name)` marks get no update and no optimizer state (`frozen_params`)."""
-  def schedule(scale):
-    return optax.warmup_cosine_decay_schedule(
-        0.0, train_cfg.lr * scale, max(train_cfg.warmup_steps, 1), max(train_cfg.steps, 2),
-        end_value=train_cfg.lr * scale * train_cfg.final_lr_fraction)
-
-  def adamw(scale):
-    return optax.adamw(schedule(scale), b1=train_cfg.b1, b2=train_cfg.b2,
-                       weight_decay=train_cfg.weight_decay)
-
-  base = optax.set_to_zero() if freeze_base else adamw(1.0)
-  transforms = {"base": base, "residual": adamw(residual_lr_scale)}
-  if frozen is not None:
-    transforms["frozen"] = optax.set_to_zero()
-  return optax.chain(
-      optax.clip_by_global_norm(train_cfg.grad_clip),
-      optax.multi_transform(transforms, functools.partial(param_labels, frozen=frozen)))
 
 
 def init_model_params(model_cfg: ModelConfig, seed: int):

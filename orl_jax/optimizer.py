@@ -1,0 +1,96 @@
+"""The optimizer section of a run: `OptimizerConfig` (built once from `config.train` and the
+residual pathway's learning-rate scale, validating itself) and `make_optimizer` (AdamW with
+linear warm-up and cosine decay, global-norm clipping, a learning rate of its own for the
+residual pathway, frozen parameters left alone)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import optax
+
+from orl_jax import sharding as sharding_lib
+
+# The residual pathway's modules (DESIGN §2.1): our adapter, DiffusionGemma's self-conditioning.
+RESIDUAL_MODULES = ("adapter", "self_conditioning")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """What the optimizer of a run needs; `from_config` reads it, `errors` says what is wrong."""
+  lr: float                       # train.lr: the peak learning rate
+  steps: int                      # train.steps: the cosine decay's length
+  warmup_steps: int = 0           # train.warmup_steps: linear warm-up from 0
+  final_lr_fraction: float = 0.0  # train.final_lr_fraction: the decay ends at lr x this
+  b1: float = 0.9
+  b2: float = 0.999
+  weight_decay: float = 0.0       # AdamW's decoupled weight decay
+  grad_clip: float = 1.0          # global-norm clipping (0 = off)
+  residual_lr_scale: float = 1.0  # model.residual.lr_scale: the residual pathway's learning
+                                  # rate is lr x this (DESIGN §2.1 residual scaling)
+  freeze_base: bool = False       # train.freeze_base: only the residual pathway trains
+
+  @classmethod
+  def from_config(cls, config) -> "OptimizerConfig":
+    """The section of an `ml_collections` run config (`train.*`, `model.residual.lr_scale`)."""
+    t = config.train
+    return cls(lr=t.lr, steps=t.steps, warmup_steps=t.warmup_steps,
+               final_lr_fraction=t.final_lr_fraction, b1=t.b1, b2=t.b2,
+               weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+               residual_lr_scale=config.model.residual.lr_scale,
+               freeze_base=bool(t.get("freeze_base", False)))
+
+  def errors(self) -> list[str]:
+    """Every problem of the section, one sentence each naming the config field."""
+    checks = (
+        (self.lr > 0, f"train.lr={self.lr} must be positive"),
+        (self.steps >= 0, f"train.steps={self.steps} must be >= 0"),
+        (self.warmup_steps >= 0, f"train.warmup_steps={self.warmup_steps} must be >= 0"),
+        (max(self.warmup_steps, 1) < max(self.steps, 2),
+         f"train.warmup_steps={self.warmup_steps} must be below train.steps={self.steps} (the "
+         "cosine decay after the warmup needs at least one step)"),
+        (0 <= self.final_lr_fraction <= 1,
+         f"train.final_lr_fraction={self.final_lr_fraction} must be in [0, 1]"),
+        (0 <= self.b1 < 1 and 0 <= self.b2 < 1,
+         f"train.b1={self.b1} and train.b2={self.b2} must be in [0, 1)"),
+        (self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0"),
+        (self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 = off)"),
+        (self.residual_lr_scale >= 0,
+         f"model.residual.lr_scale={self.residual_lr_scale} must be >= 0"),
+    )
+    return [message for ok, message in checks if not ok]
+
+
+def param_labels(params, frozen: Callable[[str], bool] | None = None) -> Any:
+  """'residual' for the residual pathway's parameters, 'frozen' for those `frozen(name)` marks
+  (never updated), 'base' for everything else."""
+  def label(path, _):
+    if frozen is not None and frozen(sharding_lib.path_name(path)):
+      return "frozen"
+    return "residual" if any(getattr(k, "key", k) in RESIDUAL_MODULES for k in path) else "base"
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def make_optimizer(cfg: OptimizerConfig, frozen: Callable[[str], bool] | None = None):
+  """AdamW with linear warmup and cosine decay, global-norm clipping (`grad_clip` > 0), and
+  the residual pathway at `lr * residual_lr_scale`. Parameters `frozen(name)` marks get no
+  update and no optimizer state (`train.state.frozen_params`); with `freeze_base`, only the
+  residual pathway is updated."""
+  def schedule(scale):
+    return optax.warmup_cosine_decay_schedule(
+        0.0, cfg.lr * scale, max(cfg.warmup_steps, 1), max(cfg.steps, 2),
+        end_value=cfg.lr * scale * cfg.final_lr_fraction)
+
+  def adamw(scale):
+    return optax.adamw(schedule(scale), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+
+  base = optax.set_to_zero() if cfg.freeze_base else adamw(1.0)
+  transforms = {"base": base, "residual": adamw(cfg.residual_lr_scale)}
+  if frozen is not None:
+    transforms["frozen"] = optax.set_to_zero()
+  update = optax.multi_transform(transforms, functools.partial(param_labels, frozen=frozen))
+  if cfg.grad_clip <= 0:
+    return update
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), update)
