@@ -75,7 +75,7 @@ def finetune(s, graphdef, params, steps: int, batch_size: int = 64, lr: float = 
     examples = [encode_example(s.task.train_problem(step * batch_size + i), s.task.tokenizer,
                                cfg.task.prompt_len, cfg.decode.gen_length)
                 for i in range(batch_size)]
-    batch = tuple(np.stack([e[k] for e in examples])
+    batch = tuple(np.stack([getattr(e, k) for e in examples])
                   for k in ("prompt_tokens", "prompt_valid", "response"))
     params, opt_state, loss = update(params, opt_state, batch, jax.random.key(step))
     if step % 50 == 0 or step == steps - 1:

@@ -45,7 +45,6 @@ from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.decode_types import Capture, DecodeOutput, trajectories
 from orl_jax.losses import LossConfig, OrlObjective
-from orl_jax.packed_batch import ROW_FIELDS
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax.train.state import create_train_state, make_train_step
@@ -131,7 +130,7 @@ def estimated_peak_bytes(s_cfg, optimizer, mesh, objective, batch, micro_batches
   the rest of the batch and, with micro-batches, its split copy and the gradient sums."""
   rows = batch.tokens.shape[0] // micro_batches
   sub = batch.replace(**{f: jax.tree.map(lambda x: x[:rows], getattr(batch, f))
-                         for f in ROW_FIELDS})
+                         for f in batch.ROW_FIELDS})
   graphdef, state, state_sh = create_train_state(s_cfg, optimizer, mesh, 0)
   repl = sharding_lib.replicated(mesh)
   step = make_train_step(graphdef, optimizer, objective, mesh, state_sh,

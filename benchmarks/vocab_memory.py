@@ -17,7 +17,8 @@ from flax import nnx
 
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.models import ModelConfig, Transformer
-from orl_jax.packed_batch import PackedBatch
+from orl_jax.data.pipeline import SftExample
+from orl_jax.packed_batch import ReplayBatch
 from orl_jax.residual import Residual
 from orl_jax.losses import sft_loss
 from pallas_kernels.staircase_attention import TokenMeta
@@ -33,12 +34,12 @@ def compiled_memory(fn, *args) -> dict:
                             + m.output_size_in_bytes)}
 
 
-def abstract_replay_batch(rows, row_len, d_model, k=16) -> PackedBatch:
+def abstract_replay_batch(rows, row_len, d_model, k=16) -> ReplayBatch:
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
   f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
   rt = (rows, row_len)
   s = 64
-  return PackedBatch(
+  return ReplayBatch(
       tokens=i32(*rt), positions=i32(*rt), meta=TokenMeta(*(i32(*rt),) * 5),
       residual=Residual(f32(*rt, d_model), f32(*rt)), targets=i32(*rt),
       masked=jax.ShapeDtypeStruct(rt, jnp.bool_), rollout_entropy=f32(*rt),
@@ -66,9 +67,9 @@ def main():
   # SFT rows are [prompt | clean blocks | noised response]: choose parts that sum to row_len.
   p = row_len // 4
   n = (row_len - p + 32) // 2 // 32 * 32
-  sft_in = {"prompt_tokens": jax.ShapeDtypeStruct((rows, p), jnp.int32),
-            "prompt_valid": jax.ShapeDtypeStruct((rows, p), jnp.bool_),
-            "response": jax.ShapeDtypeStruct((rows, n), jnp.int32)}
+  sft_in = SftExample(prompt_tokens=jax.ShapeDtypeStruct((rows, p), jnp.int32),
+                      prompt_valid=jax.ShapeDtypeStruct((rows, p), jnp.bool_),
+                      response=jax.ShapeDtypeStruct((rows, n), jnp.int32))
   report = {"vocab": args.vocab, "tokens": args.tokens, "d_model": args.d_model,
             "chunk": args.chunk, "device": str(jax.devices()[0]), "jax": jax.__version__,
             "logits_f32_bytes": args.tokens * args.vocab * 4, "losses": {}}

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from orl_jax.packed_batch import PackedBatch, layer_routes, sft_batch, split_rows
+from orl_jax.packed_batch import ReplayBatch, layer_routes, sft_batch, split_rows
 from orl_jax.choices import KL_REFERENCES
 from orl_jax.vocab_chunks import token_stats
 
@@ -53,10 +53,11 @@ class LossConfig:
 def sft_loss(model, batch, key, *, block_size: int, mask_id: int, vocab_chunk: int = 0,
              residual_fn=None, eos_id: int = 0, placement: str = "prompt_end"):
   """1/t-weighted masked CE in the staircase layout, blocks placed as `placement` places them
-  (`batch.sft_batch`); the head statistics go `vocab_chunk` tokens at a time when that is > 0
+  (`packed_batch.sft_batch`); the head statistics go `vocab_chunk` tokens at a time when that is > 0
   (same value, no [R, T, V] logits). `residual_fn(model, packed, batch, key)` supplies the
-  residual fed at the noised tokens (offline RCD, the residual warm-up); None for plain SFT."""
-  pb = sft_batch(key, batch["prompt_tokens"], batch["prompt_valid"], batch["response"],
+  residual fed at the noised tokens (offline RCD, the residual warm-up); None for plain SFT.
+  `batch`: a `data.pipeline.SftExample` of [B, ...] rows."""
+  pb = sft_batch(key, batch.prompt_tokens, batch.prompt_valid, batch.response,
                  block_size=block_size, mask_id=mask_id, eos_id=eos_id, placement=placement)
   residual = (None if residual_fn is None
               else residual_fn(model, pb, batch, jax.random.fold_in(key, 1)))
@@ -104,7 +105,7 @@ def kl_positions(masked, confidence_entropy, conf_entropy: float):
   return (masked & (confidence_entropy < conf_entropy)).astype(jnp.float32)
 
 
-def anchor_entropy(batch: PackedBatch, cfg: LossConfig):
+def anchor_entropy(batch: ReplayBatch, cfg: LossConfig):
   """The entropy that gates the anchor: the frozen reference's, or the rollout's."""
   if cfg.kl_reference == "initial":
     if batch.ref_entropy is None:
@@ -113,7 +114,7 @@ def anchor_entropy(batch: PackedBatch, cfg: LossConfig):
   return batch.rollout_entropy
 
 
-def attach_reference(batch: PackedBatch, reference, cfg: LossConfig) -> PackedBatch:
+def attach_reference(batch: ReplayBatch, reference, cfg: LossConfig) -> ReplayBatch:
   """`batch` with the frozen reference's final hidden states and normalized entropies on its
   rows: one no-gradient forward on the same replayed rows with the same captured residuals.
   An MoE reference routes with its own (frozen) router, never with the policy's captured
@@ -217,12 +218,12 @@ class AecCarry:
     return cls(jnp.zeros((n,), jnp.float32), jnp.zeros((n,), bool))
 
 
-def _n_carried(batch: PackedBatch):
+def _n_carried(batch: ReplayBatch):
   """Masked positions that consume a residual (z is zero off state tokens and on cold starts)."""
   return jnp.sum(batch.masked & jnp.any(batch.residual.z != 0, axis=-1))
 
 
-def loss_totals(batch: PackedBatch, cfg: LossConfig) -> LossTotals:
+def loss_totals(batch: ReplayBatch, cfg: LossConfig) -> LossTotals:
   """Needs the reference attached when `cfg.uses_reference`."""
   n = batch.state_resp.shape[0]
   seg = lambda w, ids: _segment_sum(w, ids, n)
@@ -237,7 +238,7 @@ def loss_totals(batch: PackedBatch, cfg: LossConfig) -> LossTotals:
       n_carried=_n_carried(batch))
 
 
-def orl_loss(model, batch: PackedBatch, cfg: LossConfig, totals: LossTotals | None = None,
+def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | None = None,
              carry: AecCarry | None = None, reference=None):
   """Returns (loss, metrics). The head statistics are computed `cfg.vocab_chunk` tokens at a
   time when that is > 0 (same values, no [R, T, V] array; see vocab_chunks.py).
@@ -316,11 +317,11 @@ class OrlObjective:
   micro-batches) and `micro_loss` (one micro-batch's additive share of loss and metrics)."""
   cfg: LossConfig
 
-  def __call__(self, model, batch: PackedBatch, key, reference=None):
+  def __call__(self, model, batch: ReplayBatch, key, reference=None):
     del key
     return orl_loss(model, batch, self.cfg, reference=reference)
 
-  def prepare(self, batch: PackedBatch, reference=None):
+  def prepare(self, batch: ReplayBatch, reference=None):
     """(batch with the reference attached when the anchor uses it, totals, initial carry,
     metrics that are already final: the response counts)."""
     if self.cfg.uses_reference:
@@ -328,10 +329,10 @@ class OrlObjective:
     totals = loss_totals(batch, self.cfg)
     return batch, totals, AecCarry.empty(batch.state_resp.shape[0]), totals.response_counts()
 
-  def split(self, batch: PackedBatch, micro_batches: int, n_shards: int) -> PackedBatch:
+  def split(self, batch: ReplayBatch, micro_batches: int, n_shards: int) -> ReplayBatch:
     return split_rows(batch, micro_batches, n_shards)
 
-  def micro_loss(self, model, micro: PackedBatch, key, totals: LossTotals, carry: AecCarry,
+  def micro_loss(self, model, micro: ReplayBatch, key, totals: LossTotals, carry: AecCarry,
                  reference=None):
     """(loss share, (additive metrics, next carry))."""
     del key

@@ -1,11 +1,13 @@
-"""The packed rows every training forward consumes (SFT, ORL replay, offline RCD): one batch
-type, and the SFT layout that builds them from data (`sft_batch`). Every batch has tokens,
-positions, staircase metadata, targets and (optionally) the residual consumed at state tokens;
-SFT adds `ce_weight`, ORL replay adds the rollout statistics, the response/state slots and the
-AEC pairs its losses need (`replay/gather.py`)."""
+"""The packed rows every training forward consumes (SFT, ORL replay, offline RCD) and the SFT
+layout that builds them from data (`sft_batch`). Three types: `PackedBatch`, what every forward
+reads (tokens, positions, staircase metadata, the residual consumed at state tokens, targets);
+`SftBatch` adds the 1/t CE weight; `ReplayBatch` (built by `replay/gather.py`) adds the rollout
+statistics, the response/state slots and AEC pairs its losses need, the captured MoE routes and,
+once attached (`losses.attach_reference`), the frozen reference's outputs on its rows."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,41 +22,53 @@ from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMP
 
 @struct.dataclass
 class PackedBatch:
+  """The packed rows a forward reads; the losses' types extend it."""
   tokens: jax.Array          # [R, T] int32 input tokens of packed rows
   positions: jax.Array       # [R, T] int32 RoPE positions (a state repeats its block's positions)
   meta: TokenMeta            # [R, T] staircase metadata
   residual: Residual | None  # z [R, T, D], alpha [R, T] consumed at state tokens (None: none)
   targets: jax.Array         # [R, T] int32 token each position is trained to predict
-  # SFT (the 1/t-weighted masked CE):
-  ce_weight: jax.Array | None = None        # [R, T] f32, already normalised per response
-  # ORL replay (replay.gather_batch):
-  masked: jax.Array | None = None           # [R, T] bool state token masked in the captured canvas
-  rollout_entropy: jax.Array | None = None  # [R, T]
-  topk_ids: jax.Array | None = None         # [R, T, K]
-  topk_logprobs: jax.Array | None = None    # [R, T, K]
-  state_slot: jax.Array | None = None       # [R, T] selected-state slot, -1 elsewhere
-  resp_slot: jax.Array | None = None        # [R, T] response slot, -1 elsewhere
-  pair_a: jax.Array | None = None           # [Q] state slot k of an AEC pair (k, k+1)
-  pair_b: jax.Array | None = None           # [Q] state slot k + 1
-  pair_resp: jax.Array | None = None        # [Q] response slot of the pair
-  pair_valid: jax.Array | None = None       # [Q] bool
-  state_resp: jax.Array | None = None       # [S] response slot of each state slot
-  n_responses: jax.Array | None = None      # scalar: responses that produce gradient
-  rollout_step: jax.Array | None = None     # scalar: update the trajectories were drawn for
-  routes: jax.Array | None = None           # [R, T, L_moe, K] int32 captured expert ids of
-                                            # each token (-1: route afresh); None: no capture
+
+  # the fields with one entry per row; the others (AEC pairs, state slots) are per update
+  ROW_FIELDS: ClassVar[tuple[str, ...]] = ("tokens", "positions", "meta", "residual", "targets")
+
+
+@struct.dataclass
+class SftBatch(PackedBatch):
+  """SFT rows (`sft_batch`): the 1/t-weighted masked CE's weight on top of the packed rows."""
+  ce_weight: jax.Array       # [R, T] f32, already normalised per response
+
+  ROW_FIELDS: ClassVar[tuple[str, ...]] = PackedBatch.ROW_FIELDS + ("ce_weight",)
+
+
+@struct.dataclass
+class ReplayBatch(PackedBatch):
+  """ORL replay rows (`replay.gather_batch`) with what the ORL losses read."""
+  masked: jax.Array            # [R, T] bool state token the losses train (masked / not accepted)
+  rollout_entropy: jax.Array   # [R, T]
+  topk_ids: jax.Array          # [R, T, K]
+  topk_logprobs: jax.Array     # [R, T, K]
+  state_slot: jax.Array        # [R, T] selected-state slot, -1 elsewhere
+  resp_slot: jax.Array         # [R, T] response slot, -1 elsewhere
+  pair_a: jax.Array            # [Q] state slot k of an AEC pair (k, k+1)
+  pair_b: jax.Array            # [Q] state slot k + 1
+  pair_resp: jax.Array         # [Q] response slot of the pair
+  pair_valid: jax.Array        # [Q] bool
+  state_resp: jax.Array        # [S] response slot of each state slot
+  n_responses: jax.Array       # scalar: responses that produce gradient
+  rollout_step: jax.Array      # scalar: update the trajectories were drawn for
+  routes: jax.Array | None = None  # [R, T, L_moe, K] int32 captured expert ids of each token
+                                   # (-1: route afresh); None: no capture
   # The frozen KL reference on these rows (losses.attach_reference; None until attached):
-  ref_hidden: jax.Array | None = None       # [R, T, D] its final hidden states
-  ref_entropy: jax.Array | None = None      # [R, T] its normalized entropy (the anchor's gate)
+  ref_hidden: jax.Array | None = None   # [R, T, D] its final hidden states
+  ref_entropy: jax.Array | None = None  # [R, T] its normalized entropy (the anchor's gate)
+
+  ROW_FIELDS: ClassVar[tuple[str, ...]] = PackedBatch.ROW_FIELDS + (
+      "masked", "rollout_entropy", "topk_ids", "topk_logprobs", "state_slot", "resp_slot",
+      "routes", "ref_hidden", "ref_entropy")
 
 
-# PackedBatch fields with one entry per row; the others (AEC pairs, state slots) are per update.
-ROW_FIELDS = ("tokens", "positions", "meta", "residual", "targets", "ce_weight", "masked",
-              "rollout_entropy", "topk_ids", "topk_logprobs", "state_slot", "resp_slot",
-              "ref_hidden", "ref_entropy", "routes")
-
-
-def layer_routes(batch: PackedBatch):
+def layer_routes(batch: ReplayBatch):
   """The captured routes as the model's `routes=` argument ([L_moe, R, T, K]), or None."""
   return None if batch.routes is None else jnp.moveaxis(batch.routes, 2, 0)
 
@@ -73,8 +87,8 @@ def micro_batch_of_rows(n_rows: int, micro_batches: int, n_shards: int = 1) -> n
 
 def split_rows(batch: PackedBatch, micro_batches: int, n_shards: int = 1) -> PackedBatch:
   """The batch with a leading [micro_batches] axis on every leaf, for `lax.scan`: row fields
-  are cut as `micro_batch_of_rows` says ([R, ...] -> [M, R / M, ...]), per-update fields are
-  repeated."""
+  (`ROW_FIELDS` of its type) are cut as `micro_batch_of_rows` says ([R, ...] -> [M, R / M, ...]),
+  per-update fields are repeated."""
   n_rows = batch.tokens.shape[0]
   if n_rows % (n_shards * micro_batches):
     raise ValueError(f"{n_rows} replay rows cannot be split into {micro_batches} micro-batches "
@@ -86,7 +100,7 @@ def split_rows(batch: PackedBatch, micro_batches: int, n_shards: int = 1) -> Pac
     return jnp.swapaxes(x, 0, 1).reshape((micro_batches, n_rows // micro_batches) + x.shape[3:])
 
   repeat = lambda x: jnp.broadcast_to(x, (micro_batches,) + jnp.shape(x))
-  return batch.replace(**{f.name: jax.tree.map(rows if f.name in ROW_FIELDS else repeat,
+  return batch.replace(**{f.name: jax.tree.map(rows if f.name in batch.ROW_FIELDS else repeat,
                                                getattr(batch, f.name))
                           for f in dataclasses.fields(batch)})
 
@@ -142,7 +156,7 @@ def placed_blocks(prompt_tokens, prompt_valid, response, *, block_size: int, mas
 
 
 def sft_batch(key, prompt_tokens, prompt_valid, response, *, block_size: int,
-              mask_id: int, eos_id: int = 0, placement: str = "prompt_end") -> PackedBatch:
+              mask_id: int, eos_id: int = 0, placement: str = "prompt_end") -> SftBatch:
   """One row per example: [prompt (P) | clean blocks 0..M-2 | noised blocks (M*b)], the blocks
   placed as `placement` (`decoding.PLACEMENTS`) places them; `eos_id` fills the tail of the
   last block past the response (absolute placement)."""
@@ -167,6 +181,6 @@ def sft_batch(key, prompt_tokens, prompt_valid, response, *, block_size: int,
   meta = make_meta(kind, block, segment=0, response=response_id, state_id=state_id)
   weight = jnp.where(masked, 1.0 / t, 0.0) / n
   zeros = jnp.zeros((b_rows, p + c), jnp.float32)
-  return PackedBatch(tokens=tokens, positions=positions, meta=meta, residual=None,
+  return SftBatch(tokens=tokens, positions=positions, meta=meta, residual=None,
                      targets=jnp.concatenate([grid.tokens, blocks[:, :c], blocks], axis=1),
                      ce_weight=jnp.concatenate([zeros, weight], axis=1))

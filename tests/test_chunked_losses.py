@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from orl_jax.data.pipeline import SftExample
 from orl_jax.decoding import DecodeConfig
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
@@ -95,9 +96,9 @@ def test_sft_loss_chunked_equals_unchunked_values_and_grads():
   model = tiny_model(3, vocab_size=200)
   graphdef, params = nnx.split(model, nnx.Param)
   rng = np.random.default_rng(0)
-  batch = {"prompt_tokens": jnp.asarray(rng.integers(3, 200, (2, 8)), jnp.int32),
-           "prompt_valid": jnp.ones((2, 8), bool),
-           "response": jnp.asarray(rng.integers(3, 200, (2, 8)), jnp.int32)}
+  batch = SftExample(prompt_tokens=jnp.asarray(rng.integers(3, 200, (2, 8)), jnp.int32),
+                     prompt_valid=jnp.ones((2, 8), bool),
+                     response=jnp.asarray(rng.integers(3, 200, (2, 8)), jnp.int32))
 
   def run(chunk):
     f = lambda p: sft_loss(nnx.merge(graphdef, p), batch, jax.random.key(0), block_size=4,

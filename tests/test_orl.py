@@ -244,6 +244,25 @@ def test_micro_batches_need_aec_pairs_in_order(rolled_out):
   assert abs(float(loss_b) - float(loss)) > 1e-4
 
 
+def test_replay_row_fields_are_the_fields_with_a_row_axis(rolled_out):
+  """`split_rows` cuts exactly the fields `ReplayBatch.ROW_FIELDS` names: those must be the
+  gathered fields whose every leaf is [R, T, ...]; the others (AEC pairs, state slots,
+  counters) are per update. The reference's outputs are attached later, with rows."""
+  import dataclasses as dc
+  from orl_jax.packed_batch import PackedBatch, ReplayBatch
+  _, _, traj, valid = rolled_out
+  plan, _ = _plan(traj, valid, n_rows=40)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  assert type(batch) is ReplayBatch and isinstance(batch, PackedBatch)
+  rows = batch.tokens.shape
+  with_rows = {f.name for f in dc.fields(batch) if getattr(batch, f.name) is not None
+               and all(x.shape[:2] == rows for x in jax.tree.leaves(getattr(batch, f.name)))}
+  gathered = {f.name for f in dc.fields(batch) if getattr(batch, f.name) is not None}
+  assert with_rows == set(ReplayBatch.ROW_FIELDS) & gathered
+  assert {"ref_hidden", "ref_entropy"} <= set(ReplayBatch.ROW_FIELDS)
+  assert set(PackedBatch.ROW_FIELDS) < set(ReplayBatch.ROW_FIELDS)
+
+
 def test_micro_batches_must_divide_the_rows(rolled_out):
   _, _, traj, valid = rolled_out
   with pytest.raises(ValueError, match="replay.micro_batches=3"):

@@ -93,7 +93,7 @@ _SHARDED = textwrap.dedent("""
     fn = lambda m, b, k: sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)
     step = make_train_step(g, opt, fn, mesh, sh)
     sharded = sharding.shard_batch(batch, mesh)
-    assert len(sharded["response"].sharding.device_set) == len(devices)
+    assert len(sharded.response.sharding.device_set) == len(devices)
     for _ in range(2):
       state, m = step(state, sharded, jax.random.key(0))
     losses.append(float(m["loss"]))

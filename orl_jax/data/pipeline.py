@@ -1,7 +1,7 @@
 """Tokenisation of problems and the grain training pipeline (DESIGN §3 Data).
 
-A training example is `{prompt_tokens [P], prompt_valid [P], response [N]}`: the prompt is
-left-padded to `P` (a block multiple, so the response starts on a block boundary), the
+A training example is an `SftExample` (prompt_tokens [P], prompt_valid [P], response [N]): the
+prompt is left-padded to `P` (a block multiple, so the response starts on a block boundary), the
 response is the target followed by EOS and EOS-filled to `N`.
 """
 from __future__ import annotations
@@ -9,9 +9,23 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import grain
+import jax
 import numpy as np
+from flax import nnx, struct
 
 from orl_jax.problem import Problem
+
+
+@struct.dataclass
+class SftExample:
+  """The input of an SFT-layout step (sft, residual_warmup, rcd_offline): one example, or a batch
+  of them with a leading [B] axis on every array (the rows the step shards over the data axes)."""
+  prompt_tokens: jax.Array   # [B, P] int32, left-padded
+  prompt_valid: jax.Array    # [B, P] bool, False at the padding
+  response: jax.Array        # [B, N] int32 target tokens, EOS after them
+  # offline RCD: the frozen reference model's parameters (an nnx.State, replicated, not
+  # batched), added by the training loop; None in the other modes
+  rcd_reference_params: nnx.State | None = None
 
 
 def encode_prompt(problem: Problem, tokenizer, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,10 +52,10 @@ def encode_response(problem: Problem, tokenizer, gen_length: int) -> np.ndarray:
   return out
 
 
-def encode_example(problem: Problem, tokenizer, prompt_len: int, gen_length: int) -> dict:
+def encode_example(problem: Problem, tokenizer, prompt_len: int, gen_length: int) -> SftExample:
   tokens, valid = encode_prompt(problem, tokenizer, prompt_len)
-  return {"prompt_tokens": tokens, "prompt_valid": valid,
-          "response": encode_response(problem, tokenizer, gen_length)}
+  return SftExample(prompt_tokens=tokens, prompt_valid=valid,
+                    response=encode_response(problem, tokenizer, gen_length))
 
 
 def encode_prompts(problems: Sequence[Problem], tokenizer, prompt_len: int):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from orl_jax.packed_batch import PackedBatch
+from orl_jax.packed_batch import ReplayBatch
 from orl_jax.replay.plan import SRC_CLEAN, SRC_MASK, SRC_PROMPT, SRC_STATE, ReplayPlan
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import TokenMeta
@@ -15,12 +15,12 @@ UNRESOLVED = ("masked", "not_accepted")
 
 
 def gather_batch(traj, plan: ReplayPlan, *, mask_id: int,
-                 unresolved: str = "masked") -> PackedBatch:
+                 unresolved: str = "masked") -> ReplayBatch:
   """Device-side gather of a packed batch from trajectories (call under jit). The block size
   is the captured states' width (`Capture.block_tokens` [B, S, b]), the plan's
   `ReplayConfig.block_size`.
 
-  `unresolved` says which state positions the losses train (`PackedBatch.masked`): "masked"
+  `unresolved` says which state positions the losses train (`ReplayBatch.masked`): "masked"
   (mask families: the mask tokens of the captured canvas) or "not_accepted" (uniform-noise
   DiffusionGemma: the positions the step did not accept, `Capture.commit` False)."""
   if unresolved not in UNRESOLVED:
@@ -48,7 +48,7 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int,
   z = jnp.where(is_state[..., None], cap.z[resp, sidx, state_pos], 0)
   alpha = jnp.where(is_state, cap.alpha[resp, sidx, state_pos], 0)
   sel = lambda x: jnp.where(is_state.reshape(is_state.shape + (1,) * (x.ndim - 2)), x, 0)
-  return PackedBatch(
+  return ReplayBatch(
       tokens=tokens.astype(jnp.int32), positions=jnp.asarray(plan.positions),
       meta=TokenMeta(*(jnp.asarray(f) for f in plan.meta)), residual=Residual(z, alpha),
       targets=jnp.where(is_state, target, 0).astype(jnp.int32),

@@ -176,8 +176,8 @@ class OrlSteps:
   replay_cfg: ReplayConfig
   rollout: Callable        # (params, tokens, valid, key, rollout_step) -> Trajectories
   sums: Callable           # Trajectories -> rollout_sums, replicated
-  gather: Callable         # (Trajectories, ReplayPlan) -> PackedBatch, rows over the data axes
-  update: Callable         # (TrainState, PackedBatch, base_key) -> (TrainState, metrics)
+  gather: Callable         # (Trajectories, ReplayPlan) -> ReplayBatch, rows over the data axes
+  update: Callable         # (TrainState, ReplayBatch, base_key) -> (TrainState, metrics)
   plan_sharding: Any       # the plan's device placement (replicated)
   prompt_iter: Any
   base_key: jax.Array

@@ -21,8 +21,9 @@ from orl_jax.train.state import init_model_params
 
 
 def reference_residual_fn(setup):
-  """(residual_fn, extra batch inputs). The reference is the starting params folder's model with no
-  residual pathway; its parameters travel in the batch (replicated), never into the graph."""
+  """(residual_fn, reference params). The reference is the starting params folder's model with no
+  residual pathway; its parameters travel in the batch (`SftExample.rcd_reference_params`,
+  replicated), never into the graph."""
   reference_dir = weights_lib.params_dir(setup.config)
   if not reference_dir:
     raise ValueError("train.mode='rcd_offline' needs a params folder in model.path (or "
@@ -36,7 +37,7 @@ def reference_residual_fn(setup):
 
   def residual_fn(model, pb, batch, key):
     del model, key
-    ref = nnx.merge(ref_graphdef, jax.lax.stop_gradient(batch["ref_params"]))
+    ref = nnx.merge(ref_graphdef, jax.lax.stop_gradient(batch.rcd_reference_params))
     logits = ref(pb.tokens, pb.positions, pb.meta).logits
     res = residual_from_logits(logits, ref.embedding_table, embed_scale=ref.cfg.embed_scale,
                                temperature=ref.cfg.residual_temperature,
@@ -44,4 +45,4 @@ def reference_residual_fn(setup):
     at_state = masked_state_tokens(pb, ref.cfg.mask_id)
     return Residual(jnp.where(at_state[..., None], res.z, 0), jnp.where(at_state, res.alpha, 0))
 
-  return residual_fn, {"ref_params": ref_params}
+  return residual_fn, ref_params

@@ -1,5 +1,5 @@
 """Masked-diffusion SFT, the residual warm-up and offline RCD (DESIGN §2.1, §2.7): one loop over
-the block-diffusion layout (`batch.sft_batch`) trained with the 1/t-weighted masked CE
+the block-diffusion layout (`packed_batch.sft_batch`) trained with the 1/t-weighted masked CE
 (`losses.sft_loss`). The three modes differ only in the residual fed at the noised tokens: none
 (SFT), the model's own first pass (the warm-up), a frozen reference's (offline RCD, `rcd.py`).
 
@@ -16,8 +16,8 @@ import jax.numpy as jnp
 
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.packed_batch import PackedBatch, masked_state_tokens
-from orl_jax.data.pipeline import train_dataset
+from orl_jax.packed_batch import SftBatch, masked_state_tokens
+from orl_jax.data.pipeline import SftExample, train_dataset
 from orl_jax.losses import sft_loss
 from orl_jax.models import families
 from orl_jax.residual import Residual, residual_from_logits
@@ -26,7 +26,7 @@ from orl_jax.train.setup import RunLog, Setup, finish_run, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
 
-def self_conditioning_residual(model, pb: PackedBatch, key, probability: float) -> Residual:
+def self_conditioning_residual(model, pb: SftBatch, key, probability: float) -> Residual:
   """The residual warm-up's input (`train.mode = "residual_warmup"`, DESIGN §2.1): for a random
   `probability` share of the rows, a first no-gradient pass of the model itself gives p on the
   noised input and the second pass consumes z = p @ E (scaled like the token embeddings) at the
@@ -42,15 +42,16 @@ def self_conditioning_residual(model, pb: PackedBatch, key, probability: float) 
 
 
 def residual_source(setup: Setup):
-  """(residual_fn, extra batch inputs) of the run's mode: `residual_fn(model, packed, batch,
-  key)` gives the residual at the noised tokens, None for plain SFT."""
+  """(residual_fn, reference params) of the run's mode: `residual_fn(model, packed, batch, key)`
+  gives the residual at the noised tokens, None for plain SFT; the frozen reference's
+  parameters travel in every batch (`SftExample.rcd_reference_params`), None but offline RCD."""
   mode = setup.config.train.mode
   if mode == "rcd_offline":
     return rcd.reference_residual_fn(setup)
   if mode == "residual_warmup":
     p_self = setup.config.train.self_condition_probability
-    return (lambda model, pb, batch, key: self_conditioning_residual(model, pb, key, p_self)), {}
-  return None, {}
+    return (lambda model, pb, batch, key: self_conditioning_residual(model, pb, key, p_self)), None
+  return None, None
 
 
 def sft_placement(setup: Setup) -> str:
@@ -62,7 +63,7 @@ def sft_placement(setup: Setup) -> str:
   return config_lib.family_rules(setup.config, family.name)["block_placement"]
 
 
-def make_sft_step(setup: Setup, run, residual_fn, extra_inputs):
+def make_sft_step(setup: Setup, run, residual_fn, reference_params):
   """The jitted `(state, batch, base_key) -> (state, metrics)` of the SFT-layout modes."""
   config = setup.config
   loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
@@ -74,8 +75,8 @@ def make_sft_step(setup: Setup, run, residual_fn, extra_inputs):
                                                placement=sft_placement(setup))
   rows = sharding_lib.batch_sharding(setup.mesh)
   repl = sharding_lib.replicated(setup.mesh)
-  batch_sh = {"prompt_tokens": rows, "prompt_valid": rows, "response": rows,
-              **jax.tree.map(lambda _: repl, extra_inputs)}
+  batch_sh = SftExample(prompt_tokens=rows, prompt_valid=rows, response=rows,
+                        rcd_reference_params=jax.tree.map(lambda _: repl, reference_params))
   return make_train_step(run.graphdef, run.optimizer, loss_fn, setup.mesh, run.state_shardings,
                          batch_sh)
 
@@ -90,14 +91,14 @@ def train_sft(setup: Setup, *, progress: bool = True, stop_after: int | None = N
                        shuffle_seed=tc.shuffle_seed)
   data_iter = iter(data)
   state, start = resume(run, data_iter)
-  residual_fn, extra_inputs = residual_source(setup)
-  step_fn = make_sft_step(setup, run, residual_fn, extra_inputs)
+  residual_fn, reference_params = residual_source(setup)
+  step_fn = make_sft_step(setup, run, residual_fn, reference_params)
   base_key = jax.random.key(config.seed)
   log = RunLog(setup, start, config.train.mode, progress=progress, stop_after=stop_after)
   t0, step = time.perf_counter(), start
   while step < log.last:
-    batch = dict(sharding_lib.shard_batch(next(data_iter), setup.mesh, tc.batch_size),
-                 **extra_inputs)
+    batch = sharding_lib.shard_batch(next(data_iter), setup.mesh, tc.batch_size).replace(
+        rcd_reference_params=reference_params)
     state, metrics = step_fn(state, batch, base_key)
     step += 1
     if log.due(step):
