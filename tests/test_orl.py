@@ -252,7 +252,7 @@ def test_replay_row_fields_are_the_fields_with_a_row_axis(rolled_out):
   from orl_jax.packed_batch import PackedBatch, ReplayBatch
   _, _, traj, valid = rolled_out
   plan, _ = _plan(traj, valid, n_rows=40)
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, block_size=B_SIZE)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
   assert type(batch) is ReplayBatch and isinstance(batch, PackedBatch)
   rows = batch.tokens.shape
   with_rows = {f.name for f in dc.fields(batch) if getattr(batch, f.name) is not None
