@@ -79,7 +79,7 @@ class _Carry(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class _Engine:
   """What every iteration shares: the model, the queue and the shapes."""
-  cv: Canvas                # the model, the decode config and the embedding table
+  cv: Canvas                 # the model, the decode config and the embedding table
   queue_tokens: jax.Array    # [Q, P] int32 the prompts' complete blocks (`decoding.Placed`)
   queue_valid: jax.Array     # [Q, P] bool
   queue_lead: jax.Array      # [Q] int32 prompt tokens opening each prompt's first block
