@@ -69,6 +69,7 @@ def test_exact_resume_is_bit_identical(tmp_path, caplog):
 
 
 _SHARDED = textwrap.dedent("""
+  import dataclasses
   import jax
   jax.config.update("jax_num_cpu_devices", 4)
   import numpy as np
@@ -88,7 +89,8 @@ _SHARDED = textwrap.dedent("""
   losses = []
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = sharding.make_mesh(devices=devices)
-    opt = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(c), residual_lr_scale=0.1))
+    opt = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(c),
+                                             residual_lr_scale=0.1))
     g, state, sh = create_train_state(s.model_cfg, opt, mesh, 0)
     fn = lambda m, b, k: sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)
     step = make_train_step(g, opt, fn, mesh, sh)
