@@ -20,8 +20,8 @@ of TPF are counted as transformers counts them: the response's non-padding token
 `rollout` data-parallel (`orl_jax.rollout.make_rollout`).
 
 With `orl.capture_routes` the capture also holds the expert ids of every forward the rollout
-ran (`decode_types.RouteCapture`: each step's canvas, the prompt prefill, each commit forward), which
-the replay gather places token by token, as for LLaDA2.
+ran (`decode_types.RouteCapture`: each step's canvas, the prompt prefill, each commit
+forward), which the replay gather places token by token, as for LLaDA2.
 """
 from __future__ import annotations
 
