@@ -9,6 +9,7 @@ step k of a block, over the last tenth of training) and the curves.
   python benchmarks/tiny_sweeps.py --study=anchor           # lr 2e-4 / 1e-3, with / without KL
   python benchmarks/tiny_sweeps.py --run=hot:train.lr=3e-4,loss.w_aec=10 --seeds=0,1,2
   python benchmarks/tiny_sweeps.py --plot=lr1e-3,lr1e-3_no_kl --png=curves.png   # no training
+  python benchmarks/tiny_sweeps.py --table=lr5e-4,lr5e-4_no_kl   # mean ± std over the seeds
 
 Runs start from the committed warm-up (`assets/tiny_warmup`) unless `stage=` names a stage of
 configs/tiny.py that starts from the base. A seed sets the rollout noise and the prompt order
@@ -126,30 +127,96 @@ def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
                                 if "rollout_tpf" in r]}
 
 
-def plot(results: dict, names: list[str], png: str) -> None:
-  """Reward (training rollouts, smoothed) and held-out accuracy per run, side by side."""
+def runs_of(results: dict, name: str) -> list[dict]:
+  """The runs of `name` (keys `name@seedK`), in seed order."""
+  keys = sorted((k for k in results if k.rpartition("@")[0] == name),
+                key=lambda k: int(k.rpartition("@seed")[2] or 0))
+  return [results[k] for k in keys]
+
+
+def seed_summary(results: dict, name: str, setting: str = "threshold_0.9") -> dict:
+  """Mean and std over the seeds of one run name: final accuracy and pooled TPF, accuracy at
+  each curve point, the AEC and anchor shares of the objective, the mean reward over the
+  second half of training; `seeds` the per-seed (accuracy, pooled TPF)."""
+  runs = runs_of(results, name)
+  if not runs:
+    raise KeyError(f"no run named {name!r} (have {sorted({k.rpartition('@')[0] for k in results})})")
+  def stat(values):
+    v = np.asarray(values, np.float64)
+    return float(v.mean()), float(v.std())
+  out = {"n_seeds": len(runs)}
+  out["accuracy"] = stat([r["final"][setting]["accuracy"] for r in runs])
+  out["tpf_pooled"] = stat([r["final"][setting]["tpf_pooled"] for r in runs])
+  for share in ("aec_share", "rkl_share"):
+    out[share] = stat([r["summary"].get(share, 0.0) for r in runs])
+  out["reward_second_half"] = stat([np.mean([x for _, x in r["reward_curve"]
+                                             [len(r["reward_curve"]) // 2:]]) for r in runs])
+  points = sorted({p["updates"] for r in runs for p in r["curve"]})
+  out["curve_accuracy"] = {u: stat([p["accuracy"] for r in runs for p in r["curve"]
+                                    if p["updates"] == u]) for u in points}
+  out["seeds"] = [(r["seed"], r["final"][setting]["accuracy"],
+                   r["final"][setting]["tpf_pooled"]) for r in runs]
+  return out
+
+
+def seed_table(results: dict, names: list[str], base_tpf: float,
+               setting: str = "threshold_0.9") -> str:
+  """A markdown table of `names`, each as mean ± std over its seeds."""
+  lines = ["| run | seeds | accuracy | pooled TPF (× base) | accuracy along training "
+           "(512 problems) | AEC / anchor share | reward, 2nd half |",
+           "|---|---|---|---|---|---|---|"]
+  for name in names:
+    s = seed_summary(results, name, setting)
+    (acc, acc_sd), (tpf, tpf_sd) = s["accuracy"], s["tpf_pooled"]
+    curve = " / ".join(f"{m:.3f}±{sd:.3f}" for m, sd in s["curve_accuracy"].values())
+    lines.append(f"| {name} | {s['n_seeds']} | {acc:.3f} ± {acc_sd:.3f} | {tpf:.2f} ± "
+                 f"{tpf_sd:.2f} ({tpf / base_tpf:.2f}×) | {curve} | "
+                 f"{100 * s['aec_share'][0]:.1f}% / {100 * s['rkl_share'][0]:.1f}% | "
+                 f"{s['reward_second_half'][0]:.3f} ± {s['reward_second_half'][1]:.3f} |")
+  return "\n".join(lines)
+
+
+def plot(results: dict, names: list[str], png: str, title: str = "") -> None:
+  """Reward (training rollouts, smoothed), held-out accuracy and TPF per run name: one colour
+  per name, a thin line per seed and, over several seeds, a thick line for their mean."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, (ax_r, ax_a, ax_t) = plt.subplots(1, 3, figsize=(15, 4))
-  for name in names:
-    for key, run in sorted(results.items()):
-      if key.rpartition("@")[0] != name:
-        continue
-      label = f"{name} {key.rpartition('@')[2]}"
+  for i, name in enumerate(names):
+    runs = runs_of(results, name)
+    if not runs:
+      raise KeyError(f"--plot: no run named {name!r}")
+    color = f"C{i}"
+    thin = dict(color=color, lw=0.8, alpha=0.45) if len(runs) > 1 else dict(color=color)
+    rewards = []
+    for run in runs:
       steps, reward = zip(*run["reward_curve"])
       k = max(len(reward) // 15, 1)
       smooth = np.convolve(reward, np.ones(k) / k, mode="valid")
-      line, = ax_r.plot(steps[k - 1:], smooth, label=label)
-      c = line.get_color()
-      ax_a.plot([p["updates"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]],
-                "o-", color=c, label=label)
-      ax_t.plot([p["updates"] for p in run["curve"]], [p["tpf_pooled"] for p in run["curve"]],
-                "o-", color=c, label=label)
+      ax_r.plot(steps[k - 1:], smooth, **thin)
+      rewards.append((steps[k - 1:], smooth))
+      ups = [p["updates"] for p in run["curve"]]
+      ax_a.plot(ups, [p["accuracy"] for p in run["curve"]], "o-", ms=3, **thin)
+      ax_t.plot(ups, [p["tpf_pooled"] for p in run["curve"]], "o-", ms=3, **thin)
+    label = f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+    if len(runs) > 1 and len({len(s) for s, _ in rewards}) == 1:
+      ax_r.plot(rewards[0][0], np.mean([r for _, r in rewards], axis=0), color=color, lw=2.2,
+                label=label)
+      s = seed_summary(results, name)
+      ups = list(s["curve_accuracy"])
+      ax_a.plot(ups, [m for m, _ in s["curve_accuracy"].values()], "o-", color=color, lw=2.2)
+      tpf = [np.mean([p["tpf_pooled"] for r in runs for p in r["curve"] if p["updates"] == u])
+             for u in ups]
+      ax_t.plot(ups, tpf, "o-", color=color, lw=2.2)
+    else:
+      ax_r.plot([], [], color=color, label=label)
   ax_r.set(title="training reward (rollouts, smoothed)", xlabel="ORL iteration")
-  ax_a.set(title="held-out accuracy (greedy)", xlabel="ORL update")
+  ax_a.set(title="held-out accuracy (greedy, 512 problems)", xlabel="ORL update")
   ax_t.set(title="held-out pooled TPF (paper count)", xlabel="ORL update")
-  ax_a.legend(fontsize=7)
+  ax_r.legend(fontsize=8)
+  if title:
+    fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(png, dpi=110)
   print(f"plot: {png}")
@@ -169,6 +236,10 @@ def main():
   ap.add_argument("--final_settings", default="threshold_0.9")
   ap.add_argument("--plot", default="", help="comma-separated run names to plot (no training)")
   ap.add_argument("--png", default="benchmarks/results/tiny_sweeps.png")
+  ap.add_argument("--title", default="", help="--plot: the figure's title")
+  ap.add_argument("--table", default="", help="comma-separated run names: a markdown table of "
+                  "each as mean ± std over its seeds (no training)")
+  ap.add_argument("--base_tpf", type=float, default=3.23, help="--table: the base's pooled TPF")
   ap.add_argument("--progress", action="store_true")
   args = ap.parse_args()
   args.final_settings = args.final_settings.split(",")
@@ -176,8 +247,11 @@ def main():
   if os.path.exists(args.out):
     with open(args.out) as f:
       results = json.load(f).get("runs", {})
-  if args.plot:
-    plot(results, args.plot.split(","), args.png)
+  if args.plot or args.table:
+    if args.plot:
+      plot(results, args.plot.split(","), args.png, args.title)
+    if args.table:
+      print(seed_table(results, args.table.split(","), args.base_tpf, args.setting))
     return
   runs = [item for study in args.study for item in STUDIES[study].items()]
   runs += [parse_run(spec) for spec in args.run]
