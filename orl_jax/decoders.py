@@ -7,8 +7,8 @@ caller:
   batch steps together (`decode.schedule = "lockstep"`);
 * the per-row engine (`orl_jax.engine`): the same denoising, each row refilled from a queue as
   soon as its response ends (`decode.schedule = "per_row"`);
-* the uniform-noise sampler of DiffusionGemma (`orl_jax.models.diffusion_gemma.sampler`), a
-  model with its own config class (`DiffusionGemmaConfig`).
+* the uniform-noise sampler of DiffusionGemma (`orl_jax.models.diffusion_gemma.sampler`), for
+  a family whose undecided positions hold random tokens (`Family.noise == "uniform"`).
 
 A purpose says what the decoder is for:
 
@@ -31,6 +31,7 @@ from orl_jax import config as config_lib
 from orl_jax import decoding, engine
 from orl_jax import rollout as rollout_lib
 from orl_jax import sharding as sharding_lib
+from orl_jax.models import families
 from orl_jax.models.diffusion_gemma import rollout as dg_rollout
 from orl_jax.models.diffusion_gemma import sampler as dg_sampler
 from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig
@@ -41,9 +42,10 @@ LOCKSTEP, PER_ROW, UNIFORM_NOISE = "lockstep", "per_row", "uniform_noise"
 
 
 def sampler_kind(config, model_cfg) -> str:
-  """The sampler a model decodes with: UNIFORM_NOISE (DiffusionGemma), else the block decoder
-  of `decode.schedule` (LOCKSTEP or PER_ROW)."""
-  if isinstance(model_cfg, DiffusionGemmaConfig):
+  """The sampler a model decodes with: UNIFORM_NOISE for a family whose undecided positions
+  hold random tokens (`Family.noise`; DiffusionGemma), else the block decoder of
+  `decode.schedule` (LOCKSTEP or PER_ROW)."""
+  if families.of_model(model_cfg).noise == "uniform":
     return UNIFORM_NOISE
   return PER_ROW if config.decode.schedule == PER_ROW else LOCKSTEP
 
