@@ -140,7 +140,8 @@ def seed_summary(results: dict, name: str, setting: str = "threshold_0.9") -> di
   second half of training; `seeds` the per-seed (accuracy, pooled TPF)."""
   runs = runs_of(results, name)
   if not runs:
-    raise KeyError(f"no run named {name!r} (have {sorted({k.rpartition('@')[0] for k in results})})")
+    have = sorted({k.rpartition("@")[0] for k in results})
+    raise KeyError(f"no run named {name!r} (have {have})")
   def stat(values):
     v = np.asarray(values, np.float64)
     return float(v.mean()), float(v.std())
