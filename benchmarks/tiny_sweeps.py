@@ -136,7 +136,7 @@ def runs_of(results: dict, name: str) -> list[dict]:
 
 def seed_summary(results: dict, name: str, setting: str = "threshold_0.9") -> dict:
   """Mean and std over the seeds of one run name: final accuracy and pooled TPF, accuracy at
-  each curve point, the AEC and anchor shares of the objective, the mean reward over the
+  each curve point (and TPF), the AEC and anchor shares of the objective, the mean reward over the
   second half of training; `seeds` the per-seed (accuracy, pooled TPF)."""
   runs = runs_of(results, name)
   if not runs:
@@ -153,7 +153,8 @@ def seed_summary(results: dict, name: str, setting: str = "threshold_0.9") -> di
   out["reward_second_half"] = stat([np.mean([x for _, x in r["reward_curve"]
                                              [len(r["reward_curve"]) // 2:]]) for r in runs])
   points = sorted({p["updates"] for r in runs for p in r["curve"]})
-  out["curve_accuracy"] = {u: stat([p["accuracy"] for r in runs for p in r["curve"]
+  for key in ("accuracy", "tpf_pooled"):
+    out[f"curve_{key}"] = {u: stat([p[key] for r in runs for p in r["curve"]
                                     if p["updates"] == u]) for u in points}
   out["seeds"] = [(r["seed"], r["final"][setting]["accuracy"],
                    r["final"][setting]["tpf_pooled"]) for r in runs]
@@ -205,11 +206,8 @@ def plot(results: dict, names: list[str], png: str, title: str = "") -> None:
       ax_r.plot(rewards[0][0], np.mean([r for _, r in rewards], axis=0), color=color, lw=2.2,
                 label=label)
       s = seed_summary(results, name)
-      ups = list(s["curve_accuracy"])
-      ax_a.plot(ups, [m for m, _ in s["curve_accuracy"].values()], "o-", color=color, lw=2.2)
-      tpf = [np.mean([p["tpf_pooled"] for r in runs for p in r["curve"] if p["updates"] == u])
-             for u in ups]
-      ax_t.plot(ups, tpf, "o-", color=color, lw=2.2)
+      for ax, key in ((ax_a, "curve_accuracy"), (ax_t, "curve_tpf_pooled")):
+        ax.plot(list(s[key]), [m for m, _ in s[key].values()], "o-", color=color, lw=2.2)
     else:
       ax_r.plot([], [], color=color, label=label)
   ax_r.set(title="training reward (rollouts, smoothed)", xlabel="ORL iteration")

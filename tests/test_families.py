@@ -1,8 +1,9 @@
 """The model-family registry (orl_jax/models/families.py; one folder per family) and what reads
 it: config.json <-> model config, the tensor-name map (fused QKV rows, stacked experts) on whole
 tensors and on device slices, `model.path` (HF directory -> family and shapes from
-config.json), LLaDA2 directory load -> export -> load, the expert mesh axis, frozen parameters in the optimizer, the llada
-config variants and the dry-run memory table against a hand calculation."""
+config.json), LLaDA2 directory load -> export -> load, the expert mesh axis, frozen parameters
+in the optimizer, the llada config variants and the dry-run memory table against a hand
+calculation."""
 import dataclasses
 import json
 import os

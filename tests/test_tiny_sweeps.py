@@ -42,6 +42,8 @@ def test_seed_summary_means_and_stds(sweeps):
   np.testing.assert_allclose(s["curve_accuracy"][100], (0.4, np.std([0.5, 0.3, 0.4])),
                              rtol=1e-12)
   np.testing.assert_allclose(s["curve_accuracy"][200][0], 0.7, rtol=1e-12)
+  np.testing.assert_allclose(s["curve_tpf_pooled"][200], (7.2, np.std([7.0, 7.4, 7.2])),
+                             rtol=1e-12)
   # second half of each reward curve: 0.5, 0.5 / 0.25, 0.75 / 0.0, 1.0 -> every mean is 0.5
   np.testing.assert_allclose(s["reward_second_half"], (0.5, 0.0), atol=1e-12)
   one = sweeps.seed_summary(_results(), "full_no_kl")   # a prefix of another name is its own
