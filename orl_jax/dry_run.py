@@ -86,10 +86,9 @@ def _tree_bytes(tree) -> int:
 def abstract_replay_batch(config, traj, *, mask_id: int):
   """The ShapeDtypeStructs of one replay batch (`config.replay` rows, the run's
   `train.orl.replay_config`) gathered from `traj`."""
-  from orl_jax.replay import ReplayPlan, gather_batch
+  from orl_jax.replay import abstract_batch
   from orl_jax.train.orl import replay_config
-  plan = ReplayPlan.abstract(replay_config(config, n_shards=1))
-  return jax.eval_shape(lambda t, p: gather_batch(t, p, mask_id=mask_id), traj, plan)
+  return abstract_batch(traj, replay_config(config, n_shards=1), mask_id=mask_id)
 
 
 def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
@@ -108,8 +107,8 @@ def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
 
 def own_model_sizing_rows(config, family, n_devices: int | None = None):
   """`sizing_rows` of a family with its own model (DiffusionGemma): its config from the run
-  config (or model.path's config.json), its rollout traced abstractly."""
-  from orl_jax.models.diffusion_gemma.sampler import sampler_config
+  config (or model.path's config.json), its rollout traced abstractly (the state count and
+  the route buffers are read from the traced capture, not from a sampler config of our own)."""
   shape = mesh_shape(config, n_devices)
   vocab = config.model.get("vocab_size", 0)
   if not vocab and not _hf_dir(config):
@@ -126,14 +125,13 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   rows += _optimizer_rows(config, params, shape, rules, family.frozen)
   data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
-  sampler_cfg = sampler_config(config, eos_ids=cfg.eos_ids)
   traj = traced_rollout(config, cfg, graphdef, params, mask_id=-1, eos_id=cfg.eos_ids[0])
   n_rollouts = o.prompts_per_step * o.group_size
-  n_states = sampler_cfg.n_canvases * sampler_cfg.max_steps
+  n_states = traj.capture.block_tokens.shape[1]     # canvases x max denoising steps
   cap = _tree_bytes(traj.capture)   # with orl.capture_routes: the route buffers too
   note = (f"{n_rollouts} responses x {n_states} states x canvas {cfg.canvas_length} x "
           f"D={cfg.d_model}")
-  if sampler_cfg.capture_routes:            # expert ids of every step, the prefill, the commits
+  if traj.capture.routes is not None:       # expert ids of every step, the prefill, the commits
     note += f" + routes ({cfg.n_layers} MoE layers x top-{cfg.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
   batch = abstract_replay_batch(config, traj, mask_id=-1)

@@ -19,7 +19,7 @@ from orl_jax import params_io
 from orl_jax.config import ConfigError, validate
 from orl_jax.data.hf_tokenizer import HFTokenizer, TokenizerError, byte_level_tokenizer
 from orl_jax.data.jsonl import DatasetError, load_jsonl_problems
-from orl_jax.models import hf
+from orl_jax.models import families, hf
 from orl_jax.train.setup import build_setup, initial_params, params_meta
 from orl_jax.train.state import init_model_params
 from tests.helpers import orl_smoke_config, truncate_half
@@ -239,6 +239,17 @@ def test_validate_rejects_a_replay_that_cannot_hold_a_state(field, value, phrase
     validate(c)
   assert f"{field}={value!r}" in str(e.value) or f"{field}={value}" in str(e.value)
   assert phrase in str(e.value)
+
+
+def test_validate_names_an_unknown_family_with_the_registry_message():
+  """One rule for `model.hf_family`: the registry's (`families.get`), gathered by validate."""
+  c = orl_smoke_config("unused")
+  c.model.hf_family = "mistral"
+  with pytest.raises(ConfigError) as e:
+    validate(c)
+  with pytest.raises(ValueError) as registry:
+    families.get("mistral")
+  assert str(registry.value) in str(e.value)
 
 
 def _launch(*args):

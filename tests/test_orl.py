@@ -263,6 +263,20 @@ def test_replay_row_fields_are_the_fields_with_a_row_axis(rolled_out):
   assert set(PackedBatch.ROW_FIELDS) < set(ReplayBatch.ROW_FIELDS)
 
 
+def test_the_plans_block_size_must_be_the_captured_states_width(rolled_out):
+  """`ReplayConfig.block_size` (where the plan places states) and the capture's width (what
+  the gather reads) come from one config today; a mismatch is refused, not mis-gathered."""
+  from orl_jax.replay import abstract_batch
+  _, _, traj, _ = rolled_out
+  abstract = jax.eval_shape(lambda t: t, traj)
+  cfg = dict(row_len=160, n_rows=40, max_states=96, max_responses=8,
+             response_blocks=GEN // B_SIZE)
+  batch = abstract_batch(abstract, ReplayConfig(block_size=B_SIZE, **cfg), mask_id=TINY.mask_id)
+  assert batch.tokens.shape == (40, 160)
+  with pytest.raises(ValueError, match=f"block size \\({2 * B_SIZE}.*width \\({B_SIZE}\\)"):
+    abstract_batch(abstract, ReplayConfig(block_size=2 * B_SIZE, **cfg), mask_id=TINY.mask_id)
+
+
 def test_micro_batches_must_divide_the_rows(rolled_out):
   _, _, traj, valid = rolled_out
   with pytest.raises(ValueError, match="replay.micro_batches=3"):

@@ -3,10 +3,12 @@ plan (`plan.py`). Only indices cross to the device; tokens, residuals and rollou
 are read where they were captured (MoE routes too, with `orl.capture_routes`)."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from orl_jax.packed_batch import ReplayBatch
-from orl_jax.replay.plan import SRC_CLEAN, SRC_MASK, SRC_PROMPT, SRC_STATE, ReplayPlan
+from orl_jax.replay.plan import (SRC_CLEAN, SRC_MASK, SRC_PROMPT, SRC_STATE, ReplayConfig,
+                                 ReplayPlan)
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import TokenMeta
 
@@ -62,6 +64,25 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int,
       pair_resp=jnp.asarray(plan.pair_resp), pair_valid=jnp.asarray(plan.pair_valid),
       state_resp=jnp.asarray(plan.state_resp), n_responses=jnp.asarray(plan.n_responses),
       rollout_step=traj.rollout_step, routes=gather_routes(traj, plan, block_size))
+
+
+def check_block_width(cfg: ReplayConfig, traj) -> None:
+  """The plan places states `cfg.block_size` wide (`ReplayConfig.block_size`); the gather reads
+  the captured states' width (`Capture.block_tokens` [B, S, b]). A ValueError where they differ
+  (shapes are static: checked once, on the abstract rollout)."""
+  width = traj.capture.block_tokens.shape[2]
+  if width != cfg.block_size:
+    raise ValueError(f"the replay plan's block size ({cfg.block_size}, ReplayConfig.block_size) "
+                     f"differs from the captured states' width ({width}): the rollout and the "
+                     "replay must be built from the same decode.block_size")
+
+
+def abstract_batch(traj, cfg: ReplayConfig, gather_fn=None, *, mask_id: int = -1):
+  """Shapes of one replay batch gathered from (abstract) `traj` by any plan of `cfg`
+  (`gather_fn(traj, plan)`, default `gather_batch`), after `check_block_width`."""
+  check_block_width(cfg, traj)
+  gather_fn = gather_fn or (lambda t, p: gather_batch(t, p, mask_id=mask_id))
+  return jax.eval_shape(gather_fn, traj, ReplayPlan.abstract(cfg))
 
 
 def gather_routes(traj, plan: ReplayPlan, block_size: int):

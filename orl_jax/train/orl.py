@@ -45,7 +45,7 @@ from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.models import families
-from orl_jax.replay import ReplayConfig, ReplayPlan, build_plan, gather_batch
+from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
 from orl_jax.decode_types import Trajectories
 from orl_jax.train.setup import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
@@ -192,7 +192,7 @@ def _abstract_batch(setup: Setup, run: Run, rollout_fn, replay_cfg: ReplayConfig
   prompts = jax.ShapeDtypeStruct((p, lp), jnp.int32), jax.ShapeDtypeStruct((p, lp), jnp.bool_)
   traj = jax.eval_shape(rollout_fn, run.state.params, *prompts, jax.random.key(0),
                         run.state.step)
-  return jax.eval_shape(gather_fn, traj, ReplayPlan.abstract(replay_cfg))
+  return abstract_batch(traj, replay_cfg, gather_fn)
 
 
 def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
