@@ -171,19 +171,25 @@ def _train_stage(config, stage: str, init_from: str, seed: int | None, progress:
   cfg = stage_config(config, stage, init_from, seed)
   params_dir = train(cfg, progress=progress)
   metrics = os.path.join(cfg.workdir, "metrics.jsonl")
-  suffix = "" if seed is None else f"_seed{seed}"
-  png = os.path.join(config.workdir, f"curves_{stage}{suffix}.png")
+  label = run_label(stage, seed)
+  png = os.path.join(config.workdir, f"curves_{label}.png")
   keys = {"orl": CURVE_KEYS, "residual_warmup": WARMUP_CURVE_KEYS}.get(cfg.train.mode)
   if os.path.exists(metrics) and distributed.is_lead_process():
-    curves.append((stage + suffix, cfg.train.mode, metrics,
-                   plots.plot_training_curves(metrics, png, keys=keys, title=stage + suffix)))
+    curves.append((label, cfg.train.mode, metrics,
+                   plots.plot_training_curves(metrics, png, keys=keys, title=label)))
   return cfg.eval.name, params_dir
 
 
-def _report_training(config, curves: list) -> None:
-  """training_summary.json (per stage run) and the ORL runs' reward curves side by side."""
+def run_label(stage: str, seed: int | None) -> str:
+  """A trained stage's label in training_summary.json and its curves' file name."""
+  return stage if seed is None else f"{stage}_seed{seed}"
+
+
+def _report_training(config, curves: list) -> dict:
+  """training_summary.json (per stage run) and the ORL runs' reward curves side by side;
+  returns the summary ({} on other processes)."""
   if not distributed.is_lead_process() or not curves:
-    return
+    return {}
   summary = {label: dict(training_summary(path), mode=mode) for label, mode, path, _ in curves}
   with open(os.path.join(config.workdir, "training_summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
@@ -194,6 +200,7 @@ def _report_training(config, curves: list) -> None:
   for label, s in summary.items():
     print(f"training {label}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
                                             f"{k}={v}" for k, v in s.items()))
+  return summary
 
 
 # The paper's Table 3(a): what removing each term does to ORL (accuracy in points, TPF in %).
@@ -210,16 +217,18 @@ def _moves(delta: float, spread: float, paper: float | None) -> str:
 
 
 def ablation_table(all_results: dict, setting: str = "threshold_0.9",
-                   reference: str = "orl") -> str:
+                   reference: str = "orl", shares: dict | None = None) -> str:
   """A markdown table of every model evaluated over seeds at `setting`: accuracy and pooled TPF
   as mean ± std over seeds, the change against `reference` (points; % of TPF), the paper's
   direction where it reports one, and whether ours moves the same way by more than the seed
-  spread (the sum of the two models' stds); last, the model's run from a warm-up retrained with
-  another seed (`warmup_seed`), where there is one."""
+  spread (the sum of the two models' stds); then the model's run from a warm-up retrained with
+  another seed (`warmup_seed`), where there is one; last, with `shares` ({model: (AEC share,
+  anchor share)} of the objective, `objective_shares`), what the two terms weighed in training."""
   ref = all_results[reference][setting]
   head = ("| model | accuracy | TPF (pooled) | Δ acc (pts) | Δ TPF | paper Δ acc / Δ TPF | "
-          "moves as the paper (acc / TPF) | other warm-up (acc / TPF) |\n"
-          "|---|---|---|---|---|---|---|---|")
+          "moves as the paper (acc / TPF) | other warm-up (acc / TPF) |"
+          + (" AEC / anchor share of the objective |" if shares else "") + "\n"
+          "|---|---|---|---|---|---|---|---|" + ("---|" if shares else ""))
   lines = [head]
   for name, r in all_results.items():
     r = r.get(setting)
@@ -241,15 +250,33 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
     lines.append(f"| {name} | {r['accuracy']:.3f} ± {r['accuracy_std']:.3f} | "
                  f"{r['tpf_pooled']:.2f} ± {r['tpf_pooled_std']:.2f} | "
                  f"{'' if same else f'{d_acc:+.1f}'} | {'' if same else f'{d_tpf:+.0f}%'} | "
-                 f"{'' if same else paper} | {'' if same else moves} | {other} |")
+                 f"{'' if same else paper} | {'' if same else moves} | {other} |"
+                 + (f" {_shares_cell(shares.get(name))} |" if shares else ""))
   return "\n".join(lines)
 
 
-def _write_ablation_table(config, all_results: dict) -> None:
+def _shares_cell(share) -> str:
+  return "–" if share is None else f"{100 * share[0]:.2f}% / {100 * share[1]:.2f}%"
+
+
+def objective_shares(summary: dict, runs: dict) -> dict:
+  """{model: (AEC share, anchor share)}: each share of the objective (`training_summary`'s
+  `aec_share`, `rkl_share`) averaged over the model's runs (`runs`: {model: [summary label]}),
+  for the models whose runs logged them."""
+  out = {}
+  for name, labels in runs.items():
+    got = [summary[lb] for lb in labels if "aec_share" in summary.get(lb, {})]
+    if got:
+      out[name] = (float(np.mean([g["aec_share"] for g in got])),
+                   float(np.mean([g["rkl_share"] for g in got])))
+  return out
+
+
+def _write_ablation_table(config, all_results: dict, shares: dict | None = None) -> None:
   """WORKDIR/ablations.md when the demo ran over seeds (printed too)."""
   if not config.get("seeds") or "orl" not in all_results or not distributed.is_lead_process():
     return
-  table = ablation_table(all_results)
+  table = ablation_table(all_results, shares=shares)
   with open(os.path.join(config.workdir, "ablations.md"), "w") as f:
     f.write(table + "\n")
   print(table)
@@ -300,7 +327,7 @@ def run_demo(config, *, progress=True) -> str:
   # Seeds outermost and each model evaluated as soon as it is trained: a run stopped part-way
   # leaves every stage of the first seeds in results.json (per-seed keys until merged).
   seeds = tuple(config.get("seeds", ())) or (None,)
-  seed_groups = {}
+  seed_groups, run_labels = {}, {}
   all_results = {}
   for seed in seeds:
     for stage in stages:
@@ -308,6 +335,7 @@ def run_demo(config, *, progress=True) -> str:
                                       progress, curves)
       key = name if seed is None else eval_lib.seed_name(name, seed)
       all_results = evaluate_params(config, params_dir, key, progress=progress)
+      run_labels.setdefault(name, []).append(run_label(stage, seed))
       if seed is not None:
         seed_groups.setdefault(name, []).append(key)
   for name, keys in seed_groups.items():
@@ -315,9 +343,9 @@ def run_demo(config, *, progress=True) -> str:
   all_results = _other_warmup_runs(config, base, stages, progress, curves) or all_results
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
-  _report_training(config, curves)     # one line per trained stage, before the tables
+  summary = _report_training(config, curves)   # one line per trained stage, before the tables
   print(eval_lib.format_table(all_results))
-  _write_ablation_table(config, all_results)
+  _write_ablation_table(config, all_results, objective_shares(summary, run_labels))
   for *_, png_curves in curves:
     print(f"training curves: {png_curves}")
   print(f"plot: {png}")

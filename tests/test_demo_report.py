@@ -119,3 +119,26 @@ def test_ablation_table_compares_with_orl_and_the_paper_beyond_the_seed_spread()
   assert rows["orl_no_kl"][4:] == ["-6.7 / -47.0%", "same way / same way", ""]
   assert rows["orl_no_aec"][2:] == ["+0.0", "+5%", "– / -28.0%", "– / within spread", ""]
   assert rows["orl"][-1] == "0.940 / 5.50"          # the run from the other warm-up
+
+
+def test_ablation_table_shows_each_terms_share_of_the_objective_averaged_over_seeds():
+  from orl_jax.demo import ablation_table, objective_shares
+  summary = {"orl_seed0": {"aec_share": 0.002, "rkl_share": 0.01},
+             "orl_seed1": {"aec_share": 0.004, "rkl_share": 0.03},
+             "no_aec_seed0": {"aec_share": 0.0, "rkl_share": 0.02},
+             "no_residual_seed0": {"reward_end": 0.9}}          # logged no loss terms
+  shares = objective_shares(summary, {"orl": ["orl_seed0", "orl_seed1"],
+                                      "orl_no_aec": ["no_aec_seed0"],
+                                      "orl_no_residual": ["no_residual_seed0"]})
+  assert set(shares) == {"orl", "orl_no_aec"}
+  assert shares["orl"] == pytest.approx((0.003, 0.02)) and shares["orl_no_aec"] == (0.0, 0.02)
+
+  def model(acc):
+    return {"threshold_0.9": {"accuracy": acc, "accuracy_std": 0.0, "tpf_pooled": 6.0,
+                              "tpf_pooled_std": 0.0, "seeds": []}}
+  results = {"orl": model(0.95), "orl_no_aec": model(0.94), "orl_no_residual": model(0.93)}
+  lines = ablation_table(results, shares=shares).splitlines()
+  assert lines[0].endswith("| AEC / anchor share of the objective |")
+  rows = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in lines[2:]}
+  assert rows == {"orl": "0.30% / 2.00%", "orl_no_aec": "0.00% / 2.00%", "orl_no_residual": "–"}
+  assert "share" not in ablation_table(results).splitlines()[0]
