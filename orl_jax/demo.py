@@ -4,6 +4,7 @@ table, training curves and the accuracy-vs-TPF plot."""
 from __future__ import annotations
 
 import copy
+import glob
 import hashlib
 import json
 import logging
@@ -270,6 +271,43 @@ def objective_shares(summary: dict, runs: dict) -> dict:
       out[name] = (float(np.mean([g["aec_share"] for g in got])),
                    float(np.mean([g["rkl_share"] for g in got])))
   return out
+
+
+def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dict, dict]:
+  """(ablation table, results, objective shares) of a demo work directory run over seeds,
+  finished or not: results.json with the per-seed entries a stopped study has not merged yet
+  folded in memory (models whose seeds are all there and those part-way alike; the `seeds`
+  list says which), and each model's AEC / anchor shares from the metrics of its runs
+  (`<stage>/seed<k>/metrics.jsonl`; the model's name from the run's config.json; the runs of
+  the seeds evaluated)."""
+  path = os.path.join(workdir, "results.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no results yet (run the demo with seeds first)")
+  with open(path) as f:
+    all_results = json.load(f)
+  groups = {}
+  for key in all_results:
+    name, at, seed = key.rpartition("@seed")
+    if at and seed.isdigit():
+      groups.setdefault(name, []).append(key)
+  for name, keys in groups.items():
+    all_results = eval_lib.merged_seeds(all_results, name, keys)
+  if "orl" not in all_results:
+    raise ValueError(f"{path}: no seed of the full ORL run ('orl') is evaluated yet")
+  summary, runs = {}, {}
+  for metrics in sorted(glob.glob(os.path.join(workdir, "*", "seed*", "metrics.jsonl"))):
+    run_dir = os.path.dirname(metrics)
+    with open(os.path.join(run_dir, "config.json")) as f:
+      name = json.load(f)["eval"]["name"]
+    stage, seed = os.path.basename(os.path.dirname(run_dir)), os.path.basename(run_dir)[4:]
+    evaluated = all_results.get(name, {}).get(setting, {}).get("seeds", [])
+    if seed not in {str(r["seed"]) for r in evaluated}:
+      continue        # not (yet) evaluated, or a run from another warm-up (`warmup_seed`)
+    label = run_label(stage, int(seed))
+    summary[label] = training_summary(metrics)
+    runs.setdefault(name, []).append(label)
+  shares = objective_shares(summary, runs)
+  return ablation_table(all_results, setting, shares=shares), all_results, shares
 
 
 def _write_ablation_table(config, all_results: dict, shares: dict | None = None) -> None:

@@ -235,7 +235,16 @@ def merge_seeds(path: str, name: str, keys: Sequence[str]) -> dict:
   fields are the seed means, with `<field>_std` for accuracy and pooled TPF and a `seeds` list
   of per-seed {seed, accuracy, tpf_pooled}. Returns all results (process 0 writes)."""
   with open(path) as f:
-    all_results = json.load(f)
+    all_results = merged_seeds(json.load(f), name, keys)
+  if distributed.is_lead_process():
+    write_json_atomic(path, all_results)
+  return all_results
+
+
+def merged_seeds(all_results: dict, name: str, keys: Sequence[str]) -> dict:
+  """`merge_seeds` in memory: a copy of `all_results` with the entries `keys` replaced by the
+  model `name` (seed means, `_std`, `seeds`)."""
+  all_results = dict(all_results)
   per_seed = [all_results.pop(k) for k in keys]
   merged = {}
   for label in per_seed[0]:
@@ -249,8 +258,6 @@ def merge_seeds(path: str, name: str, keys: Sequence[str]) -> dict:
                      "tpf_pooled": r["tpf_pooled"]} for key, r in zip(keys, runs)]
     merged[label] = out
   all_results[name] = merged
-  if distributed.is_lead_process():
-    write_json_atomic(path, all_results)
   return all_results
 
 

@@ -1,6 +1,8 @@
 """The demo's reports: seed means in results.json and the per-stage training summary."""
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -142,3 +144,45 @@ def test_ablation_table_shows_each_terms_share_of_the_objective_averaged_over_se
   rows = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in lines[2:]}
   assert rows == {"orl": "0.30% / 2.00%", "orl_no_aec": "0.00% / 2.00%", "orl_no_residual": "–"}
   assert "share" not in ablation_table(results).splitlines()[0]
+
+
+def test_study_report_reads_a_study_stopped_part_way(tmp_path):
+  """Per-seed entries not merged yet are folded in memory (results.json is left as it is); the
+  shares come from the evaluated seeds' metrics only (not from a run of another warm-up)."""
+  from orl_jax.demo import study_report
+
+  def entry(acc, tpf):
+    return {"threshold_0.9": {"accuracy": acc, "tpf_pooled": tpf}}
+  results = {"base": entry(0.95, 3.0), "orl@seed0": entry(0.94, 6.0),
+             "orl@seed1": entry(0.96, 6.2), "orl_no_aec@seed0": entry(0.95, 5.8),
+             "orl@warmup3": entry(0.90, 5.0)}
+  (tmp_path / "results.json").write_text(json.dumps(results))
+  runs = {("orl", 0): 0.002, ("orl", 1): 0.004, ("orl", 3): 0.5, ("no_aec", 0): 0.0,
+          ("no_aec", 1): 0.7}       # seed 3: the other warm-up; no_aec seed 1: not evaluated
+  for (stage, seed), aec in runs.items():
+    d = tmp_path / stage / f"seed{seed}"
+    d.mkdir(parents=True)
+    name = "orl" if stage == "orl" else f"orl_{stage}"
+    (d / "config.json").write_text(json.dumps({"eval": {"name": name}}))
+    row = {"step": 1, "loss": 1.0, "loss_ce": 1.0, "loss_aec_weighted": aec,
+           "loss_rkl_weighted": 0.01}
+    (d / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+  table, merged, shares = study_report(str(tmp_path))
+  assert merged["orl"]["threshold_0.9"]["accuracy"] == pytest.approx(0.95)
+  assert [r["seed"] for r in merged["orl"]["threshold_0.9"]["seeds"]] == ["0", "1"]
+  assert shares["orl"] == pytest.approx((0.003, 0.01)) and shares["orl_no_aec"][0] == 0.0
+  assert "| orl_no_aec | 0.950 ± 0.000 | 5.80 ± 0.00 | +0.0 | -5% |" in table
+  assert json.loads((tmp_path / "results.json").read_text()) == results
+  with pytest.raises(FileNotFoundError, match="no results yet"):
+    study_report(str(tmp_path / "nowhere"))
+  # the launcher: the same table, written to WORKDIR/ablations.md, and the seeds it holds
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  run = lambda *a: subprocess.run([sys.executable, "launch/report.py", *a], cwd=root,
+                                  capture_output=True, text=True, timeout=300,
+                                  env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  out = run(f"--workdir={tmp_path}")
+  assert out.returncode == 0, out.stderr
+  assert (tmp_path / "ablations.md").read_text() == table + "\n"
+  assert "seeds evaluated: orl 2, orl_no_aec 1" in out.stdout
+  out = run(f"--workdir={tmp_path / 'nowhere'}")
+  assert out.returncode != 0 and "no results yet" in out.stderr

@@ -45,6 +45,10 @@ EXERCISED = {
     "--config.ablations=\"('no_aec','no_kl','no_residual')\" --config.seeds=\"(0,1,2)\"":
         (_DEMO, ("c.seeds", "c.ablations")),
     "python launch/train.py --config=configs/tiny.py:ablations": (_DEMO, ("c.seeds", "c.ablations")),
+    # on a hand-written study directory stopped part-way
+    "python launch/report.py --workdir=work_dirs/tiny_ablations":
+        ("tests/test_demo_report.py::test_study_report_reads_a_study_stopped_part_way",
+         ("launch/report.py", "--workdir=")),
     "make warmup": (_DEMO, ('"warmup"',)),
     "python launch/train.py --config=configs/tiny.py:warmup": (_DEMO, ('"warmup"',)),
     "make test": ("Makefile::test", ("pytest",)),
