@@ -287,8 +287,8 @@ def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dic
     all_results = json.load(f)
   groups = {}
   for key in all_results:
-    name, at, seed = key.rpartition("@seed")
-    if at and seed.isdigit():
+    name, seed = eval_lib.split_seed_name(key)
+    if seed is not None:
       groups.setdefault(name, []).append(key)
   for name, keys in groups.items():
     all_results = eval_lib.merged_seeds(all_results, name, keys)

@@ -230,6 +230,12 @@ def seed_name(name: str, seed: int) -> str:
   return f"{name}@seed{seed}"
 
 
+def split_seed_name(key: str) -> tuple[str, str | None]:
+  """`seed_name` read back: (model name, seed) of a per-seed key; (key, None) for any other."""
+  name, at, seed = key.rpartition("@seed")
+  return (name, seed) if at and seed.isdigit() else (key, None)
+
+
 def merge_seeds(path: str, name: str, keys: Sequence[str]) -> dict:
   """Replaces the per-seed entries `keys` of results.json by one model `name` whose usual
   fields are the seed means, with `<field>_std` for accuracy and pooled TPF and a `seeds` list
@@ -254,7 +260,7 @@ def merged_seeds(all_results: dict, name: str, keys: Sequence[str]) -> dict:
     out.update({k: v for k, v in runs[0].items() if k not in out and k != "examples"})
     for k in ("accuracy", "tpf_pooled"):
       out[f"{k}_std"] = float(np.std([r[k] for r in runs]))
-    out["seeds"] = [{"seed": key.rpartition("@seed")[2], "accuracy": r["accuracy"],
+    out["seeds"] = [{"seed": split_seed_name(key)[1], "accuracy": r["accuracy"],
                      "tpf_pooled": r["tpf_pooled"]} for key, r in zip(keys, runs)]
     merged[label] = out
   all_results[name] = merged
