@@ -24,7 +24,7 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError("give the study's work directory: --workdir=DIR")
   try:
-    table, results, _ = demo.study_report(_WORKDIR.value, _SETTING.value)
+    table, results = demo.study_report(_WORKDIR.value, _SETTING.value)
   except (OSError, ValueError, KeyError) as e:     # no results, no ORL seed, unknown setting
     raise app.UsageError(str(e)) from None
   path = os.path.join(_WORKDIR.value, "ablations.md")

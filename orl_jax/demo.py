@@ -4,7 +4,6 @@ table, training curves and the accuracy-vs-TPF plot."""
 from __future__ import annotations
 
 import copy
-import glob
 import hashlib
 import json
 import logging
@@ -102,10 +101,13 @@ def _eval_fingerprint(config, params_dir: str) -> str:
                      config.task.to_dict(), config.decode.to_dict()], sort_keys=True, default=str)
 
 
-def evaluate_params(config, params_dir: str, name: str, *, progress=True) -> dict:
-  """Evaluates the parameters in `params_dir` with `eval.settings`; merges into results.json.
-  A model already evaluated by this work directory with the same weights and settings
-  (WORKDIR/eval_cache.json) is not evaluated again: a resumed demo only evaluates what is new."""
+def evaluate_params(config, params_dir: str, name: str, *, run: dict | None = None,
+                    progress=True) -> dict:
+  """Evaluates the parameters in `params_dir` with `eval.settings`; merges into results.json,
+  with `run` (the training figures of the run that made them, `run_figures`) in every
+  setting's entry. A model already evaluated by this work directory with the same weights and
+  settings (WORKDIR/eval_cache.json) is not evaluated again: a resumed demo only evaluates what
+  is new."""
   cache_path = os.path.join(config.workdir, "eval_cache.json")
   cache = {}
   if os.path.exists(cache_path):
@@ -115,12 +117,16 @@ def evaluate_params(config, params_dir: str, name: str, *, progress=True) -> dic
   hit = cache.get(name)
   if hit and hit["fingerprint"] == key:
     logging.info("%s: evaluated before with these weights and settings; reusing", name)
-    return eval_lib.update_results(results_path(config), name, hit["results"])
-  all_results = eval_lib.evaluate_models(config, [(params_dir, name)], progress=progress)
-  if distributed.is_lead_process():
-    cache[name] = {"fingerprint": key, "results": all_results[name]}
-    eval_lib.write_json_atomic(cache_path, cache)
-  return all_results
+    results = hit["results"]
+  else:
+    results = eval_lib.evaluate_models(config, [(params_dir, name)], progress=progress)[name]
+    if distributed.is_lead_process():
+      cache[name] = {"fingerprint": key, "results": results}
+      eval_lib.write_json_atomic(cache_path, cache)
+  results = {setting: {**r, **(run or {})} for setting, r in results.items()}
+  if not distributed.is_lead_process():
+    return {name: results}
+  return eval_lib.update_results(results_path(config), name, results)
 
 
 def results_path(config) -> str:
@@ -166,9 +172,19 @@ def training_summary(metrics_path: str) -> dict:
   return out
 
 
+def run_figures(metrics_path: str) -> dict:
+  """The training figures a run records beside its evaluation in results.json
+  (`evaluate.RUN_FIELDS`: each weighted term's share of the objective), where it logged them."""
+  if not os.path.exists(metrics_path):
+    return {}
+  summary = training_summary(metrics_path)
+  return {k: summary[k] for k in eval_lib.RUN_FIELDS if k in summary}
+
+
 def _train_stage(config, stage: str, init_from: str, seed: int | None, progress: bool,
-                 curves: list) -> tuple[str, str]:
-  """(eval name, params folder) of one trained stage; its training curves go to `curves`."""
+                 curves: list) -> tuple[str, str, dict]:
+  """(eval name, params folder, `run_figures`) of one trained stage; its training curves go to
+  `curves`."""
   cfg = stage_config(config, stage, init_from, seed)
   params_dir = train(cfg, progress=progress)
   metrics = os.path.join(cfg.workdir, "metrics.jsonl")
@@ -178,7 +194,7 @@ def _train_stage(config, stage: str, init_from: str, seed: int | None, progress:
   if os.path.exists(metrics) and distributed.is_lead_process():
     curves.append((label, cfg.train.mode, metrics,
                    plots.plot_training_curves(metrics, png, keys=keys, title=label)))
-  return cfg.eval.name, params_dir
+  return cfg.eval.name, params_dir, run_figures(metrics)
 
 
 def run_label(stage: str, seed: int | None) -> str:
@@ -186,11 +202,10 @@ def run_label(stage: str, seed: int | None) -> str:
   return stage if seed is None else f"{stage}_seed{seed}"
 
 
-def _report_training(config, curves: list) -> dict:
-  """training_summary.json (per stage run) and the ORL runs' reward curves side by side;
-  returns the summary ({} on other processes)."""
+def _report_training(config, curves: list) -> None:
+  """training_summary.json (per stage run) and the ORL runs' reward curves side by side."""
   if not distributed.is_lead_process() or not curves:
-    return {}
+    return
   summary = {label: dict(training_summary(path), mode=mode) for label, mode, path, _ in curves}
   with open(os.path.join(config.workdir, "training_summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
@@ -201,7 +216,6 @@ def _report_training(config, curves: list) -> dict:
   for label, s in summary.items():
     print(f"training {label}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
                                             f"{k}={v}" for k, v in s.items()))
-  return summary
 
 
 # The paper's Table 3(a): what removing each term does to ORL (accuracy in points, TPF in %).
@@ -218,23 +232,24 @@ def _moves(delta: float, spread: float, paper: float | None) -> str:
 
 
 def ablation_table(all_results: dict, setting: str = "threshold_0.9",
-                   reference: str = "orl", shares: dict | None = None) -> str:
+                   reference: str = "orl") -> str:
   """A markdown table of every model evaluated over seeds at `setting`: accuracy and pooled TPF
   as mean ± std over seeds, the change against `reference` (points; % of TPF), the paper's
   direction where it reports one, and whether ours moves the same way by more than the seed
   spread (the sum of the two models' stds); then the model's run from a warm-up retrained with
-  another seed (`warmup_seed`), where there is one; last, with `shares` ({model: (AEC share,
-  anchor share)} of the objective, `objective_shares`), what the two terms weighed in training."""
+  another seed (`warmup_seed`), where there is one; last, where the runs recorded them
+  (`run_figures`), what AEC and the anchor weighed in training: each one's share of the
+  objective, the mean over the model's seeds."""
   ref = all_results[reference][setting]
+  rows = {name: r[setting] for name, r in all_results.items()
+          if "seeds" in r.get(setting, {})}
+  shares = any("aec_share" in r for r in rows.values())
   head = ("| model | accuracy | TPF (pooled) | Δ acc (pts) | Δ TPF | paper Δ acc / Δ TPF | "
           "moves as the paper (acc / TPF) | other warm-up (acc / TPF) |"
           + (" AEC / anchor share of the objective |" if shares else "") + "\n"
           "|---|---|---|---|---|---|---|---|" + ("---|" if shares else ""))
   lines = [head]
-  for name, r in all_results.items():
-    r = r.get(setting)
-    if r is None or "seeds" not in r:
-      continue
+  for name, r in rows.items():
     d_acc = 100 * (r["accuracy"] - ref["accuracy"])
     d_tpf = 100 * (r["tpf_pooled"] / ref["tpf_pooled"] - 1)
     s_acc = 100 * (r["accuracy_std"] + ref["accuracy_std"])
@@ -252,34 +267,20 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
                  f"{r['tpf_pooled']:.2f} ± {r['tpf_pooled_std']:.2f} | "
                  f"{'' if same else f'{d_acc:+.1f}'} | {'' if same else f'{d_tpf:+.0f}%'} | "
                  f"{'' if same else paper} | {'' if same else moves} | {other} |"
-                 + (f" {_shares_cell(shares.get(name))} |" if shares else ""))
+                 + (f" {_shares_cell(r)} |" if shares else ""))
   return "\n".join(lines)
 
 
-def _shares_cell(share) -> str:
-  return "–" if share is None else f"{100 * share[0]:.2f}% / {100 * share[1]:.2f}%"
+def _shares_cell(r: dict) -> str:
+  if "aec_share" not in r:
+    return "–"
+  return f"{100 * r['aec_share']:.2f}% / {100 * r['rkl_share']:.2f}%"
 
 
-def objective_shares(summary: dict, runs: dict) -> dict:
-  """{model: (AEC share, anchor share)}: each share of the objective (`training_summary`'s
-  `aec_share`, `rkl_share`) averaged over the model's runs (`runs`: {model: [summary label]}),
-  for the models whose runs logged them."""
-  out = {}
-  for name, labels in runs.items():
-    got = [summary[lb] for lb in labels if "aec_share" in summary.get(lb, {})]
-    if got:
-      out[name] = (float(np.mean([g["aec_share"] for g in got])),
-                   float(np.mean([g["rkl_share"] for g in got])))
-  return out
-
-
-def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dict, dict]:
-  """(ablation table, results, objective shares) of a demo work directory run over seeds,
-  finished or not: results.json with the per-seed entries a stopped study has not merged yet
-  folded in memory (models whose seeds are all there and those part-way alike; the `seeds`
-  list says which), and each model's AEC / anchor shares from the metrics of its runs
-  (`<stage>/seed<k>/metrics.jsonl`; the model's name from the run's config.json; the runs of
-  the seeds evaluated)."""
+def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dict]:
+  """(ablation table, results) of a demo work directory run over seeds, finished or not:
+  results.json with the per-seed entries a stopped study has not merged yet folded in memory
+  (models whose seeds are all there and those part-way alike; the `seeds` list says which)."""
   path = os.path.join(workdir, "results.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: no results yet (run the demo with seeds first)")
@@ -294,27 +295,14 @@ def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dic
     all_results = eval_lib.merged_seeds(all_results, name, keys)
   if "orl" not in all_results:
     raise ValueError(f"{path}: no seed of the full ORL run ('orl') is evaluated yet")
-  summary, runs = {}, {}
-  for metrics in sorted(glob.glob(os.path.join(workdir, "*", "seed*", "metrics.jsonl"))):
-    run_dir = os.path.dirname(metrics)
-    with open(os.path.join(run_dir, "config.json")) as f:
-      name = json.load(f)["eval"]["name"]
-    stage, seed = os.path.basename(os.path.dirname(run_dir)), os.path.basename(run_dir)[4:]
-    evaluated = all_results.get(name, {}).get(setting, {}).get("seeds", [])
-    if seed not in {str(r["seed"]) for r in evaluated}:
-      continue        # not (yet) evaluated, or a run from another warm-up (`warmup_seed`)
-    label = run_label(stage, int(seed))
-    summary[label] = training_summary(metrics)
-    runs.setdefault(name, []).append(label)
-  shares = objective_shares(summary, runs)
-  return ablation_table(all_results, setting, shares=shares), all_results, shares
+  return ablation_table(all_results, setting), all_results
 
 
-def _write_ablation_table(config, all_results: dict, shares: dict | None = None) -> None:
+def _write_ablation_table(config, all_results: dict) -> None:
   """WORKDIR/ablations.md when the demo ran over seeds (printed too)."""
   if not config.get("seeds") or "orl" not in all_results or not distributed.is_lead_process():
     return
-  table = ablation_table(all_results, shares=shares)
+  table = ablation_table(all_results)
   with open(os.path.join(config.workdir, "ablations.md"), "w") as f:
     f.write(table + "\n")
   print(table)
@@ -339,8 +327,8 @@ def _other_warmup_runs(config, base: str, stages, progress: bool, curves: list) 
   warmup = _train_stage(config, "warmup", base, seed, progress, curves)[1]
   all_results = None
   for stage in from_warmup:
-    name, params_dir = _train_stage(config, stage, warmup, seed, progress, curves)
-    all_results = evaluate_params(config, params_dir, warmup_seed_name(name, seed),
+    name, params_dir, run = _train_stage(config, stage, warmup, seed, progress, curves)
+    all_results = evaluate_params(config, params_dir, warmup_seed_name(name, seed), run=run,
                                   progress=progress)
   return all_results
 
@@ -365,15 +353,13 @@ def run_demo(config, *, progress=True) -> str:
   # Seeds outermost and each model evaluated as soon as it is trained: a run stopped part-way
   # leaves every stage of the first seeds in results.json (per-seed keys until merged).
   seeds = tuple(config.get("seeds", ())) or (None,)
-  seed_groups, run_labels = {}, {}
-  all_results = {}
+  seed_groups, all_results = {}, {}
   for seed in seeds:
     for stage in stages:
-      name, params_dir = _train_stage(config, stage, starts[config.stage_start[stage]], seed,
-                                      progress, curves)
+      name, params_dir, run = _train_stage(config, stage, starts[config.stage_start[stage]],
+                                           seed, progress, curves)
       key = name if seed is None else eval_lib.seed_name(name, seed)
-      all_results = evaluate_params(config, params_dir, key, progress=progress)
-      run_labels.setdefault(name, []).append(run_label(stage, seed))
+      all_results = evaluate_params(config, params_dir, key, run=run, progress=progress)
       if seed is not None:
         seed_groups.setdefault(name, []).append(key)
   for name, keys in seed_groups.items():
@@ -381,9 +367,9 @@ def run_demo(config, *, progress=True) -> str:
   all_results = _other_warmup_runs(config, base, stages, progress, curves) or all_results
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
-  summary = _report_training(config, curves)   # one line per trained stage, before the tables
+  _report_training(config, curves)   # one line per trained stage, before the tables
   print(eval_lib.format_table(all_results))
-  _write_ablation_table(config, all_results, objective_shares(summary, run_labels))
+  _write_ablation_table(config, all_results)
   for *_, png_curves in curves:
     print(f"training curves: {png_curves}")
   print(f"plot: {png}")

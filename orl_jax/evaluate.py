@@ -225,6 +225,11 @@ def write_json_atomic(path: str, obj) -> None:
   os.replace(tmp, path)
 
 
+# What a trained run records beside its evaluation (in every decoder setting's entry): the
+# weighted AEC and anchor terms' shares of the objective, means over its logged updates.
+RUN_FIELDS = ("aec_share", "rkl_share")
+
+
 def seed_name(name: str, seed: int) -> str:
   """The results.json key of one seed's model before `merge_seeds` folds it into `name`."""
   return f"{name}@seed{seed}"
@@ -239,7 +244,8 @@ def split_seed_name(key: str) -> tuple[str, str | None]:
 def merge_seeds(path: str, name: str, keys: Sequence[str]) -> dict:
   """Replaces the per-seed entries `keys` of results.json by one model `name` whose usual
   fields are the seed means, with `<field>_std` for accuracy and pooled TPF and a `seeds` list
-  of per-seed {seed, accuracy, tpf_pooled}. Returns all results (process 0 writes)."""
+  of per-seed {seed, accuracy, tpf_pooled} (and the run's `RUN_FIELDS` where it recorded them).
+  Returns all results (process 0 writes)."""
   with open(path) as f:
     all_results = merged_seeds(json.load(f), name, keys)
   if distributed.is_lead_process():
@@ -261,7 +267,8 @@ def merged_seeds(all_results: dict, name: str, keys: Sequence[str]) -> dict:
     for k in ("accuracy", "tpf_pooled"):
       out[f"{k}_std"] = float(np.std([r[k] for r in runs]))
     out["seeds"] = [{"seed": split_seed_name(key)[1], "accuracy": r["accuracy"],
-                     "tpf_pooled": r["tpf_pooled"]} for key, r in zip(keys, runs)]
+                     "tpf_pooled": r["tpf_pooled"], **{k: r[k] for k in RUN_FIELDS if k in r}}
+                    for key, r in zip(keys, runs)]
     merged[label] = out
   all_results[name] = merged
   return all_results

@@ -91,6 +91,8 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
     r = results[name]["threshold_0.9"]
     assert [s["seed"] for s in r["seeds"]] == ["0", "1"]
     assert r["accuracy"] == pytest.approx(np.mean([s["accuracy"] for s in r["seeds"]]))
+    assert all(0 <= s["aec_share"] <= 1 and 0 <= s["rkl_share"] <= 1 for s in r["seeds"])
+  assert {"aec_share", "rkl_share"} <= set(results["orl@warmup2"]["threshold_0.9"])
 
   def no_evaluation(*a, **k):
     raise AssertionError("a resumed demo evaluated a model again")
@@ -123,54 +125,51 @@ def test_ablation_table_compares_with_orl_and_the_paper_beyond_the_seed_spread()
   assert rows["orl"][-1] == "0.940 / 5.50"          # the run from the other warm-up
 
 
-def test_ablation_table_shows_each_terms_share_of_the_objective_averaged_over_seeds():
-  from orl_jax.demo import ablation_table, objective_shares
-  summary = {"orl_seed0": {"aec_share": 0.002, "rkl_share": 0.01},
-             "orl_seed1": {"aec_share": 0.004, "rkl_share": 0.03},
-             "no_aec_seed0": {"aec_share": 0.0, "rkl_share": 0.02},
-             "no_residual_seed0": {"reward_end": 0.9}}          # logged no loss terms
-  shares = objective_shares(summary, {"orl": ["orl_seed0", "orl_seed1"],
-                                      "orl_no_aec": ["no_aec_seed0"],
-                                      "orl_no_residual": ["no_residual_seed0"]})
-  assert set(shares) == {"orl", "orl_no_aec"}
-  assert shares["orl"] == pytest.approx((0.003, 0.02)) and shares["orl_no_aec"] == (0.0, 0.02)
-
-  def model(acc):
-    return {"threshold_0.9": {"accuracy": acc, "accuracy_std": 0.0, "tpf_pooled": 6.0,
-                              "tpf_pooled_std": 0.0, "seeds": []}}
-  results = {"orl": model(0.95), "orl_no_aec": model(0.94), "orl_no_residual": model(0.93)}
-  lines = ablation_table(results, shares=shares).splitlines()
+def test_ablation_table_shows_each_terms_share_of_the_objective_averaged_over_seeds(tmp_path):
+  """Each run's shares ride in its per-seed entry (`run`); merging the seeds averages them and
+  keeps them per seed; the table shows the means, '–' for a model whose runs logged none."""
+  from orl_jax.demo import ablation_table
+  path = str(tmp_path / "results.json")
+  runs = {("orl", 0): {"aec_share": 0.002, "rkl_share": 0.01},
+          ("orl", 1): {"aec_share": 0.004, "rkl_share": 0.03},
+          ("orl_no_aec", 0): {"aec_share": 0.0, "rkl_share": 0.02}, ("orl_no_residual", 0): {}}
+  for (name, seed), run in runs.items():
+    evaluate.update_results(path, evaluate.seed_name(name, seed),
+                            {"threshold_0.9": {**_setting(0.95, 6.0), **run}})
+  for name in ("orl", "orl_no_aec", "orl_no_residual"):
+    results = evaluate.merge_seeds(path, name, [evaluate.seed_name(n, s) for n, s in runs
+                                                if n == name])
+  r = results["orl"]["threshold_0.9"]
+  assert (r["aec_share"], r["rkl_share"]) == pytest.approx((0.003, 0.02))
+  assert [(s["aec_share"], s["rkl_share"]) for s in r["seeds"]] == [(0.002, 0.01), (0.004, 0.03)]
+  assert "aec_share" not in results["orl_no_residual"]["threshold_0.9"]["seeds"][0]
+  lines = ablation_table(results).splitlines()
   assert lines[0].endswith("| AEC / anchor share of the objective |")
   rows = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in lines[2:]}
   assert rows == {"orl": "0.30% / 2.00%", "orl_no_aec": "0.00% / 2.00%", "orl_no_residual": "–"}
+  for name in results:      # runs that recorded no shares: no column
+    for r in results[name].values():
+      r.pop("aec_share", None)
   assert "share" not in ablation_table(results).splitlines()[0]
 
 
 def test_study_report_reads_a_study_stopped_part_way(tmp_path):
-  """Per-seed entries not merged yet are folded in memory (results.json is left as it is); the
-  shares come from the evaluated seeds' metrics only (not from a run of another warm-up)."""
+  """Per-seed entries not merged yet are folded in memory (results.json is left as it is), the
+  shares the runs recorded with them; the other warm-up's run stays beside the seed means."""
   from orl_jax.demo import study_report
 
-  def entry(acc, tpf):
-    return {"threshold_0.9": {"accuracy": acc, "tpf_pooled": tpf}}
-  results = {"base": entry(0.95, 3.0), "orl@seed0": entry(0.94, 6.0),
-             "orl@seed1": entry(0.96, 6.2), "orl_no_aec@seed0": entry(0.95, 5.8),
-             "orl@warmup3": entry(0.90, 5.0)}
+  def entry(acc, tpf, aec):
+    return {"threshold_0.9": {"accuracy": acc, "tpf_pooled": tpf, "aec_share": aec,
+                              "rkl_share": 0.01}}
+  results = {"base": {"threshold_0.9": {"accuracy": 0.95, "tpf_pooled": 3.0}},
+             "orl@seed0": entry(0.94, 6.0, 0.002), "orl@seed1": entry(0.96, 6.2, 0.004),
+             "orl_no_aec@seed0": entry(0.95, 5.8, 0.0), "orl@warmup3": entry(0.90, 5.0, 0.5)}
   (tmp_path / "results.json").write_text(json.dumps(results))
-  runs = {("orl", 0): 0.002, ("orl", 1): 0.004, ("orl", 3): 0.5, ("no_aec", 0): 0.0,
-          ("no_aec", 1): 0.7}       # seed 3: the other warm-up; no_aec seed 1: not evaluated
-  for (stage, seed), aec in runs.items():
-    d = tmp_path / stage / f"seed{seed}"
-    d.mkdir(parents=True)
-    name = "orl" if stage == "orl" else f"orl_{stage}"
-    (d / "config.json").write_text(json.dumps({"eval": {"name": name}}))
-    row = {"step": 1, "loss": 1.0, "loss_ce": 1.0, "loss_aec_weighted": aec,
-           "loss_rkl_weighted": 0.01}
-    (d / "metrics.jsonl").write_text(json.dumps(row) + "\n")
-  table, merged, shares = study_report(str(tmp_path))
+  table, merged = study_report(str(tmp_path))
   assert merged["orl"]["threshold_0.9"]["accuracy"] == pytest.approx(0.95)
+  assert merged["orl"]["threshold_0.9"]["aec_share"] == pytest.approx(0.003)
   assert [r["seed"] for r in merged["orl"]["threshold_0.9"]["seeds"]] == ["0", "1"]
-  assert shares["orl"] == pytest.approx((0.003, 0.01)) and shares["orl_no_aec"][0] == 0.0
+  assert "| orl | 0.950 ± 0.010 | 6.10 ± 0.10 |  |  |  |  | 0.900 / 5.00 | 0.30% / 1.00% |" in table
   assert "| orl_no_aec | 0.950 ± 0.000 | 5.80 ± 0.00 | +0.0 | -5% |" in table
   assert json.loads((tmp_path / "results.json").read_text()) == results
   with pytest.raises(FileNotFoundError, match="no results yet"):
