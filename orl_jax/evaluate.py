@@ -41,8 +41,8 @@ def _check_batch_split(batch_size: int, mesh) -> None:
   shards = sharding_lib.n_batch_shards(mesh.shape)
   if batch_size % shards:
     raise ValueError(f"eval.batch_size={batch_size} must be a multiple of the mesh's batch "
-                     f"shards (mesh.data x mesh.fsdp x mesh.expert = {shards}): each shard decodes an equal "
-                     f"share of every batch")
+                     f"shards (mesh.data x mesh.fsdp x mesh.expert = {shards}): each shard "
+                     "decodes an equal share of every batch")
 
 
 def _pad_rows(x: np.ndarray, batch_size: int) -> np.ndarray:

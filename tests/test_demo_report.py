@@ -13,7 +13,8 @@ from orl_jax.demo import training_summary
 
 def _setting(acc, tpf):
   return {"accuracy": acc, "tpf_pooled": tpf, "tpf_mean": tpf + 0.5, "nfe_mean": 32 / tpf,
-          "tps": 1000.0, "n_problems": 512, "device": "cpu", "examples": [{"prompt": "p", "score": 1.0}]}
+          "tps": 1000.0, "n_problems": 512, "device": "cpu",
+          "examples": [{"prompt": "p", "score": 1.0}]}
 
 
 def test_merge_seeds_keeps_means_spreads_and_per_seed_figures(tmp_path):
