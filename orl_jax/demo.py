@@ -223,12 +223,44 @@ PAPER_ABLATIONS = {"orl_no_aec": (None, -28.0), "orl_no_kl": (-6.7, -47.0),
                    "orl_no_residual": (None, -41.0)}
 
 
-def _moves(delta: float, spread: float, paper: float | None) -> str:
+def _moves(delta: float, spread: float, paper: float | None) -> str | None:
   if paper is None:
-    return ""
+    return None
   if abs(delta) <= spread:
     return "within spread"
   return "same way" if delta * paper > 0 else "opposite"
+
+
+def ablation_effect(name: str, r: dict, ref: dict, reference: str = "orl") -> dict:
+  """What removing a term did, as the ablation JSON records it: model `name`'s seed means `r`
+  against `reference`'s `ref` (one decoder setting, both over seeds). Per metric (accuracy in
+  points, pooled TPF in % of the reference's): the change, the seed spread (the sum of the two
+  models' stds), whether the change is beyond it, the paper's figure (Table 3(a)) where it
+  reports one, and how ours moves against it ("same way", "opposite", "within spread")."""
+  p_acc, p_tpf = PAPER_ABLATIONS.get(name, (None, None))
+  out = {"against": reference, "units": "accuracy: points; tpf_pooled: % of the reference's"}
+  for key, change, spread, paper in (
+      ("accuracy", 100 * (r["accuracy"] - ref["accuracy"]),
+       100 * (r["accuracy_std"] + ref["accuracy_std"]), p_acc),
+      ("tpf_pooled", 100 * (r["tpf_pooled"] / ref["tpf_pooled"] - 1),
+       100 * (r["tpf_pooled_std"] + ref["tpf_pooled_std"]) / ref["tpf_pooled"], p_tpf)):
+    out[key] = {"change": change, "spread": spread, "beyond_spread": abs(change) > spread,
+                "paper": paper, "vs_paper": _moves(change, spread, paper)}
+  return out
+
+
+def with_ablation_effects(all_results: dict, reference: str = "orl") -> dict:
+  """A copy of `all_results` where every setting entry of a model evaluated over seeds (other
+  than `reference`) holds its `ablation_effect` ("ablation") against `reference` there."""
+  out = dict(all_results)
+  ref = all_results.get(reference, {})
+  for name, settings in all_results.items():
+    if name == reference:
+      continue
+    out[name] = {setting: ({**r, "ablation": ablation_effect(name, r, ref[setting], reference)}
+                           if "seeds" in r and "seeds" in ref.get(setting, {}) else r)
+                 for setting, r in settings.items()}
+  return out
 
 
 def ablation_table(all_results: dict, setting: str = "threshold_0.9",
@@ -236,10 +268,10 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
   """A markdown table of every model evaluated over seeds at `setting`: accuracy and pooled TPF
   as mean ± std over seeds, the change against `reference` (points; % of TPF), the paper's
   direction where it reports one, and whether ours moves the same way by more than the seed
-  spread (the sum of the two models' stds); then the model's run from a warm-up retrained with
-  another seed (`warmup_seed`), where there is one; last, where the runs recorded them
-  (`run_figures`), what AEC and the anchor weighed in training: each one's share of the
-  objective, the mean over the model's seeds."""
+  spread (`ablation_effect`); then the model's run from a warm-up retrained with another seed
+  (`warmup_seed`), where there is one; last, where the runs recorded them (`run_figures`), what
+  AEC and the anchor weighed in training: each one's share of the objective, the mean over the
+  model's seeds."""
   ref = all_results[reference][setting]
   rows = {name: r[setting] for name, r in all_results.items()
           if "seeds" in r.get(setting, {})}
@@ -250,23 +282,19 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
           "|---|---|---|---|---|---|---|---|" + ("---|" if shares else ""))
   lines = [head]
   for name, r in rows.items():
-    d_acc = 100 * (r["accuracy"] - ref["accuracy"])
-    d_tpf = 100 * (r["tpf_pooled"] / ref["tpf_pooled"] - 1)
-    s_acc = 100 * (r["accuracy_std"] + ref["accuracy_std"])
-    s_tpf = 100 * (r["tpf_pooled_std"] + ref["tpf_pooled_std"]) / ref["tpf_pooled"]
-    p_acc, p_tpf = PAPER_ABLATIONS.get(name, (None, None))
-    paper = " / ".join("–" if v is None else f"{v:+.1f}{u}" for v, u in ((p_acc, ""),
-                                                                       (p_tpf, "%")))
-    moves = " / ".join(m or "–" for m in (_moves(d_acc, s_acc, p_acc),
-                                          _moves(d_tpf, s_tpf, p_tpf)))
-    same = name == reference
+    cells = ["", "", "", ""]
+    if name != reference:
+      acc, tpf = (ablation_effect(name, r, ref, reference)[k] for k in ("accuracy", "tpf_pooled"))
+      cells = [f"{acc['change']:+.1f}", f"{tpf['change']:+.0f}%",
+               " / ".join("–" if e["paper"] is None else f"{e['paper']:+.1f}{u}"
+                          for e, u in ((acc, ""), (tpf, "%"))),
+               " / ".join(e["vs_paper"] or "–" for e in (acc, tpf))]
     other = [v[setting] for k, v in all_results.items()
              if k.startswith(f"{name}@warmup") and setting in v]
     other = " ".join(f"{o['accuracy']:.3f} / {o['tpf_pooled']:.2f}" for o in other)
     lines.append(f"| {name} | {r['accuracy']:.3f} ± {r['accuracy_std']:.3f} | "
                  f"{r['tpf_pooled']:.2f} ± {r['tpf_pooled_std']:.2f} | "
-                 f"{'' if same else f'{d_acc:+.1f}'} | {'' if same else f'{d_tpf:+.0f}%'} | "
-                 f"{'' if same else paper} | {'' if same else moves} | {other} |"
+                 + " | ".join(cells) + f" | {other} |"
                  + (f" {_shares_cell(r)} |" if shares else ""))
   return "\n".join(lines)
 
@@ -280,7 +308,8 @@ def _shares_cell(r: dict) -> str:
 def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dict]:
   """(ablation table, results) of a demo work directory run over seeds, finished or not:
   results.json with the per-seed entries a stopped study has not merged yet folded in memory
-  (models whose seeds are all there and those part-way alike; the `seeds` list says which)."""
+  (models whose seeds are all there and those part-way alike; the `seeds` list says which) and
+  each ablation's effect recorded (`with_ablation_effects`)."""
   path = os.path.join(workdir, "results.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: no results yet (run the demo with seeds first)")
@@ -295,7 +324,7 @@ def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dic
     all_results = eval_lib.merged_seeds(all_results, name, keys)
   if "orl" not in all_results:
     raise ValueError(f"{path}: no seed of the full ORL run ('orl') is evaluated yet")
-  return ablation_table(all_results, setting), all_results
+  return ablation_table(all_results, setting), with_ablation_effects(all_results)
 
 
 def _write_ablation_table(config, all_results: dict) -> None:
@@ -365,6 +394,10 @@ def run_demo(config, *, progress=True) -> str:
   for name, keys in seed_groups.items():
     all_results = eval_lib.merge_seeds(results_path(config), name, keys)
   all_results = _other_warmup_runs(config, base, stages, progress, curves) or all_results
+  if seed_groups and "orl" in all_results:    # each ablation's effect, kept in results.json
+    all_results = with_ablation_effects(all_results)
+    if distributed.is_lead_process():
+      eval_lib.write_json_atomic(results_path(config), all_results)
   _, png = eval_lib.write_report(all_results, config.workdir,
                                  title=f"{config.task.name}: accuracy vs tokens per forward")
   _report_training(config, curves)   # one line per trained stage, before the tables

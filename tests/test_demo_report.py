@@ -94,6 +94,7 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
     assert r["accuracy"] == pytest.approx(np.mean([s["accuracy"] for s in r["seeds"]]))
     assert all(0 <= s["aec_share"] <= 1 and 0 <= s["rkl_share"] <= 1 for s in r["seeds"])
   assert {"aec_share", "rkl_share"} <= set(results["orl@warmup2"]["threshold_0.9"])
+  assert results["orl_no_kl"]["threshold_0.9"]["ablation"]["against"] == "orl"
 
   def no_evaluation(*a, **k):
     raise AssertionError("a resumed demo evaluated a model again")
@@ -124,6 +125,22 @@ def test_ablation_table_compares_with_orl_and_the_paper_beyond_the_seed_spread()
   assert rows["orl_no_kl"][4:] == ["-6.7 / -47.0%", "same way / same way", ""]
   assert rows["orl_no_aec"][2:] == ["+0.0", "+5%", "– / -28.0%", "– / within spread", ""]
   assert rows["orl"][-1] == "0.940 / 5.50"          # the run from the other warm-up
+  # the same figures as the ablation JSON records them, in each ablation's entry
+  from orl_jax.demo import with_ablation_effects
+  recorded = with_ablation_effects(results)
+  no_kl = recorded["orl_no_kl"]["threshold_0.9"]["ablation"]
+  assert no_kl["against"] == "orl"
+  assert no_kl["accuracy"] == pytest.approx({"change": -3.0, "spread": 2.0, "beyond_spread": True,
+                                             "paper": -6.7, "vs_paper": "same way"})
+  assert no_kl["tpf_pooled"] == pytest.approx({"change": -50.0, "spread": 10.0,
+                                               "beyond_spread": True, "paper": -47.0,
+                                               "vs_paper": "same way"})
+  no_aec = recorded["orl_no_aec"]["threshold_0.9"]["ablation"]
+  assert no_aec["accuracy"]["paper"] is None and no_aec["accuracy"]["vs_paper"] is None
+  assert no_aec["tpf_pooled"]["beyond_spread"] is False
+  assert no_aec["tpf_pooled"]["vs_paper"] == "within spread"
+  for name in ("base", "orl", "orl@warmup3"):        # no seeds, or the reference itself
+    assert recorded[name] == results[name]
 
 
 def test_ablation_table_shows_each_terms_share_of_the_objective_averaged_over_seeds(tmp_path):
@@ -172,6 +189,8 @@ def test_study_report_reads_a_study_stopped_part_way(tmp_path):
   assert [r["seed"] for r in merged["orl"]["threshold_0.9"]["seeds"]] == ["0", "1"]
   assert "| orl | 0.950 ± 0.010 | 6.10 ± 0.10 |  |  |  |  | 0.900 / 5.00 | 0.30% / 1.00% |" in table
   assert "| orl_no_aec | 0.950 ± 0.000 | 5.80 ± 0.00 | +0.0 | -5% |" in table
+  effect = merged["orl_no_aec"]["threshold_0.9"]["ablation"]["tpf_pooled"]
+  assert effect["change"] == pytest.approx(100 * (5.8 / 6.1 - 1))
   assert json.loads((tmp_path / "results.json").read_text()) == results
   with pytest.raises(FileNotFoundError, match="no results yet"):
     study_report(str(tmp_path / "nowhere"))
