@@ -284,7 +284,8 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
   for name, r in rows.items():
     cells = ["", "", "", ""]
     if name != reference:
-      acc, tpf = (ablation_effect(name, r, ref, reference)[k] for k in ("accuracy", "tpf_pooled"))
+      effect = ablation_effect(name, r, ref, reference)
+      acc, tpf = effect["accuracy"], effect["tpf_pooled"]
       cells = [f"{acc['change']:+.1f}", f"{tpf['change']:+.0f}%",
                " / ".join("–" if e["paper"] is None else f"{e['paper']:+.1f}{u}"
                           for e, u in ((acc, ""), (tpf, "%"))),
