@@ -81,7 +81,10 @@ def evaluate(cfg, params_dir: str, n_problems: int, settings) -> dict:
     ecfg.eval.n_problems = n_problems
     ecfg.eval.settings = tuple(settings)
     ecfg.workdir = os.path.join(cfg.workdir, f"eval{n_problems}")
-  return eval_lib.evaluate_models(ecfg, [(params_dir, "m")], progress=False)["m"]
+  results = eval_lib.evaluate_models(ecfg, [(params_dir, "m")], progress=False)["m"]
+  # the sample outputs stay in the run's own results.json, not in the sweep's JSON
+  return {setting: {k: v for k, v in r.items() if k != "examples"}
+          for setting, r in results.items()}
 
 
 def entropy_profile(rows: list[dict]) -> list[float]:
