@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-other-cpu test-slow test-all base warmup bench clean
+.PHONY: venv compilers demo test test-other-cpu test-slow test-all base warmup bench clean
 
 # The project and its test extras; then torch and transformers, the test-only references of the
 # parity tests (never imported by the library or the launchers). GSM8K's test split ships in
@@ -20,6 +20,21 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+# The TPU and NVIDIA GPU compilers of this jax, for `launch/compile.py` (compile-only: no
+# device needed): libtpu (~700 MB) and the CUDA 12 plugin with ptxas and nvJitLink (~700 MB),
+# installed outside the venv's import path (<venv>/compilers/{tpu,cuda}) so that no other
+# JAX process of the venv loads them or probes for a TPU at start-up.
+COMPILERS := $(VENV)/compilers/.installed-stamp
+$(COMPILERS): $(STAMP)
+	rm -rf $(VENV)/compilers
+	$(PY) -m pip install -q --no-deps --target $(VENV)/compilers/tpu \
+	  $$($(PY) -m orl_jax.aot.targets tpu)
+	$(PY) -m pip install -q --no-deps --target $(VENV)/compilers/cuda \
+	  $$($(PY) -m orl_jax.aot.targets cuda)
+	touch $(COMPILERS)
+
+compilers: $(COMPILERS)
+
 # The embedded default end to end (base model -> evaluation -> results.json).
 demo: venv
 	$(PY) launch/train.py --config=configs/tiny.py
@@ -28,7 +43,7 @@ demo: venv
 # (pytest-xdist; one test file per worker at a time, so module fixtures are built once).
 # Serial: `$(PY) -m pytest -q -m "not slow" tests`.
 TEST_WORKERS ?= 2
-test: venv
+test: venv compilers
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 # The suite again under other floating-point numerics, so that no test depends on one machine's
@@ -39,7 +54,7 @@ test: venv
 # which keeps `make test` + `make test-other-cpu` within about an hour on 2 cores. More caps:
 # `make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"`.
 OTHER_CPU_ISAS ?= SSE4_2 AVX2
-test-other-cpu: venv
+test-other-cpu: venv compilers
 	@caps="$$($(PY) tests/other_cpu_isas.py $(OTHER_CPU_ISAS))" || exit 1; \
 	if [ -z "$$caps" ]; then \
 	  echo "test-other-cpu: none of $(OTHER_CPU_ISAS) changes XLA's CPU results here; nothing to run"; \

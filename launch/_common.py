@@ -12,6 +12,7 @@ if ROOT not in sys.path:
 def user_errors() -> tuple[type, ...]:
   """Exceptions whose message is written for the person who launched the run (it names the
   field or file and what to do): printed alone, without a traceback."""
+  from orl_jax.aot.targets import TargetError
   from orl_jax.checkpoint import CheckpointRestoreError
   from orl_jax.config import ConfigError
   from orl_jax.data.hf_tokenizer import TokenizerError
@@ -19,7 +20,7 @@ def user_errors() -> tuple[type, ...]:
   from orl_jax.models.hf import CheckpointError
   from orl_jax.params_io import ParamsFileError
   return (ConfigError, TokenizerError, DatasetError, MissingTaskPackage, CheckpointError,
-          ParamsFileError, CheckpointRestoreError)
+          ParamsFileError, CheckpointRestoreError, TargetError)
 
 
 def _innermost_text(error: BaseException) -> str:

@@ -48,7 +48,7 @@ from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
 from orl_jax.unmasking import COMMIT_COMPARES, UnmaskRule, select_commits, select_edits
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
-                                                TokenMeta, make_meta)
+                                                TokenMeta, current_platform, make_meta)
 
 
 # Bidirectional canvases (decode.cache): "none" forwards the whole canvas every step (exact);
@@ -617,6 +617,15 @@ def _denoise_block(cv: Canvas, canvas, cache, active, j, key, init: _Step) -> _S
               first)
 
 
+def _block_start(cv: Canvas, tokens0, nfe, cap) -> _Step:
+  """The carry of a block's first step: its tokens, the zero residual (cold start, DESIGN
+  §2.1), no step taken; `nfe` [B] the forwards so far."""
+  mcfg, b_rows = cv.model.cfg, cv.b_rows
+  res0 = residual_lib.zero_residual(b_rows, cv.cfg.block_size, mcfg.d_model, mcfg.compute_dtype)
+  zeros = jnp.zeros((b_rows,), jnp.int32)
+  return _Step(tokens0, res0, jnp.int32(0), nfe, zeros, zeros > 0, cap)
+
+
 class _Blocks(NamedTuple):
   """The carry of the block loop."""
   j: jax.Array          # scalar int32 the block to decode next
@@ -639,15 +648,13 @@ def _decode_block(cv: Canvas, c: _Blocks) -> _Blocks:
   """Block j: denoise until no mask remains (or the step bound; with editing, until a step on
   the filled block edits nothing or its editing steps are spent), write it into the canvas,
   then the commit forward that writes it into the KV cache where a later block needs it."""
-  cfg, mcfg, b_rows, b = cv.cfg, cv.model.cfg, cv.b_rows, cv.cfg.block_size
+  cfg, b = cv.cfg, cv.cfg.block_size
   j = c.j
   start = cv.p + j * b
   active = _active(cv, c)                                              # [B]
   fresh = jax.lax.dynamic_slice_in_dim(c.canvas, start, b, axis=1)    # masks (block 0: the
   tokens0 = jnp.where(active[:, None], fresh, cfg.eos_id).astype(jnp.int32)  # prompt's tail)
-  res0 = residual_lib.zero_residual(b_rows, b, mcfg.d_model, mcfg.compute_dtype)
-  zeros = jnp.zeros((b_rows,), jnp.int32)
-  init = _Step(tokens0, res0, jnp.int32(0), c.denoise, zeros, zeros > 0, c.cap)
+  init = _block_start(cv, tokens0, c.denoise, c.cap)
   out = _denoise_block(cv, c.canvas, c.cache, active, j, c.key, init)
   cache, cap = c.cache, out.cap
   # A row that hit the step bound keeps masks; they become EOS so output stays well-formed.
@@ -734,8 +741,9 @@ def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, 
   return out.cache, cap
 
 
-def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig) -> DecodeOutput:
-  """Decodes a batch of left-padded prompts [B, P]. Call under `jax.jit` (see `make_decoder`)."""
+def _start(model: Transformer, prompt_tokens, prompt_valid, cfg: DecodeConfig):
+  """(Canvas, the placed prompts, the canvas [B, P + M*b] with the first block in place, an
+  empty capture or None) of a decode of left-padded prompts [B, P]."""
   mcfg = model.cfg
   b_rows, p = prompt_tokens.shape
   width = p + cfg.max_blocks * cfg.block_size
@@ -753,6 +761,20 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
   if cfg.capture_states:
     route_dims = (p, mcfg.n_moe_layers, mcfg.moe.top_k) if cfg.capture_routes else None
     cap = empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
+  return cv, grid, canvas, cap
+
+
+def _has_cache(cv: Canvas) -> bool:
+  """The decode keeps K/V between forwards: the exact cache of a block-causal model, or the
+  stored canvas of a bidirectional one with `decode.cache` (Fast-dLLM)."""
+  cfg = cv.cfg
+  return cfg.cache != "none" if cv.bidirectional else cfg.kv_cache
+
+
+def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig) -> DecodeOutput:
+  """Decodes a batch of left-padded prompts [B, P]. Call under `jax.jit` (see `make_decoder`)."""
+  cv, grid, canvas, cap = _start(model, prompt_tokens, prompt_valid, cfg)
+  b_rows, p, width = cv.b_rows, cv.p, canvas.shape[1]
   cache = None
   if not cv.bidirectional and cfg.kv_cache:
     cache, cap = _prefill(model, grid, cfg, width, cap)
@@ -770,6 +792,38 @@ def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConf
     cap = cap._replace(block_final=final_blocks(blocks, grid.lead, n_generated, finished, cfg))
   ran = out.denoise + out.commits
   return DecodeOutput(response, ran + out.skipped, ran, out.denoise, n_generated, finished, cap)
+
+
+def prefill(model: Transformer, prompt_tokens, prompt_valid, cfg: DecodeConfig):
+  """The prompt's KV cache, as `decode` starts (one forward; None where the decode keeps no
+  cache): alone, so that the compile command can price it."""
+  cv, grid, canvas, cap = _start(model, prompt_tokens, prompt_valid, cfg)
+  if cv.bidirectional or not cfg.kv_cache:
+    return None
+  return _prefill(model, grid, cfg, canvas.shape[1], cap)[0]
+
+
+def denoising_step(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
+                   cache, carry: _Step) -> _Step:
+  """One denoising step of the first response block from `carry`, against `cache` (the
+  prompt's KV cache; a bidirectional canvas's stored K/V with `decode.cache`; or None): what
+  each forward of `decode`'s step loop runs, alone, so that the compile command can price a
+  forward (a compiler cannot know how many times the loop runs)."""
+  cv, _, canvas, _ = _start(model, prompt_tokens, prompt_valid, cfg)
+  start = cv.p
+  if cv.bidirectional and cfg.cache != "none":
+    hidden = lambda c: (cv.cached_step_hidden(canvas, c.tokens, start, c.res, cache), None)
+  else:
+    hidden = lambda c: cv.step_hidden(canvas, c.tokens, start, c.res, cache)
+  return _denoise_step(cv, hidden, jnp.ones((cv.b_rows,), bool), 0, key, carry)
+
+
+def denoising_step_inputs(model: Transformer, prompt_tokens, prompt_valid, cfg: DecodeConfig):
+  """(cache or None, carry) that `denoising_step` takes: the block's first step."""
+  cv, _, canvas, cap = _start(model, prompt_tokens, prompt_valid, cfg)
+  cache = init_cache(model.cfg, cv.b_rows, canvas.shape[1]) if _has_cache(cv) else None
+  tokens0 = jax.lax.dynamic_slice_in_dim(canvas, cv.p, cfg.block_size, axis=1)
+  return cache, _block_start(cv, tokens0, jnp.zeros((cv.b_rows,), jnp.int32), cap)
 
 
 # XLA:CPU's YNNPACK dot fusions pack the weights on every call, which decode steps of few tokens
@@ -792,8 +846,9 @@ def _cpu_accepts(option: str) -> bool:
 
 def step_compiler_options(step_tokens: int) -> dict | None:
   """Compiler options for a decoder whose steps forward `step_tokens` tokens (rows x block):
-  on CPU, no YNNPACK fusions up to SMALL_STEP_TOKENS; elsewhere, and above, XLA's defaults."""
-  if jax.default_backend() != "cpu" or step_tokens > SMALL_STEP_TOKENS:
+  on CPU, no YNNPACK fusions up to SMALL_STEP_TOKENS; elsewhere (also when compiling for an
+  accelerator on a CPU host), and above, XLA's defaults."""
+  if current_platform() != "cpu" or step_tokens > SMALL_STEP_TOKENS:
     return None
   if not all(_cpu_accepts(k) for k in _SMALL_STEP_CPU_OPTIONS):
     return None

@@ -49,10 +49,11 @@ def _special_id(value, default=0) -> int:
   return int(value) if isinstance(value, str) and value.isdigit() else default
 
 
-def sizing_model_config(config):
+def sizing_model_config(config, *, laid_out: bool = True):
   """The ModelConfig of `config` without reading a tokenizer (`model.vocab_size` must be set,
-  or the task's tokenizer is used; a Hugging Face `model.path` gives the architecture). Experts
-  are sized as laid out by the partition rules, not run (`expert_parallel` off)."""
+  or the task's tokenizer is used; a Hugging Face `model.path` gives the architecture).
+  `laid_out`: experts are sized as laid out by the partition rules, not run
+  (`expert_parallel` off); False keeps the run's own setting (the compile command)."""
   from orl_jax import weights as weights_lib
   hf_dir = weights_lib.hf_dir(config)
   vocab = config.model.get("vocab_size", 0)
@@ -62,9 +63,41 @@ def sizing_model_config(config):
     cfg = build_setup(config).model_cfg
   else:
     cfg = config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
-  if cfg.moe is not None:
+  if cfg.moe is not None and laid_out:
     cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, expert_parallel=False))
   return cfg
+
+
+def run_model_config(config):
+  """The model config a run of `config` builds (a family's own config class included), its
+  decoder defaults filled in, without weights: `model.path`'s config.json when it is a
+  Hugging Face directory, else the config's fields (`model.vocab_size` set, as for sizing)."""
+  hf_dir = _hf_dir(config)
+  family = _family(config, hf_dir)
+  from orl_jax.train.setup import fill_decode_defaults, own_model_config
+  fill_decode_defaults(config, hf_dir, family.name)
+  if not family.own_model:
+    return sizing_model_config(config, laid_out=False)
+  vocab = config.model.get("vocab_size", 0)
+  if not vocab and not hf_dir:
+    raise config_lib.ConfigError(f"set model.vocab_size (or model.path) to build a "
+                                 f"{family.name} model without its weights")
+  return own_model_config(config, hf_dir, family.name, vocab)
+
+
+def special_ids(config, model_cfg) -> tuple[int, int]:
+  """(mask id, EOS id) of a run without its tokenizer: the model's mask and the config's EOS
+  id when it is a number (ids only shape nothing; the compile command needs them to build)."""
+  eos = getattr(model_cfg, "eos_ids", None)
+  eos_id = eos[0] if eos else _special_id(config.model.get("special_tokens", {}).get("eos", ""))
+  return getattr(model_cfg, "mask_id", -1), eos_id
+
+
+def _family(config, hf_dir: str):
+  if hf_dir:
+    from orl_jax.models import hf
+    return families.get(hf.family_of(hf_dir))
+  return families.get(config.model.get("hf_family", ""))
 
 
 def _per_device(tree, shape: dict[str, int], rules) -> tuple[int, int]:
@@ -164,11 +197,7 @@ def _hf_dir(config) -> str:
 
 def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
   hf_dir = _hf_dir(config)
-  if hf_dir:
-    from orl_jax.models import hf
-    family = families.get(hf.family_of(hf_dir))
-  else:
-    family = families.get(config.model.get("hf_family", ""))
+  family = _family(config, hf_dir)
   from orl_jax.train.setup import fill_decode_defaults
   fill_decode_defaults(config, hf_dir, family.name)
   if family.own_model:

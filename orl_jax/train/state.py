@@ -43,25 +43,41 @@ def init_model_params(model_cfg: ModelConfig, seed: int):
   return graphdef, params
 
 
-def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None, *,
-                       with_reference: bool = False):
-  """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded: parameters
-  and optimizer moments follow the model family's partition rules on the fsdp/tensor/expert
-  axes (replicated when only `data` has more than one device). `with_reference` adds a frozen copy of the starting
-  parameters (the KL anchor's reference, DESIGN §2.6), sharded like them. The returned graphdef
-  carries the mesh to the model's attention (kernels run per device inside `shard_map`)."""
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: build_model(
-      model_cfg, seed, mesh)), nnx.Param)
-
+def _state_init(model_cfg: ModelConfig, optimizer, seed: int, with_reference: bool):
+  """`init(params or None) -> TrainState` (fresh parameters when None)."""
   def init(given):
     p = given if given is not None else init_model_params(model_cfg, seed)[1]
     reference = jax.tree.map(jnp.copy, p) if with_reference else None
     return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=optimizer.init(p),
                       reference=reference)
+  return init
 
-  abstract = jax.eval_shape(init, params)
+
+def abstract_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None, *,
+                         with_reference: bool = False):
+  """(graphdef, state as ShapeDtypeStructs carrying their shardings, shardings): the train
+  state `create_train_state` would make on `mesh`, allocating nothing (the compile command
+  builds it on compile-only devices)."""
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(model_cfg, seed, mesh)), nnx.Param)
+  abstract = jax.eval_shape(_state_init(model_cfg, optimizer, seed, with_reference), params)
   rules = families.of_model(model_cfg).partition_rules
   shardings = sharding_lib.tree_shardings(abstract, mesh, rules)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract, shardings)
+  return graphdef, abstract, shardings
+
+
+def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None, *,
+                       with_reference: bool = False):
+  """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded: parameters
+  and optimizer moments follow the model family's partition rules on the fsdp/tensor/expert
+  axes (replicated when only `data` has more than one device). `with_reference` adds a frozen
+  copy of the starting parameters (the KL anchor's reference, DESIGN §2.6), sharded like them.
+  The returned graphdef carries the mesh to the model's attention (kernels run per device
+  inside `shard_map`)."""
+  graphdef, _, shardings = abstract_train_state(model_cfg, optimizer, mesh, seed, params,
+                                                with_reference=with_reference)
+  init = _state_init(model_cfg, optimizer, seed, with_reference)
   state = jax.jit(init, out_shardings=shardings)(params)
   return graphdef, state, shardings
 
@@ -167,7 +183,7 @@ def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_sharding
 
   `micro_batches` = 1: one jitted function (state donated). `micro_batches` > 1 accumulates
   gradients over row micro-batches (`loss_and_grads`; every micro-batch gets the step's key),
-  then applies one optimizer update: a Python function of jitted pieces, same signature.
+  then applies one optimizer update: an `AccumulatedStep` of jitted pieces, same signature.
   """
   n_shards = sharding_lib.n_batch_shards(mesh.shape)
   repl = sharding_lib.replicated(mesh)
@@ -185,18 +201,30 @@ def make_train_step(graphdef, optimizer, loss_fn: Callable, mesh, state_sharding
     return jax.jit(step, in_shardings=(state_shardings, batch_shardings, repl),
                    out_shardings=(state_shardings, repl), donate_argnums=(0,))
 
-  _check_accumulable(loss_fn, micro_batches)
-  step_key = jax.jit(jax.random.fold_in, out_shardings=repl)
-  update = jax.jit(functools.partial(_apply_update, optimizer),
-                   out_shardings=(state_shardings, repl), donate_argnums=(0,))
+  return AccumulatedStep(graphdef, optimizer, loss_fn, state_shardings, batch_shardings, repl,
+                         micro_batches, n_shards)
 
-  def accumulated_step(state: TrainState, batch, base_key):
-    batch = jax.device_put(batch, batch_shardings)
-    key = step_key(base_key, state.step)
-    (loss, metrics), grads = loss_and_grads(graphdef, loss_fn, state.params, batch, key,
-                                            micro_batches=micro_batches, n_shards=n_shards,
-                                            reference=state.reference)
+
+class AccumulatedStep:
+  """`make_train_step` with `micro_batches` > 1: a Python function of jitted pieces (the step
+  key, `_prepare` — the reference's forward included —, `_accumulate` per micro-batch and the
+  optimizer `update`), each of which the compile command compiles on its own."""
+
+  def __init__(self, graphdef, optimizer, loss_fn, state_shardings, batch_shardings, repl,
+               micro_batches: int, n_shards: int):
+    _check_accumulable(loss_fn, micro_batches)
+    self.graphdef, self.loss_fn = graphdef, loss_fn
+    self.batch_shardings = batch_shardings
+    self.micro_batches, self.n_shards = micro_batches, n_shards
+    self.step_key = jax.jit(jax.random.fold_in, out_shardings=repl)
+    self.update = jax.jit(functools.partial(_apply_update, optimizer),
+                          out_shardings=(state_shardings, repl), donate_argnums=(0,))
+
+  def __call__(self, state: TrainState, batch, base_key):
+    batch = jax.device_put(batch, self.batch_shardings)
+    key = self.step_key(base_key, state.step)
+    (loss, metrics), grads = loss_and_grads(
+        self.graphdef, self.loss_fn, state.params, batch, key, micro_batches=self.micro_batches,
+        n_shards=self.n_shards, reference=state.reference)
     metrics = dict(metrics, **_lag_metrics(state, batch))
-    return update(state, loss, metrics, grads)
-
-  return accumulated_step
+    return self.update(state, loss, metrics, grads)

@@ -117,10 +117,13 @@ def _split_axes(mesh, names, size: int) -> tuple[str, ...]:
 
 
 def _sharded(run: Callable, mesh, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale):
-  """`run` per device inside `shard_map`: rows over the batch axes, heads over `tensor`."""
+  """`run` per device inside `shard_map`: rows over the batch axes, heads over `tensor`. When
+  neither divides (one prompt decoded on a mesh of several devices), every device runs the
+  whole kernel on replicated operands: outside a `shard_map` the partitioner would refuse the
+  kernel ("Mosaic kernels cannot be automatically partitioned")."""
   rows = _split_axes(mesh, BATCH_AXES, q.shape[0]) or None
   heads = _split_axes(mesh, (HEAD_AXIS,), k.shape[2]) or None
-  if rows is None and heads is None:
+  if rows is None and heads is None and mesh.size == 1:
     return run(q, k, v, q_meta, k_meta, scale)
   x, ids = P(rows, None, heads, None), P(rows, None)
   local = lambda q, k, v, q_meta, k_meta: run(q, k, v, q_meta, k_meta, scale)

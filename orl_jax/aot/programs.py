@@ -1,0 +1,236 @@
+"""The jitted programs of one ORL iteration, and the decode launcher's decoder, built on a mesh
+of compile-only devices from abstract arguments: nothing is allocated and no weights are read.
+
+The programs are the training loop's own (`train.orl.build_orl_steps`: the rollout with
+capture, the device-side rollout metrics, the replay gather, the train step — whose loss runs
+the frozen reference's forward for the KL anchor, then the optimizer update), built from a
+`Setup` and a `Run` whose train state is abstract, so what is compiled is what a run jits.
+Two more price one forward each (`decoding.prefill`, `decoding.denoising_step`): a compiler
+cannot know how many times a decode's loops run, so its cost of the whole rollout counts each
+loop body once; the iteration's time is predicted from the forwards a response takes.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from orl_jax import decoders, decoding
+from orl_jax import sharding as sharding_lib
+from orl_jax.dry_run import run_model_config, special_ids
+from orl_jax.models import families
+from orl_jax.optimizer import OptimizerConfig, make_optimizer
+from orl_jax.replay import ReplayPlan
+from orl_jax.train import state as state_lib
+from orl_jax.train.orl import build_orl_steps, sharded_like
+from orl_jax.train.setup import Run, Setup, check_divisible_by_shards, needs_reference
+from pallas_kernels.staircase_attention import target_platform
+
+# How often a program runs: once per ORL iteration, once per decoded forward of a rollout,
+# once per rollout (the prompt's prefill), or in the decode launcher (not in the iteration).
+PER_ITERATION, PER_FORWARD, PER_ROLLOUT, DECODE = "iteration", "forward", "rollout", "decode"
+
+
+@dataclasses.dataclass
+class Program:
+  """One jitted program and its abstract arguments."""
+  name: str
+  role: str                  # what it does, in a few words
+  runs: str                  # PER_ITERATION | PER_FORWARD | PER_ROLLOUT | DECODE
+  lower: Callable[[], "jax.stages.Lowered"]   # traced for the target platform
+  resident_bytes: int = 0    # per device: live buffers it does not take (the rest of the state)
+
+
+@dataclasses.dataclass
+class ProgramSet:
+  """The programs of a run config on one mesh, and what the report needs to price them."""
+  programs: list[Program]
+  mesh: jax.sharding.Mesh
+  n_params: int
+  rollout_rows: int          # responses decoded together by a rollout (P x G)
+  gen_length: int            # response tokens
+  block_size: int
+  decode_rows: int           # rows the decode launcher decodes together
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tokens:
+  """The special ids a built `Setup` takes from its tokenizer (only ids are read)."""
+  mask_id: int
+  eos_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Task:
+  tokenizer: _Tokens
+
+
+def _per_device_bytes(tree) -> int:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard)."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+    total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+  return total
+
+
+def _placed(shape, dtype, sharding):
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _rows_or_replicated(mesh, n_rows: int):
+  """Rows over the batch axes when they divide `n_rows` (a decode of one prompt cannot be
+  split), else replicated."""
+  if n_rows % sharding_lib.n_batch_shards(mesh.shape) == 0:
+    return sharding_lib.batch_sharding(mesh)
+  return sharding_lib.replicated(mesh)
+
+
+def _with_rows(tree, rows, repl, batch_axis=lambda x: 0):
+  """`tree`'s ShapeDtypeStructs placed with rows split (`batch_axis(x)`) or replicated."""
+  axes = rows.spec[0] if len(rows.spec) else None
+
+  def place(x):
+    if not x.ndim or axes is None:
+      return _placed(x.shape, x.dtype, repl)
+    spec = [None] * x.ndim
+    spec[batch_axis(x)] = axes
+    return _placed(x.shape, x.dtype, jax.sharding.NamedSharding(repl.mesh,
+                                                                 jax.sharding.PartitionSpec(*spec)))
+  return jax.tree.map(place, tree)
+
+
+def _forward_programs(graphdef, params, decode_cfg, mesh, n_rows: int, p_len: int, runs: str,
+                      name: str) -> list[Program]:
+  """The prompt's prefill and one denoising step of `decode_cfg`'s decode on `n_rows` rows."""
+  rows, repl = _rows_or_replicated(mesh, n_rows), sharding_lib.replicated(mesh)
+  prompts = _placed((n_rows, p_len), jnp.int32, rows)
+  valid = _placed((n_rows, p_len), jnp.bool_, rows)
+  key = _placed((), jax.random.key(0).dtype, repl)
+  model_of = lambda p: nnx.merge(graphdef, p)
+  cache, carry = jax.eval_shape(
+      lambda p, t, v: decoding.denoising_step_inputs(model_of(p), t, v, decode_cfg),
+      params, prompts, valid)
+  # KV cache k/v are [L, B, ...]: rows on axis 1; everything else leads with the rows
+  cache_axis = lambda x: 1 if x.ndim == 5 else 0
+  cache, carry = _with_rows(cache, rows, repl, cache_axis), _with_rows(carry, rows, repl)
+  step = jax.jit(lambda p, t, v, k, c, s: decoding.denoising_step(model_of(p), t, v, k,
+                                                                 decode_cfg, c, s),
+                 donate_argnums=(5,))
+  out = [Program(f"{name}_step", "one denoising forward (+ capture) of a block", PER_FORWARD
+                 if runs == PER_ITERATION else runs,
+                 lambda: step.lower(params, prompts, valid, key, cache, carry))]
+  if cache is not None and decode_cfg.cache == "none":   # the exact KV cache
+    fill = jax.jit(lambda p, t, v: decoding.prefill(model_of(p), t, v, decode_cfg))
+    out.insert(0, Program(f"{name}_prefill", "the prompt's KV cache (one forward)",
+                          PER_ROLLOUT if runs == PER_ITERATION else runs,
+                          lambda: fill.lower(params, prompts, valid)))
+  return out
+
+
+def _train_programs(steps, state, batch, key, resident: int) -> list[Program]:
+  """The replay train step: one jitted program, or (`replay.micro_batches` > 1) its pieces."""
+  update = steps.update
+  if not isinstance(update, state_lib.AccumulatedStep):
+    return [Program("train_step", "replay forward+backward, reference forward, AdamW update",
+                    PER_ITERATION, lambda: update.lower(state, batch, key), resident)]
+  m, n = update.micro_batches, update.n_shards
+  prep = functools.partial(state_lib._prepare.lower, update.graphdef, update.loss_fn, m, n)
+  totals, carry, _, micro = jax.eval_shape(
+      lambda b, r: state_lib._prepare(update.graphdef, update.loss_fn, m, n, b, r),
+      batch, state.reference)
+  one = jax.tree.map(lambda x: x[0], micro)
+  sums = jax.eval_shape(functools.partial(state_lib._micro_grads, update.graphdef,
+                                          update.loss_fn), state.params, one, key, totals,
+                        carry, state.reference)[0]
+  acc = functools.partial(state_lib._accumulate.lower, update.graphdef, update.loss_fn)
+  (loss, metrics), grads = sums
+  return [
+      Program("train_prepare", "per-response totals, reference forward, micro-batches",
+              PER_ITERATION, lambda: prep(batch, state.reference), resident),
+      Program("train_micro_batch", f"forward+backward of one of {m} micro-batches",
+              PER_ITERATION, lambda: acc(state.params, one, key, totals, carry,
+                                         state.reference, sums), resident),
+      Program("train_update", "AdamW update", PER_ITERATION,
+              lambda: update.update.lower(state, loss, metrics, grads), resident)]
+
+
+def orl_programs(config, devices, platform: str) -> ProgramSet:
+  """Every jitted program of one ORL iteration of `config` on a mesh of `devices` (and the
+  decode launcher's decoder), traced for `platform` when lowered."""
+  config = copy.deepcopy(config)
+  config.checkpoint.save_rollouts = False     # nothing is written
+  model_cfg = run_model_config(config)
+  mesh = sharding_lib.mesh_from_config(config, devices)
+  check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
+  optimizer = make_optimizer(OptimizerConfig.from_config(config),
+                             state_lib.frozen_params(model_cfg))
+  graphdef, state, state_sh = state_lib.abstract_train_state(
+      model_cfg, optimizer, mesh, config.seed, with_reference=needs_reference(config))
+  mask_id, eos_id = special_ids(config, model_cfg)
+  setup = Setup(config, _Task(_Tokens(mask_id, eos_id)), model_cfg, mesh)
+  run = Run(graphdef, state, state_sh, optimizer, ckpt=None)
+  o, p_len = config.orl, config.task.prompt_len
+  rows, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
+  with target_platform(platform):
+    steps = build_orl_steps(setup, run, prompt_iter=None)
+    prompts = _placed((o.prompts_per_step, p_len), jnp.int32, rows)
+    valid = _placed((o.prompts_per_step, p_len), jnp.bool_, rows)
+    key = _placed((), jax.random.key(0).dtype, repl)
+    traj = sharded_like(jax.eval_shape(steps.rollout, state.params, prompts, valid, key,
+                                       state.step), mesh)
+    plan = jax.tree.map(lambda x: _placed(x.shape, x.dtype, repl),
+                        ReplayPlan.abstract(steps.replay_cfg))
+    batch = jax.eval_shape(steps.gather, traj, plan)
+    batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
+    batch = jax.tree.map(lambda x, s: _placed(x.shape, x.dtype, s), batch, batch_sh)
+  state_bytes = _per_device_bytes(state)
+  not_params = state_bytes - _per_device_bytes(state.params)
+  programs = [
+      Program("rollout", f"{o.prompts_per_step} prompts x {o.group_size} responses, capture",
+              PER_ITERATION, lambda: steps.rollout.lower(state.params, prompts, valid, key,
+                                                          state.step), not_params),
+      Program("rollout_metrics", "device-side rollout sums", PER_ITERATION,
+              lambda: steps.sums.lower(traj), state_bytes),
+      Program("replay_gather", "packed staircase rows from the capture", PER_ITERATION,
+              lambda: steps.gather.lower(traj, plan), state_bytes)]
+  programs += _train_programs(steps, state, batch, key, 0)
+  n_rollout = o.prompts_per_step * o.group_size
+  decode_cfg = None
+  if not families.of_model(model_cfg).own_model:   # a family's own sampler: priced whole
+    decode_cfg = decoders.block_decode_config(config, model_cfg, "rollout", mask_id=mask_id,
+                                              eos_id=eos_id)
+    programs += _forward_programs(graphdef, state.params, decode_cfg, mesh, n_rollout, p_len,
+                                  PER_ITERATION, "rollout")
+  programs += _decode_programs(config, model_cfg, graphdef, state.params, mesh, mask_id,
+                               eos_id)
+  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))
+  block = decode_cfg.block_size if decode_cfg else config.decode.block_size
+  return ProgramSet(programs, mesh, n_params, n_rollout, config.decode.gen_length, block, 1)
+
+
+def _decode_programs(config, model_cfg, graphdef, params, mesh, mask_id: int,
+                     eos_id: int) -> list[Program]:
+  """`launch/decode.py`'s decoder (one prompt, every state captured for the trajectory page)
+  and, for the block decoder, its forward at batch 1 (what tokens/s at batch 1 rests on)."""
+  p_len = config.task.prompt_len
+  repl = sharding_lib.replicated(mesh)
+  prompts = _placed((1, p_len), jnp.int32, repl)
+  valid = _placed((1, p_len), jnp.bool_, repl)
+  key = _placed((), jax.random.key(0).dtype, repl)
+  decoder = decoders.make_decoder(config, model_cfg, graphdef, "decode", mask_id=mask_id,
+                                  eos_id=eos_id)
+  out = [Program("decode", "launch/decode.py: one prompt, every state captured", DECODE,
+                 lambda: decoder.lower(params, prompts, valid, key))]
+  if not families.of_model(model_cfg).own_model:
+    cfg = decoders.block_decode_config(config, model_cfg, "evaluate", mask_id=mask_id,
+                                       eos_id=eos_id)
+    out += _forward_programs(graphdef, params, cfg, mesh, 1, p_len, DECODE, "decode")
+  return out
