@@ -51,7 +51,9 @@ test: venv compilers
 # OTHER_CPU_ISAS whose results differ from this host's (tests/other_cpu_isas.py probes them; a
 # cap that changes nothing is skipped). The first such cap runs the whole default suite; the
 # next ones run the tests that compare token ids, forward counts or signs (marker `numerics`),
-# which keeps `make test` + `make test-other-cpu` within about an hour on 2 cores. More caps:
+# which keeps `make test` + `make test-other-cpu` within about an hour on 2 cores. Tests that
+# compile for a TPU or GPU (marker `accelerator_compile`) do not depend on this host's numerics
+# and are not rerun. More caps:
 # `make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"`.
 OTHER_CPU_ISAS ?= SSE4_2 AVX2
 test-other-cpu: venv compilers
@@ -59,7 +61,7 @@ test-other-cpu: venv compilers
 	if [ -z "$$caps" ]; then \
 	  echo "test-other-cpu: none of $(OTHER_CPU_ISAS) changes XLA's CPU results here; nothing to run"; \
 	  exit 0; fi; \
-	marker="not slow"; \
+	marker="not slow and not accelerator_compile"; \
 	for cap in $$caps; do \
 	  echo "test-other-cpu: XLA_FLAGS=--xla_cpu_max_isa=$$cap, tests: $$marker"; \
 	  XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=$$cap" $(PY) -m pytest -q -n $(TEST_WORKERS) \

@@ -12,6 +12,13 @@ Four sections, printed and written to JSON:
   (`replay_speedup.measure`; `--small`: one step each at G = 2, a 64-token prompt, 2 blocks
   of 2 steps).
 
+Beside each decode measurement it prints what the compiler predicts for the same program
+(`orl_jax.aot`, the predictions `launch/compile.py` makes without a device): one denoising
+forward compiled on this device, its roofline time (FLOPs over the chip's peak, bytes over its
+bandwidth: the TPU compiler's cost analysis; on a GPU the estimates of `orl_jax.aot.report`),
+and the tokens/s it implies at the measured TPF — so the first accelerator run says how good
+the compile command's predictions are (`predicted_over_measured`).
+
   python benchmarks/device_check.py                          # on the GPU / TPU host
   python benchmarks/device_check.py --platform=cpu --small   # smoke run, CPU, < 3 minutes
 
@@ -35,6 +42,9 @@ from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.tiny_task import tiny_tokenizer
 from orl_jax import decoders
+from orl_jax.aot import programs as aot_programs
+from orl_jax.aot import report as aot_report
+from orl_jax.aot import targets as aot_targets
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax.train.state import init_model_params
@@ -55,10 +65,6 @@ DECODE_MODEL = {
                  mlp_dim=5632, vocab_size=32000, dtype="bfloat16", param_dtype="bfloat16"),
     "small": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128),
 }
-# HBM bytes/s by device kind (lower case, first match); --hbm-gbps overrides.
-HBM_BANDWIDTH = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12, "l4": 0.3e12,
-                 "v5 lite": 0.82e12, "v5e": 0.82e12, "v5p": 2.76e12, "v6": 1.64e12,
-                 "v4": 1.2e12}
 
 
 def _rel_err(got, want) -> float:
@@ -114,23 +120,42 @@ def kernel_time(size: str) -> dict:
   return dict(row_tokens=stats["row_len"], nonempty_tile_fraction=nonempty, timing=timing)
 
 
-def hbm_bandwidth(override_gbps: float | None) -> float | None:
+def device_budget(override_gbps: float | None):
+  """This device's share of its chip (`orl_jax.aot.targets.CHIPS`; the bandwidth overridden
+  by --hbm-gbps), or None for a device the table does not know (CPU)."""
+  chip = aot_targets.chip_of_device(jax.devices()[0])
+  if chip is None:
+    return None if not override_gbps else aot_targets.DeviceBudget(0, 0.0, override_gbps * 1e9)
   if override_gbps:
-    return override_gbps * 1e9
-  kind = jax.devices()[0].device_kind.lower()
-  return next((bw for name, bw in HBM_BANDWIDTH.items() if name in kind), None)
+    chip = dataclasses.replace(chip, hbm_bandwidth=override_gbps * 1e9)
+  return aot_targets.chip_budget(chip, jax.devices(), jax.default_backend())
 
 
-def decode(size: str, bandwidth: float | None) -> dict:
+def predicted_forward(graphdef, params, decode_cfg, batch: int, p_len: int, budget) -> dict:
+  """One denoising forward of `decode_cfg` at `batch` rows compiled on this device: its
+  FLOPs, bytes and roofline seconds (what `launch/compile.py` prices a forward with)."""
+  step, args, _, _ = aot_programs.forward_programs(graphdef, params, decode_cfg, batch, p_len)
+  lowered = step.lower(*args)
+  flops, moved, compiler_s, source = aot_report.program_cost(lowered, lowered.compile(), 1)
+  seconds = max(flops / budget.peak_flops if budget.peak_flops else 0.0,
+                moved / budget.hbm_bandwidth)
+  return dict(flops=flops, bytes=moved, cost_source=source, roofline_s=seconds,
+              compiler_estimate_s=compiler_s)
+
+
+def decode(size: str, budget) -> dict:
   config = tiny.get_config("eval")
   tok = tiny_tokenizer()
   model_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
   model_cfg = type(model_cfg)(**{**model_cfg.__dict__, **DECODE_MODEL[size]})
   graphdef, params = init_model_params(model_cfg, 0)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  rule = UnmaskRule.parse("threshold_0.9")
   run = decoders.make_decoder(config, model_cfg, graphdef, "evaluate", mask_id=tok.mask_id,
-                              eos_id=tok.eos_id, rule=UnmaskRule.parse("threshold_0.9"),
-                              temperature=0.0)
+                              eos_id=tok.eos_id, rule=rule, temperature=0.0)
+  decode_cfg = decoders.block_decode_config(config, model_cfg, "evaluate", mask_id=tok.mask_id,
+                                            eos_id=tok.eos_id, rule=rule, temperature=0.0)
+  bandwidth = budget.hbm_bandwidth if budget else None
   out = dict(params=sum(x.size for x in jax.tree.leaves(params)), weight_bytes=weight_bytes,
              hbm_bytes_per_s=bandwidth)
   for batch in (1, 64):
@@ -143,10 +168,20 @@ def decode(size: str, bandwidth: float | None) -> dict:
     n_gen = np.asarray(result.n_generated)
     tpf = float(np.mean(n_gen / np.maximum(np.asarray(result.nfe), 1)))
     bound = batch * tpf * bandwidth / weight_bytes if bandwidth else None
-    out[f"batch_{batch}"] = dict(tokens_per_s=float(n_gen.sum()) / seconds, tpf=tpf,
-                                 bandwidth_bound_tokens_per_s=bound)
-    print(f"decode batch {batch}: {n_gen.sum() / seconds:.0f} tok/s (TPF {tpf:.2f}; bandwidth "
-          f"bound {'n/a' if bound is None else f'{bound:.0f}'} tok/s)", flush=True)
+    measured = float(n_gen.sum()) / seconds
+    row = dict(tokens_per_s=measured, tpf=tpf, bandwidth_bound_tokens_per_s=bound)
+    line = (f"decode batch {batch}: {measured:.0f} tok/s (TPF {tpf:.2f}; bandwidth bound "
+            f"{'n/a' if bound is None else f'{bound:.0f}'} tok/s)")
+    if budget is not None:
+      pred = predicted_forward(graphdef, params, decode_cfg, batch, config.task.prompt_len,
+                               budget)
+      pred["tokens_per_s"] = batch * tpf / pred["roofline_s"]
+      pred["predicted_over_measured"] = pred["tokens_per_s"] / measured
+      row["predicted"] = pred
+      line += (f"; compiler's roofline {pred['tokens_per_s']:.0f} tok/s "
+               f"({pred['predicted_over_measured']:.2f}x measured, {pred['cost_source']})")
+    out[f"batch_{batch}"] = row
+    print(line, flush=True)
   return out
 
 
@@ -205,7 +240,7 @@ def main():
   _common.write_json(args.out, report)  # keep what finished if a later section dies
   report["kernel_time"] = kernel_time(size)
   _common.write_json(args.out, report)
-  report["decode"] = decode(size, hbm_bandwidth(args.hbm_gbps))
+  report["decode"] = decode(size, device_budget(args.hbm_gbps))
   _common.write_json(args.out, report)
   report["orl_step"] = orl_step(size)
   _common.write_json(args.out, report)

@@ -64,6 +64,7 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   m.dtype = "bfloat16"
   m.param_dtype = "bfloat16"
   m.residual.mode = "adapter"
+  m.remat = True                     # per-layer recomputation: replay rows of 4k tokens fit HBM
   c.task.name = "jsonl"
   c.task.path = ""
   c.task.k_shot = 0
@@ -101,6 +102,7 @@ def debug_overrides(c, *, block_size: int, workdir: str):
   m.n_heads, m.n_kv_heads = 4, (4 if c.model.attention == "bidirectional" else 2)
   m.vocab_size = 0
   m.residual.hidden = 0
+  m.remat = False                     # tiny: nothing to save
   m.dtype = m.param_dtype = "float32"
   m.hub_id = ""                       # random weights: no weights directory needed
   # (special tokens: the tiny task's tokenizer brings its own)

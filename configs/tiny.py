@@ -66,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"         # compute dtype of activations
   c.model.param_dtype = "float32"   # storage dtype of parameters and AdamW moments
   c.model.attention_impl = "auto"   # auto | xla | pallas | splash (replay attention)
+  c.model.remat = False             # recompute each layer in the backward pass (real models)
   # The weights to start from: a local Hugging Face model directory (config.json: the model
   # family and every architecture field then come from it) or an orl_jax params folder
   # (meta.json). "" = model.init_from, else a fresh init.

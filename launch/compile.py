@@ -11,7 +11,8 @@ compiled by the target's own compiler (libtpu; XLA's GPU compiler with the GPU's
 description) on the run's mesh and shardings, from abstract parameters. Prints, per program,
 per-device bytes, whether it fits a device, FLOPs, bytes moved and a roofline bound on its
 time, then the predicted time of an iteration and the decode tokens/s at batch 1; a compiler's
-refusal is said in one paragraph. Needs the compilers: `make compilers`.
+refusal is said in one paragraph. The last line is `fits: yes|no` (exit status 0 or 1). Needs
+the compilers: `make compilers`.
 """
 import _common  # repo on sys.path; run()  (first: the compilers go in before JAX starts)
 from orl_jax.aot import targets
@@ -46,13 +47,14 @@ def main(argv):
   target = targets.parse_target(_TARGET.value, _SLICES.value)
   result = compile_run.compile_run(_CONFIG.value, target, programs=_PROGRAMS.value,
                                    tpf=_TPF.value, memory_fraction=_MEM_FRACTION.value,
-                                   progress=print)
+                                   progress=lambda line: print(line, flush=True))
   print(compile_run.format_result(result))
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump(compile_run.result_json(result), f, indent=2)
     print(f"results: {_JSON.value}")
   print(f"fits: {'yes' if result.fits else 'no'}")
+  return 0 if result.fits else 1   # exit status 1: something does not compile or fit
 
 
 if __name__ == "__main__":

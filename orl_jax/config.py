@@ -281,7 +281,7 @@ def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id:
       residual_mode=m.residual.mode, residual_hidden=m.residual.hidden,
       residual_scale=m.residual.scale, residual_temperature=m.residual.temperature,
       moe=moe_config(config), first_k_dense=m.get("first_k_dense", 0),
-      norm_head=m.get("norm_head", False),
+      norm_head=m.get("norm_head", False), remat=m.get("remat", False),
       hf_family=m.get("hf_family", "") if hf_family is None else hf_family)
   if arch:
     fields.update(arch)

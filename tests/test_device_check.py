@@ -1,5 +1,6 @@
 """benchmarks/device_check.py runs end to end on CPU (`--platform=cpu --small`): every section
-in its JSON, the headline `name: value` last, kernel parity within tolerance."""
+in its JSON, the headline `name: value` last, kernel parity within tolerance, the compiler's
+prediction beside the decode measurement."""
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ def test_device_check_small_on_cpu(tmp_path):
   out_json = tmp_path / "device_check.json"
   out = subprocess.run(
       [sys.executable, "benchmarks/device_check.py", "--platform=cpu", "--small",
-       f"--out={out_json}"], cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+       "--hbm-gbps=20", f"--out={out_json}"], cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
       capture_output=True, text=True, timeout=1800)  # generous: CI machines may be shared
   assert out.returncode == 0, out.stderr[-3000:]
   name, value = out.stdout.strip().splitlines()[-1].split(": ")
@@ -25,6 +26,10 @@ def test_device_check_small_on_cpu(tmp_path):
   assert {k.split("/")[0] for k in report["parity"]} == {"pallas", "splash"}  # CPU: interpret
   assert len(report["parity"]) == 6  # both kernels at 3 shapes
   assert report["decode"]["batch_64"]["tokens_per_s"] > 0
+  # the compiler's prediction beside the measurement (CPU: bytes over the given bandwidth)
+  predicted = report["decode"]["batch_1"]["predicted"]
+  assert predicted["bytes"] > 0 and predicted["roofline_s"] > 0
+  assert predicted["predicted_over_measured"] > 0
   assert report["orl_step"]["packed_step_s"] > 0 and report["orl_step"]["naive_step_s"] > 0
 
 

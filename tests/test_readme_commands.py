@@ -28,6 +28,8 @@ MARKER = "*Needs "
 
 _DEMO = "tests/test_demo_report.py::test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again"
 _ORL = "tests/test_train.py::test_orl_is_on_policy_and_resumes_exactly"
+_COMPILE = ("tests/test_compile.py::"
+            "test_the_tiny_orl_iteration_compiles_for_v5e_with_the_staircase_kernel")
 _DEBUG_RUNS = "tests/test_real_configs.py::test_debug_config_runs_two_orl_iterations"
 _LLADA2_SIZING = "tests/test_families.py::test_llada2_mini_dry_run_matches_hand_calculation"
 _EVAL_LAUNCHER = "tests/test_real_task_eval.py::test_eval_launcher_gsm8k_base_vs_orl_on_llada_debug"
@@ -56,6 +58,14 @@ EXERCISED = {
     'make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"':
         ("Makefile::test-other-cpu", ("$(OTHER_CPU_ISAS)", "tests/other_cpu_isas.py")),
     "make test-slow": ("Makefile::test-slow", ("pytest", "-m slow")),
+    "make compilers": ("Makefile::$(COMPILERS)", ("--target", "orl_jax.aot.targets tpu",
+                                                  "orl_jax.aot.targets cuda")),
+    # the compile command on the tiny ORL iteration for v5e (the paper models' own runs take
+    # minutes each on a CPU host; their results are the table of docs/scaling.md)
+    "python launch/compile.py --config=configs/sdar.py:8b --target=v5p:2x2x1":
+        (_COMPILE, ("_compile(", "--target=v5e:2x2")),
+    "python launch/compile.py --config=configs/llada.py:2.1-mini --target=h100x8 --tpf=4":
+        (_COMPILE, ("_compile(", "--target=v5e:2x2")),
     "make test-all": ("Makefile::test-all", ("pytest",)),
     "make base": ("tests/test_base_checkpoint.py::test_make_base_reproduces_the_committed_base",
                   ("base_model.make_base", 'get_config("sft")')),

@@ -107,31 +107,45 @@ def _with_rows(tree, rows, repl, batch_axis=lambda x: 0):
   return jax.tree.map(place, tree)
 
 
-def _forward_programs(graphdef, params, decode_cfg, mesh, n_rows: int, p_len: int, runs: str,
-                      name: str) -> list[Program]:
-  """The prompt's prefill and one denoising step of `decode_cfg`'s decode on `n_rows` rows."""
-  rows, repl = _rows_or_replicated(mesh, n_rows), sharding_lib.replicated(mesh)
-  prompts = _placed((n_rows, p_len), jnp.int32, rows)
-  valid = _placed((n_rows, p_len), jnp.bool_, rows)
-  key = _placed((), jax.random.key(0).dtype, repl)
+def forward_programs(graphdef, params, decode_cfg, n_rows: int, p_len: int, mesh=None):
+  """(step, step args, prefill or None, prefill args): one denoising forward of
+  `decode_cfg`'s decode on `n_rows` prompts of `p_len` tokens (`decoding.denoising_step`,
+  its carry donated) and the prompt's prefill, jitted, with abstract arguments placed on
+  `mesh` (rows over the batch axes where they divide; None: this host's default device)."""
+  place = lambda tree, axis=lambda x: 0: tree
+  if mesh is not None:
+    rows, repl = _rows_or_replicated(mesh, n_rows), sharding_lib.replicated(mesh)
+    place = lambda tree, axis=lambda x: 0: _with_rows(tree, rows, repl, axis)
+  prompts, valid = place((jax.ShapeDtypeStruct((n_rows, p_len), jnp.int32),
+                          jax.ShapeDtypeStruct((n_rows, p_len), jnp.bool_)))
+  key = place(jax.ShapeDtypeStruct((), jax.random.key(0).dtype))
   model_of = lambda p: nnx.merge(graphdef, p)
   cache, carry = jax.eval_shape(
       lambda p, t, v: decoding.denoising_step_inputs(model_of(p), t, v, decode_cfg),
       params, prompts, valid)
   # KV cache k/v are [L, B, ...]: rows on axis 1; everything else leads with the rows
-  cache_axis = lambda x: 1 if x.ndim == 5 else 0
-  cache, carry = _with_rows(cache, rows, repl, cache_axis), _with_rows(carry, rows, repl)
+  cache, carry = place(cache, lambda x: 1 if x.ndim == 5 else 0), place(carry)
   step = jax.jit(lambda p, t, v, k, c, s: decoding.denoising_step(model_of(p), t, v, k,
                                                                  decode_cfg, c, s),
                  donate_argnums=(5,))
-  out = [Program(f"{name}_step", "one denoising forward (+ capture) of a block", PER_FORWARD
-                 if runs == PER_ITERATION else runs,
-                 lambda: step.lower(params, prompts, valid, key, cache, carry))]
+  fill = None
   if cache is not None and decode_cfg.cache == "none":   # the exact KV cache
     fill = jax.jit(lambda p, t, v: decoding.prefill(model_of(p), t, v, decode_cfg))
+  return step, (params, prompts, valid, key, cache, carry), fill, (params, prompts, valid)
+
+
+def _forward_programs(graphdef, params, decode_cfg, mesh, n_rows: int, p_len: int, runs: str,
+                      name: str) -> list[Program]:
+  """`forward_programs` as Programs: priced per forward and per rollout in an iteration."""
+  step, step_args, fill, fill_args = forward_programs(graphdef, params, decode_cfg, n_rows,
+                                                      p_len, mesh)
+  in_iteration = runs == PER_ITERATION
+  out = [Program(f"{name}_step", "one denoising forward (+ capture) of a block",
+                 PER_FORWARD if in_iteration else runs, lambda: step.lower(*step_args))]
+  if fill is not None:
     out.insert(0, Program(f"{name}_prefill", "the prompt's KV cache (one forward)",
-                          PER_ROLLOUT if runs == PER_ITERATION else runs,
-                          lambda: fill.lower(params, prompts, valid)))
+                          PER_ROLLOUT if in_iteration else runs,
+                          lambda: fill.lower(*fill_args)))
   return out
 
 

@@ -45,6 +45,7 @@ class ProgramReport:
   bytes_accessed: float = 0.0  # per device
   cost_source: str = ""        # "compiler" (optimised) | "estimate" (see the module doc)
   compiler_seconds: float = 0.0   # the TPU compiler's own time estimate, 0 when it gives none
+  kernel_calls: int = 0        # Pallas kernels (Mosaic / Triton custom calls) in the program
 
   @property
   def ok(self) -> bool:
@@ -81,6 +82,17 @@ def _host_cost(lowered, n_devices: int) -> float:
   module = lowered.compiler_ir("hlo").as_hlo_module()
   cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
   return float(cost.get("flops", 0.0)) / n_devices
+
+
+# The custom-call targets Pallas kernels compile to (Mosaic TPU; Triton and Mosaic GPU)
+KERNEL_TARGETS = {"tpu": ("tpu_custom_call",),
+                  "cuda": ("__gpu$xla.gpu.triton", "mosaic_gpu")}
+
+
+def kernel_calls(compiled_text: str, platform: str) -> int:
+  """Pallas kernel calls in a compiled module's text."""
+  return sum(compiled_text.count(f'custom_call_target="{name}') for name in
+             KERNEL_TARGETS.get(platform, ()))
 
 
 _HBM = re.compile(r"required for (?P<what>[^(]+)\((?P<need>[\d.]+)(?P<u>[GMK])\) exceeds "
@@ -127,24 +139,30 @@ def compile_program(program: Program, target: Target, n_devices: int) -> Program
     report.error = refusal(program, target, e)
     return report
   report.compile_seconds = time.perf_counter() - t0
+  report.kernel_calls = kernel_calls(compiled.as_text() or "", target.platform)
   mem = compiled.memory_analysis()
   report.argument_bytes = int(mem.argument_size_in_bytes)
   report.output_bytes = int(mem.output_size_in_bytes)
   report.temp_bytes = int(mem.temp_size_in_bytes)
   report.alias_bytes = int(mem.alias_size_in_bytes)
+  (report.flops, report.bytes_accessed, report.compiler_seconds,
+   report.cost_source) = program_cost(lowered, compiled, n_devices)
+  return report
+
+
+def program_cost(lowered, compiled, n_devices: int) -> tuple[float, float, float, str]:
+  """(FLOPs, bytes accessed, the compiler's own time estimate or 0, source) per device of a
+  compiled program: the compiler's figures where it gives them (TPU), else the estimates of
+  the module docstring (source "estimate")."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
   if cost:
-    report.flops = float(cost.get("flops", 0.0))
-    report.bytes_accessed = float(cost.get("bytes accessed", 0.0))
-    report.compiler_seconds = max(float(cost.get("optimal_seconds", 0.0)), 0.0)
-    report.cost_source = "compiler"
-  else:
-    report.flops = _host_cost(lowered, n_devices)
-    report.bytes_accessed = float(report.argument_bytes + report.output_bytes
-                                  - 2 * report.alias_bytes)
-    report.cost_source = "estimate"
-  return report
+    return (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
+            max(float(cost.get("optimal_seconds", 0.0)), 0.0), "compiler")
+  mem = compiled.memory_analysis()
+  moved = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+           - 2 * mem.alias_size_in_bytes)
+  return _host_cost(lowered, n_devices), float(moved), 0.0, "estimate"
 
 
 @dataclasses.dataclass
@@ -178,9 +196,13 @@ def predict(reports: list[ProgramReport], budget: DeviceBudget, *, gen_length: i
 
 def format_table(reports: list[ProgramReport], target: Target, budget: DeviceBudget,
                  usable: int) -> str:
-  """The per-program table, one line each (GiB per device)."""
+  """The per-program table, one line each: GiB per device (`+live`: the iteration's other
+  buffers alive meanwhile), GFLOP and GB per device, the roofline bound, and the TPU
+  compiler's own time estimate. The rollout's cost counts each loop body once (its time is
+  predicted from the prefill and step programs)."""
   head = (f"{'program':<20} {'compile s':>9} {'args':>8} {'out':>8} {'temp':>8} {'alias':>8} "
-          f"{'+live':>8} {'peak':>8}  {'fits':<4} {'GFLOP':>9} {'GB moved':>9} {'roofline':>10}")
+          f"{'+live':>8} {'peak':>8}  {'fits':<4} {'GFLOP':>9} {'GB moved':>9} {'roofline':>10} "
+          f"{'compiler':>10}")
   lines = [head, "-" * len(head)]
   g = lambda b: f"{b / GIB:8.2f}"
   for r in reports:
@@ -191,7 +213,8 @@ def format_table(reports: list[ProgramReport], target: Target, budget: DeviceBud
     lines.append(f"{r.name:<20} {r.compile_seconds:9.1f} {g(r.argument_bytes)} "
                  f"{g(r.output_bytes)} {g(r.temp_bytes)} {g(r.alias_bytes)} "
                  f"{g(r.resident_bytes)} {g(r.peak_bytes)}  {fits:<4} {r.flops / 1e9:9.1f} "
-                 f"{r.bytes_accessed / 1e9:9.2f} {_seconds(r.roofline_seconds(budget)):>10}")
+                 f"{r.bytes_accessed / 1e9:9.2f} {_seconds(r.roofline_seconds(budget)):>10} "
+                 f"{_seconds(r.compiler_seconds) if r.compiler_seconds else '-':>10}")
   return "\n".join(lines)
 
 

@@ -195,6 +195,9 @@ def topology_devices(target: Target) -> list:
   use_compiler(target.platform)
   if target.platform == "tpu":
     kwargs = {"num_slices": target.n_slices} if target.n_slices > 1 else {}
+    dims = [int(d) for d in target.topology.split(":")[1].split("x")]
+    if math.prod(dims) < 4:    # a host of fewer chips than libtpu's default 2x2x1 (Colab's v5e-1)
+      kwargs["chips_per_host_bounds"] = tuple(dims + [1] * (3 - len(dims)))
     try:
       topo = topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
                                           **kwargs)
@@ -220,6 +223,15 @@ def devices_per_chip(devices) -> int:
   return max(1, len(coords) // len(set(coords)))
 
 
+def chip_of_device(device) -> Chip | None:
+  """The chip of a real (or compile-only) device, from its `device_kind`; None if unknown."""
+  kind = getattr(device, "device_kind", "")
+  if kind in TPU_KINDS:
+    return CHIPS[TPU_KINDS[kind]]
+  name = kind.lower()
+  return next((CHIPS[c] for c in ("h200", "h100", "a100") if c in name), None)
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceBudget:
   """What one compile-only device has: its share of its chip."""
@@ -229,8 +241,12 @@ class DeviceBudget:
 
 
 def device_budget(target: Target, devices) -> DeviceBudget:
-  share = devices_per_chip(devices) if target.platform == "tpu" else 1
-  chip = target.chip
+  return chip_budget(target.chip, devices, target.platform)
+
+
+def chip_budget(chip: Chip, devices, platform: str) -> DeviceBudget:
+  """One device's share of its chip (TPU devices may split a chip; a GPU is one device)."""
+  share = devices_per_chip(devices) if platform == "tpu" else 1
   return DeviceBudget(chip.hbm_bytes // share, chip.peak_flops / share,
                       chip.hbm_bandwidth / share)
 

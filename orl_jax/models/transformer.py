@@ -59,6 +59,8 @@ class ModelConfig:
   moe: MoEConfig | None = None      # MoE feed-forward on layers >= first_k_dense (LLaDA2)
   first_k_dense: int = 0            # leading dense-MLP layers (HF first_k_dense_replace)
   norm_head: bool = False           # L2-normalise each vocabulary row of the head (LLaDA2)
+  remat: bool = False               # recompute each layer in the backward pass (keeps only
+                                    # layer inputs alive: replay rows of real models fit HBM)
 
   @property
   def compute_dtype(self):
@@ -311,9 +313,16 @@ class Transformer(nnx.Module):
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
       layer_routes = None if routes is None or not layer.is_moe else routes[len(taken)]
-      x, layer_cache, moe_out = layer(x, positions, meta, layer_cache, cache_meta, cache_mode,
-                                      cache_offset, layer_routes,
-                                      keep if i == last and not layer.is_moe else None)
+      layer_keep = keep if i == last and not layer.is_moe else None
+
+      def run(layer_state, x, layer_cache, layer_routes, graph=nnx.graphdef(layer),
+              keep=layer_keep):
+        return nnx.merge(graph, layer_state)(x, positions, meta, layer_cache, cache_meta,
+                                             cache_mode, cache_offset, layer_routes, keep)
+      # functional (split state in, nothing written back): the frozen reference model of the
+      # KL anchor is built outside the gradient's trace and must not be updated from it
+      run = jax.checkpoint(run) if self.cfg.remat else run
+      x, layer_cache, moe_out = run(nnx.state(layer), x, layer_cache, layer_routes)
       if moe_out is not None:
         taken.append(moe_out.expert_ids)
       if cache_mode == "write":
