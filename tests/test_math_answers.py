@@ -12,12 +12,15 @@ Each row records our verdict and what three reference graders give on the same r
 The references are written here from their published regexes and normaliser, so that the table
 shows where the strict rule differs from them and why (see the `why` of each row).
 """
+import decimal
 import re
+import unicodedata
 
 import pytest
 
 from orl_jax.problem import Problem
-from orl_jax.verify import math_answer
+from orl_jax.verify import math_answer, math_number
+from orl_jax.verify.math_answer import canonical_number
 from orl_jax.verify.gsm8k import GSM8KVerifier
 from orl_jax.verify.tiny import TinyVerifier
 
@@ -353,3 +356,88 @@ def test_tiny_rule_is_the_shared_rule():
   assert verifier.score_batch([problem] * len(responses), responses) == [
       float(math_answer.answers_match(r, "27")) for r in responses] == [
       1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+# --------------------------------------------------------------------------- Unicode surveys
+# Every code point of each class the rule must read (or refuse), taken from the Unicode
+# database of the running Python, scored by both math verifiers in one batch each.
+
+_ALL = [chr(i) for i in range(0x110000)]
+
+
+def _by_category(*categories):
+  return [c for c in _ALL if unicodedata.category(c) in categories]
+
+
+def _verdicts(cases):
+  """[(response, gold)] -> scores of both math verifiers (the same, or the test fails)."""
+  problems = [Problem(f"q{i}", "q", answer=gold) for i, (_, gold) in enumerate(cases)]
+  responses = [response for response, _ in cases]
+  tiny, gsm8k = (v.score_batch(problems, responses) for v in (TinyVerifier(), GSM8KVerifier()))
+  assert tiny == gsm8k
+  return tiny
+
+
+def _named_minus():
+  """Symbols named MINUS (`−`, `⁻`, `˗`, `➖`, `∸`, ...), not dingbats such as BLACK DIAMOND
+  MINUS WHITE X."""
+  return [c for c in _ALL if "MINUS" in unicodedata.name(c, "").split()
+          and (unicodedata.category(c) in ("Sm", "Sk", "Po")
+               or "MINUS SIGN" in unicodedata.name(c, ""))]
+
+
+def test_every_dash_and_minus_sign_is_read_as_a_minus_sign():
+  dashes, minus = _by_category("Pd"), _named_minus()
+  wave_dashes = {"\u301c", "\u3030"}   # tilde-like: hedges, never signs
+  assert set(dashes) - wave_dashes <= math_number.MINUS_SIGNS
+  assert {"\u2212", "\ufe63", "\uff0d", "\u2012", "\u2013", "\u2014", "\u2010", "\u2011",
+          "\u2043", "\u02d7"} <= math_number.MINUS_SIGNS
+  signs = sorted(set(dashes) | set(minus) | math_number.MINUS_SIGNS)
+  # Gold 30: a minus-like character before the number is never 30 (a sign, an operator or a
+  # hedge); gold -30: each minus sign is read as one.
+  assert _verdicts([(f"#### {c}30", "30") for c in signs]) == [0.0] * len(signs)
+  assert _verdicts([(f"#### {c}30", "-30") for c in signs]) == [
+      float(c in math_number.MINUS_SIGNS) for c in signs]
+  assert _verdicts([(f"#### 30{c}", "30") for c in signs]) == [0.0] * len(signs)
+
+
+def test_every_other_math_symbol_is_a_hedge_or_an_operator():
+  symbols = [c for c in _by_category("Sm") if c != "=" and c not in math_number.SIGNS]
+  assert len(symbols) > 900
+  cases = [(f"#### {c}30", "30") for c in symbols] + [(f"#### 30 {c} 1", "30") for c in symbols]
+  cases += [(f"#### 30{c}", "30") for c in symbols]
+  assert _verdicts(cases) == [0.0] * len(cases)
+
+
+def test_every_number_in_another_script_is_a_second_number():
+  """`str.isnumeric` is exactly `unicodedata.numeric` is defined (CJK numerals included), so the
+  rule's test for a number in another script covers every numeric code point."""
+  numeric = [c for c in _ALL if unicodedata.numeric(c, None) is not None]
+  assert [c for c in _ALL if c.isnumeric()] == numeric and len(numeric) > 1800
+  others = [c for c in numeric if not c.isascii()]
+  cases = [(f"#### 30 ({c})", "30") for c in others] + [(f"#### 30 or {c}", "30") for c in others]
+  cases += [(f"#### 30{c}", "30") for c in others]
+  assert _verdicts(cases) == [0.0] * len(cases)
+  # Alone, only a decimal digit (category Nd) is read, as its own value.
+  alone = [(f"#### {c}", canonical_number(decimal.Decimal(unicodedata.numeric(c)))
+            if unicodedata.numeric(c) == int(unicodedata.numeric(c)) else "1.5") for c in others]
+  assert _verdicts(alone) == [float(c.isdecimal()) for c in others]
+
+
+def test_a_number_in_one_decimal_script_reads_and_two_scripts_never_do():
+  zeros = sorted({ord(c) - unicodedata.decimal(c) for c in _by_category("Nd")})
+  assert len(zeros) > 60
+  one_script = [(f"#### {chr(z + 3)}{chr(z)}", "30") for z in zeros]
+  mixed = [(f"#### {chr(z + 3)}0", "30") for z in zeros if z != ord("0")]
+  mixed += [(f"#### 30 ({chr(z + 3)}{chr(z)})", "30") for z in zeros if z != ord("0")]
+  assert _verdicts(one_script) == [1.0] * len(one_script)
+  assert _verdicts(mixed) == [0.0] * len(mixed)
+
+
+def test_every_space_groups_thousands_and_invisible_or_combining_marks_refuse():
+  spaces = _by_category("Zs")
+  assert _verdicts([(f"#### 1{c}000", "1000") for c in spaces]) == [1.0] * len(spaces)
+  assert _verdicts([(f"#### 1{c}00", "100") for c in spaces]) == [0.0] * len(spaces)
+  marks = _by_category("Cf", "Mn", "Me")
+  cases = [(f"#### 3{c}0", "30") for c in marks] + [(f"#### 30{c}", "30") for c in marks]
+  assert _verdicts(cases) == [0.0] * len(cases)

@@ -59,6 +59,8 @@ _NUMERAL = re.compile(r"(?:[0-9]+|\.[0-9]+)(?:[." + "".join(_SEPARATOR_KIND) + r
                       r"(?:[eE][-+]?[0-9]+)?")
 _WORD = re.compile(r"[^\W\d_]+")
 _WORD_AHEAD = re.compile(r"\s*[^\W\d_]")
+_COMBINING = frozenset({"Mn", "Mc", "Me"})
+_ASIDE = re.compile(r"[,;.]?\s+[(\[]\s*")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _SPECIAL_TOKEN = re.compile(r"<\|[^<>|]{0,40}\|>|</?[A-Za-z_][\w-]{0,20}>")
 _LATEX_COMMAND = re.compile(r"\\([A-Za-z]+)")
@@ -162,12 +164,27 @@ def hedge_or_operator(text: str) -> bool:
 
 
 def _refused_marks(text: str) -> bool:
-  """A hedge or operator sign, a postfix operator, a number in another script, or an invisible
-  format character (what a reader sees would differ from what is read)."""
+  """A hedge or operator sign, a postfix operator, a number in another script, an invisible
+  format character, or a combining mark on anything but a letter (`3̶0`, a struck-out digit):
+  what a reader sees would differ from what is read."""
   if hedge_or_operator(text) or _POSTFIX.search(text):
     return True
-  return any(m.group().isnumeric() or unicodedata.category(m.group()) == "Cf"
-             for m in _NON_ASCII.finditer(text))
+  for match in _NON_ASCII.finditer(text):
+    char, at = match.group(), match.start()
+    category = unicodedata.category(char)
+    if char.isnumeric() or category == "Cf":
+      return True
+    if category in _COMBINING and not _on_a_letter(text, at):
+      return True
+  return False
+
+
+def _on_a_letter(text: str, at: int) -> bool:
+  """Whether the combining mark at `at` sits on a letter (after any other marks on it)."""
+  i = at - 1
+  while i >= 0 and unicodedata.category(text[i]) in _COMBINING and at - i < 16:
+    i -= 1
+  return i >= 0 and text[i].isalpha()
 
 
 def _sign_words_unless_refused(text: str) -> list[int] | None:
@@ -266,10 +283,12 @@ def _stray_signs(text: str, used: set[int]) -> bool:
 
 def _restated(text: str, numerals: list[re.Match]) -> bool:
   """Whether every number after the first is a restatement of it: some word that is not an
-  operator stands between each pair (`30. So Tom has 30`, not `30 x 30`)."""
+  operator stands between each pair, or a parenthesis set off by a space (`30. So Tom has 30`,
+  `30 (30 apples)`; not `30 x 30`, `30(30)`, `30 = 30`)."""
   for left, right in zip(numerals, numerals[1:]):
     words = [w.lower() for w in _WORD.findall(text, left.end(), right.start())]
-    if not any(w not in _OPERATOR_WORDS for w in words):
+    if not (any(w not in _OPERATOR_WORDS for w in words)
+            or _ASIDE.fullmatch(text, left.end(), right.start())):
       return False
   return True
 
