@@ -441,3 +441,29 @@ def test_every_space_groups_thousands_and_invisible_or_combining_marks_refuse():
   marks = _by_category("Cf", "Mn", "Me")
   cases = [(f"#### 3{c}0", "30") for c in marks] + [(f"#### 30{c}", "30") for c in marks]
   assert _verdicts(cases) == [0.0] * len(cases)
+
+
+def _named_marks(*words):
+  """Non-letter, non-combining characters whose name holds one of `words`."""
+  return [c for c in _ALL if any(w in unicodedata.name(c, "") for w in words)
+          and unicodedata.category(c)[0] not in "LMC"]
+
+
+def test_every_question_mark_tilde_and_ellipsis_is_a_hedge_and_every_bang_a_factorial():
+  hedges = _named_marks("QUESTION MARK", "INTERROBANG", "TILDE", "ELLIPSIS", "TWO DOT LEADER")
+  assert len(hedges) > 60
+  cases = [(f"#### 30{c}", "30") for c in hedges] + [(f"#### {c}30", "30") for c in hedges]
+  bangs = _named_marks("EXCLAMATION")
+  cases += [(f"#### 30{c}", "30") for c in bangs] + [(f"#### (30){c}", "30") for c in bangs]
+  assert _verdicts(cases) == [0.0] * len(cases)
+
+
+def test_every_superscript_or_subscript_on_the_number_is_an_exponent():
+  scripts = [c for c in _ALL if unicodedata.decomposition(c).startswith(("<super>", "<sub>"))
+             and c not in "ºª™℠"]
+  assert len(scripts) > 200
+  cases = [(f"#### 30{c}", "30") for c in scripts]
+  assert _verdicts(cases) == [0.0] * len(cases)
+  # A unit's exponent is the unit's: square metres, cubic centimetres.
+  assert _verdicts([("#### 30 m²", "30"), ("#### 30 cm^3", "30"),
+                    ("\\boxed{30 \\text{ m}^2}", "30"), ("#### {30}^2", "30")]) == [1, 1, 1, 0]

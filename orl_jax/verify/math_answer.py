@@ -30,29 +30,23 @@ import re
 from typing import Sequence
 
 from orl_jax.problem import Problem
-from orl_jax.verify.math_number import (
-    HEDGE_WORDS, NEGATION_WORDS, NUMBER_WORDS, SIGN_WORDS, SIGNS, hedge_or_operator, read_number)
+from orl_jax.verify.math_number import SIGN_WORD_TAIL, SIGNS, hedges_or_negates, read_number
 
-ANSWER_MARK = "####"
 _MARKER = re.compile(r"#{4,}|\\boxed(?![A-Za-z])")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 _BACKTICKS = re.compile(r"`+")
 _QUESTION_LINE = re.compile(r"^[ \t]*Question:", re.MULTILINE)
 _NUMERIC = re.compile(r"[0-9]|[^\x00-\x7f]")
 _CLAUSE_END = re.compile(r"[\n,;:!?=]|\.(?=\s)")
-_WORD = re.compile(r"[^\W\d_]+")
 _LATEX_NAME = re.compile(r"\\([A-Za-z]+)")
 _LATEX_ANY = re.compile(r"\\[A-Za-z]+|\\.")
-_SIGN_WORD_TAIL = re.compile(r"(?<![^\W\d_])(minus|negative|neg|plus|positive)\.?\s*$",
-                             re.IGNORECASE)
 _HEDGE_LATEX = frozenset({
     "approx", "approxeq", "sim", "simeq", "thicksim", "thickapprox", "backsim", "cong", "pm",
     "mp", "le", "leq", "leqslant", "ge", "geq", "geqslant", "lt", "gt", "ne", "neq", "neg",
     "lnot", "not", "lesssim", "gtrsim", "ll", "gg", "propto", "nless", "ngtr"})
-_CLAUSE_WORDS = HEDGE_WORDS | NEGATION_WORDS | NUMBER_WORDS | frozenset(SIGN_WORDS)
 
 
-def without_code(response: str) -> str:
+def _without_code(response: str) -> str:
   """`response` without fenced code blocks (an unclosed fence runs to the end, as in CommonMark)
   and with inline code read as text, its `####` and `\\boxed` removed."""
   parts, pos = [], 0
@@ -135,7 +129,7 @@ def _clause_sign(text: str, box_start: int) -> str | None:
     return None
   clause = _LATEX_ANY.sub(" ", clause).rstrip(" \t$([{*_")
   sign = ""
-  word = _SIGN_WORD_TAIL.search(clause)
+  word = SIGN_WORD_TAIL.search(clause)
   if word is not None:
     sign, clause = word.group(1) + " ", clause[:word.start(1)]
   elif clause[-1:] in SIGNS:
@@ -143,10 +137,7 @@ def _clause_sign(text: str, box_start: int) -> str | None:
     before = clause.rstrip()[-1:]
     if before and (before.isdigit() or before in ")]}" or before in SIGNS):
       return None
-  words = {w.lower() for w in _WORD.findall(clause)}
-  if words & _CLAUSE_WORDS or hedge_or_operator(clause):
-    return None
-  return sign
+  return None if hedges_or_negates(clause) else sign
 
 
 def _numeric_finder(text: str):
@@ -171,7 +162,7 @@ def _numeric_finder(text: str):
 
 def final_answer(response: str) -> decimal.Decimal | None:
   """The response's final answer under the strict rule; None when it has none (a wrong answer)."""
-  text = _before_next_question(without_code(response))
+  text = _before_next_question(_without_code(response))
   markers = list(_MARKER.finditer(text))
   if not markers:
     return None

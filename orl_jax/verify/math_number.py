@@ -1,32 +1,34 @@
 """What a final answer must be (DESIGN §2.4): one number, read the way a grader reads it.
 
-`read_number(span)` reads the text of a final-answer span (`math_answer` finds it) and returns its
-one number, or None when a grader could read anything else into it. docs/verifier.md has the
-table of classes with examples; in short:
+`read_number(span)` reads the text of a final-answer span (`math_answer` finds the span) and
+returns its one number, or None when a grader could read anything else into it. The classes,
+with examples and the reasons, are tabled in docs/verifier.md; in short:
 
-* **One number, one value.** A number is ASCII digits with an optional decimal part, exponent
-  and thousands separators. The same value may be restated after words (`30 ... so 30`); any
-  other value, a number in another script (CJK 三十, circled ㉚, Roman Ⅻ or `XXXI`, superscripts,
-  vulgar fractions), a spelled-out number word (`thirty`, `dozen`, `twice`, `squared`) or a
-  magnitude suffix (`30k`) is a second number. A span written entirely in one other decimal script
-  (full-width ３０, Arabic-Indic ٣٠, Devanagari ३०) is read as that number.
-* **Signs.** Every dash (Unicode category Pd, but the tilde-like wave dashes) and every character
-  named MINUS is a minus sign, as are the words `minus`, `negative`, `neg.`, right before the
-  number; `plus`/`positive` and the plus signs likewise. A sign anywhere else (`30-`, `x-30`,
-  `- -30`, `minus` after the number) makes the span unreadable; so does a negation (`not`, `no`,
-  `never`, `isn't`, `except`, `without`, `wrong`, ...).
+* **One value.** A number is ASCII digits with an optional decimal part, exponent and thousands
+  separators. The same value may be restated after words or in parentheses (`30. So Tom has
+  30`, `30 (30 apples)`); any other value, a number in another script (CJK 三十, circled ㉚,
+  Roman Ⅻ or `XXXI`, superscripts, vulgar fractions), a spelled-out number (`thirty`, `twice`,
+  `squared`) or a magnitude suffix (`30k`) is a second number. A span written in one other
+  decimal script (full-width ３０, Arabic-Indic ٣٠, Devanagari ३०) is read as that number.
+* **Signs.** Every dash (category Pd) but the tilde-like wave dashes and every sign named MINUS
+  is a minus sign, as are `minus`, `negative`, `neg.` right before the number; `plus`,
+  `positive` and the plus signs likewise. A sign anywhere else (`30-`, `x-30`, `- -30`, `minus`
+  after the number) and every negation (`not`, `no`, `never`, `isn't`, `except`, `without`,
+  `wrong`, ...) make the span unreadable; a hyphen inside a word and a dash set off by spaces
+  before words after the number are punctuation.
 * **Hedges and operators.** Hedge words (`or`, `about`, `approximately`, `between`, `at least`,
-  `than`, `ish`, `rounded`, ...), every math symbol (Unicode Sm: `≈ ~ < ≥ ± × √ ∞ |`, ...) but
-  `=` and the signs, `? ^ …`, postfix `!`, every LaTeX command but formatting and spacing
-  (`\\frac`, `\\sqrt`, `\\approx`, `\\times`), and invisible format characters (Cf) make the
-  span unreadable.
-* **Normalised, and nothing else**: thousands separators in valid groups of three (`,`, a space,
-  a thin or narrow no-break space, `'` or `’`, one kind per number: `1 000`, `1'000`; not `1 00`,
+  `than`, `ish`, `rounded`, ...), every math symbol (category Sm: `≈ ~ < ≥ ± × √ ∞ |`, ...) but
+  `=` and the signs, every question mark, tilde and ellipsis, `^`, a factorial (`30!`), an
+  exponent glued to the number (`30ⁿ`), every LaTeX command but formatting and spacing
+  (`\\frac`, `\\sqrt`, `\\approx`, `\\times`), invisible format characters (Cf) and
+  combining marks on anything but letters make the span unreadable.
+* **Normalised, and nothing else**: thousands separators in valid groups of three (one kind per
+  number: comma, apostrophe `'` `’`, or any space: `1,000`, `1 000`, `1'000`; not `1 00`,
   `30,5`), a trailing `.` or `.0`, currency signs, units after the number (`%`, `°`, words,
-  `m²`), LaTeX formatting and spacing (`\\text{}`, `\\,`, `{,}`, `\\$`, `\\(`), and integer-valued
-  scientific notation (`3e1`, `3.0e1`; not `3e-1`, exponents beyond ±100).
+  `m²`), LaTeX formatting and spacing (`\\text{}`, `\\,`, `{,}`, `\\$`, `\\(`), and
+  integer-valued scientific notation (`3e1`, `3.0e1`; not `3e-1`, exponents beyond ±100).
 
-Every function here accepts any string without raising and runs in time linear in its length.
+Every function here accepts any string without raising, in time linear in its length.
 """
 from __future__ import annotations
 
@@ -43,8 +45,18 @@ MINUS_SIGNS = frozenset(
     "\u2212\u2052\u207b\u208b\u02d7\u2796\u2043")
 PLUS_SIGNS = frozenset("+\uff0b\ufe62\u207a\u208a\u2795\u02d6")
 SIGNS = MINUS_SIGNS | PLUS_SIGNS
-# Hedge and operator marks outside category Sm (every Sm character but `=` and the signs is one).
-_HEDGE_MARKS = frozenset("?¿⁇⁈⁉？‽…^˜＾〜〰⁓")
+# Hedge and operator marks outside category Sm (every Sm character but `=` and the signs is one):
+# every question mark, interrobang, tilde and ellipsis (tests/test_math_answers.py surveys them
+# by name), the wave dashes, `^`.
+_HEDGE_MARKS = frozenset(
+    "?¿\u037e\u055e\u061f\u1367\u1945\u2047\u2048\u2049\u2753\u2754\u2cfa\u2cfb\u2e2e"
+    "\u2e54\ua60f\ua6f7\ufe16\ufe56\uff1f\U00011143\U0001e95f\U0001fbc4"
+    "\u203d\u2e18\U0001f679\U0001f67a\U0001f67b"
+    "\u02dc\u02f7\u2368\u236b\u236d\u2371\u2372\u2e1b\u2e1e\u2e1f\u2053"
+    "\u1801\u2026\ufe19\u2025\ufe30\u301c\u3030^\uff3e")
+# Exclamation marks: glued to a number they are a factorial (`30!`).
+_EXCLAMATIONS = ("!\u00a1\u055c\u07f9\u109f\u1944\u203c\u2755\u2757\u2762\u2763\u2e53"
+                 "\uaa77\ufe15\ufe57\uff01\U00016e9a\U0001e95e\U0001f199\U0001f51b")
 # What may stand between a sign and its number: `-$30`, `-(30)`, `-\\,30`, `-**30**`.
 _SIGN_GAP = frozenset("$([{*_")
 # Thousands separators by kind (one kind per number): comma, apostrophe, any space (Zs).
@@ -69,13 +81,17 @@ _LATEX_SPACING = (("{,}", ","), ("\\,", "\u2009"), ("\\!", ""), ("\\;", " "), ("
                   ("\\[", " "), ("\\]", " "), ("\\{", "{"), ("\\}", "}"), ("\\\\", " "),
                   ("^{\\circ}", "°"), ("^\\circ", "°"))
 # A unit's exponent (`m²`, `cm^3`, `\\text{m}^2`): part of the unit, not a second number.
-_UNIT_EXPONENT = re.compile(r"(?:(?<=[^\W\d_])|(?<=\}))\s*(?:\^\s*\{?\s*[23]\s*\}?|[²³])")
-_POSTFIX = re.compile(r"[0-9][)\]}]*[!！]|[0-9](?:k|K|M|B|bn|Bn|mn|mln)(?![^\W\d_])|\.\.\.")
-_REFUSED_PHRASE = re.compile(r"[^\W\d_]n['’]t(?![^\W\d_])|\bup\s*to\b", re.IGNORECASE)
+_UNIT_EXPONENT = re.compile(r"(?:(?<=[^\W\d_])|(?<=[^\W\d_]\}))\s*(?:\^\s*\{?\s*[23]\s*\}?|[²³])")
+# A factorial, a magnitude suffix (`30k`, `30M`: thousands, millions), an ellipsis.
+_POSTFIX = re.compile(r"[0-9][)\]}]*[" + _EXCLAMATIONS + r"]|"
+                      r"[0-9](?:k|K|M|B|bn|Bn|mn|mln)(?![^\W\d_])|\.\.\.")
+# `isn't`, `up to`, `and up`, `c. 30` (circa).
+_REFUSED_PHRASE = re.compile(r"[^\W\d_]n['’]t(?![^\W\d_])|\bup\s*to\b|\band\s+up\b|"
+                             r"\bc\.\s*[$0-9]", re.IGNORECASE)
 _ROMAN = re.compile(r"M{0,3}(?:CM|CD|D?C{0,3})(?:XC|XL|L?X{0,3})(?:IX|IV|V?I{0,3})")
 _SIGN_RUN = re.compile("[" + re.escape("".join(sorted(SIGNS))) + "]+")
 _HEDGE_MARK = re.compile("[" + re.escape("".join(sorted(_HEDGE_MARKS))) + "<>|~]")
-_SIGN_WORD_TAIL = re.compile(r"(?<![^\W\d_])(minus|negative|neg|plus|positive)\.?\s*$",
+SIGN_WORD_TAIL = re.compile(r"(?<![^\W\d_])(minus|negative|neg|plus|positive)\.?\s*$",
                              re.IGNORECASE)
 
 # LaTeX commands that only format or space (`\\text{30}` is 30); every other command is refused.
@@ -98,7 +114,8 @@ HEDGE_WORDS = frozenset({
     "might", "may", "could", "unsure", "uncertain", "unknown", "unclear", "undefined",
     "indeterminate", "infinity", "infinite", "inf", "nan", "if", "unless", "assuming", "depends",
     "depending", "whether", "else", "otherwise", "alternatively", "instead", "rather", "lower",
-    "upper", "bound", "ballpark"})
+    "upper", "bound", "ballpark", "tops", "thereabouts", "higher", "larger", "bigger", "smaller",
+    "upward", "upwards", "onward", "onwards"})
 NEGATION_WORDS = frozenset({
     "not", "no", "never", "none", "nothing", "nobody", "nowhere", "neither", "nor", "cannot",
     "cant", "isnt", "arent", "wasnt", "werent", "dont", "doesnt", "didnt", "wont", "wouldnt",
@@ -154,7 +171,7 @@ def _ascii_digits(text: str) -> str | None:
   return text.translate(table) if table else text
 
 
-def hedge_or_operator(text: str) -> bool:
+def _hedge_or_operator(text: str) -> bool:
   """Whether `text` holds a hedge or operator sign: `? ~ < > | ^ …`, or any math symbol
   (category Sm) but `=` and the signs."""
   if _HEDGE_MARK.search(text):
@@ -167,16 +184,25 @@ def _refused_marks(text: str) -> bool:
   """A hedge or operator sign, a postfix operator, a number in another script, an invisible
   format character, or a combining mark on anything but a letter (`3̶0`, a struck-out digit):
   what a reader sees would differ from what is read."""
-  if hedge_or_operator(text) or _POSTFIX.search(text):
+  if _hedge_or_operator(text) or _POSTFIX.search(text):
     return True
   for match in _NON_ASCII.finditer(text):
     char, at = match.group(), match.start()
     category = unicodedata.category(char)
-    if char.isnumeric() or category == "Cf":
+    if char.isnumeric() or category == "Cf" or _exponent_on_a_number(text, at):
       return True
     if category in _COMBINING and not _on_a_letter(text, at):
       return True
   return False
+
+
+def _exponent_on_a_number(text: str, at: int) -> bool:
+  """Whether a superscript or subscript (`30ⁿ`, `30ˣ`, `(30)ₖ`) is glued to a number; the
+  ordinal indicators and trade marks (`º ª ™ ℠`) are not exponents."""
+  if at == 0 or text[at] in "ºª™℠":
+    return False
+  return (unicodedata.decomposition(text[at]).startswith(("<super>", "<sub>"))
+          and (text[at - 1].isdigit() or text[at - 1] in ")]}"))
 
 
 def _on_a_letter(text: str, at: int) -> bool:
@@ -185,6 +211,12 @@ def _on_a_letter(text: str, at: int) -> bool:
   while i >= 0 and unicodedata.category(text[i]) in _COMBINING and at - i < 16:
     i -= 1
   return i >= 0 and text[i].isalpha()
+
+
+def hedges_or_negates(text: str) -> bool:
+  """Whether `text` holds a hedge, negation, number or sign word, or a hedge or operator sign:
+  what may not stand in the clause right before a boxed answer (`approximately \\boxed{30}`)."""
+  return _hedge_or_operator(text) or _sign_words_unless_refused(text) != []
 
 
 def _sign_words_unless_refused(text: str) -> list[int] | None:
@@ -203,7 +235,7 @@ def _sign_words_unless_refused(text: str) -> list[int] | None:
   return sign_words
 
 
-def numeral_value(numeral: str) -> decimal.Decimal | None:
+def _numeral_value(numeral: str) -> decimal.Decimal | None:
   """The exact value of one `_NUMERAL` match; None for invalid thousands groups (`30,5`, `1 00`,
   `1,000 000`), two decimal points, or an exponent that is too large or gives a fraction."""
   mantissa, exponent = numeral, None
@@ -254,7 +286,7 @@ def _sign_before(text: str, start: int) -> tuple[int, int | None, int | None] | 
       return None
     return (-1 if text[at] in MINUS_SIGNS else 1), at, None
   low = max(0, i - 12)
-  word = _SIGN_WORD_TAIL.search(text[low:i])
+  word = SIGN_WORD_TAIL.search(text[low:i])
   if word is None:
     return 1, None, None
   return SIGN_WORDS[word.group(1).lower()], None, low + word.start(1)
@@ -306,7 +338,7 @@ def read_number(span: str) -> decimal.Decimal | None:
     return None
   values, used_signs, used_words = [], set(), []
   for numeral in numerals:
-    value, sign = numeral_value(numeral.group()), _sign_before(text, numeral.start())
+    value, sign = _numeral_value(numeral.group()), _sign_before(text, numeral.start())
     if value is None or sign is None:
       return None
     factor, sign_at, word_at = sign
