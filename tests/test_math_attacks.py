@@ -27,7 +27,8 @@ WRONG = {
         "#### 30 isn\u2019t right", "#### all except 30", "#### 30 is incorrect",
         "#### without 30", "#### less than 30", "#### 30 is false", "\\boxed{30} is wrong",
         "It is not \\boxed{30}.", "\\boxed{\\neg 30}", "#### \u00ac30", "#### 30 \u2260 31",
-        "#### cannot be 30", "#### neither 30 nor 31", "#### 30 (not sure)"],
+        "#### cannot be 30", "#### neither 30 nor 31", "#### 30 (not sure)",
+        "#### 30 in absolute value"],
     "postfix operators": [
         "#### 30\u00b3", "#### 30!!", "#### (30)!", "#### 30 ^ 2", "#### 30^{2}", "#### 30**2",
         "#### 30e1", "#### 3.0e2", "#### 30 squared", "#### 30\u2082", "#### 30k", "#### 30M",

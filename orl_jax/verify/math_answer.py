@@ -30,13 +30,13 @@ import re
 from typing import Sequence
 
 from orl_jax.problem import Problem
-from orl_jax.verify.math_number import SIGN_WORD_TAIL, SIGNS, hedges_or_negates, read_number
+from orl_jax.verify.math_number import (
+    SIGN_WORD_TAIL, SIGNS, hedges_or_negates, non_ascii, read_number)
 
 _MARKER = re.compile(r"#{4,}|\\boxed(?![A-Za-z])")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 _BACKTICKS = re.compile(r"`+")
 _QUESTION_LINE = re.compile(r"^[ \t]*Question:", re.MULTILINE)
-_NUMERIC = re.compile(r"[0-9]|[^\x00-\x7f]")
 _CLAUSE_END = re.compile(r"[\n,;:!?=]|\.(?=\s)")
 _LATEX_NAME = re.compile(r"\\([A-Za-z]+)")
 _LATEX_ANY = re.compile(r"\\[A-Za-z]+|\\.")
@@ -144,16 +144,17 @@ def _numeric_finder(text: str):
   """holds_number(start, end): whether text[start:end] holds a digit or another numeric
   character. Asked with starts that never increase (markers from the last), the searches cover
   disjoint stretches, so all of them together take time linear in the text."""
+  numeric = "".join(c for c in non_ascii(text) if c.isnumeric())
+  pattern = re.compile("[0-9" + re.escape(numeric) + "]")
   searched_from, first = len(text), len(text)   # `first`: the first numeric at/after searched_from
 
   def holds_number(start: int, end: int) -> bool:
     nonlocal searched_from, first
     if start > searched_from:
       searched_from, first = len(text), len(text)
-    for match in _NUMERIC.finditer(text, start, searched_from):
-      if match.group().isascii() or match.group().isnumeric():
-        first = match.start()
-        break
+    found = pattern.search(text, start, searched_from)
+    if found:
+      first = found.start()
     searched_from = min(searched_from, start)
     return first < end
 

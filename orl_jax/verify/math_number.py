@@ -37,6 +37,7 @@ import re
 import unicodedata
 
 _MAX_EXPONENT = 100
+_DIGITS = frozenset("0123456789")
 # Dashes (category Pd) but the wave dashes, and the characters named MINUS that are signs rather
 # than operators (tests/test_math_answers.py re-derives the set from the Unicode database).
 MINUS_SIGNS = frozenset(
@@ -73,7 +74,6 @@ _WORD = re.compile(r"[^\W\d_]+")
 _WORD_AHEAD = re.compile(r"\s*[^\W\d_]")
 _COMBINING = frozenset({"Mn", "Mc", "Me"})
 _ASIDE = re.compile(r"[,;.]?\s+[(\[]\s*")
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _SPECIAL_TOKEN = re.compile(r"<\|[^<>|]{0,40}\|>|</?[A-Za-z_][\w-]{0,20}>")
 _LATEX_COMMAND = re.compile(r"\\([A-Za-z]+)")
 _LATEX_SPACING = (("{,}", ","), ("\\,", "\u2009"), ("\\!", ""), ("\\;", " "), ("\\:", " "),
@@ -121,7 +121,7 @@ NEGATION_WORDS = frozenset({
     "cant", "isnt", "arent", "wasnt", "werent", "dont", "doesnt", "didnt", "wont", "wouldnt",
     "couldnt", "shouldnt", "without", "except", "excluding", "excluded", "besides", "non",
     "wrong", "incorrect", "false", "untrue", "invalid", "impossible", "nope", "nah", "opposite",
-    "reciprocal", "inverse", "negated", "negation"})
+    "reciprocal", "inverse", "negated", "negation", "absolute", "magnitude", "modulus"})
 NUMBER_WORDS = frozenset({
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
     "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
@@ -160,8 +160,7 @@ def _ascii_digits(text: str) -> str | None:
   zeros, table = set(), {}
   if re.search(r"[0-9]", text):
     zeros.add(ord("0"))
-  for match in _NON_ASCII.finditer(text):
-    char = match.group()
+  for char in non_ascii(text):
     if char.isdecimal():
       digit = unicodedata.decimal(char)
       zeros.add(ord(char) - digit)
@@ -171,13 +170,17 @@ def _ascii_digits(text: str) -> str | None:
   return text.translate(table) if table else text
 
 
+def non_ascii(text: str) -> set[str]:
+  """The distinct non-ASCII characters of `text`."""
+  return {c for c in set(text) if not c.isascii()}
+
+
 def _hedge_or_operator(text: str) -> bool:
   """Whether `text` holds a hedge or operator sign: `? ~ < > | ^ …`, or any math symbol
   (category Sm) but `=` and the signs."""
   if _HEDGE_MARK.search(text):
     return True
-  return any(unicodedata.category(m.group()) == "Sm" and m.group() not in SIGNS
-             for m in _NON_ASCII.finditer(text))
+  return any(unicodedata.category(c) == "Sm" and c not in SIGNS for c in non_ascii(text))
 
 
 def _refused_marks(text: str) -> bool:
@@ -186,13 +189,19 @@ def _refused_marks(text: str) -> bool:
   what a reader sees would differ from what is read."""
   if _hedge_or_operator(text) or _POSTFIX.search(text):
     return True
-  for match in _NON_ASCII.finditer(text):
-    char, at = match.group(), match.start()
+  placed = []   # marks whose meaning depends on what they are glued to
+  for char in non_ascii(text):
     category = unicodedata.category(char)
-    if char.isnumeric() or category == "Cf" or _exponent_on_a_number(text, at):
+    if char.isnumeric() or category == "Cf":
       return True
-    if category in _COMBINING and not _on_a_letter(text, at):
-      return True
+    if category in _COMBINING or unicodedata.decomposition(char).startswith(("<super>", "<sub>")):
+      placed.append(char)
+  if placed:
+    for match in re.finditer("[" + re.escape("".join(placed)) + "]", text):
+      at = match.start()
+      if _exponent_on_a_number(text, at) or (unicodedata.category(match.group()) in _COMBINING
+                                             and not _on_a_letter(text, at)):
+        return True
   return False
 
 
@@ -245,7 +254,7 @@ def _numeral_value(numeral: str) -> decimal.Decimal | None:
   integer, _, fraction = mantissa.partition(".")
   if "." in fraction or not fraction.isdigit() and fraction:
     return None
-  separators = {c for c in integer if not c.isdigit()}
+  separators = set(integer) - _DIGITS
   if separators:
     if len({_SEPARATOR_KIND[c] for c in separators}) > 1:
       return None
