@@ -101,7 +101,8 @@ LATEX_FORMATTING = frozenset({
     "fbox", "bm", "boldsymbol", "underline", "displaystyle", "textstyle", "left", "right", "big",
     "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl", "Bigr", "quad", "qquad", "enspace",
     "thinspace", "space", "circ", "degree", "textdegree", "dollar", "textdollar", "euro",
-    "pounds", "yen", "cent", "percent", "textpercent"})
+    "pounds", "yen", "cent", "percent", "textpercent", "large", "Large", "LARGE", "huge", "Huge",
+    "small", "normalsize", "color", "textcolor", "ensuremath", "rm", "bf", "it"})
 SIGN_WORDS = {"minus": -1, "negative": -1, "neg": -1, "plus": 1, "positive": 1}
 HEDGE_WORDS = frozenset({
     "or", "either", "maybe", "perhaps", "possibly", "possible", "probably", "probable", "likely",
