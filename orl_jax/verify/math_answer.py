@@ -1,168 +1,190 @@
 """The strict final-answer rule of every math reward (DESIGN §2.4): GSM8K, user answer tasks, the
-tiny task.
+tiny task. Every math verifier is a `MathAnswerVerifier` and calls `final_answer`, so one
+response gets one verdict whichever task it is scored for. docs/verifier.md has the table.
 
-The final answer is read from the *final-answer span*: the text after the last `####` to the end
-of the response, or the inside of the last `\\boxed{...}` (braces balanced), whichever marker
-comes last; the text after that box may hold words and punctuation but no number and no hedge.
-The final answer therefore ends the response. Nothing before the span is ever read: no marker, or
-an empty or unreadable span, is a wrong answer (no fall-back to a number elsewhere in the text).
+Where the answer is, read as a grader reads a response:
+* **Code is not an answer.** Fenced code blocks are dropped and inline code is read as text
+  without its markers, so a `####` or `\\boxed{}` inside code is never a marker.
+* **A new problem is not part of the answer.** A line starting with `Question:` after a marker
+  starts the next problem (a base model given few-shot examples invents it): the response is cut
+  there. Before any marker such a line restates the question and is kept.
+* **The last marker that holds a number.** Markers are `####` (its text runs to the next marker)
+  and `\\boxed{...}` (braces balanced). The answer is read from the last marker whose text holds
+  a digit or another numeric character; a later marker without one (a stray empty `\\boxed{}`, a
+  closing `####`, a malformed box) is not an answer, and its text stays part of the span read,
+  so `#### 30\\n#### thirty-one` still reads `thirty`. No marker holding a number: wrong.
+* **The span.** After `####`: the rest of the response. A box: its inside, then the rest of the
+  response after it; the clause right before a box is part of the statement, so a sign there
+  signs the box (`-\\boxed{30}`) and a hedge, negation or number word there (`approximately
+  \\boxed{30}`, `not \\boxed{30}`) makes it wrong. `math_number.read_number` reads the span.
 
-The span is right only when it holds exactly one number and no hedge:
-* a number is a run of digits with an optional sign, decimal part and exponent; every other run
-  of digits in the span, and every spelled-out number word (`one`, `thirty`, `dozen`, ...), is a
-  second number, so `30 or 31`, `29, 30`, `30-31`, `30–31`, `30 (thirty-one)` are wrong;
-* hedges: the words `or`, `either`, `maybe`, `perhaps`, `possibly`, `probably`, `about`,
-  `around`, `approximately`, `approx`, `roughly`, `nearly`, `almost`, `between`, the signs
-  `? ~ ≈ ± ∓ < > ≤ ≥` and the LaTeX `\\approx \\sim \\pm \\mp \\le \\ge \\lt \\gt \\ne` (and
-  variants): `#### 30 or so`, `#### ~30`, `\\boxed{\\approx 30}` are wrong;
-* any other text may surround the number (units, currency, `hmm.`): `#### 30 dollars`, `#### $30`,
-  `#### 30 hmm.` read as 30.
-
-Normalised, and nothing else: thousands separators (only valid groups of three: `1,234`; `30,5`
-is unreadable), a trailing `.` or `.0`, a leading `$` (also `-$5`, `$-5`), `%` and other units
-after the number, LaTeX spacing and wrappers inside boxes (`\\text{}`, `\\mathrm{}`, `{,}`,
-`\\,`, `\\$`, `\\%`), and scientific notation whose value is an integer (`3e1` == 30; `3e-1` is
-unreadable; exponents beyond ±100 are unreadable). Answers are compared as exact decimals
-(`3.50` == `3.5`, `-0` == `0`), with no precision limit. Fractions (`\\frac{1}{2}`, `1/2`) hold
-two numbers and are wrong: the gold answers these rewards are used with are single decimals.
-
+Nothing before the span is ever read otherwise: there is no fall-back to a number elsewhere.
 Every function here accepts any string (empty, non-UTF-8 surrogates, megabytes of digits)
 without raising, except `gold_number`, whose input is data, not a model's output.
 """
 from __future__ import annotations
 
+import bisect
 import decimal
 import re
+from typing import Sequence
 
-ANSWER_MARK = "####"
-_BOXED = "\\boxed"
-_MAX_EXPONENT = 100
-# A number: digits (commas between digits), a decimal part, an exponent glued to it.
-_NUMBER = re.compile(r"(?P<mantissa>\d+(?:,\d+)*(?:\.\d+)?|\.\d+)(?:[eE](?P<exponent>[-+]?\d+))?")
-_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+")
-_WORD = re.compile(r"[^\W\d_]+")
-_LATEX_COMMAND = re.compile(r"\\([A-Za-z]+)")
-_LATEX_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
-_LATEX_SPACING = (("{,}", ","), ("\\,", ","), ("\\!", ""), ("\\;", " "), ("\\:", " "),
-                  ("\\ ", " "), ("\\quad", " "), ("\\$", "$"), ("\\%", "%"))
-_HEDGE_WORDS = frozenset({
-    "or", "either", "maybe", "perhaps", "possibly", "probably", "about", "around",
-    "approximately", "approx", "roughly", "nearly", "almost", "between"})
+from orl_jax.problem import Problem
+from orl_jax.verify.math_number import (
+    SIGN_WORD_TAIL, SIGNS, hedges_or_negates, non_ascii, read_number)
+
+_MARKER = re.compile(r"#{4,}|\\boxed(?![A-Za-z])")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
+_BACKTICKS = re.compile(r"`+")
+_QUESTION_LINE = re.compile(r"^[ \t]*Question:", re.MULTILINE)
+_CLAUSE_END = re.compile(r"[\n,;:!?=]|\.(?=\s)")
+_LATEX_NAME = re.compile(r"\\([A-Za-z]+)")
+_LATEX_ANY = re.compile(r"\\[A-Za-z]+|\\.")
 _HEDGE_LATEX = frozenset({
-    "approx", "sim", "simeq", "pm", "mp", "le", "leq", "leqslant", "ge", "geq", "geqslant",
-    "lt", "gt", "ne", "neq", "lesssim", "gtrsim"})
-_HEDGE_SIGNS = frozenset("?~≈±∓<>≤≥")
-# Special tokens a detokenizer may leave (`<|im_end|>`, `</s>`): not a `<` or `>` hedge.
-_SPECIAL_TOKEN = re.compile(r"<\|[^<>|]{0,40}\|>|</?[A-Za-z_][\w-]{0,20}>")
-_NUMBER_WORDS = frozenset({
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-    "nineteen", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety",
-    "hundred", "thousand", "million", "billion", "trillion", "dozen", "half", "twice"})
-_SIGNS = "-−–+"
+    "approx", "approxeq", "sim", "simeq", "thicksim", "thickapprox", "backsim", "cong", "pm",
+    "mp", "le", "leq", "leqslant", "ge", "geq", "geqslant", "lt", "gt", "ne", "neq", "neg",
+    "lnot", "not", "lesssim", "gtrsim", "ll", "gg", "propto", "nless", "ngtr"})
 
 
-def _boxed(response: str, start: int) -> tuple[str, str] | None:
-  """(inside, text after) of the `\\boxed{...}` at `start` (braces balanced); None if malformed."""
-  i = start + len(_BOXED)
-  while i < len(response) and response[i].isspace():
+def _without_code(response: str) -> str:
+  """`response` without fenced code blocks (an unclosed fence runs to the end, as in CommonMark)
+  and with inline code read as text, its `####` and `\\boxed` removed."""
+  parts, pos = [], 0
+  for fence in _FENCE.finditer(response):
+    line_end = response.find("\n", fence.end())
+    info = response[fence.end():line_end if line_end >= 0 else len(response)]
+    if fence.start() < pos or (fence.group(1)[0] == "`" and "`" in info):
+      continue   # inside the previous block, or inline code (a backtick fence's line has none)
+    parts.append(response[pos:fence.start()])
+    mark = fence.group(1)
+    closing = re.compile(r"^ {0,3}" + re.escape(mark[0]) + "{" + str(len(mark)) + r",}[ \t]*$",
+                         re.MULTILINE)
+    found = closing.search(response, line_end + 1) if line_end >= 0 else None
+    pos = found.end() if found else len(response)
+    parts.append("\n")
+  parts.append(response[pos:])
+  return _inline_code_as_text("".join(parts))
+
+
+def _inline_code_as_text(text: str) -> str:
+  """Each code span (a backtick run closed by the next run of the same length) as plain text
+  that holds no marker; an unmatched run is literal."""
+  runs = list(_BACKTICKS.finditer(text))
+  by_length: dict[int, list[int]] = {}
+  for index, run in enumerate(runs):
+    by_length.setdefault(len(run.group()), []).append(index)
+  parts, pos, index = [], 0, 0
+  while index < len(runs):
+    run = runs[index]
+    same = by_length[len(run.group())]
+    after = bisect.bisect_right(same, index)
+    if after == len(same):
+      index += 1
+      continue
+    closing = runs[same[after]]
+    code = text[run.end():closing.start()]
+    parts += [text[pos:run.start()], " ", _MARKER.sub(" ", code), " "]
+    pos, index = closing.end(), same[after] + 1
+  parts.append(text[pos:])
+  return "".join(parts)
+
+
+def _before_next_question(text: str) -> str:
+  first = _MARKER.search(text)
+  if first is None:
+    return text
+  question = _QUESTION_LINE.search(text, first.end())
+  return text if question is None else text[:question.start()]
+
+
+def _brace_pairs(text: str) -> dict[int, int]:
+  """Position of each `{` -> position of its matching `}` (one pass)."""
+  pairs, stack = {}, []
+  for match in re.finditer(r"[{}]", text):
+    if match.group() == "{":
+      stack.append(match.start())
+    elif stack:
+      pairs[stack.pop()] = match.start()
+  return pairs
+
+
+def _box_inside(text: str, marker: re.Match, pairs: dict[int, int]) -> tuple[int, int] | None:
+  """(start, end) of the inside of the box at `marker`; None if it has no balanced braces."""
+  i = marker.end()
+  while i < len(text) and text[i].isspace():
     i += 1
-  if i >= len(response) or response[i] != "{":
+  if i >= len(text) or text[i] != "{" or i not in pairs:
     return None
-  depth = 0
-  for j in range(i, len(response)):
-    if response[j] == "{":
-      depth += 1
-    elif response[j] == "}":
-      depth -= 1
-      if depth == 0:
-        return response[i + 1:j], response[j + 1:]
-  return None
+  return i + 1, pairs[i]
 
 
-def _is_hedged(span: str) -> bool:
-  if any(c in _HEDGE_SIGNS for c in _SPECIAL_TOKEN.sub(" ", span)):
-    return True
-  if any(name in _HEDGE_LATEX for name in _LATEX_COMMAND.findall(span)):
-    return True
-  return False
-
-
-def _plain_text(span: str) -> str:
-  """The span without LaTeX wrappers and spacing commands (their content kept)."""
-  for before, after in _LATEX_SPACING:
-    span = span.replace(before, after)
-  for _ in range(4):   # nested wrappers: \text{\textbf{30}}
-    unwrapped = _LATEX_WRAPPER.sub(r" \1 ", span)
-    if unwrapped == span:
-      break
-    span = unwrapped
-  return _LATEX_COMMAND.sub(" ", span)
-
-
-def _is_negative(text: str, start: int) -> bool:
-  """Whether the number starting at `start` carries a minus sign (`-5`, `−5`, `-$5`, `$-5`,
-  `- 5`): a sign glued to a word or a digit (`16-3`) is not one."""
-  i = start
-  while i > 0 and text[i - 1] in " $":
-    i -= 1
-  if i == 0 or text[i - 1] not in _SIGNS:
-    return False
-  before = text[i - 2] if i >= 2 else " "
-  return text[i - 1] != "+" and not (before.isalnum() or before in "._")
-
-
-def _is_integral(value: decimal.Decimal) -> bool:
-  _, digits, exponent = value.as_tuple()
-  return exponent >= 0 or not any(digits[exponent:])
-
-
-def _numbers_unless_hedged(span: str) -> tuple[str, list[re.Match]] | None:
-  """(plain text, its number matches) of a span; None if it hedges or spells out a number."""
-  if _is_hedged(span):
+def _clause_sign(text: str, box_start: int) -> str | None:
+  """The sign written right before a box ("" for none); None when the clause before it hedges,
+  negates, holds a number word or an operator (`approximately \\boxed{30}`, `not \\boxed{30}`,
+  `12 - \\boxed{30}`)."""
+  line_start = text.rfind("\n", 0, box_start) + 1
+  ends = list(_CLAUSE_END.finditer(text, line_start, box_start))
+  clause = text[ends[-1].end() if ends else line_start:box_start]
+  if any(name in _HEDGE_LATEX for name in _LATEX_NAME.findall(clause)):
     return None
-  text = _plain_text(span)
-  words = [w.lower() for w in _WORD.findall(text)]
-  if any(w in _HEDGE_WORDS or w in _NUMBER_WORDS for w in words):
-    return None
-  return text, list(_NUMBER.finditer(text))
+  clause = _LATEX_ANY.sub(" ", clause).rstrip(" \t$([{*_")
+  sign = ""
+  word = SIGN_WORD_TAIL.search(clause)
+  if word is not None:
+    sign, clause = word.group(1) + " ", clause[:word.start(1)]
+  elif clause[-1:] in SIGNS:
+    sign, clause = clause[-1], clause[:-1]
+    before = clause.rstrip()[-1:]
+    if before and (before.isdigit() or before in ")]}" or before in SIGNS):
+      return None
+  return None if hedges_or_negates(clause) else sign
 
 
-def read_number(span: str) -> decimal.Decimal | None:
-  """The one number of a final-answer span, exactly; None when the span holds no number, more
-  than one, a hedge, or a number that is not readable (module docstring)."""
-  found = _numbers_unless_hedged(span)
-  if found is None or len(found[1]) != 1:
-    return None
-  text, (match,) = found
-  mantissa, exponent = match.group("mantissa"), match.group("exponent")
-  integer = mantissa.split(".")[0]
-  if "," in integer and not _THOUSANDS.fullmatch(integer):
-    return None
-  if exponent is not None and (len(exponent.lstrip("+-")) > 3
-                               or abs(int(exponent)) > _MAX_EXPONENT):
-    return None
-  value = decimal.Decimal(f"{mantissa.replace(',', '')}e{exponent or 0}")
-  if exponent is not None and not _is_integral(value):
-    return None
-  return -value if _is_negative(text, match.start()) else value
+def _numeric_finder(text: str):
+  """holds_number(start, end): whether text[start:end] holds a digit or another numeric
+  character. Asked with starts that never increase (markers from the last), the searches cover
+  disjoint stretches, so all of them together take time linear in the text."""
+  numeric = "".join(c for c in non_ascii(text) if c.isnumeric())
+  pattern = re.compile("[0-9" + re.escape(numeric) + "]")
+  searched_from, first = len(text), len(text)   # `first`: the first numeric at/after searched_from
+
+  def holds_number(start: int, end: int) -> bool:
+    nonlocal searched_from, first
+    if start > searched_from:
+      searched_from, first = len(text), len(text)
+    found = pattern.search(text, start, searched_from)
+    if found:
+      first = found.start()
+    searched_from = min(searched_from, start)
+    return first < end
+
+  return holds_number
 
 
 def final_answer(response: str) -> decimal.Decimal | None:
   """The response's final answer under the strict rule; None when it has none (a wrong answer)."""
-  mark = response.rfind(ANSWER_MARK)
-  box = response.rfind(_BOXED)
-  if box > mark:
-    boxed = _boxed(response, box)
-    if boxed is None:
-      return None
-    inside, after = boxed
-    if _numbers_unless_hedged(after) != (_plain_text(after), []):
-      return None   # a number or a hedge after the box: `\\boxed{30} or 31`
-    return read_number(inside)
-  if mark < 0:
+  text = _before_next_question(_without_code(response))
+  markers = list(_MARKER.finditer(text))
+  if not markers:
     return None
-  return read_number(response[mark + len(ANSWER_MARK):])
+  pairs = _brace_pairs(text) if any(m.group().startswith("\\") for m in markers) else {}
+  holds_number = _numeric_finder(text)
+
+  for index in range(len(markers) - 1, -1, -1):
+    marker = markers[index]
+    if marker.group().startswith("#"):
+      end = markers[index + 1].start() if index + 1 < len(markers) else len(text)
+      if holds_number(marker.end(), end):
+        return read_number(text[marker.end():])
+      continue
+    inside = _box_inside(text, marker, pairs)
+    if inside is None or not holds_number(*inside):
+      continue
+    sign = _clause_sign(text, marker.start())
+    if sign is None:
+      return None
+    return read_number(sign + text[inside[0]:inside[1]] + "\n" + text[inside[1] + 1:])
+  return None
 
 
 def gold_number(answer: str) -> decimal.Decimal:
@@ -187,3 +209,27 @@ def answers_match(response: str, gold: str) -> bool:
   """True when the response's strict final answer equals the gold number exactly."""
   predicted = final_answer(response)
   return predicted is not None and predicted == gold_number(gold)
+
+
+class MathAnswerVerifier:
+  """Scores 1.0 iff the strict final answer equals the gold number of `Problem.answer`, else 0.0.
+  Every math task scores with this one class, so the rule cannot differ between tasks."""
+
+  def score(self, problem: Problem, response: str) -> float:
+    name = type(self).__name__
+    if problem.answer is None:
+      raise ValueError(f"Problem {problem.problem_id!r} has no gold answer (Problem.answer is "
+                       f"None); {name} needs one.")
+    try:
+      gold = gold_number(problem.answer)
+    except ValueError as error:
+      raise ValueError(f"Problem {problem.problem_id!r}: {error}; answer tasks need a numeric "
+                       "'answer'.") from None
+    predicted = final_answer(response)
+    return 1.0 if predicted is not None and predicted == gold else 0.0
+
+  def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
+    if len(problems) != len(responses):
+      raise ValueError(f"{type(self).__name__}.score_batch got {len(problems)} problems but "
+                       f"{len(responses)} responses.")
+    return [self.score(p, r) for p, r in zip(problems, responses)]
