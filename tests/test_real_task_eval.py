@@ -88,8 +88,8 @@ def test_parse_compare():
                                                                 ("c/d/params", "orl")]
   assert eval_lib.parse_compare("x/model") == [("x/model", "model")]
   # a run's params folder is named after its run
-  assert eval_lib.parse_compare("work_dirs/sdar_4b/params,work_dirs/sdar_4b/") == [
-      ("work_dirs/sdar_4b/params", "sdar_4b"), ("work_dirs/sdar_4b/", "sdar_4b")]
+  assert eval_lib.parse_compare("work_dirs/sdar_4b/params,work_dirs/llada/") == [
+      ("work_dirs/sdar_4b/params", "sdar_4b"), ("work_dirs/llada/", "llada")]
   with pytest.raises(ValueError, match="twice"):
     eval_lib.parse_compare("a:m,b:m")
 

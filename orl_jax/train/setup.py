@@ -442,13 +442,14 @@ def export_files(setup: Setup, source: str) -> tuple[dict, dict]:
 def _residual_record(model_cfg) -> dict:
   """config.json's record of the residual pathway a model has (read back by
   `trained_run.trained_settings`); {} without one."""
+  from orl_jax.models import hf
   mode = getattr(model_cfg, "residual_mode", "none")
   if mode == "none":
     return {}
   return {trained_run.RESIDUAL_KEY: {
       "mode": mode, "hidden": model_cfg.residual_hidden, "scale": model_cfg.residual_scale,
       "temperature": model_cfg.residual_temperature,
-      "file": "adapter.safetensors" if mode == "adapter" else ""}}
+      "file": hf.ADAPTER_FILE if mode == "adapter" else ""}}
 
 
 def _special_token_ids(setup: Setup) -> dict:
