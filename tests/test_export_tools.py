@@ -64,7 +64,8 @@ class Block(nn.Module):
     d, f, kv = c.d_model, c.mlp_hidden_size, c.d_model // c.n_heads * c.n_kv_heads
     lin = lambda i, o: nn.Linear(i, o, bias=False)
     self.attn_norm, self.ff_norm = Norm(d), Norm(d)
-    self.q_proj, self.k_proj, self.v_proj, self.attn_out = lin(d, d), lin(d, kv), lin(d, kv), lin(d, d)
+    self.q_proj, self.k_proj, self.v_proj = lin(d, d), lin(d, kv), lin(d, kv)
+    self.attn_out = lin(d, d)
     self.ff_proj, self.up_proj, self.ff_out = lin(d, f), lin(d, f), lin(f, d)
 
 

@@ -104,7 +104,8 @@ EXERCISED = {
         (_EXPORT, ("launch/export.py", "--params={tmp_path}", "--out=")),
     # ORL on the shipped JSONL file, then the run evaluated, decoded and exported from its work
     # directory with no task flags (one ORL iteration, four problems)
-    "python launch/train.py --config=configs/llada.py:debug-jsonl": (_JSONL, ("train(", _JSONL_CFG)),
+    "python launch/train.py --config=configs/llada.py:debug-jsonl":
+        (_JSONL, ("train(", _JSONL_CFG)),
     "python launch/eval.py --config=configs/llada.py:debug-jsonl "
     "--config.model.path=work_dirs/llada_debug_jsonl": (_JSONL, ("evaluate_models(", _JSONL_CFG)),
     "python launch/decode.py --config=configs/llada.py:debug-jsonl "
@@ -388,7 +389,7 @@ AS_PRINTED = {
 # example). A training or evaluation command at its full size (300 ORL updates; 1319 GSM8K
 # problems with 7 decoder settings) is no CPU test: it also gets the `SHRINK` flags appended.
 SHRINK = {
-    "train": ("--config.train.steps=1 --config.decode.gen_length=16 "
+    "train": ("--config.train.steps=2 --config.train.warmup_steps=1 --config.decode.gen_length=16 "
               "--config.orl.prompts_per_step=2 --config.orl.group_size=2 "
               "--config.replay.row_len=1024 --config.replay.n_rows=4 "
               "--config.replay.max_states=32 --config.replay.max_responses=4"),
@@ -405,7 +406,7 @@ WITH_PATHS = {
     "sdar_run": {
         "python launch/train.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat "
         "--config.task.path=my_train.jsonl":
-            ("train", ("orl: 0/1 updates applied: no response verified",
+            ("train", ("orl: 0/2 updates applied: no response verified",
                        "Hugging Face export: work_dirs/sdar_4b/hf")),
         "python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b "
         "--out=work_dirs/sdar_4b/hf_sharded --max_shard_bytes=5000000000": ("", ("exported: ",)),

@@ -111,7 +111,8 @@ def test_debug_jsonl_trains_on_the_example_file_and_its_run_evaluates_and_decode
   ev.model.path = c.workdir
   results = evaluate_models(ev, [(c.workdir, "run")])
   assert results["run"]["threshold_0.9"]["n_problems"] == 4
-  assert f"run: {c.workdir} on 4 of the 36 jsonl ({c.task.path}) problems" in capsys.readouterr().out
+  said = capsys.readouterr().out
+  assert f"run: {c.workdir} on 4 of the 36 jsonl ({c.task.path}) problems" in said
   from tests.test_decode_launcher import _decode_launcher
   decoded = _decode_launcher().decode_model(ev, "run", c.workdir, num=2)
   assert len(decoded.texts) == 2 and decoded.nfe.min() >= 1
