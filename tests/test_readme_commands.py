@@ -389,7 +389,7 @@ AS_PRINTED = {
 # example). A training or evaluation command at its full size (300 ORL updates; 1319 GSM8K
 # problems with 7 decoder settings) is no CPU test: it also gets the `SHRINK` flags appended.
 SHRINK = {
-    "train": ("--config.train.steps=2 --config.train.warmup_steps=1 --config.decode.gen_length=16 "
+    "train": ("--config.train.steps=2 --config.train.warmup_steps=1 --config.decode.gen_length=32 "
               "--config.orl.prompts_per_step=2 --config.orl.group_size=2 "
               "--config.replay.row_len=1024 --config.replay.n_rows=4 "
               "--config.replay.max_states=32 --config.replay.max_responses=4"),
@@ -402,6 +402,12 @@ WITH_PATHS = {
         "python launch/decode.py --config=configs/llada.py:8b-instruct "
         "--config.model.path=/path/LLaDA-8B-Instruct --prompt=\"What is 7 * 8?\"":
             ("", ("== LLaDA-8B-Instruct (", "NFE paper")),
+    },
+    "llada2_run": {
+        "python launch/train.py --config=configs/llada.py --config.model.path=/path/LLaDA2.1-mini "
+        "--config.task.path=my_train.jsonl":
+            ("train", ("orl: 0/2 updates applied: no response verified",
+                       "Hugging Face export: work_dirs/llada2.1_mini/hf")),
     },
     "sdar_run": {
         "python launch/train.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat "
@@ -492,16 +498,20 @@ def _tiny_dirs(root) -> dict:
   from orl_jax.models import hf
   from orl_jax.models.build import build_model
   from orl_jax.models.transformer import ModelConfig
-  from tests.test_decode_launcher import (_QWEN3, _QWEN3_SPECIALS, byte_tokenizer,
-                                          write_llada_hf_dir)
-  llada_dir, sdar_dir = os.path.join(root, "LLaDA-8B-Instruct"), os.path.join(root, "SDAR-4B-Chat")
-  write_llada_hf_dir(llada_dir, d_model=16, n_layers=2, seed=0)
-  cfg = ModelConfig(**_QWEN3)
-  os.makedirs(sdar_dir)
-  byte_tokenizer(os.path.join(root, "tokenizer.json"), cfg.vocab_size, _QWEN3_SPECIALS)
-  hf.export_hf(sdar_dir, nnx.state(build_model(cfg, 0), nnx.Param), cfg, "qwen3",
-               tokenizer_file=os.path.join(root, "tokenizer.json"), model_type="sdar")
-  return {"/path/LLaDA-8B-Instruct": llada_dir, "/path/SDAR-4B-Chat": sdar_dir}
+  from tests.test_decode_launcher import (OTHER_FAMILIES, _QWEN3, _QWEN3_SPECIALS,
+                                          byte_tokenizer, write_llada_hf_dir)
+  out = {name: os.path.join(root, name)
+         for name in ("LLaDA-8B-Instruct", "SDAR-4B-Chat", "LLaDA2.1-mini")}
+  write_llada_hf_dir(out["LLaDA-8B-Instruct"], d_model=16, n_layers=2, seed=0)
+  _, llada2, llada2_specials = OTHER_FAMILIES["llada"]
+  for name, cfg, specials, model_type in (
+      ("SDAR-4B-Chat", ModelConfig(**_QWEN3), _QWEN3_SPECIALS, "sdar"),
+      ("LLaDA2.1-mini", llada2, llada2_specials, "llada2_moe")):
+    tokenizer = os.path.join(root, f"{name}.tokenizer.json")
+    byte_tokenizer(tokenizer, cfg.vocab_size, specials)
+    hf.export_hf(out[name], nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+                 tokenizer_file=tokenizer, model_type=model_type)
+  return {f"/path/{name}": path for name, path in out.items()}
 
 
 @pytest.mark.slow
