@@ -8,10 +8,13 @@ architecture field, and the config keeps only the run-time choices (dtypes, atte
 residual pathway, model.moe.impl ...).
   model.hf_family       registry family (llada | qwen3 | llada2_moe) of a model without an HF
                         model.path (random init, params folder); an HF model.path's model_type wins
+  model.hf_model_type   the config.json model_type an export declares without an HF model.path
+                        ("" = the family's own; configs/sdar.py: "sdar", SDAR's own classes)
   model.hub_id          the HF repository the variant is (named when model.path is unset; training
                         then stops); "" = random weights are fine (the `:debug` variants)
   model.vocab_size      embedding rows (0 = the tokenizer's size)
-  model.tokenizer       "" (model.path's tokenizer.json) | "byte" | path to a tokenizer.json
+  model.tokenizer       "" (model.path's tokenizer.json) | "byte" | "tiny" (the tiny task's
+                        word tokenizer) | path to a tokenizer.json
   model.special_tokens  {mask, eos, pad, bos}: token strings or ids, resolved in the tokenizer;
                         set one to override it. "" (the default) = the id the model directory
                         declares (generation_config.json, then config.json: mask_token_id,
@@ -30,6 +33,7 @@ residual pathway, model.moe.impl ...).
   task.path / chat / k_shot   user JSONL file (training data), chat template, GSM8K shots
   eval.compare          "DIR:name,DIR:name" models evaluated side by side (HF or params dirs)
   eval.random_init      evaluate a freshly initialised model when no weights are given (debug)
+  eval.n_problems       problems scored (0 = the whole evaluation set: the real configs' default)
   loss.vocab_chunk      tokens per chunk of the large-vocabulary losses (0 = off)
   mesh.dcn              {data, fsdp, tensor} ways over the data-center network (hybrid mesh)
 """
@@ -48,6 +52,8 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   m = c.model
   m.attention = family.attention
   m.hf_family = hf_family
+  # config.json model_type an export declares when no model.path says ("" = the family's own)
+  m.hf_model_type = ""
   m.hub_id = hub_id
   m.vocab_size = 0
   m.tokenizer = ""
@@ -71,6 +77,7 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   c.loss.vocab_chunk = 1024
   c.eval.compare = ""
   c.eval.random_init = False
+  c.eval.n_problems = 0          # the whole evaluation set (GSM8K 1319, HumanEval 164, a file)
   c.eval.settings = ("threshold_0.95", "threshold_0.9", "threshold_0.8", "threshold_0.7",
                      "entropy_budget_0.1", "entropy_budget_0.5", "entropy_budget_1.0")
   c.train.mode = "orl"

@@ -14,6 +14,9 @@ Launch lines:
   python launch/eval.py  --config=configs/llada.py:8b-instruct --config.task.name=gsm8k \
       --config.eval.compare=/path/LLaDA-8B-Instruct:base,work_dirs/llada/hf:orl
   python launch/train.py --config=configs/llada.py:debug       # tiny random MoE, 2 ORL steps (CPU)
+  python launch/train.py --config=configs/llada.py:debug-jsonl # the same on a JSONL file
+  python launch/eval.py --config=configs/llada.py:debug-jsonl \
+      --config.model.path=work_dirs/llada_debug_jsonl         # ... evaluated on the whole file
   python launch/decode.py --config=configs/llada.py:8b-instruct \
       --config.model.path=/path/LLaDA-8B-Instruct --prompt="What is 7 * 8?"
   python launch/decode.py --config=configs/llada.py --config.model.path=/path/LLaDA2.1-mini \
@@ -38,11 +41,14 @@ Variants (`get_config(arg)`):
   "8b-base"   : GSAI-ML/LLaDA-8B-Base, no chat template, EOS = <|endoftext|> (126081).
   "debug"     : a tiny random LLaDA2 MoE (4 layers, 1 dense, 8 experts top-2, 1 shared, 2 groups
               keep 1) on the tiny task: 2 ORL iterations on CPU.
+  "debug-jsonl": the same model on a JSONL file (task.path, default the shipped
+              examples/math_and_code.jsonl) with the byte-level debug tokenizer: 4 ORL
+              iterations, then launch/eval.py scores the whole file (a minute or two on CPU).
 """
 from configs import dlm_common
 
 VARIANTS = ("2.1-mini", "2.1-mini-dllm", "2.1-mini-sglang", "2.0-mini", "8b-instruct", "8b-base",
-            "debug")
+            "debug", "debug-jsonl")
 
 
 def _llada2_mini(c):
@@ -115,12 +121,26 @@ def _debug(c):
                     impl="dense"))     # dense expert compute: the tiny-CPU path
 
 
+def _debug_jsonl(c):
+  """`debug` on a JSONL file of your own (default: the shipped examples/math_and_code.jsonl):
+  the byte-level debug tokenizer, prompts of up to 160 tokens, 4 ORL iterations, then
+  `launch/eval.py` scores the whole file (eval.n_problems = 0)."""
+  _debug(c)
+  c.task.name, c.task.path, c.task.prompt_len = "jsonl", "examples/math_and_code.jsonl", 160
+  c.decode.gen_length = 32
+  c.replay.row_len = 512
+  c.train.steps = 4
+  c.eval.n_problems, c.eval.batch_size = 0, 36
+  c.eval.settings = ("threshold_0.9",)
+  c.workdir = "work_dirs/llada_debug_jsonl"
+
+
 def get_config(arg: str | None = None):
   arg = arg or "2.1-mini"
   if arg not in VARIANTS:
     raise ValueError(f"configs/llada.py has variants {', '.join(VARIANTS)}; got {arg!r}")
   serving = arg.partition("-mini-")[2]          # a serving preset: "dllm" | "sglang" | ""
-  if arg.startswith(("2.1-mini", "2.0-mini")) or arg == "debug":
+  if arg.startswith(("2.1-mini", "2.0-mini", "debug")):
     c = dlm_common.real_base("llada2_moe", hub_id=f"inclusionAI/LLaDA{arg[:3]}-mini")
     _llada2_mini(c)
     c.workdir = f"work_dirs/llada{arg[:3]}_mini"
@@ -142,4 +162,6 @@ def get_config(arg: str | None = None):
     c.task.chat = "none"
   if arg == "debug":
     _debug(c)
+  if arg == "debug-jsonl":
+    _debug_jsonl(c)
   return c

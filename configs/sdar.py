@@ -33,6 +33,7 @@ def get_config(arg: str | None = None):
                           qk_norm=True, tie_embeddings=False)
   else:
     raise ValueError(f"configs/sdar.py has variants 4b, 8b, debug; got {arg!r}")
+  c.model.hf_model_type = "sdar"   # an export declares SDAR's own classes (auto_map)
   c.task.chat = "qwen3"
   c.task.prompt_len = 512
   c.decode.block_size = 4

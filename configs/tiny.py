@@ -195,11 +195,11 @@ def base_config() -> ml_collections.ConfigDict:
   # 1 point, the size of the demo's accuracy bar; the base measured 0.963 on the first 512 and
   # 0.948 on 2048). `fixed_steps_1` (one token per forward: 33 forwards) is left out of the demo
   # for time; `:eval` and `eval.settings` still take it.
-  c.eval.n_problems = 2048
+  c.eval.n_problems = 2048          # the first problems of the evaluation set scored (0 = all)
   c.eval.batch_size = 256           # problems decoded together (divisible by the batch shards)
   # decoder settings, "<rule>_<value>"
   c.eval.settings = ("threshold_0.9", "threshold_0.7", "entropy_budget_0.5")
-  c.eval.name = "base"            # the model's key in results.json
+  c.eval.name = ""                # the model's key in results.json ("" = the run's name)
   c.eval.compare = ""             # "DIR:name,DIR:name": models evaluated side by side
   c.eval.random_init = False        # True: evaluate a fresh init (no weights)
 

@@ -1,7 +1,7 @@
 """Decode prompts with one or more models and show how each response was denoised.
 
   # your own prompt, with a Hugging Face directory (its config.json gives the family and every
-  # shape) or an orl_jax params folder; no data file is needed
+  # shape), an orl_jax params folder or a run's work directory; no data file is needed
   python launch/decode.py --config=configs/llada.py:8b-instruct \
       --config.model.path=/path/LLaDA-8B-Instruct --prompt="What is 7 * 8?"
   python launch/decode.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base
@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import math
 import os
+import sys
 from typing import Sequence
 
 import _common  # repo on sys.path; run()
@@ -34,7 +35,7 @@ from ml_collections import config_flags
 from orl_jax import config as config_lib
 from orl_jax import decoders
 from orl_jax import evaluate as eval_lib
-from orl_jax import trajectory_view
+from orl_jax import trajectory_view, trained_run
 from orl_jax import weights as weights_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.train.setup import build_setup, initial_params
@@ -46,7 +47,9 @@ _MODELS = flags.DEFINE_string("models", "", "name=DIR,... (HF directories or par
                               "default: model.path)")
 _NUM = flags.DEFINE_integer("num", 4, "number of evaluation problems to decode")
 _PROMPT = flags.DEFINE_string("prompt", "", "decode this prompt instead of evaluation problems "
-                              "(wrapped in task.chat; no task data needed)")
+                              "(wrapped in task.chat; no task data needed; a model of the tiny "
+                              "task, as the :debug configs train, reads only the tiny task's "
+                              "words)")
 _HTML = flags.DEFINE_string("html", "", "trajectory page path (default: WORKDIR/trajectories.html)")
 
 
@@ -83,16 +86,17 @@ class Decoded:
 
 def models_to_decode(config, models_flag: str) -> dict[str, str]:
   """name -> weights directory, from --models or model.path (model.init_from)."""
-  models = dict(m.split("=", 1) if "=" in m else (os.path.basename(os.path.normpath(m)), m)
+  models = dict(m.split("=", 1) if "=" in m else (weights_lib.display_name(m), m)
                 for m in models_flag.split(",") if m)
   if not models:
     weights = weights_lib.weights_of(config)
     if weights is None:
       raise app.UsageError("give weights: --config.model.path=DIR (a Hugging Face model "
-                           "directory or an orl_jax params folder) or --models=name=DIR,...")
-    models = {"model": weights.path}
+                           "directory, an orl_jax params folder or a finished run's work "
+                           "directory) or --models=name=DIR,...")
+    models = {weights_lib.display_name(weights.path): weights.path}
   for path in models.values():
-    weights_lib.kind_of(path, "--models" if models_flag else "model.path")
+    weights_lib.resolve(path, "--models" if models_flag else "model.path")
   return models
 
 
@@ -104,12 +108,12 @@ def _encode(problems, tokenizer, prompt_len: int):
 
 
 def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = None,
-                 num: int = 4) -> Decoded:
+                 num: int = 4, overridden: frozenset = frozenset()) -> Decoded:
   """Decodes `prompts` (or the first `num` evaluation problems of `config.task`) with the
   weights at `path`, as `config` sets the decoder. A Hugging Face directory gives the family and
-  every shape (its config.json); a params folder is decoded with the residual mode it was
-  trained with."""
-  cfg = eval_lib.model_config_for(config, path)
+  every shape (its config.json); a params folder (or a run's work directory) gives what it was
+  trained with (`trained_run`), except the fields in `overridden`."""
+  cfg = eval_lib.model_config_for(config, path, overridden)
   s = build_setup(cfg, prompts=prompts)
   problems = s.task.eval_problems() if prompts else s.task.eval_problems()[:num]
   tok = s.tokenizer
@@ -134,7 +138,7 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
 def write_page(path: str, decoded: list[Decoded]) -> str:
   """The trajectory page of every model (coloured by commit step), side by side."""
   first = decoded[0]
-  columns = {d.name: (d.tokens, d.steps, d.nfe) for d in decoded}
+  columns = {d.name: (d.tokens, d.steps, d.nfe, d.nfe_denoise) for d in decoded}
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
     f.write(trajectory_view.render(first.prompts, columns, first.tokenizer,
@@ -153,7 +157,8 @@ def main(argv):
   prompts = [_PROMPT.value] if _PROMPT.present else None
   decoded = []
   for name, path in models_to_decode(config, _MODELS.value).items():
-    decoded.append(decode_model(copy.deepcopy(config), name, path, prompts, _NUM.value))
+    decoded.append(decode_model(copy.deepcopy(config), name, path, prompts, _NUM.value,
+                                trained_run.overridden_fields(sys.argv)))
     print("\n".join(decoded[-1].lines()), flush=True)
   page = write_page(_HTML.value or os.path.join(config.workdir, "trajectories.html"), decoded)
   print(f"trajectories: {page}")

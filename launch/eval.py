@@ -3,6 +3,10 @@
   python launch/eval.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base
   python launch/eval.py --config=configs/tiny.py:eval --config.model.path=DIR \
       --config.eval.name=orl --config.eval.settings="('threshold_0.9','entropy_budget_0.5')"
+  # a trained run's work directory (or its params/ folder): the model, tokenizer, special
+  # tokens and chat template it was trained with come along; command-line overrides win
+  python launch/eval.py --config=configs/llada.py:debug-jsonl \
+      --config.model.path=work_dirs/llada_debug_jsonl
   # Base vs ORL side by side on GSM8K (HF directories or params folders; 'random' = fresh init):
   python launch/eval.py --config=configs/llada.py:8b-instruct --config.task.name=gsm8k \
       --config.eval.compare=/path/LLaDA-8B-Instruct:base,work_dirs/llada/params:orl
@@ -11,11 +15,13 @@
   # DiffusionGemma: its own sampler; settings entropy_budget_<nats>; TPF also as tpf_*_decoder
   python launch/eval.py --config=configs/diffusion_gemma.py:debug --config.eval.compare=random:base
 """
+import sys
+
 import _common  # repo on sys.path; run()
 from absl import app, logging
 from ml_collections import config_flags
 
-from orl_jax import distributed
+from orl_jax import distributed, trained_run
 from orl_jax import weights as weights_lib
 from orl_jax import evaluate as eval_lib
 
@@ -24,14 +30,16 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/
 
 
 def models_to_evaluate(config) -> list[tuple[str, str]]:
+  """(weights, name) of each model: eval.compare's, else model.path's (named eval.name, or by
+  what the weights are: a run's name, the folder's), else a fresh model with eval.random_init."""
   compare = config.eval.get("compare", "")
   if compare:
     return eval_lib.parse_compare(compare)
   weights = weights_lib.weights_of(config)
   if weights is not None:
-    return [(weights.path, config.eval.name)]
+    return [(weights.path, config.eval.name or weights_lib.display_name(weights.path))]
   if config.eval.get("random_init", False):
-    return [(eval_lib.RANDOM_INIT, config.eval.name)]
+    return [(eval_lib.RANDOM_INIT, config.eval.name or eval_lib.RANDOM_INIT)]
   raise app.UsageError("give weights: --config.model.path=DIR (a Hugging Face model or a "
                        "params folder) or --config.eval.compare=DIR:name,DIR:name")
 
@@ -41,7 +49,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   distributed.maybe_initialize(config.get("distributed"))
-  all_results = eval_lib.evaluate_models(config, models_to_evaluate(config))
+  all_results = eval_lib.evaluate_models(config, models_to_evaluate(config),
+                                         overridden=trained_run.overridden_fields(sys.argv))
   table, png = eval_lib.write_report(all_results, config.workdir,
                                      title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))

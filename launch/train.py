@@ -12,6 +12,7 @@ from ml_collections import config_flags
 
 from orl_jax import demo, distributed
 from orl_jax.train.entry import train
+from orl_jax.train.summary import report_run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
@@ -30,7 +31,8 @@ def main(argv):
     demo.run_demo(config)
   else:
     out = train(config)
-    print(f"parameters: {out}")
+    if distributed.is_lead_process():
+      print("\n".join(report_run(config, out)))
 
 
 if __name__ == "__main__":

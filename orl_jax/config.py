@@ -87,9 +87,11 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
   check(t.log_every > 0, f"train.log_every={t.log_every} must be positive")
   check(config.eval.batch_size > 0, f"eval.batch_size={config.eval.batch_size} must be positive")
   n_eval = config.task.get("tiny", {}).get("n_eval", 512) if config.task.name == "tiny" else None
-  check(n_eval is None or 0 < config.eval.n_problems <= n_eval,
-        f"eval.n_problems={config.eval.n_problems} must be in [1, task.tiny.n_eval={n_eval}] "
-        "(the size of the tiny task's evaluation set)")
+  check(config.eval.n_problems >= 0,
+        f"eval.n_problems={config.eval.n_problems} must be >= 0 (0 = the whole evaluation set)")
+  check(n_eval is None or config.eval.n_problems <= n_eval,
+        f"eval.n_problems={config.eval.n_problems} must be at most task.tiny.n_eval={n_eval} "
+        "(the size of the tiny task's evaluation set; 0 = all of it)")
   check(config.checkpoint.every >= 0,
         f"checkpoint.every={config.checkpoint.every} must be >= 0 (0 = only the final step)")
   check(config.checkpoint.keep > 0, f"checkpoint.keep={config.checkpoint.keep} must be positive")

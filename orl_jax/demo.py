@@ -9,17 +9,12 @@ import json
 import logging
 import os
 
-import numpy as np
-
 from orl_jax import evaluate as eval_lib
 from orl_jax import distributed, params_io, plots
-from orl_jax.metrics import read_jsonl
 from orl_jax.train.entry import train
 from orl_jax.train.setup import build_setup, check_compatible
+from orl_jax.train.summary import CURVE_KEYS, WARMUP_CURVE_KEYS, training_summary
 
-CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
-              "replay_entropy", "rollout_entropy_step0", "rollout_entropy_step2")
-WARMUP_CURVE_KEYS = ("loss", "masked_nll", "masked_acc", "residual_norm_ratio")
 
 
 def _repo_path(path: str) -> str:
@@ -142,34 +137,6 @@ def demo_stages(config) -> list[str]:
   if unknown:
     raise ValueError(f"unknown demo stages {unknown}; config.stages has {list(config.stages)}")
   return stages
-
-
-def training_summary(metrics_path: str) -> dict:
-  """What a reader checks first in a run's metrics.jsonl: the residual norm ratio at the start
-  and end, the anchor's mean value over the second half, the reward at the start and end (means
-  over the first and last tenth of the logged iterations) and the skipped updates."""
-  rows = read_jsonl(metrics_path)
-  out = {"iterations": rows[-1]["step"] if rows else 0}
-  tenth = max(len(rows) // 10, 1)
-  for key in ("residual_norm_ratio", "reward", "rollout_tpf", "loss_ce", "loss_aec"):
-    vals = [r[key] for r in rows if key in r]
-    if vals:
-      out[f"{key}_start"] = float(np.mean(vals[:tenth]))
-      out[f"{key}_end"] = float(np.mean(vals[-tenth:]))
-  rkl = [r["loss_rkl"] for r in rows[len(rows) // 2:] if "loss_rkl" in r]
-  if rkl:
-    out["loss_rkl_mean_second_half"] = float(np.mean(rkl))
-  # The weighted AEC term's share of the objective and its size against the CE, averaged over
-  # the logged updates (issue: is AEC 0.3% or 30% of what the optimizer sees?)
-  terms = [r for r in rows if "loss_aec_weighted" in r and r.get("loss", 0) > 0]
-  if terms:
-    out["aec_share"] = float(np.mean([r["loss_aec_weighted"] / r["loss"] for r in terms]))
-    out["aec_to_ce"] = float(np.mean([r["loss_aec_weighted"] / max(r["loss_ce"], 1e-12)
-                                      for r in terms]))
-    out["rkl_share"] = float(np.mean([r["loss_rkl_weighted"] / r["loss"] for r in terms]))
-  if rows and "updates_skipped" in rows[-1]:
-    out["updates_skipped"] = rows[-1]["updates_skipped"]
-  return out
 
 
 def run_figures(metrics_path: str) -> dict:

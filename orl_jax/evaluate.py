@@ -15,6 +15,7 @@ uniform-noise sampler).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import time
@@ -23,7 +24,7 @@ from typing import NamedTuple, Sequence
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from tqdm.auto import tqdm
+from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
 from orl_jax import distributed
 from orl_jax import sharding as sharding_lib
@@ -189,10 +190,7 @@ def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progres
   `model_cfg` (the run's `Setup.model_cfg`) picks its family's decoder. `progress` shows a bar
   over the settings (named `name`) and one over each setting's problems."""
   problems = task.eval_problems()
-  if config.eval.n_problems > len(problems):
-    raise ValueError(f"eval.n_problems={config.eval.n_problems} but the task's evaluation set has "
-                     f"{len(problems)} problems (the tiny task: raise task.tiny.n_eval).")
-  problems = problems[:config.eval.n_problems]
+  problems = problems[:n_evaluated(config, len(problems))]
   results = {}
   title = f"evaluate {name}".strip()
   with _bar(len(settings), title, progress, unit="setting", leave=True) as bar:
@@ -206,12 +204,58 @@ def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progres
   return results
 
 
-def update_results(path: str, model_name: str, results: dict) -> dict:
-  """Merges `{model_name: results}` into the JSON file at `path` (created if missing)."""
+def n_evaluated(config, n_available: int) -> int:
+  """How many of the task's `n_available` evaluation problems are scored: `eval.n_problems`
+  (0 = all of them); ConfigError, with the hint of the task, when it asks for more."""
+  n = config.eval.n_problems
+  if n <= n_available:
+    return n or n_available
+  from orl_jax.config import ConfigError
+  task = config.task
+  hint = {"tiny": "raise task.tiny.n_eval",
+          "jsonl": f"add problems to task.path={task.get('path', '')!r}"}.get(
+              task.name, "that is the whole test split")
+  raise ConfigError(f"eval.n_problems={n} but the {task.name} evaluation set has {n_available} "
+                    f"problems: set --config.eval.n_problems={n_available} (or 0 for all of "
+                    f"them), or {hint}")
+
+
+def evaluation_setup(config) -> str:
+  """What makes rows of a results table comparable: the task (its data file's bytes
+  included), the number of problems and the decoder's settings (`decode.*`), as one key."""
+  task = config.task.to_dict()
+  path = task.get("path", "")
+  if path and os.path.isfile(path):
+    with open(path, "rb") as f:
+      task["path_sha256"] = hashlib.sha256(f.read()).hexdigest()
+  return json.dumps([task, config.eval.n_problems, config.decode.to_dict()], sort_keys=True,
+                    default=str)
+
+
+SETUP_FILE = "results_setup.json"   # beside results.json: the set-up its rows were made with
+
+
+def update_results(path: str, model_name: str, results: dict, setup: str | None = None) -> dict:
+  """Merges `{model_name: results}` into the JSON file at `path` (created if missing). With a
+  `setup` (`evaluation_setup`), rows made with another set-up are not kept: the file starts
+  afresh (the old one moves to results.previous.json) and the change is printed."""
   all_results = {}
   if os.path.exists(path):
     with open(path) as f:
       all_results = json.load(f)
+  setup_path = os.path.join(os.path.dirname(os.path.abspath(path)), SETUP_FILE)
+  if setup is not None:
+    recorded = None
+    if os.path.exists(setup_path):
+      with open(setup_path) as f:
+        recorded = json.load(f).get("setup")
+    if all_results and recorded != setup:
+      os.replace(path, path.removesuffix(".json") + ".previous.json")
+      print(f"{path}: the evaluation set-up (task, eval.n_problems or decode.*) differs from "
+            f"the one its rows {sorted(all_results)} were made with; starting a new table",
+            flush=True)
+      all_results = {}
+    write_json_atomic(setup_path, {"setup": setup})
   all_results[model_name] = results
   write_json_atomic(path, all_results)
   return all_results
@@ -279,7 +323,8 @@ def format_table(all_results: dict, reference: str = "base") -> str:
   pooled-TPF ratio to the `reference` model at the same decoder setting when it was evaluated.
   TPF and NFE are the paper's count (+ one commit forward per block); `tpf_dn` / `nfe_dn` the
   authors' (denoising forwards only; '-' for results written before it was recorded)."""
-  head = (f"{'model':<16} {'decoder':<20} {'acc':>6} {'tpf_mean':>9} {'tpf_pool':>9} "
+  width = max([16] + [len(m) for m in all_results])
+  head = (f"{'model':<{width}} {'decoder':<20} {'acc':>6} {'tpf_mean':>9} {'tpf_pool':>9} "
           f"{'vs_' + reference:>9} {'nfe':>6} {'tpf_dn':>7} {'nfe_dn':>7} {'tps':>9}")
   lines = [head, "-" * len(head)]
   ref = all_results.get(reference, {})
@@ -291,7 +336,7 @@ def format_table(all_results: dict, reference: str = "base") -> str:
                 f"{len(r['seeds'])} seeds)" if "seeds" in r else "")
       denoise = (f"{r['tpf_pooled_denoise']:>7.2f} {r['nfe_mean_denoise']:>7.1f}"
                  if "tpf_pooled_denoise" in r else f"{'-':>7} {'-':>7}")
-      lines.append(f"{model:<16} {label:<20} {r['accuracy']:>6.3f} {r['tpf_mean']:>9.2f} "
+      lines.append(f"{model:<{width}} {label:<20} {r['accuracy']:>6.3f} {r['tpf_mean']:>9.2f} "
                    f"{r['tpf_pooled']:>9.2f} {ratio} {r['nfe_mean']:>6.1f} {denoise} "
                    f"{r['tps']:>9.0f}" + spread)
   lines.append("tpf / nfe: the paper's count (denoising forwards + one commit forward per "
@@ -303,62 +348,78 @@ RANDOM_INIT = "random"   # an `eval.compare` path that means "freshly initialise
 
 
 def parse_compare(spec: str) -> list[tuple[str, str]]:
-  """'DIR:name,DIR:name' -> [(DIR, name)]; a DIR without ':name' is named after its folder."""
+  """'DIR:name,DIR:name' -> [(DIR, name)]; a DIR without ':name' is named by what it is
+  (`weights.display_name`: a run's name, or the folder's)."""
+  from orl_jax.weights import display_name
   out = []
   for item in filter(None, (s.strip() for s in spec.split(","))):
     path, _, name = item.rpartition(":") if ":" in item else (item, "", "")
     path = path or item
-    out.append((path, name or os.path.basename(os.path.normpath(path))))
+    out.append((path, name or display_name(path)))
   names = [n for _, n in out]
   if len(set(names)) != len(names):
     raise ValueError(f"eval.compare={spec!r} names a model twice: {names}")
   return out
 
 
-def model_config_for(config, path: str):
+def model_config_for(config, path: str, overridden: frozenset = frozenset(),
+                     field: str = "model.path"):
   """A copy of `config` whose weights come from `path` (set as model.path): a Hugging Face
-  directory (has config.json), or an orl_jax params folder (evaluated with the residual mode it
-  was trained with); 'random' -> a fresh model from config.seed."""
+  directory, an orl_jax params folder or a finished run's work directory (`field` names it in
+  errors); 'random' -> a fresh model from config.seed. The settings the weights were trained
+  with (`trained_run.trained_settings`: a params folder's architecture, residual pathway,
+  tokenizer, special tokens and chat template) replace the config's, except the fields in
+  `overridden` (those the command line set)."""
   import copy
+  from orl_jax import trained_run
+  from orl_jax import weights as weights_lib
   cfg = copy.deepcopy(config)
   with cfg.unlocked():
     cfg.train.mode = "eval"        # evaluation only: the training modes' checks do not apply
     cfg.model.init_from = ""
     cfg.model.path = ""
-    if path == RANDOM_INIT:
-      pass
-    elif os.path.isdir(path):
-      cfg.model.path = path
-      if not os.path.isfile(os.path.join(path, "config.json")):
-        # the residual pathway is part of the trained weights: evaluate it as trained
-        from orl_jax import params_io
-        mode = params_io.read_meta(path).get("model", {}).get("residual_mode")
-        if mode:
-          cfg.model.residual.mode = mode
-    else:
-      raise FileNotFoundError(f"eval.compare: {path!r} is neither a Hugging Face model directory "
-                              "(config.json), an orl_jax params folder, nor 'random'")
+  if path == RANDOM_INIT:
+    return cfg
+  kind, folder = weights_lib.resolve(path, field)
+  trained_run.apply_settings(cfg, trained_run.trained_settings(kind, folder), overridden)
+  with cfg.unlocked():
+    cfg.model.path = folder
   return cfg
 
 
-def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True) -> dict:
+def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True,
+                    overridden: frozenset = frozenset()) -> dict:
   """Evaluates each (weights path, name) with `eval.settings` on `config.task`, side by side;
-  merges `{name: {setting: metrics}}` into WORKDIR/results.json (process 0) and returns all
-  results (on other processes: this call's)."""
+  merges `{name: {setting: metrics}}` into WORKDIR/results.json (process 0; a new table when
+  the evaluation set-up changed, `update_results`) and returns all results (on other
+  processes: this call's). `overridden`: the fields the command line set (`model_config_for`).
+  With `progress`, says how many of the task's problems each model is scored on."""
   from orl_jax.train.setup import build_setup, initial_params
   path = os.path.join(config.workdir, "results.json")
   all_results = {}
   for weights, name in models:
-    cfg = model_config_for(config, weights)
+    cfg = model_config_for(config, weights, overridden, "eval.compare" if config.eval.get(
+        "compare", "") else "model.path")
     setup = build_setup(cfg)
+    n_available = len(setup.task.eval_problems())
+    n = n_evaluated(cfg, n_available)          # before the weights load: a wrong size stops here
+    if progress and distributed.is_lead_process():
+      print(f"{name}: {weights} on {n} of the {n_available} {describe_task(cfg)} problems "
+            f"(eval.n_problems={cfg.eval.n_problems}; 0 = all)", flush=True)
     graphdef, params = initial_params(setup)
     results = evaluate(graphdef, params, setup.task, cfg, cfg.eval.settings, progress=progress,
                        mesh=setup.mesh, model_cfg=setup.model_cfg, name=name)
     if distributed.is_lead_process():
-      all_results = update_results(path, name, results)
+      all_results = update_results(path, name, results, evaluation_setup(config))
     else:
       all_results[name] = results
   return all_results
+
+
+def describe_task(config) -> str:
+  """'jsonl (examples/x.jsonl)', 'gsm8k', 'tiny': the evaluation set, for messages."""
+  path = config.task.get("path", "")
+  return f"{config.task.name} ({path})" if path else config.task.name
 
 
 def write_report(all_results: dict, workdir: str, title: str = "") -> tuple[str, str]:

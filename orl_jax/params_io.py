@@ -80,14 +80,17 @@ def flatten(pure: dict, prefix: str = "") -> dict[str, np.ndarray]:
   return out
 
 
-def save_params(directory: str, params: nnx.State, meta: dict) -> None:
-  """Writes atomically: into a temporary sibling folder, then renamed into place."""
+def save_params(directory: str, params: nnx.State, meta: dict, write_more=None) -> None:
+  """Writes atomically: into a temporary sibling folder, then renamed into place;
+  `write_more(folder)` adds files beside the parameters (a run's tokenizer.json)."""
   parent = os.path.dirname(os.path.abspath(directory))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".params-tmp-", dir=parent)
   save_file(flatten(params.to_pure_dict()), os.path.join(tmp, PARAMS_FILE))
   with open(os.path.join(tmp, META_FILE), "w") as f:
     json.dump(meta, f, indent=2, sort_keys=True, default=_json_default)
+  if write_more is not None:
+    write_more(tmp)
   if os.path.exists(directory):
     old = directory + ".old"
     os.replace(directory, old)
@@ -113,8 +116,8 @@ def _rmtree(path):
 def read_meta(directory: str) -> dict:
   path = os.path.join(directory, META_FILE)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: {directory!r} is not a parameter folder written by "
-                            "orl_jax (expected params.safetensors and meta.json)")
+    raise ParamsFileError(f"{path} not found: {directory!r} is not a parameter folder written by "
+                          "orl_jax (expected params.safetensors and meta.json)")
   return read_json(path)
 
 
@@ -131,8 +134,8 @@ def load_params(directory: str, params: nnx.State) -> tuple[nnx.State, list[str]
   """
   path = os.path.join(directory, PARAMS_FILE)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: run `make base` or point model.init_from at a "
-                            "folder written by a training run (its `params/` folder)")
+    raise ParamsFileError(f"{path} not found: run `make base` or point model.init_from at a "
+                          "folder written by a training run (its `params/` folder)")
   stored = read_safetensors(path)
   target = flatten(params.to_pure_dict())
   unexpected = sorted(set(stored) - set(target))

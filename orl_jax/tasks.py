@@ -66,8 +66,9 @@ def _task_field(task_cfg, name, default):
 
 def _eval_only(name: str):
   def fail(_):
-    raise ValueError(f"task.name={name!r} has test problems only (no offline train split): train "
-                     "on your own data with task.name='jsonl' and task.path=FILE")
+    from orl_jax.config import ConfigError
+    raise ConfigError(f"task.name={name!r} has test problems only (no offline train split): "
+                      "train on your own data with task.name='jsonl' and task.path=FILE")
   return fail
 
 
@@ -89,13 +90,43 @@ class NoVerifier:
     return [float("nan")] * len(problems)
 
 
+def tiny_task_tokenizer(tokenizer=None):
+  """The tiny task's word tokenizer, also for a Hugging Face tokenizer.json of exactly its
+  vocabulary (what an export of a tiny-task run holds: the same ids, but `tokenizers` cannot
+  write a number's digits back as one word); any other tokenizer as given."""
+  from orl_jax.data import tiny_task
+  from orl_jax.data.hf_tokenizer import same_vocabulary
+  own = tiny_task.tiny_tokenizer()
+  if tokenizer is None or (hasattr(tokenizer, "backend") and same_vocabulary(tokenizer,
+                                                                            own.vocab)):
+    return own
+  return tokenizer
+
+
+def _check_tiny_words(texts: Sequence[str], tokenizer) -> None:
+  """ConfigError naming the words of `texts` the tiny task's word tokenizer has no id for."""
+  if not hasattr(tokenizer, "vocab"):
+    return
+  from orl_jax.config import ConfigError
+  from orl_jax.data import tiny_task
+  from orl_jax.data.tokenizer import pretokenize
+  known = set(tokenizer.vocab)
+  unknown = sorted({w for t in texts for w in pretokenize(t) if w not in known})
+  if unknown:
+    shown = ", ".join(repr(w) for w in unknown[:6]) + (", ..." if len(unknown) > 6 else "")
+    raise ConfigError(f"the prompt has words outside the tiny task's vocabulary ({shown}): "
+                      "this model reads the tiny task's word tokenizer (task.name='tiny', as "
+                      "the :debug configs train), so write the prompt in its words, e.g. "
+                      f"{tiny_task.train_problem(0).prompt!r}")
+
+
 def prompt_task(task_cfg, texts: Sequence[str], tokenizer=None) -> Task:
   """A task made of the user's own prompts (`launch/decode.py --prompt`): no data files. The
   tokenizer is the one `get_task` would use (the tiny task's own, the model's, or the byte-level
   debug tokenizer); real-text prompts are wrapped in `task.chat` as task problems are."""
   if task_cfg.name == "tiny":
-    from orl_jax.data import tiny_task
-    tokenizer, chat = tokenizer or tiny_task.tiny_tokenizer(), "none"
+    tokenizer, chat = tiny_task_tokenizer(tokenizer), "none"
+    _check_tiny_words(texts, tokenizer)
   else:
     from orl_jax.data.hf_tokenizer import byte_level_tokenizer
     tokenizer, chat = tokenizer or byte_level_tokenizer(), _task_field(task_cfg, "chat", "none")
@@ -110,15 +141,16 @@ def prompt_task(task_cfg, texts: Sequence[str], tokenizer=None) -> Task:
 
 
 def get_task(task_cfg, tokenizer=None) -> Task:
+  from orl_jax.config import ConfigError
   name = task_cfg.name
   if name == "tiny":
     from orl_jax.data import tiny_task
     from orl_jax.verify.tiny import TinyVerifier
     cfg = tiny_task.TinyTaskConfig(**dict(task_cfg.tiny))
-    return Task("tiny", tokenizer or tiny_task.tiny_tokenizer(), TinyVerifier(),
+    return Task("tiny", tiny_task_tokenizer(tokenizer), TinyVerifier(),
                 lambda i: tiny_task.train_problem(i, cfg), lambda: tiny_task.eval_problems(cfg))
   if name not in TASKS:
-    raise ValueError(f"task.name={name!r} is not one of {TASKS}")
+    raise ConfigError(f"task.name={name!r} is not one of {TASKS}")
   from orl_jax.data import prompts
   from orl_jax.data.hf_tokenizer import byte_level_tokenizer
   from orl_jax.verify.gsm8k import GSM8KVerifier
@@ -141,8 +173,9 @@ def get_task(task_cfg, tokenizer=None) -> Task:
   from orl_jax.data.jsonl import load_jsonl_problems
   path = _task_field(task_cfg, "path", "")
   if not path:
-    raise ValueError("task.name='jsonl' needs task.path=FILE (one JSON object per line: "
-                     "{prompt, answer} or {prompt, tests, entry_point})")
+    raise ConfigError("task.name='jsonl' needs task.path=FILE (one JSON object per line: "
+                      "{prompt, answer} or {prompt, tests, entry_point}; an example: "
+                      "examples/math_and_code.jsonl)")
   raw = load_jsonl_problems(path)
   answers = [dataclasses.replace(p, prompt=prompts.apply_chat(p.prompt, chat))
              for p in raw if p.tests is None]

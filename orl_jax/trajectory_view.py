@@ -36,8 +36,18 @@ def _colour(step: int, n_steps: int) -> str:
   return f"rgb({r},{g},{b})"
 
 
+def _forwards(i: int, nfe, nfe_denoise=None) -> str:
+  """A response's forwards, each count named (DESIGN §2.2)."""
+  text = f"forwards: {int(nfe[i])} (the paper's count: denoising + 1 commit per block)"
+  if nfe_denoise is not None:
+    text += f" / {int(nfe_denoise[i])} (the authors': denoising only)"
+  return text
+
+
 def render(prompts, columns: dict, tokenizer, eos_id: int) -> str:
-  """columns: {model name: (tokens [n, N], steps [n, N], nfe [n])}. Returns an HTML page."""
+  """columns: {model name: (tokens [n, N], steps [n, N], nfe [n][, nfe_denoise [n]])}: nfe
+  counts the paper's way (one commit forward per decoded block), nfe_denoise the authors' way.
+  Returns an HTML page."""
   parts = ["<html><head><meta charset='utf-8'><style>",
            "body{font-family:sans-serif;font-size:13px} td{vertical-align:top;padding:6px}",
            ".t{display:inline-block;margin:1px;padding:1px 3px;border-radius:3px}",
@@ -48,7 +58,7 @@ def render(prompts, columns: dict, tokenizer, eos_id: int) -> str:
   parts.append("</tr>")
   for i, prompt in enumerate(prompts):
     parts.append(f"<tr><td>{html.escape(prompt)}</td>")
-    for tokens, steps, nfe in columns.values():
+    for tokens, steps, *counts in columns.values():
       n_steps = int(steps[i].max()) + 1
       cells = []
       for tok, st in zip(tokens[i], steps[i]):
@@ -57,7 +67,7 @@ def render(prompts, columns: dict, tokenizer, eos_id: int) -> str:
                      f"{word}<sup>{int(st) if st >= 0 else ''}</sup></span>")
         if tok == eos_id:
           break
-      parts.append(f"<td>{''.join(cells)}<br><small>forwards: {int(nfe[i])}</small></td>")
+      parts.append(f"<td>{''.join(cells)}<br><small>{_forwards(i, *counts)}</small></td>")
     parts.append("</tr>")
   parts.append("</table></body></html>")
   return "\n".join(parts)

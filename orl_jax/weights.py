@@ -1,8 +1,9 @@
 """Where a run's starting weights come from: `model.path` (DESIGN §4).
 
 `model.path` names one directory and its contents say what it is: a local Hugging Face model
-(`config.json`; the family and every architecture field then come from that file) or an orl_jax
-params folder (`meta.json`, what every training run exports). `model.init_from` is the older
+(`config.json`; the family and every architecture field then come from that file), an orl_jax
+params folder (`meta.json`, what every training run exports) or a finished run's work directory
+(its `params/` folder). `model.init_from` is the older
 name for a params folder and still works (the tiny demo's stages set it).
 """
 from __future__ import annotations
@@ -24,17 +25,50 @@ class Weights:
   field: str   # the config field that named it (for messages)
 
 
-def kind_of(path: str, field: str = "model.path") -> str:
-  """HF or PARAMS by the directory's contents; ConfigError naming the field otherwise."""
-  if os.path.isfile(os.path.join(path, _HF_FILE)):
-    return HF
+RUN_PARAMS = "params"   # WORKDIR/params: the final parameters every training run exports
+
+
+def resolve(path: str, field: str = "model.path") -> tuple[str, str]:
+  """(HF or PARAMS, the folder to read) of `path` by its contents: a Hugging Face model
+  directory, a params folder, or a finished run's work directory (its `params/` folder);
+  ConfigError naming the field otherwise (a run that has not finished yet included)."""
+  run_params = os.path.join(path, RUN_PARAMS)
+  if os.path.isfile(os.path.join(run_params, _PARAMS_FILE)):
+    return PARAMS, run_params           # before config.json: a work directory has the run's
   if os.path.isfile(os.path.join(path, _PARAMS_FILE)):
-    return PARAMS
+    return PARAMS, path
+  if os.path.isfile(os.path.join(path, _HF_FILE)) and not _is_work_dir(path):
+    return HF, path
   hf = f"a Hugging Face model directory ({_HF_FILE}, *.safetensors, tokenizer.json)"
-  ours = f"an orl_jax params folder ({_PARAMS_FILE}, params.safetensors)"
+  ours = (f"an orl_jax params folder ({_PARAMS_FILE}, params.safetensors) or a finished run's "
+          "work directory")
   if not os.path.exists(path):
     raise ConfigError(f"{field}={path!r} does not exist: give {hf} or {ours}")
+  if _is_work_dir(path):
+    raise ConfigError(f"{field}={path!r} is the work directory of a run that has not finished "
+                      f"(no {RUN_PARAMS}/ folder yet): run its launch/train.py command again to "
+                      "resume and finish it, or give the weights of a finished run")
   raise ConfigError(f"{field}={path!r} holds neither {hf} nor {ours}")
+
+
+def _is_work_dir(path: str) -> bool:
+  """A training run's work directory (its checkpoints or metrics), finished or not."""
+  return any(os.path.exists(os.path.join(path, name))
+             for name in ("checkpoints", "metrics.jsonl"))
+
+
+def kind_of(path: str, field: str = "model.path") -> str:
+  """HF or PARAMS by the directory's contents (`resolve`)."""
+  return resolve(path, field)[0]
+
+
+def display_name(path: str) -> str:
+  """What a weights folder is called in tables: a run's name (its work directory's, for the
+  run's `params/` folder or the directory itself), else the folder's own name."""
+  folder = os.path.normpath(path)
+  if os.path.basename(folder) == RUN_PARAMS:
+    folder = os.path.dirname(folder)
+  return os.path.basename(folder) or folder
 
 
 def weights_of(config) -> Weights | None:
@@ -45,9 +79,9 @@ def weights_of(config) -> Weights | None:
     raise ConfigError(f"model.path={path!r} and model.init_from={legacy!r} both give weights; "
                       "set model.path only")
   if path:
-    return Weights(kind_of(path), path, "model.path")
+    return Weights(*resolve(path), "model.path")
   if legacy:
-    return Weights(PARAMS, legacy, "model.init_from")
+    return Weights(*resolve(legacy, "model.init_from"), "model.init_from")
   return None
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from configs import sdar, tiny
+from configs import llada, sdar, tiny
 from orl_jax import params_io
 from orl_jax.config import ConfigError, validate
 from orl_jax.data.hf_tokenizer import HFTokenizer, TokenizerError, byte_level_tokenizer
@@ -216,7 +216,7 @@ def test_init_from_adds_only_adapter_parameters_and_logs_them(params_dir, caplog
     ("train.lr", -1.0), ("train.lr", 0.0), ("train.steps", -3), ("train.batch_size", 0),
     ("train.log_every", 0), ("train.warmup_steps", -1), ("eval.batch_size", 0),
     ("orl.group_size", 0), ("orl.prompts_per_step", 0), ("model.n_kv_heads", 0),
-    ("checkpoint.keep", 0), ("replay.n_rows", 0), ("eval.n_problems", 0),
+    ("checkpoint.keep", 0), ("replay.n_rows", 0), ("eval.n_problems", -1),
     ("eval.n_problems", 10**6)])
 def test_validate_rejects_values_that_cannot_run(field, value):
   c = orl_smoke_config("unused")
@@ -291,3 +291,92 @@ def test_an_evaluation_batch_the_mesh_cannot_split_is_refused_before_any_work():
   check_divisible_by_shards(c, 4)
   c.pipeline, c.eval.batch_size = "train", 6      # plain training does not evaluate
   check_divisible_by_shards(c, 4)
+
+
+# ------------------------------------------------- the paths a researcher takes first
+
+
+def _launcher(script, *args):
+  """A launcher run that must stop with exit status 1 and one line on stderr (absl's
+  warning lines aside): that line."""
+  out = subprocess.run([sys.executable, f"launch/{script}", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  lines = [ln for ln in out.stderr.splitlines()
+           if ln.strip() and not re.match(r"[IWEF]\d{4} |WARNING:", ln)]
+  assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  return lines[0]
+
+
+def test_a_missing_data_file_is_one_line(tmp_path):
+  line = _launcher("train.py", "--config=configs/llada.py:debug-jsonl",
+                   f"--config.task.path={tmp_path / 'my_train.jsonl'}",
+                   f"--config.workdir={tmp_path / 'w'}")
+  assert line == (f"train.py: {tmp_path / 'my_train.jsonl'} does not exist: set task.path to a "
+                  "JSONL file of problems (one JSON object per line, e.g. "
+                  "examples/math_and_code.jsonl).")
+
+
+def test_prompts_longer_than_the_configured_length_stop_when_the_data_loads(tmp_path):
+  """Named at start-up with the longest prompt and the value to set, before any compile."""
+  line = _launcher("train.py", "--config=configs/llada.py:debug-jsonl",
+                   "--config.task.prompt_len=64", f"--config.workdir={tmp_path / 'w'}")
+  # the byte-level debug tokenizer: one token per UTF-8 byte, no chat template
+  with open(os.path.join(ROOT, "examples", "math_and_code.jsonl")) as f:
+    records = [json.loads(ln) for ln in f]
+  longest = max(records, key=lambda r: len(r["prompt"].encode()))
+  n = len(longest["prompt"].encode())
+  assert line == (f"train.py: task.path=examples/math_and_code.jsonl: prompt {longest['id']!r} is "
+                  f"{n} tokens (with the chat template 'none'), longer than task.prompt_len=64: "
+                  f"set --config.task.prompt_len={-(-n // 8) * 8} (a multiple of "
+                  "decode.block_size=8) or shorten it")
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_an_evaluation_larger_than_the_set_names_its_size_and_what_to_set(tmp_path):
+  line = _launcher("eval.py", "--config=configs/llada.py:debug-jsonl",
+                   "--config.eval.random_init=True", "--config.eval.n_problems=100",
+                   f"--config.workdir={tmp_path}")
+  assert line == ("eval.py: eval.n_problems=100 but the jsonl evaluation set has 36 problems: "
+                  "set --config.eval.n_problems=36 (or 0 for all of them), or add problems to "
+                  "task.path='examples/math_and_code.jsonl'")
+  from orl_jax.evaluate import n_evaluated
+  c = sdar.get_config("debug")
+  c.task.name, c.eval.n_problems = "gsm8k", 2000
+  with pytest.raises(ConfigError, match="has 1319 problems: .* that is the whole test split"):
+    n_evaluated(c, 1319)
+  c.eval.n_problems = 0
+  assert n_evaluated(c, 1319) == 1319
+
+
+def test_export_eval_and_decode_of_a_folder_that_is_not_a_trained_run(tmp_path):
+  """The export launcher given another folder says so in one line; evaluation and decoding
+  resolve their weights the same way (`weights.resolve`): an unfinished run's work directory
+  and a missing path are one ConfigError each."""
+  other, unfinished = tmp_path / "other", tmp_path / "unfinished"
+  other.mkdir()
+  (unfinished / "checkpoints").mkdir(parents=True)
+  (unfinished / "config.json").write_text("{}")      # the run's config, not a model's
+  line = _launcher("export.py", "--config=configs/llada.py:debug", f"--params={other}",
+                   f"--out={tmp_path / 'o'}")
+  assert line.startswith(f"export.py: --params={str(other)!r} holds neither a Hugging Face "
+                         "model directory"), line
+  from orl_jax.evaluate import model_config_for
+  from tests.test_decode_launcher import _decode_launcher
+  config = llada.get_config("debug")
+  with pytest.raises(ConfigError, match="a run that has not finished") as e:
+    model_config_for(config, str(unfinished))
+  _one_sentence(str(e.value))
+  with pytest.raises(ConfigError, match="--models=.* does not exist") as e:
+    _decode_launcher().models_to_decode(config, f"x={tmp_path / 'missing'}")
+  _one_sentence(str(e.value))
+
+
+def test_a_prompt_outside_the_tiny_vocabulary_names_the_words(tmp_path):
+  """`--prompt` on a model of the tiny task (the :debug configs): the words it cannot read,
+  and a prompt it can."""
+  line = _launcher("decode.py", "--config=configs/sdar.py:debug", "--config.eval.random_init=True",
+                   "--models=random=assets/tiny_base", "--prompt=What is 7 * 8?",
+                   f"--html={tmp_path / 'p.html'}")
+  assert "outside the tiny task's vocabulary ('8?', 'What', 'is')" in line, line

@@ -149,7 +149,8 @@ def test_decode_prompt_from_hf_llada_directory_equals_library_decode(llada_dirs,
   config = llada.get_config("8b-instruct")
   out = _decode_py(["launch/decode.py", "--config=configs/llada.py:8b-instruct",
                     f"--config.model.path={llada_dirs[0]}", f"--prompt={PROMPT}"], tmp_path)
-  assert f"== model ({llada_dirs[0]}), decoder threshold_0.9" in out.stdout
+  name = os.path.basename(llada_dirs[0])       # a model is named by its folder
+  assert f"== {name} ({llada_dirs[0]}), decoder threshold_0.9" in out.stdout
   assert _expected_line(llada_dirs[0], config) in out.stdout, out.stdout
   assert (tmp_path / "page.html").is_file()
 

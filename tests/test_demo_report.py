@@ -57,6 +57,31 @@ def test_training_summary_reads_start_end_and_the_anchor(tmp_path):
   assert s["residual_norm_ratio_start"] == pytest.approx(0.5)
 
 
+def test_a_run_says_how_many_updates_it_applied_and_why_none():
+  """The run's last line on its updates (train/summary.py) and the ORL bar's postfix: an
+  iteration with no verified response shows that, not a loss of NaN."""
+  from configs import tiny
+  from orl_jax.train.orl import progress_text
+  from orl_jax.train.summary import updates_line
+  c = tiny.get_config("orl")
+  none = {"iterations": 4, "updates_skipped": 4.0, "reward_start": 0.0, "reward_end": 0.0}
+  assert updates_line(c, none) == (
+      "orl: 0/4 updates applied: no response verified (orl.min_reward=1); check the "
+      "reward/answers of the task's problems and that the model can answer some of them")
+  some = dict(none, updates_skipped=1.0, reward_end=0.5, rollout_tpf_start=2.0,
+              rollout_tpf_end=2.5)
+  assert updates_line(c, some) == ("orl: 3/4 updates applied (1 skipped: no response "
+                                   "verified), reward 0.00 -> 0.50, rollout TPF 2.00 -> 2.50")
+  scalars = {"reward": 0.0, "rollout_tpf": 1.25, "loss": float("nan")}
+  assert progress_text(scalars, {}, 0, 3) == (
+      "reward=0.00, tpf=1.25, no response verified: update skipped, updates applied=0/3")
+  assert progress_text(dict(scalars, loss=0.5), {"loss": 0.5}, 3, 3) == (
+      "reward=0.00, tpf=1.25, loss=0.500, updates applied=3/3")
+  c.train.mode = "sft"
+  assert updates_line(c, {"iterations": 10, "loss_start": 2.0, "loss_end": 1.0}) == (
+      "sft: 10 updates, loss 2.000 -> 1.000")
+
+
 @pytest.mark.slow
 def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_path, monkeypatch,
                                                                         capsys):

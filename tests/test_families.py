@@ -367,7 +367,8 @@ def test_each_family_decodes_by_its_authors_rules():
   assert rules(c) == {"block_placement": "absolute", "commit_compare": ">="}
   stops = {v: llada.get_config(v).decode.eos_early_stop for v in llada.VARIANTS}
   assert stops == {"2.1-mini": False, "2.1-mini-dllm": False, "2.1-mini-sglang": True,
-                   "2.0-mini": True, "8b-instruct": False, "8b-base": False, "debug": False}
+                   "2.0-mini": True, "8b-instruct": False, "8b-base": False, "debug": False,
+                   "debug-jsonl": False}
   dllm, sglang = llada.get_config("2.1-mini-dllm").decode, llada.get_config("2.1-mini-sglang").decode
   assert (dllm.rule_value, dllm.edit_threshold, dllm.max_post_edit_steps) == (0.95, 0.9, 16)
   assert (sglang.rule_value, sglang.edit_threshold, sglang.max_post_edit_steps) == (0.5, 0.0, 16)

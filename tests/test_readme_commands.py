@@ -22,6 +22,8 @@ import glob
 import os
 import re
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHELL_FENCES = ("```bash", "```sh", "```shell")
 MARKER = "*Needs "
@@ -33,6 +35,11 @@ _COMPILE = ("tests/test_compile.py::"
 _DEBUG_RUNS = "tests/test_real_configs.py::test_debug_config_runs_two_orl_iterations"
 _LLADA2_SIZING = "tests/test_families.py::test_llada2_mini_dry_run_matches_hand_calculation"
 _EVAL_LAUNCHER = "tests/test_real_task_eval.py::test_eval_launcher_gsm8k_base_vs_orl_on_llada_debug"
+# the export step of _DEBUG_RUNS (a helper it calls)
+_EXPORT = "tests/test_real_configs.py::_check_export_and_round_trip"
+_JSONL = ("tests/test_real_configs.py::"
+          "test_debug_jsonl_trains_on_the_example_file_and_its_run_evaluates_and_decodes")
+_JSONL_CFG = 'get_config("debug-jsonl")'
 _DECODE_HF = ("tests/test_decode_launcher.py::"
               "test_decode_prompt_from_hf_llada_directory_equals_library_decode")
 
@@ -99,11 +106,23 @@ EXERCISED = {
         (_DECODE_HF, ("launch/decode.py", "--config=configs/llada.py:8b-instruct",
                       "--config.model.path=", "--prompt=")),
     "python launch/eval.py --config=configs/sdar.py:4b --config.task.name=gsm8k "
-    "--config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar/hf:orl":
+    "--config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar_4b:orl":
         (_EVAL_LAUNCHER, ("launch/eval.py", "--config.task.name=gsm8k")),
-    "python launch/export.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat "
-    "--params=work_dirs/sdar/params --out=work_dirs/sdar/hf":
-        (_DEBUG_RUNS, ("launch/export.py", "--params=", "--out=")),
+    # the exporter on a run's work directory, with a config written for another size
+    "python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b "
+    "--out=work_dirs/sdar_4b/hf_sharded --max_shard_bytes=5000000000":
+        (_EXPORT, ("launch/export.py", "--params={tmp_path}", "--out=")),
+    # ORL on the shipped JSONL file, then the run evaluated, decoded and exported from its work
+    # directory with no task flags (one ORL iteration, four problems)
+    "python launch/train.py --config=configs/llada.py:debug-jsonl":
+        (_JSONL, ("train(", _JSONL_CFG)),
+    "python launch/eval.py --config=configs/llada.py:debug-jsonl "
+    "--config.model.path=work_dirs/llada_debug_jsonl": (_JSONL, ("evaluate_models(", _JSONL_CFG)),
+    "python launch/decode.py --config=configs/llada.py:debug-jsonl "
+    "--config.model.path=work_dirs/llada_debug_jsonl --num=2": (_JSONL, ("decode_model(",)),
+    "python launch/export.py --config=configs/llada.py:debug-jsonl "
+    "--params=work_dirs/llada_debug_jsonl --out=work_dirs/llada_debug_jsonl/hf_export":
+        (_EXPORT, ("launch/export.py", "--params={tmp_path}")),
     # sizing: 8 and 64 devices of LLaDA2.1-mini against a hand calculation
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
     "--config=configs/llada.py:2.1-mini --config.dry_run=True":
@@ -325,3 +344,197 @@ def test_an_unmarked_unexercised_command_is_caught():
   unexercised = [t for t, marked in got if not marked and t not in EXERCISED]
   assert unexercised == ["python launch/train.py --config=configs/new.py --config.train.steps=3",
                          "python launch/decode.py --config=configs/tiny.py:eval --num=2"]
+
+
+# ------------------------------------------------------ documented commands run as printed
+
+# Commands of the pages that need neither weights nor an accelerator, run exactly as printed
+# (`test_documented_commands_run_as_printed`, slow: minutes each) in a scratch directory laid
+# out as the repository (its own work_dirs/), in order within a group: a later command reads
+# what an earlier one wrote. Each comes with text its output must contain.
+AS_PRINTED = {
+    "jsonl_run": {
+        "python launch/train.py --config=configs/llada.py:debug-jsonl":
+            ("orl: 4/4 updates applied", "Hugging Face export: work_dirs/llada_debug_jsonl/hf",
+             "training curves: work_dirs/llada_debug_jsonl/curves.png"),
+        "python launch/eval.py --config=configs/llada.py:debug-jsonl "
+        "--config.model.path=work_dirs/llada_debug_jsonl":
+            ("llada_debug_jsonl: work_dirs/llada_debug_jsonl/params on 36 of the 36 jsonl "
+             "(examples/math_and_code.jsonl) problems", "results: "),
+        "python launch/decode.py --config=configs/llada.py:debug-jsonl "
+        "--config.model.path=work_dirs/llada_debug_jsonl --num=2":
+            ("== llada_debug_jsonl (work_dirs/llada_debug_jsonl/params)", "trajectories: "),
+        "python launch/export.py --config=configs/llada.py:debug-jsonl "
+        "--params=work_dirs/llada_debug_jsonl --out=work_dirs/llada_debug_jsonl/hf_export":
+            ("exported: ",),
+    },
+    "llada_debug": {"python launch/train.py --config=configs/llada.py:debug":
+                    ("orl: 2/2 updates applied", "parameters: work_dirs/llada_debug/params")},
+    "dry_runs": {
+        "python launch/train.py --config=configs/sdar.py:8b --config.dry_run=True "
+        "--config.mesh.fsdp=64": ("per-device GiB",),
+        "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
+        "--config=configs/llada.py:2.1-mini --config.dry_run=True": ("per-device GiB",),
+        "python launch/train.py --config=configs/llada.py:2.1-mini --config.dry_run=True "
+        "--config.mesh.fsdp=8 --config.mesh.expert=8": ("per-device GiB",),
+        "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
+        "--config=configs/diffusion_gemma.py:26b-a4b --config.dry_run=True": ("per-device GiB",),
+    },
+    "diffusion_gemma_debug": {
+        "python launch/train.py --config=configs/diffusion_gemma.py:debug --config.train.steps=2":
+            ("parameters: ",),
+        "python launch/eval.py --config=configs/diffusion_gemma.py:debug "
+        "--config.eval.compare=random:base": ("results: ",),
+    },
+    "tiny_eval": {
+        "python launch/eval.py --config=configs/tiny.py:eval "
+        "--config.model.init_from=assets/tiny_base "
+        "--config.eval.settings=\"('threshold_0.7','threshold_0.9','entropy_budget_0.5')\"":
+            ("tiny_base: assets/tiny_base on 2048 of the 2048 tiny problems", "tiny_base "),
+    },
+}
+
+# Commands that need real weights, run on tiny random Hugging Face directories of the family
+# with only `/path/...` replaced (`TINY_DIRS`; `my_train.jsonl` is a copy of the shipped
+# example). A training or evaluation command at its full size (300 ORL updates; 1319 GSM8K
+# problems with 7 decoder settings) is no CPU test: it also gets the `SHRINK` flags appended.
+SHRINK = {
+    "train": ("--config.train.steps=2 --config.train.warmup_steps=1 --config.decode.gen_length=32 "
+              "--config.orl.prompts_per_step=2 --config.orl.group_size=2 "
+              "--config.replay.row_len=1024 --config.replay.n_rows=4 "
+              "--config.replay.max_states=32 --config.replay.max_responses=4"),
+    "eval": ("--config.eval.n_problems=2 --config.task.prompt_len=1024 "
+             "--config.decode.gen_length=16 --config.eval.batch_size=2 "
+             "--config.eval.settings=\"('threshold_0.9',)\""),
+}
+WITH_PATHS = {
+    "llada_8b_decode": {
+        "python launch/decode.py --config=configs/llada.py:8b-instruct "
+        "--config.model.path=/path/LLaDA-8B-Instruct --prompt=\"What is 7 * 8?\"":
+            ("", ("== LLaDA-8B-Instruct (", "NFE paper")),
+    },
+    "llada2_run": {
+        "python launch/train.py --config=configs/llada.py --config.model.path=/path/LLaDA2.1-mini "
+        "--config.task.path=my_train.jsonl":
+            ("train", ("orl: 0/2 updates applied: no response verified",
+                       "Hugging Face export: work_dirs/llada2.1_mini/hf")),
+    },
+    "sdar_run": {
+        "python launch/train.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat "
+        "--config.task.path=my_train.jsonl":
+            ("train", ("orl: 0/2 updates applied: no response verified",
+                       "Hugging Face export: work_dirs/sdar_4b/hf")),
+        "python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b "
+        "--out=work_dirs/sdar_4b/hf_sharded --max_shard_bytes=5000000000": ("", ("exported: ",)),
+        "python launch/eval.py --config=configs/sdar.py:4b --config.task.name=gsm8k "
+        "--config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar_4b:orl":
+            ("eval", ("base: ", "orl: work_dirs/sdar_4b", "results: ")),
+    },
+}
+
+# Documented commands too long to run as printed on 2 CPU cores (their EXERCISED test runs the
+# same code on smoke sizes), and why; `Makefile::` rows of EXERCISED are the suite itself.
+TOO_LONG = {
+    "make demo": "the demo: about 22 minutes",
+    "python launch/train.py --config=configs/tiny.py": "the demo: about 22 minutes",
+    "python launch/train.py --config=configs/tiny.py --config.compare_offline=True "
+    "--config.ablations=\"('no_aec','no_kl','no_residual')\" --config.seeds=\"(0,1,2)\"":
+        "the demo with three ablations over three seeds: hours",
+    "python launch/train.py --config=configs/tiny.py:ablations": "21 ORL runs: a working day",
+    "python launch/report.py --workdir=work_dirs/tiny_ablations": "reads the ablation study's",
+    "make base": "SFT of the tiny base: 18-33 minutes",
+    "make warmup": "400 warm-up steps and their evaluation",
+    "python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000": "2000 steps",
+    "python launch/train.py --config=configs/tiny.py:warmup": "400 warm-up steps",
+    "python launch/train.py --config=configs/tiny.py:orl": "300 ORL updates",
+    "python launch/train.py --config=configs/tiny.py:orl --config.orl.rollout_rule=entropy_budget "
+    "--config.orl.rollout_rule_value=0.5 --config.loss.gate_entropy=0.05": "300 ORL updates",
+    "python launch/train.py --config=configs/tiny.py:rcd_offline": "300 offline RCD steps",
+    "launch/eval.py --config=configs/tiny.py:eval "
+    "--config.eval.compare=assets/tiny_base:base,assets/tiny_warmup:warmup,DIR:orl":
+        "DIR is the ORL stage's 300 updates; then 3 models x 2048 problems",
+    "python launch/decode.py --config=configs/tiny.py:eval --models=base=assets/tiny_base,orl=DIR":
+        "DIR is the ORL stage's 300 updates",
+}
+
+
+def _scratch_checkout(path) -> str:
+  """A directory laid out as the repository (links to its code, configs, assets, examples)."""
+  for name in ("launch", "configs", "orl_jax", "orl_sandbox", "pallas_kernels", "assets",
+               "examples"):
+    os.symlink(os.path.join(ROOT, name), os.path.join(path, name))
+  return str(path)
+
+
+def _run_as_printed(command: str, cwd: str, expected) -> str:
+  """`command` through bash in `cwd` (`python` is this interpreter's), which must succeed and
+  print each of `expected`."""
+  import subprocess
+  import sys
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONIOENCODING="utf-8",
+             PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+  out = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=1800)
+  assert out.returncode == 0, f"{command}\n{out.stderr[-3000:]}"
+  for text in expected:
+    assert text in out.stdout, f"{command}: no {text!r} in\n{out.stdout[-3000:]}"
+  return out.stdout
+
+
+def test_every_unmarked_command_runs_as_printed_or_is_said_too_long():
+  ran = {c for group in AS_PRINTED.values() for c in group}
+  suite = {c for c, (node, _) in EXERCISED.items() if node.startswith("Makefile::")}
+  left = [f"{c.page}:{c.line}: {c.text}" for c in documented_commands()
+          if not c.marked and c.text not in ran | suite | set(TOO_LONG)]
+  assert not left, ("unmarked documented commands neither run as printed (AS_PRINTED) nor "
+                    "listed as too long to (TOO_LONG):\n" + "\n".join(left))
+  texts = {c.text for c in documented_commands()}
+  stale = [c for c in ran | set(TOO_LONG) | {c for g in WITH_PATHS.values() for c in g}
+           if c not in texts]
+  assert not stale, f"rows whose command is in no page: {stale}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", sorted(AS_PRINTED))
+def test_documented_commands_run_as_printed(group, tmp_path):
+  cwd = _scratch_checkout(tmp_path)
+  for command, expected in AS_PRINTED[group].items():
+    _run_as_printed(command, cwd, expected)
+
+
+def _tiny_dirs(root) -> dict:
+  """{'/path/NAME': a tiny random Hugging Face directory of that checkpoint's family}."""
+  from flax import nnx
+  from orl_jax.models import hf
+  from orl_jax.models.build import build_model
+  from orl_jax.models.transformer import ModelConfig
+  from tests.test_decode_launcher import (OTHER_FAMILIES, _QWEN3, _QWEN3_SPECIALS,
+                                          byte_tokenizer, write_llada_hf_dir)
+  out = {name: os.path.join(root, name)
+         for name in ("LLaDA-8B-Instruct", "SDAR-4B-Chat", "LLaDA2.1-mini")}
+  write_llada_hf_dir(out["LLaDA-8B-Instruct"], d_model=16, n_layers=2, seed=0)
+  _, llada2, llada2_specials = OTHER_FAMILIES["llada"]
+  for name, cfg, specials, model_type in (
+      ("SDAR-4B-Chat", ModelConfig(**_QWEN3), _QWEN3_SPECIALS, "sdar"),
+      ("LLaDA2.1-mini", llada2, llada2_specials, "llada2_moe")):
+    tokenizer = os.path.join(root, f"{name}.tokenizer.json")
+    byte_tokenizer(tokenizer, cfg.vocab_size, specials)
+    hf.export_hf(out[name], nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+                 tokenizer_file=tokenizer, model_type=model_type)
+  return {f"/path/{name}": path for name, path in out.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", sorted(WITH_PATHS))
+def test_real_weight_commands_run_on_tiny_directories_with_only_the_paths_changed(group,
+                                                                                  tmp_path):
+  import shutil
+  cwd = _scratch_checkout(tmp_path)
+  shutil.copyfile(os.path.join(ROOT, "examples", "math_and_code.jsonl"),
+                  os.path.join(cwd, "my_train.jsonl"))
+  dirs = _tiny_dirs(str(tmp_path / "models"))
+  for command, (shrink, expected) in WITH_PATHS[group].items():
+    for placeholder, path in dirs.items():
+      command = command.replace(placeholder, path)
+    assert "/path/" not in command
+    _run_as_printed(f"{command} {SHRINK.get(shrink, '')}".strip(), cwd, expected)

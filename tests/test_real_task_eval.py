@@ -87,5 +87,33 @@ def test_parse_compare():
   assert eval_lib.parse_compare("a/b:base, c/d/params:orl") == [("a/b", "base"),
                                                                 ("c/d/params", "orl")]
   assert eval_lib.parse_compare("x/model") == [("x/model", "model")]
+  # a run's params folder is named after its run
+  assert eval_lib.parse_compare("work_dirs/sdar_4b/params,work_dirs/llada/") == [
+      ("work_dirs/sdar_4b/params", "sdar_4b"), ("work_dirs/llada/", "llada")]
   with pytest.raises(ValueError, match="twice"):
     eval_lib.parse_compare("a:m,b:m")
+
+
+def test_a_results_table_starts_afresh_when_the_evaluation_set_up_changes(tmp_path, capsys):
+  """Rows of one set-up (task and its file's bytes, eval.n_problems, decode.*) are kept side by
+  side; a row made with another set-up is not: the file starts afresh, the old one is kept as
+  results.previous.json, and the change is printed."""
+  from configs import llada
+  data = tmp_path / "data.jsonl"
+  data.write_text(json.dumps({"prompt": "1+1", "answer": 2}) + "\n")
+  c = llada.get_config("debug-jsonl")
+  c.task.path = str(data)
+  path = str(tmp_path / "results.json")
+  row = {"threshold_0.9": {"accuracy": 0.5}}
+  setup = eval_lib.evaluation_setup(c)
+  eval_lib.update_results(path, "a", row, setup)
+  assert set(eval_lib.update_results(path, "b", row, setup)) == {"a", "b"}
+  assert "starting a new table" not in capsys.readouterr().out
+  data.write_text(json.dumps({"prompt": "2+2", "answer": 4}) + "\n")   # another file
+  assert eval_lib.evaluation_setup(c) != setup
+  assert set(eval_lib.update_results(path, "c", row, eval_lib.evaluation_setup(c))) == {"c"}
+  assert "['a', 'b'] were made with; starting a new table" in capsys.readouterr().out
+  with open(tmp_path / "results.previous.json") as f:
+    assert set(json.load(f)) == {"a", "b"}
+  c.decode.gen_length = 64                                              # another decoder
+  assert set(eval_lib.update_results(path, "d", row, eval_lib.evaluation_setup(c))) == {"d"}

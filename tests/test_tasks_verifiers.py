@@ -207,7 +207,7 @@ def test_jsonl_errors_name_file_and_line(tmp_path, bad_line, message):
 def test_missing_package_gives_install_hint():
   with pytest.raises(jsonl.MissingTaskPackage, match=r"pip install --no-deps nope==1"):
     jsonl.package_data_file("orl_no_such_package_x", "data.gz", "pip install --no-deps nope==1")
-  with pytest.raises(FileNotFoundError, match="does not exist"):
+  with pytest.raises(jsonl.DatasetError, match="does not exist: set task.path"):
     jsonl.load_jsonl_problems("/nonexistent/data.jsonl")
 
 

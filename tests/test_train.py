@@ -112,12 +112,16 @@ def test_one_and_four_devices_give_the_same_loss():
   assert "LOSSES" in out.stdout
 
 
-def test_orl_is_on_policy_and_resumes_exactly(tmp_path):
+def test_orl_is_on_policy_and_resumes_exactly(tmp_path, capsys):
   import json
   straight = train(orl_smoke_config(tmp_path / "a"), progress=False)
   # killed after step 3 (logged) with the last checkpoint at step 2
   train(orl_smoke_config(tmp_path / "b"), progress=False, stop_after=3)
+  assert "resumed" not in capsys.readouterr().out
+  newest = max(int(d) for d in os.listdir(tmp_path / "b" / "checkpoints") if d.isdigit())
   resumed = train(orl_smoke_config(tmp_path / "b"), progress=False)
+  assert (f"resumed from step {newest} ({tmp_path / 'b' / 'checkpoints'})"
+          in capsys.readouterr().out)
   a = load_file(os.path.join(straight, "params.safetensors"))
   b = load_file(os.path.join(resumed, "params.safetensors"))
   for k in a:

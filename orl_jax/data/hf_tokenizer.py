@@ -187,3 +187,74 @@ def byte_level_tokenizer() -> HFTokenizer:
   tok.add_special_tokens(list(BYTE_SPECIALS))
   return HFTokenizer(tok, {"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|eos|>",
                            "bos": "<|bos|>"}, source="byte-level debug tokenizer")
+
+
+# ------------------------------------------------------------------ files beside an export
+
+# tokenizer files a Hugging Face model directory may hold besides tokenizer.json; an export
+# copies those of the directory the run started from
+TOKENIZER_SIDE_FILES = ("chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model",
+                        "added_tokens.json")
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+
+
+def token_strings(tokenizer) -> dict[str, str]:
+  """{'mask_token': '<|mask|>', 'eos_token': ..., 'pad_token': ..., 'bos_token': ...}: the
+  text of each special token the tokenizer has, under transformers' names."""
+  if hasattr(tokenizer, "backend"):
+    text = tokenizer.backend.id_to_token
+  else:
+    text = lambda i: tokenizer.vocab[i]
+  out = {}
+  for role in SPECIAL_ROLES:
+    token_id = getattr(tokenizer, f"{role}_id", None)
+    if token_id is not None:
+      out[f"{role}_token"] = text(token_id)
+  if hasattr(tokenizer, "unk_id"):
+    out["unk_token"] = text(tokenizer.unk_id)
+  return out
+
+
+def word_level_tokenizer(words: Sequence[str], unk: str) -> Tokenizer:
+  """A `tokenizers` word-level tokenizer over `words` (id = position) that splits on whitespace
+  and every digit, as the tiny task's `WordTokenizer` encodes. It decodes word by word, so a
+  number's digits come back separated (`1 2`); this project decodes such a file with the
+  tiny task's own tokenizer (`tasks.get_task`)."""
+  tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token=unk))
+  tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                               pre_tokenizers.Digits(individual_digits=True)])
+  return tok
+
+
+def tokenizer_json(tokenizer) -> str:
+  """The tokenizer.json text of any of the project's tokenizers (a Hugging Face one as loaded;
+  the tiny task's word tokenizer as `word_level_tokenizer`)."""
+  if hasattr(tokenizer, "backend"):
+    return tokenizer.backend.to_str(pretty=True)
+  words = list(tokenizer.vocab)
+  tok = word_level_tokenizer(words, words[tokenizer.unk_id])
+  tok.add_special_tokens([words[i] for i in sorted({tokenizer.pad_id, tokenizer.mask_id,
+                                                     tokenizer.eos_id, tokenizer.bos_id,
+                                                     tokenizer.unk_id})])
+  return tok.to_str(pretty=True)
+
+
+def same_vocabulary(tokenizer, words: Sequence[str]) -> bool:
+  """Whether a Hugging Face tokenizer's ids are exactly `words` (id = position)."""
+  backend = tokenizer.backend
+  return (tokenizer.vocab_size == len(words)
+          and all(backend.id_to_token(i) == w for i, w in enumerate(words)))
+
+
+def tokenizer_configs(tokenizer, source: dict | None) -> dict[str, str]:
+  """{file name: text} of tokenizer_config.json and special_tokens_map.json for an export,
+  naming the run's special tokens as transformers reads them: the source directory's
+  tokenizer_config.json (`source`, its chat template and settings kept) with the tokens set,
+  or a `PreTrainedTokenizerFast` one."""
+  tokens = token_strings(tokenizer)
+  config = dict(source or {"tokenizer_class": "PreTrainedTokenizerFast",
+                           "clean_up_tokenization_spaces": False})
+  config.update(tokens)
+  return {TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2, ensure_ascii=False),
+          SPECIAL_TOKENS_MAP_FILE: json.dumps(tokens, indent=2, ensure_ascii=False)}

@@ -80,6 +80,9 @@ def iter_jsonl(path: str | pathlib.Path) -> Iterator[tuple[int, dict[str, Any]]]
   except gzip.BadGzipFile as e:
     raise DatasetError(f"{path}: not a gzip file ({e}): a .gz name must hold gzip-compressed "
                        "JSONL.") from None
+  except PermissionError:
+    raise DatasetError(f"{path}: permission denied: make the file readable (chmod +r) or copy "
+                       "it somewhere readable.") from None
   except (EOFError, zlib.error) as e:
     after = f" after line {line_number}" if line_number else ""
     raise DatasetError(f"{path}: the gzip data is truncated or damaged{after} ({e}): copy the "
@@ -132,8 +135,11 @@ def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> 
 def load_jsonl_problems(path: str | pathlib.Path) -> list[Problem]:
   """Loads a user dataset (schema in the module docstring); ids must be unique."""
   path = pathlib.Path(path)
+  if not path.exists():
+    raise DatasetError(f"{path} does not exist: set task.path to a JSONL file of problems (one "
+                       "JSON object per line, e.g. examples/math_and_code.jsonl).")
   if not path.is_file():
-    raise FileNotFoundError(f"Dataset file {path} does not exist.")
+    raise DatasetError(f"{path} is not a file: set task.path to a JSONL file of problems.")
   problems, first_line_of = [], {}
   for line_number, record in iter_jsonl(path):
     where = f"{path}:{line_number}"

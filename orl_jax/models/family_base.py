@@ -97,6 +97,10 @@ class Family:
   replay_context: str = "block"  # context stream of packed replay rows (replay.ReplayConfig)
   noise: str = "mask"          # what an undecided position holds: a mask token ("mask", the
                                # tokenizer needs one) or a uniform random token ("uniform")
+  # model_type -> {"architectures": [...], "auto_map": {...}} of the authors' own classes for
+  # the model types transformers does not ship, as the released config.json declares them; an
+  # export writes them so `trust_remote_code=True` finds the modeling files copied beside it
+  remote_code: dict = dataclasses.field(default_factory=dict)
 
   @property
   def hf_checkpoint(self) -> bool:

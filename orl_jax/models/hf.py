@@ -76,9 +76,21 @@ def architecture_from_hf(hf: dict, family: str) -> dict:
   return _family(family).architecture_from_hf(hf)
 
 
-def hf_config_json(cfg: ModelConfig, family: str, extra: dict | None = None) -> dict:
-  """A HF `config.json` for `cfg` (what `export` writes; `architecture_from_hf` inverts it)."""
-  out = _family(family).hf_config_json(cfg)
+def hf_config_json(cfg: ModelConfig, family: str, extra: dict | None = None,
+                   model_type: str = "") -> dict:
+  """A HF `config.json` for `cfg` (what `export` writes; `architecture_from_hf` inverts it).
+  `model_type` (default: the family's own) names one of the family's model types; one whose
+  classes are the authors' (`Family.remote_code`) gets their `architectures` and `auto_map`."""
+  fam = _family(family)
+  out = fam.hf_config_json(cfg)
+  if model_type:
+    if model_type not in fam.model_types:
+      raise CheckpointError(f"export: model_type {model_type!r} is not one of the {family!r} "
+                            f"family's {fam.model_types}")
+    out["model_type"] = model_type
+  remote = fam.remote_code.get(out.get("model_type", ""))
+  if remote:
+    out.update(copy.deepcopy(remote))
   out["torch_dtype"] = {"bfloat16": "bfloat16", "float32": "float32"}.get(cfg.param_dtype,
                                                                            cfg.param_dtype)
   out.update(extra or {})
@@ -432,9 +444,13 @@ def read_passthrough(hf_dir: str, family: str) -> dict[str, np.ndarray]:
 
 def export_hf(out_dir: str, params: nnx.State, cfg: ModelConfig, family: str, *,
               tokenizer_file: str | None = None, extra_config: dict | None = None,
-              max_shard_bytes: int = 0, passthrough: dict | None = None) -> str:
+              max_shard_bytes: int = 0, passthrough: dict | None = None,
+              model_type: str = "", files: dict[str, str] | None = None,
+              texts: dict[str, str] | None = None) -> str:
   """Writes `params` as a HF model directory (config.json + safetensors, adapter separately;
-  `passthrough` tensors are written unchanged beside the model's).
+  `passthrough` tensors are written unchanged beside the model's); `model_type`: one of the
+  family's (`hf_config_json`); `files` {name: path} are copied into it and `texts` {name: text}
+  written (tokenizer and generation configs, the authors' modeling files).
 
   `max_shard_bytes > 0` splits the weights into `model-0000i-of-0000n.safetensors` files with an
   index. Writes into a temporary sibling folder, then renames it into place.
@@ -448,9 +464,14 @@ def export_hf(out_dir: str, params: nnx.State, cfg: ModelConfig, family: str, *,
   if adapter:
     save_file(adapter, os.path.join(tmp, ADAPTER_FILE))
   with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
-    json.dump(hf_config_json(cfg, family, extra_config), f, indent=2)
+    json.dump(hf_config_json(cfg, family, extra_config, model_type), f, indent=2)
   if tokenizer_file:
     shutil.copy(tokenizer_file, os.path.join(tmp, "tokenizer.json"))
+  for name, path in (files or {}).items():
+    shutil.copyfile(path, os.path.join(tmp, name))
+  for name, text in (texts or {}).items():
+    with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+      f.write(text)
   if os.path.exists(out_dir):
     old = out_dir.rstrip("/") + ".old"
     os.replace(out_dir, old)

@@ -365,8 +365,16 @@ def log_iteration(steps: OrlSteps, log: RunLog, state, it: int, rec: IterationRe
                  updates_skipped=it - updates, **rec.summary.metrics, **rec.seconds,
                  **rec.plan_stats)
     scalars = log.write(it, dict(rec.metrics, **extra))
-    log.bar.set_postfix(reward=f"{scalars['reward']:.2f}", tpf=f"{scalars['rollout_tpf']:.2f}",
-                        loss=f"{scalars.get('loss', float('nan')):.3f}")
+    log.bar.set_postfix_str(progress_text(scalars, rec.metrics, updates, it))
+
+
+def progress_text(scalars: dict, step_metrics: dict, updates: int, it: int) -> str:
+  """The bar's postfix: reward, rollout TPF, the loss of this iteration's update -- or that it
+  took none because no response verified -- and the updates applied so far."""
+  loss = (f"loss={scalars['loss']:.3f}" if step_metrics
+          else "no response verified: update skipped")
+  return (f"reward={scalars['reward']:.2f}, tpf={scalars['rollout_tpf']:.2f}, {loss}, "
+          f"updates applied={updates}/{it}")
 
 
 def prompt_stream(setup: Setup):

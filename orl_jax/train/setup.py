@@ -5,15 +5,16 @@ final parameters)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Sequence
 
 import ml_collections
-from tqdm.auto import tqdm
+from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
 from orl_jax import config as config_lib
-from orl_jax import distributed, params_io
+from orl_jax import distributed, params_io, trained_run
 from orl_jax import weights as weights_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
@@ -60,14 +61,18 @@ def fill_decode_defaults(config, hf_dir: str, family: str) -> None:
 
 
 def load_tokenizer(config, hf_dir: str = "", family: str = ""):
-  """The configured tokenizer: `model.tokenizer` ('byte' or a tokenizer.json path), else the
-  weights directory's tokenizer.json, else None (the task's own: tiny's word tokenizer, or the
+  """The configured tokenizer: `model.tokenizer` ('byte', 'tiny' -- the tiny task's word
+  tokenizer, as a run of it records -- or a tokenizer.json path), else the weights
+  directory's tokenizer.json, else None (the task's own: tiny's word tokenizer, or the
   byte-level debug tokenizer for real-text tasks). Its special tokens: `special_tokens`."""
   m = config.model
   path = m.get("tokenizer", "") or hf_dir
   if path == "byte":
     from orl_jax.data.hf_tokenizer import byte_level_tokenizer
     return byte_level_tokenizer()
+  if path == trained_run.TINY:
+    from orl_jax.data import tiny_task
+    return tiny_task.tiny_tokenizer()
   if not path:
     return None
   from orl_jax.data.hf_tokenizer import HFTokenizer
@@ -91,12 +96,20 @@ def special_tokens(config, hf_dir: str = "", family: str = "") -> tuple[dict, di
   values, origins = {}, {}
   for role in ("mask", "eos", "pad", "bos"):
     if own.get(role):
-      values[role], origins[role] = own[role], f"model.special_tokens.{role}"
+      values[role], origins[role] = _token_list(own[role]), f"model.special_tokens.{role}"
     elif role in declared:
       values[role], origins[role] = list(declared[role][0]), declared[role][1]
     elif defaults.get(role):
       values[role], origins[role] = defaults[role], f"the {family} family's default"
   return values, origins
+
+
+def _token_list(value):
+  """A `model.special_tokens` value: a token, an id, or ids separated by commas (several EOS
+  ids, as a trained run records them) -> the token, or the list of ids."""
+  if isinstance(value, str) and "," in value:
+    return [int(v) for v in value.split(",")]
+  return value
 
 
 def _own_special_tokens(config, family: str) -> dict:
@@ -165,6 +178,7 @@ def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   task = (get_task(config.task, tokenizer=tokenizer) if prompts is None
           else prompt_task(config.task, prompts, tokenizer))
   tok = task.tokenizer
+  check_prompt_lengths(config, task)
   if families.get(family).own_model:   # DiffusionGemma: its own config class
     model_cfg = own_model_config(
         config, hf_dir, family, config.model.get("vocab_size", 0) or tok.vocab_size,
@@ -180,6 +194,34 @@ def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   mesh = sharding_lib.mesh_from_config(config)
   check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
   return Setup(config, task, model_cfg, mesh)
+
+
+def check_prompt_lengths(config, task) -> None:
+  """ConfigError naming the longest prompt and the `task.prompt_len` to set when a prompt of a
+  task with a fixed problem list (a JSONL file, GSM8K, HumanEval, prompts to decode) does not
+  fit: checked when the data loads, before anything compiles. An evaluation-only benchmark
+  is checked on the `eval.n_problems` it scores. The tiny task's prompts fit its configs by
+  construction (its generator is unbounded)."""
+  if task.name == "tiny":
+    return
+  problems = task.eval_problems()
+  if task.name in ("gsm8k", "humaneval") and config.eval.n_problems:
+    problems = problems[:config.eval.n_problems]
+  if not problems:
+    return
+  lengths = [len(task.tokenizer.encode(p.prompt)) for p in problems]
+  longest = max(range(len(problems)), key=lengths.__getitem__)
+  limit, block = config.task.prompt_len, config.decode.block_size
+  if lengths[longest] <= limit:
+    return
+  where = {"jsonl": f"task.path={config.task.get('path', '')}", "prompts": "--prompt"}.get(
+      task.name, f"task.name={task.name}")
+  fit = -(-lengths[longest] // block) * block
+  raise config_lib.ConfigError(
+      f"{where}: prompt {problems[longest].problem_id!r} is {lengths[longest]} tokens (with the "
+      f"chat template {config.task.get('chat', 'none')!r}), longer than task.prompt_len={limit}: "
+      f"set --config.task.prompt_len={fit} (a multiple of decode.block_size={block}) or shorten "
+      "it")
 
 
 def loss_config(config) -> LossConfig:
@@ -310,7 +352,8 @@ def resume(run: Run, data_iter) -> tuple[object, int]:
   start, state, _ = run.ckpt.restore_latest(abstract_like(run.state), data_iter)
   if not start:
     return run.state, 0
-  logging.info("resumed %s from step %d", run.ckpt.directory, start)
+  if distributed.is_lead_process():
+    print(f"resumed from step {start} ({run.ckpt.directory})", flush=True)
   return state, start
 
 
@@ -319,12 +362,17 @@ def finish_run(setup: Setup, run: Run, state, step: int) -> str:
   model of a registered family, as a Hugging Face directory WORKDIR/hf with its official tensor
   names (process 0 writes; every process returns once the folders are complete)."""
   run.ckpt.close()
-  out = os.path.join(setup.config.workdir, "params")
+  out = os.path.join(setup.config.workdir, weights_lib.RUN_PARAMS)
   params = sharding_lib.to_host(state.params)   # a collective: every process takes part
   if distributed.is_lead_process():
+    hf_dir = weights_lib.hf_dir(setup.config)
+    record = trained_run.run_record(setup.config, setup.tokenizer, hf_dir,
+                                    export_model_type(setup.config, hf_dir))
     params_io.save_params(out, params, params_meta(setup, {"train_steps": int(step),
                                                        "seed": setup.config.seed,
-                                                       "mode": setup.config.train.mode}))
+                                                       "mode": setup.config.train.mode,
+                                                       trained_run.RUN_KEY: record}),
+                          lambda folder: trained_run.save_tokenizer(setup.tokenizer, folder))
     if setup.model_cfg.hf_family:
       export_hf_dir(setup, params, os.path.join(setup.config.workdir, HF_EXPORT_DIR))
   distributed.barrier("export_params")
@@ -334,20 +382,74 @@ def finish_run(setup: Setup, run: Run, state, step: int) -> str:
 HF_EXPORT_DIR = "hf"   # WORKDIR/hf: the final parameters as a Hugging Face directory
 
 
+def export_model_type(config, hf_dir: str = "") -> str:
+  """The config.json `model_type` an export of the run declares: the Hugging Face directory's it
+  started from, else `model.hf_model_type`, else '' (its family's own)."""
+  if hf_dir:
+    from orl_jax.models import hf
+    return hf.read_hf_config(hf_dir).get("model_type", "")
+  return config.model.get("hf_model_type", "")
+
+
 def export_hf_dir(setup: Setup, params, out_dir: str, max_shard_bytes: int = 0) -> str:
-  """Writes `params` as a Hugging Face directory of the run's family (with the weights
-  directory's tokenizer.json when there is one)."""
+  """Writes `params` as a Hugging Face directory of the run's family: weights, config.json
+  (declaring the authors' classes where transformers has none, `Family.remote_code`, and the
+  residual pathway), the tokenizer files and, from the directory the run started from, its
+  generation_config.json and modeling code (`export_files`)."""
   from orl_jax.models import hf
   if not setup.model_cfg.hf_family:
     raise config_lib.ConfigError("export: the model belongs to no Hugging Face family; set "
                                  "model.hf_family (or model.path to a Hugging Face directory)")
-  source = weights_lib.hf_dir(setup.config) or setup.config.model.get("tokenizer", "")
-  tok_file = os.path.join(source, "tokenizer.json") if os.path.isdir(source) else source
-  tok_file = tok_file if tok_file and os.path.isfile(tok_file) else None
+  source = weights_lib.hf_dir(setup.config)
   family = setup.model_cfg.hf_family
-  return hf.export_hf(out_dir, params, setup.model_cfg, family, tokenizer_file=tok_file,
-                      max_shard_bytes=max_shard_bytes, extra_config=_special_token_ids(setup),
-                      passthrough=hf.read_passthrough(weights_lib.hf_dir(setup.config), family))
+  files, texts = export_files(setup, source)
+  extra = dict(_special_token_ids(setup), **_residual_record(setup.model_cfg))
+  return hf.export_hf(out_dir, params, setup.model_cfg, family, max_shard_bytes=max_shard_bytes,
+                      extra_config=extra, passthrough=hf.read_passthrough(source, family),
+                      model_type=export_model_type(setup.config, source), files=files,
+                      texts=texts)
+
+
+def export_files(setup: Setup, source: str) -> tuple[dict, dict]:
+  """({name: path to copy}, {name: text}) of an export besides its weights and config.json:
+  tokenizer.json (the run's tokenizer file, else written from the tokenizer),
+  tokenizer_config.json and special_tokens_map.json naming the run's special tokens, and from
+  the Hugging Face directory `source` ('' = none) its other tokenizer files, its
+  generation_config.json (with the run's special-token ids) and its `*.py` modeling code."""
+  from orl_jax.data import hf_tokenizer
+  from orl_jax.models import hf
+  tok = setup.tokenizer
+  files, texts = {}, {}
+  tok_file = getattr(tok, "source", "")
+  if os.path.isfile(tok_file):
+    files[trained_run.TOKENIZER_FILE] = tok_file
+  else:
+    texts[trained_run.TOKENIZER_FILE] = hf_tokenizer.tokenizer_json(tok)
+  if source:
+    for name in sorted(os.listdir(source)):
+      if name.endswith(".py") or name in hf_tokenizer.TOKENIZER_SIDE_FILES:
+        files[name] = os.path.join(source, name)
+  side = os.path.join(source, hf_tokenizer.TOKENIZER_CONFIG_FILE) if source else ""
+  texts.update(hf_tokenizer.tokenizer_configs(
+      tok, hf.read_json_object(side) if os.path.isfile(side) else None))
+  generation = os.path.join(source, hf.GENERATION_CONFIG_FILE) if source else ""
+  if os.path.isfile(generation):
+    config = dict(hf.read_json_object(generation), **_special_token_ids(setup))
+    texts[hf.GENERATION_CONFIG_FILE] = json.dumps(config, indent=2)
+  return files, texts
+
+
+def _residual_record(model_cfg) -> dict:
+  """config.json's record of the residual pathway a model has (read back by
+  `trained_run.trained_settings`); {} without one."""
+  from orl_jax.models import hf
+  mode = getattr(model_cfg, "residual_mode", "none")
+  if mode == "none":
+    return {}
+  return {trained_run.RESIDUAL_KEY: {
+      "mode": mode, "hidden": model_cfg.residual_hidden, "scale": model_cfg.residual_scale,
+      "temperature": model_cfg.residual_temperature,
+      "file": hf.ADAPTER_FILE if mode == "adapter" else ""}}
 
 
 def _special_token_ids(setup: Setup) -> dict:

@@ -89,4 +89,9 @@ FAMILY = Family(
     # Fast-dLLM's `generate`: blocks start at the prompt's end; the threshold keeps conf >= tau
     decode=dict(block_size=32, rule="threshold", rule_value=0.9,
                 block_placement="prompt_end", commit_compare=">="),
-    chat="llada")
+    chat="llada",
+    # GSAI-ML/LLaDA-8B-Instruct's config.json (modeling_llada.py, configuration_llada.py)
+    remote_code={"llada": {"architectures": ["LLaDAModelLM"], "auto_map": {
+        "AutoConfig": "configuration_llada.LLaDAConfig",
+        "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+        "AutoModel": "modeling_llada.LLaDAModelLM"}}})

@@ -197,4 +197,9 @@ FAMILY = Family(
                 block_placement="absolute", commit_compare=">"),
     # The chat template of LLaDA2.x is not in DESIGN §4 (its tokenizer's <role> markup); none
     # is built in: give prompts already formatted.
-    chat="none")
+    chat="none",
+    # inclusionAI/LLaDA2.1-mini's config.json (modeling_llada2_moe.py, configuration_llada2_moe.py)
+    remote_code={MODEL_TYPE: {"architectures": ["LLaDA2MoeModelLM"], "auto_map": {
+        "AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+        "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+        "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"}}})

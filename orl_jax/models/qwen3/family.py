@@ -93,4 +93,10 @@ FAMILY = Family(
     # absolute positions, `confidence > threshold`; QwenDLM decodes as SDAR
     decode=dict(block_size=4, rule="threshold", rule_value=0.9,
                 block_placement="absolute", commit_compare=">"),
-    chat="qwen3", ignored_hf=_ignored)
+    chat="qwen3", ignored_hf=_ignored,
+    # JetLM/SDAR-*-Chat's config.json (modeling_sdar.py, configuration_sdar.py); QwenDLM's
+    # model_type qwen3 is transformers' own Qwen3ForCausalLM
+    remote_code={"sdar": {"architectures": ["SDARForCausalLM"], "auto_map": {
+        "AutoConfig": "configuration_sdar.SDARConfig",
+        "AutoModel": "modeling_sdar.SDARModel",
+        "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"}}})

@@ -1,0 +1,87 @@
+"""What a run says when it ends (DESIGN §6): its training summary read back from
+metrics.jsonl, one line on the updates it applied (and, when none were, why), and the path of
+every file it wrote -- the parameters, the Hugging Face export, the metrics and the curves."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from orl_jax.metrics import read_jsonl
+
+CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
+              "replay_entropy", "rollout_entropy_step0", "rollout_entropy_step2")
+WARMUP_CURVE_KEYS = ("loss", "masked_nll", "masked_acc", "residual_norm_ratio")
+CURVES_FILE = "curves.png"     # WORKDIR/curves.png: a finished run's training curves
+
+
+def training_summary(metrics_path: str) -> dict:
+  """What a reader checks first in a run's metrics.jsonl: the residual norm ratio at the start
+  and end, the anchor's mean value over the second half, the reward at the start and end (means
+  over the first and last tenth of the logged iterations) and the skipped updates."""
+  rows = read_jsonl(metrics_path)
+  out = {"iterations": rows[-1]["step"] if rows else 0}
+  tenth = max(len(rows) // 10, 1)
+  for key in ("residual_norm_ratio", "reward", "rollout_tpf", "loss_ce", "loss_aec"):
+    vals = [r[key] for r in rows if key in r]
+    if vals:
+      out[f"{key}_start"] = float(np.mean(vals[:tenth]))
+      out[f"{key}_end"] = float(np.mean(vals[-tenth:]))
+  rkl = [r["loss_rkl"] for r in rows[len(rows) // 2:] if "loss_rkl" in r]
+  if rkl:
+    out["loss_rkl_mean_second_half"] = float(np.mean(rkl))
+  # The weighted AEC term's share of the objective and its size against the CE, averaged over
+  # the logged updates (issue: is AEC 0.3% or 30% of what the optimizer sees?)
+  terms = [r for r in rows if "loss_aec_weighted" in r and r.get("loss", 0) > 0]
+  if terms:
+    out["aec_share"] = float(np.mean([r["loss_aec_weighted"] / r["loss"] for r in terms]))
+    out["aec_to_ce"] = float(np.mean([r["loss_aec_weighted"] / max(r["loss_ce"], 1e-12)
+                                      for r in terms]))
+    out["rkl_share"] = float(np.mean([r["loss_rkl_weighted"] / r["loss"] for r in terms]))
+  if rows and "updates_skipped" in rows[-1]:
+    out["updates_skipped"] = rows[-1]["updates_skipped"]
+  return out
+
+
+def updates_line(config, summary: dict) -> str:
+  """'orl: 2/2 updates applied, reward 0.00 -> 0.12, ...' -- or, when no update was applied
+  because no response verified, that and what to check."""
+  mode, done = config.train.mode, int(summary.get("iterations", 0))
+  if mode != "orl":
+    loss = "".join(f", {k} {summary[f'{k}_start']:.3f} -> {summary[f'{k}_end']:.3f}"
+                   for k in ("loss",) if f"{k}_start" in summary)
+    return f"{mode}: {done} updates{loss}"
+  skipped = int(summary.get("updates_skipped", 0))
+  applied = done - skipped
+  if done and not applied:
+    return (f"orl: 0/{done} updates applied: no response verified (orl.min_reward="
+            f"{config.orl.min_reward:g}); check the reward/answers of the task's problems "
+            "and that the model can answer some of them")
+  trend = "".join(f", {name} {summary[f'{k}_start']:.2f} -> {summary[f'{k}_end']:.2f}"
+                  for k, name in (("reward", "reward"), ("rollout_tpf", "rollout TPF"))
+                  if f"{k}_start" in summary)
+  why = f" ({skipped} skipped: no response verified)" if skipped else ""
+  return f"orl: {applied}/{done} updates applied{why}{trend}"
+
+
+def report_run(config, params_dir: str) -> list[str]:
+  """The lines a finished training run ends with: `updates_line` and the path of every file
+  it wrote; draws WORKDIR/curves.png from metrics.jsonl (process 0 calls this)."""
+  from orl_jax import plots
+  from orl_jax.train.setup import HF_EXPORT_DIR
+  workdir = config.workdir
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  rows = read_jsonl(metrics)
+  lines = [updates_line(config, training_summary(metrics))] if rows else []
+  lines.append(f"parameters: {params_dir}")
+  hf_dir = os.path.join(workdir, HF_EXPORT_DIR)
+  if os.path.isdir(hf_dir):
+    lines.append(f"Hugging Face export: {hf_dir}")
+  if rows:
+    keys = {"orl": CURVE_KEYS, "residual_warmup": WARMUP_CURVE_KEYS}.get(config.train.mode)
+    keys = [k for k in keys or rows[-1] if k != "step" and any(k in r for r in rows)]
+    png = plots.plot_training_curves(metrics, os.path.join(workdir, CURVES_FILE), keys=keys,
+                                     title=f"{os.path.basename(workdir)}: {config.train.mode}")
+    lines += [f"metrics: {metrics} (TensorBoard: {os.path.join(workdir, 'tensorboard')})",
+              f"training curves: {png}"]
+  return lines
