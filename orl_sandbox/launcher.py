@@ -237,10 +237,17 @@ def _log(message: str) -> None:
     pass
 
 
+def _judge_cpu_s(limits: SandboxLimits, cpu_s: int) -> int:
+  """The judge's CPU seconds: a quarter of the wall timeout by default, so that a reply that
+  keeps the judge busy fails on the judge's limit (counted, cached) rather than by the timeout."""
+  return int(limits.judge_cpu_s or max(1, min(cpu_s, int(limits.timeout_s // 4))))
+
+
 def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has_judge: bool,
-                     cgroup) -> dict:
-  """The runner's part of its spec file: where it works, which uid and cgroup, its limits."""
+                     cgroups) -> dict:
+  """The runner's part of its spec file: where it works, which uid and cgroups, its limits."""
   cpu_s = int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1)
+  cgroup, judge_cgroup = cgroups
   return {
       "timeout_s": float(limits.timeout_s),
       "uid": uid if uid is not None else (SHARED_UID if as_root else None),
@@ -250,6 +257,7 @@ def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has
       "status": paths["status"],
       "judge_file": paths["judge.json"] if has_judge else None,
       "cgroup_procs": cgroup.procs_files() if cgroup else [],
+      "judge_cgroup_procs": judge_cgroup.procs_files() if judge_cgroup else [],
       "memory_bytes": int(limits.memory_bytes),
       "cpu_s": cpu_s,
       "max_processes": int(limits.max_processes),
@@ -260,7 +268,7 @@ def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has
       "max_message_bytes": int(limits.max_message_bytes),
       "max_reply_bytes": int(limits.max_reply_bytes),
       "max_output_bytes": int(limits.max_output_bytes),
-      "judge_cpu_s": int(limits.judge_cpu_s or cpu_s),
+      "judge_cpu_s": _judge_cpu_s(limits, cpu_s),
       "judge_memory_bytes": int(limits.judge_memory_bytes),
       "site_packages": bool(limits.site_packages),
       "require_isolation": isolation_required(limits),
@@ -276,7 +284,8 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
   paths = {name: os.path.join(base_dir, name)
            for name in ("spec.json", "judge.json", "status", "runner.log", "stdout", "stderr",
                         "root", "work")}
-  uid = cgroup = proc = None
+  uid = proc = None
+  cgroups = [None, None]   # the sample's, the judge's
   timed_out = False
   infra = None
   try:
@@ -289,9 +298,11 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
         if uid is None:
           _log("no free per-sample uid: the sample runs as the shared uid 65534")
       if "cgroup" not in skip:
-        cgroup = _Cgroup.create(f"orl_sandbox_{os.getpid()}_{next(_COUNTER)}_"
-                                f"{os.urandom(4).hex()}", limits)
-      spec.update(_runner_settings(limits, paths, uid, as_root, judge is not None, cgroup))
+        name = f"orl_sandbox_{os.getpid()}_{next(_COUNTER)}_{os.urandom(4).hex()}"
+        cgroups[0] = _Cgroup.create(name, limits)
+        if judge is not None:
+          cgroups[1] = _Cgroup.create(name + "_judge", limits, judge=True)
+      spec.update(_runner_settings(limits, paths, uid, as_root, judge is not None, cgroups))
       _write_private(paths["spec.json"], json.dumps(spec))
       if judge is not None:
         _write_private(paths["judge.json"], json.dumps(judge))
@@ -306,7 +317,7 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
     except OSError as error:   # spawn or set-up failed: the machine's fault, not the sample's
       infra = f"launch failed: {error!r}"
     finally:
-      survivors = _teardown(proc, uid, cgroup, paths["spec.json"])
+      survivors = _teardown(proc, uid, cgroups, paths["spec.json"])
     status = _parse_status(_read_text(paths["status"], 1 << 20))
     stdout = _read_text(paths["stdout"], limits.max_output_bytes)
     stderr = _read_text(paths["stderr"], limits.max_output_bytes)
@@ -350,7 +361,7 @@ def _parse_status(text: str) -> dict:
     elif key in ("infra", "refused"):
       status[key].append(value)
     elif key == "verdict" and not status["verdict"]:
-      status["verdict"] = value if value in ("pass", "fail") else "fail"
+      status["verdict"] = value if value in ("pass", "fail", "unsupported") else "fail"
     elif key == "detail" and not status["detail"]:
       status["detail"] = value
     elif key == "judge" and status["judge_cpu_s"] is None:
@@ -394,7 +405,7 @@ def _wait_unreaped(pid: int, timeout: float) -> bool:
       os.close(pidfd)
 
 
-def _teardown(proc, uid, cgroup, token: str) -> int:
+def _teardown(proc, uid, cgroups, token: str) -> int:
   """Kills everything the run started and releases its uid and cgroup. Never raises.
 
   `token` (the spec path) is on the command line of R and I. Returns the number of processes
@@ -411,8 +422,9 @@ def _teardown(proc, uid, cgroup, token: str) -> int:
     deadline = time.monotonic() + 10.0
     while True:
       left = _kill_cmdline(token.encode()) if proc is not None else []
-      if cgroup is not None:
-        left += cgroup.kill_all()
+      for cgroup in cgroups:
+        if cgroup is not None:
+          left += cgroup.kill_all()
       if uid is not None:
         left += _kill_uid(uid)
       if not left or time.monotonic() > deadline:
@@ -422,8 +434,9 @@ def _teardown(proc, uid, cgroup, token: str) -> int:
   except Exception as error:  # pylint: disable=broad-except
     _log(f"cleanup failed: {error!r}")
     survivors = max(survivors, 1)
-  if cgroup is not None:
-    cgroup.remove()
+  for cgroup in cgroups:
+    if cgroup is not None:
+      cgroup.remove()
   if uid is not None:
     _SLOTS.release(uid, clean=survivors == 0)
   return survivors
@@ -625,6 +638,40 @@ class _UidSlots:
 
 
 _SLOTS = _UidSlots()
+_EXCLUSIVE_BUCKETS = 4096
+
+
+def claim_exclusive(key: str) -> int | None:
+  """Claims `key` for this process on this whole machine (an exclusive `flock`, without
+  waiting, on one of `_EXCLUSIVE_BUCKETS` lock files that keys share by hash). Returns the
+  descriptor to pass to `release_exclusive`, -1 when this machine offers no lock directory
+  (the claim then holds in this process only), or None when another process holds it."""
+  import fcntl  # pylint: disable=import-outside-toplevel
+  import hashlib  # pylint: disable=import-outside-toplevel
+  directory = _UidSlots._lock_dir()  # pylint: disable=protected-access
+  if directory is None:
+    return -1
+  bucket = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:4],
+                          "little") % _EXCLUSIVE_BUCKETS
+  try:
+    fd = os.open(os.path.join(directory, f"exclusive_{bucket}.lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+  except OSError:
+    return -1
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    os.close(fd)
+    return None
+  return fd
+
+
+def release_exclusive(fd: int | None) -> None:
+  if fd is not None and fd >= 0:
+    try:
+      os.close(fd)   # drops the flock
+    except OSError:
+      pass
 
 
 class _Cgroup:
@@ -683,11 +730,15 @@ class _Cgroup:
       return found
 
   @classmethod
-  def create(cls, name: str, limits: SandboxLimits) -> _Cgroup | None:
+  def create(cls, name: str, limits: SandboxLimits, judge: bool = False) -> _Cgroup | None:
+    """A cgroup for a sample (memory, pids, CPU), or for a judge (memory, one CPU)."""
     total = int(limits.total_memory_bytes or limits.memory_bytes) + int(limits.disk_bytes)
     quota = max(1000, int(float(limits.cpu_cores or 0) * 100_000))
+    if judge:   # the judge's address-space limit, and its supervisor child's few MiB
+      total, quota = int(limits.judge_memory_bytes) + (64 << 20), 100_000
     settings = {
-        ("memory", "v1"): [("memory.limit_in_bytes", total), ("memory.memsw.limit_in_bytes", total)],
+        ("memory", "v1"): [("memory.limit_in_bytes", total),
+                           ("memory.memsw.limit_in_bytes", total)],
         ("memory", "v2"): [("memory.max", total), ("memory.swap.max", 0)],
         ("pids", "v1"): [("pids.max", int(limits.max_processes))],
         ("pids", "v2"): [("pids.max", int(limits.max_processes))],
@@ -697,7 +748,8 @@ class _Cgroup:
     optional = ("memory.memsw.limit_in_bytes", "memory.swap.max")
     by_parent: dict[tuple[str, str], list[str]] = {}
     for controller, (version, parent) in sorted(cls._parents().items()):
-      if controller == "cpu" and not limits.cpu_cores:
+      if (controller == "cpu" and not limits.cpu_cores and not judge) or (
+          controller == "pids" and judge):
         continue
       by_parent.setdefault((version, parent), []).append(controller)
     group = cls()

@@ -353,22 +353,40 @@ class _SubInt(int):
   pass
 
 
+class _Point:
+  def __init__(self):
+    self.x = 1
+
+
 @pytest.mark.parametrize("value", [
-    _SubInt(3), object(), len, (x for x in ()), bytearray(b"x"), range(3), [object()],
-    {"k": object()},
+    _SubInt(3), object(), len, lambda: 0, _Point(), [object()], {"k": object()}, pathlib,
+    type("F", (float,), {})(1.0), slice([1]), _Point,
 ])
 def test_wire_rejects_everything_else(value):
   with pytest.raises(wire.WireError):
     wire.encode(value)
 
 
-@pytest.mark.parametrize("data", [
-    {"$tuple": 3}, {"$set": [[1]]}, {"$dict": [[[1], 2]]}, {"$bytes": "***"}, {"$x": []},
-    {"$tuple": [], "$set": []}, {"a": 1}, {"$float": "1.5"}, {"$complex": [1, 2]},
+def _part(objs, *vals):
+  return {"objs": objs, "vals": list(vals)}
+
+
+@pytest.mark.parametrize("part", [
+    _part([], {"$ref": 4}),                                      # unknown object
+    _part([[0, ["tuple", 3]]], {"$ref": 0}),                     # malformed contents
+    _part([[0, ["set", [{"$ref": 2}]]], [2, ["list", []]]]),     # a list in a set
+    _part([[0, ["dict", [[{"$ref": 2}, 1]]]], [2, ["list", []]]]),
+    _part([[1, ["list", []]]]),                                  # numbered by the receiver
+    _part([[0, ["list", []]], [0, ["list", []]]]),               # defined twice
+    _part([[0, ["tuple", [{"$ref": 2}]]], [2, ["tuple", []]]]),  # used before it is defined
+    _part([[0, ["function", []]]]), _part([], {"$bytes": "***"}), _part([], {"$x": []}),
+    _part([], {"a": 1}), _part([], {"$float": "1.5"}), _part([], {"$complex": [1, 2]}),
+    _part([], {"$type": ["os", "system"]}), _part([], {"$type": ["nosuch", "X"]}),
+    {"objs": []}, [],
 ])
-def test_wire_decoder_rejects_malformed_data(data):
+def test_wire_decoder_rejects_malformed_data(part):
   with pytest.raises(wire.WireError):
-    wire.decode(data)
+    wire.decode(part)
 
 
 def test_judged_run_records_the_protocol():
@@ -380,16 +398,16 @@ def test_judged_run_records_the_protocol():
   result = sandbox.run_judged(good, "f", tests, limits=limits)
   assert result.passed and result.detail == "2 calls" and "judge-process" in result.isolation
   # A non-data answer is a protocol violation that `except` in the tests cannot swallow.
-  sly = "def f(a, b):\n  return iter([a, b])\n"
+  sly = "def f(a, b):\n  return lambda: a\n"
   catching = ("def check(candidate):\n  try:\n    candidate(1, b=2)\n"
               "  except BaseException:\n    pass\n")
   result = sandbox.run_judged(sly, "f", catching, limits=limits)
-  assert not result.passed and "not plain data" in result.detail
+  assert not result.passed and "not data" in result.detail
   # A candidate raising StopIteration must not end the tests' loop over `map(candidate, ...)`.
   stopper = "def f(a, b):\n  raise StopIteration\n"
   looping = "def check(candidate):\n  for got in map(candidate, [1], [2]):\n    assert got == 3\n"
   result = sandbox.run_judged(stopper, "f", looping, limits=limits)
-  assert not result.passed and "CandidateError" in result.detail
+  assert not result.passed and "StopIteration" in result.detail
   missing = sandbox.run_judged("def g():\n  pass\n", "f", tests, limits=limits)
   assert not missing.passed and "did not load" in missing.detail
 
@@ -412,7 +430,8 @@ def _fake_result(**overrides):
   return sandbox.SandboxResult(**fields)
 
 
-def test_infrastructure_failures_and_timeouts_are_never_cached(verifier, monkeypatch):
+def test_infrastructure_failures_are_never_cached_and_timeouts_once_twice(verifier,
+                                                                           monkeypatch):
   calls = []
   outcomes = iter([
       _fake_result(verdict="", infra_error="fork failed"),      # first try fails ...
@@ -420,6 +439,8 @@ def test_infrastructure_failures_and_timeouts_are_never_cached(verifier, monkeyp
       _fake_result(passed=True, verdict="pass"),                # next batch: a real verdict
       _fake_result(timed_out=True, verdict=""),                 # another sample times out
       _fake_result(passed=True, verdict="pass"),                # and passes next time
+      _fake_result(timed_out=True, verdict=""),                 # a sleeper times out ...
+      _fake_result(timed_out=True, verdict=""),                 # ... twice: cached as 0
   ])
 
   def fake_judge_run(problem, completion, limits):
@@ -436,7 +457,11 @@ def test_infrastructure_failures_and_timeouts_are_never_cached(verifier, monkeyp
   slow = "  return a + b  # slow\n"
   assert verifier.score_batch([ADD], [slow]) == [0.0]
   assert verifier.score_batch([ADD], [slow]) == [1.0]
-  assert len(calls) == 5
+  sleeper = "  import time\n  time.sleep(60)\n"
+  assert [verifier.score_batch([ADD], [sleeper]) for _ in range(3)] == [[0.0]] * 3
+  assert len(calls) == 7   # the third submission of the sleeper came from the cache
+  assert (verifier.stats.infra_errors, verifier.stats.timeouts,
+          verifier.stats.timeouts_cached) == (2, 3, 1)
 
 
 def test_a_run_that_records_no_verdict_is_an_infrastructure_failure(monkeypatch, tmp_path):
