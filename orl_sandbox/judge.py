@@ -239,17 +239,18 @@ class _Replay:
     return self._answer(self.replies[index])
 
   def _answer(self, payload: bytes):
+    how = value = None
     try:
       reply = wire.loads(payload)
       if set(reply) in ({"return"}, {"raise"}):
         (how, part), = reply.items()
         value = self.session.decode(part)[0]
-        if how == "return":
-          return value
-        if isinstance(value, Exception):
-          raise value
     except (wire.WireError, RecursionError, MemoryError) as error:
       self._violate(f"the sample's answer is not data within the limits: {error}")
+    if how == "return":
+      return value
+    if how == "raise" and isinstance(value, Exception):
+      raise value   # (outside the `try`: the candidate's own RecursionError or MemoryError)
     if set(reply) == {"abort"}:
       self._violate(str(reply["abort"])[:1000])
     self._violate("malformed reply")

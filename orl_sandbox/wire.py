@@ -122,8 +122,16 @@ def _scalar_std(value, kind):
   return _OBJECT
 
 
-def encode_scalar(value):
-  """The JSON form of a value without identity, or `_OBJECT` for a container."""
+def _bound(cls: type, namespace) -> bool:
+  """Whether `cls` is what its name means in `namespace` (the module-level class of that name,
+  which is what the tests' name would mean in-process), so that the receiver may take its own
+  class of that name."""
+  return namespace is not None and namespace.get(cls.__qualname__) is cls
+
+
+def encode_scalar(value, namespace=None):
+  """The JSON form of a value without identity, or `_OBJECT` for a container. `namespace`: the
+  sender's module namespace (see `_bound`)."""
   kind = type(value)
   if value is None or kind is bool or kind is str:
     return value
@@ -148,11 +156,11 @@ def encode_scalar(value):
     return {"$type": [value.__module__, value.__qualname__]}
   enum = sys.modules.get("enum")
   if enum is not None and isinstance(value, enum.Enum):
-    return {"$enum": [_enum_class(value), encode_scalar(value.value)]}
+    return {"$enum": [_enum_class(value, namespace), encode_scalar(value.value)]}
   return _scalar_std(value, kind)
 
 
-def _enum_class(member) -> dict:
+def _enum_class(member, namespace) -> dict:
   """Enough of an enum class to rebuild it: its names, kind, mix-in type and members."""
   enum = sys.modules["enum"]
   cls = type(member)
@@ -167,6 +175,7 @@ def _enum_class(member) -> dict:
   if mixin is not object and not (mixin.__module__ == "builtins" and _is_std(mixin)):
     raise WireError(f"enum {cls.__qualname__} mixes in {mixin.__qualname__}")
   return {"module": str(cls.__module__), "qualname": cls.__qualname__, "kind": kind,
+          "bound": _bound(cls, namespace),
           "type": None if mixin is object else mixin.__name__, "members": encoded}
 
 
@@ -235,7 +244,7 @@ class _Encoder:
   def value(self, v, depth: int):
     if depth > MAX_DEPTH:
       raise WireError(f"value nested deeper than {MAX_DEPTH}")
-    scalar = encode_scalar(v)
+    scalar = encode_scalar(v, self.session.namespace)
     if scalar is not _OBJECT:
       return scalar
     key = id(v)
@@ -341,11 +350,15 @@ def _payload_exc(encoder, v, depth):
   cls = type(v)
   mro = [[c.__module__, c.__qualname__] for c in cls.__mro__
          if c is not object and _is_std(c)]
+  values = v.args
+  if isinstance(v, OSError) and (v.filename is not None or v.filename2 is not None):
+    values = (v.errno, v.strerror, v.filename, None, v.filename2)   # what the constructor takes
   try:
-    args = [encoder.value(a, depth + 1) for a in v.args]
+    args = [encoder.value(a, depth + 1) for a in values]
   except WireError:
     args = [str(v)]
-  return {"name": cls.__qualname__, "module": str(cls.__module__), "mro": mro, "args": args}
+  return {"name": cls.__qualname__, "module": str(cls.__module__), "mro": mro, "args": args,
+          "bound": _bound(cls, encoder.session.namespace)}
 
 
 def _payload_iter(encoder, v, depth):
@@ -364,7 +377,8 @@ _PAYLOADS = {
     "memoryview": lambda e, v, d: [v.format, list(v.shape), v.readonly,
                                    base64.b64encode(v.tobytes()).decode("ascii")],
     "ntuple": lambda e, v, d: [type(v).__name__, str(type(v).__module__),
-                               list(type(v)._fields), e._items(v, d)],  # pylint: disable=W0212
+                               list(type(v)._fields), e._items(v, d),  # pylint: disable=W0212
+                               _bound(type(v), e.session.namespace)],
     "exc": _payload_exc,
     "iter": _payload_iter,
 }
@@ -465,7 +479,7 @@ def decode_scalar(data, session: Session | None = None):
 
 def _enum_member(session: Session, described, value):
   if type(described) is not dict or set(described) != {"module", "qualname", "kind", "type",
-                                                       "members"}:
+                                                       "members", "bound"}:
     raise WireError("malformed enum class")
   members = described["members"]
   if type(members) is not list or len(members) > MAX_MEMBERS or not all(
@@ -485,7 +499,7 @@ def _enum_class_here(session: Session, described, pairs):
   match, else a new one with those members."""
   enum = _module("enum")
   for found in (_std_class(described["module"], described["qualname"]),
-                session.namespace.get(described["qualname"])):
+                session.namespace.get(described["qualname"]) if described["bound"] else None):
     if isinstance(found, enum.EnumMeta) and [(n, m.value) for n, m in
                                              found.__members__.items()] == pairs:
       return found
@@ -747,7 +761,7 @@ def _build(kind: str, payload, pid: int, decoder: _Decoder):
       return (tuple if kind == "tuple" else frozenset)(decoder.children(payload))
     if kind == "ntuple":
       decoder.measure(pid, payload[3])
-      cls = _namedtuple_class(decoder.session, *payload[:3])
+      cls = _namedtuple_class(decoder.session, *payload[:3], payload[4])
       return cls._make(decoder.children(payload[3]))  # pylint: disable=protected-access
     if kind in ("keys", "values", "items", "mappingproxy"):
       mapping = decoder.child(payload)
@@ -782,14 +796,15 @@ def _memoryview(fmt, shape, readonly, data):
   return view if fmt == "B" and shape == [len(raw)] else view.cast(fmt, shape)
 
 
-def _namedtuple_class(session: Session, typename, module, fields):
-  """The prompt's named tuple class of that name and fields, else one made alike."""
+def _namedtuple_class(session: Session, typename, module, fields, bound):
+  """The receiver's named tuple class of that name and fields (the prompt's) when the sender's
+  is bound to its name (`_bound`), else one made alike."""
   if type(typename) is not str or type(module) is not str or type(fields) is not list or not all(
       type(f) is str for f in fields):
     raise WireError("malformed named tuple")
-  key = ("ntuple", typename, module, tuple(fields))
+  key = ("ntuple", typename, module, tuple(fields), bound is True)
   if key not in session.classes:
-    found = session.namespace.get(typename)
+    found = session.namespace.get(typename) if bound is True else None
     if not (isinstance(found, type) and issubclass(found, tuple)
             and getattr(found, "_fields", None) == tuple(fields)):
       found = _module("collections").namedtuple(typename, fields, module=module)
@@ -798,10 +813,11 @@ def _namedtuple_class(session: Session, typename, module, fields):
 
 
 def _exception(decoder: _Decoder, payload):
-  if type(payload) is not dict or set(payload) != {"name", "module", "mro", "args"}:
+  if type(payload) is not dict or set(payload) != {"name", "module", "mro", "args", "bound"}:
     raise WireError("malformed exception")
   args = decoder.children(payload["args"])
-  cls = _exception_class(decoder.session, payload["name"], payload["module"], payload["mro"])
+  cls = _exception_class(decoder.session, payload["name"], payload["module"], payload["mro"],
+                         payload["bound"] is True)
   try:
     return cls(*args)
   except Exception:  # pylint: disable=broad-except
@@ -810,21 +826,22 @@ def _exception(decoder: _Decoder, payload):
     return error
 
 
-def _exception_class(session: Session, name, module, mro):
-  """The exception class described: a standard-library class itself; else the prompt's class
-  of that name if it has the same standard-library bases; else a new class of that name whose
+def _exception_class(session: Session, name, module, mro, bound: bool):
+  """The exception class described: a standard-library class itself; else, when the sender's
+  class is bound to its name (`_bound`), the receiver's class of that name (the prompt's) if it
+  has the same standard-library bases; else a new class of that name whose
   bases are those standard-library classes. A class is matched by identity: a class named
   `ValueError` that does not derive from the real one gets no ValueError base. A StopIteration
   becomes a plain Exception (it would end a loop over `map(candidate, ...)` in the tests)."""
   if type(name) is not str or type(module) is not str or type(mro) is not list or not all(
       type(m) is list and len(m) == 2 for m in mro):
     raise WireError("malformed exception class")
-  key = ("exc", name, module, json.dumps(mro))
+  key = ("exc", name, module, json.dumps(mro), bound)
   if key in session.classes:
     return session.classes[key]
   std = [c for c in (_std_class(*m) for m in mro) if c is not None and issubclass(c, Exception)]
   own = _std_class(module, name)
-  found = session.namespace.get(name.rpartition(".")[2])
+  found = session.namespace.get(name) if bound else None
   if own is not None and own in std and not issubclass(own, (StopIteration, StopAsyncIteration)):
     cls = own
   elif isinstance(found, type) and issubclass(found, Exception) and [

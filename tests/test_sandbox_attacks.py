@@ -6,6 +6,7 @@ that it scores 1 if it works (it forges a verdict, or it computes the right answ
 got out). Each test asserts: the attack scores 0, the honest sample beside it scores 1, nothing
 leaked, no process of either run survives, and no sandbox directory or cgroup is left behind.
 """
+import concurrent.futures
 import os
 import pathlib
 import signal
@@ -128,8 +129,8 @@ def tracker(monkeypatch):
   monkeypatch.setattr(sandbox._SLOTS, "acquire", acquire)
   real_create = sandbox._Cgroup.create
 
-  def create(name, limits):
-    group = real_create(name, limits)
+  def create(name, limits, **kwargs):
+    group = real_create(name, limits, **kwargs)
     if group is not None:
       seen.cgroups.append(group)
     return group
@@ -858,9 +859,12 @@ fd = os.open(os.__file__, os.O_RDONLY)
 
 @pytest.mark.parametrize("name", sorted(CHANNELS))
 def test_no_channel_between_sandboxes(verifier, tracker, name):
+  """The sender answers another prompt, so that it runs beside the receiver (samples of one
+  prompt never run at the same time)."""
   # Tagged so that no score comes from the cache (senders of several channels are the same).
   sender, receiver = (f"{c}# {name}\n" for c in CHANNELS[name])
-  scores = verifier.score_batch([TRUNCATE] * 3, [sender, receiver, _honest(f"channel {name}")])
+  scores = verifier.score_batch([PROBLEMS[1], TRUNCATE, TRUNCATE],
+                                [sender, receiver, _honest(f"channel {name}")])
   assert scores == [0.0, 0.0, 1.0]
 
 
@@ -872,8 +876,9 @@ def test_channels_are_real_without_the_syscall_filter(tracker, name):
   limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 2, skip_layers=("seccomp",),
                                  require_isolation=False)
   sender, receiver = CHANNELS[name]
-  with HumanEvalVerifier(limits, parallelism=2) as inner:
-    futures = [inner._pool.submit(inner.run, TRUNCATE, c) for c in (sender, receiver)]
+  with HumanEvalVerifier(limits, parallelism=2) as inner, \
+      concurrent.futures.ThreadPoolExecutor(2) as pool:
+    futures = [pool.submit(inner.run, TRUNCATE, c) for c in (sender, receiver)]
     results = [f.result() for f in futures]
   if "unavailable" in results[1].stdout:
     pytest.skip(f"{name} is not available to unprivileged processes on this kernel")
@@ -919,13 +924,18 @@ _MERSENNE = (1 << 61) - 1   # every multiple of it hashes to 0
 
 
 def _raw_reply(payload: str) -> str:
-  """A completion that replaces its replies by the JSON text `payload` (built when it loads),
-  written straight into the runner's codec as a hostile sample could."""
+  """A completion that replaces its replies by the JSON text `payload` (an expression built
+  when it loads; `one(kind, items)` is a reply returning one new container, `colliding(n)` n
+  integers of one hash), written straight into the runner's codec as a hostile sample could."""
   return f"""\
     return -1.0
 
 
-import struct, sys
+import json, struct, sys
+def one(kind, items):
+    return json.dumps({{"return": {{"objs": [[1, [kind, items]]], "vals": [{{"$ref": 1}}]}}}})
+def colliding(n):
+    return [{{"$int": hex(k * {_MERSENNE})}} for k in range(1, n)]
 _wire = sys.modules["__main__"].wire
 _payload = ({payload}).encode()
 _plain = _wire.dumps
@@ -935,12 +945,14 @@ _wire.dumps = lambda message: (struct.pack(">I", len(_payload)) + _payload
 
 
 OVERLOAD = {
-    "hash_flood_set": _raw_reply(
-        '\'{"return": {"$set": [\' + ",".join(\'{"$int": "%s"}\' % hex(k * '
-        f'{_MERSENNE}) for k in range(1, 200_001)) + "]}}}}"'),
-    "hash_flood_dict": _raw_reply(
-        '\'{"return": {"$dict": [\' + ",".join(\'[{"$int": "%s"}, 0]\' % hex(k * '
-        f'{_MERSENNE}) for k in range(1, 100_001)) + "]}}}}"'),
+    "hash_flood_set": _raw_reply("one('set', colliding(200_001))"),
+    "hash_flood_dict": _raw_reply("one('dict', [[k, 0] for k in colliding(100_001)])"),
+    # A list: harmless to decode, quadratic once the tests build a set or dict from it.
+    "hash_flood_list": _raw_reply("one('list', colliding(200_001))"),
+    # Tuples that each hold the next one twice: 2**60 nodes for repr, == or hash to walk.
+    "shared_tuples": _raw_reply(
+        "json.dumps({'return': {'objs': [[1, ['tuple', [1]]]] + [[k, ['tuple', [{'$ref': k - 2}, "
+        "{'$ref': k - 2}]]] for k in range(3, 123, 2)], 'vals': [{'$ref': 121}]}})"),
     "deep_nesting": _raw_reply("'{\"return\": ' + '[' * 4_000_000 + ']' * 4_000_000 + '}'"),
     "wide_nesting": _raw_reply("'{\"return\": [' + '[],' * 2_700_000 + '[]]}'"),
     # Right answers, each padded with 6 MiB of JSON whitespace: 18 MiB in three replies.
@@ -960,6 +972,7 @@ _wire.dumps = _padded
 """,
 }
 _REFUSAL = {"hash_flood_set": "hash flooding", "hash_flood_dict": "hash flooding",
+            "hash_flood_list": "hash flooding", "shared_tuples": "larger than",
             "deep_nesting": "values", "wide_nesting": "values",
             "replies_past_the_budget": "exceeds"}
 
