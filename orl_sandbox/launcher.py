@@ -330,13 +330,10 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
         + "; ".join(status["refused"]) + f" (active layers: {status['layers']}). Run as root on "
         "Linux with namespaces and cgroups available, or opt out explicitly with "
         f"SandboxLimits(require_isolation=False) or {ALLOW_WEAK_ENV}=1.")
-  returncode = proc.returncode if proc is not None else None
   if infra is None and status["infra"]:
     infra = "; ".join(status["infra"])
-  if infra is None and not timed_out and returncode != 0:
-    infra = f"sandbox runner exited with status {returncode}: {runner_log[-2000:]}"
-  if infra is None and not timed_out and not status["verdict"]:
-    infra = f"the sandbox runner recorded no verdict: {runner_log[-2000:]}"
+  if infra is None and not timed_out:
+    infra = _runner_failure(status, proc, spec.get("judge_cpu_s"), runner_log)
   if survivors:
     _log(f"{survivors} process(es) of a sample could not be killed; their uid is retired")
   verdict = status["verdict"] if not (timed_out or infra) else ""
@@ -348,10 +345,30 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
                        judge_peak_rss_bytes=status["judge_peak_rss_bytes"])
 
 
+def _runner_failure(status: dict, proc, judge_cpu_s, runner_log: str) -> str | None:
+  """Why a runner that was not timed out gave no verdict (an infrastructure failure), or None.
+  A judge killed by its own CPU limit while it checked the answers (a long computation in C,
+  where its SIGXCPU handler cannot run) failed the sample: that verdict is set here."""
+  returncode = proc.returncode if proc is not None else None
+  runner_cpu = getattr(proc, "cpu_s", None)
+  if (returncode is not None and returncode < 0 and status["judging"] and not status["verdict"]
+      and judge_cpu_s and runner_cpu is not None and runner_cpu >= 0.9 * judge_cpu_s):
+    status["verdict"] = "fail"
+    status["detail"] = "the judge's CPU limit ran out while checking the sample's answers"
+    status["judge_cpu_s"] = runner_cpu
+    return None
+  if returncode != 0:
+    return f"sandbox runner exited with status {returncode}: {runner_log[-2000:]}"
+  if not status["verdict"]:
+    return f"the sandbox runner recorded no verdict: {runner_log[-2000:]}"
+  return None
+
+
 def _parse_status(text: str) -> dict:
   """Reads R's status file: one record per "\\n"-terminated line (R flattens every other line
   separator); the first verdict counts and must be exactly "pass" or "fail"."""
   status = {"layers": [], "infra": [], "refused": [], "verdict": "", "detail": "", "exit": None,
+            "judging": False,
             "judge_cpu_s": None, "judge_peak_rss_bytes": None}
   for line in text.split("\n"):
     key, _, value = line.partition(":")
@@ -362,6 +379,8 @@ def _parse_status(text: str) -> dict:
       status[key].append(value)
     elif key == "verdict" and not status["verdict"]:
       status["verdict"] = value if value in ("pass", "fail", "unsupported") else "fail"
+    elif key == "judging":
+      status["judging"] = True
     elif key == "detail" and not status["detail"]:
       status["detail"] = value
     elif key == "judge" and status["judge_cpu_s"] is None:
@@ -418,7 +437,12 @@ def _teardown(proc, uid, cgroups, token: str) -> int:
         os.killpg(proc.pid, signal.SIGKILL)
       except (ProcessLookupError, PermissionError):
         pass
-      proc.wait()
+      try:   # reaps R with its CPU time (see `_runner_failure`)
+        _, wait_status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(wait_status)
+        proc.cpu_s = usage.ru_utime + usage.ru_stime
+      except ChildProcessError:
+        proc.wait()
     deadline = time.monotonic() + 10.0
     while True:
       left = _kill_cmdline(token.encode()) if proc is not None else []

