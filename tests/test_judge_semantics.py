@@ -622,6 +622,15 @@ DIFFERENCES = {
         "\n\nKEPT = []\n",
         "def check(candidate):\n    l = []\n    candidate(l)\n    candidate('mutate')\n"
         "    assert l == [1]\n", "fail"),
+    # An argument the candidate leaves holding something that is not data cannot go back.
+    "argument_left_holding_a_function": ("    x.append(len)\n    return 1\n",
+                                         "def check(candidate):\n    assert candidate([]) == 1\n",
+                                         "fail"),
+    # A change the tests make to an answer reaches the candidate only when passed back to it.
+    "tests_change_an_answer_the_candidate_keeps": (
+        "    if x == 'read':\n        return len(KEPT)\n    return KEPT\n\n\nKEPT = []\n",
+        "def check(candidate):\n    candidate('get').append(1)\n"
+        "    assert candidate('read') == 1\n", "fail"),
     # Calls the judge cannot know before the sample answers: not judged.
     "call_on_an_answer": ("    return x + 1\n",
                           "def check(candidate):\n    assert candidate(candidate(1)) == 3\n",

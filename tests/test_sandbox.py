@@ -6,20 +6,23 @@ adversarial suite through the training loop's verifier stack is `test_sandbox_at
 file covers the sandbox's own API, its layers, the codec and the cleanup.
 """
 import dataclasses
+import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 import pytest
 
 from orl_jax.verify import humaneval
 from orl_sandbox import launcher as sandbox
-from orl_sandbox import wire
+from orl_sandbox import syscalls, wire
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 
@@ -261,6 +264,86 @@ def test_isolation_layers_on_linux(isolation):
   if os.geteuid() == 0:
     assert any(layer.startswith("uid:") for layer in isolation), isolation
     assert sandbox.missing_essentials(isolation) == [], isolation
+
+
+# ----------------------------------------------------------------------------- syscall filter
+
+_HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
+            "aarch64": "/usr/include/asm-generic/unistd.h"}
+
+
+@pytest.mark.parametrize("machine", sorted(_HEADERS))
+def test_syscall_numbers_match_the_kernel_headers(machine):
+  """Every number in the filter's tables is the C headers' (where they are installed)."""
+  path = pathlib.Path(_HEADERS[machine])
+  if not path.exists():
+    pytest.skip(f"{path} is not installed")
+  text = path.read_text()
+  headers = {name: int(nr) for name, nr in re.findall(r"#define __NR3?2?6?4?_(\w+)\s+(\d+)",
+                                                      text)}
+  headers["newfstatat"] = headers.get("newfstatat", headers.get("fstatat"))
+  table = syscalls.numbers(machine)
+  compared = {name: nr for name, nr in table.items() if name in headers}
+  assert compared == {name: headers[name] for name in compared}
+  assert len(compared) > 0.9 * len(table)   # the rest are newer than these headers
+  names = syscalls.ALLOWED + list(syscalls.CHECKED) + list(syscalls.NOT_IMPLEMENTED)
+  assert len(set(names + syscalls.DENIED)) == len(names) + len(syscalls.DENIED)
+  assert syscalls.program(machine)   # every jump is within reach
+
+
+def test_syscall_filter_allows_denies_and_answers_enosys():
+  """What a survey of the filter promises: Python's own work runs; machine-wide resources and
+  counters are refused with EPERM; a call the tables do not know (a newer kernel's) is ENOSYS."""
+  program = textwrap.dedent(f"""\
+      import ctypes, errno, json, mmap, os, threading
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.syscall.restype = ctypes.c_long
+      def attempt(nr, *args):
+          return errno.errorcode.get(ctypes.get_errno(), "?") if libc.syscall(nr, *args) < 0 \
+              else "ok"
+      worker = threading.Thread(target=lambda: None)
+      worker.start()
+      worker.join()
+      with open("f", "w") as f:
+          f.write("x")
+      private = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE)
+      result = {{"io_setup": attempt({syscalls.numbers(os.uname().machine)["io_setup"]}, 1,
+                                       ctypes.byref(ctypes.c_ulong(0))),
+                "sysinfo": attempt({syscalls.numbers(os.uname().machine)["sysinfo"]},
+                                   ctypes.create_string_buffer(256)),
+                "unknown": attempt(470), "proc": os.path.exists("/proc/self"),
+                "zero": os.path.exists("/dev/zero")}}
+      try:
+          mmap.mmap(-1, 4096)   # shared and anonymous
+      except OSError as error:
+          result["shared_mmap"] = errno.errorcode[error.errno]
+      try:
+          os.pipe()
+      except OSError as error:
+          result["pipe"] = errno.errorcode[error.errno]
+      print(json.dumps(result))
+      """)
+  result = sandbox.run_python(program, sandbox.SandboxLimits(timeout_s=TIMEOUT_S))
+  assert result.passed, result.stderr
+  assert json.loads(result.stdout) == {"io_setup": "EPERM", "sysinfo": "EPERM",
+                                       "unknown": "ENOSYS", "proc": False, "zero": False,
+                                       "shared_mmap": "EPERM", "pipe": "EPERM"}
+
+
+def test_a_prompt_is_claimed_machine_wide():
+  """Two processes never hold one prompt's claim at once (samples of one prompt never run side
+  by side, also across verifiers of different processes on one machine)."""
+  fd = sandbox.claim_exclusive("prompt under test")
+  if fd == -1:
+    pytest.skip("no lock directory on this machine (the claim is per process)")
+  try:
+    assert fd is not None
+    other = ("import sys\nfrom orl_sandbox import launcher\n"
+             "fd = launcher.claim_exclusive(sys.argv[1])\nsys.exit(0 if fd is None else 1)\n")
+    assert subprocess.run([sys.executable, "-c", other, "prompt under test"]).returncode == 0
+  finally:
+    sandbox.release_exclusive(fd)
+  assert subprocess.run([sys.executable, "-c", other, "prompt under test"]).returncode == 1
 
 
 # ----------------------------------------------------------------------------- refusal, opt-out
