@@ -15,15 +15,22 @@ after its processes are dead, in three steps:
    replies (capped in size) without looking at them. The sample is then killed.
 3. `replay_verdict` (the sample dead): the prompt and the *unmodified* tests run again with a
    proxy that hands out the stored replies in order. The verdict is the original tests'
-   semantics. A call that step 1 could not know in advance (its arguments depend on an earlier
-   answer, `candidate(candidate(x))`, or on a branch taken on an answer that the recorder's
-   stand-in did not take) has no stored reply: the sample fails, with that reason in the detail.
+   semantics: answers are real instances of their types, exceptions are raised as their classes
+   (matched through the class hierarchy, never by name), and what the candidate did to its
+   arguments is done to the tests' own objects when its answer arrives (`wire.Session` on both
+   sides; an argument passed again is the sample's same object). A call that step 1 could not
+   know in advance (its arguments depend on an earlier answer, `candidate(candidate(x))`, or on
+   a branch taken on an answer that the recorder's stand-in did not take) has no stored reply:
+   the sample is not judged ("unsupported", with that reason in the detail; it scores 0 and the
+   verifier counts and lists it).
 
 Both runs of the tests start from the same `random` seed, so tests that draw random inputs
 (HumanEval/53) make the same calls twice. Limits of the approach: tests that make a call only
-when an answer is false or empty (a loop that stops on a result) or only when the candidate
-raised (a call in an `except` block) fail every sample; every HumanEval problem's tests collect
-completely (the canonical solutions all pass, tests/test_tasks_verifiers.py).
+when an answer is false or empty (a loop that stops on a result), only when the candidate
+raised (a call in an `except` block), or on an argument they changed after the candidate
+answered, are unsupported; every HumanEval problem's tests collect completely (the canonical
+solutions all pass, tests/test_tasks_verifiers.py). docs/verifier.md lists where the verdict
+still differs from running the tests in-process.
 """
 from __future__ import annotations
 
@@ -165,13 +172,16 @@ def _run_tests(prelude: str, tests, entry_point: str, candidate) -> None:
   """The prompt (errors ignored: tests may use its helpers), then the tests, then `check`.
   The candidate's session resolves class names in the tests' namespace (the prompt's enums,
   named tuples and exceptions)."""
-  namespace = {"__name__": "__judge__"}
+  namespace: dict = {}   # no __name__, as in the usual harness's `exec(program, {})`
   candidate.session.namespace = namespace
   random.seed(_SEED)
   try:
     exec(compile(prelude, "prompt.py", "exec"), namespace)  # pylint: disable=exec-used
   except Exception:  # pylint: disable=broad-except
     pass   # a prompt whose stub does not run on its own: tests then cannot use its helpers
+  stub = namespace.get(entry_point)   # the prompt's function: the candidate's name and doc
+  for name in ("__name__", "__qualname__", "__doc__"):
+    setattr(candidate, name, getattr(stub, name, entry_point if name != "__doc__" else None))
   namespace[entry_point] = candidate
   exec(tests, namespace)  # pylint: disable=exec-used
   namespace["check"](candidate)

@@ -8,17 +8,20 @@ Two entry points:
 
 * `run_judged(candidate_source, entry_point, tests, prelude)` — for verdicts. The tests run in a
   *judge* process that the sample never shares; the sample process only defines the candidate
-  function and answers calls to it. Arguments and results cross the boundary as plain data
-  (`wire`: JSON with exact types); anything else, an exception that is not an `Exception`, the
+  function and answers calls to it. Arguments, results and exceptions cross the boundary as
+  values of Python's and the standard library's value types, identity and in-place changes to
+  arguments included (`wire`); anything else, an exception that is not an `Exception`, the
   sample exiting, or a malformed message fails the run. The verdict is written by the judge to
   a file the sample cannot see. So frame walking, tracing, monkeypatching, writing to inherited
   descriptors and objects with forged `__eq__` cannot change a verdict: the sample can only
-  return data, and the judge compares data with the built-in operators. The sample learns
+  return data, which the judge rebuilds as real instances of those types. The sample learns
   nothing about its correctness while it runs (`judge.py`): the calls it answers are collected
   before it answers any, and the tests judge the stored answers only after its processes are
-  dead. The judge runs under its own CPU and address-space limits (`judge_cpu_s`,
-  `judge_memory_bytes`; what it used is in `SandboxResult.judge_cpu_s/judge_peak_rss_bytes`),
-  and decodes replies with caps on bytes, values, depth and hash collisions (`wire`).
+  dead. The judge runs under its own CPU and address-space limits (`judge_cpu_s`, by default a
+  quarter of the timeout; `judge_memory_bytes`) and, where cgroups are writable, in its own
+  cgroup (`judge-cgroup`: memory, one CPU); what it used is in
+  `SandboxResult.judge_cpu_s/judge_peak_rss_bytes`. Replies are decoded with caps on bytes,
+  values, depth, expanded size and hash collisions (`wire`).
 * `run_python(source)` — runs a whole program; `passed` is "exited with status 0", which the
   program itself controls. Use it for containment, never to score untrusted code.
 
@@ -40,13 +43,15 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
   is left (a uid that keeps a process is retired, never reused).
 * `mountns`, `tmpfs-disk` — I builds a new root on a small tmpfs: read-only, nosuid bind mounts of
   `/usr`, `/lib*` and the interpreter's standard library only (its `site-packages` masked unless
-  `site_packages=True`), `/dev/{null,zero,full,random,urandom}`, a fresh `/proc` for the PID
-  namespace, and `/tmp` (the working directory, `HOME`, `TMPDIR`): a tmpfs capped at
+  `site_packages=True`), `/dev/{null,full,random,urandom}` and `/tmp` (the working directory,
+  `HOME`, `TMPDIR`; also `/dev/shm`): a tmpfs capped at
   `disk_bytes` and `max_inodes`, gone with the namespace. The sample's stdout and stderr are
   pipes that I reads, keeping `max_output_bytes` of each and closing them after
   `max_file_bytes`: no host file is ever open in the sample. It then `pivot_root`s and
   detaches the host tree. No host path is visible, so no pathname unix socket outside the
   sandbox is reachable (abstract sockets are per network namespace), and no dataset or test file.
+  There is no `/proc` (its machine-wide files are counters other samples move) and no
+  `/dev/zero` (a shared mapping of it draws an inode number from a machine-wide counter).
 * `netns`, `ipcns`, `utsns` — no network devices but a down loopback; private SysV/POSIX IPC.
 * `cgroup-memory`, `cgroup-pids`, `cgroup-cpu` — a cgroup per sample (v2, or v1 controllers)
   caps the memory of all the sample's processes together, tmpfs pages included, at
@@ -59,15 +64,19 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
   (opted out), `cap-dac-read-search` marks that the sample kept that one capability so that it
   can read an interpreter installed under a private directory; Landlock then bounds its reads.
 * `rlimits` — `RLIMIT_AS` (per process), `RLIMIT_CPU`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`,
-  `RLIMIT_NOFILE`, `RLIMIT_CORE`=0. Without `cgroup-memory`, total memory is bounded by
+  `RLIMIT_NOFILE`, `RLIMIT_CORE`, `RLIMIT_MEMLOCK`, `RLIMIT_MSGQUEUE` and `RLIMIT_RTPRIO` 0,
+  `RLIMIT_SIGPENDING` 64. Without `cgroup-memory`, total memory is bounded by
   `max_processes × memory_bytes` (+ `disk_bytes` of tmpfs).
 * `no-new-privs`; `landlock-fs`/`-net`/`-scope` (Linux ≥ 5.13): reads below the bound paths,
-  writes below `/tmp`, no TCP, no signals or abstract sockets outside; `seccomp`: no new user
-  namespaces, no `clone3`, keyrings, `ptrace`, `bpf`, `perf_event_open`, `userfaultfd`,
-  `io_uring`, mounts, and no sockets other than `AF_UNIX`; and nothing two samples could share
-  through the read-only files both see: no `flock`, `fcntl` locks, leases or `F_NOTIFY`, no
-  `inotify`/`fanotify`, no futex wake-up without `FUTEX_PRIVATE_FLAG` (a futex on a page of a
-  shared file is keyed by that file, across processes).
+  writes below `/tmp`, no TCP, no signals or abstract sockets outside; `seccomp`: an allowlist
+  of the calls a Python function needs (`syscalls.py` lists what else is refused and why:
+  machine-wide resources such as asynchronous I/O, key rings, SysV and POSIX IPC, huge pages;
+  machine-wide counters such as pipe and pidfd inode numbers; the page cache; locks, watches and
+  shared futexes on the read-only files every sample sees; sockets and new namespaces).
+
+Scheduling (`orl_jax.verify.humaneval.PromptScheduler`, with `claim_exclusive` across processes):
+two samples of one prompt never run at the same time, so what they share only while both run
+(CPU and cache contention, counters that fall back when their holder exits) carries nothing.
 
 Essential layers (`ESSENTIAL_LAYERS`): without one of them the run is refused with
 `SandboxUnavailableError` before any untrusted code runs, unless the caller opts out with

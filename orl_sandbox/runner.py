@@ -813,7 +813,9 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
   for all calls: an argument the tests pass again is the same object here, and what the
   candidate does to its arguments goes back with each answer."""
   import traceback  # pylint: disable=import-outside-toplevel
-  namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+  # No __name__, as in the usual harness's `exec(program, {})`: its classes' __module__ is
+  # "builtins" and an `if __name__ == "__main__":` block does not run.
+  namespace = {"__builtins__": __builtins__}
   try:
     exec(compile(spec["program"], "candidate.py", "exec"), namespace)  # pylint: disable=exec-used
     function = namespace.get(spec["entry_point"])

@@ -631,6 +631,24 @@ DIFFERENCES = {
         "    if x == 'read':\n        return len(KEPT)\n    return KEPT\n\n\nKEPT = []\n",
         "def check(candidate):\n    candidate('get').append(1)\n"
         "    assert candidate('read') == 1\n", "fail"),
+    # An enum class the completion defines arrives with its members, not its methods.
+    "own_enum_method": ("    import enum\n\n    class Size(enum.Enum):\n        S = 1\n\n"
+                        "        def describe(self):\n            return 'small'\n\n"
+                        "    return Size.S\n",
+                        "def check(candidate):\n    assert candidate(0).describe() == 'small'\n",
+                        "fail"),
+    # What the candidate prints is not the tests' to capture.
+    "captured_output": ("    print(x)\n",
+                        "import contextlib, io\n\n\ndef check(candidate):\n    out = io.StringIO()\n"
+                        "    with contextlib.redirect_stdout(out):\n        candidate(1)\n"
+                        "    assert out.getvalue() == '1\\n'\n", "fail"),
+    # The candidate is a stand-in: its name and docstring are the prompt's, nothing more.
+    "candidate_internals": ("    return x\n",
+                            "def check(candidate):\n    assert candidate.__name__ == 'f'\n"
+                            "    assert candidate.__code__.co_argcount == 1\n", "fail"),
+    # The syscall filter refuses pipes, sockets and subprocesses.
+    "uses_a_pipe": ("    import os\n    os.pipe()\n    return x\n",
+                    "def check(candidate):\n    assert candidate(1) == 1\n", "fail"),
     # Calls the judge cannot know before the sample answers: not judged.
     "call_on_an_answer": ("    return x + 1\n",
                           "def check(candidate):\n    assert candidate(candidate(1)) == 3\n",
