@@ -91,12 +91,22 @@ def _int(value: int):
 def _tz(tz):
   if tz is None:
     return None
+  zone = _std_class("zoneinfo", "ZoneInfo")
+  if zone is not None and type(tz) is zone and type(tz.key) is str:
+    return {"zone": tz.key}
   if type(tz) is not sys.modules["datetime"].timezone:
-    raise WireError("only datetime.timezone time zones are data")
+    raise WireError("only datetime.timezone and zoneinfo.ZoneInfo time zones are data")
   delta = tz.utcoffset(None)
   name = tz.tzname(None)
   default = str(type(tz)(delta))
   return [delta.days, delta.seconds, delta.microseconds, None if name == default else name]
+
+
+# Paths arrive as pure paths (no file system access in the judge), equal to the concrete ones.
+_PATHS = {"PurePosixPath": "posix", "PosixPath": "posix", "PureWindowsPath": "windows",
+          "WindowsPath": "windows"}
+_IP_CLASSES = ("IPv4Address", "IPv6Address", "IPv4Network", "IPv6Network", "IPv4Interface",
+               "IPv6Interface")
 
 
 def _scalar_std(value, kind):
@@ -106,6 +116,12 @@ def _scalar_std(value, kind):
     return {"$decimal": str(value)}
   if kind.__module__ == "fractions" and name == "Fraction" and _is_std(kind):
     return {"$fraction": [_int(value.numerator), _int(value.denominator)]}
+  if kind.__module__ == "pathlib" and name in _PATHS and _is_std(kind):
+    return {"$path": [_PATHS[name], str(value)]}
+  if kind.__module__ == "uuid" and name == "UUID" and _is_std(kind):
+    return {"$uuid": value.hex}
+  if kind.__module__ == "ipaddress" and name in _IP_CLASSES and _is_std(kind):
+    return {"$ip": [name, str(value)]}
   if kind.__module__ == "datetime" and _is_std(kind):
     if name == "timedelta":
       return {"$timedelta": [value.days, value.seconds, value.microseconds]}
@@ -296,6 +312,8 @@ class _Encoder:
     if kind in ("keys", "values", "items", "mappingproxy"):
       import gc  # pylint: disable=import-outside-toplevel
       return self.value(gc.get_referents(v)[0], depth + 1)
+    if kind == "chainmap":
+      return self._items(v.maps, depth)
     if kind == "namespace":
       return self._pairs(vars(v), depth)
     return _PAYLOADS[kind](self, v, depth)
@@ -323,7 +341,7 @@ def _object_kinds() -> dict:
     kinds.update({collections.Counter: "counter", collections.OrderedDict: "odict",
                   collections.defaultdict: "ddict", collections.deque: "deque",
                   collections.UserList: "userlist", collections.UserDict: "userdict",
-                  collections.UserString: "userstring"})
+                  collections.UserString: "userstring", collections.ChainMap: "chainmap"})
     ordered = collections.OrderedDict()
     kinds.update({type(ordered.keys()): "keys", type(ordered.values()): "values",
                   type(ordered.items()): "items"})
@@ -401,6 +419,8 @@ def _is_int(data) -> bool:
 def _decode_tz(data):
   if data is None:
     return None
+  if type(data) is dict and set(data) == {"zone"} and type(data["zone"]) is str:
+    return _module("zoneinfo").ZoneInfo(data["zone"])   # (refuses paths: keys only)
   datetime = _module("datetime")
   if type(data) is not list or len(data) != 4 or not all(type(x) is int for x in data[:3]):
     raise WireError("malformed time zone")
@@ -437,6 +457,8 @@ def _decode_tagged(tag, body, session):
     return Ellipsis
   if tag == "$timezone":
     return _decode_tz(body)
+  if tag == "$uuid" and type(body) is str:
+    return _module("uuid").UUID(hex=body)
   if type(body) is not list:
     raise WireError(f"malformed {tag!r}")
   if tag == "$complex" and len(body) == 2:
@@ -451,6 +473,12 @@ def _decode_tagged(tag, body, session):
       return range(*parts)
   if tag == "$fraction" and len(body) == 2 and all(_is_int(x) for x in body):
     return _module("fractions").Fraction(*(decode_scalar(x) for x in body))
+  if tag == "$path" and len(body) == 2 and body[0] in ("posix", "windows") and type(
+      body[1]) is str:
+    pathlib = _module("pathlib")
+    return (pathlib.PurePosixPath if body[0] == "posix" else pathlib.PureWindowsPath)(body[1])
+  if tag == "$ip" and len(body) == 2 and body[0] in _IP_CLASSES and type(body[1]) is str:
+    return getattr(_module("ipaddress"), body[0])(body[1])
   if tag in _DATETIME_ARITY and len(body) == _DATETIME_ARITY[tag]:
     return _decode_datetime(tag, body)
   if tag == "$type" and len(body) == 2 and body[0] == "builtins":
@@ -472,7 +500,7 @@ def decode_scalar(data, session: Session | None = None):
   (tag, body), = data.items()
   try:
     return _decode_tagged(tag, body, session)
-  except (TypeError, ValueError, ArithmeticError, UnicodeError, OverflowError) as error:
+  except (TypeError, ValueError, ArithmeticError, UnicodeError, KeyError) as error:
     if isinstance(error, WireError):
       raise
     raise WireError(f"malformed {tag!r}: {error}") from None
@@ -638,6 +666,8 @@ def _kids(obj) -> tuple:
     return _kids(data)
   if type(obj).__name__ == "deque":
     return tuple(obj)
+  if type(obj).__name__ == "ChainMap":
+    return tuple(obj.maps)
   if type(obj).__module__ == "types" and hasattr(obj, "__dict__"):           # SimpleNamespace
     return tuple(vars(obj).values())
   import gc  # pylint: disable=import-outside-toplevel
@@ -772,6 +802,11 @@ def _build(kind: str, payload, pid: int, decoder: _Decoder):
       if kind == "mappingproxy":
         return _module("types").MappingProxyType(mapping)
       return getattr(mapping, kind)()
+    if kind == "chainmap":
+      maps = decoder.children(payload)
+      if not all(isinstance(m, dict) for m in maps):
+        raise WireError("a ChainMap of something that is not a dict")
+      return _module("collections").ChainMap(*maps)
     if kind == "userstring":
       if type(payload) is not str:
         raise WireError("malformed UserString")

@@ -91,7 +91,8 @@ def _probe_table(prompt: str, completion: str, probes: str, entry_point: str):
 # ------------------------------------------------------------------------------------ values
 
 KINDS_PROMPT = '''\
-import array, collections, datetime, decimal, enum, fractions, math, types
+import array, collections, datetime, decimal, enum, fractions, ipaddress, math, pathlib, types
+import uuid, zoneinfo
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -170,6 +171,12 @@ MAKERS = {
     "namespace": lambda: types.SimpleNamespace(x=1, y=[2]),
     "generator": lambda: (i * i for i in range(4)), "map": lambda: map(str, [1, 2]),
     "exception_value": lambda: KeyError("k"), "type": lambda: int,
+    "chainmap": lambda: collections.ChainMap({"a": 1}, {"a": 2, "b": 3}),
+    "pure_path": lambda: pathlib.PurePosixPath("/tmp/x.py"), "uuid": lambda: uuid.UUID(int=7),
+    "ip_address": lambda: ipaddress.ip_address("10.1.2.3"),
+    "ip_network": lambda: ipaddress.ip_network("10.0.0.0/8"),
+    "zoned_datetime": lambda: datetime.datetime(2024, 7, 1, 12, tzinfo=zoneinfo.ZoneInfo(
+        "Europe/Paris")),
 }
 '''
 KINDS_PROBES = '''\
@@ -239,6 +246,13 @@ PROBES = {
     "map": lambda r: [list(r)],
     "exception_value": lambda r: [isinstance(r, KeyError), str(r), r.args],
     "type": lambda r: [r is int, r("5")],
+    "chainmap": lambda r: [r == {"a": 1, "b": 3}, r["a"], len(r.maps), sorted(r)],
+    "pure_path": lambda r: [r == pathlib.PurePosixPath("/tmp/x.py"), r.suffix, str(r.parent)],
+    "uuid": lambda r: [r == uuid.UUID(int=7), str(r), r.int],
+    "ip_address": lambda r: [r == ipaddress.ip_address("10.1.2.3"), r.is_private, str(r + 1)],
+    "ip_network": lambda r: [ipaddress.ip_address("10.9.9.9") in r, r.num_addresses],
+    "zoned_datetime": lambda r: [r.isoformat(), str(r.tzinfo), r == datetime.datetime(
+        2024, 7, 1, 10, tzinfo=UTC)],
 }
 
 
@@ -631,6 +645,15 @@ DIFFERENCES = {
         "    if x == 'read':\n        return len(KEPT)\n    return KEPT\n\n\nKEPT = []\n",
         "def check(candidate):\n    candidate('get').append(1)\n"
         "    assert candidate('read') == 1\n", "fail"),
+    # Concrete paths arrive as pure paths: equal, but without file-system methods.
+    "concrete_path": ("    import pathlib\n    return pathlib.Path('no/such/file')\n",
+                      "def check(candidate):\n    assert candidate(0).exists() is False\n",
+                      "fail"),
+    # The completion and the tests do not share a namespace.
+    "names_from_the_tests": ("    raise TestsOwnError(x)\n",
+                             "class TestsOwnError(Exception):\n    pass\n\n\n"
+                             "def check(candidate):\n    try:\n        candidate(1)\n"
+                             "    except TestsOwnError:\n        pass\n", "fail"),
     # An enum class the completion defines arrives with its members, not its methods.
     "own_enum_method": ("    import enum\n\n    class Size(enum.Enum):\n        S = 1\n\n"
                         "        def describe(self):\n            return 'small'\n\n"
