@@ -156,7 +156,7 @@ def _encode_call(session, args, kwargs) -> bytes:
 class _Recorder:
   def __init__(self):
     self.calls: list[bytes] = []
-    self.session = wire.Session(0)
+    self.session = wire.Session(0, watch_received=False)
 
   def __call__(self, *args, **kwargs):
     try:
@@ -223,7 +223,7 @@ class _Replay:
 
   def __init__(self, calls: list[bytes], replies: list[bytes], stopped: str):
     self.calls, self.replies, self.stopped = calls, replies, stopped
-    self.session = wire.Session(0)
+    self.session = wire.Session(0, watch_received=False)
     self.count = 0
     self.violation = ""
     self.unsupported = False

@@ -17,8 +17,8 @@ Two entry points:
   return data, which the judge rebuilds as real instances of those types. The sample learns
   nothing about its correctness while it runs (`judge.py`): the calls it answers are collected
   before it answers any, and the tests judge the stored answers only after its processes are
-  dead. The judge runs under its own CPU and address-space limits (`judge_cpu_s`, by default a
-  quarter of the timeout; `judge_memory_bytes`) and, where cgroups are writable, in its own
+  dead. The judge runs under its own CPU and address-space limits (`judge_cpu_s`, by default
+  half the timeout; `judge_memory_bytes`) and, where cgroups are writable, in its own
   cgroup (`judge-cgroup`: memory, one CPU); what it used is in
   `SandboxResult.judge_cpu_s/judge_peak_rss_bytes`. Replies are decoded with caps on bytes,
   values, depth, expanded size and hash collisions (`wire`).
@@ -137,7 +137,7 @@ class SandboxLimits:
     max_message_bytes: the largest judge/sample message (run_judged).
     max_reply_bytes: all the sample's replies together (run_judged); calls past it go
       unanswered and fail the sample.
-    judge_cpu_s: CPU seconds of the judge process (run_judged); None -> the sample's `cpu_s`.
+    judge_cpu_s: CPU seconds of the judge process (run_judged); None -> half the timeout.
     judge_memory_bytes: `RLIMIT_AS` of the judge process.
     site_packages: False runs the interpreter with `-S` and masks `site-packages` in the
       sandbox (stdlib only); True makes installed packages importable (and readable).
@@ -246,10 +246,11 @@ def _log(message: str) -> None:
     pass
 
 
-def _judge_cpu_s(limits: SandboxLimits, cpu_s: int) -> int:
-  """The judge's CPU seconds: a quarter of the wall timeout by default, so that a reply that
-  keeps the judge busy fails on the judge's limit (counted, cached) rather than by the timeout."""
-  return int(limits.judge_cpu_s or max(1, min(cpu_s, int(limits.timeout_s // 4))))
+def judge_cpu_s(limits: SandboxLimits) -> int:
+  """The judge's CPU seconds: half the wall timeout by default, so that a reply that keeps the
+  judge busy fails on the judge's limit (counted, cached) rather than by the timeout."""
+  cpu_s = int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1)
+  return int(limits.judge_cpu_s or max(1, min(cpu_s, int(limits.timeout_s // 2))))
 
 
 def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has_judge: bool,
@@ -277,7 +278,7 @@ def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has
       "max_message_bytes": int(limits.max_message_bytes),
       "max_reply_bytes": int(limits.max_reply_bytes),
       "max_output_bytes": int(limits.max_output_bytes),
-      "judge_cpu_s": _judge_cpu_s(limits, cpu_s),
+      "judge_cpu_s": judge_cpu_s(limits),
       "judge_memory_bytes": int(limits.judge_memory_bytes),
       "site_packages": bool(limits.site_packages),
       "require_isolation": isolation_required(limits),

@@ -44,7 +44,7 @@ import struct
 import sys
 
 MAX_DEPTH = 64
-MAX_ELEMENTS = 1 << 19
+MAX_ELEMENTS = 1 << 21   # JSON values in one message (a container costs about six)
 MAX_EQUAL_HASHES = 16
 MAX_EXPANDED = 1 << 22
 MAX_HASH_WORK = 1 << 24
@@ -204,8 +204,12 @@ class Session:
   tuples and exceptions). Every container ever numbered is kept alive, so that ids stay unique.
   """
 
-  def __init__(self, parity: int, namespace: dict | None = None):
+  def __init__(self, parity: int, namespace: dict | None = None, watch_received: bool = True):
     self.parity = parity
+    # Whether later changes to containers the other side created are sent back. The judge
+    # does not: its tests changing an answer and passing it back is a call it could not know
+    # in advance anyway, and not recording them keeps its cost per container low.
+    self.watch_received = watch_received
     self.namespace = namespace if namespace is not None else {}
     self.objects: dict[int, object] = {}
     self.kinds: dict[int, str] = {}
@@ -213,7 +217,7 @@ class Session:
     self.synced: dict[int, str] = {}
     self.next_pid = parity
     self.classes: dict = {}            # rebuilt classes, so that equal descriptions share one
-    self.hashes: dict[int, list] = {}  # hash value -> the distinct values received with it
+    self.hashes: dict = {}   # hash value -> the value received with it, or several (_Distinct)
     self.hash_work = 0
     self.hsizes: dict[int, tuple] = {}   # pid -> (nodes, depth) of a received immutable
 
@@ -266,7 +270,8 @@ class _Encoder:
     key = id(v)
     known = self.session.pid_of.get(key)
     pid = known if known is not None else self.new.get(key, (None,))[0]
-    if key in self.open or key in self.done:
+    if key in self.open or key in self.done or (known is not None
+                                                 and known not in self.session.synced):
       return {"$ref": pid}
     kind = self._kind(v)
     if pid is None:
@@ -552,27 +557,32 @@ class _Decoder:
     self.session = session
     self.entries = entries
     self.texts: dict[int, str] = {}
+    self.seen: set[int] = set()
 
   def run(self, vals: list) -> list:
     session = self.session
-    for entry in self.entries:
-      pid, kind, payload = self._entry(entry)
-      if pid in self.texts:
+    entries = [self._entry(entry) for entry in self.entries]
+    updated = []   # containers of this side that the message changes
+    for pid, kind, payload in entries:
+      if pid in self.seen:
         raise WireError(f"object {pid} defined twice")
-      self.texts[pid] = json.dumps([kind, payload], separators=(",", ":"))
-      if pid in session.objects:
+      self.seen.add(pid)
+      known = pid in session.objects
+      if known or session.watch_received:
+        self.texts[pid] = json.dumps([kind, payload], separators=(",", ":"))
+      if known:
         if session.kinds[pid] != kind or kind not in _MUTABLE:
           raise WireError(f"object {pid} changed kind or is immutable")
+        updated.append(session.objects[pid])
       elif kind in _MUTABLE:
         self._register(pid, kind, _shell(kind, payload))
-    for entry in self.entries:
-      pid, kind, payload = self._entry(entry)
+    for pid, kind, payload in entries:
       if kind in _MUTABLE:
         _fill(kind, session.objects[pid], payload, self)
       else:
         self._register(pid, kind, _build(kind, payload, pid, self))
     values = [self.child(v) for v in vals]
-    _check_size([session.objects[p] for p in self.texts] + values)
+    _check_size(updated + values)   # what the tests can reach of what arrived
     session.synced.update(self.texts)
     return values
 
@@ -626,13 +636,21 @@ class _Decoder:
     return [(self.child(k), self.child(v)) for k, v in data]
 
 
+_SMALL = 1 << 60
+
+
+class _Distinct(list):
+  """The distinct values received that share one hash value (a type no value has)."""
+
+
 def _count_hash(session: Session, value, cost: int) -> None:
   """Counts `value` among the distinct values of its hash that `session` received; refuses
   more than MAX_EQUAL_HASHES of them (strings and bytes hash with a per-process secret key and
   cannot be made to collide)."""
   kind = type(value)
-  if value is None or kind is bool or kind is str or kind is bytes:
-    return
+  if value is None or kind is bool or kind is str or kind is bytes or (
+      kind is int and -_SMALL < value < _SMALL):
+    return   # distinct integers below 2**60 hash to distinct values (but -1 and -2)
   session.hash_work += cost
   if session.hash_work > MAX_HASH_WORK:
     raise WireError(f"hashing the values received would take more than {MAX_HASH_WORK} steps")
@@ -640,7 +658,12 @@ def _count_hash(session: Session, value, cost: int) -> None:
     digest = hash(value)
   except (TypeError, ValueError):   # unhashable (a list, a signalling NaN)
     return
-  seen = session.hashes.setdefault(digest, [])
+  seen = session.hashes.get(digest)
+  if seen is None:
+    session.hashes[digest] = value   # the common case: one value per hash, no list
+    return
+  if type(seen) is not _Distinct:
+    seen = session.hashes[digest] = _Distinct((seen,))
   for other in seen:
     try:
       if other is value or other == value:
@@ -675,6 +698,9 @@ def _kids(obj) -> tuple:
       ("_keys", "_values", "_items", "iterator", "mappingproxy")) else ()
 
 
+_LEAVES = frozenset((type(None), bool, int, float, complex, str, bytes))
+
+
 def _check_size(roots) -> None:
   """Refuses values whose expansion (every reference to a shared container counted again, a
   cycle once) exceeds MAX_EXPANDED nodes or MAX_DEPTH levels: what repr, == or hashing on
@@ -682,15 +708,17 @@ def _check_size(roots) -> None:
   memo: dict[int, tuple] = {}
   open_ids: set[int] = set()
   keep = []   # the objects measured stay alive, so that their ids stay unique
-  stack = [(root, False) for root in roots]
+  stack = [(root, None) for root in roots if type(root) not in _LEAVES]
   while stack:
-    obj, finished = stack.pop()
+    obj, kids = stack.pop()
     key = id(obj)
-    if finished:
+    if kids is not None:
       size, depth = 1, 1
-      for kid in _kids(obj):
-        kid_size, kid_depth = memo.get(id(kid), (1, 1))
-        size, depth = size + kid_size, max(depth, kid_depth + 1)
+      for kid in kids:
+        if type(kid) not in _LEAVES:
+          kid_size, kid_depth = memo.get(id(kid), (1, 1))
+          size, depth = size + kid_size - 1, max(depth, kid_depth + 1)
+        size += 1
       if size > MAX_EXPANDED or depth > MAX_DEPTH + 1:
         raise WireError(f"value larger than {MAX_EXPANDED} nodes (aliases counted each time) "
                         f"or deeper than {MAX_DEPTH}")
@@ -705,8 +733,9 @@ def _check_size(roots) -> None:
       continue
     open_ids.add(key)
     keep.append(obj)
-    stack.append((obj, True))
-    stack.extend((kid, False) for kid in kids if id(kid) not in memo and id(kid) not in open_ids)
+    stack.append((obj, kids))
+    stack.extend((kid, None) for kid in kids if type(kid) not in _LEAVES
+                 and id(kid) not in memo and id(kid) not in open_ids)
 
 
 def _shell(kind: str, payload):
