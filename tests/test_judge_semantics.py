@@ -340,7 +340,8 @@ CASES = {
     "os_error": lambda: open("/nonexistent/x"), "zero_division": lambda: 1 / 0,
     "assertion": _assert, "prompt_class": lambda: _raise(InvalidInput("bad")),
     "unicode": lambda: b"\\xff".decode("utf-8"), "recursion": lambda: _recurse(0),
-    "args": lambda: _raise(ValueError(1, [2])), "not_implemented": lambda: _raise(NotImplementedError),
+    "args": lambda: _raise(ValueError(1, [2])),
+    "not_implemented": lambda: _raise(NotImplementedError),
     "type_error": lambda: None + 1, "index_error": lambda: [][1],
 }
 '''
@@ -501,7 +502,8 @@ COMPLETIONS = {
     "HumanEval/4": [
         "    from fractions import Fraction\n    xs = [Fraction(x) for x in numbers]\n"
         "    m = sum(xs) / len(xs)\n    return sum(abs(x - m) for x in xs) / len(xs)\n",
-        "    m = sum(numbers) / len(numbers)\n    return sum(x - m for x in numbers) / len(numbers)\n",
+        "    m = sum(numbers) / len(numbers)\n"
+        "    return sum(x - m for x in numbers) / len(numbers)\n",
     ],
     "HumanEval/8": [
         "    import collections, math\n    SP = collections.namedtuple('SP', 'total product')\n"
@@ -539,7 +541,8 @@ COMPLETIONS = {
         "    l.sort()\n    return l[len(l) // 2]\n",
     ],
     "HumanEval/58": [
-        "    import collections\n    both = collections.Counter(set(l1)) & collections.Counter(set(l2))\n"
+        "    import collections\n"
+        "    both = collections.Counter(set(l1)) & collections.Counter(set(l2))\n"
         "    return sorted(both.elements())\n",
         "    return sorted(set(l1) | set(l2))\n",
     ],
@@ -662,7 +665,8 @@ DIFFERENCES = {
                         "fail"),
     # What the candidate prints is not the tests' to capture.
     "captured_output": ("    print(x)\n",
-                        "import contextlib, io\n\n\ndef check(candidate):\n    out = io.StringIO()\n"
+                        "import contextlib, io\n\n\ndef check(candidate):\n"
+                        "    out = io.StringIO()\n"
                         "    with contextlib.redirect_stdout(out):\n        candidate(1)\n"
                         "    assert out.getvalue() == '1\\n'\n", "fail"),
     # The candidate is a stand-in: its name and docstring are the prompt's, nothing more.
