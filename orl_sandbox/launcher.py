@@ -18,7 +18,7 @@ Two entry points:
   nothing about its correctness while it runs (`judge.py`): the calls it answers are collected
   before it answers any, and the tests judge the stored answers only after its processes are
   dead. The judge runs under its own CPU and address-space limits (`judge_cpu_s`, by default
-  half the timeout; `judge_memory_bytes`) and, where cgroups are writable, in its own
+  a quarter of the timeout; `judge_memory_bytes`) and, where cgroups are writable, in its own
   cgroup (`judge-cgroup`: memory, one CPU); what it used is in
   `SandboxResult.judge_cpu_s/judge_peak_rss_bytes`. Replies are decoded with caps on bytes,
   values, depth, expanded size and hash collisions (`wire`).
@@ -137,7 +137,8 @@ class SandboxLimits:
     max_message_bytes: the largest judge/sample message (run_judged).
     max_reply_bytes: all the sample's replies together (run_judged); calls past it go
       unanswered and fail the sample.
-    judge_cpu_s: CPU seconds of the judge process (run_judged); None -> half the timeout.
+    judge_cpu_s: CPU seconds of the judge process (run_judged); None -> a quarter of the
+      timeout (at least 1).
     judge_memory_bytes: `RLIMIT_AS` of the judge process.
     site_packages: False runs the interpreter with `-S` and masks `site-packages` in the
       sandbox (stdlib only); True makes installed packages importable (and readable).
@@ -247,10 +248,11 @@ def _log(message: str) -> None:
 
 
 def judge_cpu_s(limits: SandboxLimits) -> int:
-  """The judge's CPU seconds: half the wall timeout by default, so that a reply that keeps the
-  judge busy fails on the judge's limit (counted, cached) rather than by the timeout."""
+  """The judge's CPU seconds: a quarter of the wall timeout by default, so that a reply that
+  keeps the judge busy fails on the judge's limit (counted, cached) rather than by the timeout,
+  also on a loaded machine (the judge decodes about 100,000 containers a second)."""
   cpu_s = int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1)
-  return int(limits.judge_cpu_s or max(1, min(cpu_s, int(limits.timeout_s // 2))))
+  return int(limits.judge_cpu_s or max(1, min(cpu_s, int(limits.timeout_s // 4))))
 
 
 def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has_judge: bool,
