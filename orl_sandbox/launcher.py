@@ -250,7 +250,7 @@ def _log(message: str) -> None:
 def judge_cpu_s(limits: SandboxLimits) -> int:
   """The judge's CPU seconds: a quarter of the wall timeout by default, so that a reply that
   keeps the judge busy fails on the judge's limit (counted, cached) rather than by the timeout,
-  also on a loaded machine (the judge decodes about 100,000 containers a second)."""
+  also on a loaded machine (the judge decodes about 75,000 containers a second)."""
   cpu_s = int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1)
   return int(limits.judge_cpu_s or max(1, min(cpu_s, int(limits.timeout_s // 4))))
 
