@@ -52,6 +52,10 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
   sandbox is reachable (abstract sockets are per network namespace), and no dataset or test file.
   There is no `/proc` (its machine-wide files are counters other samples move) and no
   `/dev/zero` (a shared mapping of it draws an inode number from a machine-wide counter).
+* `memory-image` — as root, the system files come from a copy in memory (`system_image.py`:
+  the standard library and the shared libraries it loads, about 80 MiB on `/dev/shm`, built once
+  per machine and interpreter), not from the host's disk: whether a file is in the page cache
+  (the time a read takes) can carry nothing from one sample to the next.
 * `netns`, `ipcns`, `utsns` — no network devices but a down loopback; private SysV/POSIX IPC.
 * `cgroup-memory`, `cgroup-pids`, `cgroup-cpu` — a cgroup per sample (v2, or v1 controllers)
   caps the memory of all the sample's processes together, tmpfs pages included, at
@@ -102,7 +106,7 @@ import tempfile
 import threading
 import time
 
-from orl_sandbox import runner
+from orl_sandbox import runner, system_image
 from orl_sandbox.runner import ESSENTIAL_LAYERS, missing_essentials  # noqa: F401
 
 ALLOW_WEAK_ENV = "ORL_SANDBOX_ALLOW_WEAK_ISOLATION"
@@ -144,7 +148,8 @@ class SandboxLimits:
       sandbox (stdlib only); True makes installed packages importable (and readable).
     require_isolation: refuse to run when an essential layer is missing (see module docstring).
     skip_layers: layers not to set up, to exercise the fallbacks and the refusal: any of
-      "pidns", "mountns", "netns", "ipcns", "utsns", "cgroup", "uid", "landlock", "seccomp".
+      "pidns", "mountns", "netns", "ipcns", "utsns", "cgroup", "uid", "landlock", "seccomp",
+      "image" (the memory-resident copy of the system files, `system_image.py`).
   """
   timeout_s: float = 10.0
   memory_bytes: int = 1 << 30
@@ -283,6 +288,9 @@ def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has
       "judge_cpu_s": judge_cpu_s(limits),
       "judge_memory_bytes": int(limits.judge_memory_bytes),
       "site_packages": bool(limits.site_packages),
+      "image": (system_image.image() if as_root and not limits.site_packages
+                and "image" not in limits.skip_layers and "mountns" not in limits.skip_layers
+                else None),
       "require_isolation": isolation_required(limits),
       "skip_layers": sorted(set(limits.skip_layers)),
   }

@@ -383,7 +383,7 @@ def _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err, rpc_
       layers.remove("mountns")
       try:
         _build_root(spec, libc)
-        layers += ["mountns", "tmpfs-disk"]
+        layers += ["mountns", "tmpfs-disk"] + (["memory-image"] if spec["image"] else [])
         work_dir = "/tmp"
       except OSError as error:
         _write_line(2, f"private root unavailable: {error!r}")
@@ -524,20 +524,26 @@ def _build_root(spec: dict, libc) -> None:
                     b"size=1m,nr_inodes=4096,mode=755"), "mount the root tmpfs")
   bound: list[str] = []
   links: list[str] = []
+  own_dir = os.path.dirname(os.path.realpath(__file__))
   for path in sorted(_bind_paths(spec["site_packages"]), key=lambda p: len(os.path.realpath(p))):
     real = os.path.realpath(path)
     if any(real == b or real.startswith(b.rstrip("/") + "/") for b in bound):
       if real != path:
         links.append(path)
       continue
+    # From the memory-resident copy (system_image.py) when there is one; then only the
+    # sandbox's own modules come from the host.
+    source = real if not spec["image"] or real == own_dir else spec["image"] + real
+    if not os.path.lexists(source):
+      continue
     target = root + real
-    if os.path.isdir(real):
+    if os.path.isdir(source):
       os.makedirs(target, 0o755, exist_ok=True)
     else:
       os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
       with open(target, "wb"):
         pass
-    _check(libc.mount(enc(real), enc(target), None, _MS_BIND | _MS_REC, None), f"bind {real}")
+    _check(libc.mount(enc(source), enc(target), None, _MS_BIND | _MS_REC, None), f"bind {real}")
     _check(libc.mount(None, enc(target), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID
                       | _MS_NODEV | _mount_flags(real), None), f"read-only {real}")
     bound.append(real)

@@ -1028,7 +1028,35 @@ def pid_number():   # pidfs inode of a new process: processes ever started on th
     os.waitpid(pid, 0)
     return number
 """
+# Sixteen standard-library files that nothing imports from source; the sender reads one of
+# each pair (eight bits), the receiver times reading both: a cold file takes milliseconds.
+_CACHE_FILES = ("pydoc_data/topics.py", "_pydecimal.py", "pickletools.py", "mailbox.py",
+                "imaplib.py", "nntplib.py", "ftplib.py", "smtplib.py", "turtle.py", "aifc.py",
+                "_pyio.py", "tarfile.py", "doctest.py", "optparse.py", "configparser.py", "pdb.py")
+_MESSAGE = (1, 0, 1, 1, 0, 0, 1, 0)
+_PAGE_CACHE = f"""\
+STDLIB = os.path.dirname(os.__file__)
+FILES = [os.path.join(STDLIB, name) for name in {_CACHE_FILES!r}]
+MESSAGE = {_MESSAGE!r}
+
+
+def read_time(path):
+    start = time.perf_counter()
+    with open(path, "rb") as f:
+        f.read()
+    return time.perf_counter() - start
+"""
 COUNTERS = {
+    "page_cache_of_shared_files": _channel(_PAGE_CACHE + """\
+for i, bit in enumerate(MESSAGE):
+    read_time(FILES[2 * i + bit])
+""", _PAGE_CACHE + """\
+bits = []
+for i in range(len(MESSAGE)):
+    t0, t1 = read_time(FILES[2 * i]), read_time(FILES[2 * i + 1])
+    bits.append(1 if 3 * t1 < t0 else 0 if 3 * t0 < t1 else None)
+RECEIVED = tuple(bits) == MESSAGE
+"""),
     "pipe_inode_numbers": _channel(_PIPE_BATCH + """\
 try:
     for _ in range(64):
@@ -1093,19 +1121,34 @@ def test_no_message_through_machine_wide_counters(verifier, tracker, name):
   assert scores == [0.0, 0.0, 1.0]
 
 
+def _evict_from_page_cache(paths) -> None:
+  """Drops the host's cached pages of `paths` (clean pages: root may), so they are cold."""
+  for path in paths:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+      os.close(fd)
+
+
+_CONTROL_SKIPS = {"pipe_inode_numbers": ("seccomp",), "pidfs_inode_numbers": ("seccomp",),
+                  "proc_stat_forks": ("seccomp", "mountns", "landlock"),
+                  "page_cache_of_shared_files": ("image",)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pipe_inode_numbers", "proc_stat_forks",
-                                  "pidfs_inode_numbers"])
-def test_counters_carry_messages_without_the_filter_and_private_root(tracker, name):
-  """Control: without the syscall filter (and, for /proc, the private root and Landlock), the
-  same pair run one after the other does talk on this kernel: the counters outlive their sender,
-  so scheduling alone cannot close them."""
-  skip = ("seccomp",) if name != "proc_stat_forks" else ("seccomp", "mountns", "landlock")
-  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 2, skip_layers=skip,
+@pytest.mark.parametrize("name", sorted(_CONTROL_SKIPS))
+def test_counters_carry_messages_without_their_layer(tracker, name):
+  """Control: without the syscall filter (for /proc, the private root and Landlock; for the page
+  cache, the memory-resident copy of the system files), the same pair run one after the other
+  does talk on this kernel: these outlive their sender, so scheduling alone cannot close them."""
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 2, skip_layers=_CONTROL_SKIPS[name],
                                  require_isolation=False)
+  stdlib = os.path.dirname(os.__file__)
   received = 0
   with HumanEvalVerifier(limits, parallelism=3) as inner:
     for _ in range(3):   # one after the other, as the verifier runs samples of one prompt
+      _evict_from_page_cache([os.path.join(stdlib, f) for f in _CACHE_FILES])
       sender, receiver = COUNTERS[name]
       inner.run(TRUNCATE, sender)
       received += inner.run(TRUNCATE, receiver).verdict == "pass"
