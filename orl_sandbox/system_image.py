@@ -11,8 +11,9 @@ the test suites, IDLE, Tk, turtle demos, `ensurepip`, `lib2to3` and the static-l
 `config-*` directory), the shared libraries that importing every
 standard-library extension module maps (read from `/proc/self/maps` of a helper interpreter),
 the interpreter itself, `/etc/ld.so.cache`, `/etc/localtime` and `/usr/share/zoneinfo`. About
-80 MiB for CPython 3.11; built once per machine and interpreter (keyed by what it copies) and
-reused by every later run and process. The sample's root binds it read-only at the original
+80-100 MiB for CPython 3.11; built once per machine and interpreter (keyed by what it copies)
+and reused by every later run and process; it stays as a cache (delete the directory to reclaim
+the memory). The sample's root binds it read-only at the original
 paths (`runner._build_root`), and the sandbox's own few modules from the host (every run reads
 them, so they are always cached). Not used when the launcher is not root (a user namespace cannot
 bind a directory of `/dev/shm` executable where it is mounted `noexec`), when installed packages
@@ -138,8 +139,10 @@ def _build() -> str | None:
   directories, files = _sources()
   image = os.path.join(PARENT, _key(directories, files))
   os.makedirs(PARENT, 0o755, exist_ok=True)
-  os.chmod(PARENT, 0o755)
-  if _trusted_dir(PARENT) and _trusted_dir(image):
+  if not _trusted_dir(PARENT):   # made by someone else: nothing is written into it
+    return None
+  os.chmod(PARENT, 0o755)          # (a umask may have narrowed it: every sample's uid reads)
+  if _trusted_dir(image):
     return image
   staging = f"{image}.{os.getpid()}.{threading.get_ident()}"
   shutil.rmtree(staging, ignore_errors=True)
@@ -147,6 +150,7 @@ def _build() -> str | None:
   for source in [f for d in directories for f in _walk(d)] + files:
     _copy(source, staging)
   _link_sonames(files, staging)
+  os.chmod(staging, 0o755)
   for parent, dirs, _ in os.walk(staging):
     for name in dirs:
       os.chmod(os.path.join(parent, name), 0o755)
@@ -154,7 +158,7 @@ def _build() -> str | None:
     os.rename(staging, image)
   except OSError:   # another process finished the same image first
     shutil.rmtree(staging, ignore_errors=True)
-  return image if _trusted_dir(PARENT) and _trusted_dir(image) else None
+  return image if _trusted_dir(image) else None
 
 
 def image() -> str | None:
