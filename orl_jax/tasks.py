@@ -42,6 +42,20 @@ class CodePromptVerifier:
                                   responses)
 
 
+def verifier_metrics(verifier) -> dict[str, float]:
+  """The counters of the sandboxed verifier inside `verifier` (timeouts, infrastructure
+  failures, unsupported tests, judge cost: `HumanEvalVerifier.stats`), or {} when it has none."""
+  found = getattr(verifier, "stats", None)
+  if hasattr(found, "metrics"):
+    return found.metrics()
+  for part in ("inner", "code"):
+    if getattr(verifier, part, None) is not None:
+      metrics = verifier_metrics(getattr(verifier, part))
+      if metrics:
+        return metrics
+  return {}
+
+
 class AnswerOrCodeVerifier:
   """GSM8K-style exact answers for answer problems, sandboxed unit tests for code problems."""
 

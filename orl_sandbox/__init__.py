@@ -5,5 +5,6 @@ script inside the sandbox). `launcher` starts runs, `runner` is the sandbox's ow
 `judge` the tests' side of a judged run, `wire` the typed data codec between judge and sample.
 """
 from orl_sandbox.launcher import (ALLOW_WEAK_ENV, ESSENTIAL_LAYERS, SandboxLimits, SandboxResult,
-                                  SandboxUnavailableError, isolation_required, missing_essentials,
-                                  probe_isolation, run_judged, run_python)
+                                  SandboxUnavailableError, claim_exclusive, isolation_required,
+                                  missing_essentials, probe_isolation, release_exclusive,
+                                  run_judged, run_python)

@@ -15,21 +15,26 @@ after its processes are dead, in three steps:
    replies (capped in size) without looking at them. The sample is then killed.
 3. `replay_verdict` (the sample dead): the prompt and the *unmodified* tests run again with a
    proxy that hands out the stored replies in order. The verdict is the original tests'
-   semantics. A call that step 1 could not know in advance (its arguments depend on an earlier
-   answer, `candidate(candidate(x))`, or on a branch taken on an answer that the recorder's
-   stand-in did not take) has no stored reply: the sample fails, with that reason in the detail.
+   semantics: answers are real instances of their types, exceptions are raised as their classes
+   (matched through the class hierarchy, never by name), and what the candidate did to its
+   arguments is done to the tests' own objects when its answer arrives (`wire.Session` on both
+   sides; an argument passed again is the sample's same object). A call that step 1 could not
+   know in advance (its arguments depend on an earlier answer, `candidate(candidate(x))`, or on
+   a branch taken on an answer that the recorder's stand-in did not take) has no stored reply:
+   the sample is not judged ("unsupported", with that reason in the detail; it scores 0 and the
+   verifier counts and lists it).
 
 Both runs of the tests start from the same `random` seed, so tests that draw random inputs
 (HumanEval/53) make the same calls twice. Limits of the approach: tests that make a call only
-when an answer is false or empty (a loop that stops on a result) or only when the candidate
-raised (a call in an `except` block) fail every sample; every HumanEval problem's tests collect
-completely (the canonical solutions all pass, tests/test_tasks_verifiers.py).
+when an answer is false or empty (a loop that stops on a result), only when the candidate
+raised (a call in an `except` block), or on an argument they changed after the candidate
+answered, are unsupported; every HumanEval problem's tests collect completely (the canonical
+solutions all pass, tests/test_tasks_verifiers.py). docs/verifier.md lists where the verdict
+still differs from running the tests in-process.
 """
 from __future__ import annotations
 
 import ast
-import builtins
-import json
 import random
 import sys
 
@@ -40,10 +45,6 @@ else:   # loaded by path by the sandbox runner, which loads the codec first
 
 MAX_CALLS = 100_000
 _SEED = 0
-
-
-class CandidateError(Exception):
-  """The candidate raised an exception that is not a built-in one."""
 
 
 class ProtocolViolation(BaseException):
@@ -144,21 +145,23 @@ def _keep_going(source: str, filename: str):
   return compile(ast.fix_missing_locations(tree), filename, "exec")
 
 
-def _encode_call(args, kwargs) -> bytes:
-  """A call as message bytes (the exact form sent to the sample and compared on replay)."""
-  call = {"args": [wire.encode(a) for a in args],
-          "kwargs": {str(k): wire.encode(v) for k, v in kwargs.items()}}
-  return wire.dumps({"call": call})
+def _encode_call(session, args, kwargs) -> bytes:
+  """A call as message bytes (the exact form sent to the sample and compared on replay):
+  arguments and keyword values through `session`, which numbers each container the tests pass
+  and sends its contents only when new or changed since the sample last saw it."""
+  part = session.encode(list(args) + list(kwargs.values()))
+  return wire.dumps({"call": {"part": part, "kw": [str(k) for k in kwargs]}})
 
 
 class _Recorder:
   def __init__(self):
     self.calls: list[bytes] = []
+    self.session = wire.Session(0, watch_received=False)
 
   def __call__(self, *args, **kwargs):
     try:
-      self.calls.append(_encode_call(args, kwargs))
-    except (wire.WireError, RecursionError, ValueError):
+      self.calls.append(_encode_call(self.session, args, kwargs))
+    except (wire.WireError, RecursionError, ValueError, TypeError):
       pass   # arguments that hold an answer (or are not data): not known in advance
     if len(self.calls) > MAX_CALLS:
       raise ProtocolViolation(f"the tests make more than {MAX_CALLS} calls")
@@ -166,13 +169,19 @@ class _Recorder:
 
 
 def _run_tests(prelude: str, tests, entry_point: str, candidate) -> None:
-  """The prompt (errors ignored: tests may use its helpers), then the tests, then `check`."""
-  namespace = {"__name__": "__judge__"}
+  """The prompt (errors ignored: tests may use its helpers), then the tests, then `check`.
+  The candidate's session resolves class names in the tests' namespace (the prompt's enums,
+  named tuples and exceptions)."""
+  namespace: dict = {}   # no __name__, as in the usual harness's `exec(program, {})`
+  candidate.session.namespace = namespace
   random.seed(_SEED)
   try:
     exec(compile(prelude, "prompt.py", "exec"), namespace)  # pylint: disable=exec-used
   except Exception:  # pylint: disable=broad-except
     pass   # a prompt whose stub does not run on its own: tests then cannot use its helpers
+  stub = namespace.get(entry_point)   # the prompt's function: the candidate's name and doc
+  for name in ("__name__", "__qualname__", "__doc__"):
+    setattr(candidate, name, getattr(stub, name, entry_point if name != "__doc__" else None))
   namespace[entry_point] = candidate
   exec(tests, namespace)  # pylint: disable=exec-used
   namespace["check"](candidate)
@@ -209,15 +218,19 @@ def exchange(calls: list[bytes], to_sample: int, from_sample: int, max_message_b
 
 
 class _Replay:
-  """Stands for the candidate in step 3: hands out the stored replies in order."""
+  """Stands for the candidate in step 3: hands out the stored replies in order, applying the
+  sample's changes to the arguments (its session mirrors the sample's)."""
 
   def __init__(self, calls: list[bytes], replies: list[bytes], stopped: str):
     self.calls, self.replies, self.stopped = calls, replies, stopped
+    self.session = wire.Session(0, watch_received=False)
     self.count = 0
     self.violation = ""
+    self.unsupported = False
 
-  def _violate(self, why: str):
-    self.violation = self.violation or why
+  def _violate(self, why: str, unsupported: bool = False):
+    if not self.violation:
+      self.violation, self.unsupported = why, unsupported
     raise ProtocolViolation(self.violation)
 
   def __call__(self, *args, **kwargs):
@@ -225,45 +238,39 @@ class _Replay:
       raise ProtocolViolation(self.violation)
     index, self.count = self.count, self.count + 1
     try:
-      call = _encode_call(args, kwargs)
-    except (wire.WireError, RecursionError, ValueError) as error:
-      self._violate(f"the tests pass an argument that is not plain data: {error}")
+      call = _encode_call(self.session, args, kwargs)
+    except (wire.WireError, RecursionError, ValueError, TypeError) as error:
+      self._violate(f"the tests pass an argument that is not data: {error}", unsupported=True)
     if index >= len(self.calls) or call != self.calls[index]:
       self._violate(f"call {index + 1} of the tests was not known before the sample answered "
-                    "(its arguments or its place depend on an earlier answer)")
+                    "(its arguments or its place depend on an earlier answer)", unsupported=True)
     if index >= len(self.replies):
       self._violate(self.stopped or "the sample did not answer")
     return self._answer(self.replies[index])
 
   def _answer(self, payload: bytes):
+    how = value = None
     try:
       reply = wire.loads(payload)
-      if set(reply) == {"return"}:
-        return wire.decode(reply["return"])
+      if set(reply) in ({"return"}, {"raise"}):
+        (how, part), = reply.items()
+        value = self.session.decode(part)[0]
     except (wire.WireError, RecursionError, MemoryError) as error:
-      self._violate(f"the sample's answer is not plain data within the limits: {error}")
-    if set(reply) == {"raise"} and type(reply["raise"]) is list and len(reply["raise"]) == 2:
-      raise _candidate_exception(*(str(x) for x in reply["raise"]))
+      self._violate(f"the sample's answer is not data within the limits: {error}")
+    if how == "return":
+      return value
+    if how == "raise" and isinstance(value, Exception):
+      raise value   # (outside the `try`: the candidate's own RecursionError or MemoryError)
     if set(reply) == {"abort"}:
       self._violate(str(reply["abort"])[:1000])
     self._violate("malformed reply")
 
 
-def _candidate_exception(name: str, message: str) -> Exception:
-  kind = getattr(builtins, name, None)
-  # StopIteration would end a loop over `map(candidate, ...)` in the tests early.
-  if not (isinstance(kind, type) and issubclass(kind, Exception)) or issubclass(
-      kind, (StopIteration, StopAsyncIteration)):
-    kind = CandidateError
-  try:
-    return kind(message)
-  except Exception:  # pylint: disable=broad-except
-    return CandidateError(message)
-
-
 def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes],
                    replies: list[bytes], stopped: str) -> tuple[str, str]:
-  """Step 3 (the sample is dead): ("pass" | "fail", detail) of the unmodified tests."""
+  """Step 3 (the sample is dead): ("pass" | "fail" | "unsupported", detail) of the unmodified
+  tests. "unsupported": the tests made a call the judge could not know before the sample
+  answered, or passed an argument that is not data; the sample is not judged."""
   import traceback  # pylint: disable=import-outside-toplevel
   replay = _Replay(calls, replies, stopped)
   try:
@@ -273,10 +280,11 @@ def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes
   except MemoryError:
     return "fail", "the judge's memory limit ran out while checking the sample's answers"
   except BaseException as error:  # pylint: disable=broad-except
-    if replay.violation:
-      return "fail", f"protocol violation: {replay.violation}"
-    lines = traceback.format_exception_only(type(error), error)
-    return "fail", ("".join(lines).strip() or type(error).__name__)[-1000:]
+    if not replay.violation:
+      lines = traceback.format_exception_only(type(error), error)
+      return "fail", ("".join(lines).strip() or type(error).__name__)[-1000:]
   if replay.violation:
+    if replay.unsupported:
+      return "unsupported", f"not judged: {replay.violation}"
     return "fail", f"protocol violation: {replay.violation}"
   return "pass", f"{replay.count} calls"

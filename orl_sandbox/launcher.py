@@ -8,17 +8,20 @@ Two entry points:
 
 * `run_judged(candidate_source, entry_point, tests, prelude)` — for verdicts. The tests run in a
   *judge* process that the sample never shares; the sample process only defines the candidate
-  function and answers calls to it. Arguments and results cross the boundary as plain data
-  (`wire`: JSON with exact types); anything else, an exception that is not an `Exception`, the
+  function and answers calls to it. Arguments, results and exceptions cross the boundary as
+  values of Python's and the standard library's value types, identity and in-place changes to
+  arguments included (`wire`); anything else, an exception that is not an `Exception`, the
   sample exiting, or a malformed message fails the run. The verdict is written by the judge to
   a file the sample cannot see. So frame walking, tracing, monkeypatching, writing to inherited
   descriptors and objects with forged `__eq__` cannot change a verdict: the sample can only
-  return data, and the judge compares data with the built-in operators. The sample learns
+  return data, which the judge rebuilds as real instances of those types. The sample learns
   nothing about its correctness while it runs (`judge.py`): the calls it answers are collected
   before it answers any, and the tests judge the stored answers only after its processes are
-  dead. The judge runs under its own CPU and address-space limits (`judge_cpu_s`,
-  `judge_memory_bytes`; what it used is in `SandboxResult.judge_cpu_s/judge_peak_rss_bytes`),
-  and decodes replies with caps on bytes, values, depth and hash collisions (`wire`).
+  dead. The judge runs under its own CPU and address-space limits (`judge_cpu_s`, by default
+  a quarter of the timeout; `judge_memory_bytes`) and, where cgroups are writable, in its own
+  cgroup (`judge-cgroup`: memory, one CPU); what it used is in
+  `SandboxResult.judge_cpu_s/judge_peak_rss_bytes`. Replies are decoded with caps on bytes,
+  values, depth, expanded size and hash collisions (`wire`).
 * `run_python(source)` — runs a whole program; `passed` is "exited with status 0", which the
   program itself controls. Use it for containment, never to score untrusted code.
 
@@ -40,13 +43,19 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
   is left (a uid that keeps a process is retired, never reused).
 * `mountns`, `tmpfs-disk` — I builds a new root on a small tmpfs: read-only, nosuid bind mounts of
   `/usr`, `/lib*` and the interpreter's standard library only (its `site-packages` masked unless
-  `site_packages=True`), `/dev/{null,zero,full,random,urandom}`, a fresh `/proc` for the PID
-  namespace, and `/tmp` (the working directory, `HOME`, `TMPDIR`): a tmpfs capped at
+  `site_packages=True`), `/dev/{null,full,random,urandom}` and `/tmp` (the working directory,
+  `HOME`, `TMPDIR`; also `/dev/shm`): a tmpfs capped at
   `disk_bytes` and `max_inodes`, gone with the namespace. The sample's stdout and stderr are
   pipes that I reads, keeping `max_output_bytes` of each and closing them after
   `max_file_bytes`: no host file is ever open in the sample. It then `pivot_root`s and
   detaches the host tree. No host path is visible, so no pathname unix socket outside the
   sandbox is reachable (abstract sockets are per network namespace), and no dataset or test file.
+  There is no `/proc` (its machine-wide files are counters other samples move) and no
+  `/dev/zero` (a shared mapping of it draws an inode number from a machine-wide counter).
+* `memory-image` — as root, the system files come from a copy in memory (`system_image.py`:
+  the standard library and the shared libraries it loads, about 80 MiB on `/dev/shm`, built once
+  per machine and interpreter), not from the host's disk: whether a file is in the page cache
+  (the time a read takes) can carry nothing from one sample to the next.
 * `netns`, `ipcns`, `utsns` — no network devices but a down loopback; private SysV/POSIX IPC.
 * `cgroup-memory`, `cgroup-pids`, `cgroup-cpu` — a cgroup per sample (v2, or v1 controllers)
   caps the memory of all the sample's processes together, tmpfs pages included, at
@@ -59,15 +68,19 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
   (opted out), `cap-dac-read-search` marks that the sample kept that one capability so that it
   can read an interpreter installed under a private directory; Landlock then bounds its reads.
 * `rlimits` — `RLIMIT_AS` (per process), `RLIMIT_CPU`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`,
-  `RLIMIT_NOFILE`, `RLIMIT_CORE`=0. Without `cgroup-memory`, total memory is bounded by
+  `RLIMIT_NOFILE`, `RLIMIT_CORE`, `RLIMIT_MEMLOCK`, `RLIMIT_MSGQUEUE` and `RLIMIT_RTPRIO` 0,
+  `RLIMIT_SIGPENDING` 64. Without `cgroup-memory`, total memory is bounded by
   `max_processes × memory_bytes` (+ `disk_bytes` of tmpfs).
 * `no-new-privs`; `landlock-fs`/`-net`/`-scope` (Linux ≥ 5.13): reads below the bound paths,
-  writes below `/tmp`, no TCP, no signals or abstract sockets outside; `seccomp`: no new user
-  namespaces, no `clone3`, keyrings, `ptrace`, `bpf`, `perf_event_open`, `userfaultfd`,
-  `io_uring`, mounts, and no sockets other than `AF_UNIX`; and nothing two samples could share
-  through the read-only files both see: no `flock`, `fcntl` locks, leases or `F_NOTIFY`, no
-  `inotify`/`fanotify`, no futex wake-up without `FUTEX_PRIVATE_FLAG` (a futex on a page of a
-  shared file is keyed by that file, across processes).
+  writes below `/tmp`, no TCP, no signals or abstract sockets outside; `seccomp`: an allowlist
+  of the calls a Python function needs (`syscalls.py` lists what else is refused and why:
+  machine-wide resources such as asynchronous I/O, key rings, SysV and POSIX IPC, huge pages;
+  machine-wide counters such as pipe and pidfd inode numbers; the page cache; locks, watches and
+  shared futexes on the read-only files every sample sees; sockets and new namespaces).
+
+Scheduling (`orl_jax.verify.humaneval.PromptScheduler`, with `claim_exclusive` across processes):
+two samples of one prompt never run at the same time, so what they share only while both run
+(CPU and cache contention, counters that fall back when their holder exits) carries nothing.
 
 Essential layers (`ESSENTIAL_LAYERS`): without one of them the run is refused with
 `SandboxUnavailableError` before any untrusted code runs, unless the caller opts out with
@@ -93,7 +106,7 @@ import tempfile
 import threading
 import time
 
-from orl_sandbox import runner
+from orl_sandbox import runner, system_image
 from orl_sandbox.runner import ESSENTIAL_LAYERS, missing_essentials  # noqa: F401
 
 ALLOW_WEAK_ENV = "ORL_SANDBOX_ALLOW_WEAK_ISOLATION"
@@ -128,13 +141,15 @@ class SandboxLimits:
     max_message_bytes: the largest judge/sample message (run_judged).
     max_reply_bytes: all the sample's replies together (run_judged); calls past it go
       unanswered and fail the sample.
-    judge_cpu_s: CPU seconds of the judge process (run_judged); None -> the sample's `cpu_s`.
+    judge_cpu_s: CPU seconds of the judge process (run_judged); None -> a quarter of the
+      timeout (at least 1).
     judge_memory_bytes: `RLIMIT_AS` of the judge process.
     site_packages: False runs the interpreter with `-S` and masks `site-packages` in the
       sandbox (stdlib only); True makes installed packages importable (and readable).
     require_isolation: refuse to run when an essential layer is missing (see module docstring).
     skip_layers: layers not to set up, to exercise the fallbacks and the refusal: any of
-      "pidns", "mountns", "netns", "ipcns", "utsns", "cgroup", "uid", "landlock", "seccomp".
+      "pidns", "mountns", "netns", "ipcns", "utsns", "cgroup", "uid", "landlock", "seccomp",
+      "image" (the memory-resident copy of the system files, `system_image.py`).
   """
   timeout_s: float = 10.0
   memory_bytes: int = 1 << 30
@@ -237,10 +252,19 @@ def _log(message: str) -> None:
     pass
 
 
-def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has_judge: bool,
-                     cgroup) -> dict:
-  """The runner's part of its spec file: where it works, which uid and cgroup, its limits."""
+def judge_cpu_s(limits: SandboxLimits) -> int:
+  """The judge's CPU seconds: a quarter of the wall timeout by default, so that a reply that
+  keeps the judge busy fails on the judge's limit (counted, cached) rather than by the timeout,
+  also on a loaded machine (the judge decodes about 75,000 containers a second)."""
   cpu_s = int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1)
+  return int(limits.judge_cpu_s or max(1, min(cpu_s, int(limits.timeout_s // 4))))
+
+
+def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has_judge: bool,
+                     cgroups) -> dict:
+  """The runner's part of its spec file: where it works, which uid and cgroups, its limits."""
+  cpu_s = int(limits.cpu_s or int(limits.timeout_s + 0.999) + 1)
+  cgroup, judge_cgroup = cgroups
   return {
       "timeout_s": float(limits.timeout_s),
       "uid": uid if uid is not None else (SHARED_UID if as_root else None),
@@ -250,6 +274,7 @@ def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has
       "status": paths["status"],
       "judge_file": paths["judge.json"] if has_judge else None,
       "cgroup_procs": cgroup.procs_files() if cgroup else [],
+      "judge_cgroup_procs": judge_cgroup.procs_files() if judge_cgroup else [],
       "memory_bytes": int(limits.memory_bytes),
       "cpu_s": cpu_s,
       "max_processes": int(limits.max_processes),
@@ -260,9 +285,12 @@ def _runner_settings(limits: SandboxLimits, paths: dict, uid, as_root: bool, has
       "max_message_bytes": int(limits.max_message_bytes),
       "max_reply_bytes": int(limits.max_reply_bytes),
       "max_output_bytes": int(limits.max_output_bytes),
-      "judge_cpu_s": int(limits.judge_cpu_s or cpu_s),
+      "judge_cpu_s": judge_cpu_s(limits),
       "judge_memory_bytes": int(limits.judge_memory_bytes),
       "site_packages": bool(limits.site_packages),
+      "image": (system_image.image() if as_root and not limits.site_packages
+                and "image" not in limits.skip_layers and "mountns" not in limits.skip_layers
+                else None),
       "require_isolation": isolation_required(limits),
       "skip_layers": sorted(set(limits.skip_layers)),
   }
@@ -276,7 +304,8 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
   paths = {name: os.path.join(base_dir, name)
            for name in ("spec.json", "judge.json", "status", "runner.log", "stdout", "stderr",
                         "root", "work")}
-  uid = cgroup = proc = None
+  uid = proc = None
+  cgroups = [None, None]   # the sample's, the judge's
   timed_out = False
   infra = None
   try:
@@ -289,9 +318,11 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
         if uid is None:
           _log("no free per-sample uid: the sample runs as the shared uid 65534")
       if "cgroup" not in skip:
-        cgroup = _Cgroup.create(f"orl_sandbox_{os.getpid()}_{next(_COUNTER)}_"
-                                f"{os.urandom(4).hex()}", limits)
-      spec.update(_runner_settings(limits, paths, uid, as_root, judge is not None, cgroup))
+        name = f"orl_sandbox_{os.getpid()}_{next(_COUNTER)}_{os.urandom(4).hex()}"
+        cgroups[0] = _Cgroup.create(name, limits)
+        if judge is not None:
+          cgroups[1] = _Cgroup.create(name + "_judge", limits, judge=True)
+      spec.update(_runner_settings(limits, paths, uid, as_root, judge is not None, cgroups))
       _write_private(paths["spec.json"], json.dumps(spec))
       if judge is not None:
         _write_private(paths["judge.json"], json.dumps(judge))
@@ -306,7 +337,7 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
     except OSError as error:   # spawn or set-up failed: the machine's fault, not the sample's
       infra = f"launch failed: {error!r}"
     finally:
-      survivors = _teardown(proc, uid, cgroup, paths["spec.json"])
+      survivors = _teardown(proc, uid, cgroups, paths["spec.json"])
     status = _parse_status(_read_text(paths["status"], 1 << 20))
     stdout = _read_text(paths["stdout"], limits.max_output_bytes)
     stderr = _read_text(paths["stderr"], limits.max_output_bytes)
@@ -319,13 +350,10 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
         + "; ".join(status["refused"]) + f" (active layers: {status['layers']}). Run as root on "
         "Linux with namespaces and cgroups available, or opt out explicitly with "
         f"SandboxLimits(require_isolation=False) or {ALLOW_WEAK_ENV}=1.")
-  returncode = proc.returncode if proc is not None else None
   if infra is None and status["infra"]:
     infra = "; ".join(status["infra"])
-  if infra is None and not timed_out and returncode != 0:
-    infra = f"sandbox runner exited with status {returncode}: {runner_log[-2000:]}"
-  if infra is None and not timed_out and not status["verdict"]:
-    infra = f"the sandbox runner recorded no verdict: {runner_log[-2000:]}"
+  if infra is None and not timed_out:
+    infra = _runner_failure(status, proc, spec.get("judge_cpu_s"), runner_log)
   if survivors:
     _log(f"{survivors} process(es) of a sample could not be killed; their uid is retired")
   verdict = status["verdict"] if not (timed_out or infra) else ""
@@ -337,10 +365,30 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
                        judge_peak_rss_bytes=status["judge_peak_rss_bytes"])
 
 
+def _runner_failure(status: dict, proc, judge_cpu_s, runner_log: str) -> str | None:
+  """Why a runner that was not timed out gave no verdict (an infrastructure failure), or None.
+  A judge killed by its own CPU limit while it checked the answers (a long computation in C,
+  where its SIGXCPU handler cannot run) failed the sample: that verdict is set here."""
+  returncode = proc.returncode if proc is not None else None
+  runner_cpu = getattr(proc, "cpu_s", None)
+  if (returncode is not None and returncode < 0 and status["judging"] and not status["verdict"]
+      and judge_cpu_s and runner_cpu is not None and runner_cpu >= 0.9 * judge_cpu_s):
+    status["verdict"] = "fail"
+    status["detail"] = "the judge's CPU limit ran out while checking the sample's answers"
+    status["judge_cpu_s"] = runner_cpu
+    return None
+  if returncode != 0:
+    return f"sandbox runner exited with status {returncode}: {runner_log[-2000:]}"
+  if not status["verdict"]:
+    return f"the sandbox runner recorded no verdict: {runner_log[-2000:]}"
+  return None
+
+
 def _parse_status(text: str) -> dict:
   """Reads R's status file: one record per "\\n"-terminated line (R flattens every other line
   separator); the first verdict counts and must be exactly "pass" or "fail"."""
   status = {"layers": [], "infra": [], "refused": [], "verdict": "", "detail": "", "exit": None,
+            "judging": False,
             "judge_cpu_s": None, "judge_peak_rss_bytes": None}
   for line in text.split("\n"):
     key, _, value = line.partition(":")
@@ -350,7 +398,9 @@ def _parse_status(text: str) -> dict:
     elif key in ("infra", "refused"):
       status[key].append(value)
     elif key == "verdict" and not status["verdict"]:
-      status["verdict"] = value if value in ("pass", "fail") else "fail"
+      status["verdict"] = value if value in ("pass", "fail", "unsupported") else "fail"
+    elif key == "judging":
+      status["judging"] = True
     elif key == "detail" and not status["detail"]:
       status["detail"] = value
     elif key == "judge" and status["judge_cpu_s"] is None:
@@ -394,7 +444,7 @@ def _wait_unreaped(pid: int, timeout: float) -> bool:
       os.close(pidfd)
 
 
-def _teardown(proc, uid, cgroup, token: str) -> int:
+def _teardown(proc, uid, cgroups, token: str) -> int:
   """Kills everything the run started and releases its uid and cgroup. Never raises.
 
   `token` (the spec path) is on the command line of R and I. Returns the number of processes
@@ -407,12 +457,18 @@ def _teardown(proc, uid, cgroup, token: str) -> int:
         os.killpg(proc.pid, signal.SIGKILL)
       except (ProcessLookupError, PermissionError):
         pass
-      proc.wait()
+      try:   # reaps R with its CPU time (see `_runner_failure`)
+        _, wait_status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(wait_status)
+        proc.cpu_s = usage.ru_utime + usage.ru_stime
+      except ChildProcessError:
+        proc.wait()
     deadline = time.monotonic() + 10.0
     while True:
       left = _kill_cmdline(token.encode()) if proc is not None else []
-      if cgroup is not None:
-        left += cgroup.kill_all()
+      for cgroup in cgroups:
+        if cgroup is not None:
+          left += cgroup.kill_all()
       if uid is not None:
         left += _kill_uid(uid)
       if not left or time.monotonic() > deadline:
@@ -422,8 +478,9 @@ def _teardown(proc, uid, cgroup, token: str) -> int:
   except Exception as error:  # pylint: disable=broad-except
     _log(f"cleanup failed: {error!r}")
     survivors = max(survivors, 1)
-  if cgroup is not None:
-    cgroup.remove()
+  for cgroup in cgroups:
+    if cgroup is not None:
+      cgroup.remove()
   if uid is not None:
     _SLOTS.release(uid, clean=survivors == 0)
   return survivors
@@ -625,6 +682,40 @@ class _UidSlots:
 
 
 _SLOTS = _UidSlots()
+_EXCLUSIVE_BUCKETS = 4096
+
+
+def claim_exclusive(key: str) -> int | None:
+  """Claims `key` for this process on this whole machine (an exclusive `flock`, without
+  waiting, on one of `_EXCLUSIVE_BUCKETS` lock files that keys share by hash). Returns the
+  descriptor to pass to `release_exclusive`, -1 when this machine offers no lock directory
+  (the claim then holds in this process only), or None when another process holds it."""
+  import fcntl  # pylint: disable=import-outside-toplevel
+  import hashlib  # pylint: disable=import-outside-toplevel
+  directory = _UidSlots._lock_dir()  # pylint: disable=protected-access
+  if directory is None:
+    return -1
+  bucket = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:4],
+                          "little") % _EXCLUSIVE_BUCKETS
+  try:
+    fd = os.open(os.path.join(directory, f"exclusive_{bucket}.lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+  except OSError:
+    return -1
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    os.close(fd)
+    return None
+  return fd
+
+
+def release_exclusive(fd: int | None) -> None:
+  if fd is not None and fd >= 0:
+    try:
+      os.close(fd)   # drops the flock
+    except OSError:
+      pass
 
 
 class _Cgroup:
@@ -683,11 +774,15 @@ class _Cgroup:
       return found
 
   @classmethod
-  def create(cls, name: str, limits: SandboxLimits) -> _Cgroup | None:
+  def create(cls, name: str, limits: SandboxLimits, judge: bool = False) -> _Cgroup | None:
+    """A cgroup for a sample (memory, pids, CPU), or for a judge (memory, one CPU)."""
     total = int(limits.total_memory_bytes or limits.memory_bytes) + int(limits.disk_bytes)
     quota = max(1000, int(float(limits.cpu_cores or 0) * 100_000))
+    if judge:   # the judge's address-space limit, and its supervisor child's few MiB
+      total, quota = int(limits.judge_memory_bytes) + (64 << 20), 100_000
     settings = {
-        ("memory", "v1"): [("memory.limit_in_bytes", total), ("memory.memsw.limit_in_bytes", total)],
+        ("memory", "v1"): [("memory.limit_in_bytes", total),
+                           ("memory.memsw.limit_in_bytes", total)],
         ("memory", "v2"): [("memory.max", total), ("memory.swap.max", 0)],
         ("pids", "v1"): [("pids.max", int(limits.max_processes))],
         ("pids", "v2"): [("pids.max", int(limits.max_processes))],
@@ -697,7 +792,8 @@ class _Cgroup:
     optional = ("memory.memsw.limit_in_bytes", "memory.swap.max")
     by_parent: dict[tuple[str, str], list[str]] = {}
     for controller, (version, parent) in sorted(cls._parents().items()):
-      if controller == "cpu" and not limits.cpu_cores:
+      if (controller == "cpu" and not limits.cpu_cores and not judge) or (
+          controller == "pids" and judge):
         continue
       by_parent.setdefault((version, parent), []).append(controller)
     group = cls()

@@ -7,7 +7,6 @@ so the script runs without the package on `sys.path`.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import select
@@ -29,9 +28,10 @@ def _sibling(name: str):
 
 
 if __package__:
-  from orl_sandbox import wire
+  from orl_sandbox import syscalls, wire
 else:   # run as a script
   wire = _sibling("wire")
+  syscalls = _sibling("syscalls")
 
 # (what it protects, layers of which at least one must be active)
 ESSENTIAL_LAYERS = (
@@ -89,32 +89,6 @@ _FS_REFER, _FS_TRUNCATE = 1 << 13, 1 << 14
 _FS_FILE_ONLY = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
-
-# seccomp: (audit arch, pivot_root, {name: number}) per machine.
-_SECCOMP_ARCH = {
-    "x86_64": (0xC000003E, {
-        "clone": 56, "unshare": 272, "clone3": 435, "socket": 41, "setns": 308, "keyctl": 250,
-        "add_key": 248, "request_key": 249, "ptrace": 101, "bpf": 321, "perf_event_open": 298,
-        "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
-        "io_uring_register": 427, "mount": 165, "umount2": 166, "pivot_root": 155,
-        "chroot": 161, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "mount_setattr": 442, "open_by_handle_at": 304,
-        "kexec_load": 246, "init_module": 175, "finit_module": 313, "flock": 73, "fcntl": 72,
-        "inotify_init": 253, "inotify_init1": 294, "inotify_add_watch": 254,
-        "fanotify_init": 300, "fanotify_mark": 301, "futex": 202, "futex_wake": 454,
-        "futex_wait": 455, "futex_requeue": 456}),
-    "aarch64": (0xC00000B7, {
-        "clone": 220, "unshare": 97, "clone3": 435, "socket": 198, "setns": 268, "keyctl": 219,
-        "add_key": 217, "request_key": 218, "ptrace": 117, "bpf": 280, "perf_event_open": 241,
-        "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
-        "io_uring_register": 427, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
-        "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "fspick": 433, "mount_setattr": 442, "open_by_handle_at": 265, "kexec_load": 104,
-        "init_module": 105, "finit_module": 273, "flock": 32, "fcntl": 25, "inotify_init1": 26,
-        "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263, "futex": 98,
-        "futex_wake": 454, "futex_wait": 455, "futex_requeue": 456}),
-}
-
 
 def _libc():
   import ctypes  # pylint: disable=import-outside-toplevel
@@ -254,8 +228,8 @@ def _start_supervisor(spec, layers, judged: bool):
 
 
 def _limit_judge(spec: dict, judge_module) -> None:
-  """R's own limits once I is forked: CPU (SIGXCPU raises JudgeOverloaded once, SIGKILL two
-  seconds later) and address space, so that no reply can cost the host more than that."""
+  """R's own limits once I is forked: CPU (SIGXCPU raises JudgeOverloaded once, SIGKILL a
+  second later) and address space, so that no reply can cost the host more than that."""
   import resource  # pylint: disable=import-outside-toplevel
   cpu = int(spec["judge_cpu_s"]) + int(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]))
   fired = []
@@ -266,7 +240,7 @@ def _limit_judge(spec: dict, judge_module) -> None:
       raise judge_module.JudgeOverloaded()
 
   signal.signal(signal.SIGXCPU, overloaded)
-  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 2))
+  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
   resource.setrlimit(resource.RLIMIT_AS, (spec["judge_memory_bytes"],) * 2)
 
 
@@ -332,6 +306,7 @@ def _judged_verdict(spec, judge_module, child, ctrl, to_sample, from_sample, not
     return "fail", "the sample exited before defining the candidate"
   if first != {"loaded": True}:
     return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
+  note("judging")   # from here R's death by its CPU limit is the answers' doing (launcher)
   return judge_module.replay_verdict(prelude, tests, entry, calls, replies, stopped)
 
 
@@ -347,6 +322,14 @@ def _runner_main(spec_path: str) -> int:
   status = _Status(spec["status"])
   judged = spec["mode"] == "judged"
   layers = ["judge-process"] if judged else []
+  try:   # R (the judge) and its supervisor child run in the judge's cgroup
+    for path, _ in spec["judge_cgroup_procs"]:
+      with open(path, "w", encoding="ascii") as f:
+        f.write("0")
+    layers += ["judge-cgroup"] if spec["judge_cgroup_procs"] else []
+  except OSError as error:
+    status.note(f"infra:could not join the judge's cgroup: {error!r}")
+    return 2
   try:
     _unshare_pid_namespace(spec, ctypes, libc, layers)
     child, ctrl_r, to_sample, from_sample = _start_supervisor(spec, layers, judged)
@@ -399,8 +382,8 @@ def _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err, rpc_
     if "mountns" in layers:
       layers.remove("mountns")
       try:
-        _build_root(spec, libc, pidns="pidns" in layers)
-        layers += ["mountns", "tmpfs-disk"]
+        _build_root(spec, libc)
+        layers += ["mountns", "tmpfs-disk"] + (["memory-image"] if spec["image"] else [])
         work_dir = "/tmp"
       except OSError as error:
         _write_line(2, f"private root unavailable: {error!r}")
@@ -529,7 +512,10 @@ def _mount_flags(path: str) -> int:
   return flags
 
 
-def _build_root(spec: dict, libc, pidns: bool) -> None:
+_DEVICES = ("null", "full", "random", "urandom")
+
+
+def _build_root(spec: dict, libc) -> None:
   """Builds the sample's root on a tmpfs and pivots into it (I, in its new mount namespace)."""
   root = spec["root_dir"]
   enc = os.fsencode
@@ -538,20 +524,26 @@ def _build_root(spec: dict, libc, pidns: bool) -> None:
                     b"size=1m,nr_inodes=4096,mode=755"), "mount the root tmpfs")
   bound: list[str] = []
   links: list[str] = []
+  own_dir = os.path.dirname(os.path.realpath(__file__))
   for path in sorted(_bind_paths(spec["site_packages"]), key=lambda p: len(os.path.realpath(p))):
     real = os.path.realpath(path)
     if any(real == b or real.startswith(b.rstrip("/") + "/") for b in bound):
       if real != path:
         links.append(path)
       continue
+    # From the memory-resident copy (system_image.py) when there is one; then only the
+    # sandbox's own modules come from the host.
+    source = real if not spec["image"] or real == own_dir else spec["image"] + real
+    if not os.path.lexists(source):
+      continue
     target = root + real
-    if os.path.isdir(real):
+    if os.path.isdir(source):
       os.makedirs(target, 0o755, exist_ok=True)
     else:
       os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
       with open(target, "wb"):
         pass
-    _check(libc.mount(enc(real), enc(target), None, _MS_BIND | _MS_REC, None), f"bind {real}")
+    _check(libc.mount(enc(source), enc(target), None, _MS_BIND | _MS_REC, None), f"bind {real}")
     _check(libc.mount(None, enc(target), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID
                       | _MS_NODEV | _mount_flags(real), None), f"read-only {real}")
     bound.append(real)
@@ -580,21 +572,18 @@ def _build_root(spec: dict, libc, pidns: bool) -> None:
   _check(libc.mount(b"tmpfs", enc(tmp), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()),
          "mount /tmp")
   os.makedirs(root + "/dev", 0o755, exist_ok=True)
-  for name in ("null", "zero", "full", "random", "urandom"):
+  # No /dev/zero: a shared mapping of it takes an inode number from the machine-wide counter.
+  for name in _DEVICES:
     if os.path.exists(f"/dev/{name}"):
       with open(f"{root}/dev/{name}", "wb"):
         pass
       _check(libc.mount(enc(f"/dev/{name}"), enc(f"{root}/dev/{name}"), None, _MS_BIND, None),
              f"bind /dev/{name}")
-  for name, target in (("shm", "/tmp"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-    os.symlink(target, f"{root}/dev/{name}")
-  if pidns:
-    os.mkdir(root + "/proc", 0o555)
-    _check(libc.mount(b"proc", enc(root + "/proc"), b"proc",
-                      _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount /proc")
+  os.symlink("/tmp", f"{root}/dev/shm")
+  # No /proc: its machine-wide files (stat, loadavg, meminfo, vmstat, sys/fs/*-nr, pressure/*)
+  # are counters other samples change, and its inodes take numbers from a machine-wide counter.
   os.chdir(root)
-  syscall_numbers = _SECCOMP_ARCH.get(os.uname().machine, (0, {}))[1]
+  syscall_numbers = syscalls.numbers(os.uname().machine)
   if "pivot_root" in syscall_numbers:
     _check(libc.syscall(syscall_numbers["pivot_root"], b".", b"."), "pivot_root")
     _check(libc.umount2(b".", _MNT_DETACH), "detach the old root")
@@ -606,6 +595,9 @@ def _build_root(spec: dict, libc, pidns: bool) -> None:
                     | _MS_NODEV, None), "read-only root")
 
 
+_SIGNALS_PENDING = 64   # queued signals (kernel memory), per user: the sample's own uid
+
+
 def _set_limits(spec: dict) -> None:
   import resource  # pylint: disable=import-outside-toplevel
   for limit, value in ((resource.RLIMIT_AS, spec["memory_bytes"]),
@@ -613,7 +605,9 @@ def _set_limits(spec: dict) -> None:
                        (resource.RLIMIT_NPROC, spec["max_processes"]),
                        (resource.RLIMIT_FSIZE, spec["max_file_bytes"]),
                        (resource.RLIMIT_NOFILE, spec["max_open_files"]),
-                       (resource.RLIMIT_CORE, 0)):
+                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_MEMLOCK, 0),
+                       (resource.RLIMIT_MSGQUEUE, 0), (resource.RLIMIT_RTPRIO, 0),
+                       (resource.RLIMIT_SIGPENDING, _SIGNALS_PENDING)):
     resource.setrlimit(limit, (value, value))
 
 
@@ -701,66 +695,9 @@ def _landlock_layers(ctypes, libc, work_dir: str, site_packages: bool,
   return layers
 
 
-# fcntl commands that lock, query locks, lease or watch (dnotify) a file: F_GETLK, F_SETLK,
-# F_SETLKW (and their 64-bit forms), F_OFD_GETLK/SETLK/SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY.
-_FCNTL_SHARED_STATE = (5, 6, 7, 12, 13, 14, 36, 37, 38, 1024, 1025, 1026)
-_FUTEX_PRIVATE_FLAG, _FUTEX_CMD_MASK, _FUTEX_WAITS = 0x80, 0x7F, (0, 9)   # WAIT, WAIT_BITSET
-
-
-def _seccomp_program(machine: str) -> list[tuple]:
-  """The filter as (code, jt, jf, k) with jumps as label names; [] on an unknown machine.
-
-  Denied: new user namespaces, clone3, keyrings, ptrace, bpf, perf, userfaultfd, io_uring,
-  mounts, sockets other than AF_UNIX; and every way for two samples to share state through the
-  files both can read (the read-only system mounts, /dev/null): flock, fcntl locks, leases and
-  dnotify, inotify, fanotify, and futex wake-ups keyed on a file page (any futex op without
-  FUTEX_PRIVATE_FLAG other than a wait; glibc marks process-private futexes with the flag)."""
-  if machine not in _SECCOMP_ARCH:
-    return []
-  arch, nr = _SECCOMP_ARCH[machine]
-  ld, jeq, jge, jset, ret, and_k = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
-  program: list = [(ld, 0, 0, 4), (jeq, 0, "kill", arch), (ld, 0, 0, 0)]
-  if machine == "x86_64":
-    program.append((jge, "enosys", 0, 0x40000000))   # x32 ABI
-  for name in ("clone3", "futex_wake", "futex_wait", "futex_requeue"):  # unused by libc
-    program.append((jeq, "enosys", 0, nr[name]))     # (clone3's flags are unreadable)
-  program += [(jeq, "flags", 0, nr["clone"]), (jeq, "flags", 0, nr["unshare"]),
-              (jeq, "socket", 0, nr["socket"]), (jeq, "fcntl", 0, nr["fcntl"]),
-              (jeq, "futex", 0, nr["futex"])]
-  for name in ("setns", "keyctl", "add_key", "request_key", "ptrace", "bpf", "perf_event_open",
-               "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "mount",
-               "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
-               "fsconfig", "fsmount", "fspick", "mount_setattr", "open_by_handle_at",
-               "kexec_load", "init_module", "finit_module", "flock", "inotify_init",
-               "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark"):
-    if name in nr:   # aarch64 has no inotify_init
-      program.append((jeq, "eperm", 0, nr[name]))
-  program.append((ret, 0, 0, 0x7FFF0000))
-  labels = {"flags": len(program)}
-  program += [(ld, 0, 0, 16), (jset, "eperm", "allow", _CLONE_NEWUSER)]
-  labels["socket"] = len(program)
-  program += [(ld, 0, 0, 16), (jeq, "allow", "eperm", 1)]   # AF_UNIX only
-  labels["fcntl"] = len(program)
-  program.append((ld, 0, 0, 24))
-  program += [(jeq, "eperm", 0, command) for command in _FCNTL_SHARED_STATE]
-  program.append((ret, 0, 0, 0x7FFF0000))
-  labels["futex"] = len(program)
-  program += [(ld, 0, 0, 24), (jset, "allow", 0, _FUTEX_PRIVATE_FLAG),
-              (and_k, 0, 0, _FUTEX_CMD_MASK)]
-  program += [(jeq, "allow", 0, command) for command in _FUTEX_WAITS]
-  program.append((ret, 0, 0, 0x00050000 | errno.EINVAL))   # what glibc's futex_wake ignores
-  for name, action in (("eperm", 0x00050000 | errno.EPERM), ("enosys", 0x00050000 | errno.ENOSYS),
-                       ("allow", 0x7FFF0000), ("kill", 0x80000000)):
-    labels[name] = len(program)
-    program.append((ret, 0, 0, action))
-  return [(code, labels[jt] - i - 1 if isinstance(jt, str) else jt,
-           labels[jf] - i - 1 if isinstance(jf, str) else jf, k)
-          for i, (code, jt, jf, k) in enumerate(program)]
-
-
 def _seccomp_filter(ctypes, libc) -> list[str]:
-  """Installs `_seccomp_program`; [] on an unknown architecture."""
-  program = _seccomp_program(os.uname().machine)
+  """Installs the syscall filter (`syscalls.program`); [] on an unknown architecture."""
+  program = syscalls.program(os.uname().machine)
   if not program:
     return []
 
@@ -878,9 +815,13 @@ def _flush_and_exit(code: int) -> None:
 
 
 def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
-  """Defines the candidate, then answers the judge's calls with plain data until EOF."""
+  """Defines the candidate, then answers the judge's calls with data until EOF. One session
+  for all calls: an argument the tests pass again is the same object here, and what the
+  candidate does to its arguments goes back with each answer."""
   import traceback  # pylint: disable=import-outside-toplevel
-  namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+  # No __name__, as in the usual harness's `exec(program, {})`: its classes' __module__ is
+  # "builtins" and an `if __name__ == "__main__":` block does not run.
+  namespace = {"__builtins__": __builtins__}
   try:
     exec(compile(spec["program"], "candidate.py", "exec"), namespace)  # pylint: disable=exec-used
     function = namespace.get(spec["entry_point"])
@@ -899,32 +840,37 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
     _flush_and_exit(1)
   if "load_error" in first:
     _flush_and_exit(1)
-  max_bytes = spec["max_message_bytes"]
+  session = wire.Session(1, namespace)
   while True:
     try:
-      message = wire.read_message(rpc_in, max_bytes)
+      message = wire.read_message(rpc_in, spec["max_message_bytes"])
       if message is None:
         _flush_and_exit(0)
-      call = message["call"]
-      args = [wire.decode(a) for a in call["args"]]
-      kwargs = {k: wire.decode(v) for k, v in call["kwargs"].items()}
+      values = session.decode(message["call"]["part"])
+      names = message["call"]["kw"]
+      args, kwargs = values[:len(values) - len(names)], dict(zip(names, values[len(
+          values) - len(names):]))
     except Exception:  # pylint: disable=broad-except
       _flush_and_exit(1)
     try:
-      result = function(*args, **kwargs)
-    except Exception as error:  # pylint: disable=broad-except
-      reply = {"raise": [type(error).__name__, _message(error)]}
-    except BaseException as error:  # pylint: disable=broad-except
-      reply = {"abort": f"{type(error).__name__} escaped the candidate"}
-    else:
-      try:
-        reply = {"return": wire.encode(result)}
-      except (wire.WireError, RecursionError) as error:
-        reply = {"abort": f"result is not plain data: {error}"}
-    try:
-      wire.write_message(rpc_out, reply)
+      wire.write_message(rpc_out, _answer(session, function, args, kwargs, values))
     except (OSError, ValueError):
       _flush_and_exit(1)
+
+
+def _answer(session, function, args, kwargs, values) -> dict:
+  """The reply to one call: its result or the exception it raised, with every argument the
+  candidate changed; "abort" when that is not data."""
+  try:
+    try:
+      result = function(*args, **kwargs)
+    except Exception as error:  # pylint: disable=broad-except
+      return {"raise": session.encode([error], also=values)}
+    return {"return": session.encode([result], also=values)}
+  except (wire.WireError, RecursionError) as error:
+    return {"abort": f"the answer is not data: {_message(error)}"}
+  except BaseException as error:  # pylint: disable=broad-except
+    return {"abort": f"{type(error).__name__} escaped the candidate"}
 
 
 def _message(error: BaseException) -> str:

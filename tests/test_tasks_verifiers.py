@@ -240,6 +240,22 @@ def test_humaneval_submit_overlaps_and_matches(humaneval_problems, humaneval_ver
     humaneval_verifier.score_batch([Problem("p", "x")], ["y"])
 
 
+def test_verifier_metrics_reach_through_the_task_wrappers():
+  """Training logs the sandboxed verifier's counters whatever wraps it."""
+  from orl_jax.tasks import AnswerOrCodeVerifier, CodePromptVerifier, verifier_metrics
+  from orl_jax.verify.humaneval import VerifierStats
+
+  class Counted:
+    stats = VerifierStats(runs=3, timeouts=2, timeouts_cached=1)
+
+  for stack in (Counted(), CodePromptVerifier(Counted(), {}),
+                AnswerOrCodeVerifier(object(), CodePromptVerifier(Counted(), {}))):
+    metrics = verifier_metrics(stack)
+    assert (metrics["verify_runs"], metrics["verify_timeouts"],
+            metrics["verify_timeouts_cached"]) == (3.0, 2.0, 1.0)
+  assert verifier_metrics(object()) == {}
+
+
 def test_humaneval_canonical_pass_and_stub_fail_all_164(humaneval_problems):
   # ~20 s on 2 cores (328 sandboxed runs), so it stays in the default run.
   with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=30.0), parallelism=2) as verifier:

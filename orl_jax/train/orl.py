@@ -46,6 +46,7 @@ from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
+from orl_jax.tasks import verifier_metrics
 from orl_jax.decode_types import Trajectories
 from orl_jax.train.setup import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
@@ -363,7 +364,7 @@ def log_iteration(steps: OrlSteps, log: RunLog, state, it: int, rec: IterationRe
                  rollout_uses=steps.ledger.uses[it - 1], reward=rec.rewards.mean(),
                  responses_verified=rec.verified.sum(), updates=updates,
                  updates_skipped=it - updates, **rec.summary.metrics, **rec.seconds,
-                 **rec.plan_stats)
+                 **rec.plan_stats, **verifier_metrics(steps.setup.task.verifier))
     scalars = log.write(it, dict(rec.metrics, **extra))
     log.bar.set_postfix_str(progress_text(scalars, rec.metrics, updates, it))
 

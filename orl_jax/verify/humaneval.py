@@ -9,25 +9,29 @@ The tests run in a separate judge process that executes the prompt (for helpers 
 as plain data (`wire`). A sample scores 1.0 only when the judge saw `check` return; nothing the
 sample does in its own process can write that verdict.
 
-Consequence for completions: results must be plain data (None, bool, int, float, complex, str,
-bytes, and lists, tuples, sets, frozensets, dicts of them), as every HumanEval canonical
-solution's are; anything else (a generator, a NumPy scalar, a subclass of a built-in) scores 0.
-Arguments are copies: a candidate mutating its argument is not seen by the tests (no HumanEval
-test looks; /70, /120 and /149's canonical solutions mutate theirs).
+What crosses: values of Python's and the standard library's value types, as themselves
+(`orl_sandbox/wire.py`: Counter, namedtuple, Fraction, Decimal, Enum, dict views, ...), with
+identity kept (an argument the candidate sorts in place is sorted in the tests too); exceptions
+keep their class and standard-library bases. What cannot cross (a function, an instance of a
+class the completion defines) scores 0; tests whose calls the judge cannot know in advance are
+"unsupported" (0, counted in `stats`, listed in `unsupported`). docs/verifier.md lists where
+the judge still differs from running the tests in-process.
 
-Runs happen on a thread pool (each thread waits on one sandbox), results are cached by the
-sha256 of the inputs, and `submit` lets the loop overlap verification with other work. The pool
-takes a batch's samples prompt by prompt in turn (the first sample of every prompt, then the
-second, ...), so that samples of one prompt, which could copy from each other, rarely run side
-by side. Only verdicts are cached: a run the sandbox infrastructure failed is retried once, and
-neither it nor a timeout (which may come from a loaded machine) is ever cached. `judge_cost`
-adds up what the judge processes used.
+Runs happen on `PromptScheduler` threads (each waits on one sandbox), results are cached by the
+sha256 of the inputs, and `submit` lets the loop overlap verification with other work. A
+batch's samples start prompt by prompt in turn, and two samples of one prompt never run at the
+same time (they could talk through what the machine shares). Only verdicts are cached: a run
+the sandbox infrastructure failed is retried once and never cached; a timeout is cached as 0 once
+the same completion timed out twice. `stats` counts runs, timeouts, infrastructure failures,
+unsupported tests and the judge processes' cost (`verify_*` metrics in training logs).
 """
 from __future__ import annotations
 
+import ast
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -73,16 +77,50 @@ def cache_key(problem: Problem, completion: str) -> str:
 
 
 @dataclasses.dataclass
-class JudgeCost:
-  """What the judge processes of a verifier's runs used, in all."""
+class VerifierStats:
+  """What a verifier's sandboxed runs did, in all (logged as `verify_*` metrics).
+
+  Attributes:
+    runs: sandboxed runs that returned a record (retries included).
+    timeouts: runs ended by the wall-clock timeout.
+    timeouts_cached: completions cached as 0 after their second timeout.
+    infra_errors: runs the sandbox infrastructure failed (retried, never cached).
+    unsupported: runs whose tests the judge could not replay (scored 0, listed in
+      `HumanEvalVerifier.unsupported`).
+    judge_cpu_s: CPU seconds of the judge processes, summed.
+    judge_peak_rss_bytes: the largest peak resident memory of one judge process.
+  """
   runs: int = 0
-  cpu_s: float = 0.0
-  peak_rss_bytes: int = 0
+  timeouts: int = 0
+  timeouts_cached: int = 0
+  infra_errors: int = 0
+  unsupported: int = 0
+  judge_cpu_s: float = 0.0
+  judge_peak_rss_bytes: int = 0
 
   def add(self, result: sandbox.SandboxResult) -> None:
     self.runs += 1
-    self.cpu_s += result.judge_cpu_s or 0.0
-    self.peak_rss_bytes = max(self.peak_rss_bytes, result.judge_peak_rss_bytes or 0)
+    self.timeouts += int(result.timed_out)
+    self.unsupported += int(result.verdict == "unsupported")
+    self.judge_cpu_s += result.judge_cpu_s or 0.0
+    self.peak(result.judge_peak_rss_bytes or 0)
+
+  def peak(self, rss: int) -> None:
+    self.judge_peak_rss_bytes = max(self.judge_peak_rss_bytes, rss)
+
+  def metrics(self) -> dict[str, float]:
+    return {f"verify_{f.name}": float(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def prompt_key(problem: Problem) -> str:
+  """What makes two samples "of one prompt": the same tests (the calls their samples answer),
+  compared without comments and layout."""
+  tests = problem.tests or ""
+  try:
+    tests = ast.dump(ast.parse(tests))
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    pass
+  return hashlib.sha256(tests.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def interleaved(keys: Sequence[str]) -> list[int]:
@@ -97,12 +135,88 @@ def interleaved(keys: Sequence[str]) -> list[int]:
   return order
 
 
+@dataclasses.dataclass
+class _Job:
+  prompt: str
+  run: object                  # () -> result
+  future: concurrent.futures.Future
+  lock: int | None = None
+
+
+class PromptScheduler:
+  """Runs jobs `parallelism` at a time, never two of one prompt at once: not in this process
+  (all schedulers share the set of running prompts) and not on this machine
+  (`orl_sandbox.claim_exclusive`). Samples of one prompt could otherwise talk through what
+  the machine shares (timing, machine-wide counters); samples of different prompts answer
+  different questions. Jobs start in the order given, skipping those whose prompt is busy."""
+
+  _running: set[str] = set()
+  _changed = threading.Condition()
+
+  def __init__(self, parallelism: int, name: str = "humaneval-sandbox"):
+    self._queue: list[_Job] = []
+    self._closed = False
+    self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                     for i in range(parallelism)]
+    for thread in self._threads:
+      thread.start()
+
+  def submit(self, prompt: str, run) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    with self._changed:
+      if self._closed:
+        raise RuntimeError("the verifier is closed")
+      self._queue.append(_Job(prompt, run, future))
+      self._changed.notify_all()
+    return future
+
+  def close(self) -> None:
+    with self._changed:
+      self._closed = True
+      self._changed.notify_all()
+    for thread in self._threads:
+      thread.join()
+
+  def _take(self) -> _Job | None:
+    """The first queued job whose prompt nobody runs (called holding `_changed`)."""
+    while True:
+      for index, job in enumerate(self._queue):
+        if job.prompt in self._running:
+          continue
+        job.lock = sandbox.claim_exclusive(job.prompt)
+        if job.lock is not None:
+          self._running.add(job.prompt)
+          return self._queue.pop(index)
+      if self._closed and not self._queue:
+        return None
+      # Prompts held by other processes are released without a notification: poll.
+      self._changed.wait(timeout=0.05 if self._queue else None)
+
+  def _work(self) -> None:
+    while True:
+      with self._changed:
+        job = self._take()
+      if job is None:
+        return
+      try:
+        if job.future.set_running_or_notify_cancel():
+          job.future.set_result(job.run())
+      except BaseException as error:  # pylint: disable=broad-except
+        job.future.set_exception(error)
+      finally:
+        sandbox.release_exclusive(job.lock)
+        with self._changed:
+          self._running.discard(job.prompt)
+          self._changed.notify_all()
+
+
 class HumanEvalVerifier:
   """Runs unit tests in the sandbox, `parallelism` at a time, with a result cache.
 
   Args:
     limits: sandbox limits per sample (timeout, memory, processes, file size).
-    parallelism: concurrent sandbox processes; None → min(4, cpu count).
+    parallelism: concurrent sandbox processes; None → min(4, cpu count). Samples of one prompt
+      never run at the same time (`PromptScheduler`).
     stop_sequences: the completion is cut at the first of these before running (a model that
       closes its code block with a fence must not be scored on the prose after it).
     cache_size: how many results to remember (least recently used are dropped).
@@ -116,11 +230,12 @@ class HumanEvalVerifier:
     self.stop_sequences = tuple(stop_sequences)
     self.cache_size = cache_size
     self._cache: collections.OrderedDict[str, float] = collections.OrderedDict()
+    self._timeouts: collections.OrderedDict[str, int] = collections.OrderedDict()
     self._lock = threading.Lock()
     self._checked = False
-    self.judge_cost = JudgeCost()
-    self._pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=self.parallelism, thread_name_prefix="humaneval-sandbox")
+    self.stats = VerifierStats()
+    self.unsupported: dict[str, str] = {}   # problem id -> why its tests could not be judged
+    self._scheduler = PromptScheduler(self.parallelism)
     self._gather = concurrent.futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="humaneval-gather")
 
@@ -142,22 +257,24 @@ class HumanEvalVerifier:
     self._check_sandbox()
     completions = [truncate_completion(r, self.stop_sequences) for r in responses]
     keys = [cache_key(p, c) for p, c in zip(problems, completions)]
+    prompts = [prompt_key(p) for p in problems]
     known: dict[str, float] = {}
     pending: dict[str, concurrent.futures.Future[tuple[float, bool]]] = {}
-    for i in interleaved([p.problem_id for p in problems]):
+    for i in interleaved(prompts):
       key = keys[i]
       if key in known or key in pending:
         continue
       score = self._cached(key)
       if score is None:
-        pending[key] = self._pool.submit(self._score, problems[i], completions[i])
+        pending[key] = self._scheduler.submit(
+            prompts[i], functools.partial(self._score, problems[i], completions[i], key))
       else:
         known[key] = score
     return self._gather.submit(self._collect, keys, known, pending)
 
   def close(self) -> None:
     self._gather.shutdown(wait=True)
-    self._pool.shutdown(wait=True)
+    self._scheduler.close()
 
   def __enter__(self) -> HumanEvalVerifier:
     return self
@@ -165,9 +282,10 @@ class HumanEvalVerifier:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  def _score(self, problem: Problem, completion: str) -> tuple[float, bool]:
+  def _score(self, problem: Problem, completion: str, key: str) -> tuple[float, bool]:
     """(score, cacheable). A run the infrastructure failed is retried once, then scores 0
-    uncached; a timeout scores 0 uncached (it may come from load, not from the sample)."""
+    uncached; a timeout scores 0, cached once the same completion timed out twice (a policy
+    that learns to sleep must not cost a slot for the whole timeout on every submission)."""
     for attempt in range(2):
       try:
         result = judge_run(problem, completion, self.limits)
@@ -176,14 +294,31 @@ class HumanEvalVerifier:
         infra = repr(error)
       else:
         infra = result.infra_error
-        with self._lock:
-          self.judge_cost.add(result)
       if infra is None:
-        return (1.0 if result.passed else 0.0), not result.timed_out
+        return self._account(problem, result, key)
+      with self._lock:
+        self.stats.infra_errors += 1
       if attempt == 0:
         time.sleep(0.5)
     _log.warning("HumanEval sandbox infrastructure failure (score 0, not cached): %s", infra)
     return 0.0, False
+
+  def _account(self, problem: Problem, result: sandbox.SandboxResult,
+               key: str) -> tuple[float, bool]:
+    with self._lock:
+      self.stats.add(result)
+      if result.verdict == "unsupported" and problem.problem_id not in self.unsupported:
+        self.unsupported[problem.problem_id] = result.detail
+        _log.warning("HumanEval judge cannot replay the tests of %s (its samples score 0): %s",
+                     problem.problem_id, result.detail)
+      if not result.timed_out:
+        return (1.0 if result.passed else 0.0), True
+      count = self._timeouts.pop(key, 0) + 1
+      self._timeouts[key] = count
+      while len(self._timeouts) > self.cache_size:
+        self._timeouts.popitem(last=False)
+      self.stats.timeouts_cached += int(count >= 2)
+      return 0.0, count >= 2
 
   def _collect(self, keys: list[str], known: dict[str, float],
                pending: dict[str, concurrent.futures.Future[tuple[float, bool]]]) -> list[float]:
