@@ -270,8 +270,8 @@ def unsupported(q, k, v) -> str | None:
 
 def default_tile(head_dim: int) -> int:
   """The square tile the kernel runs with: 64, and 32 above head_dim 256, where the backward
-  at 64 asks more shared memory than an H100 block may use (dk/dv at head_dim 512: 256 KiB
-  of 227 KiB; at 32: 130 KiB), as XLA's GPU compiler reports (benchmarks/kernel_compile.py)."""
+  at 64 asks more shared memory than an H100 block may use (head_dim 512: 256 KiB of
+  227 KiB; at 32 at most 130 KiB), as XLA's GPU compiler reports (benchmarks/kernel_compile.py)."""
   return 64 if head_dim <= 256 else 32
 
 
