@@ -6,7 +6,9 @@ Two rows (DESIGN §2.5 layout, tile 128):
 * ``synthetic_8k`` — a shared 512-token prompt, G=16 responses of 4 blocks of 32, 11 states per
   response (3, 3, 3, 2 per block), exactly 8,192 tokens.
 
-For each it prints the fraction of (128 x 128) tiles skipped. On a GPU/TPU it also times the
+For each it prints the fraction of (128 x 128) tiles skipped, and the share of the dense work
+(query-key pairs) the kernels compute at square tiles of 64 to 512 (what a larger tile costs
+in skipped work; the tiles each chip accepts: `kernel_compile.py`). On a GPU/TPU it also times the
 Pallas kernel (and splash on TPU) against the dense XLA reference, forward and forward+backward,
 median of several runs, with TFLOP/s of the *visible* work; on CPU timing is skipped (interpret
 mode measures nothing useful). Writes JSON; the last printed line is ``tiles_skipped_8k: X``.
@@ -28,8 +30,10 @@ import numpy as np
 from pallas_kernels.staircase_attention import (TokenMeta, attention, build_tile_map,
                                                 staircase_visible)
 from pallas_kernels.staircase_attention.testing import prompt_group, stack_rows
+from pallas_kernels.staircase_attention.tile_map import pad_meta
 
 TILE = 128
+TILES = (64, 128, 256, 512)  # square tiles whose computed share of the row is reported
 HEADS_Q, HEADS_KV, HEAD_DIM = 16, 4, 128  # a Qwen3-like GQA attention layer (timing only)
 
 
@@ -44,8 +48,17 @@ def benchmark_rows() -> dict[str, TokenMeta]:
           "synthetic_8k": _row(512, 32, 16, [3, 3, 3, 2])}
 
 
+def computed_fraction(meta: TokenMeta, tile: int) -> float:
+  """The share of the row's dense query-key pairs the kernels compute at square `tile`s."""
+  row_len = meta.kind.shape[-1]
+  padded = pad_meta(TokenMeta(*(jnp.asarray(f) for f in meta)), -(-row_len // tile) * tile)
+  nonempty = int(build_tile_map(padded, padded, tile, tile).any_visible.sum())
+  return nonempty * tile * tile / row_len ** 2
+
+
 def tile_stats(meta: TokenMeta) -> dict:
-  """Skipped / full tile counts at TILE, and the fraction of visible query-key pairs."""
+  """Skipped / full tile counts at TILE, the fraction of visible query-key pairs, and the
+  fraction computed at other tile sizes."""
   tiles = build_tile_map(meta, meta, TILE, TILE)
   total = int(np.prod(tiles.any_visible.shape))
   nonempty = int(tiles.any_visible.sum())
@@ -55,7 +68,8 @@ def tile_stats(meta: TokenMeta) -> dict:
               tiles_nonempty=nonempty, tiles_full=int(tiles.all_visible.sum()),
               fraction_skipped=1 - nonempty / total,
               visible_pair_fraction=visible_pairs / meta.kind.shape[-1] ** 2,
-              visible_pairs=visible_pairs)
+              visible_pairs=visible_pairs,
+              computed_pair_fraction_by_tile={t: computed_fraction(meta, t) for t in TILES})
 
 
 def _median_seconds(fn, *args, runs: int = 7) -> float:
@@ -105,7 +119,9 @@ def main():
     stats = tile_stats(meta)
     print(f"{name}: {stats['tokens']} tokens in a {stats['row_len']}-token row; "
           f"{stats['tiles_nonempty']}/{stats['tiles_total']} tiles non-empty "
-          f"({stats['tiles_full']} full); visible pairs {stats['visible_pair_fraction']:.3f}")
+          f"({stats['tiles_full']} full); visible pairs {stats['visible_pair_fraction']:.3f}; "
+          "pairs computed at tiles " + ", ".join(
+              f"{t}: {f:.3f}" for t, f in stats["computed_pair_fraction_by_tile"].items()))
     if platform in ("gpu", "tpu"):
       stats["timing"] = time_impls(TokenMeta(*(jnp.asarray(f) for f in meta)),
                                    stats["visible_pairs"])

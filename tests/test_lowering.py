@@ -7,6 +7,10 @@ calls: one per `pallas_call` (forward; dq; dk/dv), none replaced by a dense fall
 
 The whole ORL train step and rollout decode step of the `:debug` configs are lowered the same
 way on a 4-device data x fsdp mesh (tests/sharded_lowering.py, a subprocess).
+
+Lowering stops before the compilers: tests/test_kernel_compile.py compiles the kernels with
+libtpu (Mosaic) and XLA's GPU compiler (Triton), and benchmarks/kernel_compile.py sweeps every
+kernel x paper shape x chip.
 """
 from __future__ import annotations
 
@@ -72,11 +76,14 @@ def test_kernel_lowers_for_its_platform(kernel, pass_, shape):
 
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 def test_dispatch_auto_lowers_to_the_platform_kernel(platform):
-  """`impl="auto"` traced for the target picks its kernel (splash on TPU, Triton on GPU)."""
+  """`impl="auto"` traced for the target picks its kernel: on TPU the block-sparse Mosaic
+  kernel, since with traced metadata splash would store a dense 256 MiB mask for this 8k row
+  (`splash.dense_mask_too_large`); Triton on GPU."""
   auto = lambda q, k, v, q_meta, k_meta: attention(q, k, v, q_meta, k_meta, impl="auto")
   text = lowered_text(_forward_backward(auto),
                       *_operands(*SHAPES["8k-d128-bf16"]), platform=platform)
   assert custom_calls(text)[KERNEL_CALLS[platform]] == 3
+  assert "staircase_fwd" in text and "splash" not in text
 
 
 def _sharded_lowering(name: str) -> dict:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 
 from pallas_kernels.staircase_attention import (TokenMeta, attention, build_tile_map, dispatch,
                                                 gpu, splash, staircase_attention_reference,
@@ -143,6 +144,105 @@ def test_visited_tiles_equal_nonempty_tiles(backend):
     np.testing.assert_array_equal(visits[:, h], nonempty.sum(-1))
   assert int(visits.sum()) == 2 * int(build_tile_map(meta, meta, block_q, block_k).num_nonempty)
   assert nonempty.sum() < nonempty.size
+
+
+def _pallas_calls(fn, *args) -> dict:
+  """pallas_call name -> its cost estimate, for every kernel `fn(*args)` traces."""
+  found = {}
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "pallas_call":
+        found[str(eqn.params["name"])] = eqn.params["cost_estimate"]
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          if hasattr(sub, "eqns"):
+            walk(sub)
+          elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
+            walk(sub.jaxpr)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+def _hand_count(nonempty, hq, hkv, bq, bk, dh, itemsize) -> dict:
+  """(flops, transcendentals, bytes) per pass, enumerating what each kernel does: per query
+  tile (per key tile for dk/dv) and head its own reads and writes, per listed tile its fetches
+  and a tile's matmuls (2 x bq x bk x dh FLOPs each) and exps."""
+  count = {p: [0, 0, 0] for p in ("fwd", "dq", "dkdv")}
+  matmuls = {"fwd": 2, "dq": 3, "dkdv": 4}
+  tile_ids, tile = 20, bq * bk
+  batch, nq, nk = nonempty.shape
+  for b in range(batch):
+    for h in range(hq):
+      for i in range(nq):
+        listed = np.flatnonzero(nonempty[b, i])
+        count["fwd"][1] += bq                                   # log of the sum
+        count["fwd"][2] += bq * (2 * dh * itemsize + 4 + tile_ids)  # q, out, lse, ids
+        count["dq"][2] += bq * (3 * dh * itemsize + 8 + tile_ids)   # q, dO, dq, lse, delta
+        for _ in listed:
+          for p in count:
+            count[p][0] += matmuls[p] * 2 * tile * dh
+            count[p][1] += tile
+          count["fwd"][1] += bq                                 # the rescale
+          for p in ("fwd", "dq"):
+            count[p][2] += bk * (2 * dh * itemsize + tile_ids)  # k, v, ids
+        count["dkdv"][2] += len(listed) * bq * (2 * dh * itemsize + 8 + tile_ids)
+    count["dkdv"][2] += hkv * nk * bk * (4 * dh * itemsize + tile_ids)  # k, v, dk, dv, ids
+  return count
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_cost_estimates_count_the_work_of_the_visited_tiles(backend, monkeypatch):
+  """Every pallas_call tells the compiler's cost analysis its FLOPs, exps and bytes: with a
+  concrete tile map (an eager call) those of the listed tiles, checked against a count over
+  the brute-force mask; under `jit` (traced metadata) those of every tile pair of the grid."""
+  bq = bk = 32
+  meta = _meta(5, 2, 128, 8, fill=0.8)
+  q, k, v, d_out = _qkv(5, 2, 128, 4, 2, 32, jnp.float32)
+  run = lambda q, k, v, m: BACKENDS[backend].staircase_attention(
+      q, k, v, m, m, block_q=bq, block_k=bk, interpret=True)
+  nonempty, _ = _tile_nonempty_dense(meta, bq, bk)
+  assert 0 < nonempty.sum() < nonempty.size
+  calls = {}
+
+  def recording_call(kernel, **kwargs):   # records the estimate; zeros stand for the results
+    calls[kwargs["name"]] = kwargs["cost_estimate"]
+    zeros = lambda s: jnp.zeros(s.shape, s.dtype)
+    return lambda *operands: jax.tree.map(zeros, kwargs["out_shape"])
+
+  monkeypatch.setattr(pl, "pallas_call", recording_call)
+  for traced in (False, True):
+    calls.clear()
+    if traced:
+      jax.make_jaxpr(lambda *m: _value_and_grads(run, q, k, v, TokenMeta(*m), d_out))(*meta)
+    else:
+      _value_and_grads(run, q, k, v, meta, d_out)
+    want = _hand_count(np.ones_like(nonempty) if traced else nonempty, 4, 2, bq, bk, 32, 4)
+    assert len(calls) == 3, calls
+    for name, estimate in calls.items():
+      pass_ = next(p for p in ("dkdv", "dq", "fwd") if p in name)
+      got = [estimate.flops, estimate.transcendentals, estimate.bytes_accessed]
+      assert got == want[pass_], (traced, name, got, want[pass_])
+
+
+def test_auto_passes_over_splash_when_its_traced_mask_is_large():
+  """On a TPU, `auto` takes splash for concrete metadata and for traced metadata whose dense
+  mask is small, and the block-sparse kernel once splash's traced mask would exceed
+  `splash.TRACED_MASK_LIMIT_BYTES` (8 query heads a group x 1024^2 x int32 = 32 MiB)."""
+  def kernels_traced(seq_len, traced):
+    meta = _meta(3, 1, seq_len, 32)
+    q, k, v, _ = _qkv(3, 1, seq_len, 8, 1, 64, jnp.bfloat16)
+    fn = lambda q, k, v, *m: attention(q, k, v, TokenMeta(*m), TokenMeta(*m), impl="auto")
+    with target_platform("tpu"):
+      if traced:
+        return set(_pallas_calls(fn, q, k, v, *meta))
+      return set(_pallas_calls(lambda q, k, v: fn(q, k, v, *meta), q, k, v))
+
+  assert 8 * 256 * 256 * 4 <= splash.TRACED_MASK_LIMIT_BYTES < 8 * 1024 * 1024 * 4
+  assert all("splash" in n for n in kernels_traced(256, traced=True))
+  assert all("splash" in n for n in kernels_traced(1024, traced=False))
+  assert kernels_traced(1024, traced=True) == {"staircase_fwd"}
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["static-mask", "dynamic-mask"])

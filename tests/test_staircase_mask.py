@@ -5,7 +5,7 @@ import pytest
 
 from pallas_kernels.staircase_attention import (KIND_PAD, TokenMeta, attention, masked_attention,
                                                 staircase_visible)
-from pallas_kernels.staircase_attention import dispatch, tile_map
+from pallas_kernels.staircase_attention import gpu, tile_map, tpu
 from tests.helpers import (brute_force_token_causal_visible, brute_force_visible,
                            random_packed_meta, random_token_causal_meta)
 
@@ -70,10 +70,10 @@ def test_token_causal_stream_and_sliding_window_match_brute_force(seed, canvas, 
 
 
 @pytest.mark.parametrize("window", [0, 5])
-def test_tile_map_and_dispatch_with_a_window(window, caplog):
-  """Tile summaries follow the windowed rule; the XLA reference and splash (interpret) agree;
-  the block-sparse Pallas kernel has no window: chosen explicitly it raises naming the window,
-  under `auto` the call falls back to XLA."""
+def test_tile_map_and_kernels_with_a_window(window):
+  """Tile summaries follow the windowed rule; the XLA reference, splash and the block-sparse
+  Pallas kernels (TPU- and GPU-style, interpret mode) agree with the brute-force mask, values
+  and gradients (DiffusionGemma's sliding layers)."""
   meta, positions, start = random_token_causal_meta(np.random.default_rng(7), 128, 4)
   dense = brute_force_token_causal_visible(meta, positions, start, window)
   meta_b = TokenMeta(*(jnp.asarray(f)[None] for f in meta))
@@ -81,16 +81,23 @@ def test_tile_map_and_dispatch_with_a_window(window, caplog):
   tiles = dense.reshape(8, 16, 4, 32)
   np.testing.assert_array_equal(np.asarray(any_v[0]), tiles.any(axis=(1, 3)))
   np.testing.assert_array_equal(np.asarray(all_v[0]), tiles.all(axis=(1, 3)))
-  q, k, v = (jax.random.normal(jax.random.key(i), (1, 128, 2, 8)) for i in range(3))
-  want = masked_attention(q, k, v, jnp.asarray(dense)[None])
-  got = attention(q, k, v, meta_b, meta_b, impl="xla", window=window)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
-  splash = attention(q, k, v, meta_b, meta_b, impl="splash", window=window)
-  np.testing.assert_allclose(np.asarray(splash), np.asarray(want), rtol=2e-5, atol=2e-6)
-  if window:
-    with pytest.raises(ValueError, match="no sliding window"):
-      attention(q, k, v, meta_b, meta_b, impl="pallas", window=window)
-    with dispatch.target_platform("gpu"):
-      auto = attention(q, k, v, meta_b, meta_b, impl="auto", window=window)
-    np.testing.assert_allclose(np.asarray(auto), np.asarray(want), rtol=1e-5, atol=1e-6)
-    assert "no sliding window" in caplog.text
+  q, k, v = (jax.random.normal(jax.random.key(i), (1, 128, 2, 16)) for i in range(3))
+  d_out = jax.random.normal(jax.random.key(3), q.shape)
+
+  def value_and_grads(fn):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out, *vjp(d_out))
+
+  want = value_and_grads(lambda q, k, v: masked_attention(q, k, v, jnp.asarray(dense)[None]))
+  runs = {
+      "xla": lambda q, k, v: attention(q, k, v, meta_b, meta_b, impl="xla", window=window),
+      "splash": lambda q, k, v: attention(q, k, v, meta_b, meta_b, impl="splash",
+                                          window=window),
+      "pallas-tpu": lambda q, k, v: tpu.staircase_attention(
+          q, k, v, meta_b, meta_b, block_q=16, block_k=32, interpret=True, window=window),
+      "pallas-gpu": lambda q, k, v: gpu.staircase_attention(
+          q, k, v, meta_b, meta_b, block_q=16, block_k=32, interpret=True, window=window)}
+  for name, fn in runs.items():
+    for what, g, w in zip(("out", "dq", "dk", "dv"), value_and_grads(fn), want):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5,
+                                 err_msg=f"{name} {what}")

@@ -98,6 +98,35 @@ def kernel_calls(compiled_text: str, platform: str) -> int:
 _HBM = re.compile(r"required for (?P<what>[^(]+)\((?P<need>[\d.]+)(?P<u>[GMK])\) exceeds "
                   r"available HBM \((?P<have>[\d.]+)(?P<v>[GMK])\)")
 _VMEM = re.compile(r"(?:would exceed|exceeds?) (?:the )?(?:memory|vmem)", re.IGNORECASE)
+# libtpu 0.0.42: "Ran out of memory in memory space vmem while allocating on stack for
+# %staircase_fwd.1 = ... Scoped allocation with size 36.25M and limit 16.00M exceeded scoped
+# vmem limit by 20.25M."
+_SCOPED_VMEM = re.compile(r"memory space vmem while allocating on stack for %(?P<call>[\w.-]+)"
+                          r"(?s:.*)Scoped allocation with size (?P<need>[\d.]+)(?P<u>[KMG]) and "
+                          r"limit (?P<limit>[\d.]+)(?P<v>[KMG]) exceeded scoped vmem limit")
+# XLA's GPU compiler on a Triton kernel (jaxlib 0.10.2)
+_SHARED = re.compile(r"Shared memory size limit exceeded: requested (?P<need>\d+), available: "
+                     r"(?P<limit>\d+)")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def fast_memory_overflow(text: str) -> dict | None:
+  """A kernel's tiles overflowing its core's fast memory, as a compiler error states it:
+  {memory: "VMEM" | "shared memory", kernel (or ""), need, limit (bytes)}; None otherwise."""
+  m = _SCOPED_VMEM.search(text)
+  if m:
+    return dict(memory="VMEM", kernel=m.group("call"),
+                need=int(float(m.group("need")) * _UNIT[m.group("u")]),
+                limit=int(float(m.group("limit")) * _UNIT[m.group("v")]))
+  m = _SHARED.search(text)
+  if m:
+    return dict(memory="shared memory", kernel="", need=int(m.group("need")),
+                limit=int(m.group("limit")))
+  return None
+
+
+def _kib(n: int) -> str:
+  return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def refusal(program: Program, target: Target, error: BaseException) -> str:
@@ -116,6 +145,14 @@ def refusal(program: Program, target: Target, error: BaseException) -> str:
             f"{_gb(need - have)} more than the {_gb(have)} of HBM a device has. Shard it "
             "over more devices (mesh.fsdp / mesh.tensor), a larger topology, or fewer rows "
             "per step (orl.prompts_per_step, replay.n_rows, replay.row_len).")
+  over = fast_memory_overflow(text)
+  if over:
+    name = re.sub(r"\.\d+$", "", over["kernel"])   # the custom call's instruction name
+    kernel = f"its kernel {name}" if name else "a kernel"
+    core = "TensorCore's VMEM" if over["memory"] == "VMEM" else "GPU's shared memory per block"
+    return (f"{where}: {kernel} needs {_kib(over['need'])} of the {core}, "
+            f"{_kib(over['need'] - over['limit'])} more than its limit of "
+            f"{_kib(over['limit'])}. Smaller kernel tiles are needed for this shape.")
   if "space=vmem" in text or _VMEM.search(text) and "vmem" in text.lower():
     return (f"{where}: a kernel's blocks do not fit the TensorCore's VMEM ({head}). Smaller "
             "kernel tiles are needed for this shape.")

@@ -169,6 +169,9 @@ def use_compiler(platform: str) -> None:
   # libtpu asks for these when no TPU VM describes itself; any value keeps it quiet
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  # compile-only processes hold no chip: let several load libtpu at once (else every one but
+  # the first stops on libtpu's lockfile, e.g. two compile tests on two pytest workers)
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   if platform == "tpu":
     path = _libtpu_path()
     if path:

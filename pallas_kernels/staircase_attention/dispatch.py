@@ -5,8 +5,9 @@
 * ``pallas`` — the Pallas staircase kernel of the platform (TPU Mosaic / GPU Triton; on CPU the
   TPU-style kernel in interpret mode, which is for tests, not speed);
 * ``splash`` — TPU splash attention with the staircase mask (interpret mode on CPU);
-* ``auto``   — on TPU splash, else (a case splash cannot run) the Pallas kernel; on GPU the
-  Pallas kernel; ``xla`` elsewhere.
+* ``auto``   — on TPU splash, else (a case splash cannot run, or traced metadata for which
+  splash would store a dense mask larger than `splash.TRACED_MASK_LIMIT_BYTES` per row) the
+  Pallas kernel; on GPU the Pallas kernel; ``xla`` elsewhere.
 
 Kernels come from `KERNELS`, a table this module builds from the kernel modules (which know
 nothing of it). An explicitly chosen kernel that cannot run (none for the platform, or a case it
@@ -42,8 +43,8 @@ HEAD_AXIS = "tensor"
 class Kernel(NamedTuple):
   run: Callable          # (q, k, v, q_meta, k_meta, scale[, window=]) -> out, like q
   unsupported: Callable  # (q, k, v) -> a reason it cannot run, or None
-  windowed: bool = False  # takes `window=` (the sliding window of the rule); the block-sparse
-                          # Pallas kernels do not (their in-kernel rule and tile map have none)
+  auto_skip: Callable | None = None  # (q, k, q_meta, k_meta) -> why `auto` should rather take
+                                     # the next kernel (it can run, at a cost), or None
 
 
 # (impl, platform) -> Kernel. Platforms as `jax.default_backend()` names them (`gpu` for CUDA).
@@ -52,9 +53,10 @@ KERNELS = {
     ("pallas", "gpu"): Kernel(gpu.staircase_attention, gpu.unsupported),
     ("pallas", "cpu"): Kernel(functools.partial(tpu.staircase_attention, interpret=True),
                               tpu.unsupported),
-    ("splash", "tpu"): Kernel(splash.staircase_attention, splash.unsupported, windowed=True),
+    ("splash", "tpu"): Kernel(splash.staircase_attention, splash.unsupported,
+                              auto_skip=splash.dense_mask_too_large),
     ("splash", "cpu"): Kernel(functools.partial(splash.staircase_attention, interpret=True),
-                              splash.unsupported, windowed=True),
+                              splash.unsupported, auto_skip=splash.dense_mask_too_large),
 }
 AUTO = {"tpu": ("splash", "pallas"), "gpu": ("pallas",)}  # platform -> impls tried; else xla
 
@@ -89,17 +91,17 @@ def _warn_once(msg: str) -> None:
     logging.warning(msg)
 
 
-def _kernel(impl: str, platform: str, q, k, v,
-            window: int = 0) -> tuple[Callable | None, str | None]:
-  """(the kernel's run function, None) or (None, why it cannot run)."""
+def _kernel(impl: str, platform: str, q, k, v, window: int = 0,
+            auto_meta: tuple | None = None) -> tuple[Callable | None, str | None]:
+  """(the kernel's run function, None) or (None, why it cannot run); with `auto_meta`
+  (q_meta, k_meta: chosen by `auto`) also None when the kernel asks to be passed over."""
   kernel = KERNELS.get((impl, platform))
   if kernel is None:
     where = sorted(p for i, p in KERNELS if i == impl)
     return None, f"no {impl!r} kernel for platform {platform!r} (it has: {', '.join(where)})"
-  if window and not kernel.windowed:
-    return None, (f"the {impl!r} kernel has no sliding window (window={window}: the "
-                  "token-causal stream's sliding layers)")
   reason = kernel.unsupported(q, k, v)
+  if not reason and auto_meta is not None and kernel.auto_skip is not None:
+    reason = kernel.auto_skip(q, k, *auto_meta)
   if reason:
     return None, reason
   return (functools.partial(kernel.run, window=window) if window else kernel.run), None
@@ -142,7 +144,8 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, impl: str = "aut
     return staircase_attention_reference(q, k, v, q_meta, k_meta, scale=scale, window=window)
   reasons = []
   for chosen in AUTO[platform] if impl == "auto" else (impl,):
-    run, reason = _kernel(chosen, platform, q, k, v, window)
+    run, reason = _kernel(chosen, platform, q, k, v, window,
+                          (q_meta, k_meta) if impl == "auto" else None)
     if run is not None:
       if mesh is None:
         return run(q, k, v, q_meta, k_meta, scale)

@@ -7,8 +7,9 @@ the tile map's, packed per program as one int32 row `[count | tiles | full flags
 power of two, which Triton block shapes need). Backward: dq walks the same lists; dk/dv walk
 the transposed lists over the GQA group of query heads.
 
-On CPU the same `pallas_call`s run with `interpret=True`, which is how the tests check them.
-Triton compilation on a GPU is not yet verified in this repository.
+On CPU the same `pallas_call`s run with `interpret=True`, which is how the tests check them;
+XLA's GPU compiler turns them into sm_90a code for an H100 on any host
+(`orl_jax/aot/kernels.py`, `benchmarks/kernel_compile.py`); they have not run on a GPU yet.
 """
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def _load_meta(ref, start, size):
   return TokenMeta(*(ref[f, pl.ds(start, size)] for f in range(_N_FIELDS)))
 
 
-def _visible(q_meta: TokenMeta, k_meta: TokenMeta):
+def _visible(q_meta: TokenMeta, k_meta: TokenMeta, window: int):
   return staircase_visible_pairs(TokenMeta(*(f[:, None] for f in q_meta)),
-                                 TokenMeta(*(f[None, :] for f in k_meta)))
+                                 TokenMeta(*(f[None, :] for f in k_meta)), window)
 
 
 def _triton_params(head_dim: int) -> pltriton.CompilerParams:
@@ -97,7 +98,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qm_ref, km_ref, list_ref, o_ref, lse_ref, *
     v = v_ref[pl.ds(start, bk), :]
     s = _dot(q, k_ref[pl.ds(start, bk), :], _NT) * cfg.scale
     if masked:
-      visible = _visible(q_meta, _load_meta(km_ref, start, bk))
+      visible = _visible(q_meta, _load_meta(km_ref, start, bk), cfg.window)
       s = jnp.where(visible, s, MASKED_LOGIT)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     p = jnp.exp(s - m_new[:, None])
@@ -143,6 +144,7 @@ def _forward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, count_visits: bo
                 pl.BlockSpec((None, None, lists.shape[-1]), lambda b_, h, i: (b_, i, 0))],
       out_specs=out_specs, out_shape=out_shape, interpret=cfg.interpret,
       compiler_params=_triton_params(dh), name="staircase_fwd_gpu",
+      cost_estimate=block_sparse.cost_estimate(cfg, "fwd", q, k),
   )(q, k, v, _meta_rows(q_meta), _meta_rows(k_meta), lists)
   if not count_visits:
     return results[0], results[1]
@@ -164,7 +166,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qm_ref, km_ref, 
     k = k_ref[pl.ds(start, bk), :]
     p = jnp.exp(_dot(q, k, _NT) * cfg.scale - lse)
     if masked:
-      p = jnp.where(_visible(q_meta, _load_meta(km_ref, start, bk)), p, 0.0)
+      p = jnp.where(_visible(q_meta, _load_meta(km_ref, start, bk), cfg.window), p, 0.0)
     ds = p * (_dot(do, v_ref[pl.ds(start, bk), :], _NT) - delta)
     return dq + _dot(ds.astype(k.dtype), k, _NN)
 
@@ -187,7 +189,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qm_ref, km_ref
       do = do_ref[g, pl.ds(start, bq), :]
       p = jnp.exp(_dot(q, k, _NT) * cfg.scale - lse_ref[g, pl.ds(start, bq)][:, None])
       if masked:
-        p = jnp.where(_visible(_load_meta(qm_ref, start, bq), k_meta), p, 0.0)
+        p = jnp.where(_visible(_load_meta(qm_ref, start, bq), k_meta, cfg.window), p, 0.0)
       ds = p * (_dot(do, v, _NT) - delta_ref[g, pl.ds(start, bq)][:, None])
       return dk + _dot(ds.astype(q.dtype), q, _TN), dv + _dot(p.astype(do.dtype), do, _TN)
 
@@ -224,6 +226,7 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
       out_specs=pl.BlockSpec((None, None, bq, dh), q_tile),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), interpret=cfg.interpret,
       compiler_params=_triton_params(dh), name="staircase_dq_gpu",
+      cost_estimate=block_sparse.cost_estimate(cfg, "dq", q, k),
   )(q, k, v, d_out, lse, delta, q_rows, k_rows, kv_lists)
 
   q_lists, q_offset = _tile_lists(tiles.q_tables, tiles.q_full, tiles.q_counts)
@@ -246,6 +249,7 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
                  pl.BlockSpec((None, None, bk, dh), k_tile)],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
       interpret=cfg.interpret, compiler_params=_triton_params(dh), name="staircase_dkdv_gpu",
+      cost_estimate=block_sparse.cost_estimate(cfg, "dkdv", q, k),
   )(q, k, v, d_out, lse, delta, q_rows, k_rows, q_lists)
   return dq, dk, dv
 
@@ -264,20 +268,35 @@ def unsupported(q, k, v) -> str | None:
   return None
 
 
+def default_tile(head_dim: int) -> int:
+  """The square tile the kernel runs with: 64, and 32 above head_dim 256, where the backward
+  at 64 asks more shared memory than an H100 block may use (head_dim 512: 256 KiB of
+  227 KiB; at 32 at most 130 KiB), as XLA's GPU compiler reports (benchmarks/kernel_compile.py)."""
+  return 64 if head_dim <= 256 else 32
+
+
 def staircase_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale=None, *,
-                        block_q: int = 64, block_k: int = 64, interpret: bool = False):
-  """Staircase attention, GPU kernel. q [B,Tq,Hq,Dh], k/v [B,Tk,Hkv,Dh] -> [B,Tq,Hq,Dh].
+                        block_q: int | None = None, block_k: int | None = None,
+                        interpret: bool = False, window: int = 0):
+  """Staircase attention, GPU kernel. q [B,Tq,Hq,Dh], k/v [B,Tk,Hkv,Dh] -> [B,Tq,Hq,Dh];
+  tiles default to `default_tile(Dh)`; `window` > 0: the rule's sliding window over context
+  keys.
 
   Returns the reason string of `unsupported` instead when it cannot run the case.
   """
   reason = unsupported(q, k, v)
   if reason:
     return reason
+  tile = default_tile(q.shape[-1])
   return block_sparse.attention(BACKEND, q, k, v, q_meta, k_meta, scale=scale,
-                                block_q=block_q, block_k=block_k, interpret=interpret)
+                                block_q=block_q or tile, block_k=block_k or tile,
+                                interpret=interpret, window=window)
 
 
-def count_visited_tiles(q, k, v, q_meta, k_meta, *, block_q=64, block_k=64, interpret=False):
+def count_visited_tiles(q, k, v, q_meta, k_meta, *, block_q=None, block_k=None,
+                        interpret=False, window=0):
   """int32 [B, Hq, nq]: key tiles the forward kernel computed per query tile."""
-  return block_sparse.count_visited_tiles(BACKEND, q, k, v, q_meta, k_meta, block_q=block_q,
-                                          block_k=block_k, interpret=interpret)
+  tile = default_tile(q.shape[-1])
+  return block_sparse.count_visited_tiles(BACKEND, q, k, v, q_meta, k_meta,
+                                          block_q=block_q or tile, block_k=block_k or tile,
+                                          interpret=interpret, window=window)

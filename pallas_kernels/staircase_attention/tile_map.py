@@ -96,6 +96,14 @@ def static_max_steps(counts: jax.Array, default: int) -> int:
     return default
 
 
+def static_count(counts: jax.Array, default: int) -> int:
+  """The listed tiles in all, when the map is concrete; `default` (every tile) under a trace."""
+  try:
+    return int(jnp.sum(counts))
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+    return default
+
+
 def pad_meta(meta: TokenMeta, length: int) -> TokenMeta:
   """Right-pads [B, T] metadata with KIND_PAD tokens (which see nothing, and are never seen)."""
   extra = length - meta.shape[-1]

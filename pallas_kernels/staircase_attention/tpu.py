@@ -9,8 +9,8 @@ metadata tiles with the same rule as the reference (`staircase_visible_pairs`).
 Backward is the usual two-kernel flash backward: dq walks the same key-tile lists; dk/dv walk
 the transposed lists (query tiles per key tile) and the GQA group of query heads.
 
-On CPU the kernels run with `interpret=True` (how the tests check them). They have been run
-only in interpret mode in this repository; Mosaic compilation on a TPU is not yet verified.
+On CPU the kernels run with `interpret=True` (how the tests check them); libtpu compiles them
+for v5e, v5p and v6e on any host (`orl_jax/aot/kernels.py`, `benchmarks/kernel_compile.py`).
 """
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def _kv_head(h, groups: int):
   return jax.lax.div(h, groups)
 
 
-def _tile_visible(q_meta_tile, k_meta_tile):
+def _tile_visible(q_meta_tile, k_meta_tile, window: int):
   """bool [bq, bk] from a [bq, 5] query-metadata tile and a [5, bk] key-metadata tile."""
   q = TokenMeta(*(q_meta_tile[:, f:f + 1] for f in range(_N_FIELDS)))
   k = TokenMeta(*(k_meta_tile[f:f + 1, :] for f in range(_N_FIELDS)))
-  return staircase_visible_pairs(q, k)
+  return staircase_visible_pairs(q, k, window)
 
 
 def _visit_listed(full, count, j, step):
@@ -87,7 +87,7 @@ def _fwd_kernel(kv_tables, kv_full, kv_counts, q_ref, k_ref, v_ref, qm_ref, km_r
     s = jax.lax.dot_general(q_ref[...], k_ref[...], _NT,
                             preferred_element_type=jnp.float32) * cfg.scale
     if masked:
-      visible = _tile_visible(qm_ref[...], km_ref[...])
+      visible = _tile_visible(qm_ref[...], km_ref[...], cfg.window)
       s = jnp.where(visible, s, MASKED_LOGIT)
     m_prev = m_sc[...]
     m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
@@ -148,7 +148,7 @@ def _forward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, count_visits: bo
       kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=cfg.interpret,
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
-      name="staircase_fwd",
+      name="staircase_fwd", cost_estimate=block_sparse.cost_estimate(cfg, "fwd", q, k),
   )(tiles.kv_tables.reshape(-1), tiles.kv_full.reshape(-1), tiles.kv_counts.reshape(-1),
     q, k, v, _meta_columns(q_meta), _meta_rows(k_meta))
   out, lse = results[0], results[1][..., 0]
@@ -160,12 +160,12 @@ def _forward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, count_visits: bo
 # ---------------------------------------------------------------- backward
 
 
-def _probs(q, k, lse, qm, km, scale, masked):
+def _probs(q, k, lse, qm, km, cfg: KernelConfig, masked):
   """exp(s - lse) for one tile; masked entries 0 (also for queries that see no key)."""
-  s = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * scale
+  s = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * cfg.scale
   p = jnp.exp(s - lse)
   if masked:
-    p = jnp.where(_tile_visible(qm, km), p, 0.0)
+    p = jnp.where(_tile_visible(qm, km, cfg.window), p, 0.0)
   return p
 
 
@@ -180,7 +180,7 @@ def _dq_kernel(kv_tables, kv_full, kv_counts, q_ref, k_ref, v_ref, do_ref, lse_r
 
   def step(masked: bool):
     k = k_ref[...]
-    p = _probs(q_ref[...], k, lse_ref[...], qm_ref[...], km_ref[...], cfg.scale, masked)
+    p = _probs(q_ref[...], k, lse_ref[...], qm_ref[...], km_ref[...], cfg, masked)
     dp = jax.lax.dot_general(do_ref[...], v_ref[...], _NT, preferred_element_type=jnp.float32)
     ds = p * (dp - delta_ref[...])
     dq_sc[...] += jax.lax.dot_general(ds.astype(k.dtype), k, _NN,
@@ -206,7 +206,7 @@ def _dkdv_kernel(q_tables, q_full, q_counts, q_ref, k_ref, v_ref, do_ref, lse_re
 
   def step(masked: bool):
     q, do = q_ref[...], do_ref[...]
-    p = _probs(q, k_ref[...], lse_ref[...], qm_ref[...], km_ref[...], cfg.scale, masked)
+    p = _probs(q, k_ref[...], lse_ref[...], qm_ref[...], km_ref[...], cfg, masked)
     dv_sc[...] += jax.lax.dot_general(p.astype(do.dtype), do, _TN,
                                       preferred_element_type=jnp.float32)
     dp = jax.lax.dot_general(do, v_ref[...], _NT, preferred_element_type=jnp.float32)
@@ -258,6 +258,7 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
           scratch_shapes=[pltpu.VMEM((bq, dh), jnp.float32)]),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       interpret=cfg.interpret, compiler_params=semantics, name="staircase_dq",
+      cost_estimate=block_sparse.cost_estimate(cfg, "dq", q, k),
   )(tiles.kv_tables.reshape(-1), tiles.kv_full.reshape(-1), tiles.kv_counts.reshape(-1),
     q, k, v, d_out, lse, delta, q_cols, k_rows)
 
@@ -290,7 +291,7 @@ def _backward(cfg: KernelConfig, q, k, v, q_meta, k_meta, tiles, out, lse, d_out
       interpret=cfg.interpret,
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary")),
-      name="staircase_dkdv",
+      name="staircase_dkdv", cost_estimate=block_sparse.cost_estimate(cfg, "dkdv", q, k),
   )(tiles.q_tables.reshape(-1), tiles.q_full.reshape(-1), tiles.q_counts.reshape(-1),
     q, k, v, d_out, lse, delta, q_cols, k_rows)
   return dq, dk, dv
@@ -304,8 +305,10 @@ def unsupported(q, k, v) -> str | None:
 
 
 def staircase_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale=None, *,
-                        block_q: int = 128, block_k: int = 128, interpret: bool = False):
-  """Staircase attention, TPU kernel. q [B,Tq,Hq,Dh], k/v [B,Tk,Hkv,Dh] -> [B,Tq,Hq,Dh].
+                        block_q: int = 128, block_k: int = 128, interpret: bool = False,
+                        window: int = 0):
+  """Staircase attention, TPU kernel. q [B,Tq,Hq,Dh], k/v [B,Tk,Hkv,Dh] -> [B,Tq,Hq,Dh];
+  `window` > 0: the rule's sliding window over context keys.
 
   Returns the reason string of `unsupported` instead when it cannot run the case.
   """
@@ -313,10 +316,12 @@ def staircase_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, scale=Non
   if reason:
     return reason
   return block_sparse.attention(BACKEND, q, k, v, q_meta, k_meta, scale=scale,
-                                block_q=block_q, block_k=block_k, interpret=interpret)
+                                block_q=block_q, block_k=block_k, interpret=interpret,
+                                window=window)
 
 
-def count_visited_tiles(q, k, v, q_meta, k_meta, *, block_q=128, block_k=128, interpret=False):
+def count_visited_tiles(q, k, v, q_meta, k_meta, *, block_q=128, block_k=128, interpret=False,
+                        window=0):
   """int32 [B, Hq, nq]: key tiles the forward kernel computed per query tile."""
   return block_sparse.count_visited_tiles(BACKEND, q, k, v, q_meta, k_meta, block_q=block_q,
-                                          block_k=block_k, interpret=interpret)
+                                          block_k=block_k, interpret=interpret, window=window)
