@@ -65,10 +65,12 @@ def test_the_tiny_orl_iteration_compiles_for_v5e_with_the_staircase_kernel(tmp_p
 
 
 def test_a_topology_too_small_gets_a_does_not_fit_paragraph(tmp_path):
-  """The tiny model with a 40M-row vocabulary (a 20 GB embedding, replicated on data=4) on a
-  v5e 2x2 slice (16 GiB a chip): the compiler refuses the program, and the answer is one
-  paragraph naming the program, HBM and how far over — no traceback, exit status 1."""
-  out, result = _compile(tmp_path, *TINY, "--config.model.vocab_size=40000000",
+  """The tiny model with 262144-wide SwiGLU layers at d_model 8192 (two layers of 25.8 GB of
+  float32 weights, replicated on data=4) on a v5e 2x2 slice (16 GiB a chip): the compiler
+  refuses the program, and the answer is one paragraph naming the program, HBM and how far
+  over — no traceback, exit status 1."""
+  out, result = _compile(tmp_path, *TINY, "--config.model.d_model=8192",
+                         "--config.model.mlp_dim=262144",
                          "--target=v5e:2x2", "--programs=decode_prefill")
   assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
   assert "Traceback" not in out.stdout + out.stderr
