@@ -443,6 +443,11 @@ TOO_LONG = {
     "python launch/train.py --config=configs/tiny.py:ablations": "21 ORL runs: a working day",
     "python launch/report.py --workdir=work_dirs/tiny_ablations": "reads the ablation study's",
     "make base": "SFT of the tiny base: 18-33 minutes",
+    "python launch/compile.py --config=configs/sdar.py:8b --target=v5p:2x2x1":
+        "libtpu compiles SDAR-8B's programs: 20-60 minutes on 2 cores (tests/test_compile.py "
+        "runs the same command on the tiny ORL iteration)",
+    "python launch/compile.py --config=configs/llada.py:2.1-mini --target=h100x8 --tpf=4":
+        "XLA's GPU compiler on LLaDA2.1-mini's programs: tens of minutes on 2 cores",
     "make warmup": "400 warm-up steps and their evaluation",
     "python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000": "2000 steps",
     "python launch/train.py --config=configs/tiny.py:warmup": "400 warm-up steps",

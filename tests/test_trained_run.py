@@ -47,8 +47,9 @@ def jsonl_run(tmp_path_factory):
 
 
 def _architecture(model_cfg):
-  """The model without the run-time choices (compute dtype, MoE kernel) a config decides."""
-  return dataclasses.replace(model_cfg, dtype="",
+  """The model without the run-time choices (compute dtype, MoE kernel, per-layer
+  recomputation) a config decides."""
+  return dataclasses.replace(model_cfg, dtype="", remat=False,
                              moe=dataclasses.replace(model_cfg.moe, impl="dense"))
 
 

@@ -75,6 +75,7 @@ def our_config(path: str, residual: str = "none", **decode_overrides):
   c = llada_configs.get_config("8b-base")
   c.model.path, c.model.tokenizer = path, "byte"
   c.task.name = "gsm8k"   # any task: prompts come from `random_prompts`; gsm8k reads no file here
+  c.eval.n_problems = 1   # set-up checks the prompt lengths of the problems scored: just one
   c.model.dtype = c.model.param_dtype = "float32"
   c.model.residual.mode = residual
   c.model.special_tokens.update(dict(mask="<|mask|>", eos="<|eos|>", pad="<|pad|>", bos=""))

@@ -55,10 +55,10 @@ TPU_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v6 lite
 TPU_PREFIX = {"v4": "v4", "v5e": "v5e", "v5p": "v5", "v6e": "v6e", "tpu7x": "tpu7x"}
 # Cloud names `v5e-16`: chips for v5e / v6e, TensorCores (2 a chip) for v4 / v5p
 CLOUD_TOPOLOGIES = {
-    "v5e-4": "v5e:2x2", "v5e-8": "v5e:2x4", "v5e-16": "v5e:4x4", "v5e-32": "v5e:4x8",
-    "v5e-64": "v5e:8x8", "v5e-128": "v5e:8x16", "v5e-256": "v5e:16x16",
-    "v6e-4": "v6e:2x2", "v6e-8": "v6e:2x4", "v6e-16": "v6e:4x4", "v6e-32": "v6e:4x8",
-    "v6e-64": "v6e:8x8", "v6e-128": "v6e:8x16", "v6e-256": "v6e:16x16",
+    "v5e-1": "v5e:1x1", "v5e-4": "v5e:2x2", "v5e-8": "v5e:2x4", "v5e-16": "v5e:4x4",
+    "v5e-32": "v5e:4x8", "v5e-64": "v5e:8x8", "v5e-128": "v5e:8x16", "v5e-256": "v5e:16x16",
+    "v6e-1": "v6e:1x1", "v6e-4": "v6e:2x2", "v6e-8": "v6e:2x4", "v6e-16": "v6e:4x4",
+    "v6e-32": "v6e:4x8", "v6e-64": "v6e:8x8", "v6e-128": "v6e:8x16", "v6e-256": "v6e:16x16",
     "v4-8": "v4:2x2x1", "v4-16": "v4:2x2x2", "v4-32": "v4:2x2x4", "v4-64": "v4:2x4x4",
     "v4-128": "v4:4x4x4",
     "v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2", "v5p-32": "v5p:2x2x4", "v5p-64": "v5p:2x4x4",
