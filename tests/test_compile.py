@@ -86,6 +86,7 @@ def test_unknown_targets_are_refused_in_one_line():
     with pytest.raises(targets.TargetError, match=words):
       targets.parse_target(bad)
   assert targets.parse_target("v5p-8").topology == "v5:2x2x1"
+  assert targets.parse_target("v5e-1").topology == "v5e:1x1"     # Colab's TPU runtime
   assert targets.parse_target("h200x8").devices_per_slice == 8
 
 
