@@ -92,8 +92,14 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None,
   axis_types = (AxisType.Auto,) * len(MESH_AXES)
   dcn = dcn_sizes(dcn)
   if all(d == 1 for d in dcn):   # nothing crosses the DCN: the plain mesh
-    return jax.make_mesh(tuple(sizes) + (expert,), MESH_AXES, axis_types=axis_types,
-                         devices=devices)
+    shape = tuple(sizes) + (expert,)
+    try:
+      return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    except NotImplementedError:
+      # an axis that is no product of the TPU torus' axes (expert=8 on a 4x4x4 v5p slice):
+      # that axis then spans part of a physical axis
+      grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+      return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
   n_granules, process_is_granule = _granules(devices)
   ici, dcn = hybrid_shapes(sizes, dcn, n_granules)
   grid = mesh_utils.create_hybrid_device_mesh(ici + [expert], dcn + [1], devices,

@@ -114,3 +114,19 @@ def test_the_cpu_cost_estimate_counts_a_matmul():
   assert report._host_cost(lowered, 2) == pytest.approx(64 * 32 * 16, rel=0.01)
   mem = compiled.memory_analysis()
   assert mem.argument_size_in_bytes == (64 * 32 + 32 * 16) * 4
+
+
+def test_an_expert_axis_that_splits_a_torus_axis_gets_a_mesh():
+  """DiffusionGemma's expert=8 on a v5p 4x4x4 slice (64 chips): 8 is no product of the torus'
+  axes (4, 4, 4), which `jax.make_mesh` refuses; the mesh then spans part of a physical axis."""
+  script = ("from orl_jax.aot import targets\n"
+            "targets.prepare_host()\n"
+            "from orl_jax import sharding\n"
+            "devices = targets.topology_devices(targets.parse_target('v5p:4x4x4'))\n"
+            "mesh = sharding.make_mesh(1, -1, 1, devices=devices, expert=8)\n"
+            "print(dict(mesh.shape), len(set(mesh.devices.flat)))\n")
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, env=_compile_env())
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().splitlines()[-1] == (
+      "{'data': 1, 'fsdp': 8, 'tensor': 1, 'expert': 8} 64")
