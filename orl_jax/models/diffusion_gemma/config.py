@@ -76,6 +76,7 @@ class DiffusionGemmaConfig:
   param_dtype: str = "float32"
   moe_impl: str = "dense"            # dense | ragged (orl_jax.models.moe expert compute)
   attention_impl: str = "auto"       # packed replay attention (staircase dispatch impl)
+  remat: bool = False                # recompute each layer of the replay forward in the backward
   hf_passthrough: str = ""           # JSON of config.json entries we do not model
 
   def __post_init__(self):

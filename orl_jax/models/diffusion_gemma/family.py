@@ -84,7 +84,7 @@ def architecture_from_hf(hf: dict) -> dict:
   """The `DiffusionGemmaConfig` fields a config.json determines."""
   cfg = DiffusionGemmaConfig.from_hf(hf)
   return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-          if f.name not in ("dtype", "param_dtype", "moe_impl", "attention_impl")}
+          if f.name not in ("dtype", "param_dtype", "moe_impl", "attention_impl", "remat")}
 
 
 def build_model(cfg: DiffusionGemmaConfig, rngs, mesh=None):
@@ -129,7 +129,8 @@ def config_from_run(m, *, vocab_size: int, canvas_length: int, eos_ids=(1,), pad
       n_experts=m.moe.n_experts, top_k=m.moe.top_k, expert_dim=m.moe.expert_dim, layers=layers,
       sliding_window=dg.sliding_window, norm_eps=m.norm_eps, canvas_length=canvas_length,
       pad_id=pad_id, eos_ids=tuple(eos_ids), dtype=m.dtype, param_dtype=m.param_dtype,
-      moe_impl=m.moe.impl, attention_impl=m.attention_impl, hf_passthrough=hf_passthrough)
+      moe_impl=m.moe.impl, attention_impl=m.attention_impl, remat=m.get("remat", False),
+      hf_passthrough=hf_passthrough)
 
 
 def model_config(m, *, block_size: int, vocab_size: int = 0, hf_config: dict | None = None,
@@ -145,7 +146,8 @@ def model_config(m, *, block_size: int, vocab_size: int = 0, hf_config: dict | N
     return config_from_run(m, vocab_size=vocab_size or m.vocab_size, canvas_length=block_size,
                            **special)
   cfg = DiffusionGemmaConfig.from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype,
-                                     moe_impl=m.moe.impl, attention_impl=m.attention_impl)
+                                     moe_impl=m.moe.impl, attention_impl=m.attention_impl,
+                                     remat=m.get("remat", False))
   if cfg.canvas_length != block_size:
     raise ValueError(f"canvas_length={cfg.canvas_length}: set decode.block_size="
                      f"{cfg.canvas_length} (it is {block_size})")

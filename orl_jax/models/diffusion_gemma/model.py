@@ -399,16 +399,24 @@ class DiffusionGemma(nnx.Module):
     norm_ratio = (jnp.sum(jnp.where(carrying, norm(delta) / jnp.maximum(norm(embeds), 1e-12), 0))
                   / jnp.maximum(jnp.sum(carrying), 1))
     b, t = tokens.shape
+    mesh = mesh or self.mesh
     for i, layer in enumerate(self.layers):
       window = cfg.sliding_window if layer.attn.spec.sliding else 0
 
-      def attention_fn(h, layer=layer, window=window):
-        q, k, v = layer.attn.project(h, positions)
-        out = staircase_attention(q, k, v, meta, meta, impl=cfg.attention_impl, scale=1.0,
-                                  mesh=mesh or self.mesh, window=window)
-        return out.reshape(b, t, -1)
+      def run(layer_state, x, layer_routes, graph=nnx.graphdef(layer), window=window):
+        layer = nnx.merge(graph, layer_state)
 
-      scalar = jnp.where(is_state[..., None], layer.layer_scalar[...],
-                         layer.commit_layer_scalar[...])
-      x, _ = layer(x, attention_fn, scalar, None if routes is None else routes[i])
+        def attention_fn(h):
+          q, k, v = layer.attn.project(h, positions)
+          out = staircase_attention(q, k, v, meta, meta, impl=cfg.attention_impl, scale=1.0,
+                                    mesh=mesh, window=window)
+          return out.reshape(b, t, -1)
+
+        scalar = jnp.where(is_state[..., None], layer.layer_scalar[...],
+                           layer.commit_layer_scalar[...])
+        return layer(x, attention_fn, scalar, layer_routes)[0]
+      # functional (split state in, nothing written back), as the block-diffusion transformer:
+      # the frozen reference of the KL anchor is built outside the gradient's trace
+      run = jax.checkpoint(run) if cfg.remat else run
+      x = run(nnx.state(layer), x, None if routes is None else routes[i])
     return self.final_norm(x), None, norm_ratio
