@@ -138,9 +138,8 @@ def refusal(program: Program, target: Target, error: BaseException) -> str:
   where = f"{program.name} ({program.role}) does not compile for {target.label}"
   m = _HBM.search(text)
   if m:
-    unit = {"G": 2**30, "M": 2**20, "K": 2**10}
-    need = float(m.group("need")) * unit[m.group("u")]
-    have = float(m.group("have")) * unit[m.group("v")]
+    need = float(m.group("need")) * _UNIT[m.group("u")]
+    have = float(m.group("have")) * _UNIT[m.group("v")]
     return (f"{where}: its {m.group('what').strip()} need {_gb(need)} per device, "
             f"{_gb(need - have)} more than the {_gb(have)} of HBM a device has. Shard it "
             "over more devices (mesh.fsdp / mesh.tensor), a larger topology, or fewer rows "
