@@ -30,7 +30,7 @@ def compile_run(config, target: targets_lib.Target, *, programs: list[str] | Non
                 progress: Callable[[str], None] | None = None) -> CompileResult:
   """Compiles the programs of `config` (all, or those named in `programs`) for `target`."""
   devices = targets_lib.topology_devices(target)
-  built = programs_lib.orl_programs(config, devices, target.platform)
+  built = programs_lib.orl_programs(config, devices, target.platform, target.gpu)
   chosen = built.programs
   if programs:
     unknown = sorted(set(programs) - {p.name for p in chosen})

@@ -31,7 +31,7 @@ from orl_jax.replay import ReplayPlan
 from orl_jax.train import state as state_lib
 from orl_jax.train.orl import build_orl_steps, sharded_like
 from orl_jax.train.setup import Run, Setup, check_divisible_by_shards, needs_reference
-from pallas_kernels.staircase_attention import target_platform
+from pallas_kernels.platform import GpuTarget, target_platform
 
 # How often a program runs: once per ORL iteration, once per decoded forward of a rollout,
 # once per rollout (the prompt's prefill), or in the decode launcher (not in the iteration).
@@ -176,7 +176,7 @@ def _train_programs(steps, state, batch, key, resident: int) -> list[Program]:
               lambda: update.update.lower(state, loss, metrics, grads), resident)]
 
 
-def orl_programs(config, devices, platform: str) -> ProgramSet:
+def orl_programs(config, devices, platform: str, gpu: GpuTarget | None = None) -> ProgramSet:
   """Every jitted program of one ORL iteration of `config` on a mesh of `devices` (and the
   decode launcher's decoder), traced for `platform` when lowered."""
   config = copy.deepcopy(config)
@@ -193,7 +193,7 @@ def orl_programs(config, devices, platform: str) -> ProgramSet:
   run = Run(graphdef, state, state_sh, optimizer, ckpt=None)
   o, p_len = config.orl, config.task.prompt_len
   rows, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
-  with target_platform(platform):
+  with target_platform(platform, gpu):
     steps = build_orl_steps(setup, run, prompt_iter=None)
     prompts = _placed((o.prompts_per_step, p_len), jnp.int32, rows)
     valid = _placed((o.prompts_per_step, p_len), jnp.bool_, rows)

@@ -22,7 +22,7 @@ import jax
 
 from orl_jax.aot.programs import DECODE, PER_FORWARD, PER_ITERATION, PER_ROLLOUT, Program
 from orl_jax.aot.targets import GIB, DeviceBudget, Target
-from pallas_kernels.staircase_attention import target_platform
+from pallas_kernels.platform import target_platform
 
 # JAX keeps this fraction of a GPU's memory for its buffers unless told otherwise
 GPU_MEMORY_FRACTION_DEFAULT = 0.75
@@ -167,7 +167,7 @@ def compile_program(program: Program, target: Target, n_devices: int) -> Program
   report = ProgramReport(program.name, program.role, program.runs, 0.0,
                          resident_bytes=program.resident_bytes)
   try:
-    with target_platform(target.platform):
+    with target_platform(target.platform, target.gpu):
       lowered = program.lower()
     compiled = lowered.compile()
   except Exception as e:   # noqa: BLE001 - the compiler's refusal is the answer

@@ -21,6 +21,10 @@ import math
 import os
 import re
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:    # jax is imported only once the compilers are set up (`prepare_host`)
+  from pallas_kernels.platform import GpuTarget
 
 GIB = 2 ** 30
 SPECS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_specs")
@@ -82,6 +86,20 @@ class Target:
   n_slices: int = 1       # TPU slices, or GPU nodes
   devices_per_slice: int = 0
   spec_file: str = ""     # GPU: the target description
+
+  @property
+  def gpu(self) -> GpuTarget | None:
+    """The GPU a `cuda` target describes (generation and SM count, from its spec file)."""
+    from pallas_kernels.platform import GpuTarget
+    if self.platform != "cuda":
+      return None
+    with open(self.spec_file) as f:
+      spec = f.read()
+    cc = re.search(r"cuda_compute_capability\s*{\s*major:\s*(\d+)\s*minor:\s*(\d+)", spec)
+    sms = re.search(r"core_count:\s*(\d+)", spec)
+    if not cc or not sms:
+      raise TargetError(f"{self.spec_file}: no cuda_compute_capability / core_count")
+    return GpuTarget((int(cc.group(1)), int(cc.group(2))), int(sms.group(1)))
 
   @property
   def label(self) -> str:

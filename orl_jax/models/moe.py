@@ -9,8 +9,9 @@ groups are kept, and the top-k biased scores inside them pick the experts. The w
 
 Expert compute (`impl`, chosen by config, never silently):
 * ``"ragged"`` — dropless: the (token, expert) assignments are sorted by expert and the SwiGLU
-  runs as three `jax.lax.ragged_dot`s (native grouped matmul on TPU/GPU; on CPU it expands to a
-  dense `[E, m, k]` product, so it is for tiny tests there).
+  runs as three grouped matmuls (`pallas_kernels.grouped_matmul.ragged_dot`: `jax.lax.ragged_dot`,
+  native on TPU; jax's Mosaic GPU kernels on Hopper GPUs, where XLA would expand it over every
+  expert; on CPU a dense `[E, m, k]` expansion, so it is for tiny tests there).
 * ``"dense"``  — every expert on every token, combined with the routing weights (zero for the
   experts a token did not choose): the tiny-CPU fallback and the oracle of the ragged path.
 
@@ -45,7 +46,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels.staircase_attention import current_platform
+from pallas_kernels import grouped_matmul
+from pallas_kernels.platform import current_platform
 
 IMPLS = ("ragged", "dense")
 EXCHANGES = ("auto", "all_to_all", "ragged_all_to_all")
@@ -160,9 +162,9 @@ def ragged_experts(x, routed: RoutedTokens, w: ExpertWeights, expert_offset=0, a
   group_sizes = jnp.bincount(sort_key, length=n_local + 1)[:n_local].astype(jnp.int32)
   token_of = order // k                                                  # [N*K] source token
   xs = x[token_of]
-  h = (act(jax.lax.ragged_dot(xs, w.gate, group_sizes))
-       * jax.lax.ragged_dot(xs, w.up, group_sizes))
-  ys = jax.lax.ragged_dot(h, w.down, group_sizes, preferred_element_type=jnp.float32)
+  h = (act(grouped_matmul.ragged_dot(xs, w.gate, group_sizes))
+       * grouped_matmul.ragged_dot(xs, w.up, group_sizes))
+  ys = grouped_matmul.ragged_dot(h, w.down, group_sizes, preferred_element_type=jnp.float32)
   # Rows past sum(group_sizes) belong to no local expert: select, never multiply (their
   # content is unspecified on some backends).
   weight = routed.weights.reshape(-1)[order]
@@ -232,7 +234,7 @@ def _send_plan(ids, n_local: int, n_dev: int):
   return (order % n).astype(jnp.int32), (order // n).astype(jnp.int32), send_sizes
 
 
-def _exchange_experts(x, routed: RoutedTokens, w: ExpertWeights, collective):
+def _exchange_experts(x, routed: RoutedTokens, w: ExpertWeights, collective, act=jax.nn.silu):
   """Per device inside `shard_map`: the routed-expert output [n, D] of the local tokens x [n, D];
   the (token, device) pairs the routes need, packed by destination, travel through `collective`
   (`ragged_all_to_all` or `padded_all_to_all`) and their outputs come back the same way."""
@@ -251,21 +253,55 @@ def _exchange_experts(x, routed: RoutedTokens, w: ExpertWeights, collective):
   ids = routed.expert_ids[token]
   kept_ids = jnp.where(ids // n_local == dest[:, None], ids, -1)      # the destination's only
   got = RoutedTokens(send(kept_ids, -1), send(routed.weights[token], 0), None)   # [P*n, K]
-  y = ragged_experts(send(x[token], 0), got, w, me * n_local)                  # [P*n, D]
+  y = ragged_experts(send(x[token], 0), got, w, me * n_local, act=act)         # [P*n, D]
   back = collective(y, jnp.zeros((token.shape[0], d), y.dtype), slices.reverse(), n)
   back = jnp.where(sent[:, None], back, 0).astype(jnp.float32)
   return jnp.zeros((n, d), jnp.float32).at[token].add(back).astype(x.dtype)
+
+
+def expert_axis_size() -> int:
+  """The size of the mesh axis "expert" of the mesh set with `jax.set_mesh` (1 without)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return dict(mesh.shape).get(EXPERT_AXIS, 1) if mesh.axis_names else 1
+
+
+def _expert_mesh_and_token_spec():
+  mesh = jax.sharding.get_abstract_mesh()
+  if EXPERT_AXIS not in mesh.axis_names:
+    raise ValueError("model.moe.expert_parallel needs a mesh with an 'expert' axis set with "
+                     f"jax.set_mesh(...); the current mesh has axes {mesh.axis_names}")
+  return mesh, P(tuple(a for a in mesh.axis_names if a in _TOKEN_AXES) + (EXPERT_AXIS,))
+
+
+def expert_parallel_experts(x, routed: RoutedTokens, w: ExpertWeights, exchange: str = "auto",
+                            act=jax.nn.silu) -> jax.Array:
+  """`ragged_experts` of routes the caller computed, with the experts split over the mesh axis
+  "expert" (module docstring): the tokens, their expert ids and weights split like the batch,
+  each device exchanges its own. x: [N, D] -> [N, D]."""
+  mesh, token_spec = _expert_mesh_and_token_spec()
+  experts = exchange_experts(exchange)
+  shards = 1
+  for axis in token_spec[0]:
+    shards *= dict(mesh.shape)[axis]
+  n = x.shape[0]
+  pad = -n % shards       # filler tokens (no expert: sent nowhere) make the tokens split evenly
+  ids = jnp.pad(routed.expert_ids, ((0, pad), (0, 0)), constant_values=-1)
+  weights = jnp.pad(routed.weights, ((0, pad), (0, 0)))
+
+  def local(x, ids, weights, w):
+    return experts(x, RoutedTokens(ids, weights, None), w, act=act)
+
+  y = jax.shard_map(local, mesh=mesh, in_specs=(token_spec,) * 3 + (P(EXPERT_AXIS),),
+                    out_specs=token_spec, check_vma=False)(jnp.pad(x, ((0, pad), (0, 0))),
+                                                           ids, weights, w)
+  return y[:n]
 
 
 def _expert_parallel(x, logits, expert_bias, given_ids, w: ExpertWeights,
                      cfg: MoEConfig) -> tuple[jax.Array, RoutedTokens]:
   """`route` + `ragged_experts` with the experts split over the mesh axis "expert": each device
   routes its own tokens and exchanges them (module docstring). x: [N, D], logits: [N, E]."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if EXPERT_AXIS not in mesh.axis_names:
-    raise ValueError("model.moe.expert_parallel needs a mesh with an 'expert' axis set with "
-                     f"jax.set_mesh(...); the current mesh has axes {mesh.axis_names}")
-  token_spec = P(tuple(a for a in mesh.axis_names if a in _TOKEN_AXES) + (EXPERT_AXIS,))
+  mesh, token_spec = _expert_mesh_and_token_spec()
   experts = exchange_experts(cfg.exchange)
 
   def local(x, logits, expert_bias, w, *given_ids):

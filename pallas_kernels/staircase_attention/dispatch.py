@@ -23,7 +23,6 @@ With a `mesh`, a kernel runs inside `jax.shard_map`: rows split over the mesh's 
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from typing import Callable, NamedTuple
@@ -31,6 +30,7 @@ from typing import Callable, NamedTuple
 import jax
 from jax.sharding import PartitionSpec as P
 
+from pallas_kernels.platform import current_platform, target_platform  # noqa: F401 (re-export)
 from pallas_kernels.staircase_attention import gpu, splash, tpu
 from pallas_kernels.staircase_attention.meta import TokenMeta
 from pallas_kernels.staircase_attention.reference import staircase_attention_reference
@@ -60,29 +60,7 @@ KERNELS = {
 }
 AUTO = {"tpu": ("splash", "pallas"), "gpu": ("pallas",)}  # platform -> impls tried; else xla
 
-_target: list[str] = []
 _warned: set[str] = set()
-
-
-@contextlib.contextmanager
-def target_platform(platform: str):
-  """Traces attention for `platform` (`tpu`, `cuda`, `gpu`, `cpu`) instead of this host's.
-
-  `jit` caches traces without knowing this setting, so the caches are cleared on entry and exit
-  (a function traced for the host is retraced for the target, and the other way round).
-  """
-  jax.clear_caches()
-  _target.append(platform)
-  try:
-    yield
-  finally:
-    _target.pop()
-    jax.clear_caches()
-
-
-def current_platform() -> str:
-  platform = _target[-1] if _target else jax.default_backend()
-  return "gpu" if platform in ("cuda", "rocm") else platform
 
 
 def _warn_once(msg: str) -> None:
