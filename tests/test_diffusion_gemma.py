@@ -13,6 +13,7 @@ Install the references with: pip install torch==2.13.0 transformers==5.24.0
 import json
 import os
 import shutil
+import textwrap
 from unittest import mock
 
 import jax
@@ -470,15 +471,18 @@ def test_missing_tensor_is_named(hf_dirs, tmp_path):
     dg_hf.load_dir(str(broken))
 
 
+SMALL_MOE = dict(vocab_size=40, d_model=16, n_heads=2, mlp_dim=24, n_experts=4, top_k=2,
+                 expert_dim=8, sliding_window=3, canvas_length=6, dtype="float32",
+                 param_dtype="float32",
+                 layers=(AttentionSpec(SLIDING, 8, 1),
+                         AttentionSpec(FULL, 16, 1, "proportional", 1e6, 0.25)))
+
+
 def test_ragged_experts_equal_dense_experts():
   """The dropless grouped (`ragged_dot`) expert compute with the GELU gate equals the dense
   oracle, through a whole commit forward and decoder step."""
-  layers = (AttentionSpec(SLIDING, 8, 1), AttentionSpec(FULL, 16, 1, "proportional", 1e6, 0.25))
-  small = dict(vocab_size=40, d_model=16, n_heads=2, mlp_dim=24, n_experts=4, top_k=2,
-               expert_dim=8, layers=layers, sliding_window=3, canvas_length=6,
-               dtype="float32", param_dtype="float32")
-  dense = dg.DiffusionGemma(release_26b_a4b(**small), rngs=nnx.Rngs(0))
-  ragged = dg.DiffusionGemma(release_26b_a4b(**small, moe_impl="ragged"), rngs=nnx.Rngs(0))
+  dense = dg.DiffusionGemma(release_26b_a4b(**SMALL_MOE), rngs=nnx.Rngs(0))
+  ragged = dg.DiffusionGemma(release_26b_a4b(**SMALL_MOE, moe_impl="ragged"), rngs=nnx.Rngs(0))
   prompt = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 5)), jnp.int32)
   canvas = prompt[:, :3].repeat(2, axis=1)
   outs = []
@@ -486,3 +490,54 @@ def test_ragged_experts_equal_dense_experts():
     cache = model.commit_forward(prompt, dg.init_cache(model.cfg, 2, 5)).cache
     outs.append(model.decode_forward(canvas, cache).logits)
   np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+_EXPERT_AXIS_SCRIPT = textwrap.dedent("""
+  import jax
+  jax.config.update("jax_num_cpu_devices", 4)
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+  from orl_jax import sharding
+  from orl_jax.models.diffusion_gemma import family, model as dg
+  from orl_jax.models.diffusion_gemma.config import release_26b_a4b
+  from tests.test_diffusion_gemma import SMALL_MOE
+
+  cfg = release_26b_a4b(**SMALL_MOE, moe_impl="ragged")
+  class Block(nnx.Module):       # the parameter paths of a layer's `moe.*`
+    def __init__(self):
+      self.moe = dg.MoE(cfg, nnx.Rngs(0))
+
+  graphdef, params = nnx.split(Block())
+  keys = jax.random.split(jax.random.key(1), 2)
+  route_in, expert_in = (jax.random.normal(k, (2, 5, 16), jnp.float32) for k in keys)
+
+  def loss(params, route_in, expert_in):
+    y, ids = nnx.merge(graphdef, params).moe(route_in, expert_in)
+    return jnp.sum(jnp.sin(y)), ids
+
+  grad = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+  want, want_ids = grad(params, route_in, expert_in)
+  for sizes in (dict(expert=4), dict(data=2, expert=2)):
+    mesh = sharding.make_mesh(**sizes)
+    with jax.set_mesh(mesh):
+      placed = jax.device_put(params, sharding.tree_shardings(params, mesh,
+                                                              family.PARTITION_RULES))
+      assert placed["moe"]["gate_proj"].sharding.spec[0] == "expert"
+      text = jax.jit(grad).lower(placed, route_in, expert_in).as_text()
+      got, ids = jax.jit(grad)(placed, route_in, expert_in)
+    assert "all_to_all" in text, "the experts' tokens are not exchanged"
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      scale = float(jnp.max(jnp.abs(w))) + 1e-30
+      assert float(jnp.max(jnp.abs(g - w))) <= 1e-5 * scale, sizes
+  print("DG_EXPERT_AXIS_OK")
+""")
+
+
+def test_experts_split_over_the_expert_axis_equal_one_device():
+  """With a mesh `expert` axis, DiffusionGemma's experts run where their weights are (tokens
+  exchanged inside shard_map, 10 tokens padded to split over 4 devices): values, captured
+  expert ids and gradients equal one device's."""
+  from tests.test_moe import _run_on_4_cpu_devices
+  _run_on_4_cpu_devices(_EXPERT_AXIS_SCRIPT, "DG_EXPERT_AXIS_OK")

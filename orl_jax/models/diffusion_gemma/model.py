@@ -35,7 +35,8 @@ import numpy as np
 from flax import nnx
 
 from orl_jax.models.diffusion_gemma.config import AttentionSpec, DiffusionGemmaConfig
-from orl_jax.models.moe import ExpertWeights, RoutedTokens, dense_experts, ragged_experts
+from orl_jax.models.moe import (ExpertWeights, RoutedTokens, dense_experts, expert_axis_size,
+                                 expert_parallel_experts, ragged_experts)
 from orl_jax.residual import Residual, RMSNorm
 from pallas_kernels.staircase_attention import KIND_STATE, TokenMeta
 from pallas_kernels.staircase_attention import attention as staircase_attention
@@ -229,8 +230,13 @@ class MoE(nnx.Module):
     w = ExpertWeights(*(p[...].astype(self.dtype)
                         for p in (self.gate_proj, self.up_proj, self.down_proj)))
     flat = expert_input.reshape(b * t, d).astype(self.dtype)
-    compute = ragged_experts if self.impl == "ragged" else dense_experts
-    y = compute(flat, routed, w, act=functools.partial(gelu, approximate=self.approximate))
+    act = functools.partial(gelu, approximate=self.approximate)
+    if self.impl != "ragged":
+      y = dense_experts(flat, routed, w, act=act)
+    elif expert_axis_size() > 1:     # experts split over the mesh: exchange the tokens
+      y = expert_parallel_experts(flat, routed, w, act=act)
+    else:
+      y = ragged_experts(flat, routed, w, act=act)
     return y.reshape(b, t, d), routed.expert_ids.reshape(b, t, -1)
 
 
