@@ -18,7 +18,11 @@ Per row, tokens, `nfe`, `nfe_engine`, `n_generated` and the captured states are 
 decoding that prompt alone with `decoding.decode` (same counting rules, same block placement:
 the queue's prompts are placed on the block grid once, `decoding.place_prompts`), provided the
 row's randomness is its own: prompt q samples with key `fold_in(key, q)`, whichever row decodes
-it.
+it. A denoising step is the lock-step decoder's own (`decoding.take_step`: the masked head, the
+commit/edit rule, capture), each row at its own block and step with its own key. With
+`capture_routes` (MoE) the slab's routes are recorded per prompt as the lock-step decoder
+records them: each step's with its state, the prefill blocks' and the commit forwards' in
+`RouteCapture.prompt` / `.clean`, so replay routes every token as the rollout did.
 """
 from __future__ import annotations
 
