@@ -202,14 +202,11 @@ def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def _schedule_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """decode.schedule: a known value; the per-row engine does not capture MoE routes yet;
-  orl.rollout_rows: rows of the per-row engine, at most one per rollout response."""
+  """decode.schedule: a known value; orl.rollout_rows: rows of the per-row engine, at most one
+  per rollout response."""
   schedule, o, errors = config.decode.schedule, config.orl, []
   if schedule not in SCHEDULES:
     errors.append(f"decode.schedule={schedule!r} must be one of {SCHEDULES}")
-  elif schedule == "per_row" and o.capture_routes:
-    errors.append("decode.schedule='per_row' does not capture MoE routes yet: set "
-                  "orl.capture_routes=False or decode.schedule='lockstep'")
   rows, n_responses = o.rollout_rows, o.prompts_per_step * o.group_size
   if rows < 0:
     errors.append(f"orl.rollout_rows={rows} must be >= 0 (0 = one row per rollout response)")

@@ -169,6 +169,16 @@ def empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None) 
                  block_final=i32(b_rows, cfg.max_blocks * b))
 
 
+def new_capture(model: Transformer, cfg: DecodeConfig, b_rows: int, p: int) -> Capture | None:
+  """The empty capture of a decode of `b_rows` prompts of length `p` (None without
+  `capture_states`), with the route buffers of `capture_routes`."""
+  if not cfg.capture_states:
+    return None
+  mcfg = model.cfg
+  route_dims = (p, mcfg.n_moe_layers, mcfg.moe.top_k) if cfg.capture_routes else None
+  return empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
+
+
 def record_state(cap: Capture, do: jax.Array, routes=None, rows=None, **fields) -> Capture:
   """Writes one state per row where `do` [B] is true (mode='drop' past the buffer's end).
   routes: the step's [L_moe, B, b, K] expert ids (with `capture_routes`). rows: [B] int32 the
@@ -457,11 +467,28 @@ def head_widths(block_size: int) -> tuple[int, ...]:
   return tuple(widths)
 
 
-def propose_masked(cv: Canvas, hidden, masked, key) -> Proposal:
+def step_noise(cfg: DecodeConfig, key, shape, per_row: bool = False):
+  """The Gumbel noise [B, b, V] a sampled step adds to the logits (None when greedy): drawn
+  from one `key` for the whole batch, or with `per_row` from [B] keys, row r's from key[r]
+  alone (the noise a decode of that row alone with key[r] draws)."""
+  if cfg.temperature == 0:
+    return None
+  if per_row:
+    return jax.vmap(lambda k: jax.random.gumbel(k, shape[1:], jnp.float32))(key)
+  return jax.random.gumbel(key, shape, jnp.float32)
+
+
+def step_key(key, block, step):
+  """The key of step `step` of block `block` of a decode sampling with `key`."""
+  return jax.random.fold_in(jax.random.fold_in(key, block), step)
+
+
+def propose_masked(cv: Canvas, hidden, masked, key, per_row: bool = False) -> Proposal:
   """The head and the proposal at the masked positions only (`cfg.masked_head`): each row's
   masked positions are gathered into the smallest width of `head_widths` that holds every
   row's, and the results scattered back. Sampling adds the Gumbel noise `propose` would draw
-  for the whole block at the same positions, so tokens equal the whole-block head's."""
+  for the whole block at the same positions (`step_noise`), so tokens equal the whole-block
+  head's."""
   cfg, mcfg = cv.cfg, cv.model.cfg
   b_rows, b = masked.shape
   widths = head_widths(b)
@@ -469,8 +496,7 @@ def propose_masked(cv: Canvas, hidden, masked, key) -> Proposal:
   branch = jnp.sum(jnp.asarray(widths) >= n_masked) - 1       # the smallest width >= n_masked
   order = jnp.argsort(~masked, axis=-1, stable=True)           # masked positions first
   rows = jnp.arange(b_rows)[:, None]
-  noise = (None if cfg.temperature == 0 else
-           jax.random.gumbel(key, (b_rows, b, mcfg.vocab_size), jnp.float32))
+  noise = step_noise(cfg, key, (b_rows, b, mcfg.vocab_size), per_row)
 
   def at_width(w):
     def run(_):
@@ -490,12 +516,16 @@ def propose_masked(cv: Canvas, hidden, masked, key) -> Proposal:
   return Proposal(cand, conf, ent, soft, None)
 
 
-def propose_step(cv: Canvas, hidden, masked, key) -> Proposal:
-  """The step's proposal from the block's hidden states [B, b, D]."""
-  if not cv.cfg.full_head:
-    return propose_masked(cv, hidden, masked, key)
+def propose_step(cv: Canvas, hidden, masked, key, per_row: bool = False) -> Proposal:
+  """The step's proposal from the block's hidden states [B, b, D]: the head at the `masked`
+  [B, b] positions only, or at every position where the step reads them all (`full_head`).
+  key: the step's key, or with `per_row` [B] keys, one per row (`step_noise`)."""
+  cfg = cv.cfg
+  if not cfg.full_head:
+    return propose_masked(cv, hidden, masked, key, per_row)
   logits = cv.model.head(hidden)
-  cand, conf, ent = propose(logits, key, cv.cfg.temperature)
+  cand, conf, ent = propose(logits, None, cfg.temperature,
+                            step_noise(cfg, key, logits.shape, per_row))
   return Proposal(cand, conf, ent, soft_embedding(cv, logits), logits)
 
 
@@ -548,21 +578,40 @@ def capture_step(cfg: DecodeConfig, cap: Capture | None, need, logits, tokens, r
                       topk_logprobs=top_lp, commit=write)
 
 
+def take_step(cv: Canvas, hidden, need, key, tokens, res: Residual, post, settled, *, block,
+              step, fixed, routes=None, cap: Capture | None = None, cap_rows=None,
+              per_row: bool = False) -> tuple[StepUpdate, Capture | None]:
+  """One denoising step (DESIGN §2.2 steps 2-4; with editing, the LLaDA2.1 token-to-token
+  rewrites of the same forward) of the rows `need` [B], from the active block's final hidden
+  states [B, b, D]: the proposal (`propose_step`: the head at the masked positions of the rows
+  that step, or everywhere where every position is read), the commit/edit rule and the residual
+  update (`denoise_update`; the `fixed` [B, b] prompt positions are never edited), and the
+  capture of the state the step consumed (`capture_step`, as block `block` [B], step `step`
+  [B], with the forward's `routes`, at capture rows `cap_rows`). key: the step's key, or with
+  `per_row` [B] keys (`step_key` of each row's own decode). The one denoising step of both
+  block decoders (`decode`; `orl_jax.engine`, each row at its own block and step).
+  -> (StepUpdate, cap)."""
+  cfg = cv.cfg
+  masked = (tokens == cfg.mask_id) & need[:, None]
+  prop = propose_step(cv, hidden, masked, key, per_row)
+  editable = ~fixed if cfg.editing else None
+  up = denoise_update(cv, tokens, res, post, settled, need, prop, editable)
+  cap = capture_step(cfg, cap, need, prop.logits, tokens, res, up.write, block=block,
+                     step=step, routes=routes, rows=cap_rows)
+  return up, cap
+
+
 def _denoise_step(cv: Canvas, step_hidden, active, j, key, c: _Step) -> _Step:
-  """One denoising step of block j (DESIGN §2.2 steps 1-4; with editing, the LLaDA2.1
-  token-to-token rewrites of the same forward), capturing the state it consumed.
+  """One denoising step of block j (`take_step`) for every row that needs it.
   step_hidden: `_Step -> ([B, b, D] final hidden states, routes or None)`, the step's forward."""
   cfg, b_rows = cv.cfg, cv.b_rows
-  masked = c.tokens == cfg.mask_id
   need = needs_step(cfg, active, c.tokens, c.post, c.settled)              # [B]
   hidden, routes = step_hidden(c)                                          # [B, b, D]
-  step_key = jax.random.fold_in(jax.random.fold_in(key, j), c.step)
-  prop = propose_step(cv, hidden, masked, step_key)
-  editable = ~fixed_positions(j, cv.lead, cfg.block_size) if cfg.editing else None
-  up = denoise_update(cv, c.tokens, c.res, c.post, c.settled, need, prop, editable)
-  cap = capture_step(cfg, c.cap, need, prop.logits, c.tokens, c.res, up.write,
-                     block=jnp.full((b_rows,), j, jnp.int32),
-                     step=jnp.full((b_rows,), c.step, jnp.int32), routes=routes)
+  at = lambda x: jnp.full((b_rows,), x, jnp.int32)
+  up, cap = take_step(cv, hidden, need, step_key(key, j, c.step), c.tokens, c.res, c.post,
+                      c.settled, block=at(j), step=at(c.step),
+                      fixed=fixed_positions(j, cv.lead, cfg.block_size), routes=routes,
+                      cap=c.cap)
   return _Step(up.tokens, up.res, c.step + 1, c.nfe + need.astype(jnp.int32), up.post,
                up.settled, cap)
 
@@ -694,9 +743,10 @@ def final_blocks(blocks, lead, n_generated, finished, cfg: DecodeConfig):
   return jnp.where((pos >= cut) | (blocks == cfg.mask_id), cfg.eos_id, blocks).astype(jnp.int32)
 
 
-def _check_route_capture(model: Transformer, cfg: DecodeConfig):
+def check_route_capture(model: Transformer, cfg: DecodeConfig):
   """Route capture needs an MoE model decoded block-causally through the KV cache (the only
-  decoder whose forwards match the packed replay rows token for token)."""
+  decoding whose forwards match the packed replay rows token for token; the lock-step decoder
+  and the per-row engine both check here)."""
   if not cfg.capture_routes:
     return
   mcfg = model.cfg
@@ -716,7 +766,7 @@ def _check_decode(model: Transformer, cfg: DecodeConfig, p: int):
   if p % b:
     raise ValueError(f"prompt length {p} must be a multiple of the block size {b} "
                      "(left-pad prompts to a block boundary)")
-  _check_route_capture(model, cfg)
+  check_route_capture(model, cfg)
   if cfg.cache != "none" and mcfg.attention != "bidirectional":
     raise ValueError(f"decode.cache={cfg.cache!r} caches a bidirectional canvas; "
                      f"model.attention={mcfg.attention!r} decodes through its exact KV cache: "
@@ -744,7 +794,6 @@ def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, 
 def _start(model: Transformer, prompt_tokens, prompt_valid, cfg: DecodeConfig):
   """(Canvas, the placed prompts, the canvas [B, P + M*b] with the first block in place, an
   empty capture or None) of a decode of left-padded prompts [B, P]."""
-  mcfg = model.cfg
   b_rows, p = prompt_tokens.shape
   width = p + cfg.max_blocks * cfg.block_size
   _check_decode(model, cfg, p)
@@ -757,11 +806,7 @@ def _start(model: Transformer, prompt_tokens, prompt_valid, cfg: DecodeConfig):
   canvas_meta = make_meta(jnp.where(canvas_valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
   cv = Canvas(model, cfg, b_rows, p, canvas_valid, canvas_pos, canvas_meta,
                model.embedding_table, grid.lead)
-  cap = None
-  if cfg.capture_states:
-    route_dims = (p, mcfg.n_moe_layers, mcfg.moe.top_k) if cfg.capture_routes else None
-    cap = empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
-  return cv, grid, canvas, cap
+  return cv, grid, canvas, new_capture(model, cfg, b_rows, p)
 
 
 def _has_cache(cv: Canvas) -> bool:

@@ -18,7 +18,11 @@ Per row, tokens, `nfe`, `nfe_engine`, `n_generated` and the captured states are 
 decoding that prompt alone with `decoding.decode` (same counting rules, same block placement:
 the queue's prompts are placed on the block grid once, `decoding.place_prompts`), provided the
 row's randomness is its own: prompt q samples with key `fold_in(key, q)`, whichever row decodes
-it.
+it. A denoising step is the lock-step decoder's own (`decoding.take_step`: the masked head, the
+commit/edit rule, capture), each row at its own block and step with its own key. With
+`capture_routes` (MoE) the slab's routes are recorded per prompt as the lock-step decoder
+records them: each step's with its state, the prefill blocks' and the commit forwards' in
+`RouteCapture.prompt` / `.clean`, so replay routes every token as the rollout did.
 """
 from __future__ import annotations
 
@@ -30,11 +34,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.decode_types import Capture, DecodeOutput
-from orl_jax.decoding import (Canvas, DecodeConfig, Proposal, StepSizedJit,
-                              capture_step, denoise_update, empty_capture, final_blocks,
-                              finished_response, fixed_positions, needs_step,
-                              place_for_decoder, propose, row_blocks, soft_embedding)
+from orl_jax.decode_types import Capture, DecodeOutput, token_major_routes
+from orl_jax.decoding import (Canvas, DecodeConfig, StepSizedJit, check_route_capture,
+                              final_blocks, finished_response, fixed_positions, needs_step,
+                              new_capture, place_for_decoder, row_blocks, step_key, take_step)
 from orl_jax.models.transformer import Transformer, init_cache, write_at
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
@@ -178,16 +181,19 @@ def _slab_inputs(eng: _Engine, rows: _Rows):
 
 
 def _forward(eng: _Engine, rows: _Rows, cache):
-  """The iteration's one forward. -> (logits [B, b, V] of each row's active block, cache)."""
+  """The iteration's one forward. -> (final hidden states [B, b, D] of each row's slab or
+  active block, the MoE routes of the slab [L_moe, B, b, K] with `capture_routes` (else None),
+  cache)."""
   model, b = eng.cv.model, eng.cfg.block_size
   denoise = rows.phase == DENOISE
   res = jax.tree.map(lambda x: jnp.where(denoise.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0),
                      rows.res)
   if not eng.cv.bidirectional:
     tokens, positions, meta, offset = _slab_inputs(eng, rows)
-    out = model(tokens, positions, meta, residual=res, cache=cache, cache_mode="write",
-                cache_offset=offset)
-    return out.logits, out.cache
+    hidden, cache, _, routing = model.hidden_states_and_routing(
+        tokens, positions, meta, residual=res, cache=cache, cache_mode="write",
+        cache_offset=offset)
+    return hidden, (routing.expert_ids if eng.cfg.capture_routes else None), cache
   start = eng.p + rows.block * b
   prompt_tokens, prompt_valid = eng.prompts(rows.slot)
   canvas = write_at(jnp.concatenate([prompt_tokens, rows.response], axis=1), rows.tokens, start)
@@ -200,37 +206,44 @@ def _forward(eng: _Engine, rows: _Rows, cache):
   meta = make_meta(jnp.where(valid, KIND_PROMPT, KIND_PAD), 0, segment=0)
   hidden = model.hidden_states(canvas, positions, meta, residual=Residual(z, alpha),
                                keep=(start, b))[0]     # each row's active block only
-  return model.head(hidden), cache
+  return hidden, None, cache
 
 
-def _propose_rows(eng: _Engine, rows: _Rows, logits):
-  """`decoding.propose` with each row's own key: fold_in(fold_in(fold_in(key, prompt), block),
-  step), the key `decode` would use for that prompt decoded alone with fold_in(key, prompt)."""
-  t = eng.cfg.temperature
-  if t == 0:
-    return propose(logits, None, t)
-  step_key = lambda q, j, s: jax.random.fold_in(
-      jax.random.fold_in(jax.random.fold_in(eng.key, q), j), s)
-  keys = jax.vmap(step_key)(rows.slot, rows.block, rows.step)
-  one = jax.vmap(lambda lg, k: tuple(x[0] for x in propose(lg[None], k, t)))
-  return one(logits, keys)
-
-
-def _denoise(eng: _Engine, rows: _Rows, logits, cap):
-  """The denoising step of the DENOISE rows (`decoding.denoise_update`, per row), recording
-  each state at the row's prompt slot (`decoding.capture_step`). -> (rows, cap)."""
-  cfg = eng.cfg
+def _denoise(eng: _Engine, rows: _Rows, hidden, routes, cap):
+  """The denoising step of the DENOISE rows: `decoding.take_step`, the lock-step decoder's
+  step, each row at its own block and step with its own key (`decoding.step_key` of its
+  prompt's decode alone, with fold_in(key, prompt)), recording each state (with the routes of
+  the forward) at the row's prompt slot. -> (rows, cap)."""
   need = rows.phase == DENOISE
-  cand, conf, ent = _propose_rows(eng, rows, logits)
-  prop = Proposal(cand, conf, ent, soft_embedding(eng.cv, logits), logits)
-  editable = ~eng.fixed(rows) if cfg.editing else None
-  up = denoise_update(eng.cv, rows.tokens, rows.res, rows.post, rows.settled, need, prop,
-                      editable)
-  cap = capture_step(cfg, cap, need, logits, rows.tokens, rows.res, up.write, block=rows.block,
-                     step=rows.step, rows=rows.slot)
+  keys = jax.vmap(lambda q, j, s: step_key(jax.random.fold_in(eng.key, q), j, s))(
+      rows.slot, rows.block, rows.step)
+  up, cap = take_step(eng.cv, hidden, need, keys, rows.tokens, rows.res, rows.post,
+                      rows.settled, block=rows.block, step=rows.step, fixed=eng.fixed(rows),
+                      routes=routes, cap=cap, cap_rows=rows.slot, per_row=True)
   rows = rows._replace(tokens=up.tokens, res=up.res, step=rows.step + need, post=up.post,
                        settled=up.settled, nfe=rows.nfe + need, denoise=rows.denoise + need)
   return rows, cap
+
+
+def _record_routes(eng: _Engine, rows: _Rows, routes, cap):
+  """With `capture_routes`: the slab's routes of the rows that wrote a prompt block (its valid
+  tokens; padding keeps -1) or committed a block, at their prompts' capture rows
+  (`RouteCapture.prompt`, `.clean`); a denoising step's routes go with its state (`_denoise`).
+  The lock-step decoder records the same forwards (its prefill in one piece)."""
+  if routes is None:
+    return cap
+  _, positions, meta, _ = _slab_inputs(eng, rows)
+  ids = token_major_routes(routes)                                   # [B, b, L_moe, K]
+
+  def put(buf, do, cols, val):
+    slot = jnp.where(do, rows.slot, eng.n_queue)[:, None]          # out of bounds -> dropped
+    return buf.at[slot, cols].set(val, mode="drop")
+
+  r = cap.routes
+  prompt_ids = jnp.where((meta.kind == KIND_PROMPT)[..., None, None], ids, -1)
+  prompt = put(r.prompt, rows.phase == PREFILL, positions, prompt_ids)
+  clean = put(r.clean, rows.phase == COMMIT, positions - eng.p, ids)
+  return cap._replace(routes=r._replace(prompt=prompt, clean=clean))
 
 
 def _advance(eng: _Engine, rows: _Rows):
@@ -276,8 +289,9 @@ def _retire(results: _Results, rows: _Rows, retire, n_queue: int) -> _Results:
 
 
 def _iteration(eng: _Engine, c: _Carry) -> _Carry:
-  logits, cache = _forward(eng, c.rows, c.cache)
-  rows, cap = _denoise(eng, c.rows, logits, c.cap)
+  hidden, routes, cache = _forward(eng, c.rows, c.cache)
+  cap = _record_routes(eng, c.rows, routes, c.cap)
+  rows, cap = _denoise(eng, c.rows, hidden, routes, cap)
   rows, retire = _advance(eng, rows)
   results = _retire(c.results, rows, retire, eng.n_queue)
   rows, cache, cursor = _refill(eng, rows, cache, c.cursor, retire)
@@ -304,9 +318,7 @@ def _check(model: Transformer, cfg: DecodeConfig, p: int, n_rows: int):
                      "(left-pad prompts to a block boundary)")
   if n_rows < 1:
     raise ValueError(f"decode.schedule='per_row' needs at least one row, got {n_rows}")
-  if cfg.capture_routes:
-    raise ValueError("orl.capture_routes is not supported by decode.schedule='per_row' yet: "
-                     "set decode.schedule='lockstep'")
+  check_route_capture(model, cfg)
   if not cfg.kv_cache and model.cfg.attention != "bidirectional":
     raise ValueError("decode.schedule='per_row' decodes block-causal models through the KV "
                      "cache: kv_cache=False is the lock-step reference only")
@@ -328,9 +340,7 @@ def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: Decode
   cv = Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
   placed = place_for_decoder(queue_tokens.astype(jnp.int32), queue_valid.astype(bool), cfg)
   eng = _Engine(cv, placed.tokens, placed.valid, placed.lead, placed.head, key)
-  cap = None
-  if cfg.capture_states:
-    cap = empty_capture(n_queue, cfg, mcfg.d_model, mcfg.compute_dtype)
+  cap = new_capture(model, cfg, n_queue, p)
   cache = None if cv.bidirectional else init_cache(mcfg, n_rows, width + cfg.block_size)
   zeros = jnp.zeros((n_queue,), jnp.int32)                           # + b: idle rows' writes
   results = _Results(jnp.full((n_queue, width - p), cfg.mask_id, jnp.int32), zeros, zeros,

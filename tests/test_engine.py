@@ -1,6 +1,8 @@
 """The per-row engine (continuous batching, `decode.schedule = "per_row"`): every queued prompt
 decodes exactly as it would alone with `decoding.decode`, whichever row takes it and whatever
 the other rows do, and rows that finish early do not wait for the batch."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,6 +183,8 @@ def test_schedule_is_validated():
     validate(config)
   config.decode.schedule = "per_row"
   validate(config)
+  config.orl.capture_routes = True      # the engine records MoE routes (tests/test_moe_replay.py)
+  validate(config)
 
 
 def test_per_row_rollout_has_the_lockstep_rollouts_shapes():
@@ -219,3 +223,31 @@ def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
                                      batch_size=8)
   for a, b in zip(lock[:4], per_row[:4]):      # tokens, nfe, nfe_engine, n_generated
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("attention", ["block_causal", "bidirectional"])
+def test_the_engine_steps_with_the_masked_head(attention):
+  """The engine's step is the lock-step decoder's (`decoding.take_step`): without capture the
+  head runs at the masked positions only (one head per width, `lax.switch`), with capture at
+  every position; a sampled decode is the same either way (each row's Gumbel noise is the one
+  its whole-block head would add, drawn from its own key)."""
+  from orl_jax.decoding import head_widths
+  graphdef, params = _model(attention)
+  base = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
+                      rule=UnmaskRule("entropy_budget", 0.4), temperature=1.0)
+  captured = dataclasses.replace(base, capture_states=3 * GEN)
+  prompts, valid = _queue()
+  key = jax.random.key(4)
+
+  def head_widths_in(cfg):
+    text = str(jax.make_jaxpr(make_engine(graphdef, cfg, ROWS))(params, prompts, valid, key))
+    return {w for w in head_widths(TINY_BLOCK) if f"f32[{ROWS},{w},{TINY.vocab_size}]" in text}
+
+  assert head_widths_in(base) == set(head_widths(TINY_BLOCK))
+  assert head_widths_in(captured) == {TINY_BLOCK}
+  masked, full = (jax.device_get(make_engine(graphdef, cfg, ROWS)(params, prompts, valid, key))
+                  for cfg in (base, captured))
+  distinct = [q for q in range(Q) if q not in TIED]
+  np.testing.assert_array_equal(masked.tokens[distinct], full.tokens[distinct])
+  for name in ("nfe", "nfe_engine", "n_generated", "finished"):
+    np.testing.assert_array_equal(getattr(masked, name)[distinct], getattr(full, name)[distinct])

@@ -1,6 +1,8 @@
 """Exact replay on MoE (issue 13, DESIGN §2.3 / §4): with `capture_routes` the rollout records the
 expert ids of every forward it ran (each step, the prompt prefill, the commit forwards); the
-replay rows carry them token by token and the training forward routes with them."""
+replay rows carry them token by token and the training forward routes with them. Both
+rollouts record them: the lock-step decoder's and the per-row engine's (`decode.schedule =
+"per_row"`, here on fewer rows than responses, so rows are refilled mid-rollout)."""
 import dataclasses
 import functools
 
@@ -17,7 +19,7 @@ from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import make_rollout, route_capture_bytes
+from orl_jax.rollout import make_rollout, per_row_rollout, route_capture_bytes
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD
 from tests.test_llada2 import build_model, random_flat_params
@@ -32,11 +34,14 @@ CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2
                   mlp_dim=40, mask_id=1, rope_theta=6e5, rope_fraction=0.5, qk_norm=True,
                   moe=MOE, first_k_dense=1, residual_mode="adapter", residual_hidden=32)
 B_SIZE, GEN, G, EOS = 4, 12, 3, 2
+PER_ROW_ROWS = 4   # the per-row rollout's rows: fewer than its 2 x G responses (refills)
+SCHEDULES = ("lockstep", "per_row")
 BF16_EPS = 2.0 ** -8   # bf16 unit roundoff (8 significand bits)
 
 
 @functools.lru_cache(maxsize=None)
-def _rollout(dtype: str, capture_routes: bool, edit_threshold: float = 1.0, post: int = 0):
+def _rollout(dtype: str, capture_routes: bool, edit_threshold: float = 1.0, post: int = 0,
+             schedule: str = "lockstep"):
   # bf16: the ragged expert compute (XLA:CPU has no bf16 x bf16 -> f32 dot for the dense one)
   moe = dataclasses.replace(MOE, impl="ragged" if dtype == "bfloat16" else "dense")
   cfg = dataclasses.replace(CFG, dtype=dtype, moe=moe)
@@ -47,7 +52,10 @@ def _rollout(dtype: str, capture_routes: bool, edit_threshold: float = 1.0, post
                       max_post_edit_steps=post)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, CFG.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
-  traj = make_rollout(graphdef, dcfg, G)(params, prompts, valid, jax.random.key(5), 0)
+  rollout_fn = (functools.partial(per_row_rollout, n_rows=PER_ROW_ROWS)
+                if schedule == "per_row" else None)
+  traj = make_rollout(graphdef, dcfg, G, rollout_fn=rollout_fn)(params, prompts, valid,
+                                                                jax.random.key(5), 0)
   return graphdef, params, traj, np.asarray(valid), dcfg
 
 
@@ -83,29 +91,33 @@ def _replay_error(graphdef, params, batch, plan, with_routes: bool):
   return np.max(np.abs(replayed - captured)) / np.max(np.abs(logits[is_state])), out
 
 
-def test_route_capture_changes_nothing_in_the_rollout():
-  *_, plain, _, _ = _rollout("float32", False)
-  *_, captured, _, _ = _rollout("float32", True)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_route_capture_changes_nothing_in_the_rollout(schedule):
+  *_, plain, _, _ = _rollout("float32", False, schedule=schedule)
+  *_, captured, _, _ = _rollout("float32", True, schedule=schedule)
   assert plain.capture.routes is None
   np.testing.assert_array_equal(np.asarray(plain.responses), np.asarray(captured.responses))
   np.testing.assert_array_equal(np.asarray(plain.capture.topk_logprobs),
                                 np.asarray(captured.capture.topk_logprobs))
 
 
-@pytest.mark.parametrize("capture_routes", [False, True])
-def test_moe_replay_reproduces_rollout_logits_f32(capture_routes):
-  graphdef, params, traj, valid, _ = _rollout("float32", capture_routes)
+@pytest.mark.parametrize("capture_routes,schedule", [(False, "lockstep"), (True, "lockstep"),
+                                                     (True, "per_row")])
+def test_moe_replay_reproduces_rollout_logits_f32(capture_routes, schedule):
+  graphdef, params, traj, valid, _ = _rollout("float32", capture_routes, schedule=schedule)
   batch, plan = _batch(traj, valid)
   assert (batch.routes is not None) == capture_routes
   err, _ = _replay_error(graphdef, params, batch, plan, with_routes=capture_routes)
   assert err <= 1e-4, err
 
 
-def test_captured_routes_cover_every_forward_and_drive_the_replay():
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_captured_routes_cover_every_forward_and_drive_the_replay(schedule):
   """Each captured state, the valid prompt tokens and every committed block carry routes; the
   replay rows take them at the right tokens (an independent re-route in f32 picks the same
-  experts at every real token), and the replay forward uses exactly them."""
-  graphdef, params, traj, valid, dcfg = _rollout("float32", True)
+  experts at every real token), and the replay forward uses exactly them. The per-row engine
+  prefills block by block and commits per row; it records the same forwards."""
+  graphdef, params, traj, valid, dcfg = _rollout("float32", True, schedule=schedule)
   cap = jax.device_get(traj.capture)
   r = cap.routes
   assert r.state.shape == (6, 24, B_SIZE, CFG.n_moe_layers, MOE.top_k)
@@ -154,6 +166,16 @@ def test_moe_replay_bf16_with_captured_routes():
         f"({flips} of {int(real.sum())} tokens routed differently)")
   assert err <= 5 * BF16_EPS, err
   assert flips >= 1 and err_fresh > 5 * BF16_EPS, (flips, err_fresh)
+
+
+def test_per_row_moe_replay_bf16_with_captured_routes():
+  """The per-row engine's bf16 rollout (prefill block by block, one slab forward for all rows)
+  replays with its captured routes to bf16 rounding, as the lock-step one does (the bound of
+  `test_moe_replay_bf16_with_captured_routes`)."""
+  graphdef, params, traj, valid, _ = _rollout("bfloat16", True, schedule="per_row")
+  batch, plan = _batch(traj, valid)
+  err, _ = _replay_error(graphdef, params, batch, plan, with_routes=True)
+  assert err <= 5 * BF16_EPS, err
 
 
 def test_orl_loss_replays_with_the_captured_routes():
