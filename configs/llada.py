@@ -31,12 +31,24 @@ With `model.path` a Hugging Face directory, its config.json decides the family a
 (the values below are for sizing and for random-init runs), so a smaller or larger checkpoint
 needs no shape override; the run exports WORKDIR/hf with the official tensor names.
 
-Variants (`get_config(arg)`):
-  "2.1-mini" (default): inclusionAI/LLaDA2.1-mini, 16B total / ~1.4B active, block-causal,
-              block 32, threshold 0.95 (the official default).
-  "2.1-mini-dllm", "2.1-mini-sglang": LLaDA2.1-mini decoded as dllm / SGLang serve it (token
-              editing, `PRESETS`).
-  "2.0-mini"  : inclusionAI/LLaDA2.0-mini, same architecture.
+Variants (`get_config(arg)`); how each LLaDA2.x variant decodes, against the official
+`generate` of its release (LLaDA2.1: block 32, steps 32, greedy, threshold 0.95, token editing
+at 0.9 with up to 16 post-fill steps, every block decoded; LLaDA2.0: the same without editing,
+stopping after the block holding EOS):
+  "2.1-mini" (default): inclusionAI/LLaDA2.1-mini, 16B total / ~1.4B active, block-causal.
+              Decodes as the official 2.1 `generate` with its defaults EXCEPT token editing,
+              which is off (decode.edit_threshold 1.0, max_post_edit_steps 0): ORL rollouts
+              take the editing setting too, where editing would add up to 16 forwards and
+              captured states per block (the sizes in docs/scaling.md are for no editing). "2.1-mini-dllm" is
+              the official default.
+  "2.1-mini-dllm": LLaDA2.1-mini decoded exactly as the official 2.1 `generate` defaults (and
+              dllm's LLaDA21Sampler, which mirrors it): "2.1-mini" with editing 0.9 / 16 steps.
+  "2.1-mini-sglang": LLaDA2.1-mini as SGLang serves it: threshold 0.5, editing 0.0 / 16 steps,
+              a row stops after the block holding its EOS (`PRESETS`).
+  "2.0-mini"  : inclusionAI/LLaDA2.0-mini, same architecture, decoded as the official 2.0
+              `generate` (threshold 0.95, block 32, stops after the block holding EOS).
+  All of them decode `decode.gen_length` = 256 new tokens (a run size; the official default
+  is 2048).
   "8b-instruct": GSAI-ML/LLaDA-8B-Instruct, chat template 'llada', EOS = <|eot_id|> (126348).
   "8b-base"   : GSAI-ML/LLaDA-8B-Base, no chat template, EOS = <|endoftext|> (126081).
   "debug"     : a tiny random LLaDA2 MoE (4 layers, 1 dense, 8 experts top-2, 1 shared, 2 groups
@@ -67,8 +79,9 @@ def _llada2_mini(c):
   # Exact replay on MoE: the rollout records each token's expert ids and replay routes with
   # them (routing is a function of the hidden state; DESIGN §4, tunix's router replay).
   c.orl.capture_routes = True
-  # LLaDA2.1 token editing is off in rollouts and evaluation by default; `preset(c, name)`
-  # sets dllm's or SGLang's decoder (LLaDA2.0 has no editing).
+  # LLaDA2.1 token editing is off in "2.1-mini" (rollouts and evaluation), unlike the official
+  # `generate` default; `preset(c, name)` sets dllm's decoder (the official default) or
+  # SGLang's (LLaDA2.0 has no editing).
   # The official 2.1 `generate` decodes every block (eos_early_stop=False, its default); the
   # 2.0 one always stops after the block holding EOS (get_config sets that for "2.0-mini").
   c.decode.eos_early_stop = False
@@ -85,9 +98,9 @@ def _llada_8b(c):
 
 
 # LLaDA2.1's serving presets: (decode.rule_value, decode.edit_threshold,
-# decode.max_post_edit_steps, decode.eos_early_stop). dllm's LLaDA21Sampler decodes every block
-# (its eos_early_stop defaults to False, as the official `generate`); SGLang's scheduler
-# finishes a request once a decoded block holds EOS.
+# decode.max_post_edit_steps, decode.eos_early_stop). dllm's LLaDA21Sampler has the official
+# `generate`'s defaults (threshold 0.95, editing_threshold 0.9, max_post_steps 16,
+# eos_early_stop False); SGLang's scheduler finishes a request once a decoded block holds EOS.
 PRESETS = {"dllm": (0.95, 0.9, 16, False), "sglang": (0.5, 0.0, 16, True)}
 
 

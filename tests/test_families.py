@@ -386,6 +386,37 @@ def test_each_family_decodes_by_its_authors_rules():
     rules(c, "diffusion_gemma")
 
 
+# The official LLaDA2.1 `generate` defaults as decode.* fields: `LLaDA2MoeModelLM.generate` of
+# the LLaDA2.1 remote code as dllm vendors it (lingjiechen2/dllm at
+# 7520f3c74b336479789d467bd577a78f580f5b10, dllm/pipelines/llada21/models/modeling_llada21_moe.py):
+# block_length 32, steps 32 (= the block: max_steps_per_block 0), temperature 0.0, threshold
+# 0.95, editing_threshold 0.9, max_post_steps 16, eos_early_stop False. Its gen_length (2048)
+# is a run size, not pinned.
+LLADA21_GENERATE = dict(block_size=32, max_steps_per_block=0, temperature=0.0, rule="threshold",
+                        rule_value=0.95, edit_threshold=0.9, max_post_edit_steps=16,
+                        eos_early_stop=False)
+NO_EDITING = dict(edit_threshold=1.0, max_post_edit_steps=0)
+
+
+def test_llada2_variants_decode_as_documented():
+  """`:2.1-mini-dllm` decodes as the official 2.1 `generate` defaults; `:2.1-mini` (the
+  default) as they do but without token editing; `:2.1-mini-sglang` as SGLang serves it;
+  `:2.0-mini` as the official 2.0 `generate`. docs/models.md says so, value for value."""
+  want = {"2.1-mini": dict(LLADA21_GENERATE, **NO_EDITING),
+          "2.1-mini-dllm": LLADA21_GENERATE,
+          "2.1-mini-sglang": dict(LLADA21_GENERATE, rule_value=0.5, edit_threshold=0.0,
+                                  eos_early_stop=True),
+          "2.0-mini": dict(LLADA21_GENERATE, **NO_EDITING, eos_early_stop=True)}
+  docs = open(os.path.join(ROOT, "docs", "models.md")).read()
+  for variant, fields in want.items():
+    d = llada.get_config(variant).decode
+    assert {k: d[k] for k in fields} == fields, variant
+    bullet = re.search(rf"^\* `:{re.escape(variant)}`.*?(?=^\*|^$)", docs, re.M | re.S)
+    triple = f"{d.rule_value} / {d.edit_threshold} / {d.max_post_edit_steps}"
+    assert bullet and triple in bullet.group(0).replace("\n  ", " "), (variant, triple)
+  assert llada.get_config().decode == llada.get_config("2.1-mini").decode
+
+
 def _params_by_hand(expert_ways: int) -> tuple[int, int, int]:
   """(parameters, per-device parameter count on fsdp=8 x expert=`expert_ways`, expert_bias
   count) of LLaDA2.x-mini (DESIGN §4) plus the residual adapter, counted by hand."""

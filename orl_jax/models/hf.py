@@ -147,7 +147,9 @@ def parse_config_json(hf_dir: str, parse: Callable[[dict], object]):
 def generation_config(hf_dir: str, defaults: dict) -> dict:
   """{decode field: value} that `hf_dir`'s generation_config.json sets ({} without one) for
   the fields of `defaults` (a family's `generation_defaults`), each typed and range-checked;
-  CheckpointError naming the file and field otherwise."""
+  CheckpointError naming the file and field otherwise. A null field is unset, as
+  `GenerationConfig.save_pretrained` writes every field it was not given (the default applies);
+  keys no field reads (`transformers_version`, `_from_model_config`, ...) are ignored."""
   path = os.path.join(hf_dir, GENERATION_CONFIG_FILE) if hf_dir else ""
   if not path or not os.path.isfile(path):
     return {}
@@ -156,7 +158,8 @@ def generation_config(hf_dir: str, defaults: dict) -> dict:
     nested = config_json.read_dict(data, "sampler_config")
     flat = dict(data, **{f"sampler_config.{k}": v for k, v in nested.items()})
     return {field: _generation_value(flat, key, default, strict)
-            for field, (key, default, strict) in defaults.items() if key in flat}
+            for field, (key, default, strict) in defaults.items()
+            if flat.get(key) is not None}
   except ValueError as e:
     raise CheckpointError(f"{path}: {e}") from None
 
