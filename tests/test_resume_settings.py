@@ -11,8 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import tiny
 from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.run_settings import ChangedSettingsError
+from orl_jax.train.setup import build_setup, prepare_run, resume, run_settings
+from tests.helpers import orl_smoke_config
 
 SETTINGS = {"decode.block_size": 8, "orl.rollout_rule_value": 0.9, "loss.w_aec": 1.0,
             "model.special_tokens.eos": (3, 7)}
@@ -105,3 +108,75 @@ def test_a_checkpoint_without_settings_resumes_with_one_warning(tmp_path, caplog
   np.testing.assert_array_equal(np.asarray(state["w"]), np.full((4, 4), 2.0))
   (warning,) = _warnings(caplog)
   assert "records no run settings" in warning and "checkpoint step 2" in warning
+
+
+# ------------------------------------------------------------------ the table of a real run
+
+
+def _smoke(workdir):
+  c = tiny.get_config("smoke")
+  c.workdir = str(workdir)
+  c.train.warmup_steps = 1
+  return c
+
+
+def test_steps_logging_checkpointing_and_workdir_may_differ(tmp_path):
+  a, b = orl_smoke_config(tmp_path / "a"), orl_smoke_config(tmp_path / "b")
+  b.train.steps, b.train.log_every, b.train.lr, b.train.batch_size = 9, 1, 1e-4, 4
+  b.checkpoint.every, b.checkpoint.keep, b.eval.n_problems = 1, 5, 4
+  assert run_settings(build_setup(a)) == run_settings(build_setup(b))
+
+
+def test_the_table_holds_resolved_values(tmp_path):
+  setup = build_setup(orl_smoke_config(tmp_path))
+  settings, tok = run_settings(setup), setup.tokenizer
+  assert settings["decode.block_placement"] == "prompt_end"        # "auto" resolved: ours
+  assert settings["decode.commit_compare"] == ">="
+  assert settings["model.special_tokens.mask"] == tok.mask_id
+  assert settings["model.special_tokens.eos"] == [tok.eos_id]
+  assert settings["orl.rollout_rule_value"] == 0.9 and settings["loss.w_aec"] == 1.0
+  json.dumps(settings)                                                # all JSON
+
+
+def test_an_sft_run_records_no_orl_settings(tmp_path):
+  settings = run_settings(build_setup(_smoke(tmp_path)))
+  assert "decode.block_size" in settings and settings["train.mode"] == "sft"
+  assert not [k for k in settings if k.split(".")[0] in ("orl", "replay", "loss")]
+
+
+def _resume_run(config):
+  run = prepare_run(build_setup(config))
+  try:
+    return resume(run, None)[1]
+  finally:
+    run.ckpt.close()
+
+
+def _orl(workdir):
+  c = orl_smoke_config(workdir)
+  c.loss.w_kl = 0.0              # no frozen reference copy: a smaller state to build
+  return c
+
+
+def test_a_run_resumed_under_changed_settings_stops_until_the_change_is_accepted(tmp_path):
+  run = prepare_run(build_setup(_orl(tmp_path)))
+  run.ckpt.save(3, run.state)                  # what the loops save
+  run.ckpt.close()
+  assert _resume_run(_orl(tmp_path)) == 3
+  changed = _orl(tmp_path)
+  changed.train.steps, changed.train.log_every = 9, 1                 # free to differ
+  changed.orl.rollout_rule_value, changed.loss.w_aec = 0.7, 0.5
+  with pytest.raises(ChangedSettingsError) as e:
+    _resume_run(changed)
+  msg = str(e.value)
+  assert ("  orl.rollout_rule_value: 0.9 -> 0.7\n  loss.w_aec: 1.0 -> 0.5\n" in msg
+          and f"add\n  {FLAG}\nor start" in msg), msg
+  changed.checkpoint.allow_changed = FLAG.split("=", 1)[1]
+  assert _resume_run(changed) == 3
+
+
+def test_allow_changed_must_name_recorded_settings(tmp_path):
+  c = orl_smoke_config(tmp_path)
+  c.checkpoint.allow_changed = "orl.rollout_rule_value,decode.threshold"
+  with pytest.raises(ChangedSettingsError, match="names decode.threshold, which a checkpoint"):
+    prepare_run(build_setup(c))
