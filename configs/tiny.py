@@ -208,6 +208,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 2             # checkpoints kept
   # True: snapshot each rollout (a kill between rollout and update resumes it)
   c.checkpoint.save_rollouts = False
+  # Each checkpoint records the settings that decide the run's rollouts, replay and loss
+  # (orl_jax/train/setup.py run_settings); a resume under other values stops, naming them. The
+  # fields (separated by commas) a resume may find changed, e.g. "orl.rollout_rule_value,loss.w_kl"
+  c.checkpoint.allow_changed = ""
 
   # Axis sizes (one of data/fsdp/tensor may be -1: the rest of the devices). `expert` splits
   # the routed experts of MoE models and, with data and fsdp, the batch (orl_jax/sharding.py).

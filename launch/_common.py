@@ -19,8 +19,9 @@ def user_errors() -> tuple[type, ...]:
   from orl_jax.data.jsonl import DatasetError, MissingTaskPackage
   from orl_jax.models.hf import CheckpointError
   from orl_jax.params_io import ParamsFileError
+  from orl_jax.run_settings import ChangedSettingsError
   return (ConfigError, TokenizerError, DatasetError, MissingTaskPackage, CheckpointError,
-          ParamsFileError, CheckpointRestoreError, TargetError)
+          ParamsFileError, CheckpointRestoreError, ChangedSettingsError, TargetError)
 
 
 def _innermost_text(error: BaseException) -> str:

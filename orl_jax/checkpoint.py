@@ -7,6 +7,10 @@ with their shardings.
 A finished checkpoint can still be damaged afterwards (a full disk, a bad copy). `restore_latest`
 resumes from the newest checkpoint that restores; each newer one that does not is moved aside
 to `<directory>-corrupt/` (never deleted), with one warning naming the unreadable file.
+
+Each checkpoint records the run's settings (`run_settings.py`) in its step metadata, written
+with the step; a resume under settings that differ stops before anything is restored, naming
+the fields, unless the run accepts the change.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from orl_jax import distributed
+from orl_jax import distributed, run_settings
 
 
 class CheckpointRestoreError(RuntimeError):
@@ -29,10 +33,15 @@ class CheckpointRestoreError(RuntimeError):
 
 
 class Checkpointer:
+  """`settings`: the run's {field: value} each save records and each resume compares (None:
+  neither, as for rollout snapshots); `allow_changed`: the fields a resume may find changed."""
 
-  def __init__(self, directory: str, *, every: int, keep: int = 2):
+  def __init__(self, directory: str, *, every: int, keep: int = 2, settings=None,
+               allow_changed: tuple[str, ...] = ()):
     self.every = every
     self.directory = os.path.abspath(directory)
+    self.settings = None if settings is None else run_settings.as_recorded(settings)
+    self.allow_changed = tuple(allow_changed)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1,
@@ -50,7 +59,24 @@ class Checkpointer:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     if extra is not None:
       items["extra"] = ocp.args.StandardSave(extra)
-    self.manager.save(step, args=ocp.args.Composite(**items))
+    custom = None if self.settings is None else {run_settings.RECORD_KEY: self.settings}
+    self.manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom)
+
+  def recorded_settings(self, step: int) -> dict | None:
+    """The run settings checkpoint `step` records (None: written before they were recorded)."""
+    custom = ocp.metadata.get_step_metadata(self.step_dir(step)).custom_metadata or {}
+    return custom.get(run_settings.RECORD_KEY)
+
+  def check_settings(self, step: int) -> None:
+    """Raises ChangedSettingsError when checkpoint `step` was written under settings this run
+    does not accept; logs a warning for accepted changes or a checkpoint that records none."""
+    if self.settings is None:
+      return
+    warning = run_settings.check_resume(self.recorded_settings(step), self.settings,
+                                        self.allow_changed,
+                                        f"checkpoint step {step} in {self.directory}")
+    if warning:
+      logging.warning("%s", warning)
 
   def restore(self, step: int, abstract_state, data_iter=None, abstract_extra=None):
     """Returns (state, extra); `data_iter` is restored in place."""
@@ -68,7 +94,9 @@ class Checkpointer:
 
     A newer checkpoint that fails is moved aside with a warning. When none restores: if every
     failure is a damaged file they are all moved aside and the run starts over; otherwise (e.g.
-    the model changed shape) CheckpointRestoreError, and nothing is moved.
+    the model changed shape) CheckpointRestoreError, and nothing is moved. A checkpoint whose
+    recorded settings differ from the run's stops the resume (`check_settings`) before it is
+    restored.
     """
     steps = sorted(self.manager.all_steps(), reverse=True)
     if steps:
@@ -77,7 +105,10 @@ class Checkpointer:
     failures = []   # (step, exception, damaged file or None)
     for step in steps:
       try:
+        self.check_settings(step)
         state, extra = self.restore(step, abstract_state, data_iter, abstract_extra)
+      except run_settings.ChangedSettingsError:
+        raise
       except Exception as e:  # noqa: BLE001  (Orbax/TensorStore raise many kinds)
         failures.append((step, e, damaged_file(self.step_dir(step), e)))
         continue

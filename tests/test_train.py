@@ -401,6 +401,7 @@ def test_orl_iteration_without_verified_responses_takes_no_step(tmp_path, monkey
   # no update: the checkpointed state holds the starting parameters and untouched moments
   import jax
   c = orl_smoke_config(tmp_path, steps=3)
+  c.orl.min_reward = 1.0                   # the run's own settings (its checkpoint records them)
   run = prepare_run(build_setup(c))
   fresh = jax.device_get(run.state)
   state, at = resume(run, None)

@@ -14,7 +14,7 @@ import ml_collections
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
 from orl_jax import config as config_lib
-from orl_jax import distributed, params_io, trained_run
+from orl_jax import distributed, params_io, run_settings as run_settings_lib, trained_run
 from orl_jax import weights as weights_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
@@ -329,8 +329,11 @@ class Run:
 
 def prepare_run(setup: Setup) -> Run:
   """Records the config, builds the optimizer and the sharded train state (from the starting
-  weights when there are any) and opens the work directory's checkpoint manager."""
+  weights when there are any) and opens the work directory's checkpoint manager, which records
+  the run's settings (`run_settings`) with each checkpoint and checks them on resume."""
   config = setup.config
+  settings = run_settings(setup)
+  allowed = run_settings_lib.allowed_fields(config.checkpoint.get("allow_changed", ""), settings)
   os.makedirs(config.workdir, exist_ok=True)
   if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
@@ -341,8 +344,87 @@ def prepare_run(setup: Setup) -> Run:
                                                  config.seed, params=params,
                                                  with_reference=needs_reference(config))
   ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
-                      keep=config.checkpoint.keep)
+                      keep=config.checkpoint.keep, settings=settings, allow_changed=allowed)
   return Run(graphdef, state, state_sh, optimizer, ckpt)
+
+
+def run_settings(setup: Setup) -> dict:
+  """{field: resolved value} of every setting that decides what the run's rollouts are and how
+  they are replayed and scored, the one table of them: each checkpoint records it and a resume
+  compares it (`orl_jax/run_settings.py`). Values are resolved: the weights' family, the
+  tokenizer's special ids, the family's block rules, the decode defaults `build_setup` filled
+  in. Step counts, logging, checkpointing, batch sizes and the work directory are left out:
+  they may change between a run and its resume; so are the ORL sections for the other modes."""
+  config, tok, model_cfg = setup.config, setup.tokenizer, setup.model_cfg
+  m, task, d, o, r = config.model, config.task, config.decode, config.orl, config.replay
+  family = getattr(model_cfg, "hf_family", "")
+  rules = _block_rules(config, family)
+  loss = loss_config(config)
+  table = {
+      "train.mode": config.train.mode,
+      # model and tokenizer identity
+      "model.path": m.get("path", "") or m.get("init_from", ""),
+      "model.hf_family": family,
+      "model.residual.mode": m.residual.mode,
+      "model.residual.scale": m.residual.scale,
+      "model.residual.temperature": m.residual.temperature,
+      "model.tokenizer": m.get("tokenizer", ""),
+      "model.vocab_size": model_cfg.vocab_size,
+      "tokenizer.vocab_hash": tok.vocab_hash() if hasattr(tok, "vocab_hash") else "",
+      "model.special_tokens.mask": getattr(tok, "mask_id", None),
+      "model.special_tokens.eos": list(getattr(tok, "eos_ids", (tok.eos_id,))),
+      # the prompts
+      "task.name": task.name,
+      "task.path": task.get("path", ""),
+      "task.chat": task.get("chat", "none"),
+      "task.prompt_len": task.prompt_len,
+      # how a rollout decodes
+      "decode.block_size": d.block_size,
+      "decode.gen_length": d.gen_length,
+      "decode.block_placement": rules.get("block_placement"),
+      "decode.commit_compare": rules.get("commit_compare"),
+      "decode.max_steps_per_block": d.max_steps_per_block,
+      "decode.edit_threshold": d.edit_threshold,
+      "decode.max_post_edit_steps": d.max_post_edit_steps,
+      "decode.t_max": d.get("t_max"),       # the uniform-noise sampler's (DiffusionGemma)
+      "decode.t_min": d.get("t_min"),
+      "decode.stability_threshold": d.get("stability_threshold"),
+      "decode.confidence_threshold": d.get("confidence_threshold"),
+      "orl.rollout_rule": o.rollout_rule,
+      "orl.rollout_rule_value": o.rollout_rule_value,
+      "orl.rollout_temperature": o.rollout_temperature,
+      "orl.group_size": o.group_size,
+      "orl.min_reward": o.min_reward,
+      # what a rollout captures and how its states are replayed
+      "decode.top_k": d.top_k,
+      "orl.capture_states": o.capture_states,
+      "orl.capture_routes": o.capture_routes,
+      "replay.layout": r.layout,
+      "replay.states_per_response": r.states_per_response,
+      # the loss
+      "loss.gate_entropy": loss.gate_entropy,
+      "loss.aec_rho": loss.aec_rho,
+      "loss.conf_entropy": loss.conf_entropy,
+      "loss.kl_cap": loss.kl_cap,
+      "loss.w_aec": loss.w_aec,
+      "loss.w_kl": loss.w_kl,
+      "loss.kl_reference": loss.kl_reference,
+  }
+  if config.train.mode == "orl":
+    return table
+  return {k: v for k, v in table.items() if not k.startswith(_ORL_ONLY)}
+
+
+_ORL_ONLY = ("orl.", "replay.", "loss.")   # settings only an ORL run reads
+
+
+def _block_rules(config, family: str) -> dict:
+  """The block decoder's resolved rules (`config.family_rules`); {} for a family that decodes
+  with its own sampler."""
+  try:
+    return config_lib.family_rules(config, family)
+  except config_lib.ConfigError:
+    return {}
 
 
 def resume(run: Run, data_iter) -> tuple[object, int]:
