@@ -13,7 +13,8 @@ threshold 0.9, prompts of 24-32 tokens left-padded to 32, 32 new tokens, blocks 
 each `decode.cache` x `decode.schedule` the DecodeConfig has (others are skipped, and said so),
 `per_row` also with refill (a queue of REFILL x batch prompts on `batch` rows), the peer's plain
 and dual-cache decoders; batches 1, 16, 64; compile excluded (ahead-of-time), medians of
-`--repeats` rounds in which every decoder runs once (a shared machine's drift falls on all); beside each figure the memory-bandwidth and FLOP bounds on this machine
+`--repeats` rounds in which every decoder runs once (a shared machine's drift falls on all);
+beside each figure the memory-bandwidth and FLOP bounds on this machine
 (measured when the run starts), and the share of tokens equal to the exact decoder's.
 `--model=blockcausal60m`: the same tensors with block-causal attention (ours only: exact KV
 cache on and off, per_row without and with refill).
@@ -38,7 +39,7 @@ from configs import tiny
 from orl_jax import decoding, params_io, residual as residual_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax import decoders
-from orl_jax.models import build, hf
+from orl_jax.models import build
 from orl_jax.models.transformer import init_cache
 from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule, select_commits
@@ -146,7 +147,8 @@ def run_tiny(args):
   t_naive, all_naive = _common.median_time(
       lambda: naive_decode(graphdef, params, prompts, valid, dcfg), args.repeats)
   result = {
-      "batch": args.batch, "rule": args.rule, "params": used, "device": jax.devices()[0].device_kind,
+      "batch": args.batch, "rule": args.rule, "params": used,
+      "device": jax.devices()[0].device_kind,
       "generated_tokens": n_tokens, "nfe_mean": float(np.asarray(ref.nfe).mean()),
       "jitted_seconds_median": t_jit, "naive_seconds_median": t_naive,
       "jitted_tokens_per_s": n_tokens / t_jit, "naive_tokens_per_s": n_tokens / t_naive,

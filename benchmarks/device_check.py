@@ -28,6 +28,7 @@ is `kernel_parity_max_rel_err: X`.
 """
 import argparse
 import dataclasses
+import functools
 import types
 
 import _common
@@ -84,11 +85,11 @@ def parity(size: str) -> dict:
     k, v = (jax.random.normal(key, (b, t, hkv, dh)).astype(dtype) for key in keys[1:3])
     d_out = jax.random.normal(keys[3], q.shape).astype(dtype)
 
-    def value_and_grads(fn):
-      def run(q, k, v, d_out, meta):
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, meta, meta), q, k, v)
-        return (out, *vjp(d_out))
-      return jax.jit(run)(q, k, v, d_out, meta)
+    def value_and_grads(fn, args=(q, k, v, d_out, meta)):
+      def run(q_in, k_in, v_in, d_out_in, meta_in):
+        out, vjp = jax.vjp(lambda *qkv: fn(*qkv, meta_in, meta_in), q_in, k_in, v_in)
+        return (out, *vjp(d_out_in))
+      return jax.jit(run)(*args)
 
     want = value_and_grads(staircase_attention_reference)
     name = f"b{b}_t{t}_h{hq}x{hkv}_d{dh}_{dtype}"
@@ -162,7 +163,8 @@ def decode(size: str, budget) -> dict:
     prompts = jax.random.randint(jax.random.key(batch), (batch, config.task.prompt_len), 4,
                                  tok.vocab_size)
     valid = jnp.ones(prompts.shape, bool)
-    call = lambda: jax.block_until_ready(run(params, prompts, valid, jax.random.key(0)))
+    call = functools.partial(lambda *a: jax.block_until_ready(run(*a)), params, prompts, valid,
+                             jax.random.key(0))
     result = call()  # compile + warm-up
     seconds, _ = _common.median_time(call, 2 if size == "full" else 1)
     n_gen = np.asarray(result.n_generated)

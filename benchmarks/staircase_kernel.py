@@ -100,7 +100,7 @@ def time_impls(meta: TokenMeta, visible_pairs: int, *, heads_q: int = HEADS_Q,
     fwd_bwd = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     results[impl] = dict(fwd_s=_median_seconds(fwd, q, k, v, runs=runs),
                          fwd_bwd_s=_median_seconds(fwd_bwd, q, k, v, runs=runs))
-  for impl, r in results.items():
+  for r in results.values():
     r["fwd_speedup_vs_xla"] = results["xla"]["fwd_s"] / r["fwd_s"]
     r["fwd_bwd_speedup_vs_xla"] = results["xla"]["fwd_bwd_s"] / r["fwd_bwd_s"]
     r["fwd_tflops_visible"] = fwd_flops / r["fwd_s"] / 1e12

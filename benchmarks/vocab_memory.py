@@ -77,11 +77,11 @@ def main():
     for chunk in (0, args.chunk):
       if loss_name == "orl":
         lcfg = LossConfig(vocab_chunk=chunk)
-        fn = lambda prm, b: jax.value_and_grad(
+        fn = lambda prm, b, lcfg=lcfg: jax.value_and_grad(
             lambda q: orl_loss(nnx.merge(graphdef, q), b, lcfg), has_aux=True)(prm)
         mem = compiled_memory(fn, params, batch)
       else:
-        fn = lambda prm, b: jax.value_and_grad(
+        fn = lambda prm, b, chunk=chunk: jax.value_and_grad(
             lambda q: sft_loss(nnx.merge(graphdef, q), b, jax.random.key(0), block_size=32,
                                mask_id=cfg.mask_id, vocab_chunk=chunk), has_aux=True)(prm)
         mem = compiled_memory(fn, params, sft_in)

@@ -97,7 +97,8 @@ def set_shapes(c, *, d_model, n_layers, n_heads, n_kv_heads, head_dim, mlp_dim, 
   m = c.model
   m.d_model, m.n_layers, m.n_heads, m.n_kv_heads = d_model, n_layers, n_heads, n_kv_heads
   m.head_dim, m.mlp_dim, m.vocab_size = head_dim, mlp_dim, vocab_size
-  m.rope_theta, m.norm_eps, m.qk_norm, m.tie_embeddings = rope_theta, norm_eps, qk_norm, tie_embeddings
+  m.rope_theta, m.norm_eps, m.qk_norm = rope_theta, norm_eps, qk_norm
+  m.tie_embeddings = tie_embeddings
   m.residual.hidden = 0               # the adapter width F_r: 0 = d_model (also from config.json)
 
 

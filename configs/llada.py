@@ -39,8 +39,8 @@ stopping after the block holding EOS):
               Decodes as the official 2.1 `generate` with its defaults EXCEPT token editing,
               which is off (decode.edit_threshold 1.0, max_post_edit_steps 0): ORL rollouts
               take the editing setting too, where editing would add up to 16 forwards and
-              captured states per block (the sizes in docs/scaling.md are for no editing). "2.1-mini-dllm" is
-              the official default.
+              captured states per block (the sizes in docs/scaling.md are for no editing).
+              "2.1-mini-dllm" is the official default.
   "2.1-mini-dllm": LLaDA2.1-mini decoded exactly as the official 2.1 `generate` defaults (and
               dllm's LLaDA21Sampler, which mirrors it): "2.1-mini" with editing 0.9 / 16 steps.
   "2.1-mini-sglang": LLaDA2.1-mini as SGLang serves it: threshold 0.5, editing 0.0 / 16 steps,

@@ -14,8 +14,8 @@ Prints each response with its forwards counted both ways (DESIGN §2.2): the pap
 every token is coloured by the step at which it was committed (Base vs ORL side by side).
 A DiffusionGemma directory decodes with its uniform-noise sampler (canvases of
 `decode.block_size`, rule `entropy_budget_<nats>`); a token is coloured by the last step that
-accepted it. Blocks sit where the model's authors put them (`decode.block_placement`): prompts need no
-padding to a block boundary.
+accepted it. Blocks sit where the model's authors put them (`decode.block_placement`): prompts
+need no padding to a block boundary.
 Without --prompt it decodes the first --num evaluation problems of `config.task`. The config
 file gives the run-time choices (decoder rule, block size, lengths, dtypes, chat template).
 """

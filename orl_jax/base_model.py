@@ -141,9 +141,9 @@ def readme(meta: dict) -> str:
       fill(f"""Config of the command above (seed {meta['seed']}, {meta['train_steps']} steps of
            masked-diffusion SFT, batch {t['batch_size']}, AdamW lr {t['lr']:g} with
            {t['warmup_steps']} warmup steps and cosine decay to {t['final_lr_fraction']:.0%},
-           block size {meta['decode']['block_size']}, model d={m['d_model']}, {m['n_layers']} layers,
-           {m['n_heads']} query / {m['n_kv_heads']} key-value heads, MLP {m['mlp_dim']}, residual
-           mode `{m['residual_mode']}`; task with
+           block size {meta['decode']['block_size']}, model d={m['d_model']},
+           {m['n_layers']} layers, {m['n_heads']} query / {m['n_kv_heads']} key-value heads, MLP
+           {m['mlp_dim']}, residual mode `{m['residual_mode']}`; task with
            `commute_probability={meta['task']['tiny']['commute_probability']}`). `meta.json` holds
            the exact model, task and decode settings, the tokenizer's vocabulary hash, the machine
            (`machine`) and the figures below (`make_base`)."""),
@@ -152,12 +152,12 @@ def readme(meta: dict) -> str:
            evaluation {rec['eval_minutes']} min."""),
       fill(f"""Measured on the {fixed['n_problems']} evaluation problems (greedy decoding; forwards
            counted as the paper counts them, one commit forward per decoded block included):
-           accuracy {fixed['accuracy']:.3f} with `fixed_steps_1` ({fixed['nfe_mean']:.0f} forwards per
-           response); {thr['accuracy']:.3f} with `threshold_0.9` at pooled TPF
+           accuracy {fixed['accuracy']:.3f} with `fixed_steps_1` ({fixed['nfe_mean']:.0f} forwards
+           per response); {thr['accuracy']:.3f} with `threshold_0.9` at pooled TPF
            {thr['tpf_pooled']:.2f} ({thr['nfe_mean']:.1f} forwards).
            `tests/test_base_checkpoint.py` loads it and checks its accuracy on 64 problems."""),
       "## What reproduces",
-      bullet(f"""**Same machine** (the CPU, core count, JAX/jaxlib and XLA flags recorded in
+      bullet("""**Same machine** (the CPU, core count, JAX/jaxlib and XLA flags recorded in
              `meta.json`'s `machine`): `make base` writes the same `params.safetensors`, bit for
              bit. Training is deterministic: a fixed seed, the step RNG `fold_in(seed, step)`, a
              data stream that is a function of the step, and a killed run resumes

@@ -37,7 +37,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"model.attention={m.attention!r} must be one of {ATTENTION_LAYOUTS}")
   check(m.residual.mode in RESIDUAL_MODES,
         f"model.residual.mode={m.residual.mode!r} must be one of {RESIDUAL_MODES}")
-  check(m.attention_impl in IMPLS, f"model.attention_impl={m.attention_impl!r} must be one of {IMPLS}")
+  check(m.attention_impl in IMPLS,
+        f"model.attention_impl={m.attention_impl!r} must be one of {IMPLS}")
   for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
     check(m[field] > 0, f"model.{field}={m[field]} must be positive")
   errors += _moe_errors(config)
@@ -147,7 +148,8 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
             if n_data > 0 and config.mesh.fsdp > 0 else 1)
   check(micro >= 1 and r.n_rows % (micro * shards) == 0,
         f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
-        + (f" per data shard (mesh.data x mesh.fsdp x mesh.expert = {shards})" if shards > 1 else ""))
+        + (f" per data shard (mesh.data x mesh.fsdp x mesh.expert = {shards})"
+           if shards > 1 else ""))
   layout = r.get("layout", "packed")
   check(layout in REPLAY_LAYOUTS,
         f"replay.layout={layout!r} must be one of {REPLAY_LAYOUTS}")

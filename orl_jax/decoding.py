@@ -243,7 +243,8 @@ def prompt_layout(prompt_valid, block_size: int):
 
 def block_layout(b_rows, start, block_size: int, kind: int):
   """Positions [B, b] and metadata of the response block starting at canvas index `start`."""
-  positions = jnp.broadcast_to(start + jnp.arange(block_size, dtype=jnp.int32), (b_rows, block_size))
+  positions = jnp.broadcast_to(start + jnp.arange(block_size, dtype=jnp.int32),
+                               (b_rows, block_size))
   state_id = 0 if kind == KIND_STATE else -1
   return positions, make_meta(jnp.full((b_rows, block_size), kind), positions // block_size,
                               segment=0, response=0, state_id=state_id)

@@ -1,7 +1,8 @@
 """The training losses. SFT (DESIGN §2.7): `sft_loss`, the 1/t-weighted masked CE in the
 staircase layout. ORL on a replayed batch (DESIGN §2.6): gated CE, adjacent entropy contraction
-(AEC) and the capped reverse KL anchor. Every term is averaged per response, then over responses, using
-global segment sums over the batch, so the packing of states into rows never changes the loss.
+(AEC) and the capped reverse KL anchor. Every term is averaged per response, then over responses,
+using global segment sums over the batch, so the packing of states into rows never changes the
+loss.
 
 The anchor's reference (`LossConfig.kl_reference`): "initial" (default) is the frozen model ORL
 started from, replayed without gradient on the same rows with the same captured residuals

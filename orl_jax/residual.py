@@ -27,7 +27,8 @@ class Residual(NamedTuple):
 
 def zero_residual(batch: int, length: int, d_model: int, dtype=jnp.float32) -> Residual:
   """Cold start: no previous prediction."""
-  return Residual(jnp.zeros((batch, length, d_model), dtype), jnp.zeros((batch, length), jnp.float32))
+  return Residual(jnp.zeros((batch, length, d_model), dtype),
+                  jnp.zeros((batch, length), jnp.float32))
 
 
 def normalized_entropy(logits: jax.Array) -> jax.Array:

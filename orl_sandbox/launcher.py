@@ -747,7 +747,7 @@ class _Cgroup:
             left, _, right = line.partition(" - ")
             fields, tail = left.split(), right.split()
             mounts.append((tail[0], fields[3], fields[4], set(tail[2].split(","))))
-        for fstype, root, mount_point, options in mounts:
+        for fstype, root, mount_point, _options in mounts:
           if fstype == "cgroup2" and "<v2>" in own:
             path = own["<v2>"]
             rel = path[len(root):] if root != "/" and path.startswith(root) else path

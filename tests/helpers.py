@@ -45,39 +45,32 @@ def live_adapter(model, scale: float, seed: int):
 def random_packed_meta(rng: np.random.Generator, length: int, block_size: int):
   """A random packed row: several segments, each `[prompt | (clean blocks | states) per response]`,
   then padding. Returns numpy TokenMeta fields of shape [length]."""
-  seg, res, kind, blk, sid = [], [], [], [], []
+  tokens = []  # (segment, response, kind, block, state_id) per token
   segment, state_counter = 0, 0
   while True:
     n_prompt_blocks = int(rng.integers(1, 3))
     n_resp = int(rng.integers(1, 4))
     n_blocks = int(rng.integers(1, 4))
     need = n_prompt_blocks * block_size + n_resp * n_blocks * block_size * 3
-    if len(kind) + need > length:
+    if len(tokens) + need > length:
       break
     pad_front = int(rng.integers(0, block_size))
     for i in range(n_prompt_blocks * block_size):
-      seg.append(segment); res.append(-1); blk.append(i // block_size); sid.append(-1)
-      kind.append(KIND_PAD if i < pad_front else KIND_PROMPT)
+      kind = KIND_PAD if i < pad_front else KIND_PROMPT
+      tokens.append((segment, -1, kind, i // block_size, -1))
     for r in range(n_resp):
       for j in range(n_blocks):
-        for _ in range(block_size):
-          seg.append(segment); res.append(r); kind.append(KIND_CLEAN); sid.append(-1)
-          blk.append(n_prompt_blocks + j)
+        tokens += [(segment, r, KIND_CLEAN, n_prompt_blocks + j, -1)] * block_size
       for j in range(n_blocks):
         for _ in range(int(rng.integers(1, 3))):
-          if len(kind) + block_size > length:
+          if len(tokens) + block_size > length:
             break
-          for _ in range(block_size):
-            seg.append(segment); res.append(r); kind.append(KIND_STATE); sid.append(state_counter)
-            blk.append(n_prompt_blocks + j)
+          tokens += [(segment, r, KIND_STATE, n_prompt_blocks + j, state_counter)] * block_size
           state_counter += 1
     segment += 1
-  fill = length - len(kind)
-  seg += [0] * fill; res += [-1] * fill; kind += [KIND_PAD] * fill; blk += [0] * fill
-  sid += [-1] * fill
-  arr = lambda x: np.asarray(x[:length], np.int32)
-  return TokenMeta(segment=arr(seg), response=arr(res), kind=arr(kind), block=arr(blk),
-                   state_id=arr(sid))
+  tokens = tokens[:length] + [(0, -1, KIND_PAD, 0, -1)] * (length - len(tokens))
+  seg, res, kind, blk, sid = (np.asarray(col, np.int32) for col in zip(*tokens))
+  return TokenMeta(segment=seg, response=res, kind=kind, block=blk, state_id=sid)
 
 
 def brute_force_visible(meta: TokenMeta) -> np.ndarray:
@@ -106,36 +99,32 @@ def random_token_causal_meta(rng: np.random.Generator, length: int, canvas: int)
   committed canvases, then states of later canvases]`, then padding. Context tokens carry
   `block = position` (the token-causal stream), a state's block is its canvas's first
   position. Returns (numpy TokenMeta [length], positions [length], canvas start [length])."""
-  seg, res, kind, blk, sid, pos, start = [], [], [], [], [], [], []
+  tokens = []  # (segment, response, kind, block, state_id, position, canvas start) per token
   segment, state_counter = 0, 0
   while True:
     p = int(rng.integers(1, 3)) * canvas + int(rng.integers(0, canvas))
     n_resp, n_canvases = int(rng.integers(1, 3)), int(rng.integers(1, 4))
-    if len(kind) + p + n_resp * n_canvases * canvas * 2 > length:
+    if len(tokens) + p + n_resp * n_canvases * canvas * 2 > length:
       break
     pad_front = int(rng.integers(0, 3))
     for i in range(p):
-      seg.append(segment); res.append(-1); sid.append(-1); pos.append(i); blk.append(i)
-      start.append(-1); kind.append(KIND_PAD if i < pad_front else KIND_PROMPT)
+      tokens.append((segment, -1, KIND_PAD if i < pad_front else KIND_PROMPT, i, -1, i, -1))
     for r in range(n_resp):
       last = int(rng.integers(0, n_canvases))          # states of canvases 0..last
       for j in range(last):
         for i in range(canvas):
-          seg.append(segment); res.append(r); kind.append(KIND_CLEAN); sid.append(-1)
-          pos.append(p + j * canvas + i); blk.append(p + j * canvas + i); start.append(-1)
+          at = p + j * canvas + i
+          tokens.append((segment, r, KIND_CLEAN, at, -1, at, -1))
       for j in sorted(rng.choice(last + 1, size=int(rng.integers(1, last + 2)))):
+        first = p + j * canvas
         for i in range(canvas):
-          seg.append(segment); res.append(r); kind.append(KIND_STATE); sid.append(state_counter)
-          pos.append(p + j * canvas + i); blk.append(p + j * canvas); start.append(p + j * canvas)
+          tokens.append((segment, r, KIND_STATE, first, state_counter, first + i, first))
         state_counter += 1
     segment += 1
-  fill = length - len(kind)
-  seg += [0] * fill; res += [-1] * fill; kind += [KIND_PAD] * fill; blk += [0] * fill
-  sid += [-1] * fill; pos += [0] * fill; start += [-1] * fill
-  arr = lambda x: np.asarray(x[:length], np.int32)
-  meta = TokenMeta(segment=arr(seg), response=arr(res), kind=arr(kind), block=arr(blk),
-                   state_id=arr(sid))
-  return meta, arr(pos), arr(start)
+  tokens = tokens[:length] + [(0, -1, KIND_PAD, 0, -1, 0, -1)] * (length - len(tokens))
+  seg, res, kind, blk, sid, pos, start = (np.asarray(col, np.int32) for col in zip(*tokens))
+  meta = TokenMeta(segment=seg, response=res, kind=kind, block=blk, state_id=sid)
+  return meta, pos, start
 
 
 def brute_force_token_causal_visible(meta: TokenMeta, positions, canvas_start,

@@ -153,7 +153,7 @@ def is_above_models(module: str) -> bool:
 def long_functions(packages, limit: int) -> list[str]:
   """'path:line name (n lines)' for every function longer than `limit` lines."""
   out = []
-  for module, path in module_files(packages).items():
+  for path in module_files(packages).values():
     with open(path, encoding="utf-8") as f:
       tree = ast.parse(f.read(), filename=path)
     for node in ast.walk(tree):

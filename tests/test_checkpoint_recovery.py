@@ -154,7 +154,7 @@ def test_orl_killed_at_random_points_resumes_bit_exactly_with_clean_logs(tmp_pat
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   rng = random.Random(0)
   kills, logged_past_checkpoint, finished = 0, 0, False
-  for attempt in range(12):
+  for _attempt in range(12):
     proc = subprocess.Popen([sys.executable, "-c", _RUN, workdir], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # kill inside the next step or two: once one more step is logged, after a random delay

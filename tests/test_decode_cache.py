@@ -204,7 +204,8 @@ def test_later_step_matches_dense_reference(model, cache):
 def test_one_step_blocks_decode_exactly_like_none(model):
   """fixed_steps(b) commits a whole block per step: every step is a block-start forward, so
   the cached modes must decode exactly what `none` decodes, with the same counts."""
-  runs = {c: _decode(model, c, UnmaskRule("fixed_steps", B_SIZE)) for c in ("none", "prefix", "dual")}
+  rule = UnmaskRule("fixed_steps", B_SIZE)
+  runs = {c: _decode(model, c, rule) for c in ("none", "prefix", "dual")}
   for cache in ("prefix", "dual"):
     for field in ("tokens", "nfe", "nfe_engine", "n_generated", "finished"):
       np.testing.assert_array_equal(getattr(runs[cache], field), getattr(runs["none"], field),

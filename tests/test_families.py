@@ -161,7 +161,8 @@ def write_llada2_dir(path: str, seed: int = 0, n_layers: int = 3) -> dict:
        "lm_head.weight": w(v, d)}
   for i in range(n_layers):
     p = f"model.layers.{i}."
-    t.update({p + "input_layernorm.weight": 1 + w(d), p + "post_attention_layernorm.weight": 1 + w(d),
+    t.update({p + "input_layernorm.weight": 1 + w(d),
+              p + "post_attention_layernorm.weight": 1 + w(d),
               p + "attention.query_key_value.weight": w((hq + 2 * hkv) * dh, d),
               p + "attention.query_layernorm.weight": 1 + w(dh),
               p + "attention.key_layernorm.weight": 1 + w(dh),
@@ -258,7 +259,7 @@ def test_launcher_without_weights_stops_with_one_sentence():
   out = subprocess.run([sys.executable, "launch/train.py", "--config=configs/llada.py"],
                        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
                        text=True, timeout=300)
-  lines = [l for l in out.stderr.strip().splitlines() if l]
+  lines = [line for line in out.stderr.strip().splitlines() if line]
   assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
   assert "config.model.path" in lines[0] and "LLaDA2.1-mini" in lines[0]
 
@@ -314,7 +315,8 @@ _, params = hf.load_model_params(PATH, "llada2_moe", LLADA2, shardings=sh)
 up = hf._flat_params(params)["layers.2.mlp.up_proj"]
 assert up.sharding.spec[0] == "expert", up.sharding.spec
 assert up.addressable_shards[0].data.shape == (2, 32, 12)
-np.testing.assert_array_equal(np.asarray(up)[5], tensors["model.layers.2.mlp.experts.5.up_proj.weight"].T)
+np.testing.assert_array_equal(np.asarray(up)[5],
+                              tensors["model.layers.2.mlp.experts.5.up_proj.weight"].T)
 assert sharding.batch_sharding(mesh).spec == jax.sharding.PartitionSpec(("data", "fsdp", "expert"))
 print("EXPERT_LOAD_OK")
 """
@@ -369,7 +371,8 @@ def test_each_family_decodes_by_its_authors_rules():
   assert stops == {"2.1-mini": False, "2.1-mini-dllm": False, "2.1-mini-sglang": True,
                    "2.0-mini": True, "8b-instruct": False, "8b-base": False, "debug": False,
                    "debug-jsonl": False}
-  dllm, sglang = llada.get_config("2.1-mini-dllm").decode, llada.get_config("2.1-mini-sglang").decode
+  dllm = llada.get_config("2.1-mini-dllm").decode
+  sglang = llada.get_config("2.1-mini-sglang").decode
   assert (dllm.rule_value, dllm.edit_threshold, dllm.max_post_edit_steps) == (0.95, 0.9, 16)
   assert (sglang.rule_value, sglang.edit_threshold, sglang.max_post_edit_steps) == (0.5, 0.0, 16)
   dcfg = config_lib.decode_config(llada.get_config("8b-instruct"), mask_id=0, eos_id=1)

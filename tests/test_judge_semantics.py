@@ -15,7 +15,6 @@ import textwrap
 
 import pytest
 
-from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
 from orl_sandbox import launcher as sandbox
 

@@ -49,7 +49,8 @@ def test_masked_proposal_equals_the_whole_block_head(counts, temperature):
                        masked, key)
   m = np.asarray(masked)
   np.testing.assert_array_equal(np.asarray(got.cand)[m], np.asarray(full.cand)[m])
-  for a, b in ((got.conf, full.conf), (got.entropy, full.entropy), (got.soft.alpha, full.soft.alpha)):
+  pairs = ((got.conf, full.conf), (got.entropy, full.entropy), (got.soft.alpha, full.soft.alpha))
+  for a, b in pairs:
     np.testing.assert_allclose(np.asarray(a)[m], np.asarray(b)[m], rtol=1e-5, atol=1e-6)
   z, zf = np.asarray(got.soft.z)[m], np.asarray(full.soft.z)[m]
   np.testing.assert_allclose(z, zf, rtol=0, atol=1e-5 * max(np.abs(zf).max(initial=0), 1e-6))

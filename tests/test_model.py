@@ -49,7 +49,8 @@ def test_adapter_model_equals_plain_model_at_init():
   assert float(b.residual_norm_ratio) == 0.0
   # ... and it is a real pathway: a non-zero output projection changes the masked positions only.
   st = nnx.state(adapter, nnx.Param)
-  st["adapter"]["down_proj"]["kernel"][...] = jnp.ones_like(st["adapter"]["down_proj"]["kernel"][...])
+  kernel = st["adapter"]["down_proj"]["kernel"]
+  kernel[...] = jnp.ones_like(kernel[...])
   nnx.update(adapter, st)
   c = adapter(tokens, pos, meta, residual=res)
   assert float(c.residual_norm_ratio) > 0
@@ -108,7 +109,8 @@ def test_kv_cache_decoding_equals_full_recompute(mode, rule, temperature):
   valid = jnp.arange(8)[None] >= jnp.array([0, 3, 6])[:, None]
   key = jax.random.key(4)
   cached = make_decoder(graphdef, cfg)(params, prompts, valid, key)
-  full = make_decoder(graphdef, dataclasses.replace(cfg, kv_cache=False))(params, prompts, valid, key)
+  no_cache = dataclasses.replace(cfg, kv_cache=False)
+  full = make_decoder(graphdef, no_cache)(params, prompts, valid, key)
   np.testing.assert_array_equal(np.asarray(cached.tokens), np.asarray(full.tokens))
   np.testing.assert_array_equal(np.asarray(cached.nfe), np.asarray(full.nfe))
   np.testing.assert_allclose(np.asarray(cached.capture.topk_logprobs),

@@ -43,8 +43,8 @@ def test_notebook_runs_in_reduced_mode(tmp_path, monkeypatch):
     if cell.cell_type == "code":
       cell.source = cell.source.replace('WORKDIR = "work_dirs/notebook_demo"',
                                         f"WORKDIR = {str(work)!r}")
-  client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
-                                   resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}})
+  resources = {"metadata": {"path": os.path.join(ROOT, "notebooks")}}
+  client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3", resources=resources)
   client.execute()
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
   assert not [o for o in outputs if o.get("output_type") == "error"]

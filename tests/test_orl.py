@@ -289,7 +289,6 @@ def test_micro_batches_must_divide_the_rows(rolled_out):
 
 
 def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
-  import ml_collections
   from orl_jax import sharding
   from orl_jax.optimizer import OptimizerConfig, make_optimizer
   from orl_jax.train.state import create_train_state, make_train_step

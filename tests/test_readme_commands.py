@@ -28,7 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHELL_FENCES = ("```bash", "```sh", "```shell")
 MARKER = "*Needs "
 
-_DEMO = "tests/test_demo_report.py::test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again"
+_DEMO = ("tests/test_demo_report.py::"
+         "test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again")
 _ORL = "tests/test_train.py::test_orl_is_on_policy_and_resumes_exactly"
 _COMPILE = ("tests/test_compile.py::"
             "test_the_tiny_orl_iteration_compiles_for_v5e_with_the_staircase_kernel")
@@ -53,7 +54,8 @@ EXERCISED = {
     "python launch/train.py --config=configs/tiny.py --config.compare_offline=True "
     "--config.ablations=\"('no_aec','no_kl','no_residual')\" --config.seeds=\"(0,1,2)\"":
         (_DEMO, ("c.seeds", "c.ablations")),
-    "python launch/train.py --config=configs/tiny.py:ablations": (_DEMO, ("c.seeds", "c.ablations")),
+    "python launch/train.py --config=configs/tiny.py:ablations":
+        (_DEMO, ("c.seeds", "c.ablations")),
     # on a hand-written study directory stopped part-way
     "python launch/report.py --workdir=work_dirs/tiny_ablations":
         ("tests/test_demo_report.py::test_study_report_reads_a_study_stopped_part_way",
@@ -131,7 +133,8 @@ EXERCISED = {
     "--config.mesh.fsdp=8 --config.mesh.expert=8":
         (_LLADA2_SIZING, ('get_config("2.1-mini")', "c.mesh.expert", "dry_run.sizing_rows")),
     # the dry-run launcher on LLaDA-8B over fsdp=8 (SDAR-8B's table is the same code)
-    "python launch/train.py --config=configs/sdar.py:8b --config.dry_run=True --config.mesh.fsdp=64":
+    "python launch/train.py --config=configs/sdar.py:8b --config.dry_run=True "
+    "--config.mesh.fsdp=64":
         ("tests/test_dry_run.py::test_launcher_prints_the_table",
          ("launch/train.py", "--config.dry_run=True", "--config.mesh.fsdp=")),
     "python launch/train.py --config=configs/llada.py:debug":
@@ -142,7 +145,8 @@ EXERCISED = {
          ('get_config("debug")', "c.train.steps = 2", "train(")),
     # the launcher's compare path (evaluate_models) on the debug config
     # (_config: get_config("debug"), 16 problems)
-    "python launch/eval.py --config=configs/diffusion_gemma.py:debug --config.eval.compare=random:base":
+    "python launch/eval.py --config=configs/diffusion_gemma.py:debug "
+    "--config.eval.compare=random:base":
         ("tests/test_diffusion_gemma_eval.py::"
          "test_evaluation_reports_tpf_in_both_conventions_as_counted_by_hand",
          ("_config(tmp_path)", "evaluate_models(", "RANDOM_INIT")),
@@ -228,7 +232,7 @@ def readme_commands(text: str) -> list[Command]:
       while i < len(lines) and not lines[i].startswith("```"):
         i += 1
     i += 1
-  prose = "\n".join("" if _in_fence else l for l, _in_fence in zip(lines, _fenced(lines)))
+  prose = "\n".join("" if _in_fence else line for line, _in_fence in zip(lines, _fenced(lines)))
   for m in re.finditer(r"`([^`\n]*(?:\n[^`\n]*)?)`", prose):
     span = " ".join(m.group(1).split())
     if (span.startswith("make ") or " --" in span) and _runs_project(span):

@@ -43,7 +43,8 @@ def test_gsm8k_and_humaneval_tasks_are_registered():
 def test_jsonl_task_trains_and_verifies(tmp_path):
   path = tmp_path / "data.jsonl"
   path.write_text(json.dumps({"prompt": "What is 2 + 3?", "answer": 5}) + "\n"
-                  + json.dumps({"prompt": "def f():\n", "tests": "def check(c):\n  assert c() == 1\n",
+                  + json.dumps({"prompt": "def f():\n",
+                                "tests": "def check(c):\n  assert c() == 1\n",
                                 "entry_point": "f"}) + "\n")
   task = get_task(_task(name="jsonl", path=str(path), chat="qwen3"))
   assert task.train_problem(2).problem_id == task.train_problem(0).problem_id   # cycles
@@ -66,8 +67,10 @@ def test_eval_launcher_gsm8k_base_vs_orl_on_llada_debug(tmp_path):
   out = subprocess.run(
       [sys.executable, "launch/eval.py", "--config=configs/llada.py:debug",
        "--config.task.name=gsm8k", "--config.task.prompt_len=512", "--config.model.tokenizer=byte",
-       "--config.eval.n_problems=16", "--config.eval.settings=('threshold_0.9','entropy_budget_0.5')",
-       f"--config.eval.compare=random:base,{orl_params}:orl", f"--config.workdir={tmp_path / 'ev'}"],
+       "--config.eval.n_problems=16",
+       "--config.eval.settings=('threshold_0.9','entropy_budget_0.5')",
+       f"--config.eval.compare=random:base,{orl_params}:orl",
+       f"--config.workdir={tmp_path / 'ev'}"],
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
       timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]

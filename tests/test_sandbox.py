@@ -210,7 +210,7 @@ def test_network_is_unreachable(verifier, isolation):
   attacks = [
       f"  import socket\n  socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
       "  return a + b\n",
-      f"  import socket\n  s = socket.socket()\n  s.bind(('127.0.0.1', 0))\n  s.listen()\n"
+      "  import socket\n  s = socket.socket()\n  s.bind(('127.0.0.1', 0))\n  s.listen()\n"
       "  return a + b\n",
   ]
   if {"netns", "landlock-net"} & set(isolation):

@@ -665,7 +665,8 @@ def test_deep_and_locked_directory_tree_does_not_break_cleanup(verifier, tracker
 
 PROTOCOL_ABUSE = {
     "huge_answer": "    return 'x' * (64 << 20)\n",
-    "deeply_nested_answer": "    value = []\n    for _ in range(100_000):\n        value = [value]\n"
+    "deeply_nested_answer": "    value = []\n    for _ in range(100_000):\n"
+                            "        value = [value]\n"
                             "    return value\n",
     "generator_answer": f"    return ({CORRECT} for _ in range(1))\n",
     "garbage_on_descriptors": "    import os\n    for fd in range(3, 64):\n        try:\n"
@@ -941,7 +942,7 @@ try:
     time.sleep(2.5)
 except OSError:
     pass
-""", f"""\
+""", """\
 import fcntl, struct
 fd = os.open(os.__file__, os.O_RDONLY)
 """ + _FOR_2S + f""" and not RECEIVED:

@@ -5,7 +5,8 @@ checked on random packed rows (several prompt groups per row, clean context, sta
 padding that covers whole query tiles), eagerly, under `jax.jit` and under `jax.shard_map` on 4
 fake CPU devices; the tile map is checked against a brute-force dense mask, and the tiles the
 kernels visit against the non-empty tiles. Tolerances: f32 1e-4, bf16 4e-2 (relative to the
-largest reference magnitude). The exhaustive sweep is `@pytest.mark.slow` (`make test-slow`; `make test` deselects it).
+largest reference magnitude). The exhaustive sweep is `@pytest.mark.slow` (`make test-slow`;
+`make test` deselects it).
 """
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ def _hand_count(nonempty, hq, hkv, bq, bk, dh, itemsize) -> dict:
   tile_ids, tile = 20, bq * bk
   batch, nq, nk = nonempty.shape
   for b in range(batch):
-    for h in range(hq):
+    for _head in range(hq):
       for i in range(nq):
         listed = np.flatnonzero(nonempty[b, i])
         count["fwd"][1] += bq                                   # log of the sum
@@ -352,6 +353,7 @@ def test_splash_kernel_cache_does_not_leak_tracers():
   loss = lambda q: jnp.sum(splash.staircase_attention(q, k, v, meta, meta, interpret=True))
   value = jax.jit(loss)(q)
   grad = jax.jit(jax.grad(loss))(q)
-  want = jax.value_and_grad(lambda q: jnp.sum(staircase_attention_reference(q, k, v, meta, meta)))(q)
+  reference_sum = lambda q: jnp.sum(staircase_attention_reference(q, k, v, meta, meta))
+  want = jax.value_and_grad(reference_sum)(q)
   _assert_close(value, want[0], jnp.float32, "value")
   _assert_close(grad, want[1], jnp.float32, "grad")

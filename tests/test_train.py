@@ -363,7 +363,6 @@ def _orl_with_verifier(monkeypatch, workdir, verifier, steps):
     return plan, stats
 
   def setup_with_verifier(config):
-    import dataclasses
     s = real_setup(config)
     s.task = dataclasses.replace(s.task, verifier=verifier)
     return s

@@ -133,7 +133,7 @@ def refusal(program: Program, target: Target, error: BaseException) -> str:
   """One paragraph: which program the compiler refused for `target`, what did not fit and by
   how much, and what to try."""
   text = str(error).strip()
-  lines = [l.strip() for l in text.splitlines() if l.strip()]
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
   head = lines[0] if lines else type(error).__name__
   where = f"{program.name} ({program.role}) does not compile for {target.label}"
   m = _HBM.search(text)

@@ -22,8 +22,8 @@ Expert parallelism (`expert_parallel`): the expert weights are split over the me
 sends the summed partial outputs back, where they add up at the token's owner. `exchange` picks
 the collective (`EXCHANGES`):
 * ``"ragged_all_to_all"`` — `jax.lax.ragged_all_to_all`: only those rows travel, packed by
-  destination (TPU/GPU; XLA:CPU does not implement it: asked for there, it runs as ``all_to_all``, with one
-  warning).
+  destination (TPU/GPU; XLA:CPU does not implement it: asked for there, it runs as
+  ``all_to_all``, with one warning).
 * ``"all_to_all"`` — the same slices padded to the exact worst case of `n` rows per destination
   (a device may need all `n` local tokens, never one twice) and moved by one `jax.lax.all_to_all`
   (`padded_all_to_all`): static shapes, dropless, runs everywhere; it moves `P·n·D` per device

@@ -153,7 +153,7 @@ def loss_and_grads(graphdef, loss_fn: Callable, params, batch, key, *, micro_bat
                           totals, carry, reference)
   sums = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0])
   for i in range(micro_batches):  # a static slice per micro-batch
-    mb = jax.tree.map(lambda x: x[i], micro)
+    mb = jax.tree.map(lambda x, i=i: x[i], micro)
     sums, carry = _accumulate(graphdef, loss_fn, params, mb, key, totals, carry, reference,
                               sums)
   (loss, metrics), grads = sums

@@ -133,7 +133,7 @@ def softmax_delta(out, d_out):
   return jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1)
 
 
-def finish_softmax(m, l, acc, out_dtype):
+def finish_softmax(m, l, acc, out_dtype):  # noqa: E741 (FlashAttention's m, l)
   """Normalizes the online-softmax accumulators; queries that saw no key get 0 and lse 0."""
   seen = l > 0
   safe_l = jnp.where(seen, l, 1.0)

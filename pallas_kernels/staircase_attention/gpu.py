@@ -93,7 +93,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qm_ref, km_ref, list_ref, o_ref, lse_ref, *
   q_meta = _load_meta(qm_ref, 0, bq)
 
   def body(tile, masked, carry):
-    m, l, acc, visits = carry
+    m, l, acc, visits = carry  # noqa: E741 (FlashAttention's running max m and sum l)
     start = pl.multiple_of(tile * bk, bk)
     v = v_ref[pl.ds(start, bk), :]
     s = _dot(q, k_ref[pl.ds(start, bk), :], _NT) * cfg.scale
@@ -110,7 +110,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qm_ref, km_ref, list_ref, o_ref, lse_ref, *
 
   init = (jnp.full((bq,), MASKED_LOGIT, jnp.float32), jnp.zeros((bq,), jnp.float32),
           jnp.zeros((bq, q.shape[-1]), jnp.float32), jnp.int32(0))
-  m, l, acc, visits = _for_listed(list_ref, full_offset, body, init)
+  m, l, acc, visits = _for_listed(list_ref, full_offset, body, init)  # noqa: E741 (as above)
   out, lse = block_sparse.finish_softmax(m[:, None], l[:, None], acc, o_ref.dtype)
   o_ref[...] = out
   lse_ref[...] = lse[:, 0]
