@@ -343,7 +343,7 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
     stderr = _read_text(paths["stderr"], limits.max_output_bytes)
     runner_log = _read_text(paths["runner.log"], 8192)
   finally:
-    _remove_tree(base_dir)
+    remove_tree(base_dir)
   if status["refused"]:
     raise SandboxUnavailableError(
         "Refusing to run untrusted code: this machine does not provide "
@@ -875,7 +875,7 @@ def _rmdir_quiet(path: str) -> bool:
     return False
 
 
-def _remove_tree(path: str) -> bool:
+def remove_tree(path: str) -> bool:
   """Deletes `path` and everything below it, at any depth, never following symlinks.
 
   Iterative and relative to directory descriptors (no recursion, no path length limit); gives

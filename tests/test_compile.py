@@ -111,7 +111,7 @@ def test_the_cpu_cost_estimate_counts_a_matmul():
   flops, _, _, _ = report.program_cost(lowered, compiled, 1)
   if compiled.cost_analysis():      # XLA:CPU gives its own: the figures are the compiler's
     assert flops == pytest.approx(2 * 64 * 32 * 16, rel=0.01)
-  assert report._host_cost(lowered, 2) == pytest.approx(64 * 32 * 16, rel=0.01)
+  assert report.host_cost(lowered, 2) == pytest.approx(64 * 32 * 16, rel=0.01)
   mem = compiled.memory_analysis()
   assert mem.argument_size_in_bytes == (64 * 32 + 32 * 16) * 4
 

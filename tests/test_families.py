@@ -225,7 +225,7 @@ def test_model_path_hf_directory_sets_family_and_shapes_then_exports_official_na
   assert out_config["model_type"] == "llada2_moe" and out_config["num_hidden_layers"] == 3
   assert os.path.isfile(tmp_path / "out" / "tokenizer.json")
   _, again = hf.load_model_params(str(tmp_path / "out"), hf.family_of(str(tmp_path / "out")), cfg)
-  a, b = hf._flat_params(params), hf._flat_params(again)
+  a, b = hf.flat_params(params), hf.flat_params(again)
   assert a.keys() == b.keys()
   for k in a:
     np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
@@ -312,7 +312,7 @@ assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "expert": 4}
 _, abstract = build.abstract_params(LLADA2)
 sh = sharding.tree_shardings(abstract, mesh, families.get("llada2_moe").partition_rules)
 _, params = hf.load_model_params(PATH, "llada2_moe", LLADA2, shardings=sh)
-up = hf._flat_params(params)["layers.2.mlp.up_proj"]
+up = hf.flat_params(params)["layers.2.mlp.up_proj"]
 assert up.sharding.spec[0] == "expert", up.sharding.spec
 assert up.addressable_shards[0].data.shape == (2, 32, 12)
 np.testing.assert_array_equal(np.asarray(up)[5],

@@ -181,13 +181,13 @@ def test_llada_bf16_load_export_load_round_trip_is_exact(tmp_path):
   _write_llada_dir(str(tmp_path / "a"), cfg, dtype=ml_dtypes.bfloat16)
   graphdef, params = hf.load_model_params(str(tmp_path / "a"), "llada", cfg)
   # a live adapter so that its separate file is checked too
-  flat = hf._flat_params(params)
+  flat = hf.flat_params(params)
   assert flat["embed.embedding"].dtype == jnp.bfloat16
   hf.export_hf(str(tmp_path / "b"), params, cfg, "llada", max_shard_bytes=20_000)
   assert os.path.isfile(tmp_path / "b" / hf.INDEX_FILE)
   assert os.path.isfile(tmp_path / "b" / hf.ADAPTER_FILE)
   _, again = hf.load_model_params(str(tmp_path / "b"), "llada", cfg)
-  a, b = hf._flat_params(params), hf._flat_params(again)
+  a, b = hf.flat_params(params), hf.flat_params(again)
   assert a.keys() == b.keys()
   for k in a:
     np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
@@ -268,7 +268,7 @@ mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2)
 _, abstract = build.abstract_params(cfg)
 sh = sharding.tree_shardings(abstract, mesh)
 _, params = hf.load_model_params(PATH, "llada", cfg, shardings=sh)
-flat = hf._flat_params(params)
+flat = hf.flat_params(params)
 q = flat["layers.0.attn.q_proj.kernel"]
 assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor"), q.sharding.spec
 assert q.addressable_shards[0].data.shape == (24, 24)

@@ -66,7 +66,7 @@ def private_tmp(monkeypatch, tmp_path_factory):
   monkeypatch.setattr(tempfile, "tempdir", root)
   yield pathlib.Path(root)
   monkeypatch.undo()
-  sandbox._remove_tree(root)
+  sandbox.remove_tree(root)
 
 
 def _sandbox_processes(root: pathlib.Path) -> list[int]:
@@ -401,11 +401,11 @@ def test_remove_tree_handles_depth_locks_and_symlinks(tmp_path):
   os.chmod(root / "locked", 0)
   os.symlink(outside, root / "link")
   os.symlink(outside / "keep", root / "file_link")
-  assert sandbox._remove_tree(str(root))
+  assert sandbox.remove_tree(str(root))
   assert not root.exists()
   assert (outside / "keep").read_text() == "keep"
-  assert sandbox._remove_tree(str(tmp_path / "missing"))
-  assert sandbox._remove_tree(str(tmp_path))
+  assert sandbox.remove_tree(str(tmp_path / "missing"))
+  assert sandbox.remove_tree(str(tmp_path))
 
 
 # ----------------------------------------------------------------------------- judge protocol

@@ -75,7 +75,7 @@ def _gb(n: float) -> str:
   return f"{n / GIB:.2f} GiB"
 
 
-def _host_cost(lowered, n_devices: int) -> float:
+def host_cost(lowered, n_devices: int) -> float:
   """FLOPs per device of a lowered program before optimisation (XLA's HLO cost analysis on
   this host, divided evenly over the devices); kernels' custom calls count nothing."""
   from jax._src.lib import _jax
@@ -198,7 +198,7 @@ def program_cost(lowered, compiled, n_devices: int) -> tuple[float, float, float
   mem = compiled.memory_analysis()
   moved = (mem.argument_size_in_bytes + mem.output_size_in_bytes
            - 2 * mem.alias_size_in_bytes)
-  return _host_cost(lowered, n_devices), float(moved), 0.0, "estimate"
+  return host_cost(lowered, n_devices), float(moved), 0.0, "estimate"
 
 
 @dataclasses.dataclass

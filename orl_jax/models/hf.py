@@ -303,7 +303,7 @@ class _Reader:
     return sl[tuple(index)] if index is not None else sl[:]
 
 
-def _flat_params(params: nnx.State) -> dict:
+def flat_params(params: nnx.State) -> dict:
   """{our dot-joined name ('layers.0.attn.q_proj.kernel'): leaf}."""
   return {path_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
 
@@ -345,12 +345,12 @@ def load_hf_params(hf_dir: str, family: str, cfg: ModelConfig, abstract_params: 
     CheckpointError: listing missing, unexpected and mis-shaped tensors.
   """
   allow_missing = allow_missing or (lambda name: name.startswith(ADAPTER_PREFIX))
-  leaves = _flat_params(abstract_params)
+  leaves = flat_params(abstract_params)
   files = weight_files(hf_dir)
   adapter = _adapter_files(hf_dir)
   reader = _Reader({**files, **adapter})
   sources = _tensor_sources(hf_dir, family, cfg, leaves, files, adapter, reader, allow_missing)
-  flat_sh = _flat_params(shardings) if shardings is not None else {}
+  flat_sh = flat_params(shardings) if shardings is not None else {}
   kept = sorted(name for name in leaves if name not in sources)
   loaded = {name: _load_leaf(reader, sources.get(name), leaf, flat_sh.get(name))
             for name, leaf in leaves.items()}
@@ -422,7 +422,7 @@ def _load_leaf(reader, rules, leaf, sharding):
 def hf_tensors(params: nnx.State, cfg: ModelConfig, family: str):
   """(HF tensors of the base model, our adapter tensors) of `params`, as host numpy arrays;
   CheckpointError naming parameters the family has no name for, or lacks."""
-  leaves = {n: np.asarray(jax.device_get(v)) for n, v in _flat_params(params).items()}
+  leaves = {n: np.asarray(jax.device_get(v)) for n, v in flat_params(params).items()}
   rules = tensor_rules(family, cfg)
   lacking = sorted({r.ours for r in rules} - set(leaves))
   if lacking:
@@ -521,8 +521,8 @@ def load_model_params(hf_dir: str, family: str, cfg: ModelConfig, *, shardings=N
     fresh = nnx.state(Transformer(dataclasses.replace(cfg, n_layers=0, vocab_size=8,
                                                       tie_embeddings=True),
                                   rngs=nnx.Rngs(seed)), nnx.Param)
-    fresh_flat = _flat_params(fresh)
-    flat = _flat_params(abstract)
+    fresh_flat = flat_params(fresh)
+    flat = flat_params(abstract)
     for n in flat:
       if n.startswith(ADAPTER_PREFIX):
         flat[n] = fresh_flat[n]
