@@ -31,8 +31,8 @@ def plot_training_curves(jsonl_path: str, png_path: str, keys=None, title: str =
   keys = keys or [k for k in rows[-1] if k != "step"]
   n = len(keys)
   cols = min(3, n)
-  rows = (n + cols - 1) // cols
-  fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3 * rows), squeeze=False)
+  n_rows = (n + cols - 1) // cols
+  fig, axes = plt.subplots(n_rows, cols, figsize=(4.5 * cols, 3 * n_rows), squeeze=False)
   for ax, key in zip(axes.flat, keys):
     pts = [(r["step"], r[key]) for r in rows if key in r]
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
