@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv compilers demo test test-other-cpu test-slow test-all base warmup bench clean
+.PHONY: venv compilers demo lint test test-other-cpu test-slow test-all base warmup bench clean
 
 # The project and its test extras; then torch and transformers, the test-only references of the
 # parity tests (never imported by the library or the launchers). GSM8K's test split ships in
@@ -39,11 +39,17 @@ compilers: $(COMPILERS)
 demo: venv
 	$(PY) launch/train.py --config=configs/tiny.py
 
+# The linter on the whole tree (pyflakes, pycodestyle, bugbear) and the type checker on the
+# library; settings in pyproject.toml. `make test` runs it first.
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
 # Fast suite (slow end-to-end tests are behind the `slow` marker), on two worker processes
 # (pytest-xdist; one test file per worker at a time, so module fixtures are built once).
 # Serial: `$(PY) -m pytest -q -m "not slow" tests`.
 TEST_WORKERS ?= 2
-test: venv compilers
+test: venv compilers lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 # The suite again under other floating-point numerics, so that no test depends on one machine's

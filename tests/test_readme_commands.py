@@ -63,6 +63,7 @@ EXERCISED = {
     "make warmup": (_DEMO, ('"warmup"',)),
     "python launch/train.py --config=configs/tiny.py:warmup": (_DEMO, ('"warmup"',)),
     "make test": ("Makefile::test", ("pytest",)),
+    "make lint": ("Makefile::lint", ("ruff check", "mypy")),
     "make test-other-cpu": ("Makefile::test-other-cpu", ("pytest", "--xla_cpu_max_isa=")),
     'make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"':
         ("Makefile::test-other-cpu", ("$(OTHER_CPU_ISAS)", "tests/other_cpu_isas.py")),
