@@ -34,6 +34,7 @@ from ml_collections import config_flags
 
 from orl_jax import config as config_lib
 from orl_jax import decoders
+from orl_jax import sharding
 from orl_jax import evaluate as eval_lib
 from orl_jax import trajectory_view, trained_run
 from orl_jax import weights as weights_lib
@@ -122,7 +123,8 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   graphdef, params = initial_params(s)
   ids = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
   run = decoders.make_decoder(cfg, s.model_cfg, graphdef, "decode", rule=rule, **ids)
-  out = jax.device_get(run(params, tokens, valid, jax.random.key(0)))
+  with sharding.tracing_mesh(s.mesh):
+    out = jax.device_get(run(params, tokens, valid, jax.random.key(0)))
   texts = [tok.decode(t, stop_at_eos=True) for t in out.tokens]
   lead = decoders.prompt_lead(cfg, s.model_cfg, valid, **ids)
   return Decoded(

@@ -407,8 +407,10 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True,
       print(f"{name}: {weights} on {n} of the {n_available} {describe_task(cfg)} problems "
             f"(eval.n_problems={cfg.eval.n_problems}; 0 = all)", flush=True)
     graphdef, params = initial_params(setup)
-    results = evaluate(graphdef, params, setup.task, cfg, cfg.eval.settings, progress=progress,
-                       mesh=setup.mesh, model_cfg=setup.model_cfg, name=name)
+    with sharding_lib.tracing_mesh(setup.mesh):
+      results = evaluate(graphdef, params, setup.task, cfg, cfg.eval.settings,
+                         progress=progress, mesh=setup.mesh, model_cfg=setup.model_cfg,
+                         name=name)
     if distributed.is_lead_process():
       all_results = update_results(path, name, results, evaluation_setup(config))
     else:

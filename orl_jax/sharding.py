@@ -7,6 +7,7 @@ cover the first three axes; `expert` is a fixed size (default 1) inside a granul
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 import jax
@@ -115,6 +116,18 @@ def mesh_from_config(config, devices=None) -> jax.sharding.Mesh:
   dcn = dcn.to_dict() if hasattr(dcn, "to_dict") else dcn
   return make_mesh(m.data, m.fsdp, m.tensor, devices=devices, dcn=dcn,
                    expert=m.get("expert", 1))
+
+
+def tracing_mesh(mesh):
+  """A context in which programs are traced on `mesh`'s abstract mesh
+  (`jax.sharding.use_abstract_mesh`) when it splits experts (`expert` > 1): the MoE layers read
+  it when they are traced, to run their experts inside `shard_map` where the weights are
+  (`orl_jax.models.moe`). Eager operations keep their devices (a concrete `jax.set_mesh` would
+  move them onto the mesh, which for a compile target has no runnable devices). Other meshes:
+  nothing is set."""
+  if dict(mesh.shape).get(EXPERT_AXIS, 1) > 1:
+    return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
+  return contextlib.nullcontext()
 
 
 def n_batch_shards(mesh_shape) -> int:

@@ -263,3 +263,31 @@ def test_partition_rules_split_experts_over_the_expert_axis():
   assert spec("layers.1.mlp.shared_experts.up_proj.kernel", (16, 12)) == P("fsdp", None)
   assert spec("layers.1.mlp.router.kernel", (16, 8)) == P(None, None)
   assert spec("layers.0.mlp.gate_proj.kernel", (16, 40)) == P("fsdp", None)   # dense layer
+
+
+_EXPERT_AXIS_TRAIN_SCRIPT = textwrap.dedent("""
+  import jax
+  jax.config.update("jax_num_cpu_devices", 2)
+  import os, tempfile
+  import numpy as np
+  from configs import llada
+  from orl_jax.metrics import read_jsonl
+  from orl_jax.train.entry import train
+
+  c = llada.get_config("debug")
+  c.workdir = tempfile.mkdtemp()
+  c.train.steps = 1
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor, c.mesh.expert = 1, 1, 1, 2
+  c.model.moe.impl = "ragged"
+  train(c, progress=False)
+  row = read_jsonl(os.path.join(c.workdir, "metrics.jsonl"))[-1]
+  assert row["step"] == 1 and np.isfinite(row["loss"]), row
+  print("EXPERT_AXIS_TRAIN_OK")
+""")
+
+
+def test_an_orl_iteration_trains_with_the_experts_split_over_the_expert_axis():
+  """`train()` on a mesh with an `expert` axis: the rollout, replay and update are traced on
+  that mesh (`sharding.tracing_mesh`), so the MoE layers run expert-parallel inside shard_map
+  (without it their trace stops: no mesh with an expert axis)."""
+  _run_on_4_cpu_devices(_EXPERT_AXIS_TRAIN_SCRIPT, "EXPERT_AXIS_TRAIN_OK")

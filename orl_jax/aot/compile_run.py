@@ -9,6 +9,7 @@ from typing import Callable
 from orl_jax.aot import programs as programs_lib
 from orl_jax.aot import report as report_lib
 from orl_jax.aot import targets as targets_lib
+from orl_jax import sharding as sharding_lib
 
 
 @dataclasses.dataclass
@@ -39,10 +40,11 @@ def compile_run(config, target: targets_lib.Target, *, programs: list[str] | Non
                                     f"has {', '.join(p.name for p in chosen)})")
     chosen = [p for p in chosen if p.name in programs]
   reports = []
-  for program in chosen:
-    if progress:
-      progress(f"compiling {program.name} for {target.label} ...")
-    reports.append(report_lib.compile_program(program, target, len(devices)))
+  with sharding_lib.tracing_mesh(built.mesh):
+    for program in chosen:
+      if progress:
+        progress(f"compiling {program.name} for {target.label} ...")
+      reports.append(report_lib.compile_program(program, target, len(devices)))
   budget = targets_lib.device_budget(target, devices)
   usable = report_lib.usable_bytes(target, budget, memory_fraction)
   fits, verdict = report_lib.verdict(reports, target, usable)

@@ -177,12 +177,18 @@ def _train_programs(steps, state, batch, key, resident: int) -> list[Program]:
 
 def orl_programs(config, devices, platform: str, gpu: GpuTarget | None = None) -> ProgramSet:
   """Every jitted program of one ORL iteration of `config` on a mesh of `devices` (and the
-  decode launcher's decoder), traced for `platform` when lowered."""
+  decode launcher's decoder), traced for `platform` when lowered (lower them inside
+  `sharding.tracing_mesh(ProgramSet.mesh)`)."""
   config = copy.deepcopy(config)
   config.checkpoint.save_rollouts = False     # nothing is written
-  model_cfg = run_model_config(config)
   mesh = sharding_lib.mesh_from_config(config, devices)
   check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
+  with sharding_lib.tracing_mesh(mesh):
+    return _programs_on(config, mesh, platform, gpu)
+
+
+def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramSet:
+  model_cfg = run_model_config(config)
   optimizer = make_optimizer(OptimizerConfig.from_config(config),
                              state_lib.frozen_params(model_cfg))
   graphdef, state, state_sh = state_lib.abstract_train_state(

@@ -260,7 +260,8 @@ def _exchange_experts(x, routed: RoutedTokens, w: ExpertWeights, collective, act
 
 
 def expert_axis_size() -> int:
-  """The size of the mesh axis "expert" of the mesh set with `jax.set_mesh` (1 without)."""
+  """The size of the mesh axis "expert" of the mesh being traced on (`jax.set_mesh`, or
+  `orl_jax.sharding.tracing_mesh`); 1 without one."""
   mesh = jax.sharding.get_abstract_mesh()
   return dict(mesh.shape).get(EXPERT_AXIS, 1) if mesh.axis_names else 1
 
@@ -268,8 +269,9 @@ def expert_axis_size() -> int:
 def _expert_mesh_and_token_spec():
   mesh = jax.sharding.get_abstract_mesh()
   if EXPERT_AXIS not in mesh.axis_names:
-    raise ValueError("model.moe.expert_parallel needs a mesh with an 'expert' axis set with "
-                     f"jax.set_mesh(...); the current mesh has axes {mesh.axis_names}")
+    raise ValueError("model.moe.expert_parallel needs a mesh with an 'expert' axis to trace on "
+                     "(jax.set_mesh(...) or orl_jax.sharding.tracing_mesh(mesh)); the current "
+                     f"mesh has axes {mesh.axis_names}")
   return mesh, P(tuple(a for a in mesh.axis_names if a in _TOKEN_AXES) + (EXPERT_AXIS,))
 
 

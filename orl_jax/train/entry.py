@@ -6,6 +6,7 @@ optimizer, the jitted step).
 """
 from __future__ import annotations
 
+from orl_jax import sharding
 from orl_jax.train import orl, sft
 from orl_jax.train.setup import build_setup
 from orl_jax.weights import require_weights
@@ -27,4 +28,5 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
   if loop is None:
     raise ValueError(f"train() runs train.mode 'sft', 'residual_warmup', 'rcd_offline' or "
                      f"'orl', got {config.train.mode!r}")
-  return loop(setup, progress=progress, stop_after=stop_after, **test_hooks)
+  with sharding.tracing_mesh(setup.mesh):
+    return loop(setup, progress=progress, stop_after=stop_after, **test_hooks)
