@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.decoding import DecodeConfig, make_decoder
-from orl_jax.engine import make_engine
+from orl_jax.decode.lockstep import DecodeConfig, make_decoder
+from orl_jax.decode.per_row import make_engine
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, tiny_model
 
@@ -231,7 +231,7 @@ def test_the_engine_steps_with_the_masked_head(attention):
   head runs at the masked positions only (one head per width, `lax.switch`), with capture at
   every position; a sampled decode is the same either way (each row's Gumbel noise is the one
   its whole-block head would add, drawn from its own key)."""
-  from orl_jax.decoding import head_widths
+  from orl_jax.decode.lockstep import head_widths
   graphdef, params = _model(attention)
   base = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                       rule=UnmaskRule("entropy_budget", 0.4), temperature=1.0)

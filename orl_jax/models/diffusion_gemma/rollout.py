@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax.decode_types import (Capture, DecodeOutput, RouteCapture, Trajectories,
+from orl_jax.decode.types import (Capture, DecodeOutput, RouteCapture, Trajectories,
                                    trajectories)
 from orl_jax.models.diffusion_gemma import sampler
 

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.decode_types import (ROUTE_DTYPE, Capture, DecodeOutput, RouteCapture,
+from orl_jax.decode.types import (ROUTE_DTYPE, Capture, DecodeOutput, RouteCapture,
                                    token_major_routes)
 from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.decode_types import Capture, DecodeOutput, token_major_routes
-from orl_jax.decoding import (Canvas, DecodeConfig, StepSizedJit, check_route_capture,
+from orl_jax.decode.types import Capture, DecodeOutput, token_major_routes
+from orl_jax.decode.lockstep import (Canvas, DecodeConfig, StepSizedJit, check_route_capture,
                               final_blocks, finished_response, fixed_positions, needs_step,
                               new_capture, place_for_decoder, row_blocks, step_key, take_step)
 from orl_jax.models.transformer import Transformer, init_cache, write_at
