@@ -38,7 +38,9 @@ from configs import tiny
 from orl_jax import params_io, residual as residual_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decode import build as decode_build
-from orl_jax.decode.lockstep import DecodeConfig, block_layout, prompt_layout, propose
+from orl_jax.decode.canvas import block_layout, prompt_layout
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.step import propose
 from orl_jax.models import build, hf
 from orl_jax.models.transformer import init_cache
 from orl_jax.train.setup import build_setup, initial_params
@@ -253,8 +255,8 @@ def supported_modes(modes) -> tuple[list, list]:
 def prepare_ours(graphdef, params, config, ids, valid, n_rows: int = 0):
   """(run, DecodeOutput): our decoder of `config` (greedy, threshold 0.9;
   `decode_build.make_decoder`) compiled ahead of time (so compile is excluded) and run once.
-  decode.schedule "per_row": the engine (orl_jax.decode.per_row) decoding the prompts as one queue on
-  `n_rows` rows (0: one row per prompt)."""
+  decode.schedule "per_row": the engine (orl_jax.decode.per_row) decoding the prompts as one
+  queue on `n_rows` rows (0: one row per prompt)."""
   from benchmarks.peers import llada_dir
   args = (params, jnp.asarray(ids), jnp.asarray(valid), jax.random.key(0))
   run = decode_build.make_decoder(config, None, graphdef, "evaluate", mask_id=llada_dir.MASK_ID,

@@ -115,9 +115,9 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
 
 def _decode_queue(run, params, prompts, valid, *, seed: int, mesh, bar):
   """`decode.schedule = "per_row"`: every problem is one queue that `batch_size` rows decode,
-  each row taking the next problem as soon as its response ends (`orl_jax.engine`); one jitted
-  call of the engine `run`, timed after an ahead-of-time compile (so `bar` moves once, when it
-  returns). Problem i samples with fold_in(key, i)."""
+  each row taking the next problem as soon as its response ends (`orl_jax.decode.per_row`); one
+  jitted call of the engine `run`, timed after an ahead-of-time compile (so `bar` moves once,
+  when it returns). Problem i samples with fold_in(key, i)."""
   if mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
     raise ValueError("decode.schedule='per_row' decodes its queue on one batch shard: set "
                      "mesh.data = mesh.fsdp = mesh.expert = 1, or decode.schedule='lockstep'")

@@ -16,7 +16,9 @@ from flax import nnx
 
 from orl_jax.decode import per_row
 from orl_jax.decode.types import ROUTE_DTYPE, Trajectories, trajectories
-from orl_jax.decode.lockstep import DecodeConfig, decode, place_for_decoder
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import decode
+from orl_jax.decode.placement import place_for_decoder
 
 
 def _check_capture(cfg: DecodeConfig):

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.decode import lockstep
-from orl_jax.decode.lockstep import DecodeConfig, Canvas, propose_masked, propose_step, head_widths
+from orl_jax.decode import compile_options, lockstep
+from orl_jax.decode.canvas import Canvas
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.step import head_widths, propose_masked, propose_step
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, live_adapter, tiny_model
 
@@ -108,14 +110,14 @@ def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
   XLA:CPU's YNNPACK fusions off, a larger one with XLA's defaults; both decode alike."""
   if jax.default_backend() != "cpu":
     pytest.skip("a CPU compiler option")
-  assert not lockstep._cpu_accepts("xla_cpu_no_such_option_for_this_test")
-  assert lockstep.step_compiler_options(lockstep.SMALL_STEP_TOKENS) is not None
-  assert lockstep.step_compiler_options(lockstep.SMALL_STEP_TOKENS + 1) is None
+  assert not compile_options._cpu_accepts("xla_cpu_no_such_option_for_this_test")
+  assert compile_options.step_compiler_options(compile_options.SMALL_STEP_TOKENS) is not None
+  assert compile_options.step_compiler_options(compile_options.SMALL_STEP_TOKENS + 1) is None
   model = tiny_model(3)
   graphdef, state = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2)
   run = lockstep.make_decoder(graphdef, cfg)
-  rows = lockstep.SMALL_STEP_TOKENS // B_SIZE + 1            # just above the threshold
+  rows = compile_options.SMALL_STEP_TOKENS // B_SIZE + 1            # just above the threshold
   tokens = jax.random.randint(jax.random.key(0), (rows, P), 3, TINY.vocab_size)
   valid = jnp.ones((rows, P), bool)
   big = run(state, tokens, valid, jax.random.key(1))

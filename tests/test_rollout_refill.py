@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from orl_jax.decode import per_row
-from orl_jax.decode.lockstep import DecodeConfig, make_decoder
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import make_decoder
 from orl_jax.rollout import make_rollout, per_row_rollout
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, orl_smoke_config, tiny_model

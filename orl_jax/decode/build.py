@@ -3,22 +3,22 @@
 Three samplers decode our models, picked by the model's kind (`sampler_kind`), never by the
 caller:
 
-* the lock-step block decoder (`orl_jax.decoding`): mask-diffusion families, every row of a
-  batch steps together (`decode.schedule = "lockstep"`);
-* the per-row engine (`orl_jax.engine`): the same denoising, each row refilled from a queue as
-  soon as its response ends (`decode.schedule = "per_row"`);
+* the lock-step block decoder (`orl_jax.decode.lockstep`): mask-diffusion families, every row
+  of a batch steps together (`decode.schedule = "lockstep"`);
+* the per-row engine (`orl_jax.decode.per_row`): the same denoising, each row refilled from a
+  queue as soon as its response ends (`decode.schedule = "per_row"`);
 * the uniform-noise sampler of DiffusionGemma (`orl_jax.models.diffusion_gemma.sampler`), for
   a family whose undecided positions hold random tokens (`Family.noise == "uniform"`).
 
 A purpose says what the decoder is for:
 
 * "evaluate": jitted `(params, prompt_tokens [B, P], prompt_valid [B, P], key) ->
-  decode_types.DecodeOutput` without capture (the per-row engine: the same signature over a queue
+  decode.types.DecodeOutput` without capture (the per-row engine: the same signature over a queue
   of B prompts decoded on `n_rows` rows, with `DecodeOutput.iterations` set);
 * "decode": the same with every state captured (the launcher's trajectory page); always the
   lock-step decoder for the mask families;
 * "rollout": jitted `(params, prompt_tokens [P, Lp], prompt_valid, key, rollout_step) ->
-  decode_types.Trajectories`, `group_size` responses per prompt with exact state capture.
+  decode.types.Trajectories`, `group_size` responses per prompt with exact state capture.
 """
 from __future__ import annotations
 
