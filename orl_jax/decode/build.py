@@ -28,9 +28,10 @@ import functools
 import jax.numpy as jnp
 
 from orl_jax import config as config_lib
-from orl_jax.decode import lockstep, per_row
 from orl_jax import rollout as rollout_lib
 from orl_jax import sharding as sharding_lib
+from orl_jax.decode import lockstep, per_row, placement
+from orl_jax.decode.config import DecodeConfig
 from orl_jax.models import families
 from orl_jax.models.diffusion_gemma import rollout as dg_rollout
 from orl_jax.models.diffusion_gemma import sampler as dg_sampler
@@ -58,7 +59,7 @@ def _registry_family(model_cfg) -> str | None:
 
 def block_decode_config(config, model_cfg, purpose: str, *, mask_id: int, eos_id: int,
                         rule: UnmaskRule | None = None,
-                        temperature: float | None = None) -> lockstep.DecodeConfig:
+                        temperature: float | None = None) -> DecodeConfig:
   """The block decoder's config for `purpose`. A rollout decodes with the rollout rule and
   temperature, capture on, and always stops a row after the block in which it committed EOS
   (the blocks after it change no token of the response, and their states would train on tokens
@@ -144,8 +145,8 @@ def _uniform_noise_decoder(config, cfg: DiffusionGemmaConfig, graphdef, purpose:
 
 def prompt_lead(config, model_cfg, prompt_valid, *, mask_id: int, eos_id: int):
   """[B] int32 prompt tokens that open each row's first decoded block (the block decoder with
-  absolute placement, `lockstep.prompt_lead`); 0 for the uniform-noise sampler."""
+  absolute placement, `placement.prompt_lead`); 0 for the uniform-noise sampler."""
   if sampler_kind(config, model_cfg) == UNIFORM_NOISE:
     return jnp.zeros(prompt_valid.shape[:1], jnp.int32)
   decode_cfg = block_decode_config(config, model_cfg, "decode", mask_id=mask_id, eos_id=eos_id)
-  return lockstep.prompt_lead(prompt_valid, decode_cfg.block_size, decode_cfg.block_placement)
+  return placement.prompt_lead(prompt_valid, decode_cfg.block_size, decode_cfg.block_placement)
