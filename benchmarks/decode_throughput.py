@@ -36,9 +36,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import tiny
-from orl_jax import decoding, params_io, residual as residual_lib
+from orl_jax import params_io, residual as residual_lib
 from orl_jax.data.pipeline import encode_prompts
-from orl_jax import decoders
+from orl_jax.decode import build as decode_build
+from orl_jax.decode.canvas import block_layout, prompt_layout
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.step import propose
 from orl_jax.models import build
 from orl_jax.models.transformer import init_cache
 from orl_jax.train.setup import build_setup, initial_params
@@ -56,16 +59,16 @@ def naive_decode(graphdef, params, prompts, valid, dcfg):
   @jax.jit
   def prefill(params, prompts, valid):
     model = nnx.merge(graphdef, params)
-    pos, meta = decoding.prompt_layout(valid, b)
+    pos, meta = prompt_layout(valid, b)
     cache = init_cache(model.cfg, rows, p + n)
     return model(prompts, pos, meta, cache=cache, cache_mode="write", cache_offset=0).cache
 
   @jax.jit
   def step(params, tokens, res, cache, start, active):
     model = nnx.merge(graphdef, params)
-    pos, meta = decoding.block_layout(rows, start, b, KIND_STATE)
+    pos, meta = block_layout(rows, start, b, KIND_STATE)
     logits = model(tokens, pos, meta, residual=res, cache=cache, cache_mode="read").logits
-    cand, conf, ent = decoding.propose(logits, None, 0.0)
+    cand, conf, ent = propose(logits, None, 0.0)
     masked = tokens == dcfg.mask_id
     need = active & jnp.any(masked, -1)
     commit = select_commits(dcfg.rule, masked, conf, ent) & need[:, None]
@@ -81,7 +84,7 @@ def naive_decode(graphdef, params, prompts, valid, dcfg):
   @jax.jit
   def commit_forward(params, tokens, cache, start):
     model = nnx.merge(graphdef, params)
-    pos, meta = decoding.block_layout(rows, start, b, KIND_CLEAN)
+    pos, meta = block_layout(rows, start, b, KIND_CLEAN)
     return model(tokens, pos, meta, cache=cache, cache_mode="write", cache_offset=start).cache
 
   cache = prefill(params, prompts, valid)
@@ -129,8 +132,8 @@ def run_tiny(args):
   prompts, valid = encode_prompts(problems, tok, config.task.prompt_len)
   setting = dict(mask_id=tok.mask_id, eos_id=tok.eos_id, rule=UnmaskRule.parse(args.rule),
                  temperature=0.0)
-  dcfg = decoders.block_decode_config(config, s.model_cfg, "evaluate", **setting)
-  jitted = decoders.make_decoder(config, s.model_cfg, graphdef, "evaluate", **setting)
+  dcfg = decode_build.block_decode_config(config, s.model_cfg, "evaluate", **setting)
+  jitted = decode_build.make_decoder(config, s.model_cfg, graphdef, "evaluate", **setting)
   key = jax.random.key(0)
 
   def run_jitted():
@@ -243,7 +246,7 @@ def bounds(m, hw: dict, mode: str, batch: int, tokens_per_row: float, nfe_per_ro
 
 def supported_modes(modes) -> tuple[list, list]:
   """(modes DecodeConfig can express, skipped ones with the missing field)."""
-  have = {f.name for f in dataclasses.fields(decoding.DecodeConfig)} | {"schedule", "refill"}
+  have = {f.name for f in dataclasses.fields(DecodeConfig)} | {"schedule", "refill"}
   ok, skipped = [], []
   for mode in modes:
     missing = [k for k, v in mode.items() if k not in have and v not in ("none", "lockstep")]
@@ -253,12 +256,12 @@ def supported_modes(modes) -> tuple[list, list]:
 
 def prepare_ours(graphdef, params, config, ids, valid, n_rows: int = 0):
   """(run, DecodeOutput): our decoder of `config` (greedy, threshold 0.9;
-  `decoders.make_decoder`) compiled ahead of time (so compile is excluded) and run once.
-  decode.schedule "per_row": the engine (orl_jax.engine) decoding the prompts as one queue on
-  `n_rows` rows (0: one row per prompt)."""
+  `decode_build.make_decoder`) compiled ahead of time (so compile is excluded) and run once.
+  decode.schedule "per_row": the engine (orl_jax.decode.per_row) decoding the prompts as one
+  queue on `n_rows` rows (0: one row per prompt)."""
   from benchmarks.peers import llada_dir
   args = (params, jnp.asarray(ids), jnp.asarray(valid), jax.random.key(0))
-  run = decoders.make_decoder(config, None, graphdef, "evaluate", mask_id=llada_dir.MASK_ID,
+  run = decode_build.make_decoder(config, None, graphdef, "evaluate", mask_id=llada_dir.MASK_ID,
                               eos_id=llada_dir.EOS_ID, rule=UnmaskRule("threshold", THRESHOLD),
                               temperature=0.0, n_rows=n_rows or len(ids))
   compiled = run.lower(*args).compile()

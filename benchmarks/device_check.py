@@ -42,7 +42,7 @@ from configs import tiny
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.tiny_task import tiny_tokenizer
-from orl_jax import decoders
+from orl_jax.decode import build as decode_build
 from orl_jax.aot import programs as aot_programs
 from orl_jax.aot import report as aot_report
 from orl_jax.aot import targets as aot_targets
@@ -152,9 +152,9 @@ def decode(size: str, budget) -> dict:
   graphdef, params = init_model_params(model_cfg, 0)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   rule = UnmaskRule.parse("threshold_0.9")
-  run = decoders.make_decoder(config, model_cfg, graphdef, "evaluate", mask_id=tok.mask_id,
+  run = decode_build.make_decoder(config, model_cfg, graphdef, "evaluate", mask_id=tok.mask_id,
                               eos_id=tok.eos_id, rule=rule, temperature=0.0)
-  decode_cfg = decoders.block_decode_config(config, model_cfg, "evaluate", mask_id=tok.mask_id,
+  decode_cfg = decode_build.block_decode_config(config, model_cfg, "evaluate", mask_id=tok.mask_id,
                                             eos_id=tok.eos_id, rule=rule, temperature=0.0)
   bandwidth = budget.hbm_bandwidth if budget else None
   out = dict(params=sum(x.size for x in jax.tree.leaves(params)), weight_bytes=weight_bytes,

@@ -43,7 +43,7 @@ import numpy as np
 from configs import tiny
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.decode_types import Capture, DecodeOutput, trajectories
+from orl_jax.decode.types import Capture, DecodeOutput, trajectories
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.optimizer import OptimizerConfig, make_optimizer

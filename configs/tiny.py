@@ -111,7 +111,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode.cache = "none"
   # lockstep: a batch shares its block index (every block waits for its slowest row);
   # per_row: each row advances through its own blocks and a finished row takes the next prompt
-  # (continuous batching, orl_jax/engine.py) in evaluation and rollouts
+  # (continuous batching, orl_jax/decode/per_row.py) in evaluation and rollouts
   c.decode.schedule = "lockstep"
   # The authors' rules of the model's family (DESIGN §2.2; "auto" = the weights' family's, from
   # its registry entry, our tiny model's for a model of ours):

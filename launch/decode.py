@@ -33,7 +33,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from orl_jax import config as config_lib
-from orl_jax import decoders
+from orl_jax.decode import build as decode_build
 from orl_jax import sharding
 from orl_jax import evaluate as eval_lib
 from orl_jax import trajectory_view, trained_run
@@ -122,11 +122,11 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   rule = UnmaskRule(cfg.decode.rule, cfg.decode.rule_value)
   graphdef, params = initial_params(s)
   ids = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
-  run = decoders.make_decoder(cfg, s.model_cfg, graphdef, "decode", rule=rule, **ids)
+  run = decode_build.make_decoder(cfg, s.model_cfg, graphdef, "decode", rule=rule, **ids)
   with sharding.tracing_mesh(s.mesh):
     out = jax.device_get(run(params, tokens, valid, jax.random.key(0)))
   texts = [tok.decode(t, stop_at_eos=True) for t in out.tokens]
-  lead = decoders.prompt_lead(cfg, s.model_cfg, valid, **ids)
+  lead = decode_build.prompt_lead(cfg, s.model_cfg, valid, **ids)
   return Decoded(
       name=name, path=path, rule_label=rule.label, prompts=[p.prompt for p in problems],
       texts=texts, tokens=np.asarray(out.tokens),

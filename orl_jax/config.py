@@ -10,7 +10,7 @@ import dataclasses
 import ml_collections
 
 from orl_jax.choices import KL_REFERENCES, REPLAY_LAYOUTS, SCHEDULES
-from orl_jax.decoding import CACHE_MODES, PLACEMENTS, DecodeConfig
+from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, DecodeConfig
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig

@@ -178,12 +178,12 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
 
 
 def traced_rollout(config, model_cfg, graphdef, params, *, mask_id: int, eos_id: int):
-  """The run's rollout (`decoders.make_decoder(..., "rollout")`, the decoder training uses)
+  """The run's rollout (`decode_build.make_decoder(..., "rollout")`, the decoder training uses)
   traced abstractly: `Trajectories` of ShapeDtypeStructs for `orl.prompts_per_step` prompts of
   `task.prompt_len` tokens, `orl.group_size` responses each."""
-  from orl_jax import decoders
+  from orl_jax.decode import build as decode_build
   o, p_len = config.orl, config.task.prompt_len
-  run = decoders.make_decoder(config, model_cfg, graphdef, "rollout", mask_id=mask_id,
+  run = decode_build.make_decoder(config, model_cfg, graphdef, "rollout", mask_id=mask_id,
                               eos_id=eos_id, group_size=o.group_size)
   prompts = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.int32)
   valid = jax.ShapeDtypeStruct((o.prompts_per_step, p_len), jnp.bool_)
@@ -202,7 +202,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   fill_decode_defaults(config, hf_dir, family.name)
   if family.own_model:
     return own_model_sizing_rows(config, family, n_devices)
-  from orl_jax.decoders import block_decode_config
+  from orl_jax.decode.build import block_decode_config
   from orl_jax.train.state import frozen_params
 
   shape = mesh_shape(config, n_devices)

@@ -9,7 +9,7 @@ included: the headline), `tpf_*_denoise` / `nfe_mean_denoise` the authors' count
 forwards only: what LLaDA2's `generate`, Fast-dLLM and transformers' DiffusionGemma count),
 and `tpf_*_engine` / `nfe_mean_engine` the forwards the engine ran (commit forwards no later
 block needs skipped). Every model is decoded by the decoder of its kind
-(`decoders.make_decoder`: the lock-step decoder, the per-row engine or DiffusionGemma's
+(`decode_build.make_decoder`: the lock-step decoder, the per-row engine or DiffusionGemma's
 uniform-noise sampler).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tqdm import tqdm   # text bars: also in notebooks, where widgets may not re
 from orl_jax import distributed
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
-from orl_jax import decoders
+from orl_jax.decode import build as decode_build
 from orl_jax.unmasking import UnmaskRule
 
 
@@ -81,10 +81,10 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
   shows a bar over the problems (`desc` names it)."""
   prompts, valid = encode_prompts(problems, task.tokenizer, config.task.prompt_len)
   bar = _bar(len(problems), desc or f"decode {rule.label}", progress, unit="problem", leave=False)
-  make = functools.partial(decoders.make_decoder, config, model_cfg, graphdef, "evaluate",
+  make = functools.partial(decode_build.make_decoder, config, model_cfg, graphdef, "evaluate",
                            mask_id=task.tokenizer.mask_id, eos_id=task.tokenizer.eos_id,
                            rule=rule, temperature=temperature)
-  if decoders.sampler_kind(config, model_cfg) == decoders.PER_ROW:
+  if decode_build.sampler_kind(config, model_cfg) == decode_build.PER_ROW:
     with bar:
       return _decode_queue(make(n_rows=min(batch_size, len(prompts))), params, prompts, valid,
                            seed=seed, mesh=mesh, bar=bar)
@@ -115,9 +115,9 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
 
 def _decode_queue(run, params, prompts, valid, *, seed: int, mesh, bar):
   """`decode.schedule = "per_row"`: every problem is one queue that `batch_size` rows decode,
-  each row taking the next problem as soon as its response ends (`orl_jax.engine`); one jitted
-  call of the engine `run`, timed after an ahead-of-time compile (so `bar` moves once, when it
-  returns). Problem i samples with fold_in(key, i)."""
+  each row taking the next problem as soon as its response ends (`orl_jax.decode.per_row`); one
+  jitted call of the engine `run`, timed after an ahead-of-time compile (so `bar` moves once,
+  when it returns). Problem i samples with fold_in(key, i)."""
   if mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
     raise ValueError("decode.schedule='per_row' decodes its queue on one batch shard: set "
                      "mesh.data = mesh.fsdp = mesh.expert = 1, or decode.schedule='lockstep'")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from orl_jax.decoding import place_prompts
+from orl_jax.decode.placement import place_prompts
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 TokenMeta, make_meta)
@@ -111,8 +111,8 @@ def split_rows(batch: PackedBatch, micro_batches: int, n_shards: int = 1) -> Pac
 # state ever sees it), clean (x_0, kind CLEAN). Under the staircase mask the noised block sees
 # the prompt and the clean blocks before j - exactly what a decoding step of block j sees through
 # the KV cache - so SFT, ORL replay and decoding share one layout, blocks placed alike
-# (`decoding.place_prompts`: with absolute placement the prompt's last n mod b tokens open the
-# first block, clean and never masked, and the response follows them).
+# (`decode.placement.place_prompts`: with absolute placement the prompt's last n mod b tokens
+# open the first block, clean and never masked, and the response follows them).
 
 MIN_T = 1e-3  # lower bound of the sampled mask ratio (keeps the 1/t weight finite)
 
@@ -158,7 +158,7 @@ def placed_blocks(prompt_tokens, prompt_valid, response, *, block_size: int, mas
 def sft_batch(key, prompt_tokens, prompt_valid, response, *, block_size: int,
               mask_id: int, eos_id: int = 0, placement: str = "prompt_end") -> SftBatch:
   """One row per example: [prompt (P) | clean blocks 0..M-2 | noised blocks (M*b)], the blocks
-  placed as `placement` (`decoding.PLACEMENTS`) places them; `eos_id` fills the tail of the
+  placed as `placement` (`decode.config.PLACEMENTS`) places them; `eos_id` fills the tail of the
   last block past the response (absolute placement)."""
   grid, blocks, fixed = placed_blocks(prompt_tokens, prompt_valid, response,
                                       block_size=block_size, mask_id=mask_id, eos_id=eos_id,

@@ -14,9 +14,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax import engine
-from orl_jax.decode_types import ROUTE_DTYPE, Trajectories, trajectories
-from orl_jax.decoding import DecodeConfig, decode, place_for_decoder
+from orl_jax.decode import per_row
+from orl_jax.decode.types import ROUTE_DTYPE, Trajectories, trajectories
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import decode
+from orl_jax.decode.placement import place_for_decoder
 
 
 def _check_capture(cfg: DecodeConfig):
@@ -43,7 +45,7 @@ def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
   _check_capture(cfg)
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   n_queue = prompt_tokens.shape[0] * group_size
-  out = engine.decode_queue(model, reps(prompt_tokens), reps(prompt_valid), key, cfg,
+  out = per_row.decode_queue(model, reps(prompt_tokens), reps(prompt_valid), key, cfg,
                             n_rows or n_queue)
   placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
   return trajectories(out, placed.tokens, placed.valid, rollout_step)
@@ -87,7 +89,7 @@ def route_capture_bytes(n_rows: int, cfg: DecodeConfig, prompt_len: int, n_moe_l
                         top_k: int, blocks: int | None = None) -> int:
   """Bytes of the route buffers `capture_routes` adds to `capture_bytes` (the dry-run's
   capture row): K expert ids per MoE layer for every token of every captured state, of the
-  prompt prefill and of the commit forwards of `blocks` blocks (`decoding.RouteCapture`;
+  prompt prefill and of the commit forwards of `blocks` blocks (`decode.types.RouteCapture`;
   None: N / b, the block decoder's `max_blocks` with absolute placement)."""
   if not cfg.capture_routes:
     return 0

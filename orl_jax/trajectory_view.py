@@ -15,7 +15,7 @@ def commit_steps(capture, n_rows: int, block_size: int, gen_length: int,
                  lead=None) -> np.ndarray:
   """[n_rows, gen_length] global step index at which each response token was committed (-1 =
   never, e.g. EOS fill after the end). lead: [n_rows] prompt tokens opening each row's first
-  block (absolute placement, `decoding.prompt_lead`; None: 0)."""
+  block (absolute placement, `decode.placement.prompt_lead`; None: 0)."""
   commit = np.asarray(capture.commit)[:n_rows]
   valid = np.asarray(capture.valid)[:n_rows]
   block = np.asarray(capture.block)[:n_rows]

@@ -23,13 +23,14 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from configs import llada, sdar  # noqa: E402
-from orl_jax import decoding, sharding as sharding_lib  # noqa: E402
+from orl_jax import sharding as sharding_lib  # noqa: E402
+from orl_jax.decode.canvas import prompt_layout  # noqa: E402
 from orl_jax.dry_run import abstract_replay_batch  # noqa: E402
 from orl_jax.losses import OrlObjective  # noqa: E402
 from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.rollout import make_rollout  # noqa: E402
 from orl_jax.train.setup import build_setup, loss_config, needs_reference  # noqa: E402
-from orl_jax.decoders import block_decode_config  # noqa: E402
+from orl_jax.decode.build import block_decode_config  # noqa: E402
 from orl_jax.optimizer import OptimizerConfig, make_optimizer  # noqa: E402
 from orl_jax.train.state import create_train_state, make_train_step  # noqa: E402
 from pallas_kernels.staircase_attention import target_platform  # noqa: E402
@@ -124,7 +125,7 @@ def sharded_equals_reference(name: str) -> float:
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, model_cfg.vocab_size, (4, 32)), jnp.int32)
   valid = jnp.asarray(np.arange(32)[None, :] >= rng.integers(0, 8, (4, 1)))
-  positions, meta = decoding.prompt_layout(valid, c.decode.block_size)
+  positions, meta = prompt_layout(valid, c.decode.block_size)
   want = reference(tokens, positions, meta).logits
   rows = sharding_lib.batch_sharding(s.mesh)
   graphdef, params = nnx.split(sharded)

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from orl_jax.decoding import DecodeConfig, make_decoder, place_prompts
-from orl_jax.engine import make_engine
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.placement import place_prompts
+from orl_jax.decode.per_row import make_engine
 from orl_jax.models import hf
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.unmasking import UnmaskRule, select_commits

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from orl_jax.data.pipeline import SftExample
-from orl_jax.decoding import DecodeConfig
+from orl_jax.decode.config import DecodeConfig
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout

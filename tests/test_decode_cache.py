@@ -13,7 +13,9 @@ from flax import nnx
 from configs import tiny
 from orl_jax import residual as residual_lib
 from orl_jax.config import ConfigError, validate
-from orl_jax.decoding import DecodeConfig, Canvas, make_decoder
+from orl_jax.decode.canvas import Canvas
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import make_decoder
 from orl_jax.models.transformer import apply_rope
 from orl_jax.residual import Residual
 from orl_jax.unmasking import UnmaskRule

@@ -24,7 +24,8 @@ from configs import llada
 from orl_jax.data.hf_tokenizer import HFTokenizer
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.data.prompts import apply_chat
-from orl_jax.decoding import DecodeConfig, make_decoder
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import make_decoder
 from orl_jax.models import families, hf
 from orl_jax.models.build import build_model
 from orl_jax.models.moe import MoEConfig

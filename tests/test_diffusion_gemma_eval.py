@@ -1,5 +1,5 @@
 """Evaluation of DiffusionGemma (DESIGN §6): `evaluate_models` decodes with the family's own
-uniform-noise sampler (`decoders.make_decoder`) and reports TPF in both conventions — over the
+uniform-noise sampler (`decode_build.make_decoder`) and reports TPF in both conventions — over the
 denoising forwards only, the authors' (transformers') count `_denoise`, and with one commit
 forward per decoded canvas, the paper's count (DESIGN §2.2). The forwards are counted here by
 hand from the sampler's own output for the same prompts and key: denoising forwards are the
@@ -84,10 +84,10 @@ def test_evaluation_reports_tpf_in_both_conventions_as_counted_by_hand(tmp_path)
 
 
 def test_evaluation_names_a_setting_the_sampler_cannot_decode():
-  from orl_jax import decoders
+  from orl_jax.decode import build as decode_build
   c = dg_configs.get_config("debug")
   model_cfg = families.get("diffusion_gemma").config_from_run(
       c.model, block_size=c.decode.block_size, vocab_size=64)
   with pytest.raises(ValueError, match="eval.settings: 'threshold_0.9'.*entropy_budget_<nats>"):
-    decoders.make_decoder(c, model_cfg, None, "evaluate", mask_id=0, eos_id=1,
+    decode_build.make_decoder(c, model_cfg, None, "evaluate", mask_id=0, eos_id=1,
                           rule=UnmaskRule("threshold", 0.9))

@@ -1,5 +1,5 @@
 """The per-row engine (continuous batching, `decode.schedule = "per_row"`): every queued prompt
-decodes exactly as it would alone with `decoding.decode`, whichever row takes it and whatever
+decodes exactly as it would alone with `decode.lockstep.decode`, whichever row takes it and whatever
 the other rows do, and rows that finish early do not wait for the batch."""
 import dataclasses
 
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.decoding import DecodeConfig, make_decoder
-from orl_jax.engine import make_engine
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.per_row import make_engine
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, tiny_model
 
@@ -227,11 +228,11 @@ def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
 
 @pytest.mark.parametrize("attention", ["block_causal", "bidirectional"])
 def test_the_engine_steps_with_the_masked_head(attention):
-  """The engine's step is the lock-step decoder's (`decoding.take_step`): without capture the
+  """The engine's step is the lock-step decoder's (`decode.step.take_step`): without capture the
   head runs at the masked positions only (one head per width, `lax.switch`), with capture at
   every position; a sampled decode is the same either way (each row's Gumbel noise is the one
   its whole-block head would add, drawn from its own key)."""
-  from orl_jax.decoding import head_widths
+  from orl_jax.decode.step import head_widths
   graphdef, params = _model(attention)
   base = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                       rule=UnmaskRule("entropy_budget", 0.4), temperature=1.0)

@@ -24,14 +24,14 @@ from configs import llada
 from orl_jax import config as config_lib
 from orl_jax import dry_run, sharding
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
-from orl_jax.decode_types import ROUTE_DTYPE
+from orl_jax.decode.types import ROUTE_DTYPE
 from orl_jax.models import families, hf
 from orl_jax.models import family_base as base
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
 from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
-from orl_jax.decoders import block_decode_config
+from orl_jax.decode.build import block_decode_config
 from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax.train.state import frozen_params
 

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.peers import llada_dir
 from orl_jax import config as config_lib
-from orl_jax.decoding import make_decoder
+from orl_jax.decode.lockstep import make_decoder
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
 from tests.helpers import greedy_threshold_margin

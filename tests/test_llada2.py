@@ -292,7 +292,7 @@ def test_cached_step_replays_exactly_with_and_without_route_capture(dtype):
   model level): f32 logits agree within 1e-4 relative when the replay re-routes, and when it is
   given the routes the rollout took (issue 13, `orl.capture_routes`); in bf16, where a re-route
   may flip, the replay with captured routes agrees within bf16 rounding."""
-  from orl_jax.decoding import block_layout, prompt_layout
+  from orl_jax.decode.canvas import block_layout, prompt_layout
   from orl_jax.models.transformer import init_cache
   from pallas_kernels.staircase_attention import KIND_STATE
   cfg = dataclasses.replace(CFG, moe=dataclasses.replace(MOE, impl="ragged"), dtype=dtype)

@@ -12,7 +12,9 @@ from flax import nnx
 
 from configs import tiny as tiny_config
 from orl_jax import config as config_lib
-from orl_jax.decoding import DecodeConfig, decode, make_decoder, propose
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import decode, make_decoder
+from orl_jax.decode.step import propose
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ForwardOutput
 from orl_jax.unmasking import UnmaskRule, select_edits

@@ -4,14 +4,18 @@ A step gathers each row's masked positions into the smallest of b, b/2, ..., 1 s
 head and the proposal there and scatters the results back. It must propose what the whole-block
 head proposes at every masked position (greedy and sampled: the same Gumbel noise), and whole
 decodes must not change."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax import decoding
-from orl_jax.decoding import DecodeConfig, Canvas, propose_masked, propose_step, head_widths
+from orl_jax.decode import compile_options, lockstep
+from orl_jax.decode.canvas import Canvas
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.step import head_widths, propose_masked, propose_step
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, live_adapter, tiny_model
 
@@ -45,7 +49,7 @@ def test_masked_proposal_equals_the_whole_block_head(counts, temperature):
   cv = lambda cfg: Canvas(model, cfg, rows, P, None, None, None, model.embedding_table)
   key = jax.random.key(7)
   got = propose_masked(cv(base), hidden, masked, key)
-  full = propose_step(cv(decoding.dataclasses.replace(base, masked_head=False)), hidden,
+  full = propose_step(cv(dataclasses.replace(base, masked_head=False)), hidden,
                        masked, key)
   m = np.asarray(masked)
   np.testing.assert_array_equal(np.asarray(got.cand)[m], np.asarray(full.cand)[m])
@@ -63,7 +67,7 @@ def _decode(model, masked_head, temperature, cache="none"):
                      masked_head=masked_head)
   tokens = jax.random.randint(jax.random.key(0), (3, P), 3, TINY.vocab_size)
   valid = jnp.arange(P)[None] >= jnp.array([0, 2, 5])[:, None]
-  run = decoding.make_decoder(graphdef, cfg)
+  run = lockstep.make_decoder(graphdef, cfg)
   return jax.device_get(run(state, tokens, valid, jax.random.key(1)))
 
 
@@ -94,7 +98,7 @@ def test_the_decoder_switches_between_head_widths():
 
   def head_shapes(**kw):
     cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2, **kw)
-    text = str(jax.make_jaxpr(decoding.make_decoder(graphdef, cfg))(
+    text = str(jax.make_jaxpr(lockstep.make_decoder(graphdef, cfg))(
         state, tokens, valid, jax.random.key(0)))
     return {w for w in head_widths(B_SIZE) if f"f32[2,{w},{TINY.vocab_size}]" in text}
 
@@ -107,14 +111,14 @@ def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
   XLA:CPU's YNNPACK fusions off, a larger one with XLA's defaults; both decode alike."""
   if jax.default_backend() != "cpu":
     pytest.skip("a CPU compiler option")
-  assert not decoding._cpu_accepts("xla_cpu_no_such_option_for_this_test")
-  assert decoding.step_compiler_options(decoding.SMALL_STEP_TOKENS) is not None
-  assert decoding.step_compiler_options(decoding.SMALL_STEP_TOKENS + 1) is None
+  assert not compile_options._cpu_accepts("xla_cpu_no_such_option_for_this_test")
+  assert compile_options.step_compiler_options(compile_options.SMALL_STEP_TOKENS) is not None
+  assert compile_options.step_compiler_options(compile_options.SMALL_STEP_TOKENS + 1) is None
   model = tiny_model(3)
   graphdef, state = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2)
-  run = decoding.make_decoder(graphdef, cfg)
-  rows = decoding.SMALL_STEP_TOKENS // B_SIZE + 1            # just above the threshold
+  run = lockstep.make_decoder(graphdef, cfg)
+  rows = compile_options.SMALL_STEP_TOKENS // B_SIZE + 1            # just above the threshold
   tokens = jax.random.randint(jax.random.key(0), (rows, P), 3, TINY.vocab_size)
   valid = jnp.ones((rows, P), bool)
   big = run(state, tokens, valid, jax.random.key(1))

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.decoding import DecodeConfig, make_decoder
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import make_decoder
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta

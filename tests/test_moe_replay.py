@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 from orl_jax.packed_batch import layer_routes
-from orl_jax.decode_types import token_major_routes
-from orl_jax.decoding import DecodeConfig
+from orl_jax.decode.types import token_major_routes
+from orl_jax.decode.config import DecodeConfig
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig

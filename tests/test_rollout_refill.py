@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax import engine
-from orl_jax.decoding import DecodeConfig, make_decoder
+from orl_jax.decode import per_row
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.lockstep import make_decoder
 from orl_jax.rollout import make_rollout, per_row_rollout
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, orl_smoke_config, tiny_model
@@ -54,13 +55,13 @@ def _assert_same_capture(cap, ref, i, j):
 @pytest.fixture
 def engine_calls(monkeypatch):
   """(rows, loop iterations) of every engine run the rollouts below make."""
-  calls, decode_queue = [], engine.decode_queue
+  calls, decode_queue = [], per_row.decode_queue
 
   def spy(model, queue_tokens, queue_valid, key, cfg, n_rows):
     out = decode_queue(model, queue_tokens, queue_valid, key, cfg, n_rows)
     jax.debug.callback(lambda it: calls.append((n_rows, int(it))), out.iterations)
     return out
-  monkeypatch.setattr(engine, "decode_queue", spy)
+  monkeypatch.setattr(per_row, "decode_queue", spy)
   return calls
 
 
@@ -160,7 +161,7 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
   """Lock-step: the default rollout; per_row: the engine on orl.rollout_rows rows, refused on
   more than one batch shard (the queue is one device-side array)."""
   import types
-  from orl_jax.decoders import _per_row_rollout_fn
+  from orl_jax.decode.build import _per_row_rollout_fn
   c = orl_smoke_config("unused")
   one, two = types.SimpleNamespace(shape={"data": 1}), types.SimpleNamespace(shape={"data": 2})
   assert _per_row_rollout_fn(c, one) is None

@@ -217,7 +217,7 @@ _SHARDED_REPLAY = textwrap.dedent("""
   import numpy as np
   from flax import nnx
   from orl_jax import sharding
-  from orl_jax.decoding import DecodeConfig
+  from orl_jax.decode.config import DecodeConfig
   from orl_jax.losses import LossConfig, orl_loss
   from orl_jax.replay import ReplayConfig, build_plan, gather_batch
   from orl_jax.rollout import make_rollout
@@ -291,7 +291,7 @@ _SHARDED_ROLLOUT = textwrap.dedent("""
   import numpy as np
   from flax import nnx
   from orl_jax import sharding
-  from orl_jax.decoding import DecodeConfig
+  from orl_jax.decode.config import DecodeConfig
   from orl_jax.rollout import make_rollout
   from orl_jax.unmasking import UnmaskRule
   from tests.helpers import TINY, tiny_model

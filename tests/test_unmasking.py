@@ -71,7 +71,7 @@ def test_propose_matches_a_float64_softmax(temperature):
   """The fused two-pass proposal: greedy picks the argmax; the candidate's probability and the
   normalized entropy equal a float64 softmax's (peaked, flat and one-hot-like rows)."""
   import jax
-  from orl_jax.decoding import propose
+  from orl_jax.decode.step import propose
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(3, 5, 97)) * np.array([0.1, 3.0, 40.0])[:, None, None]
   cand, conf, ent = propose(jnp.asarray(logits, jnp.float32), jax.random.key(1), temperature)

@@ -5,7 +5,7 @@ The programs are the training loop's own (`train.orl.build_orl_steps`: the rollo
 capture, the device-side rollout metrics, the replay gather, the train step — whose loss runs
 the frozen reference's forward for the KL anchor, then the optimizer update), built from a
 `Setup` and a `Run` whose train state is abstract, so what is compiled is what a run jits.
-Two more price one forward each (`decoding.prefill`, `decoding.denoising_step`): a compiler
+Two more price one forward each (`lockstep.prefill`, `lockstep.denoising_step`): a compiler
 cannot know how many times a decode's loops run, so its cost of the whole rollout counts each
 loop body once; the iteration's time is predicted from the forwards a response takes.
 """
@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax import decoders, decoding
+from orl_jax.decode import build as decode_build
+from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib
 from orl_jax.dry_run import run_model_config, special_ids
 from orl_jax.models import families
@@ -108,7 +109,7 @@ def _with_rows(tree, rows, repl, batch_axis=lambda x: 0):
 
 def forward_programs(graphdef, params, decode_cfg, n_rows: int, p_len: int, mesh=None):
   """(step, step args, prefill or None, prefill args): one denoising forward of
-  `decode_cfg`'s decode on `n_rows` prompts of `p_len` tokens (`decoding.denoising_step`,
+  `decode_cfg`'s decode on `n_rows` prompts of `p_len` tokens (`lockstep.denoising_step`,
   its carry donated) and the prompt's prefill, jitted, with abstract arguments placed on
   `mesh` (rows over the batch axes where they divide; None: this host's default device)."""
   place = lambda tree, axis=lambda x: 0: tree
@@ -120,16 +121,16 @@ def forward_programs(graphdef, params, decode_cfg, n_rows: int, p_len: int, mesh
   key = place(jax.ShapeDtypeStruct((), jax.random.key(0).dtype))
   model_of = lambda p: nnx.merge(graphdef, p)
   cache, carry = jax.eval_shape(
-      lambda p, t, v: decoding.denoising_step_inputs(model_of(p), t, v, decode_cfg),
+      lambda p, t, v: lockstep.denoising_step_inputs(model_of(p), t, v, decode_cfg),
       params, prompts, valid)
   # KV cache k/v are [L, B, ...]: rows on axis 1; everything else leads with the rows
   cache, carry = place(cache, lambda x: 1 if x.ndim == 5 else 0), place(carry)
-  step = jax.jit(lambda p, t, v, k, c, s: decoding.denoising_step(model_of(p), t, v, k,
+  step = jax.jit(lambda p, t, v, k, c, s: lockstep.denoising_step(model_of(p), t, v, k,
                                                                  decode_cfg, c, s),
                  donate_argnums=(5,))
   fill = None
   if cache is not None and decode_cfg.cache == "none":   # the exact KV cache
-    fill = jax.jit(lambda p, t, v: decoding.prefill(model_of(p), t, v, decode_cfg))
+    fill = jax.jit(lambda p, t, v: lockstep.prefill(model_of(p), t, v, decode_cfg))
   return step, (params, prompts, valid, key, cache, carry), fill, (params, prompts, valid)
 
 
@@ -224,7 +225,7 @@ def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramS
   n_rollout = o.prompts_per_step * o.group_size
   decode_cfg = None
   if not families.of_model(model_cfg).own_model:   # a family's own sampler: priced whole
-    decode_cfg = decoders.block_decode_config(config, model_cfg, "rollout", mask_id=mask_id,
+    decode_cfg = decode_build.block_decode_config(config, model_cfg, "rollout", mask_id=mask_id,
                                               eos_id=eos_id)
     programs += _forward_programs(graphdef, state.params, decode_cfg, mesh, n_rollout, p_len,
                                   PER_ITERATION, "rollout")
@@ -244,12 +245,12 @@ def _decode_programs(config, model_cfg, graphdef, params, mesh, mask_id: int,
   prompts = _placed((1, p_len), jnp.int32, repl)
   valid = _placed((1, p_len), jnp.bool_, repl)
   key = _placed((), jax.random.key(0).dtype, repl)
-  decoder = decoders.make_decoder(config, model_cfg, graphdef, "decode", mask_id=mask_id,
+  decoder = decode_build.make_decoder(config, model_cfg, graphdef, "decode", mask_id=mask_id,
                                   eos_id=eos_id)
   out = [Program("decode", "launch/decode.py: one prompt, every state captured", DECODE,
                  lambda: decoder.lower(params, prompts, valid, key))]
   if not families.of_model(model_cfg).own_model:
-    cfg = decoders.block_decode_config(config, model_cfg, "evaluate", mask_id=mask_id,
+    cfg = decode_build.block_decode_config(config, model_cfg, "evaluate", mask_id=mask_id,
                                        eos_id=eos_id)
     out += _forward_programs(graphdef, params, cfg, mesh, 1, p_len, DECODE, "decode")
   return out

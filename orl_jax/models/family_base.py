@@ -9,7 +9,7 @@ from. The loader, the exporter, the sharding and the run set-up read these objec
 registry (`orl_jax.models.families`); nothing else branches on a family name. Each family is a
 folder `orl_jax/models/<name>/` whose `FAMILY` the registry lists. A family describes
 checkpoints, not samplers: which decoder runs a model is decided by the model's kind in
-`orl_jax.decoders`.
+`orl_jax.decode.build`.
 
 The name map is a list of pieces: each `TensorRule` says that our parameter `ours` (or its slot
 `expert` of a stacked `[E, ...]` array) equals the HF tensor `hf` (or the rows `rows` of a fused

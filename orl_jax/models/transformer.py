@@ -14,7 +14,7 @@ Cache protocol (`cache_mode`):
 * ``"write"`` — the tokens' keys are written into the cache at `cache_offset`, then the tokens
                attend to the whole cache (prompt prefill; the commit forward of a finished block).
                `cache_offset` is one offset for every row, or one per row ([B] int32: rows of a
-               continuous batch write at their own blocks, `orl_jax.engine`).
+               continuous batch write at their own blocks, `orl_jax.decode.per_row`).
 """
 from __future__ import annotations
 

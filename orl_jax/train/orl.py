@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from orl_jax import decoders
+from orl_jax.decode import build as decode_build
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
@@ -47,7 +47,7 @@ from orl_jax.losses import OrlObjective
 from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
 from orl_jax.tasks import verifier_metrics
-from orl_jax.decode_types import Trajectories
+from orl_jax.decode.types import Trajectories
 from orl_jax.train.setup import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
@@ -201,7 +201,7 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
   config, tok = setup.config, setup.tokenizer
   o = config.orl
   family = families.of_model(setup.model_cfg)
-  rollout_fn = decoders.make_decoder(config, setup.model_cfg, run.graphdef, "rollout",
+  rollout_fn = decode_build.make_decoder(config, setup.model_cfg, run.graphdef, "rollout",
                                      mask_id=tok.mask_id, eos_id=tok.eos_id,
                                      group_size=o.group_size, mesh=setup.mesh)
   unresolved = family.unresolved

@@ -16,11 +16,11 @@ last one included (the paper's count, the headline); `nfe_engine` adds the commi
 sampler really ran (none after the last canvas, none once every row has finished). The tokens
 of TPF are counted as transformers counts them: the response's non-padding tokens
 (`generated_tokens`). Rollouts and evaluation (`make_decoder`) count with the one function
-`forward_counts`. Which sampler a model runs is chosen in `orl_jax.decoders`, which also jits
+`forward_counts`. Which sampler a model runs is chosen in `orl_jax.decode.build`, which also jits
 `rollout` data-parallel (`orl_jax.rollout.make_rollout`).
 
 With `orl.capture_routes` the capture also holds the expert ids of every forward the rollout
-ran (`decode_types.RouteCapture`: each step's canvas, the prompt prefill, each commit
+ran (`decode.types.RouteCapture`: each step's canvas, the prompt prefill, each commit
 forward), which the replay gather places token by token, as for LLaDA2.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax.decode_types import (Capture, DecodeOutput, RouteCapture, Trajectories,
+from orl_jax.decode.types import (Capture, DecodeOutput, RouteCapture, Trajectories,
                                    trajectories)
 from orl_jax.models.diffusion_gemma import sampler
 
@@ -65,7 +65,7 @@ def generated_tokens(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig) ->
 
 def forward_counts(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig,
                    capture: bool = False) -> DecodeOutput:
-  """The decoders' output (`decode_types.DecodeOutput`) of `sampler.generate`'s: tokens [B, N·C]
+  """The decoders' output (`decode.types.DecodeOutput`) of `sampler.generate`'s: tokens [B, N·C]
   (argmax canvases, padding after EOS) and the forwards counted both ways (DESIGN §2.2, §6) —
   a canvas is decoded by a row when any of its steps counted for the row (every canvas up to
   the one holding its EOS); `n_generated` the non-padding tokens (transformers' count). With
@@ -90,8 +90,8 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
 
 
 def make_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):
-  """Jitted `(params, prompt_tokens, prompt_valid, key) -> decode_types.DecodeOutput`: the
-  sampler of evaluation and of the decode launcher (`orl_jax.decoders`), with its trace as a
+  """Jitted `(params, prompt_tokens, prompt_valid, key) -> decode.types.DecodeOutput`: the
+  sampler of evaluation and of the decode launcher (`orl_jax.decode.build`), with its trace as a
   `Capture` when `capture`."""
 
   @jax.jit

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax.decode_types import ROUTE_DTYPE, token_major_routes
+from orl_jax.decode.types import ROUTE_DTYPE, token_major_routes
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma, KVCache, init_cache
 
 

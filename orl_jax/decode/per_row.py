@@ -1,7 +1,7 @@
 """Continuous batching with static shapes: rows that never wait (`decode.schedule = "per_row"`).
 
-`decoding.decode` moves a batch in lock-step: every block waits for its slowest row, and a row
-whose response ended waits for the whole batch. Here each of `B` rows runs its own prompt
+`decode.lockstep.decode` moves a batch in lock-step: every block waits for its slowest row, and
+a row whose response ended waits for the whole batch. Here each of `B` rows runs its own prompt
 through its own blocks, and a row whose response ended takes the next prompt of a device-side
 queue ([Q, P] prompts and a cursor); its outputs land at the prompt's queue index. One
 `lax.while_loop`; every iteration runs ONE forward in which each row does what it needs:
@@ -15,11 +15,12 @@ queue ([Q, P] prompts and a cursor); its outputs land at the prompt's queue inde
   offset.
 
 Per row, tokens, `nfe`, `nfe_engine`, `n_generated` and the captured states are those of
-decoding that prompt alone with `decoding.decode` (same counting rules, same block placement:
-the queue's prompts are placed on the block grid once, `decoding.place_prompts`), provided the
-row's randomness is its own: prompt q samples with key `fold_in(key, q)`, whichever row decodes
-it. A denoising step is the lock-step decoder's own (`decoding.take_step`: the masked head, the
-commit/edit rule, capture), each row at its own block and step with its own key. With
+decoding that prompt alone with `decode.lockstep.decode` (same counting rules, same block
+placement: the queue's prompts are placed on the block grid once,
+`decode.placement.place_prompts`), provided the row's randomness is its own: prompt q samples
+with key `fold_in(key, q)`, whichever row decodes it. A denoising step is the lock-step
+decoder's own (`decode.step.take_step`: the masked head, the commit/edit rule, capture), each
+row at its own block and step with its own key. With
 `capture_routes` (MoE) the slab's routes are recorded per prompt as the lock-step decoder
 records them: each step's with its state, the prefill blocks' and the commit forwards' in
 `RouteCapture.prompt` / `.clean`, so replay routes every token as the rollout did.
@@ -34,10 +35,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax import residual as residual_lib
-from orl_jax.decode_types import Capture, DecodeOutput, token_major_routes
-from orl_jax.decoding import (Canvas, DecodeConfig, StepSizedJit, check_route_capture,
-                              final_blocks, finished_response, fixed_positions, needs_step,
-                              new_capture, place_for_decoder, row_blocks, step_key, take_step)
+from orl_jax.decode.types import Capture, DecodeOutput, token_major_routes
+from orl_jax.decode.canvas import Canvas
+from orl_jax.decode.capture import check_route_capture, new_capture
+from orl_jax.decode.compile_options import StepSizedJit
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.placement import (final_blocks, finished_response, fixed_positions,
+                                      place_for_decoder, row_blocks)
+from orl_jax.decode.step import needs_step, step_key, take_step
 from orl_jax.models.transformer import Transformer, init_cache, write_at
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
@@ -83,7 +88,7 @@ class _Carry(NamedTuple):
 class _Engine:
   """What every iteration shares: the model, the queue and the shapes."""
   cv: Canvas                 # the model, the decode config and the embedding table
-  queue_tokens: jax.Array    # [Q, P] int32 the prompts' complete blocks (`decoding.Placed`)
+  queue_tokens: jax.Array    # [Q, P] int32 the prompts' complete blocks (`decode.placement.Placed`)
   queue_valid: jax.Array     # [Q, P] bool
   queue_lead: jax.Array      # [Q] int32 prompt tokens opening each prompt's first block
   queue_head: jax.Array      # [Q, b] int32 each prompt's first block before its first step
@@ -210,8 +215,8 @@ def _forward(eng: _Engine, rows: _Rows, cache):
 
 
 def _denoise(eng: _Engine, rows: _Rows, hidden, routes, cap):
-  """The denoising step of the DENOISE rows: `decoding.take_step`, the lock-step decoder's
-  step, each row at its own block and step with its own key (`decoding.step_key` of its
+  """The denoising step of the DENOISE rows: `decode.step.take_step`, the lock-step decoder's
+  step, each row at its own block and step with its own key (`decode.step.step_key` of its
   prompt's decode alone, with fold_in(key, prompt)), recording each state (with the routes of
   the forward) at the row's prompt slot. -> (rows, cap)."""
   need = rows.phase == DENOISE

@@ -2,9 +2,9 @@
 captured states (`Capture`, with the MoE routes of every forward, `RouteCapture`), a decode's
 output (`DecodeOutput`) and a rollout's (`Trajectories`).
 
-Plain types that the decoders (`orl_jax.decoding`, `orl_jax.engine`, a family's own sampler
-under `orl_jax.models`), the rollouts and replay all share, so that a family folder can build
-them without importing the decoders.
+Plain types that the decoders (`orl_jax.decode.lockstep`, `orl_jax.decode.per_row`, a family's
+own sampler under `orl_jax.models`), the rollouts and replay all share, so that a family folder
+can build them without importing the decoders.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Capture(NamedTuple):
 
 
 class DecodeOutput(NamedTuple):
-  """What every decoder returns (`orl_jax.decoders`), one row per prompt (the per-row engine:
+  """What every decoder returns (`orl_jax.decode.build`), one row per prompt (the per-row engine:
   per queued prompt, [Q, ...])."""
   tokens: jax.Array         # [B, N] response, EOS-filled after the first EOS
   nfe: jax.Array            # [B] int32 forwards, the paper's count: steps + 1 commit per block
@@ -71,8 +71,8 @@ def token_major_routes(expert_ids) -> jax.Array:
 class Trajectories:
   prompt_tokens: jax.Array   # [P, Lp] int32 each prompt as the rollout's prefill read it (one
                              # copy per prompt): left-padded, its complete blocks only with
-                             # absolute placement (`decoding.place_prompts`; the prompt's last
-                             # tokens open the first block, `Capture.block_final`)
+                             # absolute placement (`decode.placement.place_prompts`; the
+                             # prompt's last tokens open the first block, `Capture.block_final`)
   prompt_valid: jax.Array    # [P, Lp] bool
   responses: jax.Array       # [P*G, N] int32 final tokens (EOS-filled); row i is prompt i // G
   nfe: jax.Array             # [P*G] int32 forwards, the paper's count (`DecodeOutput`)

@@ -3,22 +3,22 @@
 Three samplers decode our models, picked by the model's kind (`sampler_kind`), never by the
 caller:
 
-* the lock-step block decoder (`orl_jax.decoding`): mask-diffusion families, every row of a
-  batch steps together (`decode.schedule = "lockstep"`);
-* the per-row engine (`orl_jax.engine`): the same denoising, each row refilled from a queue as
-  soon as its response ends (`decode.schedule = "per_row"`);
+* the lock-step block decoder (`orl_jax.decode.lockstep`): mask-diffusion families, every row
+  of a batch steps together (`decode.schedule = "lockstep"`);
+* the per-row engine (`orl_jax.decode.per_row`): the same denoising, each row refilled from a
+  queue as soon as its response ends (`decode.schedule = "per_row"`);
 * the uniform-noise sampler of DiffusionGemma (`orl_jax.models.diffusion_gemma.sampler`), for
   a family whose undecided positions hold random tokens (`Family.noise == "uniform"`).
 
 A purpose says what the decoder is for:
 
 * "evaluate": jitted `(params, prompt_tokens [B, P], prompt_valid [B, P], key) ->
-  decode_types.DecodeOutput` without capture (the per-row engine: the same signature over a queue
+  decode.types.DecodeOutput` without capture (the per-row engine: the same signature over a queue
   of B prompts decoded on `n_rows` rows, with `DecodeOutput.iterations` set);
 * "decode": the same with every state captured (the launcher's trajectory page); always the
   lock-step decoder for the mask families;
 * "rollout": jitted `(params, prompt_tokens [P, Lp], prompt_valid, key, rollout_step) ->
-  decode_types.Trajectories`, `group_size` responses per prompt with exact state capture.
+  decode.types.Trajectories`, `group_size` responses per prompt with exact state capture.
 """
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ import functools
 import jax.numpy as jnp
 
 from orl_jax import config as config_lib
-from orl_jax import decoding, engine
 from orl_jax import rollout as rollout_lib
 from orl_jax import sharding as sharding_lib
+from orl_jax.decode import lockstep, per_row, placement
+from orl_jax.decode.config import DecodeConfig
 from orl_jax.models import families
 from orl_jax.models.diffusion_gemma import rollout as dg_rollout
 from orl_jax.models.diffusion_gemma import sampler as dg_sampler
@@ -58,7 +59,7 @@ def _registry_family(model_cfg) -> str | None:
 
 def block_decode_config(config, model_cfg, purpose: str, *, mask_id: int, eos_id: int,
                         rule: UnmaskRule | None = None,
-                        temperature: float | None = None) -> decoding.DecodeConfig:
+                        temperature: float | None = None) -> DecodeConfig:
   """The block decoder's config for `purpose`. A rollout decodes with the rollout rule and
   temperature, capture on, and always stops a row after the block in which it committed EOS
   (the blocks after it change no token of the response, and their states would train on tokens
@@ -99,8 +100,8 @@ def make_decoder(config, model_cfg, graphdef, purpose: str, *, mask_id: int, eos
     return rollout_lib.make_rollout(graphdef, decode_cfg, group_size, mesh,
                                     rollout_fn=_per_row_rollout_fn(config, mesh))
   if kind == PER_ROW and purpose == "evaluate":
-    return engine.make_engine(graphdef, decode_cfg, n_rows)
-  return decoding.make_decoder(graphdef, decode_cfg)
+    return per_row.make_engine(graphdef, decode_cfg, n_rows)
+  return lockstep.make_decoder(graphdef, decode_cfg)
 
 
 def _per_row_rollout_fn(config, mesh):
@@ -144,8 +145,8 @@ def _uniform_noise_decoder(config, cfg: DiffusionGemmaConfig, graphdef, purpose:
 
 def prompt_lead(config, model_cfg, prompt_valid, *, mask_id: int, eos_id: int):
   """[B] int32 prompt tokens that open each row's first decoded block (the block decoder with
-  absolute placement, `decoding.prompt_lead`); 0 for the uniform-noise sampler."""
+  absolute placement, `placement.prompt_lead`); 0 for the uniform-noise sampler."""
   if sampler_kind(config, model_cfg) == UNIFORM_NOISE:
     return jnp.zeros(prompt_valid.shape[:1], jnp.int32)
   decode_cfg = block_decode_config(config, model_cfg, "decode", mask_id=mask_id, eos_id=eos_id)
-  return decoding.prompt_lead(prompt_valid, decode_cfg.block_size, decode_cfg.block_placement)
+  return placement.prompt_lead(prompt_valid, decode_cfg.block_size, decode_cfg.block_placement)
