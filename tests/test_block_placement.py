@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.decode.placement import place_prompts
 from orl_jax.decode.per_row import make_engine
 from orl_jax.models import hf
@@ -45,7 +45,8 @@ def _decode(path, family, cfg, dcfg, prompts, width: int, engine_rows: int = 0):
   """Our decoder (or, with `engine_rows`, the per-row engine) on the directory at `path`."""
   graphdef, params = hf.load_model_params(path, family, cfg)
   tokens, valid = _left_pad(prompts, width)
-  run = make_engine(graphdef, dcfg, engine_rows) if engine_rows else make_decoder(graphdef, dcfg)
+  run = (make_engine(graphdef, dcfg, engine_rows) if engine_rows
+         else lockstep_decoder(graphdef, dcfg))
   return jax.device_get(run(params, tokens, valid, jax.random.key(0)))
 
 

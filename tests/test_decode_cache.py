@@ -15,7 +15,7 @@ from orl_jax import residual as residual_lib
 from orl_jax.config import ConfigError, validate
 from orl_jax.decode.canvas import Canvas
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.models.transformer import apply_rope
 from orl_jax.residual import Residual
 from orl_jax.unmasking import UnmaskRule
@@ -47,7 +47,7 @@ def _decode(model, cache, rule, eos_id=UNUSED_EOS):
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=eos_id,
                      rule=rule, cache=cache)
   tokens, valid = _prompts()
-  return jax.device_get(make_decoder(graphdef, cfg)(state, tokens, valid, jax.random.key(1)))
+  return jax.device_get(lockstep_decoder(graphdef, cfg)(state, tokens, valid, jax.random.key(1)))
 
 
 # ------------------------------------------------------------------ one forward against a reference
@@ -281,4 +281,4 @@ def test_decoder_rejects_cache_with_capture_or_block_causal_model():
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=1, eos_id=2, cache="prefix")
   tokens, valid = _prompts()
   with pytest.raises(ValueError, match="model.attention='block_causal'"):
-    make_decoder(graphdef, cfg)(state, tokens, valid, jax.random.key(0))
+    lockstep_decoder(graphdef, cfg)(state, tokens, valid, jax.random.key(0))

@@ -25,7 +25,7 @@ from orl_jax.data.hf_tokenizer import HFTokenizer
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.data.prompts import apply_chat
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.models import families, hf
 from orl_jax.models.build import build_model
 from orl_jax.models.moe import MoEConfig
@@ -107,7 +107,7 @@ def library_decode(path: str, prompt: str, *, dtype: str, prompt_len: int, gen_l
   tokens, valid = encode_prompts([Problem("p", apply_chat(prompt, chat))], tok, prompt_len)
   dcfg = DecodeConfig(gen_length=gen_length, block_size=block_size, mask_id=tok.mask_id,
                       eos_id=tok.eos_id, rule=rule, eos_early_stop=eos_early_stop, **rules)
-  out = jax.device_get(make_decoder(graphdef, dcfg)(params, tokens, valid, jax.random.key(0)))
+  out = jax.device_get(lockstep_decoder(graphdef, dcfg)(params, tokens, valid, jax.random.key(0)))
   return (tok.decode(out.tokens[0], stop_at_eos=True), int(out.nfe[0]),
           int(out.nfe_denoise[0]), int(out.n_generated[0]), int(valid.sum()))
 

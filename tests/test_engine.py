@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.decode.per_row import make_engine
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, tiny_model
@@ -43,7 +43,7 @@ def _queue():
 
 def _alone(graphdef, params, cfg, prompts, valid, key):
   """Each prompt decoded alone by the lock-step decoder with its own key fold_in(key, q)."""
-  run = make_decoder(graphdef, cfg)
+  run = lockstep_decoder(graphdef, cfg)
   return [jax.device_get(run(params, prompts[q:q + 1], valid[q:q + 1], jax.random.fold_in(key, q)))
           for q in range(Q)]
 

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.peers import llada_dir
 from orl_jax import config as config_lib
-from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
 from tests.helpers import greedy_threshold_margin
@@ -90,8 +90,8 @@ def test_peer_plain_decoder_gives_our_tokens_and_nfe(tiny_dir, prompts):
   dcfg = config_lib.decode_config(s.config, mask_id=llada_dir.MASK_ID, eos_id=llada_dir.EOS_ID,
                                   rule=UnmaskRule("threshold", 0.9), temperature=0.0)
   dcfg = dataclasses.replace(dcfg, capture_states=N)          # every step: one per token at most
-  out = jax.device_get(make_decoder(graphdef, dcfg)(params, jnp.asarray(ids), jnp.asarray(valid),
-                                                    jax.random.key(0)))
+  run = lockstep_decoder(graphdef, dcfg)
+  out = jax.device_get(run(params, jnp.asarray(ids), jnp.asarray(valid), jax.random.key(0)))
   delta = _forward_difference(tiny_dir, graphdef, params, ids, valid)
   for r in range(ids.shape[0]):
     assert not out.capture.overflow[r]

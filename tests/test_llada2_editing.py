@@ -13,7 +13,7 @@ from flax import nnx
 from configs import tiny as tiny_config
 from orl_jax import config as config_lib
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.lockstep import decode, make_decoder
+from orl_jax.decode.lockstep import decode, lockstep_decoder
 from orl_jax.decode.step import propose
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ForwardOutput
@@ -172,7 +172,7 @@ def test_default_off_decoding_is_unchanged(name):
   assert not cfg.editing and cfg.steps_bound == 4
   prompts = jax.random.randint(jax.random.key(0), (3, 8), 3, V)
   valid = jnp.arange(8)[None] >= jnp.array([0, 3, 6])[:, None]
-  out = make_decoder(graphdef, cfg)(params, prompts, valid, jax.random.key(4))
+  out = lockstep_decoder(graphdef, cfg)(params, prompts, valid, jax.random.key(4))
   want = BEFORE_EDITING[name]
   for field in ("tokens", "nfe", "nfe_engine"):
     np.testing.assert_array_equal(np.asarray(getattr(out, field)), want[field], err_msg=field)

@@ -67,7 +67,7 @@ def _decode(model, masked_head, temperature, cache="none"):
                      masked_head=masked_head)
   tokens = jax.random.randint(jax.random.key(0), (3, P), 3, TINY.vocab_size)
   valid = jnp.arange(P)[None] >= jnp.array([0, 2, 5])[:, None]
-  run = lockstep.make_decoder(graphdef, cfg)
+  run = lockstep.lockstep_decoder(graphdef, cfg)
   return jax.device_get(run(state, tokens, valid, jax.random.key(1)))
 
 
@@ -98,7 +98,7 @@ def test_the_decoder_switches_between_head_widths():
 
   def head_shapes(**kw):
     cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2, **kw)
-    text = str(jax.make_jaxpr(lockstep.make_decoder(graphdef, cfg))(
+    text = str(jax.make_jaxpr(lockstep.lockstep_decoder(graphdef, cfg))(
         state, tokens, valid, jax.random.key(0)))
     return {w for w in head_widths(B_SIZE) if f"f32[2,{w},{TINY.vocab_size}]" in text}
 
@@ -107,7 +107,7 @@ def test_the_decoder_switches_between_head_widths():
 
 
 def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
-  """`make_decoder` compiles a batch whose steps forward <= SMALL_STEP_TOKENS tokens with
+  """`lockstep_decoder` compiles a batch whose steps forward <= SMALL_STEP_TOKENS tokens with
   XLA:CPU's YNNPACK fusions off, a larger one with XLA's defaults; both decode alike."""
   if jax.default_backend() != "cpu":
     pytest.skip("a CPU compiler option")
@@ -117,7 +117,7 @@ def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
   model = tiny_model(3)
   graphdef, state = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2)
-  run = lockstep.make_decoder(graphdef, cfg)
+  run = lockstep.lockstep_decoder(graphdef, cfg)
   rows = compile_options.SMALL_STEP_TOKENS // B_SIZE + 1            # just above the threshold
   tokens = jax.random.randint(jax.random.key(0), (rows, P), 3, TINY.vocab_size)
   valid = jnp.ones((rows, P), bool)

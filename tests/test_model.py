@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
@@ -109,9 +109,9 @@ def test_kv_cache_decoding_equals_full_recompute(mode, rule, temperature):
   prompts = jax.random.randint(jax.random.key(0), (3, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([0, 3, 6])[:, None]
   key = jax.random.key(4)
-  cached = make_decoder(graphdef, cfg)(params, prompts, valid, key)
+  cached = lockstep_decoder(graphdef, cfg)(params, prompts, valid, key)
   no_cache = dataclasses.replace(cfg, kv_cache=False)
-  full = make_decoder(graphdef, no_cache)(params, prompts, valid, key)
+  full = lockstep_decoder(graphdef, no_cache)(params, prompts, valid, key)
   np.testing.assert_array_equal(np.asarray(cached.tokens), np.asarray(full.tokens))
   np.testing.assert_array_equal(np.asarray(cached.nfe), np.asarray(full.nfe))
   np.testing.assert_allclose(np.asarray(cached.capture.topk_logprobs),

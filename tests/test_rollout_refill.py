@@ -11,7 +11,7 @@ from flax import nnx
 
 from orl_jax.decode import per_row
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.lockstep import make_decoder
+from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.rollout import make_rollout, per_row_rollout
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, orl_smoke_config, tiny_model
@@ -91,7 +91,7 @@ def test_fewer_rows_decode_each_response_as_alone(engine_calls, attention, tempe
   for name in COUNTS:
     np.testing.assert_array_equal(getattr(few, name), getattr(full, name), err_msg=name)
   tokens, valid = _prompts()
-  alone = make_decoder(graphdef, cfg)
+  alone = lockstep_decoder(graphdef, cfg)
   for i in range(N_PROMPTS * GROUP):
     q = i // GROUP
     ref = jax.device_get(alone(params, tokens[q:q + 1], valid[q:q + 1], jax.random.fold_in(key, i)))

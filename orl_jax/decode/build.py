@@ -101,7 +101,7 @@ def make_decoder(config, model_cfg, graphdef, purpose: str, *, mask_id: int, eos
                                     rollout_fn=_per_row_rollout_fn(config, mesh))
   if kind == PER_ROW and purpose == "evaluate":
     return per_row.make_engine(graphdef, decode_cfg, n_rows)
-  return lockstep.make_decoder(graphdef, decode_cfg)
+  return lockstep.lockstep_decoder(graphdef, decode_cfg)
 
 
 def _per_row_rollout_fn(config, mesh):
@@ -140,7 +140,7 @@ def _uniform_noise_decoder(config, cfg: DiffusionGemmaConfig, graphdef, purpose:
                      "default 0.1)")
   sampler_cfg = dg_sampler.sampler_config(config, eos_ids=cfg.eos_ids, pad_id=cfg.pad_id,
                                           rollout=False, entropy_bound=rule.value)
-  return dg_rollout.make_decoder(graphdef, sampler_cfg, capture=purpose == "decode")
+  return dg_rollout.sampler_decoder(graphdef, sampler_cfg, capture=purpose == "decode")
 
 
 def prompt_lead(config, model_cfg, prompt_valid, *, mask_id: int, eos_id: int):

@@ -233,7 +233,8 @@ def _has_cache(cv: Canvas) -> bool:
 
 
 def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig) -> DecodeOutput:
-  """Decodes a batch of left-padded prompts [B, P]. Call under `jax.jit` (see `make_decoder`)."""
+  """Decodes a batch of left-padded prompts [B, P]. Call under `jax.jit` (see
+  `lockstep_decoder`)."""
   cv, grid, canvas, cap = _start(model, prompt_tokens, prompt_valid, cfg)
   b_rows, p, width = cv.b_rows, cv.p, canvas.shape[1]
   cache = None
@@ -287,7 +288,7 @@ def denoising_step_inputs(model: Transformer, prompt_tokens, prompt_valid, cfg: 
   return cache, _block_start(cv, tokens0, jnp.zeros((cv.b_rows,), jnp.int32), cap)
 
 
-def make_decoder(graphdef, cfg: DecodeConfig):
+def lockstep_decoder(graphdef, cfg: DecodeConfig):
   """Jitted `(params_state, prompt_tokens, prompt_valid, key) -> DecodeOutput` (a
   `StepSizedJit`: small batches compile for few-token steps)."""
 

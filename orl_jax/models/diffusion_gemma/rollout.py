@@ -15,7 +15,7 @@ Forward counts, both conventions (DESIGN §2.2, §6): `nfe_denoise` is the autho
 last one included (the paper's count, the headline); `nfe_engine` adds the commit forwards the
 sampler really ran (none after the last canvas, none once every row has finished). The tokens
 of TPF are counted as transformers counts them: the response's non-padding tokens
-(`generated_tokens`). Rollouts and evaluation (`make_decoder`) count with the one function
+(`generated_tokens`). Rollouts and evaluation (`sampler_decoder`) count with the one function
 `forward_counts`. Which sampler a model runs is chosen in `orl_jax.decode.build`, which also jits
 `rollout` data-parallel (`orl_jax.rollout.make_rollout`).
 
@@ -89,7 +89,7 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
                       prompt_valid, rollout_step)
 
 
-def make_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):
+def sampler_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):
   """Jitted `(params, prompt_tokens, prompt_valid, key) -> decode.types.DecodeOutput`: the
   sampler of evaluation and of the decode launcher (`orl_jax.decode.build`), with its trace as a
   `Capture` when `capture`."""
