@@ -78,9 +78,9 @@ def with_grad(prims: GroupedMatmul) -> Callable:
 
   def bwd(res, d_out):
     lhs, rhs, group_sizes = res
-    d_out = jnp.where(_in_groups(lhs.shape[0], group_sizes), d_out, 0).astype(lhs.dtype)
-    d_lhs = prims.lhs_grad(d_out, rhs, group_sizes)
-    d_lhs = jnp.where(_in_groups(lhs.shape[0], group_sizes), d_lhs, 0).astype(lhs.dtype)
+    in_groups = _in_groups(lhs.shape[0], group_sizes)
+    d_out = jnp.where(in_groups, d_out, 0).astype(lhs.dtype)
+    d_lhs = jnp.where(in_groups, prims.lhs_grad(d_out, rhs, group_sizes), 0).astype(lhs.dtype)
     d_rhs = prims.rhs_grad(lhs, d_out, group_sizes).astype(rhs.dtype)
     return d_lhs, d_rhs, None
 

@@ -16,6 +16,7 @@ import path would make every JAX process probe for a TPU at start-up).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 import os
@@ -87,9 +88,10 @@ class Target:
   devices_per_slice: int = 0
   spec_file: str = ""     # GPU: the target description
 
-  @property
+  @functools.cached_property
   def gpu(self) -> GpuTarget | None:
-    """The GPU a `cuda` target describes (generation and SM count, from its spec file)."""
+    """The GPU a `cuda` target describes (generation and SM count, read once from its spec
+    file)."""
     from pallas_kernels.platform import GpuTarget
     if self.platform != "cuda":
       return None

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from typing import NamedTuple
 
 import jax
@@ -282,9 +283,7 @@ def expert_parallel_experts(x, routed: RoutedTokens, w: ExpertWeights, exchange:
   each device exchanges its own. x: [N, D] -> [N, D]."""
   mesh, token_spec = _expert_mesh_and_token_spec()
   experts = exchange_experts(exchange)
-  shards = 1
-  for axis in token_spec[0]:
-    shards *= dict(mesh.shape)[axis]
+  shards = math.prod(dict(mesh.shape)[axis] for axis in token_spec[0])
   n = x.shape[0]
   pad = -n % shards       # filler tokens (no expert: sent nowhere) make the tokens split evenly
   ids = jnp.pad(routed.expert_ids, ((0, pad), (0, 0)), constant_values=-1)
