@@ -43,7 +43,7 @@ def load_gsm8k_test(path: str | pathlib.Path | None = None,
     calculator annotations.
   """
   path = pathlib.Path(path) if path is not None else TEST_FILE
-  problems = []
+  problems: list[Problem] = []
   for line_number, doc in iter_jsonl(path):
     where = f"{path}:{line_number}"
     if not (isinstance(doc, dict) and isinstance(doc.get("question"), str)

@@ -140,7 +140,8 @@ def load_jsonl_problems(path: str | pathlib.Path) -> list[Problem]:
                        "JSON object per line, e.g. examples/math_and_code.jsonl).")
   if not path.is_file():
     raise DatasetError(f"{path} is not a file: set task.path to a JSONL file of problems.")
-  problems, first_line_of = [], {}
+  problems: list[Problem] = []
+  first_line_of: dict[str, int] = {}
   for line_number, record in iter_jsonl(path):
     where = f"{path}:{line_number}"
     problem = problem_from_record(record, where, default_id=f"{path.stem}/{line_number}")

@@ -20,9 +20,10 @@ from orl_jax.problem import Problem
 class SftExample:
   """The input of an SFT-layout step (sft, residual_warmup, rcd_offline): one example, or a batch
   of them with a leading [B] axis on every array (the rows the step shards over the data axes)."""
-  prompt_tokens: jax.Array   # [B, P] int32, left-padded
-  prompt_valid: jax.Array    # [B, P] bool, False at the padding
-  response: jax.Array        # [B, N] int32 target tokens, EOS after them
+  # numpy as loaded on the host, jax.Array once the batch is sharded onto the devices
+  prompt_tokens: jax.Array | np.ndarray   # [B, P] int32, left-padded
+  prompt_valid: jax.Array | np.ndarray    # [B, P] bool, False at the padding
+  response: jax.Array | np.ndarray        # [B, N] int32 target tokens, EOS after them
   # offline RCD: the frozen reference model's parameters (an nnx.State, replicated, not
   # batched), added by the training loop; None in the other modes
   rcd_reference_params: nnx.State | None = None

@@ -20,7 +20,7 @@ DIGITS = tuple("0123456789")
 
 def pretokenize(text: str) -> list[str]:
   """Splits `text` on whitespace, then splits every number into its digits."""
-  words = []
+  words: list[str] = []
   for word in text.split():
     if word.isdigit():
       words.extend(word)
