@@ -46,7 +46,7 @@ def verifier_metrics(verifier) -> dict[str, float]:
   """The counters of the sandboxed verifier inside `verifier` (timeouts, infrastructure
   failures, unsupported tests, judge cost: `HumanEvalVerifier.stats`), or {} when it has none."""
   found = getattr(verifier, "stats", None)
-  if hasattr(found, "metrics"):
+  if found is not None and hasattr(found, "metrics"):
     return found.metrics()
   for part in ("inner", "code"):
     if getattr(verifier, part, None) is not None:

@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import orl_sandbox as sandbox
 from orl_jax.problem import Problem, truncate_completion
@@ -51,19 +51,21 @@ _SMOKE_PROGRAM = ("import collections, functools, hashlib, itertools, math, re, 
 _SMOKE_TESTS = "def check(candidate):\n  assert candidate(4) == (4, 2.0)\n"
 
 
-def _require_tests(problem: Problem) -> None:
+def _require_tests(problem: Problem) -> tuple[str, str]:
+  """The problem's (entry_point, tests); both are needed."""
   if problem.tests is None or problem.entry_point is None:
     raise ValueError(f"Problem {problem.problem_id!r} has no tests/entry_point; HumanEvalVerifier "
                      "needs both (code tasks from data/humaneval.py or JSONL with "
                      "'tests' and 'entry_point').")
+  return problem.entry_point, problem.tests
 
 
 def judge_run(problem: Problem, completion: str,
               limits: sandbox.SandboxLimits) -> sandbox.SandboxResult:
   """Scores one completion: the candidate in the sandbox, the tests in the judge process."""
-  _require_tests(problem)
-  return sandbox.run_judged(problem.prompt + completion + "\n", problem.entry_point,
-                            tests=problem.tests, prelude=problem.prompt, limits=limits)
+  entry_point, tests = _require_tests(problem)
+  return sandbox.run_judged(problem.prompt + completion + "\n", entry_point,
+                            tests=tests, prelude=problem.prompt, limits=limits)
 
 
 def cache_key(problem: Problem, completion: str) -> str:
@@ -138,7 +140,7 @@ def interleaved(keys: Sequence[str]) -> list[int]:
 @dataclasses.dataclass
 class _Job:
   prompt: str
-  run: object                  # () -> result
+  run: Callable[[], object]
   future: concurrent.futures.Future
   lock: int | None = None
 
@@ -290,12 +292,11 @@ class HumanEvalVerifier:
       try:
         result = judge_run(problem, completion, self.limits)
       except OSError as error:   # e.g. no memory or pids left to start the sandbox
-        result = None
         infra = repr(error)
       else:
+        if result.infra_error is None:
+          return self._account(problem, result, key)
         infra = result.infra_error
-      if infra is None:
-        return self._account(problem, result, key)
       with self._lock:
         self.stats.infra_errors += 1
       if attempt == 0:

@@ -274,6 +274,7 @@ def _numeral_value(numeral: str) -> decimal.Decimal | None:
 
 def _is_integral(value: decimal.Decimal) -> bool:
   _, digits, exponent = value.as_tuple()
+  assert isinstance(exponent, int), "a finite number (read from digits)"
   return exponent >= 0 or not any(digits[exponent:])
 
 
@@ -340,19 +341,24 @@ def read_number(span: str) -> decimal.Decimal | None:
   values, a number in another script, a sign or negation it cannot be read with, a hedge, an
   operator, or a number that is not readable (module docstring)."""
   text = _plain_text(span)
-  sign_words = None if text is None or _refused_marks(text) else _sign_words_unless_refused(text)
+  if text is None:
+    return None
+  sign_words = None if _refused_marks(text) else _sign_words_unless_refused(text)
   if sign_words is None:
     return None
   numerals = list(_NUMERAL.finditer(text))
   if not numerals or not _restated(text, numerals):
     return None
-  values, used_signs, used_words = [], set(), []
+  values: list[decimal.Decimal] = []
+  used_signs: set[int] = set()   # where the numbers' own sign characters are
+  used_words: list[int | None] = []
   for numeral in numerals:
     value, sign = _numeral_value(numeral.group()), _sign_before(text, numeral.start())
     if value is None or sign is None:
       return None
     factor, sign_at, word_at = sign
-    used_signs.add(sign_at)
+    if sign_at is not None:   # a number without a sign character
+      used_signs.add(sign_at)
     used_words.append(word_at)
     values.append(value if factor > 0 else value.copy_negate())   # exact, any length
     exponent_sign = re.search(r"[eE]([-+])", numeral.group())
