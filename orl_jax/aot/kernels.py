@@ -72,6 +72,7 @@ def default_tiles(kernel: str, head_dim: int) -> tuple[int, int]:
   if kernel == "pallas-gpu":
     return gpu.default_tile(head_dim), gpu.default_tile(head_dim)
   defaults = tpu.staircase_attention.__kwdefaults__
+  assert defaults is not None, "tpu.staircase_attention takes its tiles as keyword arguments"
   return defaults["block_q"], defaults["block_k"]
 
 
@@ -158,7 +159,7 @@ def kernel_name(instruction: str) -> str:
 def tpu_scoped_vmem(compiled_text: str) -> dict[str, int]:
   """Kernel -> the scoped VMEM bytes the TPU compiler gave its custom call (an instruction's
   backend config can follow a metadata field that spans lines: read up to the next one)."""
-  out = {}
+  out: dict[str, int] = {}
   starts = [m.start() for m in _INSTRUCTION.finditer(compiled_text)] + [len(compiled_text)]
   for call in _TPU_CALL.finditer(compiled_text):
     end = next(s for s in starts if s > call.start())
@@ -193,11 +194,16 @@ def _compile(case: KernelCase, dump_dir: str):
   return lowered.compile({"xla_dump_to": dump_dir} if platform == "cuda" else None)
 
 
+def _lowered_by_compile() -> jax.stages.Lowered:
+  """A kernel case's `Program` only names the case in a refusal: `_compile` lowers it."""
+  raise NotImplementedError("a kernel case is lowered by aot.kernels._compile, not its Program")
+
+
 def compile_case(case: KernelCase) -> KernelCompile:
   """Compiles `case` for one device of its chip: accepted (with the kernels' fast memory, the
   program's HBM temporaries and, on TPU, the compiler's FLOPs and bytes) or the refusal."""
   program = Program(case.kernel, f"{SHAPES[case.shape].model}, {case.seq_len} tokens, tiles "
-                    f"{case.tiles[0]}x{case.tiles[1]}", PER_ITERATION, lambda: None)
+                    f"{case.tiles[0]}x{case.tiles[1]}", PER_ITERATION, _lowered_by_compile)
   t0 = time.perf_counter()
   with tempfile.TemporaryDirectory(prefix="kernel_compile_") as dump_dir:
     try:

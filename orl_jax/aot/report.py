@@ -177,6 +177,9 @@ def compile_program(program: Program, target: Target, n_devices: int) -> Program
   report.compile_seconds = time.perf_counter() - t0
   report.kernel_calls = kernel_calls(compiled.as_text() or "", target.platform)
   mem = compiled.memory_analysis()
+  if mem is None:
+    raise RuntimeError(f"the compiler for {target.label} gave no memory analysis of "
+                       f"{program.name}")
   report.argument_bytes = int(mem.argument_size_in_bytes)
   report.output_bytes = int(mem.output_size_in_bytes)
   report.temp_bytes = int(mem.temp_size_in_bytes)

@@ -217,7 +217,8 @@ def topology_devices(target: Target) -> list:
   from jax.experimental import topologies
   use_compiler(target.platform)
   if target.platform == "tpu":
-    kwargs = {"num_slices": target.n_slices} if target.n_slices > 1 else {}
+    kwargs: dict[str, int | tuple[int, ...]] = (
+        {"num_slices": target.n_slices} if target.n_slices > 1 else {})
     dims = [int(d) for d in target.topology.split(":")[1].split("x")]
     if math.prod(dims) < 4:    # a host of fewer chips than libtpu's default 2x2x1 (Colab's v5e-1)
       kwargs["chips_per_host_bounds"] = tuple(dims + [1] * (3 - len(dims)))
