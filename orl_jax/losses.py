@@ -127,7 +127,8 @@ def attach_reference(batch: ReplayBatch, reference, cfg: LossConfig) -> ReplayBa
                                          residual=batch.residual)
   hidden = jax.lax.stop_gradient(hidden)
   stats = token_stats(reference.head, hidden, batch.targets, chunk=cfg.vocab_chunk)
-  return batch.replace(ref_hidden=hidden, ref_entropy=jax.lax.stop_gradient(stats.entropy))
+  return dataclasses.replace(batch, ref_hidden=hidden,
+                             ref_entropy=jax.lax.stop_gradient(stats.entropy))
 
 
 def capped_kl_to_reference(kl, masked, ref_entropy, resp_slot, n, conf_entropy: float,
@@ -221,6 +222,8 @@ class AecCarry:
 
 def _n_carried(batch: ReplayBatch):
   """Masked positions that consume a residual (z is zero off state tokens and on cold starts)."""
+  if batch.residual is None:
+    raise ValueError("the ORL losses read the replayed residual: the batch has none")
   return jnp.sum(batch.masked & jnp.any(batch.residual.z != 0, axis=-1))
 
 
@@ -264,17 +267,24 @@ def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | No
                       **ref)
   entropy, nll = stats.entropy, stats.nll
   n = batch.state_resp.shape[0]   # response slots <= state slots
-  t = totals if totals is not None else LossTotals(*(None,) * 6)
+  # the update's normalisers; None (a whole batch): each term normalises over the batch
+  ce_den: jax.Array | None = None
+  kl_den: jax.Array | None = None
+  aec_den: jax.Array | None = None
+  n_pairs: jax.Array | None = None
+  if totals is not None:
+    ce_den, kl_den = totals.ce_weight, totals.kl_weight
+    aec_den, n_pairs = totals.aec_pairs, totals.n_pairs
   ce, n_ce = gated_ce(nll, batch.masked, batch.rollout_entropy, batch.resp_slot, n,
-                      cfg.gate_entropy, t.ce_weight)
+                      cfg.gate_entropy, ce_den)
   if cfg.uses_reference:
     kl, n_kl = capped_kl_to_reference(stats.kl_ref, batch.masked, batch.ref_entropy,
                                       batch.resp_slot, n, cfg.conf_entropy, cfg.kl_cap,
-                                      t.kl_weight)
+                                      kl_den)
   elif cfg.w_kl > 0:
     kl, n_kl, _ = capped_reverse_kl_at(stats.logp_at, batch.topk_logprobs, batch.masked,
                                        batch.rollout_entropy, batch.resp_slot, n,
-                                       cfg.conf_entropy, cfg.kl_cap, t.kl_weight)
+                                       cfg.conf_entropy, cfg.kl_cap, kl_den)
   else:   # no anchor: no reference forward, no term
     kl, n_kl = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
   h_state, _ = state_entropies(entropy, batch.masked, batch.state_slot, n)
@@ -288,7 +298,7 @@ def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | No
              "aec_pairs_out_of_order": jnp.sum(pair_valid & ~(here | carry.seen)[batch.pair_a])}
   l_aec, n_aec, hinge_active = aec(h_state, batch.pair_a, batch.pair_b, batch.pair_resp,
                                    pair_valid, n, cfg.aec_rho, h_source=h_source,
-                                   den=t.aec_pairs, n_pairs=t.n_pairs)
+                                   den=aec_den, n_pairs=n_pairs)
   loss = ce + cfg.w_aec * l_aec + cfg.w_kl * kl
   m = batch.masked.astype(jnp.float32)
   n_masked = jnp.sum(m) if totals is None else totals.n_masked

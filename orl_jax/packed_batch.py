@@ -7,7 +7,7 @@ once attached (`losses.attach_reference`), the frozen reference's outputs on its
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +78,9 @@ def masked_state_tokens(batch: PackedBatch, mask_id: int):
   return (batch.meta.kind == KIND_STATE) & (batch.tokens == mask_id)
 
 
+_Batch = TypeVar("_Batch", bound=PackedBatch)
+
+
 def micro_batch_of_rows(n_rows: int, micro_batches: int, n_shards: int = 1) -> np.ndarray:
   """[R] micro-batch index of each row under `split_rows`: every data shard's block of rows
   is cut into `micro_batches` consecutive chunks, so a micro-batch keeps rows on their shard."""
@@ -85,7 +88,7 @@ def micro_batch_of_rows(n_rows: int, micro_batches: int, n_shards: int = 1) -> n
   return (np.arange(n_rows) % per_shard) // (per_shard // micro_batches)
 
 
-def split_rows(batch: PackedBatch, micro_batches: int, n_shards: int = 1) -> PackedBatch:
+def split_rows(batch: _Batch, micro_batches: int, n_shards: int = 1) -> _Batch:
   """The batch with a leading [micro_batches] axis on every leaf, for `lax.scan`: row fields
   (`ROW_FIELDS` of its type) are cut as `micro_batch_of_rows` says ([R, ...] -> [M, R / M, ...]),
   per-update fields are repeated."""
@@ -100,9 +103,10 @@ def split_rows(batch: PackedBatch, micro_batches: int, n_shards: int = 1) -> Pac
     return jnp.swapaxes(x, 0, 1).reshape((micro_batches, n_rows // micro_batches) + x.shape[3:])
 
   repeat = lambda x: jnp.broadcast_to(x, (micro_batches,) + jnp.shape(x))
-  return batch.replace(**{f.name: jax.tree.map(rows if f.name in batch.ROW_FIELDS else repeat,
-                                               getattr(batch, f.name))
-                          for f in dataclasses.fields(batch)})
+  return dataclasses.replace(
+      batch, **{f.name: jax.tree.map(rows if f.name in batch.ROW_FIELDS else repeat,
+                                     getattr(batch, f.name))
+                for f in dataclasses.fields(batch)})
 
 
 # --- the SFT layout (DESIGN §2.7) -------------------------------------------------------------

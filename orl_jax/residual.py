@@ -97,6 +97,8 @@ def residual_inputs(mode: str, token_embeds, mask_embed, is_masked, residual: Re
     delta = jnp.where(carries[..., None], mixed - mask_embed, 0)
     embeds = jnp.where(is_masked[..., None], mask_embed + delta, token_embeds)
   elif mode == "adapter":
+    if adapter is None:
+      raise ValueError("residual_inputs: mode 'adapter' needs the ResidualAdapter")
     delta = scale * adapter(jax.lax.stop_gradient(z))
     delta = jnp.where(is_masked[..., None], delta, 0)
     embeds = token_embeds + delta

@@ -74,7 +74,7 @@ def token_stats(head: Callable[[jax.Array], jax.Array], hidden, targets, ids=Non
     raise ValueError("token_stats: ref_head needs ref_hidden")
   if chunk <= 0 or chunk >= r * t:
     return _stats(head(hidden), targets, ids,
-                  ref_head(ref_hidden) if with_ref else None)
+                  ref_head(ref_hidden) if ref_head is not None else None)
   n = r * t
   n_chunks = -(-n // chunk)
   pad = n_chunks * chunk - n

@@ -1,6 +1,7 @@
 """Train state, optimizer (AdamW + warmup + clipping + residual scaling) and the jitted step."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -164,7 +165,8 @@ def _apply_update(optimizer, state: TrainState, loss, metrics, grads):
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return (dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state),
+          metrics)
 
 
 def _lag_metrics(state: TrainState, batch) -> dict:
