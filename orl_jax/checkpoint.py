@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Iterator
 
 import grain
 import jax
@@ -179,17 +180,18 @@ def _drop_closed_loop_reports() -> None:
       return
     previous(unraisable)
 
-  hook.drops_closed_loop_reports = True
+  # A marker read above, so the hook is installed once: mypy has no attributes on a function.
+  hook.drops_closed_loop_reports = True  # type: ignore[attr-defined]
   sys.unraisablehook = hook
 
 
-def _chain(e: BaseException):
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
   while e is not None:
     yield e
     e = e.__cause__ or e.__context__
 
 
-def _first_line(e: BaseException, limit: int = 200) -> str:
+def _first_line(e: BaseException | str, limit: int = 200) -> str:
   text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
   return text if len(text) <= limit else text[:limit] + "..."
 
@@ -217,8 +219,8 @@ def damaged_file(step_dir: str, error: BaseException) -> tuple[str, str] | None:
           return path, f"not valid JSON: {e.reason}"
         except OSError as e:
           return path, e.strerror or str(e)
-  for e in _chain(error):
-    text = str(e)
+  for cause in _chain(error):
+    text = str(cause)
     m = _DECODE_ERROR.search(text)
     if m:
       detail = text.split(m.group(0))[-1].split(" [tensorstore_spec")[0].lstrip(": ")

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import time
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence, cast
 
 import jax
 import numpy as np
@@ -31,6 +31,9 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decode import build as decode_build
 from orl_jax.unmasking import UnmaskRule
+
+if TYPE_CHECKING:
+  from orl_jax.tasks import Task
 
 
 def _batches(n: int, batch_size: int):
@@ -109,8 +112,9 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
     outs.append(sharding_lib.to_host((out.tokens, out.nfe, out.nfe_engine, out.n_generated,
                                       out.nfe_denoise)))
   bar.close()
-  arrays = [np.concatenate(x)[:len(problems)] for x in zip(*outs)]
-  return Decoded(*arrays, seconds)
+  tokens, nfe, nfe_engine, n_generated, nfe_denoise = (
+      np.concatenate(x)[:len(problems)] for x in zip(*outs))
+  return Decoded(tokens, nfe, nfe_engine, n_generated, nfe_denoise, seconds)
 
 
 def _decode_queue(run, params, prompts, valid, *, seed: int, mesh, bar):
@@ -305,8 +309,8 @@ def merged_seeds(all_results: dict, name: str, keys: Sequence[str]) -> dict:
   merged = {}
   for label in per_seed[0]:
     runs = [r[label] for r in per_seed]
-    out = {k: float(np.mean([r[k] for r in runs])) for k, v in runs[0].items()
-           if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out: dict[str, Any] = {k: float(np.mean([r[k] for r in runs])) for k, v in runs[0].items()
+                           if isinstance(v, (int, float)) and not isinstance(v, bool)}
     out.update({k: v for k, v in runs[0].items() if k not in out and k != "examples"})
     for k in ("accuracy", "tpf_pooled"):
       out[f"{k}_std"] = float(np.std([r[k] for r in runs]))
@@ -401,7 +405,8 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True,
     cfg = model_config_for(config, weights, overridden, "eval.compare" if config.eval.get(
         "compare", "") else "model.path")
     setup = build_setup(cfg)
-    n_available = len(setup.task.eval_problems())
+    # build_setup's task is a tasks.Task; train.setup.Setup annotates it `object`
+    n_available = len(cast("Task", setup.task).eval_problems())
     n = n_evaluated(cfg, n_available)          # before the weights load: a wrong size stops here
     if progress and distributed.is_lead_process():
       print(f"{name}: {weights} on {n} of the {n_available} {describe_task(cfg)} problems "

@@ -37,6 +37,7 @@ class MetricsWriter:
     scalars = {k: float(np.asarray(v)) for k, v in metrics.items()
                if np.asarray(v).size == 1}
     if self.enabled:
+      assert self._tb is not None, "opened by __init__ on process 0"
       with open(self.path, "a") as f:
         f.write(json.dumps({"step": int(step), **scalars}) + "\n")
       for k, v in scalars.items():

@@ -150,8 +150,9 @@ def process_rows(mesh, global_batch: int) -> tuple[int, ...]:
   devices hold, ascending: the rows this process loads, in the order
   `make_array_from_process_local_data` expects them."""
   index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch,))
-  rows = set()
+  rows: set[int] = set()
   for idx in index_map.values():
+    assert idx is not None, "a NamedSharding gives every device an index"
     rows.update(range(*idx[0].indices(global_batch)))
   return tuple(sorted(rows))
 

@@ -78,8 +78,8 @@ def report_run(config, params_dir: str) -> list[str]:
   if os.path.isdir(hf_dir):
     lines.append(f"Hugging Face export: {hf_dir}")
   if rows:
-    keys = {"orl": CURVE_KEYS, "residual_warmup": WARMUP_CURVE_KEYS}.get(config.train.mode)
-    keys = [k for k in keys or rows[-1] if k != "step" and any(k in r for r in rows)]
+    mode_keys = {"orl": CURVE_KEYS, "residual_warmup": WARMUP_CURVE_KEYS}.get(config.train.mode)
+    keys = [k for k in mode_keys or rows[-1] if k != "step" and any(k in r for r in rows)]
     png = plots.plot_training_curves(metrics, os.path.join(workdir, CURVES_FILE), keys=keys,
                                      title=f"{os.path.basename(workdir)}: {config.train.mode}")
     lines += [f"metrics: {metrics} (TensorBoard: {os.path.join(workdir, 'tensorboard')})",
