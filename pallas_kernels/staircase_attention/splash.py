@@ -70,15 +70,18 @@ def _dynamic_kernel(visible, groups: int, interpret: bool, tile: int):
                                                 interpret=interpret)
   # JAX 0.10 stores the `is_dynamic_mask` flag as an array, which is a tracer under jit and
   # breaks splash's Python branch on it; it is known statically here.
-  infos = (kernel.fwd_mask_info, kernel.dq_mask_info, kernel.dkv_mask_info)
-  infos = [i if i is None else i._replace(is_dynamic_mask=True) for i in infos]
-  return splash.SplashAttentionKernel(*infos, **kernel.kwargs)
+  # The forward's mask info is always built; the backward's are None when not asked for.
+  dynamic = lambda info: info if info is None else info._replace(is_dynamic_mask=True)
+  return splash.SplashAttentionKernel(kernel.fwd_mask_info._replace(is_dynamic_mask=True),
+                                      dynamic(kernel.dq_mask_info), dynamic(kernel.dkv_mask_info),
+                                      **kernel.kwargs)
 
 
 def _concrete(meta: TokenMeta):
   """The metadata as numpy, or None when it is traced."""
   try:
-    return TokenMeta(*(np.asarray(f) for f in meta))
+    # numpy fields where TokenMeta's annotations say jax.Array: they are read as arrays
+    return TokenMeta(*(np.asarray(f) for f in meta))  # type: ignore[arg-type]
   except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
     return None
 

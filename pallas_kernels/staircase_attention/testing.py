@@ -44,7 +44,9 @@ def stack_rows(rows: list[np.ndarray], seq_len: int) -> TokenMeta:
   pad = np.asarray([(-1, -1, KIND_PAD, 0, -1)], np.int32)
   full = [np.concatenate([r, np.repeat(pad, seq_len - len(r), axis=0)]) for r in rows]
   fields = np.stack(full)  # [B, T, 5]
-  return TokenMeta(*(np.ascontiguousarray(fields[..., f]) for f in range(5)))
+  columns = [np.ascontiguousarray(fields[..., f]) for f in range(5)]
+  # numpy fields where TokenMeta's annotations say jax.Array: they are read as arrays
+  return TokenMeta(*columns)  # type: ignore[arg-type]
 
 
 def random_packed_meta(rng: np.random.Generator, batch: int, seq_len: int, block_size: int, *,

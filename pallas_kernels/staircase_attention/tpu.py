@@ -79,7 +79,7 @@ def _fwd_kernel(kv_tables, kv_full, kv_counts, q_ref, k_ref, v_ref, qm_ref, km_r
     m_sc[...] = jnp.full(m_sc.shape, MASKED_LOGIT, jnp.float32)
     l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
     acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
-    if count_visits:
+    if visits_ref is not None:   # count_visits
       visits_ref[...] = jnp.zeros(visits_ref.shape, jnp.int32)
 
   def step(masked: bool):
@@ -99,7 +99,7 @@ def _fwd_kernel(kv_tables, kv_full, kv_counts, q_ref, k_ref, v_ref, qm_ref, km_r
     acc_sc[...] = alpha * acc_sc[...] + jax.lax.dot_general(
         p.astype(v.dtype), v, _NN, preferred_element_type=jnp.float32)
     m_sc[...] = m_new
-    if count_visits:
+    if visits_ref is not None:   # count_visits
       visits_ref[...] += 1
 
   _visit_listed(kv_full[row * nk + j], kv_counts[row], j, step)
