@@ -32,12 +32,14 @@ import jax.numpy as jnp
 
 from pallas_kernels.platform import current_gpu, current_platform
 
-_warned: set[str] = set()
+# The fallback warnings logged so far: each is logged once per process; clear the set to have
+# them logged again (a process that traces for another target).
+warned: set[str] = set()
 
 
 def _warn_once(msg: str) -> None:
-  if msg not in _warned:
-    _warned.add(msg)
+  if msg not in warned:
+    warned.add(msg)
     logging.warning(msg)
 
 

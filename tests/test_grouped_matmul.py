@@ -75,7 +75,7 @@ def test_the_reference_rhs_gradient_is_a_per_group_sum_of_outer_products():
 def test_the_platform_picks_the_kernels_only_where_they_run(gpu, dtype, k, expected, caplog):
   lhs = jax.ShapeDtypeStruct((256, k), dtype)
   rhs = jax.ShapeDtypeStruct((4, k, 128), dtype)
-  gm._warned.clear()
+  gm.warned.clear()
   with target_platform("cuda", gpu), caplog.at_level(logging.WARNING):
     name, prims = gm.implementation(lhs, rhs)
   assert name == expected and (prims is None) == (expected == "xla")

@@ -267,7 +267,7 @@ def test_dispatch_runs_an_explicit_kernel_or_says_why_not():
 
 
 def test_dispatch_auto_falls_back_once_with_a_warning(caplog, monkeypatch):
-  monkeypatch.setattr(dispatch, "_warned", set())
+  monkeypatch.setattr(dispatch, "warned", set())
   meta = _meta(9, 2, 96, 8, fill=0.8)
   q, k, v, _ = _qkv(9, 2, 96, 2, 2, 12, jnp.float32)  # head_dim 12: not for the GPU kernel
   want = staircase_attention_reference(q, k, v, meta, meta)

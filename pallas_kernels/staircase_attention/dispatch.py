@@ -60,12 +60,14 @@ KERNELS = {
 }
 AUTO = {"tpu": ("splash", "pallas"), "gpu": ("pallas",)}  # platform -> impls tried; else xla
 
-_warned: set[str] = set()
+# The fallback warnings logged so far: each is logged once per process; clear the set to have
+# them logged again (a process that traces for another target).
+warned: set[str] = set()
 
 
 def _warn_once(msg: str) -> None:
-  if msg not in _warned:
-    _warned.add(msg)
+  if msg not in warned:
+    warned.add(msg)
     logging.warning(msg)
 
 
