@@ -38,6 +38,7 @@ import numpy as np
 from configs import tiny
 from orl_jax import params_io, residual as residual_lib
 from orl_jax.data.pipeline import encode_prompts
+from orl_jax.decode import block_sampler
 from orl_jax.decode import build as decode_build
 from orl_jax.decode.canvas import block_layout, prompt_layout
 from orl_jax.decode.config import DecodeConfig
@@ -132,7 +133,7 @@ def run_tiny(args):
   prompts, valid = encode_prompts(problems, tok, config.task.prompt_len)
   setting = dict(mask_id=tok.mask_id, eos_id=tok.eos_id, rule=UnmaskRule.parse(args.rule),
                  temperature=0.0)
-  dcfg = decode_build.block_decode_config(config, s.model_cfg, "evaluate", **setting)
+  dcfg = block_sampler.block_decode_config(config, s.model_cfg, "evaluate", **setting)
   jitted = decode_build.make_decoder(config, s.model_cfg, graphdef, "evaluate", **setting)
   key = jax.random.key(0)
 

@@ -42,6 +42,7 @@ from configs import tiny
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.tiny_task import tiny_tokenizer
+from orl_jax.decode import block_sampler
 from orl_jax.decode import build as decode_build
 from orl_jax.aot import programs as aot_programs
 from orl_jax.aot import report as aot_report
@@ -154,8 +155,9 @@ def decode(size: str, budget) -> dict:
   rule = UnmaskRule.parse("threshold_0.9")
   run = decode_build.make_decoder(config, model_cfg, graphdef, "evaluate", mask_id=tok.mask_id,
                               eos_id=tok.eos_id, rule=rule, temperature=0.0)
-  decode_cfg = decode_build.block_decode_config(config, model_cfg, "evaluate", mask_id=tok.mask_id,
-                                            eos_id=tok.eos_id, rule=rule, temperature=0.0)
+  decode_cfg = block_sampler.block_decode_config(config, model_cfg, "evaluate",
+                                                 mask_id=tok.mask_id, eos_id=tok.eos_id,
+                                                 rule=rule, temperature=0.0)
   bandwidth = budget.hbm_bandwidth if budget else None
   out = dict(params=sum(x.size for x in jax.tree.leaves(params)), weight_bytes=weight_bytes,
              hbm_bytes_per_s=bandwidth)

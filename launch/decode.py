@@ -126,7 +126,7 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   with sharding.tracing_mesh(s.mesh):
     out = jax.device_get(run(params, tokens, valid, jax.random.key(0)))
   texts = [tok.decode(t, stop_at_eos=True) for t in out.tokens]
-  lead = decode_build.prompt_lead(cfg, s.model_cfg, valid, **ids)
+  lead = decode_build.sampler_of(cfg, s.model_cfg).prompt_lead(valid, **ids)
   return Decoded(
       name=name, path=path, rule_label=rule.label, prompts=[p.prompt for p in problems],
       texts=texts, tokens=np.asarray(out.tokens),

@@ -202,7 +202,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   fill_decode_defaults(config, hf_dir, family.name)
   if family.own_model:
     return own_model_sizing_rows(config, family, n_devices)
-  from orl_jax.decode.build import block_decode_config
+  from orl_jax.decode.build import sampler_of
   from orl_jax.train.state import frozen_params
 
   shape = mesh_shape(config, n_devices)
@@ -221,8 +221,8 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   o = config.orl
   specials = config.model.get("special_tokens", {})
   tok = types.SimpleNamespace(mask_id=cfg.mask_id, eos_id=_special_id(specials.get("eos", "")))
-  decode_cfg = block_decode_config(config, cfg, "rollout", mask_id=tok.mask_id,
-                                   eos_id=tok.eos_id)
+  decode_cfg = sampler_of(config, cfg).forward_config("rollout", mask_id=tok.mask_id,
+                                                     eos_id=tok.eos_id)
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
   cap = (capture_bytes(n_rollouts, decode_cfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)

@@ -87,7 +87,7 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
   make = functools.partial(decode_build.make_decoder, config, model_cfg, graphdef, "evaluate",
                            mask_id=task.tokenizer.mask_id, eos_id=task.tokenizer.eos_id,
                            rule=rule, temperature=temperature)
-  if decode_build.sampler_kind(config, model_cfg) == decode_build.PER_ROW:
+  if decode_build.sampler_of(config, model_cfg).queued:
     with bar:
       return _decode_queue(make(n_rows=min(batch_size, len(prompts))), params, prompts, valid,
                            seed=seed, mesh=mesh, bar=bar)

@@ -30,7 +30,7 @@ from orl_jax.losses import OrlObjective  # noqa: E402
 from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.rollout import make_rollout  # noqa: E402
 from orl_jax.train.setup import build_setup, loss_config, needs_reference  # noqa: E402
-from orl_jax.decode.build import block_decode_config  # noqa: E402
+from orl_jax.decode.block_sampler import block_decode_config  # noqa: E402
 from orl_jax.optimizer import OptimizerConfig, make_optimizer  # noqa: E402
 from orl_jax.train.state import create_train_state, make_train_step  # noqa: E402
 from pallas_kernels.staircase_attention import target_platform  # noqa: E402

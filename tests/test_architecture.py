@@ -4,6 +4,10 @@
   statement, the function-local ones included — has no cycle;
 * the models (`orl_jax/models/`) sit below decoding, rollouts, replay, losses and training: no
   module under `models/` reaches one of those, directly or through the modules it imports;
+* no module outside `orl_jax/models/` imports a family folder (`orl_jax.models.<family>`): the
+  rest of the code reaches a family through the registry (`orl_jax.models.families`) and its
+  sampler (`orl_jax.decode.build.sampler_of`), so a new family is its folder, a registry line
+  and a config;
 * no function in `orl_jax/` or `pallas_kernels/` is longer than 80 lines.
 
 An import edge goes to the most specific module the statement names: `import a.b` and
@@ -153,6 +157,21 @@ def is_above_models(module: str) -> bool:
               and any(w in last for w in ABOVE_MODELS_WORDS)))
 
 
+def family_folders() -> list[str]:
+  """The family packages: every folder `orl_jax/models/<name>/` with an `__init__.py`."""
+  base = os.path.join(ROOT, "orl_jax", "models")
+  return sorted(f"orl_jax.models.{name}" for name in os.listdir(base)
+                if os.path.isfile(os.path.join(base, name, "__init__.py")))
+
+
+def family_folder_imports(graph, folders) -> list[str]:
+  """'module -> family module' for every import of a family folder from outside models/."""
+  in_folder = lambda m: any(m == f or m.startswith(f + ".") for f in folders)
+  return [f"{module} -> {dep}" for module in sorted(graph)
+          if not module.startswith("orl_jax.models") for dep in sorted(graph[module])
+          if in_folder(dep)]
+
+
 def long_functions(packages, limit: int) -> list[str]:
   """'path:line name (n lines)' for every function longer than `limit` lines."""
   out = []
@@ -211,6 +230,25 @@ def test_no_model_module_reaches_decoding_rollout_replay_losses_or_training():
   bad = [" -> ".join(chain) for module in sorted(graph) if module.startswith("orl_jax.models")
          for chain in [reach_path(graph, module, is_above_models)] if chain]
   assert not bad, "models/ reaches code above it:\n" + "\n".join(bad)
+
+
+def test_no_module_outside_models_imports_a_family_folder():
+  folders = family_folders()
+  assert "orl_jax.models.diffusion_gemma" in folders and "orl_jax.models.ours" in folders
+  bad = family_folder_imports(import_graph(module_files()), folders)
+  assert not bad, "imports of a family folder from outside orl_jax/models/:\n" + "\n".join(bad)
+
+
+def test_a_family_folder_import_from_outside_models_is_caught():
+  """One function-local import of a family's module from the decoders is reported; the
+  registry (`orl_jax.models.families`, inside models/) importing every folder is not."""
+  graph = import_graph(module_files())
+  folders = family_folders()
+  assert "orl_jax.models.diffusion_gemma" in graph["orl_jax.models.families"]
+  assert not family_folder_imports(graph, folders)
+  graph["orl_jax.decode.build"] |= {"orl_jax.models.diffusion_gemma.rollout"}
+  assert family_folder_imports(graph, folders) == [
+      "orl_jax.decode.build -> orl_jax.models.diffusion_gemma.rollout"]
 
 
 def test_no_function_is_longer_than_80_lines():

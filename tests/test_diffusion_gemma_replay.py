@@ -22,6 +22,7 @@ from orl_jax.models.diffusion_gemma import rollout as dg_rollout
 from orl_jax.models.diffusion_gemma import sampler
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma, init_cache
 from orl_jax.models.diffusion_gemma.config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
+from orl_jax.models.diffusion_gemma.decoding import not_accepted
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.replay.plan import SRC_STATE
 from orl_jax.rollout import make_rollout
@@ -81,7 +82,7 @@ def rollout_and_replay():
                            capture_block=np.asarray(cap.block), eligible=np.ones(4, bool),
                            group_size=GROUP, cfg=rcfg,
                            rng=np.random.default_rng(0))
-  batch = gather_batch(traj, plan, mask_id=-1, unresolved="not_accepted")
+  batch = gather_batch(traj, plan, mask_id=-1, unresolved=not_accepted)
   hidden, _, ratio = model.hidden_states(batch.tokens, batch.positions, batch.meta,
                                          residual=batch.residual)
   return dict(model=model, traj=traj, plan=plan, stats=stats, batch=batch,

@@ -21,6 +21,7 @@ from flax import nnx
 
 from orl_jax.models.diffusion_gemma import rollout as dg_rollout
 from orl_jax.packed_batch import layer_routes
+from orl_jax.models.diffusion_gemma.decoding import not_accepted
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout
 from pallas_kernels.staircase_attention import KIND_PAD
@@ -52,7 +53,7 @@ def _packed(traj):
                            group_size=GROUP, cfg=rcfg,
                            rng=np.random.default_rng(0))
   assert stats["states_dropped"] == 0
-  return gather_batch(traj, plan, mask_id=-1, unresolved="not_accepted"), plan
+  return gather_batch(traj, plan, mask_id=-1, unresolved=not_accepted), plan
 
 
 def _replayed_logits(model, batch, routes):

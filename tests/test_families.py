@@ -31,7 +31,7 @@ from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
 from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
-from orl_jax.decode.build import block_decode_config
+from orl_jax.decode.block_sampler import block_decode_config
 from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax.train.state import frozen_params
 
@@ -95,8 +95,8 @@ def test_our_own_models_have_the_default_family():
   assert ours is families.OURS and families.of_model(ours_cfg) is ours
   assert families.of_model(object()) is ours                # a config without hf_family
   assert ours.decode == {"block_placement": "prompt_end", "commit_compare": ">="}
-  assert (ours.noise, ours.frozen, ours.own_model, ours.hf_checkpoint) == ("mask", None, False,
-                                                                           False)
+  assert (ours.sampler, ours.frozen, ours.own_model, ours.hf_checkpoint) == (None, None, False,
+                                                                             False)
   assert "" not in families.FAMILIES and ours.model_types == ()
   with pytest.raises(ValueError, match="model.hf_family=''"):
     ours.tensor_rules(ours_cfg)

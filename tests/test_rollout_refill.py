@@ -161,13 +161,15 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
   """Lock-step: the default rollout; per_row: the engine on orl.rollout_rows rows, refused on
   more than one batch shard (the queue is one device-side array)."""
   import types
-  from orl_jax.decode.build import _per_row_rollout_fn
+  from orl_jax.decode.build import sampler_of
+  from orl_jax.rollout import rollout
   c = orl_smoke_config("unused")
   one, two = types.SimpleNamespace(shape={"data": 1}), types.SimpleNamespace(shape={"data": 2})
-  assert _per_row_rollout_fn(c, one) is None
+  rollout_fn = lambda mesh: sampler_of(c).rollout(mask_id=0, eos_id=1, mesh=mesh)[0]
+  assert rollout_fn(one) is rollout
   c.decode.schedule, c.orl.rollout_rows = "per_row", 4
-  fn = _per_row_rollout_fn(c, one)
+  fn = rollout_fn(one)
   assert fn.func is per_row_rollout and fn.keywords == {"n_rows": 4}
   with pytest.raises(ValueError, match="orl.rollout_rows=4 decodes the rollout queue on one "
                      "batch shard: set mesh.data = mesh.fsdp = mesh.expert = 1"):
-    _per_row_rollout_fn(c, two)
+    rollout_fn(two)

@@ -25,7 +25,6 @@ from orl_jax.decode import build as decode_build
 from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib
 from orl_jax.dry_run import run_model_config, special_ids
-from orl_jax.models import families
 from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax.replay import ReplayPlan
 from orl_jax.train import state as state_lib
@@ -223,10 +222,9 @@ def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramS
               lambda: steps.gather.lower(traj, plan), state_bytes)]
   programs += _train_programs(steps, state, batch, key, 0)
   n_rollout = o.prompts_per_step * o.group_size
-  decode_cfg = None
-  if not families.of_model(model_cfg).own_model:   # a family's own sampler: priced whole
-    decode_cfg = decode_build.block_decode_config(config, model_cfg, "rollout", mask_id=mask_id,
-                                              eos_id=eos_id)
+  decode_cfg = decode_build.sampler_of(config, model_cfg).forward_config(
+      "rollout", mask_id=mask_id, eos_id=eos_id)
+  if decode_cfg is not None:   # None: a sampler priced whole (its rollout above)
     programs += _forward_programs(graphdef, state.params, decode_cfg, mesh, n_rollout, p_len,
                                   PER_ITERATION, "rollout")
   programs += _decode_programs(config, model_cfg, graphdef, state.params, mesh, mask_id,
@@ -249,8 +247,8 @@ def _decode_programs(config, model_cfg, graphdef, params, mesh, mask_id: int,
                                   eos_id=eos_id)
   out = [Program("decode", "launch/decode.py: one prompt, every state captured", DECODE,
                  lambda: decoder.lower(params, prompts, valid, key))]
-  if not families.of_model(model_cfg).own_model:
-    cfg = decode_build.block_decode_config(config, model_cfg, "evaluate", mask_id=mask_id,
-                                       eos_id=eos_id)
+  cfg = decode_build.sampler_of(config, model_cfg).forward_config("evaluate", mask_id=mask_id,
+                                                                  eos_id=eos_id)
+  if cfg is not None:
     out += _forward_programs(graphdef, params, cfg, mesh, 1, p_len, DECODE, "decode")
   return out

@@ -8,8 +8,9 @@ parameters, its attention layout, and the decoder defaults and special tokens it
 from. The loader, the exporter, the sharding and the run set-up read these objects through the
 registry (`orl_jax.models.families`); nothing else branches on a family name. Each family is a
 folder `orl_jax/models/<name>/` whose `FAMILY` the registry lists. A family describes
-checkpoints, not samplers: which decoder runs a model is decided by the model's kind in
-`orl_jax.decode.build`.
+checkpoints, plus one pointer to how its models decode: `sampler`, the factory of its
+`orl_jax.decode.sampler.Sampler` (None: the block-diffusion samplers), through which
+`orl_jax.decode.build` builds every decoder and replay reads what the capture records.
 
 The name map is a list of pieces: each `TensorRule` says that our parameter `ours` (or its slot
 `expert` of a stacked `[E, ...]` array) equals the HF tensor `hf` (or the rows `rows` of a fused
@@ -30,12 +31,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from orl_jax.models.transformer import ModelConfig
+
+if TYPE_CHECKING:
+  from orl_jax.decode.sampler import Sampler
 
 # Attention layouts of DLM families (`model.attention`): a fully bidirectional canvas
 # (LLaDA-8B), block-causal with bidirectional blocks and a KV cache (SDAR, LLaDA2.x), or a
@@ -93,10 +97,10 @@ class Family:
   # (int)): the decoder settings a config leaving them unset (None) takes from the directory's
   # generation_config.json, else from the official generation class (`hf.fill_decode_defaults`)
   generation_defaults: dict = dataclasses.field(default_factory=dict)
-  unresolved: str = "masked"   # state positions the losses train (replay.gather_batch)
-  replay_context: str = "block"  # context stream of packed replay rows (replay.ReplayConfig)
-  noise: str = "mask"          # what an undecided position holds: a mask token ("mask", the
-                               # tokenizer needs one) or a uniform random token ("uniform")
+  # (run config, model config or None) -> the family's own `Sampler` (a family whose decoder is
+  # not the block decoder, DiffusionGemma); None: the block-diffusion samplers
+  # (`orl_jax.decode.block_sampler`)
+  sampler: Callable[..., Sampler] | None = None
   # model_type -> {"architectures": [...], "auto_map": {...}} of the authors' own classes for
   # the model types transformers does not ship, as the released config.json declares them; an
   # export writes them so `trust_remote_code=True` finds the modeling files copied beside it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from orl_jax.decode.block_sampler import masked_positions
 from orl_jax.packed_batch import ReplayBatch
 from orl_jax.replay.plan import (SRC_CLEAN, SRC_MASK, SRC_PROMPT, SRC_STATE, ReplayConfig,
                                  ReplayPlan)
@@ -13,20 +14,15 @@ from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import TokenMeta
 
 
-UNRESOLVED = ("masked", "not_accepted")
-
-
 def gather_batch(traj, plan: ReplayPlan, *, mask_id: int,
-                 unresolved: str = "masked") -> ReplayBatch:
+                 unresolved=masked_positions) -> ReplayBatch:
   """Device-side gather of a packed batch from trajectories (call under jit). The block size
   is the captured states' width (`Capture.block_tokens` [B, S, b]), the plan's
   `ReplayConfig.block_size`.
 
-  `unresolved` says which state positions the losses train (`ReplayBatch.masked`): "masked"
-  (mask families: the mask tokens of the captured canvas) or "not_accepted" (uniform-noise
-  DiffusionGemma: the positions the step did not accept, `Capture.commit` False)."""
-  if unresolved not in UNRESOLVED:
-    raise ValueError(f"unresolved={unresolved!r} must be one of {UNRESOLVED}")
+  `unresolved(state_tokens, commit, mask_id)` says which state positions the losses train
+  (`ReplayBatch.masked`): the rollout sampler's `Sampler.unresolved` (default: the mask tokens
+  of the captured block, the block samplers')."""
   cap = traj.capture
   block_size = cap.block_tokens.shape[2]
   st = plan.src_type
@@ -54,8 +50,7 @@ def gather_batch(traj, plan: ReplayPlan, *, mask_id: int,
       tokens=tokens.astype(jnp.int32), positions=jnp.asarray(plan.positions),
       meta=TokenMeta(*(jnp.asarray(f) for f in plan.meta)), residual=Residual(z, alpha),
       targets=jnp.where(is_state, target, 0).astype(jnp.int32),
-      masked=is_state & (~cap.commit[resp, sidx, state_pos] if unresolved == "not_accepted"
-                         else tokens == mask_id),
+      masked=is_state & unresolved(tokens, cap.commit[resp, sidx, state_pos], mask_id),
       rollout_entropy=sel(cap.entropy[resp, sidx, state_pos]),
       topk_ids=sel(cap.topk_ids[resp, sidx, state_pos]),
       topk_logprobs=sel(cap.topk_logprobs[resp, sidx, state_pos]),

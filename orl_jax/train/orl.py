@@ -40,11 +40,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from orl_jax.decode import build as decode_build
+from orl_jax.decode.block_sampler import masked_positions
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
-from orl_jax.models import families
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
 from orl_jax.tasks import verifier_metrics
 from orl_jax.decode.types import Trajectories
@@ -68,7 +68,7 @@ class RolloutLedger:
 
 def replay_config(config, n_shards: int, context: str = "block") -> ReplayConfig:
   """Bidirectional families always replay full canvases (their context cannot be shared);
-  `context`: the family's context stream (`Family.replay_context`)."""
+  `context`: the sampler's context stream (`Sampler.replay_context`)."""
   r = config.replay
   bidirectional = config.model.attention == "bidirectional"
   return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
@@ -134,13 +134,12 @@ class RolloutSummary:
   metrics: dict              # rollout_* and capture_overflow scalars
 
 
-def rollout_sums(traj: Trajectories, mask_id: int, unresolved: str = "masked") -> dict:
+def rollout_sums(traj: Trajectories, mask_id: int, unresolved=masked_positions) -> dict:
   """Device-side reductions behind the rollout metrics (exact integer sums; entropy sums and
-  counts over the unresolved positions — masked, or not accepted by the step — of the states
-  of step k of a block, k < ENTROPY_STEPS)."""
+  counts over the unresolved positions — `Sampler.unresolved`: masked, or not accepted by the
+  step — of the states of step k of a block, k < ENTROPY_STEPS)."""
   cap = traj.capture
-  masked = (~cap.commit if unresolved == "not_accepted"
-            else cap.block_tokens == mask_id)                                   # [B, S, b]
+  masked = unresolved(cap.block_tokens, cap.commit, mask_id)                   # [B, S, b]
   out = {"n_generated": jnp.sum(traj.n_generated), "nfe": jnp.sum(traj.nfe),
          "nfe_engine": jnp.sum(traj.nfe_engine), "overflow": jnp.sum(cap.overflow)}
   if traj.nfe_denoise is not None:
@@ -200,13 +199,13 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
   """Jits rollout, gather and the train step once, before the first iteration."""
   config, tok = setup.config, setup.tokenizer
   o = config.orl
-  family = families.of_model(setup.model_cfg)
+  sampler = decode_build.sampler_of(config, setup.model_cfg)
   rollout_fn = decode_build.make_decoder(config, setup.model_cfg, run.graphdef, "rollout",
                                      mask_id=tok.mask_id, eos_id=tok.eos_id,
                                      group_size=o.group_size, mesh=setup.mesh)
-  unresolved = family.unresolved
+  unresolved = sampler.unresolved
   replay_cfg = replay_config(config, sharding_lib.n_batch_shards(setup.mesh.shape),
-                             family.replay_context)
+                             sampler.replay_context)
   rows, repl = sharding_lib.batch_sharding(setup.mesh), sharding_lib.replicated(setup.mesh)
   gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
                                               unresolved=unresolved)

@@ -18,6 +18,7 @@ from orl_jax import distributed, params_io, run_settings as run_settings_lib, tr
 from orl_jax import weights as weights_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
+from orl_jax.decode import build as decode_build
 from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
 from orl_jax.models import build, families
@@ -77,7 +78,7 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
     return None
   from orl_jax.data.hf_tokenizer import HFTokenizer
   special, origins = special_tokens(config, hf_dir, family)
-  needs_mask = families.get(family).noise == "mask"
+  needs_mask = decode_build.sampler_of(config, family=family).needs_mask_token
   tok = HFTokenizer.from_file(path, special, origins, require_mask=needs_mask)
   # shown once at start-up (the launchers log warnings only): where each id came from
   logging.warning("special tokens of %s: %s", tok.source, tok.origins_text())

@@ -14,12 +14,11 @@ import time
 import jax
 import jax.numpy as jnp
 
-from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
+from orl_jax.decode import build as decode_build
 from orl_jax.packed_batch import SftBatch, masked_state_tokens
 from orl_jax.data.pipeline import SftExample, train_dataset
 from orl_jax.losses import sft_loss
-from orl_jax.models import families
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.train import rcd
 from orl_jax.train.setup import RunLog, Setup, finish_run, prepare_run, resume
@@ -55,12 +54,9 @@ def residual_source(setup: Setup):
 
 
 def sft_placement(setup: Setup) -> str:
-  """Where the SFT layout places the blocks: as the weights' family decodes them
-  (`config.family_rules`; a family with its own model keeps the prompt-end layout)."""
-  family = families.of_model(setup.model_cfg)
-  if family.own_model:
-    return "prompt_end"
-  return config_lib.family_rules(setup.config, family.name)["block_placement"]
+  """Where the SFT layout places the blocks: as the model's sampler decodes them
+  (`Sampler.block_placement`: the block samplers' `config.family_rules`)."""
+  return decode_build.sampler_of(setup.config, setup.model_cfg).block_placement
 
 
 def make_sft_step(setup: Setup, run, residual_fn, reference_params):

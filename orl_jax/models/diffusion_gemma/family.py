@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from orl_jax import sharding
 from orl_jax.models.family_base import Family, linear, plain, TensorRule
+from orl_jax.models.diffusion_gemma.decoding import make_sampler
 from orl_jax.models.diffusion_gemma.config import (FULL, MODEL_TYPE, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig)
 
@@ -183,6 +184,4 @@ FAMILY = Family(
     chat="none", config_from_hf=DiffusionGemmaConfig.from_hf, build_model=build_model,
     frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES,
     config_from_run=lambda *a, **kw: model_config(*a, **kw),
-    generation_defaults=GENERATION_DEFAULTS,
-    unresolved="not_accepted", noise="uniform",
-    replay_context="token")
+    generation_defaults=GENERATION_DEFAULTS, sampler=make_sampler)

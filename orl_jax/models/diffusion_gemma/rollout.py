@@ -16,8 +16,9 @@ last one included (the paper's count, the headline); `nfe_engine` adds the commi
 sampler really ran (none after the last canvas, none once every row has finished). The tokens
 of TPF are counted as transformers counts them: the response's non-padding tokens
 (`generated_tokens`). Rollouts and evaluation (`sampler_decoder`) count with the one function
-`forward_counts`. Which sampler a model runs is chosen in `orl_jax.decode.build`, which also jits
-`rollout` data-parallel (`orl_jax.rollout.make_rollout`).
+`forward_counts`. The family's `Sampler` (`decoding.py`) hands both to
+`orl_jax.decode.build.make_decoder`, which jits `rollout` data-parallel
+(`orl_jax.rollout.make_rollout`).
 
 With `orl.capture_routes` the capture also holds the expert ids of every forward the rollout
 ran (`decode.types.RouteCapture`: each step's canvas, the prompt prefill, each commit
@@ -91,8 +92,8 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
 
 def sampler_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):
   """Jitted `(params, prompt_tokens, prompt_valid, key) -> decode.types.DecodeOutput`: the
-  sampler of evaluation and of the decode launcher (`orl_jax.decode.build`), with its trace as a
-  `Capture` when `capture`."""
+  sampler of evaluation and of the decode launcher (`decoding.UniformNoiseSampler`), with its
+  trace as a `Capture` when `capture`."""
 
   @jax.jit
   def run(params, prompt_tokens, prompt_valid, key):

@@ -1,0 +1,89 @@
+"""What a sampler is (DESIGN §2.2, §2.3, §6): the one interface every decoder sits behind.
+
+A model family's registry entry names its sampler factory (`Family.sampler`, called with the
+run config and the model config; None: the block-diffusion samplers of
+`orl_jax.decode.block_sampler`), and `orl_jax.decode.build.make_decoder` builds every decoder
+through it, so callers never ask which family or which kind of sampler they hold. A sampler
+says:
+
+* which decoder serves each purpose (`decoder`: "evaluate", "decode"; `rollout`: the
+  per-shard rollout that `make_decoder` jits data-parallel);
+* what its capture records, as replay reads it: the state positions a captured step left
+  unresolved (`unresolved`: the losses train there) and the context stream of packed replay
+  rows (`replay_context`, one of `orl_jax.replay.plan.CONTEXTS`);
+* where a response's first block starts (`prompt_lead`, `block_placement`);
+* what the dry run and the compile command size (`forward_config`);
+* whether its undecided positions hold a mask token (`needs_mask_token`: the tokenizer must
+  have one) and whether its evaluation decodes a queue (`queued`).
+
+A family folder implements it without importing the decoders (`tests/test_architecture.py`):
+the protocol is structural, so a family's class needs no import of this module.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+  import jax
+
+  from orl_jax.decode.config import DecodeConfig
+  from orl_jax.unmasking import UnmaskRule
+
+PURPOSES = ("evaluate", "decode", "rollout")
+
+# (model, prompt_tokens [P, Lp], prompt_valid, key, cfg, group_size, rollout_step) ->
+# decode.types.Trajectories: one shard's rollout, `orl_jax.rollout.rollout`'s signature
+RolloutFn = Callable[..., object]
+
+
+class Sampler(Protocol):
+  """The decoders of one model (module docstring); built by `Family.sampler(config, model_cfg)`
+  (`model_cfg` may be None where no model config exists yet: the tokenizer's set-up)."""
+
+  @property
+  def needs_mask_token(self) -> bool:
+    """Undecided positions hold a mask token (else random tokens): the tokenizer needs one."""
+    ...
+
+  @property
+  def queued(self) -> bool:
+    """"evaluate" decodes a queue of prompts on `n_rows` rows (the per-row engine)."""
+    ...
+
+  @property
+  def replay_context(self) -> str:
+    """The context stream of packed replay rows ("block" | "token", `ReplayConfig.context`)."""
+    ...
+
+  @property
+  def block_placement(self) -> str:
+    """Where the first block sits ("prompt_end" | "absolute"); the SFT layout trains what the
+    sampler decodes."""
+    ...
+
+  def decoder(self, graphdef, purpose: str, *, mask_id: int, eos_id: int,
+              rule: UnmaskRule | None = None, temperature: float | None = None,
+              n_rows: int = 0) -> Callable:
+    """Jitted `(params, prompt_tokens [B, P], prompt_valid [B, P], key) ->
+    decode.types.DecodeOutput` for "evaluate" (no capture; `queued`: over a queue decoded on
+    `n_rows` rows) or "decode" (every state captured)."""
+    ...
+
+  def rollout(self, *, mask_id: int, eos_id: int, mesh=None) -> tuple[RolloutFn, object]:
+    """(one shard's rollout with exact state capture, the config it decodes with)."""
+    ...
+
+  def unresolved(self, state_tokens: jax.Array, commit: jax.Array, mask_id: int) -> jax.Array:
+    """[...] bool: the positions of captured states (`Capture.block_tokens`, `Capture.commit`)
+    that the step left undecided — the positions the losses train (`ReplayBatch.masked`)."""
+    ...
+
+  def prompt_lead(self, prompt_valid: jax.Array, *, mask_id: int, eos_id: int) -> jax.Array:
+    """[B] int32 prompt tokens that open each row's first decoded block."""
+    ...
+
+  def forward_config(self, purpose: str, *, mask_id: int, eos_id: int) -> DecodeConfig | None:
+    """The block decoder's config for `purpose`, whose capture the dry run sizes and whose one
+    forward the compile command prices; None: a sampler sized and priced whole (its rollout
+    traced abstractly)."""
+    ...
