@@ -95,8 +95,8 @@ def special_ids(config, model_cfg) -> tuple[int, int]:
 
 def _family(config, hf_dir: str):
   if hf_dir:
-    from orl_jax.models import hf
-    return families.get(hf.family_of(hf_dir))
+    from orl_jax.models import hf_read
+    return families.get(hf_read.family_of(hf_dir))
   return families.get(config.model.get("hf_family", ""))
 
 
