@@ -1,7 +1,12 @@
 """The life of a training run, shared by every loop (`sft.py`, `orl.py`): `build_setup`
 (config -> task, tokenizer, model config, mesh), `prepare_run` (optimizer, sharded state,
 checkpoint manager), `resume` (the newest checkpoint that restores) and `finish_run` (export the
-final parameters)."""
+final parameters).
+
+What a config resolves to before anything is allocated -- the weights directory and family
+(`resolve_model`), the mesh (`run_mesh`), and without a tokenizer the model config and special
+ids (`run_model_config`, `special_ids`) -- is resolved here once, for the training set-up, the
+dry run (`orl_jax/apps/dry_run.py`) and the compile command (`orl_jax/aot/programs.py`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -166,13 +171,38 @@ def own_model_config(config, hf_dir: str, family: str, vocab_size: int = 0, **sp
   return hf_read.parse_config_json(hf_dir, build)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunModel:
+  """Which model a config names, before anything is read or allocated: the Hugging Face
+  directory of its weights ('' when `model.path` is none) and its registry family ('' for a
+  model of ours)."""
+  hf_dir: str
+  family: str
+
+
+def resolve_model(config) -> RunModel:
+  """The weights directory and family of a run of `config`, with the family's decode defaults
+  filled into `config.decode` (logged): the first step of the training set-up (`build_setup`),
+  the dry run and the compile command (`run_model_config`)."""
+  hf_dir = weights_lib.hf_dir(config)
+  family = model_family(config, hf_dir)
+  fill_decode_defaults(config, hf_dir, family)
+  return RunModel(hf_dir, family)
+
+
+def run_mesh(config, devices=None):
+  """The mesh of `config.mesh` on `devices` (default: this host's), the batch dimensions checked
+  to divide over its data shards."""
+  mesh = sharding_lib.mesh_from_config(config, devices)
+  check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
+  return mesh
+
+
 def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   """config -> task, tokenizer, model config (from model.path's config.json when it is a
   Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
   what launch/decode.py --prompt decodes) instead of `config.task`'s problems."""
-  hf_dir = weights_lib.hf_dir(config)
-  family = model_family(config, hf_dir)
-  fill_decode_defaults(config, hf_dir, family)
+  hf_dir, family = dataclasses.astuple(resolve_model(config))
   config_lib.validate(config)
   tokenizer = load_tokenizer(config, hf_dir, family)
   task = (get_task(config.task, tokenizer=tokenizer) if prompts is None
@@ -191,9 +221,51 @@ def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
     if hasattr(tok, "vocab_hash"):
       from orl_jax.data.hf_tokenizer import check_model_vocab
       check_model_vocab(tok, vocab_size, model_cfg.mask_id)
-  mesh = sharding_lib.mesh_from_config(config)
-  check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
-  return Setup(config, task, model_cfg, mesh)
+  return Setup(config, task, model_cfg, run_mesh(config))
+
+
+def _special_id(value, default=0) -> int:
+  return int(value) if isinstance(value, str) and value.isdigit() else default
+
+
+def sizing_model_config(config, *, laid_out: bool = True):
+  """The ModelConfig of `config` without reading a tokenizer (`model.vocab_size` must be set,
+  or the task's tokenizer is used; a Hugging Face `model.path` gives the architecture).
+  `laid_out`: experts are sized as laid out by the partition rules, not run
+  (`expert_parallel` off); False keeps the run's own setting (the compile command)."""
+  hf_dir = weights_lib.hf_dir(config)
+  vocab = config.model.get("vocab_size", 0)
+  mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
+  if hf_dir or not vocab:
+    cfg = build_setup(config).model_cfg
+  else:
+    cfg = config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
+  if cfg.moe is not None and laid_out:
+    cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, expert_parallel=False))
+  return cfg
+
+
+def run_model_config(config):
+  """The model config a run of `config` builds (a family's own config class included), its
+  decoder defaults filled in, without weights: `model.path`'s config.json when it is a
+  Hugging Face directory, else the config's fields (`model.vocab_size` set, as for sizing)."""
+  run = resolve_model(config)
+  family = families.get(run.family)
+  if not family.own_model:
+    return sizing_model_config(config, laid_out=False)
+  vocab = config.model.get("vocab_size", 0)
+  if not vocab and not run.hf_dir:
+    raise config_lib.ConfigError(f"set model.vocab_size (or model.path) to build a "
+                                 f"{family.name} model without its weights")
+  return own_model_config(config, run.hf_dir, family.name, vocab)
+
+
+def special_ids(config, model_cfg) -> tuple[int, int]:
+  """(mask id, EOS id) of a run without its tokenizer: the model's mask and the config's EOS
+  id when it is a number (ids only shape nothing; the compile command needs them to build)."""
+  eos = getattr(model_cfg, "eos_ids", None)
+  eos_id = eos[0] if eos else _special_id(config.model.get("special_tokens", {}).get("eos", ""))
+  return getattr(model_cfg, "mask_id", -1), eos_id
 
 
 def check_prompt_lengths(config, task) -> None:
