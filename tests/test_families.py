@@ -22,7 +22,8 @@ from safetensors.numpy import load_file, save_file
 
 from configs import llada
 from orl_jax import config as config_lib
-from orl_jax import dry_run, sharding
+from orl_jax import sharding
+from orl_jax.apps import dry_run
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
 from orl_jax.decode.types import ROUTE_DTYPE
 from orl_jax.models import families, hf_read
