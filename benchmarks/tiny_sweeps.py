@@ -53,7 +53,7 @@ def parse_run(spec: str) -> tuple[str, dict]:
 def run_config(name: str, overrides: dict, seed: int, workdir: str):
   """The ORL stage's config with `overrides` (dotted keys; `stage` picks the stage)."""
   from configs import tiny
-  from orl_jax import demo
+  from orl_jax.apps import demo
   overrides = dict(overrides)
   stage = overrides.pop("stage", "orl")
   config = tiny.get_config("demo")
@@ -100,7 +100,7 @@ def entropy_profile(rows: list[dict]) -> list[float]:
 
 
 def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
-  from orl_jax import demo
+  from orl_jax.apps import demo
   from orl_jax.metrics import read_jsonl
   from orl_jax.train.entry import train
   cfg = run_config(name, overrides, seed, args.workdir)

@@ -46,7 +46,7 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0                        # init, data order, rollout noise (unless orl.rollout_seed)
   c.workdir = "work_dirs/tiny"      # checkpoints, metrics.jsonl, params/, results.json
-  c.dry_run = False                 # True: print per-device memory (dry_run.py) and exit
+  c.dry_run = False                 # True: print per-device memory (apps/dry_run.py) and exit
   c.pipeline = "train"            # "demo": base -> (orl) -> evaluation -> results.json
 
   c.model = ml_collections.ConfigDict()

@@ -17,7 +17,7 @@ def user_errors() -> tuple[type, ...]:
   from orl_jax.config import ConfigError
   from orl_jax.data.hf_tokenizer import TokenizerError
   from orl_jax.data.jsonl import DatasetError, MissingTaskPackage
-  from orl_jax.models.hf import CheckpointError
+  from orl_jax.models.hf_read import CheckpointError
   from orl_jax.params_io import ParamsFileError
   from orl_jax.run_settings import ChangedSettingsError
   return (ConfigError, TokenizerError, DatasetError, MissingTaskPackage, CheckpointError,

@@ -36,8 +36,9 @@ from orl_jax import config as config_lib
 from orl_jax.decode import build as decode_build
 from orl_jax import sharding
 from orl_jax import evaluate as eval_lib
-from orl_jax import trajectory_view, trained_run
+from orl_jax import trained_run
 from orl_jax import weights as weights_lib
+from orl_jax.apps import trajectory_view
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule

@@ -24,6 +24,7 @@ from ml_collections import config_flags
 from orl_jax import distributed, trained_run
 from orl_jax import weights as weights_lib
 from orl_jax import evaluate as eval_lib
+from orl_jax.apps.summary import write_report
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
@@ -51,8 +52,8 @@ def main(argv):
   distributed.maybe_initialize(config.get("distributed"))
   all_results = eval_lib.evaluate_models(config, models_to_evaluate(config),
                                          overridden=trained_run.overridden_fields(sys.argv))
-  table, png = eval_lib.write_report(all_results, config.workdir,
-                                     title=f"{config.task.name}: accuracy vs tokens per forward")
+  table, png = write_report(all_results, config.workdir,
+                            title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))
   print(f"table: {table}")
   print(f"plot: {png}")

@@ -10,7 +10,7 @@ import _common  # repo on sys.path; run()
 from absl import flags, logging
 from ml_collections import config_flags
 
-from orl_jax import base_model
+from orl_jax.apps import base_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)

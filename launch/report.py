@@ -12,7 +12,7 @@ import os
 import _common  # repo on sys.path; run()
 from absl import app, flags
 
-from orl_jax import demo
+from orl_jax.apps import demo
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The demo's work directory (results.json).")
 _SETTING = flags.DEFINE_string("setting", "threshold_0.9", "The decoder setting to tabulate.")

@@ -10,9 +10,10 @@ import _common  # repo on sys.path; run()
 from absl import logging
 from ml_collections import config_flags
 
-from orl_jax import demo, distributed
+from orl_jax import distributed
+from orl_jax.apps import demo
+from orl_jax.apps.summary import report_run
 from orl_jax.train.entry import train
-from orl_jax.train.summary import report_run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
@@ -24,7 +25,7 @@ def main(argv):
   config = _CONFIG.value
   distributed.maybe_initialize(config.get("distributed"))
   if config.get("dry_run", False):
-    from orl_jax import dry_run
+    from orl_jax.apps import dry_run
     rows, info = dry_run.sizing_rows(config)
     print(dry_run.format_table(rows, info))
   elif config.get("pipeline", "train") == "demo":

@@ -427,17 +427,3 @@ def describe_task(config) -> str:
   """'jsonl (examples/x.jsonl)', 'gsm8k', 'tiny': the evaluation set, for messages."""
   path = config.task.get("path", "")
   return f"{config.task.name} ({path})" if path else config.task.name
-
-
-def write_report(all_results: dict, workdir: str, title: str = "") -> tuple[str, str]:
-  """Writes the table (results_table.txt) and the accuracy-vs-TPF Pareto plot (PNG); only
-  process 0 writes, every process gets the paths."""
-  from orl_jax import plots
-  table_path = os.path.join(workdir, "results_table.txt")
-  png = os.path.join(workdir, "accuracy_vs_tpf.png")
-  if distributed.is_lead_process():
-    os.makedirs(workdir, exist_ok=True)
-    with open(table_path, "w") as f:
-      f.write(format_table(all_results) + "\n")
-    png = plots.plot_frontier(all_results, png, title=title or "accuracy vs tokens per forward")
-  return table_path, png

@@ -74,8 +74,8 @@ def trained_settings(kind: str, folder: str) -> dict:
   template; for a Hugging Face directory (kind 'hf') the residual pathway an export recorded
   (the rest comes from its config.json as for any checkpoint)."""
   if kind == "hf":
-    from orl_jax.models import hf
-    recorded = hf.read_hf_config(folder).get(RESIDUAL_KEY, {})
+    from orl_jax.models import hf_read
+    recorded = hf_read.read_hf_config(folder).get(RESIDUAL_KEY, {})
     return {f"model.residual.{k}": recorded[k] for k in RESIDUAL.values() if k in recorded}
   meta = params_io.read_meta(folder)
   model, run = meta.get("model", {}), meta.get(RUN_KEY, {})

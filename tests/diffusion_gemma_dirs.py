@@ -1,6 +1,6 @@
 """DiffusionGemma Hugging Face directories <-> our `DiffusionGemma`, whole tensors at a time: the
 tests' own reader and writer (DESIGN §4), beside the run's sharded loader and exporter
-(`orl_jax.models.hf`), against which they check it.
+(`orl_jax.models.hf_read`, `hf_write`), against which they check it.
 
 transformers ties the encoder's text weights, the decoder's and the head, so a checkpoint holds
 the text stack once, under `model.decoder.*`, plus the encoder's own `layer_scalar` buffers
@@ -27,7 +27,7 @@ from orl_jax.models import family_base
 from orl_jax.models.diffusion_gemma import family
 from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma
-from orl_jax.models.hf import CheckpointError
+from orl_jax.models.hf_read import CheckpointError
 from orl_jax.params_io import open_safetensors, read_json
 from orl_jax.sharding import path_name
 

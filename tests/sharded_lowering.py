@@ -25,7 +25,7 @@ from flax import nnx  # noqa: E402
 from configs import llada, sdar  # noqa: E402
 from orl_jax import sharding as sharding_lib  # noqa: E402
 from orl_jax.decode.canvas import prompt_layout  # noqa: E402
-from orl_jax.dry_run import abstract_replay_batch  # noqa: E402
+from orl_jax.apps.dry_run import abstract_replay_batch  # noqa: E402
 from orl_jax.losses import OrlObjective  # noqa: E402
 from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.rollout import make_rollout  # noqa: E402

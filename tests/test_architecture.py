@@ -8,6 +8,8 @@
   rest of the code reaches a family through the registry (`orl_jax.models.families`) and its
   sampler (`orl_jax.decode.build.sampler_of`), so a new family is its folder, a registry line
   and a config;
+* the applications (`orl_jax/apps/`: the demo, the base model's pipeline, the dry run, the
+  reports) sit on top of the library: no module outside `apps/` imports one;
 * no function in `orl_jax/` or `pallas_kernels/` is longer than 80 lines.
 
 An import edge goes to the most specific module the statement names: `import a.b` and
@@ -30,6 +32,9 @@ ABOVE_MODELS = ("orl_jax.rollout", "orl_jax.losses", "orl_jax.evaluate")
 ABOVE_MODELS_PACKAGES = ("orl_jax.decode", "orl_jax.replay", "orl_jax.train")
 SHARED_WITH_MODELS = ("orl_jax.decode.types",)
 ABOVE_MODELS_WORDS = ("sampler", "rollout")
+
+# The applications: only they, the launchers, the benchmarks and the tests import them.
+APPS = "orl_jax.apps"
 
 
 def module_files(packages=PACKAGES) -> dict[str, str]:
@@ -172,6 +177,16 @@ def family_folder_imports(graph, folders) -> list[str]:
           if in_folder(dep)]
 
 
+def is_app(module: str) -> bool:
+  return module == APPS or module.startswith(APPS + ".")
+
+
+def library_imports_of_apps(graph) -> list[str]:
+  """'library module -> app module' for every import of an application from outside them."""
+  return [f"{module} -> {dep}" for module in sorted(graph) if not is_app(module)
+          for dep in sorted(graph[module]) if is_app(dep)]
+
+
 def long_functions(packages, limit: int) -> list[str]:
   """'path:line name (n lines)' for every function longer than `limit` lines."""
   out = []
@@ -269,3 +284,17 @@ def test_a_family_folder_importing_a_decoder_is_caught():
   assert reach_path(graph, sampler, is_above_models) == [sampler, "orl_jax.decode.lockstep"]
   assert reach_path(graph, rollout, is_above_models) == [rollout, sampler,
                                                          "orl_jax.decode.lockstep"]
+
+
+def test_nothing_in_the_library_imports_the_applications():
+  bad = library_imports_of_apps(import_graph(module_files()))
+  assert not bad, "the library imports orl_jax/apps/:\n" + "\n".join(bad)
+
+
+def test_a_library_module_importing_an_application_is_caught():
+  """The rule above sees a library module importing an app (here the compile command's programs
+  importing the dry run, as they once did), while the apps may import each other."""
+  graph = import_graph(module_files())
+  assert "orl_jax.apps.summary" in graph["orl_jax.apps.demo"]
+  graph["orl_jax.aot.programs"] = graph["orl_jax.aot.programs"] | {"orl_jax.apps.dry_run"}
+  assert library_imports_of_apps(graph) == ["orl_jax.aot.programs -> orl_jax.apps.dry_run"]

@@ -19,7 +19,7 @@ from orl_jax import params_io
 from orl_jax.config import ConfigError, validate
 from orl_jax.data.hf_tokenizer import HFTokenizer, TokenizerError, byte_level_tokenizer
 from orl_jax.data.jsonl import DatasetError, load_jsonl_problems
-from orl_jax.models import families, hf
+from orl_jax.models import families, hf_read
 from orl_jax.train.setup import build_setup, initial_params, params_meta
 from orl_jax.train.state import init_model_params
 from tests.helpers import orl_smoke_config, truncate_half
@@ -69,22 +69,22 @@ def test_unreadable_safetensors_are_named(tmp_path, smoke_setup, params_dir, how
   # the same for a Hugging Face model directory
   hf_dir = tmp_path / "hf"
   hf_dir.mkdir()
-  single = str(hf_dir / hf.SINGLE_FILE)
+  single = str(hf_dir / hf_read.SINGLE_FILE)
   save_file({"lm_head.weight": np.ones((96, 64), np.float32)}, single)
   _damage(single, how)
   with pytest.raises(params_io.ParamsFileError, match=single):
-    hf.weight_files(str(hf_dir))
+    hf_read.weight_files(str(hf_dir))
 
 
 @pytest.mark.parametrize("how", ["truncated", "foreign"])
 def test_unreadable_json_files_are_named(tmp_path, params_dir, how):
   hf_dir = tmp_path / "hf"
   hf_dir.mkdir()
-  config = hf_dir / hf.CONFIG_FILE
+  config = hf_dir / hf_read.CONFIG_FILE
   config.write_text(json.dumps({"model_type": "qwen3", "vocab_size": 96, "hidden_size": 64}))
   _damage(str(config), how)
   with pytest.raises(params_io.ParamsFileError, match="not valid JSON") as e:
-    hf.read_hf_config(str(hf_dir))
+    hf_read.read_hf_config(str(hf_dir))
   assert str(config) in str(e.value)
   _one_sentence(str(e.value))
   meta = os.path.join(params_dir, params_io.META_FILE)
@@ -134,7 +134,7 @@ def test_a_tokenizer_larger_than_the_checkpoint_vocabulary_is_blamed(tmp_path):
   tokenizer with the checkpoint's config.json, and name both."""
   hf_dir = tmp_path / "model"
   hf_dir.mkdir()
-  (hf_dir / hf.CONFIG_FILE).write_text(json.dumps({"model_type": "qwen3", "vocab_size": 260}))
+  (hf_dir / hf_read.CONFIG_FILE).write_text(json.dumps({"model_type": "qwen3", "vocab_size": 260}))
   bigger = byte_level_tokenizer().backend
   bigger.add_tokens([f"<extra_{i}>" for i in range(40)])
   tok_path = str(tmp_path / "other_tokenizer.json")

@@ -7,7 +7,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from configs import tiny
-from orl_jax import base_model
+from orl_jax.apps import base_model
 from orl_jax import evaluate as eval_lib
 from orl_jax import params_io
 from orl_jax.train.setup import build_setup, initial_params

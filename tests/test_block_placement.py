@@ -16,7 +16,7 @@ from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.decode.placement import place_prompts
 from orl_jax.decode.per_row import make_engine
-from orl_jax.models import hf
+from orl_jax.models import hf_read
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.unmasking import UnmaskRule, select_commits
 from tests import official_generate as official
@@ -43,7 +43,7 @@ def _left_pad(prompts, width: int, pad: int = 0):
 
 def _decode(path, family, cfg, dcfg, prompts, width: int, engine_rows: int = 0):
   """Our decoder (or, with `engine_rows`, the per-row engine) on the directory at `path`."""
-  graphdef, params = hf.load_model_params(path, family, cfg)
+  graphdef, params = hf_read.load_model_params(path, family, cfg)
   tokens, valid = _left_pad(prompts, width)
   run = (make_engine(graphdef, dcfg, engine_rows) if engine_rows
          else lockstep_decoder(graphdef, dcfg))
@@ -109,7 +109,7 @@ def _llada2_dir(path: str, seed: int):
   save_file(t, os.path.join(path, "model.safetensors"))
   with open(os.path.join(path, "config.json")) as f:
     hf_json = json.load(f)
-  cfg = ModelConfig(**hf.architecture_from_hf(hf_json, "llada2_moe"),
+  cfg = ModelConfig(**hf_read.architecture_from_hf(hf_json, "llada2_moe"),
                     mask_id=hf_json["mask_token_id"])
   return {k: np.asarray(v, np.float64) for k, v in t.items()}, hf_json, cfg
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from orl_jax.models import config_json, hf
+from orl_jax.models import config_json, hf_read, hf_write
 from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig, release_26b_a4b
 from orl_jax.models.diffusion_gemma.config import AttentionSpec, FULL, SLIDING
 from orl_jax.models.llada import family as llada
@@ -157,9 +157,9 @@ def test_norm_head_is_ignored_as_the_official_llada2_code_ignores_it(tmp_path):
   head is not normalised, and the keys are named for the log."""
   path = _family_dir(tmp_path, "llada2_moe")
   _edit(path, "config.json", norm_head=True, score_function="sigmoid")
-  assert hf.read_architecture(path, "llada2_moe")["norm_head"] is False
-  assert hf.ignored_settings(path, "llada2_moe") == ["norm_head=true",
-                                                     'score_function="sigmoid"']
+  assert hf_read.read_architecture(path, "llada2_moe")["norm_head"] is False
+  assert hf_read.ignored_settings(path, "llada2_moe") == ["norm_head=true",
+                                                          'score_function="sigmoid"']
 
 
 # ----------------------------------------------------------------------------- bad config.json
@@ -207,7 +207,7 @@ def _family_dir(tmp_path, family: str) -> str:
                           canvas_length=16, eos_ids=(EOS,), pad_id=PAD, bos_id=BOS)
     config = cfg.to_hf()
   else:
-    config = hf.hf_config_json(CONFIGS[family][0], family, {
+    config = hf_write.hf_config_json(CONFIGS[family][0], family, {
         "eos_token_id": EOS, "pad_token_id": PAD, "bos_token_id": BOS})
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(config, f)
@@ -288,7 +288,8 @@ def test_a_bad_field_is_one_line_naming_file_and_field(tmp_path, family, fname, 
   path = _family_dir(tmp_path, family)
   _decode_launcher()
   import _common   # launch/_common.py (on sys.path with the decode launcher)
-  hf.parse_config_json(path, hf.families.get(family).architecture_from_hf)   # unedited: fine
+  architecture_from_hf = hf_read.families.get(family).architecture_from_hf
+  hf_read.parse_config_json(path, architecture_from_hf)   # unedited: fine
   _edit(path, fname, **{field: value})
   error = _run_error(family, path)
   message = str(error)
@@ -334,13 +335,13 @@ def _settled(path: str, *names: str) -> None:
 
 
 def _count_parses(monkeypatch) -> list[str]:
-  """The names of the files hf.py parses from now on, in order."""
-  parsed, read_json = [], hf.read_json
+  """The names of the files hf_read.py parses from now on, in order."""
+  parsed, read_json = [], hf_read.read_json
 
   def counted(path):
     parsed.append(os.path.basename(path))
     return read_json(path)
-  monkeypatch.setattr(hf, "read_json", counted)
+  monkeypatch.setattr(hf_read, "read_json", counted)
   return parsed
 
 
@@ -366,16 +367,16 @@ def test_json_reader_sees_every_version_of_a_file_and_hands_out_copies(tmp_path,
       json.dump({"a": value}, f)
   write(1)
   _settled(str(tmp_path), "config.json")
-  hf.read_json_object(path)["a"] = 5                    # the caller's copy
-  assert hf.read_json_object(path) == {"a": 1} and len(parses) == 1
+  hf_read.read_json_object(path)["a"] = 5                    # the caller's copy
+  assert hf_read.read_json_object(path) == {"a": 1} and len(parses) == 1
   write(2)                                              # a new mtime
-  assert hf.read_json_object(path) == {"a": 2}
+  assert hf_read.read_json_object(path) == {"a": 2}
   # written again at the same size and (as within one mtime tick) the same mtime: a file this
   # recent is parsed at every read
   mtime_ns = os.stat(path).st_mtime_ns
   write(3)
   os.utime(path, ns=(mtime_ns, mtime_ns))
-  assert hf.read_json_object(path) == {"a": 3}
+  assert hf_read.read_json_object(path) == {"a": 3}
 
 
 # ----------------------------------------------------------------------------- DiffusionGemma

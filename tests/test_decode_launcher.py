@@ -26,7 +26,7 @@ from orl_jax.data.pipeline import encode_prompts
 from orl_jax.data.prompts import apply_chat
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import lockstep_decoder
-from orl_jax.models import families, hf
+from orl_jax.models import families, hf_read, hf_write
 from orl_jax.models.build import build_model
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
@@ -74,7 +74,7 @@ def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> 
   os.makedirs(path, exist_ok=True)
   save_file(t, os.path.join(path, "model.safetensors"))
   with open(os.path.join(path, "config.json"), "w") as fh:
-    json.dump(hf.hf_config_json(cfg, "llada"), fh)
+    json.dump(hf_write.hf_config_json(cfg, "llada"), fh)
   byte_tokenizer(os.path.join(path, "tokenizer.json"), LLADA_VOCAB, LLADA_SPECIALS)
   return cfg
 
@@ -95,15 +95,15 @@ def library_decode(path: str, prompt: str, *, dtype: str, prompt_len: int, gen_l
   block placement and threshold comparison (its registry entry): (text, NFE the paper's
   count, NFE the authors' count, generated tokens, the prompt's token count); `special`: the
   token ids to use (default: the family's)."""
-  family = hf.family_of(path)
+  family = hf_read.family_of(path)
   rules = {k: families.get(family).decode[k] for k in ("block_placement", "commit_compare")}
   tok = HFTokenizer.from_file(path, special or families.get(family).special_tokens)
-  arch = families.get(family).architecture_from_hf(hf.read_hf_config(path))
+  arch = families.get(family).architecture_from_hf(hf_read.read_hf_config(path))
   if "moe" in arch:
     arch["moe"] = dataclasses.replace(arch["moe"], impl=moe_impl)
   cfg = ModelConfig(**arch, mask_id=tok.mask_id, hf_family=family, dtype=dtype,
                     param_dtype=dtype)
-  graphdef, params = hf.load_model_params(path, family, cfg)
+  graphdef, params = hf_read.load_model_params(path, family, cfg)
   tokens, valid = encode_prompts([Problem("p", apply_chat(prompt, chat))], tok, prompt_len)
   dcfg = DecodeConfig(gen_length=gen_length, block_size=block_size, mask_id=tok.mask_id,
                       eos_id=tok.eos_id, rule=rule, eos_early_stop=eos_early_stop, **rules)
@@ -221,8 +221,8 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
                         canvas_length=16, eos_ids=(EOS,), pad_id=PAD, bos_id=BOS)
   path = str(tmp_path / "diffusion_gemma")
   byte_tokenizer(str(tmp_path / "tokenizer.json"), VOCAB, SPECIALS)
-  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, "diffusion_gemma",
-               tokenizer_file=str(tmp_path / "tokenizer.json"))
+  hf_write.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, "diffusion_gemma",
+                     tokenizer_file=str(tmp_path / "tokenizer.json"))
   config = _config_of("diffusion_gemma", path)
   decoded = _decode_launcher().decode_model(config, "dg", path, [PROMPT])
   assert decoded.tokens.shape == (1, 32) and "NFE paper" in decoded.lines()[-1]
@@ -285,9 +285,9 @@ def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
   model_type, cfg, specials = OTHER_FAMILIES[name]
   path = str(tmp_path / name)
   byte_tokenizer(str(tmp_path / "tokenizer.json"), cfg.vocab_size, specials)
-  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
-               tokenizer_file=str(tmp_path / "tokenizer.json"),
-               extra_config={"model_type": model_type})
+  hf_write.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+                     tokenizer_file=str(tmp_path / "tokenizer.json"),
+                     extra_config={"model_type": model_type})
   config = importlib.import_module(f"configs.{name}").get_config()
   with config.unlocked():
     config.task.prompt_len, config.decode.gen_length = 128, 32
@@ -314,9 +314,9 @@ def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_pa
   path = str(tmp_path / "own_ids")
   byte_tokenizer(str(tmp_path / "tokenizer.json"), 300,
                  {295: "<|end|>", 297: "<|eos|>", 298: "<|pad|>", 299: "<|mask|>"})
-  hf.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
-               tokenizer_file=str(tmp_path / "tokenizer.json"),
-               extra_config={"eos_token_id": 295, "pad_token_id": 298})
+  hf_write.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+                     tokenizer_file=str(tmp_path / "tokenizer.json"),
+                     extra_config={"eos_token_id": 295, "pad_token_id": 298})
   with open(os.path.join(path, "generation_config.json"), "w") as f:
     json.dump({"eos_token_id": [297, 295], "max_new_tokens": 2048}, f)
   out = _decode_py(["launch/decode.py", "--config=configs/llada.py",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from orl_jax import evaluate
-from orl_jax.demo import training_summary
+from orl_jax.apps.demo import training_summary
 
 
 def _setting(acc, tpf):
@@ -62,7 +62,7 @@ def test_a_run_says_how_many_updates_it_applied_and_why_none():
   iteration with no verified response shows that, not a loss of NaN."""
   from configs import tiny
   from orl_jax.train.orl import progress_text
-  from orl_jax.train.summary import updates_line
+  from orl_jax.apps.summary import updates_line
   c = tiny.get_config("orl")
   none = {"iterations": 4, "updates_skipped": 4.0, "reward_start": 0.0, "reward_end": 0.0}
   assert updates_line(c, none) == (
@@ -90,7 +90,7 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
   the seed means with per-seed figures and the other warm-up's runs beside them, and a second
   run over the same work directory reuses every evaluation (the demo resumes without
   re-evaluating)."""
-  from orl_jax import demo
+  from orl_jax.apps import demo
   from tests.helpers import orl_smoke_config
   c = orl_smoke_config(tmp_path / "demo", steps=2)
   c.pipeline = "demo"
@@ -134,7 +134,7 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
 def test_ablation_table_compares_with_orl_and_the_paper_beyond_the_seed_spread():
   """Hand-computed rows: no_kl loses 3 points (spread 2) and 50% TPF (spread 10%): same way as
   the paper on both; no_aec gains TPF within the spread."""
-  from orl_jax.demo import ablation_table
+  from orl_jax.apps.demo import ablation_table
 
   def model(acc, acc_std, tpf, tpf_std):
     return {"threshold_0.9": {"accuracy": acc, "accuracy_std": acc_std, "tpf_pooled": tpf,
@@ -151,7 +151,7 @@ def test_ablation_table_compares_with_orl_and_the_paper_beyond_the_seed_spread()
   assert rows["orl_no_aec"][2:] == ["+0.0", "+5%", "– / -28.0%", "– / within spread", ""]
   assert rows["orl"][-1] == "0.940 / 5.50"          # the run from the other warm-up
   # the same figures as the ablation JSON records them, in each ablation's entry
-  from orl_jax.demo import with_ablation_effects
+  from orl_jax.apps.demo import with_ablation_effects
   recorded = with_ablation_effects(results)
   no_kl = recorded["orl_no_kl"]["threshold_0.9"]["ablation"]
   assert no_kl["against"] == "orl"
@@ -171,7 +171,7 @@ def test_ablation_table_compares_with_orl_and_the_paper_beyond_the_seed_spread()
 def test_ablation_table_shows_each_terms_share_of_the_objective_averaged_over_seeds(tmp_path):
   """Each run's shares ride in its per-seed entry (`run`); merging the seeds averages them and
   keeps them per seed; the table shows the means, '–' for a model whose runs logged none."""
-  from orl_jax.demo import ablation_table
+  from orl_jax.apps.demo import ablation_table
   path = str(tmp_path / "results.json")
   runs = {("orl", 0): {"aec_share": 0.002, "rkl_share": 0.01},
           ("orl", 1): {"aec_share": 0.004, "rkl_share": 0.03},
@@ -199,7 +199,7 @@ def test_ablation_table_shows_each_terms_share_of_the_objective_averaged_over_se
 def test_study_report_reads_a_study_stopped_part_way(tmp_path):
   """Per-seed entries not merged yet are folded in memory (results.json is left as it is), the
   shares the runs recorded with them; the other warm-up's run stays beside the seed means."""
-  from orl_jax.demo import study_report
+  from orl_jax.apps.demo import study_report
 
   def entry(acc, tpf, aec):
     return {"threshold_0.9": {"accuracy": acc, "tpf_pooled": tpf, "aec_share": aec,

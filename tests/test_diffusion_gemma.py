@@ -438,21 +438,22 @@ def test_registry_loader_and_exporter_round_trip_through_transformers(hf_dirs, t
   directory (vision tower carried through), the exporter writes WORKDIR/hf, and transformers
   loads it with every tensor of its state dict bit-identical to the source model's (the fused
   stacked `gate_up_proj` rebuilt from our two expert parameters)."""
-  from orl_jax.models import hf
+  from orl_jax.models import hf_read, hf_write
   torch = torch_mod
   src = hf_dirs[SMALL_WINDOW]
   cfg = dg_hf.read_config(src)
-  assert hf.family_of(src) == "diffusion_gemma"
-  _, params = hf.load_model_params(src, "diffusion_gemma", cfg)
+  assert hf_read.family_of(src) == "diffusion_gemma"
+  _, params = hf_read.load_model_params(src, "diffusion_gemma", cfg)
   reference, _ = dg_hf.load_dir(src)
   want_flat = dg_hf.flat_params(reference)
   got_flat = {path_name(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(params)}
   assert got_flat.keys() == want_flat.keys()
   assert all(np.array_equal(got_flat[k], want_flat[k]) for k in want_flat)
-  through = hf.read_passthrough(src, "diffusion_gemma")
+  through = hf_read.read_passthrough(src, "diffusion_gemma")
   assert through and all(k.startswith("model.encoder.vision_tower.") or
                          k.startswith("model.encoder.embed_vision.") for k in through)
-  out = hf.export_hf(str(tmp_path / "hf"), params, cfg, "diffusion_gemma", passthrough=through)
+  out = hf_write.export_hf(str(tmp_path / "hf"), params, cfg, "diffusion_gemma",
+                           passthrough=through)
   original, exported = _load_hf(src), _load_hf(out)
   want, got = original.state_dict(), exported.state_dict()
   assert want.keys() == got.keys()

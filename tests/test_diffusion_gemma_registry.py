@@ -11,7 +11,8 @@ from flax import nnx
 from configs import diffusion_gemma as dg_configs
 from orl_jax.train.setup import fill_decode_defaults
 from orl_jax import config as config_lib
-from orl_jax import dry_run, sharding
+from orl_jax import sharding
+from orl_jax.apps import dry_run
 from orl_jax.models import families
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma
 from orl_jax.models.diffusion_gemma.config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig

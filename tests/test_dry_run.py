@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from configs import llada
-from orl_jax import dry_run
+from orl_jax.apps import dry_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

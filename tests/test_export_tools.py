@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from configs import llada
-from orl_jax.models import families, hf
+from orl_jax.models import families, hf_write
 from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
 from tests.test_decode_launcher import write_llada_hf_dir
 
@@ -130,14 +130,14 @@ def test_config_json_declares_the_authors_classes_as_the_released_files_do(famil
   moe = MoEConfig(n_experts=4, top_k=2, expert_dim=8) if family == "llada2_moe" else None
   cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
                     head_dim=8, mlp_dim=24, mask_id=60, moe=moe, hf_family=family)
-  written = hf.hf_config_json(cfg, family, model_type=model_type)
+  written = hf_write.hf_config_json(cfg, family, model_type=model_type)
   architectures, auto_map = OFFICIAL[model_type]
   assert (written["model_type"], written["architectures"], written["auto_map"]) == (
       model_type, architectures, auto_map)
   assert families.get(family).remote_code[model_type]["auto_map"] == auto_map
   # QwenDLM's model_type is transformers' own: no remote code declared
   if family == "qwen3":
-    assert "auto_map" not in hf.hf_config_json(cfg, family)
+    assert "auto_map" not in hf_write.hf_config_json(cfg, family)
 
 
 def test_llada_export_loads_in_transformers_with_the_authors_code(tmp_path):

@@ -22,10 +22,11 @@ from safetensors.numpy import load_file, save_file
 
 from configs import llada
 from orl_jax import config as config_lib
-from orl_jax import dry_run, sharding
+from orl_jax import sharding
+from orl_jax.apps import dry_run
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
 from orl_jax.decode.types import ROUTE_DTYPE
-from orl_jax.models import families, hf
+from orl_jax.models import families, hf_read
 from orl_jax.models import family_base as base
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
@@ -100,8 +101,8 @@ def test_our_own_models_have_the_default_family():
   assert "" not in families.FAMILIES and ours.model_types == ()
   with pytest.raises(ValueError, match="model.hf_family=''"):
     ours.tensor_rules(ours_cfg)
-  with pytest.raises(hf.CheckpointError, match="model.hf_family='' is a model of ours"):
-    hf.tensor_rules("", ours_cfg)
+  with pytest.raises(hf_read.CheckpointError, match="model.hf_family='' is a model of ours"):
+    hf_read.tensor_rules("", ours_cfg)
 
 
 def test_no_family_if_chains_outside_the_registry():
@@ -221,11 +222,12 @@ def test_model_path_hf_directory_sets_family_and_shapes_then_exports_official_na
   assert exported.keys() == written.keys()          # the official names, nothing else
   for k in written:
     np.testing.assert_array_equal(exported[k], written[k], err_msg=k)
-  out_config = hf.read_hf_config(str(tmp_path / "out"))
+  out_config = hf_read.read_hf_config(str(tmp_path / "out"))
   assert out_config["model_type"] == "llada2_moe" and out_config["num_hidden_layers"] == 3
   assert os.path.isfile(tmp_path / "out" / "tokenizer.json")
-  _, again = hf.load_model_params(str(tmp_path / "out"), hf.family_of(str(tmp_path / "out")), cfg)
-  a, b = hf.flat_params(params), hf.flat_params(again)
+  out = str(tmp_path / "out")
+  _, again = hf_read.load_model_params(out, hf_read.family_of(out), cfg)
+  a, b = hf_read.flat_params(params), hf_read.flat_params(again)
   assert a.keys() == b.keys()
   for k in a:
     np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
@@ -237,8 +239,8 @@ def test_llada2_loader_names_missing_and_misshaped_official_tensors(tmp_path):
   tensors["model.layers.1.attention.query_key_value.weight"] = np.zeros((10, 32), np.float32)
   save_file(tensors, str(tmp_path / "d" / "model.safetensors"))
   cfg = dataclasses.replace(LLADA2, vocab_size=300)
-  with pytest.raises(hf.CheckpointError) as e:
-    hf.load_model_params(str(tmp_path / "d"), "llada2_moe", cfg)
+  with pytest.raises(hf_read.CheckpointError) as e:
+    hf_read.load_model_params(str(tmp_path / "d"), "llada2_moe", cfg)
   msg = str(e.value)
   assert "missing tensors ['model.layers.2.mlp.experts.5.up_proj.weight']" in msg
   assert "model.layers.1.attention.query_key_value.weight: file (10, 32) vs model (64, 32)" in msg
@@ -304,15 +306,15 @@ import jax
 jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np
 from orl_jax import sharding
-from orl_jax.models import build, families, hf
+from orl_jax.models import build, families, hf_read
 from tests.test_families import LLADA2, write_llada2_dir
 tensors = write_llada2_dir(PATH)
 mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, expert=4)
 assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "expert": 4}
 _, abstract = build.abstract_params(LLADA2)
 sh = sharding.tree_shardings(abstract, mesh, families.get("llada2_moe").partition_rules)
-_, params = hf.load_model_params(PATH, "llada2_moe", LLADA2, shardings=sh)
-up = hf.flat_params(params)["layers.2.mlp.up_proj"]
+_, params = hf_read.load_model_params(PATH, "llada2_moe", LLADA2, shardings=sh)
+up = hf_read.flat_params(params)["layers.2.mlp.up_proj"]
 assert up.sharding.spec[0] == "expert", up.sharding.spec
 assert up.addressable_shards[0].data.shape == (2, 32, 12)
 np.testing.assert_array_equal(np.asarray(up)[5],

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from configs import diffusion_gemma as dg_configs
-from orl_jax.models import hf
+from orl_jax.models import hf_read
 from orl_jax.models.diffusion_gemma.family import GENERATION_DEFAULTS
 
 DEFAULT = "transformers' default"
@@ -24,7 +24,7 @@ SAVED = {"confidence_threshold": None, "max_denoising_steps": None, "max_new_tok
 
 def _write(path, data: dict) -> str:
   os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, hf.GENERATION_CONFIG_FILE), "w") as f:
+  with open(os.path.join(path, hf_read.GENERATION_CONFIG_FILE), "w") as f:
     json.dump(data, f, indent=2)
   return str(path)
 
@@ -32,7 +32,7 @@ def _write(path, data: dict) -> str:
 def _fill(hf_dir: str) -> tuple[dict, dict]:
   """({decode field: value}, {decode field: origin}) a DiffusionGemma run takes from `hf_dir`."""
   decode = dg_configs.get_config().decode
-  origins = hf.fill_decode_defaults(decode, hf_dir, GENERATION_DEFAULTS)
+  origins = hf_read.fill_decode_defaults(decode, hf_dir, GENERATION_DEFAULTS)
   return {field: decode[field] for field in GENERATION_DEFAULTS}, origins
 
 
@@ -47,7 +47,7 @@ def test_null_fields_take_the_default_and_set_fields_are_taken(tmp_path):
   assert origins == dict({f: DEFAULT for f in GENERATION_DEFAULTS},
                          gen_length="generation_config.json max_new_tokens",
                          t_min="generation_config.json t_min")
-  assert hf.declared_special_tokens(str(tmp_path)) == {}         # null ids: none declared
+  assert hf_read.declared_special_tokens(str(tmp_path)) == {}         # null ids: none declared
 
 
 @pytest.mark.parametrize("sampler_config,bound,origin", [
@@ -67,7 +67,7 @@ def test_a_file_written_by_transformers_is_read(tmp_path):
       max_new_tokens=300, t_min=0.3,
       sampler_config=generation.EntropyBoundSamplerConfig(entropy_bound=0.2),
   ).save_pretrained(str(tmp_path))
-  written = json.load(open(tmp_path / hf.GENERATION_CONFIG_FILE))
+  written = json.load(open(tmp_path / hf_read.GENERATION_CONFIG_FILE))
   assert written["max_denoising_steps"] is None                 # what this test is about
   values, origins = _fill(str(tmp_path))
   assert values == dict(_official_defaults(), gen_length=512, t_min=0.3, rule_value=0.2)
@@ -87,9 +87,9 @@ BAD = [("max_denoising_steps", -3, "max_denoising_steps=-3 must be an integer >=
 @pytest.mark.parametrize("key,value,message", BAD, ids=[f"{k}={v!r}" for k, v, _ in BAD])
 def test_an_invalid_value_is_still_refused(tmp_path, key, value, message):
   path = _write(tmp_path, dict(SAVED, **{key: value}))
-  with pytest.raises(hf.CheckpointError) as e:
+  with pytest.raises(hf_read.CheckpointError) as e:
     _fill(path)
-  assert str(e.value) == f"{os.path.join(path, hf.GENERATION_CONFIG_FILE)}: {message}"
+  assert str(e.value) == f"{os.path.join(path, hf_read.GENERATION_CONFIG_FILE)}: {message}"
 
 
 def test_a_diffusion_gemma_directory_saved_by_transformers_sets_up(tmp_path):

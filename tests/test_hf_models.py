@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 from benchmarks.peers import llada_dir
 from orl_jax.data.hf_tokenizer import TokenizerError, byte_level_tokenizer, check_model_vocab
 from orl_jax.models import ModelConfig
-from orl_jax.models import hf
+from orl_jax.models import hf_read, hf_write
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
 from tests.helpers import tiny_qwen3
@@ -72,7 +72,7 @@ def qwen3_dirs(tmp_path_factory):
 
 
 def _load(path, family, cfg):
-  graphdef, params = hf.load_model_params(path, family, cfg)
+  graphdef, params = hf_read.load_model_params(path, family, cfg)
   return nnx.merge(graphdef, params)
 
 
@@ -92,10 +92,10 @@ def test_qwen3_parity_causal_and_block_causal(qwen3_dirs, tied):
 
 def test_qwen3_config_json_is_read(qwen3_dirs):
   path = qwen3_dirs[False][0]
-  arch = hf.architecture_from_hf(hf.read_hf_config(path), "qwen3")
+  arch = hf_read.architecture_from_hf(hf_read.read_hf_config(path), "qwen3")
   assert arch["rope_theta"] == 1e6 and arch["n_kv_heads"] == 2 and arch["head_dim"] == 16
-  with pytest.raises(hf.CheckpointError, match="model.n_layers=3"):
-    hf.check_architecture(_qwen3_cfg(False, n_layers=3), path, "qwen3")
+  with pytest.raises(hf_read.CheckpointError, match="model.n_layers=3"):
+    hf_read.check_architecture(_qwen3_cfg(False, n_layers=3), path, "qwen3")
 
 
 # ----------------------------------------------------------------------------- LLaDA
@@ -120,7 +120,7 @@ def _write_llada_dir(path, cfg: ModelConfig, seed=0, dtype=np.float32):
   os.makedirs(path, exist_ok=True)
   save_file(t, os.path.join(path, "model.safetensors"))
   with open(os.path.join(path, "config.json"), "w") as fh:
-    json.dump(hf.hf_config_json(cfg, "llada"), fh)
+    json.dump(hf_write.hf_config_json(cfg, "llada"), fh)
   return t
 
 
@@ -179,15 +179,15 @@ def test_llada_bf16_load_export_load_round_trip_is_exact(tmp_path):
   cfg = _llada_cfg(param_dtype="bfloat16", dtype="bfloat16", residual_mode="adapter",
                    residual_hidden=16)
   _write_llada_dir(str(tmp_path / "a"), cfg, dtype=ml_dtypes.bfloat16)
-  graphdef, params = hf.load_model_params(str(tmp_path / "a"), "llada", cfg)
+  graphdef, params = hf_read.load_model_params(str(tmp_path / "a"), "llada", cfg)
   # a live adapter so that its separate file is checked too
-  flat = hf.flat_params(params)
+  flat = hf_read.flat_params(params)
   assert flat["embed.embedding"].dtype == jnp.bfloat16
-  hf.export_hf(str(tmp_path / "b"), params, cfg, "llada", max_shard_bytes=20_000)
-  assert os.path.isfile(tmp_path / "b" / hf.INDEX_FILE)
-  assert os.path.isfile(tmp_path / "b" / hf.ADAPTER_FILE)
-  _, again = hf.load_model_params(str(tmp_path / "b"), "llada", cfg)
-  a, b = hf.flat_params(params), hf.flat_params(again)
+  hf_write.export_hf(str(tmp_path / "b"), params, cfg, "llada", max_shard_bytes=20_000)
+  assert os.path.isfile(tmp_path / "b" / hf_read.INDEX_FILE)
+  assert os.path.isfile(tmp_path / "b" / hf_read.ADAPTER_FILE)
+  _, again = hf_read.load_model_params(str(tmp_path / "b"), "llada", cfg)
+  a, b = hf_read.flat_params(params), hf_read.flat_params(again)
   assert a.keys() == b.keys()
   for k in a:
     np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
@@ -210,14 +210,14 @@ def test_loader_lists_missing_unexpected_and_misshaped(tmp_path):
   tensors["model.transformer.extra.weight"] = np.zeros((3,), np.float32)
   tensors["model.transformer.blocks.0.q_proj.weight"] = np.zeros((5, 48), np.float32)
   save_file(tensors, str(tmp_path / "x" / "model.safetensors"))
-  with pytest.raises(hf.CheckpointError) as e:
-    hf.load_model_params(str(tmp_path / "x"), "llada", cfg)
+  with pytest.raises(hf_read.CheckpointError) as e:
+    hf_read.load_model_params(str(tmp_path / "x"), "llada", cfg)
   msg = str(e.value)
   assert "missing tensors ['model.transformer.blocks.1.up_proj.weight']" in msg
   assert "unexpected tensors ['model.transformer.extra.weight']" in msg
   assert "model.transformer.blocks.0.q_proj.weight: file (5, 48)" in msg
-  with pytest.raises(hf.CheckpointError, match="config.json not found"):
-    hf.load_model_params(str(tmp_path / "nowhere"), "llada", cfg)
+  with pytest.raises(hf_read.CheckpointError, match="config.json not found"):
+    hf_read.load_model_params(str(tmp_path / "nowhere"), "llada", cfg)
 
 
 @pytest.mark.parametrize("family", ["llada", "qwen3"])
@@ -260,15 +260,15 @@ import jax
 jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np
 from orl_jax import sharding
-from orl_jax.models import build, hf
+from orl_jax.models import build, hf_read
 from tests.test_hf_models import _llada_cfg, _write_llada_dir
 cfg = _llada_cfg()
 tensors = _write_llada_dir(PATH, cfg)
 mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2)
 _, abstract = build.abstract_params(cfg)
 sh = sharding.tree_shardings(abstract, mesh)
-_, params = hf.load_model_params(PATH, "llada", cfg, shardings=sh)
-flat = hf.flat_params(params)
+_, params = hf_read.load_model_params(PATH, "llada", cfg, shardings=sh)
+flat = hf_read.flat_params(params)
 q = flat["layers.0.attn.q_proj.kernel"]
 assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor"), q.sharding.spec
 assert q.addressable_shards[0].data.shape == (24, 24)

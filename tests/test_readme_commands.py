@@ -515,7 +515,7 @@ def test_documented_commands_run_as_printed(group, tmp_path):
 def _tiny_dirs(root) -> dict:
   """{'/path/NAME': a tiny random Hugging Face directory of that checkpoint's family}."""
   from flax import nnx
-  from orl_jax.models import hf
+  from orl_jax.models import hf_write
   from orl_jax.models.build import build_model
   from orl_jax.models.transformer import ModelConfig
   from tests.test_decode_launcher import (OTHER_FAMILIES, _QWEN3, _QWEN3_SPECIALS,
@@ -529,8 +529,8 @@ def _tiny_dirs(root) -> dict:
       ("LLaDA2.1-mini", llada2, llada2_specials, "llada2_moe")):
     tokenizer = os.path.join(root, f"{name}.tokenizer.json")
     byte_tokenizer(tokenizer, cfg.vocab_size, specials)
-    hf.export_hf(out[name], nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
-                 tokenizer_file=tokenizer, model_type=model_type)
+    hf_write.export_hf(out[name], nnx.state(build_model(cfg, 0), nnx.Param), cfg, cfg.hf_family,
+                       tokenizer_file=tokenizer, model_type=model_type)
   return {f"/path/{name}": path for name, path in out.items()}
 
 

@@ -14,7 +14,7 @@ from configs import llada, qwendlm, sdar
 from orl_jax.config import validate
 from orl_jax.evaluate import evaluate_models
 from orl_jax.train.entry import train
-from orl_jax.train.summary import report_run
+from orl_jax.apps.summary import report_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

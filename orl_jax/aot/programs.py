@@ -24,12 +24,12 @@ from flax import nnx
 from orl_jax.decode import build as decode_build
 from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib
-from orl_jax.dry_run import run_model_config, special_ids
 from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax.replay import ReplayPlan
 from orl_jax.train import state as state_lib
 from orl_jax.train.orl import build_orl_steps, sharded_like
-from orl_jax.train.setup import Run, Setup, check_divisible_by_shards, needs_reference
+from orl_jax.train.setup import (Run, Setup, needs_reference, run_mesh, run_model_config,
+                                 special_ids)
 from pallas_kernels.platform import GpuTarget, target_platform
 
 # How often a program runs: once per ORL iteration, once per decoded forward of a rollout,
@@ -181,8 +181,7 @@ def orl_programs(config, devices, platform: str, gpu: GpuTarget | None = None) -
   `sharding.tracing_mesh(ProgramSet.mesh)`)."""
   config = copy.deepcopy(config)
   config.checkpoint.save_rollouts = False     # nothing is written
-  mesh = sharding_lib.mesh_from_config(config, devices)
-  check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
+  mesh = run_mesh(config, devices)
   with sharding_lib.tracing_mesh(mesh):
     return _programs_on(config, mesh, platform, gpu)
 

@@ -1,6 +1,7 @@
 """The model of a config: its family's own (DiffusionGemma) or the shared `Transformer`.
 
-Checkpoint reading and writing (`orl_jax.models.hf`) and the run set-up both build models here.
+Checkpoint reading and writing (`orl_jax.models.hf_read`, `orl_jax.models.hf_write`) and the run
+set-up both build models here.
 """
 from __future__ import annotations
 

@@ -1,7 +1,12 @@
 """The life of a training run, shared by every loop (`sft.py`, `orl.py`): `build_setup`
 (config -> task, tokenizer, model config, mesh), `prepare_run` (optimizer, sharded state,
 checkpoint manager), `resume` (the newest checkpoint that restores) and `finish_run` (export the
-final parameters)."""
+final parameters).
+
+What a config resolves to before anything is allocated -- the weights directory and family
+(`resolve_model`), the mesh (`run_mesh`), and without a tokenizer the model config and special
+ids (`run_model_config`, `special_ids`) -- is resolved here once, for the training set-up, the
+dry run (`orl_jax/apps/dry_run.py`) and the compile command (`orl_jax/aot/programs.py`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +49,8 @@ def model_family(config, hf_dir: str = "") -> str:
   """The registry family of the run: named by the weights' config.json `model_type` when they
   are a Hugging Face directory, else `model.hf_family` ('' for a model of ours)."""
   if hf_dir:
-    from orl_jax.models import hf
-    return hf.family_of(hf_dir)
+    from orl_jax.models import hf_read
+    return hf_read.family_of(hf_dir)
   return config.model.get("hf_family", "")
 
 
@@ -54,8 +59,8 @@ def fill_decode_defaults(config, hf_dir: str, family: str) -> None:
   else transformers') for the `decode.*` fields the config leaves unset; logged."""
   fam = families.get(family)
   if fam.generation_defaults:
-    from orl_jax.models import hf
-    origins = hf.fill_decode_defaults(config.decode, hf_dir, fam.generation_defaults)
+    from orl_jax.models import hf_read
+    origins = hf_read.fill_decode_defaults(config.decode, hf_dir, fam.generation_defaults)
     if origins:
       logging.warning("decode settings the config leaves unset: %s", ", ".join(
           f"decode.{k}={config.decode[k]} ({v})" for k, v in origins.items()))
@@ -90,9 +95,9 @@ def special_tokens(config, hf_dir: str = "", family: str = "") -> tuple[dict, di
   eos, pad and bos, `model.special_tokens.<role>` when set (a token string or id: the user's
   choice wins), else the id the weights directory declares (generation_config.json, then
   config.json), else the family's default."""
-  from orl_jax.models import hf
+  from orl_jax.models import hf_read
   own = _own_special_tokens(config, family)
-  declared = hf.declared_special_tokens(hf_dir) if hf_dir else {}
+  declared = hf_read.declared_special_tokens(hf_dir) if hf_dir else {}
   defaults = families.get(family).special_tokens
   values, origins = {}, {}
   for role in ("mask", "eos", "pad", "bos"):
@@ -130,17 +135,17 @@ def _hf_model_config(config, tok, hf_dir: str, family: str):
   """The ModelConfig of a run from a Hugging Face directory: the family and every architecture
   field from its config.json, checked against the tokenizer."""
   from orl_jax.data.hf_tokenizer import TokenizerError, check_model_vocab
-  from orl_jax.models import hf
-  arch = hf.read_architecture(hf_dir, family)
+  from orl_jax.models import hf_read
+  arch = hf_read.read_architecture(hf_dir, family)
   where = f"{hf_dir}/config.json"
-  ignored = hf.ignored_settings(hf_dir, family)
+  ignored = hf_read.ignored_settings(hf_dir, family)
   if ignored:
     logging.warning("%s sets %s: the official %s code never reads these keys, so they are "
                     "ignored", where, ", ".join(ignored), family)
   if hasattr(tok, "vocab_hash"):
     # the tokenizer against the checkpoint's own vocabulary, so a foreign tokenizer is named
     check_model_vocab(tok, arch["vocab_size"], tok.mask_id, where=where)
-  declared = hf.declared_special_tokens(hf_dir).get("mask")
+  declared = hf_read.declared_special_tokens(hf_dir).get("mask")
   if declared is not None and declared[0][0] != tok.mask_id:
     origin = getattr(tok, "origins", {}).get("mask", "")
     if not origin.startswith("model.special_tokens"):
@@ -163,17 +168,42 @@ def own_model_config(config, hf_dir: str, family: str, vocab_size: int = 0, **sp
       hf_config=hf_config, **special)
   if not hf_dir:
     return build(None)
-  from orl_jax.models import hf
-  return hf.parse_config_json(hf_dir, build)
+  from orl_jax.models import hf_read
+  return hf_read.parse_config_json(hf_dir, build)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunModel:
+  """Which model a config names, before anything is read or allocated: the Hugging Face
+  directory of its weights ('' when `model.path` is none) and its registry family ('' for a
+  model of ours)."""
+  hf_dir: str
+  family: str
+
+
+def resolve_model(config) -> RunModel:
+  """The weights directory and family of a run of `config`, with the family's decode defaults
+  filled into `config.decode` (logged): the first step of the training set-up (`build_setup`),
+  the dry run and the compile command (`run_model_config`)."""
+  hf_dir = weights_lib.hf_dir(config)
+  family = model_family(config, hf_dir)
+  fill_decode_defaults(config, hf_dir, family)
+  return RunModel(hf_dir, family)
+
+
+def run_mesh(config, devices=None):
+  """The mesh of `config.mesh` on `devices` (default: this host's), the batch dimensions checked
+  to divide over its data shards."""
+  mesh = sharding_lib.mesh_from_config(config, devices)
+  check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
+  return mesh
 
 
 def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   """config -> task, tokenizer, model config (from model.path's config.json when it is a
   Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
   what launch/decode.py --prompt decodes) instead of `config.task`'s problems."""
-  hf_dir = weights_lib.hf_dir(config)
-  family = model_family(config, hf_dir)
-  fill_decode_defaults(config, hf_dir, family)
+  hf_dir, family = dataclasses.astuple(resolve_model(config))
   config_lib.validate(config)
   tokenizer = load_tokenizer(config, hf_dir, family)
   task = (get_task(config.task, tokenizer=tokenizer) if prompts is None
@@ -192,9 +222,51 @@ def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
     if hasattr(tok, "vocab_hash"):
       from orl_jax.data.hf_tokenizer import check_model_vocab
       check_model_vocab(tok, vocab_size, model_cfg.mask_id)
-  mesh = sharding_lib.mesh_from_config(config)
-  check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
-  return Setup(config, task, model_cfg, mesh)
+  return Setup(config, task, model_cfg, run_mesh(config))
+
+
+def _special_id(value, default=0) -> int:
+  return int(value) if isinstance(value, str) and value.isdigit() else default
+
+
+def sizing_model_config(config, *, laid_out: bool = True):
+  """The ModelConfig of `config` without reading a tokenizer (`model.vocab_size` must be set,
+  or the task's tokenizer is used; a Hugging Face `model.path` gives the architecture).
+  `laid_out`: experts are sized as laid out by the partition rules, not run
+  (`expert_parallel` off); False keeps the run's own setting (the compile command)."""
+  hf_dir = weights_lib.hf_dir(config)
+  vocab = config.model.get("vocab_size", 0)
+  mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
+  if hf_dir or not vocab:
+    cfg = build_setup(config).model_cfg
+  else:
+    cfg = config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
+  if cfg.moe is not None and laid_out:
+    cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, expert_parallel=False))
+  return cfg
+
+
+def run_model_config(config):
+  """The model config a run of `config` builds (a family's own config class included), its
+  decoder defaults filled in, without weights: `model.path`'s config.json when it is a
+  Hugging Face directory, else the config's fields (`model.vocab_size` set, as for sizing)."""
+  run = resolve_model(config)
+  family = families.get(run.family)
+  if not family.own_model:
+    return sizing_model_config(config, laid_out=False)
+  vocab = config.model.get("vocab_size", 0)
+  if not vocab and not run.hf_dir:
+    raise config_lib.ConfigError(f"set model.vocab_size (or model.path) to build a "
+                                 f"{family.name} model without its weights")
+  return own_model_config(config, run.hf_dir, family.name, vocab)
+
+
+def special_ids(config, model_cfg) -> tuple[int, int]:
+  """(mask id, EOS id) of a run without its tokenizer: the model's mask and the config's EOS
+  id when it is a number (ids only shape nothing; the compile command needs them to build)."""
+  eos = getattr(model_cfg, "eos_ids", None)
+  eos_id = eos[0] if eos else _special_id(config.model.get("special_tokens", {}).get("eos", ""))
+  return getattr(model_cfg, "mask_id", -1), eos_id
 
 
 def check_prompt_lengths(config, task) -> None:
@@ -258,12 +330,13 @@ def initial_params(setup: Setup):
   error."""
   weights = weights_lib.weights_of(setup.config)
   if weights is not None and weights.kind == weights_lib.HF:
-    from orl_jax.models import hf
+    from orl_jax.models import hf_read
     _, abstract = build.abstract_params(setup.model_cfg, setup.config.seed)
     shardings = sharding_lib.tree_shardings(abstract, setup.mesh,
                                             families.of_model(setup.model_cfg).partition_rules)
-    return hf.load_model_params(weights.path, setup.model_cfg.hf_family, setup.model_cfg,
-                                shardings=shardings, seed=setup.config.seed, check_config=False)
+    return hf_read.load_model_params(weights.path, setup.model_cfg.hf_family, setup.model_cfg,
+                                     shardings=shardings, seed=setup.config.seed,
+                                     check_config=False)
   graphdef, params = init_model_params(setup.model_cfg, setup.config.seed)
   if weights is not None:
     check_compatible(weights.path, setup)
@@ -469,8 +542,8 @@ def export_model_type(config, hf_dir: str = "") -> str:
   """The config.json `model_type` an export of the run declares: the Hugging Face directory's it
   started from, else `model.hf_model_type`, else '' (its family's own)."""
   if hf_dir:
-    from orl_jax.models import hf
-    return hf.read_hf_config(hf_dir).get("model_type", "")
+    from orl_jax.models import hf_read
+    return hf_read.read_hf_config(hf_dir).get("model_type", "")
   return config.model.get("hf_model_type", "")
 
 
@@ -479,7 +552,7 @@ def export_hf_dir(setup: Setup, params, out_dir: str, max_shard_bytes: int = 0) 
   (declaring the authors' classes where transformers has none, `Family.remote_code`, and the
   residual pathway), the tokenizer files and, from the directory the run started from, its
   generation_config.json and modeling code (`export_files`)."""
-  from orl_jax.models import hf
+  from orl_jax.models import hf_read, hf_write
   if not setup.model_cfg.hf_family:
     raise config_lib.ConfigError("export: the model belongs to no Hugging Face family; set "
                                  "model.hf_family (or model.path to a Hugging Face directory)")
@@ -487,10 +560,11 @@ def export_hf_dir(setup: Setup, params, out_dir: str, max_shard_bytes: int = 0) 
   family = setup.model_cfg.hf_family
   files, texts = export_files(setup, source)
   extra = dict(_special_token_ids(setup), **_residual_record(setup.model_cfg))
-  return hf.export_hf(out_dir, params, setup.model_cfg, family, max_shard_bytes=max_shard_bytes,
-                      extra_config=extra, passthrough=hf.read_passthrough(source, family),
-                      model_type=export_model_type(setup.config, source), files=files,
-                      texts=texts)
+  return hf_write.export_hf(out_dir, params, setup.model_cfg, family,
+                            max_shard_bytes=max_shard_bytes, extra_config=extra,
+                            passthrough=hf_read.read_passthrough(source, family),
+                            model_type=export_model_type(setup.config, source), files=files,
+                            texts=texts)
 
 
 def export_files(setup: Setup, source: str) -> tuple[dict, dict]:
@@ -500,7 +574,7 @@ def export_files(setup: Setup, source: str) -> tuple[dict, dict]:
   the Hugging Face directory `source` ('' = none) its other tokenizer files, its
   generation_config.json (with the run's special-token ids) and its `*.py` modeling code."""
   from orl_jax.data import hf_tokenizer
-  from orl_jax.models import hf
+  from orl_jax.models import hf_read
   tok = setup.tokenizer
   files, texts = {}, {}
   tok_file = getattr(tok, "source", "")
@@ -514,25 +588,25 @@ def export_files(setup: Setup, source: str) -> tuple[dict, dict]:
         files[name] = os.path.join(source, name)
   side = os.path.join(source, hf_tokenizer.TOKENIZER_CONFIG_FILE) if source else ""
   texts.update(hf_tokenizer.tokenizer_configs(
-      tok, hf.read_json_object(side) if os.path.isfile(side) else None))
-  generation = os.path.join(source, hf.GENERATION_CONFIG_FILE) if source else ""
+      tok, hf_read.read_json_object(side) if os.path.isfile(side) else None))
+  generation = os.path.join(source, hf_read.GENERATION_CONFIG_FILE) if source else ""
   if os.path.isfile(generation):
-    config = dict(hf.read_json_object(generation), **_special_token_ids(setup))
-    texts[hf.GENERATION_CONFIG_FILE] = json.dumps(config, indent=2)
+    config = dict(hf_read.read_json_object(generation), **_special_token_ids(setup))
+    texts[hf_read.GENERATION_CONFIG_FILE] = json.dumps(config, indent=2)
   return files, texts
 
 
 def _residual_record(model_cfg) -> dict:
   """config.json's record of the residual pathway a model has (read back by
   `trained_run.trained_settings`); {} without one."""
-  from orl_jax.models import hf
+  from orl_jax.models import hf_read
   mode = getattr(model_cfg, "residual_mode", "none")
   if mode == "none":
     return {}
   return {trained_run.RESIDUAL_KEY: {
       "mode": mode, "hidden": model_cfg.residual_hidden, "scale": model_cfg.residual_scale,
       "temperature": model_cfg.residual_temperature,
-      "file": hf.ADAPTER_FILE if mode == "adapter" else ""}}
+      "file": hf_read.ADAPTER_FILE if mode == "adapter" else ""}}
 
 
 def _special_token_ids(setup: Setup) -> dict:

@@ -1,4 +1,6 @@
-"""Local Hugging Face checkpoints <-> our Transformer (DESIGN §4), for every registered family.
+"""Reading a local Hugging Face model directory into our Transformer (DESIGN §4), for every
+registered family: config.json, generation_config.json, the special tokens a directory
+declares, the family a directory holds, and its weights.
 
 A model directory holds `config.json`, `model.safetensors` (or shards listed in
 `model.safetensors.index.json`) and `tokenizer.json`. Nothing here imports torch or touches the
@@ -7,27 +9,23 @@ network: tensors are read with the safetensors numpy API, one slice per device s
 
 What differs between families (config.json keys, tensor names, transposes, fused QKV, stacked
 experts) is in each family's folder (`orl_jax/models/<family>/`, listed in
-`orl_jax.models.families`); this module only reads and writes files. PyTorch
-`Linear` weights are `[out, in]`; our NNX kernels are `[in, out]` (transposed on load and on
-export). Export writes the same HF layout back, with the residual adapter (which no HF model
-has) in a separate `adapter.safetensors` under our own names.
+`orl_jax.models.families`); this module only reads files (`hf_write` writes them). PyTorch
+`Linear` weights are `[out, in]`; our NNX kernels are `[in, out]` (transposed on load). The
+residual adapter (which no HF model has) is read from a separate `adapter.safetensors` under
+our own names when the directory has one.
 """
 from __future__ import annotations
 
 import collections
 import copy
 import dataclasses
-import json
 import os
-import shutil
-import tempfile
 import time
 from typing import Callable
 
 import jax
 import numpy as np
 from flax import nnx
-from safetensors.numpy import save_file
 
 from orl_jax.models import config_json, families
 from orl_jax.models.build import abstract_params
@@ -74,27 +72,6 @@ def tensor_rules(family: str, cfg: ModelConfig) -> list[TensorRule]:
 def architecture_from_hf(hf: dict, family: str) -> dict:
   """The ModelConfig fields a HF `config.json` determines (dict of field -> value)."""
   return _family(family).architecture_from_hf(hf)
-
-
-def hf_config_json(cfg: ModelConfig, family: str, extra: dict | None = None,
-                   model_type: str = "") -> dict:
-  """A HF `config.json` for `cfg` (what `export` writes; `architecture_from_hf` inverts it).
-  `model_type` (default: the family's own) names one of the family's model types; one whose
-  classes are the authors' (`Family.remote_code`) gets their `architectures` and `auto_map`."""
-  fam = _family(family)
-  out = fam.hf_config_json(cfg)
-  if model_type:
-    if model_type not in fam.model_types:
-      raise CheckpointError(f"export: model_type {model_type!r} is not one of the {family!r} "
-                            f"family's {fam.model_types}")
-    out["model_type"] = model_type
-  remote = fam.remote_code.get(out.get("model_type", ""))
-  if remote:
-    out.update(copy.deepcopy(remote))
-  out["torch_dtype"] = {"bfloat16": "bfloat16", "float32": "float32"}.get(cfg.param_dtype,
-                                                                           cfg.param_dtype)
-  out.update(extra or {})
-  return out
 
 
 def read_hf_config(hf_dir: str) -> dict:
@@ -416,25 +393,6 @@ def _load_leaf(reader, rules, leaf, sharding):
   return jax.make_array_from_callback(shape, sharding, callback)
 
 
-# ----------------------------------------------------------------------------- export
-
-
-def hf_tensors(params: nnx.State, cfg: ModelConfig, family: str):
-  """(HF tensors of the base model, our adapter tensors) of `params`, as host numpy arrays;
-  CheckpointError naming parameters the family has no name for, or lacks."""
-  leaves = {n: np.asarray(jax.device_get(v)) for n, v in flat_params(params).items()}
-  rules = tensor_rules(family, cfg)
-  lacking = sorted({r.ours for r in rules} - set(leaves))
-  if lacking:
-    raise CheckpointError(f"export: parameters {lacking[:8]} missing from the model state")
-  ours = {r.ours for r in rules}
-  extra = {n: np.ascontiguousarray(v) for n, v in leaves.items() if n not in ours}
-  not_adapter = [n for n in extra if not n.startswith(ADAPTER_PREFIX)]
-  if not_adapter:
-    raise CheckpointError(f"export: parameters with no {family!r} name: {not_adapter[:8]}")
-  return family_base.params_to_hf(leaves, rules), extra
-
-
 def read_passthrough(hf_dir: str, family: str) -> dict[str, np.ndarray]:
   """The tensors of `hf_dir` the family carries through an export unchanged (a vision tower
   the model does not use); {} without a directory or such tensors."""
@@ -443,69 +401,6 @@ def read_passthrough(hf_dir: str, family: str) -> dict[str, np.ndarray]:
     return {}
   reader = _Reader(weight_files(hf_dir))
   return {name: reader.read(name) for name in reader.files if name.startswith(prefixes)}
-
-
-def export_hf(out_dir: str, params: nnx.State, cfg: ModelConfig, family: str, *,
-              tokenizer_file: str | None = None, extra_config: dict | None = None,
-              max_shard_bytes: int = 0, passthrough: dict | None = None,
-              model_type: str = "", files: dict[str, str] | None = None,
-              texts: dict[str, str] | None = None) -> str:
-  """Writes `params` as a HF model directory (config.json + safetensors, adapter separately;
-  `passthrough` tensors are written unchanged beside the model's); `model_type`: one of the
-  family's (`hf_config_json`); `files` {name: path} are copied into it and `texts` {name: text}
-  written (tokenizer and generation configs, the authors' modeling files).
-
-  `max_shard_bytes > 0` splits the weights into `model-0000i-of-0000n.safetensors` files with an
-  index. Writes into a temporary sibling folder, then renames it into place.
-  """
-  base, adapter = hf_tensors(params, cfg, family)
-  base = {**(passthrough or {}), **base}
-  parent = os.path.dirname(os.path.abspath(out_dir))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".hf-export-tmp-", dir=parent)
-  _write_weights(tmp, base, max_shard_bytes)
-  if adapter:
-    save_file(adapter, os.path.join(tmp, ADAPTER_FILE))
-  with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
-    json.dump(hf_config_json(cfg, family, extra_config, model_type), f, indent=2)
-  if tokenizer_file:
-    shutil.copy(tokenizer_file, os.path.join(tmp, "tokenizer.json"))
-  for name, path in (files or {}).items():
-    shutil.copyfile(path, os.path.join(tmp, name))
-  for name, text in (texts or {}).items():
-    with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-      f.write(text)
-  if os.path.exists(out_dir):
-    old = out_dir.rstrip("/") + ".old"
-    os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
-  else:
-    os.replace(tmp, out_dir)
-  return out_dir
-
-
-def _write_weights(directory: str, tensors: dict[str, np.ndarray], max_shard_bytes: int):
-  if max_shard_bytes <= 0:
-    save_file(tensors, os.path.join(directory, SINGLE_FILE), metadata={"format": "pt"})
-    return
-  shards, current, size = [], {}, 0
-  for name in sorted(tensors):
-    nbytes = tensors[name].nbytes
-    if current and size + nbytes > max_shard_bytes:
-      shards.append(current)
-      current, size = {}, 0
-    current[name] = tensors[name]
-    size += nbytes
-  shards.append(current)
-  weight_map = {}
-  for i, shard in enumerate(shards):
-    fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-    save_file(shard, os.path.join(directory, fname), metadata={"format": "pt"})
-    weight_map.update({n: fname for n in shard})
-  total = sum(t.nbytes for t in tensors.values())
-  with open(os.path.join(directory, INDEX_FILE), "w") as f:
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
 def load_model_params(hf_dir: str, family: str, cfg: ModelConfig, *, shardings=None,

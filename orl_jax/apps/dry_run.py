@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +20,17 @@ from flax import nnx
 
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
+from orl_jax import weights as weights_lib
+from orl_jax.decode import build as decode_build
 from orl_jax.models import families
 from orl_jax.models.transformer import Transformer
+from orl_jax.optimizer import OptimizerConfig, make_optimizer
+from orl_jax.replay import abstract_batch
 from orl_jax.rollout import block_final_bytes, capture_bytes, route_capture_bytes
+from orl_jax.train.orl import replay_config
+from orl_jax.train.setup import (needs_reference, own_model_config, resolve_model,
+                                 sizing_model_config, special_ids)
+from orl_jax.train.state import frozen_params
 
 
 @dataclasses.dataclass
@@ -45,61 +52,6 @@ def mesh_shape(config, n_devices: int | None = None) -> dict[str, int]:
   return dict(zip(sharding_lib.MESH_AXES, sizes + [expert]))
 
 
-def _special_id(value, default=0) -> int:
-  return int(value) if isinstance(value, str) and value.isdigit() else default
-
-
-def sizing_model_config(config, *, laid_out: bool = True):
-  """The ModelConfig of `config` without reading a tokenizer (`model.vocab_size` must be set,
-  or the task's tokenizer is used; a Hugging Face `model.path` gives the architecture).
-  `laid_out`: experts are sized as laid out by the partition rules, not run
-  (`expert_parallel` off); False keeps the run's own setting (the compile command)."""
-  from orl_jax import weights as weights_lib
-  hf_dir = weights_lib.hf_dir(config)
-  vocab = config.model.get("vocab_size", 0)
-  mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
-  if hf_dir or not vocab:
-    from orl_jax.train.setup import build_setup
-    cfg = build_setup(config).model_cfg
-  else:
-    cfg = config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
-  if cfg.moe is not None and laid_out:
-    cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, expert_parallel=False))
-  return cfg
-
-
-def run_model_config(config):
-  """The model config a run of `config` builds (a family's own config class included), its
-  decoder defaults filled in, without weights: `model.path`'s config.json when it is a
-  Hugging Face directory, else the config's fields (`model.vocab_size` set, as for sizing)."""
-  hf_dir = _hf_dir(config)
-  family = _family(config, hf_dir)
-  from orl_jax.train.setup import fill_decode_defaults, own_model_config
-  fill_decode_defaults(config, hf_dir, family.name)
-  if not family.own_model:
-    return sizing_model_config(config, laid_out=False)
-  vocab = config.model.get("vocab_size", 0)
-  if not vocab and not hf_dir:
-    raise config_lib.ConfigError(f"set model.vocab_size (or model.path) to build a "
-                                 f"{family.name} model without its weights")
-  return own_model_config(config, hf_dir, family.name, vocab)
-
-
-def special_ids(config, model_cfg) -> tuple[int, int]:
-  """(mask id, EOS id) of a run without its tokenizer: the model's mask and the config's EOS
-  id when it is a number (ids only shape nothing; the compile command needs them to build)."""
-  eos = getattr(model_cfg, "eos_ids", None)
-  eos_id = eos[0] if eos else _special_id(config.model.get("special_tokens", {}).get("eos", ""))
-  return getattr(model_cfg, "mask_id", -1), eos_id
-
-
-def _family(config, hf_dir: str):
-  if hf_dir:
-    from orl_jax.models import hf
-    return families.get(hf.family_of(hf_dir))
-  return families.get(config.model.get("hf_family", ""))
-
-
 def _per_device(tree, shape: dict[str, int], rules) -> tuple[int, int]:
   """(total bytes, bytes on one device) of a tree of ShapeDtypeStructs under `rules`."""
   total = per = 0
@@ -119,15 +71,11 @@ def _tree_bytes(tree) -> int:
 def abstract_replay_batch(config, traj, *, mask_id: int):
   """The ShapeDtypeStructs of one replay batch (`config.replay` rows, the run's
   `train.orl.replay_config`) gathered from `traj`."""
-  from orl_jax.replay import abstract_batch
-  from orl_jax.train.orl import replay_config
   return abstract_batch(traj, replay_config(config, n_shards=1), mask_id=mask_id)
 
 
 def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
   """Optimizer state and (ORL with the KL anchor) the frozen reference copy."""
-  from orl_jax.train.setup import needs_reference
-  from orl_jax.optimizer import OptimizerConfig, make_optimizer
   optimizer = make_optimizer(OptimizerConfig.from_config(config), frozen)
   total, per = _per_device(jax.eval_shape(optimizer.init, params), shape, rules)
   rows = [SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)")]
@@ -144,11 +92,11 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   the route buffers are read from the traced capture, not from a sampler config of our own)."""
   shape = mesh_shape(config, n_devices)
   vocab = config.model.get("vocab_size", 0)
-  if not vocab and not _hf_dir(config):
+  hf_dir = weights_lib.hf_dir(config)
+  if not vocab and not hf_dir:
     raise config_lib.ConfigError("dry run: set model.vocab_size (or model.path) to size a "
                                  f"{family.name} model")
-  from orl_jax.train.setup import own_model_config
-  cfg = own_model_config(config, _hf_dir(config), family.name, vocab)
+  cfg = own_model_config(config, hf_dir, family.name, vocab)
   model = nnx.eval_shape(lambda: family.build_model(cfg, nnx.Rngs(0)))
   graphdef, params = nnx.split(model, nnx.Param)
   rules = family.partition_rules
@@ -181,7 +129,6 @@ def traced_rollout(config, model_cfg, graphdef, params, *, mask_id: int, eos_id:
   """The run's rollout (`decode_build.make_decoder(..., "rollout")`, the decoder training uses)
   traced abstractly: `Trajectories` of ShapeDtypeStructs for `orl.prompts_per_step` prompts of
   `task.prompt_len` tokens, `orl.group_size` responses each."""
-  from orl_jax.decode import build as decode_build
   o, p_len = config.orl, config.task.prompt_len
   run = decode_build.make_decoder(config, model_cfg, graphdef, "rollout", mask_id=mask_id,
                               eos_id=eos_id, group_size=o.group_size)
@@ -190,20 +137,10 @@ def traced_rollout(config, model_cfg, graphdef, params, *, mask_id: int, eos_id:
   return jax.eval_shape(run, params, prompts, valid, jax.random.key(0), 0)
 
 
-def _hf_dir(config) -> str:
-  from orl_jax import weights as weights_lib
-  return weights_lib.hf_dir(config)
-
-
 def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
-  hf_dir = _hf_dir(config)
-  family = _family(config, hf_dir)
-  from orl_jax.train.setup import fill_decode_defaults
-  fill_decode_defaults(config, hf_dir, family.name)
+  family = families.get(resolve_model(config).family)
   if family.own_model:
     return own_model_sizing_rows(config, family, n_devices)
-  from orl_jax.decode.build import sampler_of
-  from orl_jax.train.state import frozen_params
 
   shape = mesh_shape(config, n_devices)
   cfg = sizing_model_config(config)
@@ -219,10 +156,9 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   # Rollouts: P prompts x G responses, rows split over the data-parallel axes.
   data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
-  specials = config.model.get("special_tokens", {})
-  tok = types.SimpleNamespace(mask_id=cfg.mask_id, eos_id=_special_id(specials.get("eos", "")))
-  decode_cfg = sampler_of(config, cfg).forward_config("rollout", mask_id=tok.mask_id,
-                                                     eos_id=tok.eos_id)
+  mask_id, eos_id = special_ids(config, cfg)
+  decode_cfg = decode_build.sampler_of(config, cfg).forward_config("rollout", mask_id=mask_id,
+                                                                   eos_id=eos_id)
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
   cap = (capture_bytes(n_rollouts, decode_cfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
@@ -234,7 +170,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
                                decode_cfg.max_blocks)
     note += f" + routes ({cfg.n_moe_layers} MoE layers x top-{cfg.moe.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
-  traj = traced_rollout(config, cfg, graphdef, params, mask_id=tok.mask_id, eos_id=tok.eos_id)
+  traj = traced_rollout(config, cfg, graphdef, params, mask_id=mask_id, eos_id=eos_id)
 
   # One replay batch: R rows x T tokens.
   batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id)

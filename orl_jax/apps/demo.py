@@ -10,17 +10,18 @@ import logging
 import os
 
 from orl_jax import evaluate as eval_lib
-from orl_jax import distributed, params_io, plots
+from orl_jax import distributed, params_io
+from orl_jax.apps import plots
+from orl_jax.apps.summary import CURVE_KEYS, WARMUP_CURVE_KEYS, training_summary, write_report
 from orl_jax.train.entry import train
 from orl_jax.train.setup import build_setup, check_compatible
-from orl_jax.train.summary import CURVE_KEYS, WARMUP_CURVE_KEYS, training_summary
 
 
 
 def _repo_path(path: str) -> str:
   if os.path.isabs(path) or os.path.exists(path):
     return path
-  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   return os.path.join(here, path)
 
 
@@ -366,8 +367,8 @@ def run_demo(config, *, progress=True) -> str:
     all_results = with_ablation_effects(all_results)
     if distributed.is_lead_process():
       eval_lib.write_json_atomic(results_path(config), all_results)
-  _, png = eval_lib.write_report(all_results, config.workdir,
-                                 title=f"{config.task.name}: accuracy vs tokens per forward")
+  _, png = write_report(all_results, config.workdir,
+                        title=f"{config.task.name}: accuracy vs tokens per forward")
   _report_training(config, curves)   # one line per trained stage, before the tables
   print(eval_lib.format_table(all_results))
   _write_ablation_table(config, all_results)

@@ -1,12 +1,16 @@
 """What a run says when it ends (DESIGN §6): its training summary read back from
 metrics.jsonl, one line on the updates it applied (and, when none were, why), and the path of
-every file it wrote -- the parameters, the Hugging Face export, the metrics and the curves."""
+every file it wrote -- the parameters, the Hugging Face export, the metrics and the curves;
+and what an evaluation writes (`write_report`: the results table and the accuracy-vs-TPF
+plot)."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
 
+from orl_jax import distributed
+from orl_jax.evaluate import format_table
 from orl_jax.metrics import read_jsonl
 
 CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
@@ -67,7 +71,7 @@ def updates_line(config, summary: dict) -> str:
 def report_run(config, params_dir: str) -> list[str]:
   """The lines a finished training run ends with: `updates_line` and the path of every file
   it wrote; draws WORKDIR/curves.png from metrics.jsonl (process 0 calls this)."""
-  from orl_jax import plots
+  from orl_jax.apps import plots
   from orl_jax.train.setup import HF_EXPORT_DIR
   workdir = config.workdir
   metrics = os.path.join(workdir, "metrics.jsonl")
@@ -85,3 +89,17 @@ def report_run(config, params_dir: str) -> list[str]:
     lines += [f"metrics: {metrics} (TensorBoard: {os.path.join(workdir, 'tensorboard')})",
               f"training curves: {png}"]
   return lines
+
+
+def write_report(all_results: dict, workdir: str, title: str = "") -> tuple[str, str]:
+  """Writes the table (results_table.txt) and the accuracy-vs-TPF Pareto plot (PNG); only
+  process 0 writes, every process gets the paths."""
+  from orl_jax.apps import plots
+  table_path = os.path.join(workdir, "results_table.txt")
+  png = os.path.join(workdir, "accuracy_vs_tpf.png")
+  if distributed.is_lead_process():
+    os.makedirs(workdir, exist_ok=True)
+    with open(table_path, "w") as f:
+      f.write(format_table(all_results) + "\n")
+    png = plots.plot_frontier(all_results, png, title=title or "accuracy vs tokens per forward")
+  return table_path, png
