@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -79,6 +80,8 @@ def test_a_topology_too_small_gets_a_does_not_fit_paragraph(tmp_path):
   verdict = result["verdict"]
   assert verdict.startswith("does not fit: decode_prefill")
   assert "HBM" in verdict and "more than the" in verdict
+  # libtpu's own report names what holds the memory: buffers with their shapes
+  assert re.search(r"Largest buffers: [\d.]+ GiB \w+\[[\d,]+\]", verdict), verdict
 
 
 def test_unknown_targets_are_refused_in_one_line():
@@ -130,3 +133,41 @@ def test_an_expert_axis_that_splits_a_torus_axis_gets_a_mesh():
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.strip().splitlines()[-1] == (
       "{'data': 1, 'fsdp': 8, 'tensor': 1, 'expert': 8} 64")
+
+
+REPORT = """E1203 16:17:20.096429   15984 deepsea_compiler_base.cc:3781] XLA:TPU compile permanent \
+error. Ran out of memory in memory space hbm. Used 48.50G of 15.75G hbm. Exceeded hbm capacity \
+by 32.75G. Memory usage report:
+
+Memory Space: default (color=0)
+Total bytes: 52076503552 (48.50GiB)
+  cumulative_size;       size;       offset; used_by_n_values; shapes_list
+  ------------------------------------------------------------
+   16.00GiB( 33%);   16.00GiB;  17179869184;                1; f32[65536,65536]
+   32.00GiB( 67%);   16.00GiB;  34359738368;                2; 2×s32[65536,65536]
+   48.00GiB(100%);   16.00GiB;            0;                2; bf16[65536,65536], f32[65536,65536]
+   48.00GiB(100%);       512B;  51539623936;                1; (f32[], f32[65536,65536])
+
+  cumulative_size;       size;       offset; used_by_n_values; shapes_list
+  ------------------------------------------------------------
+  256.00MiB(100%);  300.00GiB;            0;                1; f32[65536,1024]
+"""
+
+
+def test_libtpus_memory_report_names_the_largest_hbm_buffers(tmp_path):
+  """The HBM table of libtpu's report (as libtpu 0.0.42 writes it to its ERROR log): its rows,
+  largest first; the tables of other memory spaces after it are not HBM and not read; the
+  newest report of this process's log is the one read."""
+  from orl_jax.aot import memory_report
+  buffers = memory_report.largest_buffers(REPORT, n=3)
+  assert [b.nbytes for b in buffers] == [16 * 2**30] * 3
+  assert buffers[1] == memory_report.Buffer(16 * 2**30, 2, "2×s32[65536,65536]")
+  assert memory_report.largest_buffers(REPORT, n=9)[-1].nbytes == 512
+  assert memory_report.largest_buffers("no report here") == []
+  log = tmp_path / "tpu_driver.host.root.log.ERROR.20261203-161720.4242"
+  log.write_text("an older line\n" + REPORT.replace("16.00GiB;", "1.00GiB;") + REPORT)
+  text = memory_report.latest_report(str(tmp_path), pid=4242)
+  assert memory_report.largest_buffers(text)[0].nbytes == 16 * 2**30
+  assert memory_report.latest_report(str(tmp_path), pid=4243) == ""
+  said = memory_report.describe(buffers[:2])
+  assert said == "16.00 GiB f32[65536,65536]; 16.00 GiB 2×s32[65536,65536] (2 values)"

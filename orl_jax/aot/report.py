@@ -20,6 +20,7 @@ import time
 
 import jax
 
+from orl_jax.aot import memory_report
 from orl_jax.aot.programs import DECODE, PER_FORWARD, PER_ITERATION, PER_ROLLOUT, Program
 from orl_jax.aot.targets import GIB, DeviceBudget, Target
 from pallas_kernels.platform import target_platform
@@ -143,7 +144,8 @@ def refusal(program: Program, target: Target, error: BaseException) -> str:
     return (f"{where}: its {m.group('what').strip()} need {_gb(need)} per device, "
             f"{_gb(need - have)} more than the {_gb(have)} of HBM a device has. Shard it "
             "over more devices (mesh.fsdp / mesh.tensor), a larger topology, or fewer rows "
-            "per step (orl.prompts_per_step, replay.n_rows, replay.row_len).")
+            "per step (orl.prompts_per_step, replay.n_rows, replay.row_len)."
+            + _largest_buffers_said(target))
   over = fast_memory_overflow(text)
   if over:
     name = re.sub(r"\.\d+$", "", over["kernel"])   # the custom call's instruction name
@@ -159,6 +161,15 @@ def refusal(program: Program, target: Target, error: BaseException) -> str:
   if len(detail) > 600:
     detail = detail[:600] + " ..."
   return f"{where}: {detail}"
+
+
+def _largest_buffers_said(target: Target) -> str:
+  """" Largest buffers: ..." from libtpu's memory usage report of the refusal ("" off TPU or
+  without a report)."""
+  if target.platform != "tpu":
+    return ""
+  buffers = memory_report.largest_buffers(memory_report.latest_report())
+  return f" Largest buffers: {memory_report.describe(buffers)}." if buffers else ""
 
 
 def compile_program(program: Program, target: Target, n_devices: int) -> ProgramReport:

@@ -24,6 +24,8 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
+from orl_jax.aot import memory_report
+
 if TYPE_CHECKING:    # jax is imported only once the compilers are set up (`prepare_host`)
   from pallas_kernels.platform import GpuTarget
 
@@ -192,6 +194,8 @@ def use_compiler(platform: str) -> None:
   # compile-only processes hold no chip: let several load libtpu at once (else every one but
   # the first stops on libtpu's lockfile, e.g. two compile tests on two pytest workers)
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  # where libtpu writes its log, whose memory usage report names the buffers of an HBM refusal
+  os.environ.setdefault("TPU_LOG_DIR", memory_report.DEFAULT_LOG_DIR)
   if platform == "tpu":
     path = _libtpu_path()
     if path:
