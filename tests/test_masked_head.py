@@ -111,7 +111,7 @@ def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
   XLA:CPU's YNNPACK fusions off, a larger one with XLA's defaults; both decode alike."""
   if jax.default_backend() != "cpu":
     pytest.skip("a CPU compiler option")
-  assert not compile_options._cpu_accepts("xla_cpu_no_such_option_for_this_test")
+  assert not compile_options.cpu_accepts("xla_cpu_no_such_option_for_this_test")
   assert compile_options.step_compiler_options(compile_options.SMALL_STEP_TOKENS) is not None
   assert compile_options.step_compiler_options(compile_options.SMALL_STEP_TOKENS + 1) is None
   model = tiny_model(3)

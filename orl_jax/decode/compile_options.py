@@ -22,7 +22,7 @@ _SMALL_STEP_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 @functools.cache
-def _cpu_accepts(option: str) -> bool:
+def cpu_accepts(option: str) -> bool:
   """This jaxlib's XLA:CPU knows the debug option (an experimental one may go away)."""
   try:
     jax.jit(lambda x: x + 1, compiler_options={option: ""}).lower(1.0).compile()
@@ -37,7 +37,7 @@ def step_compiler_options(step_tokens: int) -> dict | None:
   accelerator on a CPU host), and above, XLA's defaults."""
   if current_platform() != "cpu" or step_tokens > SMALL_STEP_TOKENS:
     return None
-  if not all(_cpu_accepts(k) for k in _SMALL_STEP_CPU_OPTIONS):
+  if not all(cpu_accepts(k) for k in _SMALL_STEP_CPU_OPTIONS):
     return None
   return dict(_SMALL_STEP_CPU_OPTIONS)
 
