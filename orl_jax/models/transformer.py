@@ -27,6 +27,7 @@ from flax import nnx
 
 from orl_jax import residual as residual_lib
 from orl_jax.models.moe import MoE, MoEConfig
+from orl_jax.models.remat import layer_checkpoint
 from orl_jax.residual import Residual, ResidualAdapter, RMSNorm
 from pallas_kernels.staircase_attention import KIND_PAD, TokenMeta, attention
 
@@ -321,7 +322,7 @@ class Transformer(nnx.Module):
                                              cache_mode, cache_offset, layer_routes, keep)
       # functional (split state in, nothing written back): the frozen reference model of the
       # KL anchor is built outside the gradient's trace and must not be updated from it
-      run = jax.checkpoint(run) if self.cfg.remat else run
+      run = layer_checkpoint(run) if self.cfg.remat else run
       x, layer_cache, moe_out = run(nnx.state(layer), x, layer_cache, layer_routes)
       if moe_out is not None:
         taken.append(moe_out.expert_ids)

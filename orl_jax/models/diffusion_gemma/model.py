@@ -37,6 +37,7 @@ from flax import nnx
 from orl_jax.models.diffusion_gemma.config import AttentionSpec, DiffusionGemmaConfig
 from orl_jax.models.moe import (ExpertWeights, RoutedTokens, dense_experts, expert_axis_size,
                                  expert_parallel_experts, ragged_experts)
+from orl_jax.models.remat import layer_checkpoint
 from orl_jax.residual import Residual, RMSNorm
 from pallas_kernels.staircase_attention import KIND_STATE, TokenMeta
 from pallas_kernels.staircase_attention import attention as staircase_attention
@@ -423,6 +424,6 @@ class DiffusionGemma(nnx.Module):
         return layer(x, attention_fn, scalar, layer_routes)[0]
       # functional (split state in, nothing written back), as the block-diffusion transformer:
       # the frozen reference of the KL anchor is built outside the gradient's trace
-      run = jax.checkpoint(run) if cfg.remat else run
+      run = layer_checkpoint(run) if cfg.remat else run
       x = run(nnx.state(layer), x, None if routes is None else routes[i])
     return self.final_norm(x), None, norm_ratio
