@@ -49,7 +49,7 @@ class CheckpointError(ValueError):
   """A model directory that does not match the configured model; the message names the file."""
 
 
-def _family(name: str) -> families.Family:
+def checkpoint_family(name: str) -> families.Family:
   """The Hugging Face family `name`; a CheckpointError for an unknown name or for ours ('')."""
   try:
     family = families.get(name)
@@ -63,7 +63,7 @@ def _family(name: str) -> families.Family:
 
 def tensor_rules(family: str, cfg: ModelConfig) -> list[TensorRule]:
   """Every piece of the name map of a base model of `cfg` (no adapter)."""
-  return _family(family).tensor_rules(cfg)
+  return checkpoint_family(family).tensor_rules(cfg)
 
 
 # ----------------------------------------------------------------------------- config.json
@@ -71,7 +71,7 @@ def tensor_rules(family: str, cfg: ModelConfig) -> list[TensorRule]:
 
 def architecture_from_hf(hf: dict, family: str) -> dict:
   """The ModelConfig fields a HF `config.json` determines (dict of field -> value)."""
-  return _family(family).architecture_from_hf(hf)
+  return checkpoint_family(family).architecture_from_hf(hf)
 
 
 def read_hf_config(hf_dir: str) -> dict:
@@ -168,14 +168,14 @@ def fill_decode_defaults(decode, hf_dir: str, defaults: dict) -> dict:
 def read_architecture(hf_dir: str, family: str) -> dict:
   """The ModelConfig fields of `hf_dir`'s config.json (every field typed and range-checked; a
   missing key takes the official configuration class's default)."""
-  fam = _family(family)
+  fam = checkpoint_family(family)
   return parse_config_json(hf_dir, fam.architecture_from_hf)
 
 
 def ignored_settings(hf_dir: str, family: str) -> list[str]:
   """'key=value' of the config.json keys the official modeling code of `family` never reads
   (ignored here too)."""
-  return config_json.present(read_hf_config(hf_dir), _family(family).ignored_keys)
+  return config_json.present(read_hf_config(hf_dir), checkpoint_family(family).ignored_keys)
 
 
 def family_of(hf_dir: str) -> str:
@@ -350,7 +350,7 @@ def _tensor_sources(hf_dir: str, family: str, cfg: ModelConfig, leaves: dict, fi
                     adapter: dict, reader, allow_missing) -> dict:
   """{our name: [TensorRule]} for every parameter the files hold (adapter tensors are their own
   plain piece); raises CheckpointError listing missing, unexpected and mis-shaped tensors."""
-  fam = _family(family)
+  fam = checkpoint_family(family)
   groups = collections.defaultdict(list)
   for r in fam.tensor_rules(cfg):
     groups[r.ours].append(r)
@@ -396,7 +396,7 @@ def _load_leaf(reader, rules, leaf, sharding):
 def read_passthrough(hf_dir: str, family: str) -> dict[str, np.ndarray]:
   """The tensors of `hf_dir` the family carries through an export unchanged (a vision tower
   the model does not use); {} without a directory or such tensors."""
-  prefixes = _family(family).passthrough_prefixes
+  prefixes = checkpoint_family(family).passthrough_prefixes
   if not hf_dir or not prefixes:
     return {}
   reader = _Reader(weight_files(hf_dir))

@@ -22,7 +22,7 @@ from safetensors.numpy import save_file
 
 from orl_jax.models import family_base
 from orl_jax.models.hf_read import (ADAPTER_FILE, ADAPTER_PREFIX, CONFIG_FILE, INDEX_FILE,
-                                    SINGLE_FILE, CheckpointError, _family, flat_params,
+                                    SINGLE_FILE, CheckpointError, checkpoint_family, flat_params,
                                     tensor_rules)
 from orl_jax.models.transformer import ModelConfig
 
@@ -35,7 +35,7 @@ def hf_config_json(cfg: ModelConfig, family: str, extra: dict | None = None,
   """A HF `config.json` for `cfg` (what `export` writes; `architecture_from_hf` inverts it).
   `model_type` (default: the family's own) names one of the family's model types; one whose
   classes are the authors' (`Family.remote_code`) gets their `architectures` and `auto_map`."""
-  fam = _family(family)
+  fam = checkpoint_family(family)
   out = fam.hf_config_json(cfg)
   if model_type:
     if model_type not in fam.model_types:
