@@ -40,7 +40,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(m.attention_impl in IMPLS,
         f"model.attention_impl={m.attention_impl!r} must be one of {IMPLS}")
   for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
-    check(m[field] > 0, f"model.{field}={m[field]} must be positive")
+    check(getattr(m, field) > 0, f"model.{field}={getattr(m, field)} must be positive")
   errors += _moe_errors(config)
   check(m.n_kv_heads <= 0 or m.n_heads % m.n_kv_heads == 0,
         f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={m.n_kv_heads}")
@@ -51,14 +51,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(config.task.prompt_len % d.block_size == 0,
         f"task.prompt_len={config.task.prompt_len} must be a multiple of "
         f"decode.block_size={d.block_size} (prompts are left-padded to a block boundary)")
-  check(config.loss.get("vocab_chunk", 0) >= 0,
-        f"loss.vocab_chunk={config.loss.get('vocab_chunk', 0)} must be >= 0 (0 = off)")
+  check(config.loss.vocab_chunk >= 0,
+        f"loss.vocab_chunk={config.loss.vocab_chunk} must be >= 0 (0 = off)")
   try:
-    families.get(m.get("hf_family", ""))     # the registry's rule and message
+    families.get(m.hf_family)     # the registry's rule and message
   except ValueError as e:
     errors.append(str(e))
-  check(not m.get("path", "") or not m.get("init_from", "") or m.path == m.init_from,
-        f"model.path={m.get('path', '')!r} and model.init_from={m.get('init_from', '')!r} "
+  check(not m.path or not m.init_from or m.path == m.init_from,
+        f"model.path={m.path!r} and model.init_from={m.init_from!r} "
         "both give weights; set model.path only")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
   errors += _schedule_errors(config)
@@ -87,7 +87,7 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
   errors += OptimizerConfig.from_config(config).errors()
   check(t.log_every > 0, f"train.log_every={t.log_every} must be positive")
   check(config.eval.batch_size > 0, f"eval.batch_size={config.eval.batch_size} must be positive")
-  n_eval = config.task.get("tiny", {}).get("n_eval", 512) if config.task.name == "tiny" else None
+  n_eval = config.task.tiny.get("n_eval", 512) if config.task.name == "tiny" else None
   check(config.eval.n_problems >= 0,
         f"eval.n_problems={config.eval.n_problems} must be >= 0 (0 = the whole evaluation set)")
   check(n_eval is None or config.eval.n_problems <= n_eval,
@@ -105,9 +105,9 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
     check(m.residual.mode == "adapter",
           f"train.mode='residual_warmup' trains the adapter: model.residual.mode must be "
           f"'adapter', got {m.residual.mode!r}")
-    p_self = t.get("self_condition_probability", 0.5)
+    p_self = t.self_condition_probability
     check(0 < p_self <= 1, f"train.self_condition_probability={p_self} must be in (0, 1]")
-  kl_ref = config.loss.get("kl_reference", "initial")
+  kl_ref = config.loss.kl_reference
   check(kl_ref in KL_REFERENCES,
         f"loss.kl_reference={kl_ref!r} must be one of {KL_REFERENCES}")
   n_data = config.mesh.data
@@ -127,7 +127,7 @@ def _moe_errors(config: ml_collections.ConfigDict) -> list[str]:
   except (TypeError, ValueError) as e:
     errors.append(str(e))
   else:
-    if config.mesh.get("expert", 1) > 1 and moe is None:
+    if config.mesh.expert > 1 and moe is None:
       errors.append(f"mesh.expert={config.mesh.expert} splits MoE experts, but the model is "
                     "dense (model.moe.n_experts = 0): set mesh.expert=1")
   return errors
@@ -135,7 +135,7 @@ def _moe_errors(config: ml_collections.ConfigDict) -> list[str]:
 
 def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   """The replay section's problems, caught at start-up rather than after the first rollout."""
-  r, d, t = config.get("replay"), config.decode, config.train
+  r, d, t = config.replay, config.decode, config.train
   if r is None:
     return []
   errors = []
@@ -143,14 +143,14 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   n_data = config.mesh.data
   check(r.n_rows > 0 and r.row_len > 0,
         f"replay.n_rows={r.n_rows} and replay.row_len={r.row_len} must be positive")
-  micro = r.get("micro_batches", 1)
-  shards = (n_data * config.mesh.fsdp * config.mesh.get("expert", 1)
+  micro = r.micro_batches
+  shards = (n_data * config.mesh.fsdp * config.mesh.expert
             if n_data > 0 and config.mesh.fsdp > 0 else 1)
   check(micro >= 1 and r.n_rows % (micro * shards) == 0,
         f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
         + (f" per data shard (mesh.data x mesh.fsdp x mesh.expert = {shards})"
            if shards > 1 else ""))
-  layout = r.get("layout", "packed")
+  layout = r.layout
   check(layout in REPLAY_LAYOUTS,
         f"replay.layout={layout!r} must be one of {REPLAY_LAYOUTS}")
   # a state of the last block replays with the prompt and every clean block before it (the
@@ -171,7 +171,7 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
 def _rules_errors(config: ml_collections.ConfigDict) -> list[str]:
   """decode.block_placement / commit_compare: "auto" (the family's) or a known value."""
   d, errors = config.decode, []
-  placement, compare = d.get("block_placement", "auto"), d.get("commit_compare", "auto")
+  placement, compare = d.block_placement, d.commit_compare
   if placement not in ("auto",) + PLACEMENTS:
     errors.append(f"decode.block_placement={placement!r} must be one of "
                   f"{('auto',) + PLACEMENTS}")
@@ -226,7 +226,7 @@ def _schedule_errors(config: ml_collections.ConfigDict) -> list[str]:
 def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
   """decode.cache: Fast-dLLM's approximate caches exist for bidirectional canvases only, and
   ORL rollouts must decode exactly (their captured states are replayed)."""
-  cache, attention = config.decode.get("cache", "none"), config.model.attention
+  cache, attention = config.decode.cache, config.model.attention
   if cache == "none":
     return []
   if cache not in CACHE_MODES:
@@ -241,7 +241,7 @@ def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
                   "consumed and the packed replay must reproduce it, which only "
                   "decode.cache='none' does: set decode.cache='none' for train.mode='orl' "
                   "(evaluate with the cache in a separate train.mode='eval' run)")
-  if config.decode.get("schedule", "lockstep") == "per_row":
+  if config.decode.schedule == "per_row":
     errors.append(f"decode.cache={cache!r} runs with the lock-step decoder only: set "
                   "decode.schedule='lockstep' (the per-row engine decodes without a cache)")
   return errors
@@ -249,20 +249,20 @@ def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
 
 def moe_config(config: ml_collections.ConfigDict) -> MoEConfig | None:
   """The `model.moe` section as a MoEConfig (None when absent or `n_experts` = 0: dense)."""
-  moe = config.model.get("moe")
+  moe = config.model.moe
   if moe is None or not moe.n_experts:
     return None
-  return MoEConfig(**moe.to_dict(), expert_parallel=config.mesh.get("expert", 1) > 1)
+  return MoEConfig(**moe.to_dict(), expert_parallel=config.mesh.expert > 1)
 
 
 def _with_moe_runtime(arch_moe: MoEConfig | None, config) -> MoEConfig | None:
   """config.json's MoE architecture with the run-time choices of `model.moe` (impl, ...);
   experts run expert-parallel exactly when the mesh has an expert axis."""
-  moe = config.model.get("moe")
+  moe = config.model.moe
   if arch_moe is None:
     return None
-  runtime = {f: moe[f] for f in RUNTIME_FIELDS if moe is not None and f in moe}
-  runtime["expert_parallel"] = config.mesh.get("expert", 1) > 1
+  runtime = {f: getattr(moe, f) for f in RUNTIME_FIELDS if hasattr(moe, f)}
+  runtime["expert_parallel"] = config.mesh.expert > 1
   return dataclasses.replace(arch_moe, **runtime)
 
 
@@ -275,15 +275,15 @@ def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id:
   fields = dict(
       vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
       n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim, mask_id=mask_id,
-      rope_theta=m.rope_theta, rope_fraction=m.get("rope_fraction", 1.0), norm_eps=m.norm_eps,
+      rope_theta=m.rope_theta, rope_fraction=m.rope_fraction, norm_eps=m.norm_eps,
       qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale,
       attention=m.attention, dtype=m.dtype, param_dtype=m.param_dtype,
       attention_impl=m.attention_impl,
       residual_mode=m.residual.mode, residual_hidden=m.residual.hidden,
       residual_scale=m.residual.scale, residual_temperature=m.residual.temperature,
-      moe=moe_config(config), first_k_dense=m.get("first_k_dense", 0),
-      norm_head=m.get("norm_head", False), remat=m.get("remat", False),
-      hf_family=m.get("hf_family", "") if hf_family is None else hf_family)
+      moe=moe_config(config), first_k_dense=m.first_k_dense,
+      norm_head=m.norm_head, remat=m.remat,
+      hf_family=m.hf_family if hf_family is None else hf_family)
   if arch:
     fields.update(arch)
     fields["moe"] = _with_moe_runtime(arch.get("moe"), config)
@@ -300,7 +300,7 @@ def family_rules(config: ml_collections.ConfigDict, family: str | None = None) -
   default family records the rules the tiny model is trained with). Pass the weights' family
   (`Setup.model_cfg.hf_family`): a config written for one family may load another's
   checkpoint."""
-  family = config.model.get("hf_family", "") if family is None else family
+  family = config.model.hf_family if family is None else family
   entry = families.get(family)
   missing = [k for k in BLOCK_RULES if k not in entry.decode]
   if missing:
@@ -309,8 +309,8 @@ def family_rules(config: ml_collections.ConfigDict, family: str | None = None) -
   rules = {k: entry.decode[k] for k in BLOCK_RULES}
   d = config.decode
   for k in BLOCK_RULES:
-    if d.get(k, "auto") != "auto":
-      rules[k] = d[k]
+    if getattr(d, k) != "auto":
+      rules[k] = getattr(d, k)
   return rules
 
 
@@ -327,6 +327,6 @@ def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: in
                       temperature=d.temperature if temperature is None else temperature,
                       max_steps_per_block=d.max_steps_per_block, capture_states=capture_states,
                       top_k=d.top_k, edit_threshold=d.edit_threshold,
-                      max_post_edit_steps=d.max_post_edit_steps, cache=d.get("cache", "none"),
-                      eos_early_stop=d.get("eos_early_stop", True),
+                      max_post_edit_steps=d.max_post_edit_steps, cache=d.cache,
+                      eos_early_stop=d.eos_early_stop,
                       **family_rules(config, family))

@@ -217,7 +217,7 @@ def n_evaluated(config, n_available: int) -> int:
   from orl_jax.config import ConfigError
   task = config.task
   hint = {"tiny": "raise task.tiny.n_eval",
-          "jsonl": f"add problems to task.path={task.get('path', '')!r}"}.get(
+          "jsonl": f"add problems to task.path={task.path!r}"}.get(
               task.name, "that is the whole test split")
   raise ConfigError(f"eval.n_problems={n} but the {task.name} evaluation set has {n_available} "
                     f"problems: set --config.eval.n_problems={n_available} (or 0 for all of "
@@ -402,9 +402,9 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True,
   path = os.path.join(config.workdir, "results.json")
   all_results = {}
   for weights, name in models:
-    cfg = model_config_for(config, weights, overridden, "eval.compare" if config.eval.get(
-        "compare", "") else "model.path")
-    setup = build_setup(cfg)
+    setup = build_setup(model_config_for(config, weights, overridden,
+                                         "eval.compare" if config.eval.compare else "model.path"))
+    cfg = setup.config
     # build_setup's task is a tasks.Task; train.setup.Setup annotates it `object`
     n_available = len(cast("Task", setup.task).eval_problems())
     n = n_evaluated(cfg, n_available)          # before the weights load: a wrong size stops here
@@ -425,5 +425,5 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True,
 
 def describe_task(config) -> str:
   """'jsonl (examples/x.jsonl)', 'gsm8k', 'tiny': the evaluation set, for messages."""
-  path = config.task.get("path", "")
+  path = config.task.path
   return f"{config.task.name} ({path})" if path else config.task.name

@@ -53,7 +53,7 @@ def run_record(config, tokenizer, source_dir: str, model_type: str) -> dict:
         ("bos", (tokenizer.bos_id,))) if ids[0] is not None}
   return {"tokenizer": TOKENIZER_FILE if hf_tokenizer else (TINY if word_tokenizer else ""),
           "special_tokens": special,
-          "chat": config.task.get("chat", "none"),
+          "chat": config.task.chat,
           "source": os.path.abspath(source_dir) if source_dir else "", "model_type": model_type}
 
 
