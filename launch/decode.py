@@ -115,7 +115,7 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   weights at `path`, as `config` sets the decoder. A Hugging Face directory gives the family and
   every shape (its config.json); a params folder (or a run's work directory) gives what it was
   trained with (`trained_run`), except the fields in `overridden`."""
-  s = build_setup(eval_lib.model_config_for(config, path, overridden), prompts=prompts)
+  s = build_setup(trained_run.model_config_for(config, path, overridden), prompts=prompts)
   cfg = s.config
   problems = s.task.eval_problems() if prompts else s.task.eval_problems()[:num]
   tok = s.tokenizer

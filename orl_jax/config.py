@@ -1,15 +1,15 @@
-"""Config helpers: `validate(config)` and conversions to the frozen dataclasses used in jit.
-
-Configs are `ml_collections.ConfigDict`s defined in `configs/*.py` (`get_config(arg)`).
-`validate` rejects inconsistent settings with one message per problem naming the fields.
+"""The run config's rules and conversions: `validate(run)` checks a `RunConfig` (the rules that
+span fields and sections; `orl_jax.run_config.build` calls it), with one message per problem
+naming the fields; `model_config`, `decode_config`, `moe_config`, `family_rules` turn its
+sections into the frozen dataclasses used in jit.
 """
 from __future__ import annotations
 
 import dataclasses
 
-import ml_collections
-
+from orl_jax.config_sections import ConfigError, RunConfig
 from orl_jax.choices import KL_REFERENCES, REPLAY_LAYOUTS, SCHEDULES
+from orl_jax.data.tiny_task import TinyTaskConfig
 from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, DecodeConfig
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
@@ -23,11 +23,9 @@ TRAIN_MODES = ("sft", "residual_warmup", "orl", "rcd_offline", "eval")
 ATTENTION_LAYOUTS = families.ATTENTION_LAYOUTS
 
 
-class ConfigError(ValueError):
-  """A config that cannot run; the message names the fields."""
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: RunConfig) -> None:
   """Raises ConfigError listing every inconsistency found."""
   errors = []
   m, d, t = config.model, config.decode, config.train
@@ -78,7 +76,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
-def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _run_errors(config: RunConfig) -> list[str]:
   """The train, eval, checkpoint, ORL, loss-reference and data-mesh settings' problems."""
   errors = []
   m, t = config.model, config.train
@@ -87,7 +85,7 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
   errors += OptimizerConfig.from_config(config).errors()
   check(t.log_every > 0, f"train.log_every={t.log_every} must be positive")
   check(config.eval.batch_size > 0, f"eval.batch_size={config.eval.batch_size} must be positive")
-  n_eval = config.task.tiny.get("n_eval", 512) if config.task.name == "tiny" else None
+  n_eval = _tiny_eval_size(config.task, errors) if config.task.name == "tiny" else None
   check(config.eval.n_problems >= 0,
         f"eval.n_problems={config.eval.n_problems} must be >= 0 (0 = the whole evaluation set)")
   check(n_eval is None or config.eval.n_problems <= n_eval,
@@ -117,7 +115,17 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _moe_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _tiny_eval_size(task, errors: list[str]) -> int | None:
+  """The tiny task's evaluation-set size (`task.tiny.n_eval`, else TinyTaskConfig's default);
+  None, the problem appended to `errors`, when `task.tiny` is not a valid TinyTaskConfig."""
+  try:
+    return TinyTaskConfig(**task.tiny).n_eval
+  except (TypeError, ValueError) as e:
+    errors.append(f"task.tiny: {e}")
+    return None
+
+
+def _moe_errors(config: RunConfig) -> list[str]:
   """The model.moe section's problems (MoEConfig.validate's, and the expert mesh axis)."""
   errors = []
   try:
@@ -133,7 +141,7 @@ def _moe_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _replay_errors(config: RunConfig) -> list[str]:
   """The replay section's problems, caught at start-up rather than after the first rollout."""
   r, d, t = config.replay, config.decode, config.train
   if r is None:
@@ -168,7 +176,7 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _rules_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _rules_errors(config: RunConfig) -> list[str]:
   """decode.block_placement / commit_compare: "auto" (the family's) or a known value."""
   d, errors = config.decode, []
   placement, compare = d.block_placement, d.commit_compare
@@ -185,7 +193,7 @@ def _rules_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _editing_errors(config: RunConfig) -> list[str]:
   """LLaDA2.1 token editing (decode.*) and MoE route capture (orl.capture_routes)."""
   d, errors = config.decode, []
   check = lambda cond, msg: None if cond else errors.append(msg)
@@ -203,7 +211,7 @@ def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _schedule_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _schedule_errors(config: RunConfig) -> list[str]:
   """decode.schedule: a known value; orl.rollout_rows: rows of the per-row engine, at most one
   per rollout response."""
   schedule, o, errors = config.decode.schedule, config.orl, []
@@ -223,7 +231,7 @@ def _schedule_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _cache_errors(config: RunConfig) -> list[str]:
   """decode.cache: Fast-dLLM's approximate caches exist for bidirectional canvases only, and
   ORL rollouts must decode exactly (their captured states are replayed)."""
   cache, attention = config.decode.cache, config.model.attention
@@ -247,7 +255,7 @@ def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def moe_config(config: ml_collections.ConfigDict) -> MoEConfig | None:
+def moe_config(config: RunConfig) -> MoEConfig | None:
   """The `model.moe` section as a MoEConfig (None when absent or `n_experts` = 0: dense)."""
   moe = config.model.moe
   if moe is None or not moe.n_experts:
@@ -266,7 +274,7 @@ def _with_moe_runtime(arch_moe: MoEConfig | None, config) -> MoEConfig | None:
   return dataclasses.replace(arch_moe, **runtime)
 
 
-def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id: int,
+def model_config(config: RunConfig, *, vocab_size: int, mask_id: int,
                  arch: dict | None = None, hf_family: str | None = None) -> ModelConfig:
   """The ModelConfig of `config.model`. `arch` (a family's `architecture_from_hf` of the
   weights' config.json) replaces every architecture field; the run-time choices (dtypes,
@@ -294,7 +302,7 @@ def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id:
 BLOCK_RULES = ("block_placement", "commit_compare")
 
 
-def family_rules(config: ml_collections.ConfigDict, family: str | None = None) -> dict:
+def family_rules(config: RunConfig, family: str | None = None) -> dict:
   """{block_placement, commit_compare} of a run: `decode.*` where set, else ("auto") the
   authors' rules of registry family `family` (None: `model.hf_family`; '' = ours, whose
   default family records the rules the tiny model is trained with). Pass the weights' family
@@ -314,7 +322,7 @@ def family_rules(config: ml_collections.ConfigDict, family: str | None = None) -
   return rules
 
 
-def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: int,
+def decode_config(config: RunConfig, *, mask_id: int, eos_id: int,
                   rule: UnmaskRule | None = None, temperature: float | None = None,
                   capture_states: int = 0, family: str | None = None) -> DecodeConfig:
   """The block decoder's config of a run; `family`: the weights' registry family (decides

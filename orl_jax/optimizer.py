@@ -34,7 +34,7 @@ class OptimizerConfig:
 
   @classmethod
   def from_config(cls, config) -> "OptimizerConfig":
-    """The section of an `ml_collections` run config (`train.*`, `model.residual.lr_scale`)."""
+    """The settings of a run config (`train.*`, `model.residual.lr_scale`)."""
     t = config.train
     return cls(lr=t.lr, steps=t.steps, warmup_steps=t.warmup_steps,
                final_lr_fraction=t.final_lr_fraction, b1=t.b1, b2=t.b2,

@@ -362,7 +362,7 @@ def test_export_eval_and_decode_of_a_folder_that_is_not_a_trained_run(tmp_path):
                    f"--out={tmp_path / 'o'}")
   assert line.startswith(f"export.py: --params={str(other)!r} holds neither a Hugging Face "
                          "model directory"), line
-  from orl_jax.evaluate import model_config_for
+  from orl_jax.trained_run import model_config_for
   from tests.test_decode_launcher import _decode_launcher
   config = llada.get_config("debug")
   with pytest.raises(ConfigError, match="a run that has not finished") as e:
