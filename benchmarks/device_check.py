@@ -149,7 +149,8 @@ def predicted_forward(graphdef, params, decode_cfg, batch: int, p_len: int, budg
 def decode(size: str, budget) -> dict:
   config = tiny.get_config("eval")
   tok = tiny_tokenizer()
-  model_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  model_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
+                                  mask_id=tok.mask_id)
   model_cfg = type(model_cfg)(**{**model_cfg.__dict__, **DECODE_MODEL[size]})
   graphdef, params = init_model_params(model_cfg, 0)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
@@ -193,7 +194,8 @@ def decode(size: str, budget) -> dict:
 def orl_step(size: str) -> dict:
   config = tiny.get_config("sft")
   tok = tiny_tokenizer()
-  s_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  s_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
+                                  mask_id=tok.mask_id)
   optimizer = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(config),
                                                  residual_lr_scale=1.0))
   mesh = sharding_lib.make_mesh()

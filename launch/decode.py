@@ -35,7 +35,6 @@ from ml_collections import config_flags
 from orl_jax import config as config_lib
 from orl_jax.decode import build as decode_build
 from orl_jax import sharding
-from orl_jax import evaluate as eval_lib
 from orl_jax import trained_run
 from orl_jax import weights as weights_lib
 from orl_jax.apps import trajectory_view

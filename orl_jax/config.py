@@ -6,6 +6,7 @@ sections into the frozen dataclasses used in jit.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, TypeVar
 
 from orl_jax.config_sections import ConfigError, RunConfig
 from orl_jax.choices import KL_REFERENCES, REPLAY_LAYOUTS, SCHEDULES
@@ -25,10 +26,27 @@ ATTENTION_LAYOUTS = families.ATTENTION_LAYOUTS
 
 
 
+# decode.* fields a config may leave unset (None) for its family's generation defaults to fill
+# (`run_config.build`); every block decoder reads them
+FILLED_BY_FAMILY = ("gen_length", "rule_value", "max_steps_per_block")
+T = TypeVar("T")
+
+
+def required(value: T | None, field: str) -> T:
+  """A `FILLED_BY_FAMILY` field's value; ConfigError when it is still unset."""
+  if value is None:
+    raise ConfigError(f"invalid config: {field} is unset and the model's family has no "
+                      f"generation default for it: set --config.{field}")
+  return value
+
+
 def validate(config: RunConfig) -> None:
   """Raises ConfigError listing every inconsistency found."""
-  errors = []
+  errors: list[str] = []
   m, d, t = config.model, config.decode, config.train
+  for field in FILLED_BY_FAMILY:
+    required(getattr(d, field), f"decode.{field}")
+  gen_length = required(d.gen_length, "decode.gen_length")
   check = lambda cond, msg: None if cond else errors.append(msg)
   check(t.mode in TRAIN_MODES, f"train.mode={t.mode!r} must be one of {TRAIN_MODES}")
   check(m.attention in ATTENTION_LAYOUTS,
@@ -43,8 +61,8 @@ def validate(config: RunConfig) -> None:
   check(m.n_kv_heads <= 0 or m.n_heads % m.n_kv_heads == 0,
         f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={m.n_kv_heads}")
   check(d.rule in RULES, f"decode.rule={d.rule!r} must be one of {RULES}")
-  check(d.block_size > 0 and d.gen_length % d.block_size == 0,
-        f"decode.gen_length={d.gen_length} must be a positive multiple of "
+  check(d.block_size > 0 and gen_length % d.block_size == 0,
+        f"decode.gen_length={gen_length} must be a positive multiple of "
         f"decode.block_size={d.block_size}")
   check(config.task.prompt_len % d.block_size == 0,
         f"task.prompt_len={config.task.prompt_len} must be a multiple of "
@@ -168,7 +186,8 @@ def _replay_errors(config: RunConfig) -> list[str]:
     absolute = family_rules(config)["block_placement"] == "absolute"
   except (ConfigError, ValueError):   # a family with its own sampler, or an unknown one
     absolute = False                  # (named by its own check): no block decoder here
-  need = config.task.prompt_len + d.gen_length + (d.block_size if absolute else 0)
+  need = (config.task.prompt_len + required(d.gen_length, "decode.gen_length")
+          + (d.block_size if absolute else 0))
   check(t.mode != "orl" or r.row_len >= need,
         f"replay.row_len={r.row_len} cannot hold a prompt (task.prompt_len="
         f"{config.task.prompt_len}) plus a state of the last block with its context "
@@ -280,7 +299,7 @@ def model_config(config: RunConfig, *, vocab_size: int, mask_id: int,
   weights' config.json) replaces every architecture field; the run-time choices (dtypes,
   attention kernel, residual pathway, `model.moe.impl` ...) stay the config's."""
   m = config.model
-  fields = dict(
+  fields: dict[str, Any] = dict(
       vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
       n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim, mask_id=mask_id,
       rope_theta=m.rope_theta, rope_fraction=m.rope_fraction, norm_eps=m.norm_eps,
@@ -329,11 +348,14 @@ def decode_config(config: RunConfig, *, mask_id: int, eos_id: int,
   the "auto" rules, `family_rules`; None: `model.hf_family`)."""
   d = config.decode
   if rule is None:
-    rule = UnmaskRule(d.rule, d.rule_value)
-  return DecodeConfig(gen_length=d.gen_length, block_size=d.block_size, mask_id=mask_id,
+    rule = UnmaskRule(d.rule, required(d.rule_value, "decode.rule_value"))
+  return DecodeConfig(gen_length=required(d.gen_length, "decode.gen_length"),
+                      block_size=d.block_size, mask_id=mask_id,
                       eos_id=eos_id, rule=rule,
                       temperature=d.temperature if temperature is None else temperature,
-                      max_steps_per_block=d.max_steps_per_block, capture_states=capture_states,
+                      max_steps_per_block=required(d.max_steps_per_block,
+                                                   "decode.max_steps_per_block"),
+                      capture_states=capture_states,
                       top_k=d.top_k, edit_threshold=d.edit_threshold,
                       max_post_edit_steps=d.max_post_edit_steps, cache=d.cache,
                       eos_early_stop=d.eos_early_stop,

@@ -65,7 +65,9 @@ def _plain(value):
 
 
 def _replace(section, changes: Mapping[str, Any]):
-  own, nested, extra = {}, {}, dict(getattr(section, _EXTRA, {}))
+  own: dict[str, Any] = {}
+  nested: dict[str, dict[str, Any]] = {}
+  extra = dict(getattr(section, _EXTRA, {}))
   names = {f.name for f in dataclasses.fields(section)}
   for key, value in changes.items():
     head, _, rest = key.partition(".")
@@ -375,7 +377,8 @@ def _convert(cls, data, path: str, extras: Mapping[str, type], errors: list[str]
   merged_hints = {k: v for c in merged for k, v in typing.get_type_hints(c).items()}
   subsections = {p.rpartition(".")[2]: c for p, c in extras.items()    # sections of their own
                  if p != path and p.rpartition(".")[0] == path and p.rpartition(".")[2] not in own}
-  kwargs, extra = {}, {}
+  kwargs: dict[str, Any] = {}
+  extra: dict[str, Any] = {}
   for key, value in mapping.items():
     name = f"{path}.{key}" if path else key
     if key in own or key in merged_hints:

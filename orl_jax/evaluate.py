@@ -30,7 +30,6 @@ from orl_jax import distributed, trained_run
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decode import build as decode_build
-from orl_jax.trained_run import RANDOM_INIT
 from orl_jax.unmasking import UnmaskRule
 
 if TYPE_CHECKING:

@@ -378,7 +378,8 @@ def test_each_family_decodes_by_its_authors_rules():
   sglang = llada.get_config("2.1-mini-sglang").decode
   assert (dllm.rule_value, dllm.edit_threshold, dllm.max_post_edit_steps) == (0.95, 0.9, 16)
   assert (sglang.rule_value, sglang.edit_threshold, sglang.max_post_edit_steps) == (0.5, 0.0, 16)
-  dcfg = config_lib.decode_config(run_config.convert(llada.get_config("8b-instruct")), mask_id=0, eos_id=1)
+  dcfg = config_lib.decode_config(run_config.convert(llada.get_config("8b-instruct")), mask_id=0,
+                                  eos_id=1)
   assert (dcfg.block_placement, dcfg.commit_compare, dcfg.eos_early_stop) == (
       "prompt_end", ">=", False)
   bad = llada.get_config("8b-instruct")

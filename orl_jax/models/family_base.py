@@ -95,7 +95,8 @@ class Family:
   passthrough_prefixes: tuple[str, ...] = ()   # HF tensors exported unchanged (not modelled)
   # decode.* field -> (generation_config.json key, the official default, > 0 (float) / >= 1
   # (int)): the decoder settings a config leaving them unset (None) takes from the directory's
-  # generation_config.json, else from the official generation class (`run_config.fill_decode_defaults`)
+  # generation_config.json, else from the official generation class
+  # (`run_config.fill_decode_defaults`)
   generation_defaults: dict = dataclasses.field(default_factory=dict)
   # (run config, model config or None) -> the family's own `Sampler` (a family whose decoder is
   # not the block decoder, DiffusionGemma); None: the block-diffusion samplers

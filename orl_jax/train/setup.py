@@ -449,7 +449,8 @@ def run_settings(setup: Setup) -> dict:
       "decode.max_steps_per_block": d.max_steps_per_block,
       "decode.edit_threshold": d.edit_threshold,
       "decode.max_post_edit_steps": d.max_post_edit_steps,
-      "decode.t_max": getattr(d, "t_max", None),       # the uniform-noise sampler's (DiffusionGemma)
+      # a family's own decode settings (DiffusionGemma's sampler); None for the others
+      "decode.t_max": getattr(d, "t_max", None),
       "decode.t_min": getattr(d, "t_min", None),
       "decode.stability_threshold": getattr(d, "stability_threshold", None),
       "decode.confidence_threshold": getattr(d, "confidence_threshold", None),
