@@ -3,17 +3,23 @@ import dataclasses
 import glob
 import os
 import struct
+import subprocess
+import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from orl_jax.models import ModelConfig, Transformer
+from orl_jax.replay import gather_batch
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 TokenMeta)
 
 TINY = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                    mlp_dim=64, mask_id=1, qk_norm=True)
 TINY_BLOCK = 4   # the block size the tests decode TINY with
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_qwen3(transformers, tied: bool, max_position_embeddings: int = 128):
@@ -40,6 +46,17 @@ def live_adapter(model, scale: float, seed: int):
   k[...] = scale * jax.random.normal(jax.random.key(seed), k[...].shape)
   nnx.update(model, st)
   return model
+
+
+def replayed_vs_captured(graphdef, params, traj, plan):
+  """(replayed log-probs at the captured top-K ids, captured log-probs, batch) at state tokens."""
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+  model = nnx.merge(graphdef, params)
+  logits = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual).logits
+  logp = jax.nn.log_softmax(logits, -1)
+  is_state = np.asarray(plan.state_slot) >= 0
+  replayed = np.asarray(jnp.take_along_axis(logp, batch.topk_ids, -1))[is_state]
+  return replayed, np.asarray(batch.topk_logprobs)[is_state], batch
 
 
 def random_packed_meta(rng: np.random.Generator, length: int, block_size: int):
@@ -171,6 +188,15 @@ def orl_smoke_config(workdir, steps=4):
   return c
 
 
+KILLED_ORL_STEPS = 6   # the ORL run tests/test_checkpoint_recovery.py kills and resumes
+
+
+def killed_orl_config(workdir):
+  c = orl_smoke_config(workdir, steps=KILLED_ORL_STEPS)     # logs every step, checkpoints every 2
+  c.checkpoint.save_rollouts = True
+  return c
+
+
 def _largest(pattern):
   return max(glob.glob(pattern, recursive=True), key=os.path.getsize)
 
@@ -231,3 +257,11 @@ def greedy_threshold_margin(capture, row: int, mask_id: int, threshold: float) -
       margins.append(top[0] - top[1])
   return float(min(margins))
 
+
+def run_on_4_cpu_devices(script: str, ok: str) -> str:
+  """Runs `script` in its own process with 4 fake CPU devices; its stdout must say `ok`."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
+  assert ok in out.stdout, out.stdout + out.stderr[-4000:]
+  return out.stdout

@@ -363,13 +363,13 @@ def test_export_eval_and_decode_of_a_folder_that_is_not_a_trained_run(tmp_path):
   assert line.startswith(f"export.py: --params={str(other)!r} holds neither a Hugging Face "
                          "model directory"), line
   from orl_jax.trained_run import model_config_for
-  from tests.test_decode_launcher import _decode_launcher
+  from tests.helpers_hf import decode_launcher
   config = llada.get_config("debug")
   with pytest.raises(ConfigError, match="a run that has not finished") as e:
     model_config_for(config, str(unfinished))
   _one_sentence(str(e.value))
   with pytest.raises(ConfigError, match="--models=.* does not exist") as e:
-    _decode_launcher().models_to_decode(config, f"x={tmp_path / 'missing'}")
+    decode_launcher().models_to_decode(config, f"x={tmp_path / 'missing'}")
   _one_sentence(str(e.value))
 
 

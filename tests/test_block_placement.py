@@ -1,7 +1,7 @@
 """Decoding as each family's authors do (issue 27, DESIGN §2.2): block placement, commit
 comparison, stopping and forward counts, against the official `generate` loops restated in
 `tests/official_generate.py` and driven by independent float64 models on tiny random
-directories (LLaDA2: the numpy forward of tests/test_llada2.py over the official tensors;
+directories (LLaDA2: the numpy forward of tests/helpers_llada2.py over the official tensors;
 SDAR / QwenDLM: transformers' Qwen3 forward with the block-causal mask)."""
 import json
 import os
@@ -21,8 +21,7 @@ from orl_jax.models.transformer import ModelConfig
 from orl_jax.unmasking import UnmaskRule, select_commits
 from tests import official_generate as official
 from tests.helpers import TINY, tiny_qwen3
-from tests.test_families import write_llada2_dir
-from tests.test_llada2 import reference_forward
+from tests.helpers_llada2 import reference_forward, write_llada2_dir
 
 # compares token ids and forward counts: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -308,7 +307,7 @@ def test_absolute_placement_rollouts_replay_exactly(schedule, edit):
   """The shared block's prompt tokens belong to every state of that block (and to its clean
   copy); the packed replay reproduces every captured step's log-probs to 1e-4."""
   from orl_jax.replay import ReplayConfig, build_plan
-  from tests.test_orl import _replayed_vs_captured
+  from tests.helpers import replayed_vs_captured
   graphdef, params, traj, prompts = _tiny_rollout(schedule, edit, 2 if edit < 1 else 0)
   cap = traj.capture
   # prompt 0 (7 tokens): its first decoded block opens with its last 3 tokens, in every state
@@ -327,7 +326,7 @@ def test_absolute_placement_rollouts_replay_exactly(schedule, edit):
       cfg=ReplayConfig(row_len=160, n_rows=40, max_states=160, max_responses=8, block_size=4),
       rng=np.random.default_rng(0))
   assert stats["states_dropped"] == 0 and stats["states_packed"] == int(cap.valid.sum())
-  replayed, captured, _ = _replayed_vs_captured(graphdef, params, traj, plan)
+  replayed, captured, _ = replayed_vs_captured(graphdef, params, traj, plan)
   np.testing.assert_allclose(replayed, captured, atol=1e-4)
 
 
@@ -337,8 +336,9 @@ def test_absolute_placement_moe_replay_with_captured_routes():
   routes they were decoded with, to 1e-4."""
   from flax import nnx
   from orl_jax.rollout import make_rollout
-  from tests import test_moe_replay as moe
-  graphdef, params = nnx.split(moe.build_model(moe.CFG, moe.random_flat_params(moe.CFG, seed=4)))
+  from tests import helpers_moe_replay as moe
+  from tests.helpers_llada2 import build_model, random_flat_params
+  graphdef, params = nnx.split(build_model(moe.CFG, random_flat_params(moe.CFG, seed=4)))
   dcfg = DecodeConfig(gen_length=12, block_size=4, mask_id=moe.CFG.mask_id, eos_id=moe.EOS,
                       rule=UnmaskRule("threshold", 0.5), temperature=1.0, capture_states=24,
                       capture_routes=True, block_placement="absolute", commit_compare=">")
@@ -346,8 +346,8 @@ def test_absolute_placement_moe_replay_with_captured_routes():
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
   traj = make_rollout(graphdef, dcfg, moe.G)(params, prompts, valid, jax.random.key(5), 0)
   assert traj.capture.routes.clean.shape[1] == 16            # 4 blocks of 4
-  batch, plan = moe._batch(traj, np.asarray(traj.prompt_valid))
-  err, _ = moe._replay_error(graphdef, params, batch, plan, with_routes=True)
+  batch, plan = moe.replay_batch(traj, np.asarray(traj.prompt_valid))
+  err, _ = moe.replay_error(graphdef, params, batch, plan, with_routes=True)
   assert err <= 1e-4, err
 
 

@@ -24,8 +24,8 @@ from safetensors.numpy import load_file
 from orl_jax.checkpoint import Checkpointer, CheckpointRestoreError, abstract_like
 from orl_jax.metrics import MetricsWriter, read_jsonl
 from orl_jax.train.entry import train
-from tests.helpers import (CHECKPOINT_FILE_KINDS, orl_smoke_config, tensorboard_scalars,
-                           truncate_half)
+from tests.helpers import (CHECKPOINT_FILE_KINDS, KILLED_ORL_STEPS, killed_orl_config,
+                           tensorboard_scalars, truncate_half)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,18 +123,10 @@ def test_metrics_writer_keeps_each_step_once_after_a_resume(tmp_path):
 _RUN = textwrap.dedent("""
   import sys
   from orl_jax.train.entry import train
-  from tests.test_checkpoint_recovery import killed_orl_config
+  from tests.helpers import killed_orl_config
   train(killed_orl_config(sys.argv[1]), progress=False)
   print("FINISHED")
 """)
-
-STEPS = 6
-
-
-def killed_orl_config(workdir):
-  c = orl_smoke_config(workdir, steps=STEPS)     # logs every step, checkpoints every 2
-  c.checkpoint.save_rollouts = True
-  return c
 
 
 def _logged_steps(workdir):
@@ -159,7 +151,7 @@ def test_orl_killed_at_random_points_resumes_bit_exactly_with_clean_logs(tmp_pat
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # kill inside the next step or two: once one more step is logged, after a random delay
     # (none the first time: step 1 is logged and not checkpointed, so its row must go)
-    target = min(_logged_steps(workdir) + 1, STEPS)
+    target = min(_logged_steps(workdir) + 1, KILLED_ORL_STEPS)
     while proc.poll() is None and _logged_steps(workdir) < target:
       time.sleep(0.05)
     if kills < 4 and proc.poll() is None:
@@ -184,7 +176,7 @@ def test_orl_killed_at_random_points_resumes_bit_exactly_with_clean_logs(tmp_pat
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+  assert [r["step"] for r in rows] == list(range(1, KILLED_ORL_STEPS + 1))
   assert all(r["policy_lag"] == 0 and r["rollout_uses"] == 1 for r in rows)
   assert tensorboard_scalars(os.path.join(workdir, "tensorboard", "metrics"),
-                             "loss") == list(range(1, STEPS + 1))
+                             "loss") == list(range(1, KILLED_ORL_STEPS + 1))

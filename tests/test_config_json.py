@@ -15,22 +15,16 @@ import time
 
 import pytest
 
-from orl_jax.models import config_json, hf_read, hf_write
-from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig, release_26b_a4b
-from orl_jax.models.diffusion_gemma.config import AttentionSpec, FULL, SLIDING
+from orl_jax.models import config_json, hf_read
+from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig
 from orl_jax.models.llada import family as llada
 from orl_jax.models.llada2_moe import family as llada2_moe
 from orl_jax.models.qwen3 import family as qwen3
 from orl_jax.models.moe import MoEConfig
-from orl_jax.models.transformer import ModelConfig
-from tests.test_decode_launcher import PROMPT, _decode_launcher, byte_tokenizer
+from tests.helpers_hf import (BOS, EOS, MASK, PAD, PROMPT, config_of, decode_launcher,
+                              family_dir)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOCAB = 300
-BOS, MASK, EOS, PAD = 296, 297, 298, 299
-SPECIALS = {BOS: "<|startoftext|>", MASK: "<|mdm_mask|>", EOS: "<|eot_id|>",
-            PAD: "<|endoftext|>"}
-
 # ----------------------------------------------------------------------------- official defaults
 
 # LLaDA2MoeConfig.__init__ defaults: the official remote code of inclusionAI/LLaDA2.0-mini as
@@ -155,7 +149,7 @@ def test_diffusion_gemma_missing_keys_take_transformers_defaults():
 def test_norm_head_is_ignored_as_the_official_llada2_code_ignores_it(tmp_path):
   """The official LLaDA2 modeling code never reads norm_head (nor score_function ...): the
   head is not normalised, and the keys are named for the log."""
-  path = _family_dir(tmp_path, "llada2_moe")
+  path = family_dir(tmp_path, "llada2_moe")
   _edit(path, "config.json", norm_head=True, score_function="sigmoid")
   assert hf_read.read_architecture(path, "llada2_moe")["norm_head"] is False
   assert hf_read.ignored_settings(path, "llada2_moe") == ["norm_head=true",
@@ -163,22 +157,6 @@ def test_norm_head_is_ignored_as_the_official_llada2_code_ignores_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------- bad config.json
-
-_MOE = MoEConfig(n_experts=4, top_k=2, expert_dim=8, n_group=2, topk_group=1, n_shared=1,
-                 routed_scaling_factor=2.5)
-CONFIGS = {   # family -> (a small model of it, the config that decodes it)
-    "llada": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2, n_kv_heads=2,
-                          head_dim=8, mlp_dim=24, mask_id=MASK, rope_theta=5e5, norm_eps=1e-5,
-                          attention="bidirectional", hf_family="llada"), "llada:8b-instruct"),
-    "llada2_moe": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2,
-                               n_kv_heads=1, head_dim=8, mlp_dim=24, mask_id=MASK,
-                               rope_theta=6e5, rope_fraction=0.5, qk_norm=True, moe=_MOE,
-                               first_k_dense=1, hf_family="llada2_moe"), "llada"),
-    "qwen3": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
-                          head_dim=8, mlp_dim=24, mask_id=MASK, rope_theta=1e6, qk_norm=True,
-                          hf_family="qwen3"), "sdar"),
-}
-
 
 def _edit(path: str, fname: str, **fields) -> None:
   """Sets `fields` in the directory's JSON file `fname` (dotted keys reach into objects)."""
@@ -194,51 +172,16 @@ def _edit(path: str, fname: str, **fields) -> None:
     json.dump(data, f)
 
 
-def _family_dir(tmp_path, family: str) -> str:
-  """config.json (our exporter's, declaring mask / eos / pad) and tokenizer.json of a small
-  model of `family`; no weights (every test here stops before they load)."""
-  path = str(tmp_path / family)
-  os.makedirs(path, exist_ok=True)
-  if family == "diffusion_gemma":
-    layers = (AttentionSpec(SLIDING, 8, 1), AttentionSpec(FULL, 16, 1, "proportional", 1e6,
-                                                          0.25))
-    cfg = release_26b_a4b(vocab_size=VOCAB, d_model=16, n_heads=2, mlp_dim=24, n_experts=4,
-                          top_k=2, expert_dim=8, layers=layers, sliding_window=8,
-                          canvas_length=16, eos_ids=(EOS,), pad_id=PAD, bos_id=BOS)
-    config = cfg.to_hf()
-  else:
-    config = hf_write.hf_config_json(CONFIGS[family][0], family, {
-        "eos_token_id": EOS, "pad_token_id": PAD, "bos_token_id": BOS})
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f)
-  byte_tokenizer(os.path.join(path, "tokenizer.json"), VOCAB, SPECIALS)
-  return path
-
-
-def _config_of(family: str, path: str):
-  import importlib
-  if family == "diffusion_gemma":
-    from configs import diffusion_gemma
-    c = diffusion_gemma.get_config("debug")
-  else:
-    module, _, variant = CONFIGS[family][1].partition(":")
-    c = importlib.import_module(f"configs.{module}").get_config(variant or None)
-  with c.unlocked():
-    c.model.path = path
-    c.task.prompt_len, c.decode.gen_length = 128, 32
-  return c
-
-
 def _run_error(family: str, path: str) -> Exception:
   """The error the launchers meet: decode.py's decode path for the mask families, the run
   set-up (training, evaluation) for DiffusionGemma (decode.py refuses that family)."""
   from orl_jax.train.setup import build_setup
-  config = _config_of(family, path)
+  config = config_of(family, path)
   with pytest.raises(Exception) as e:
     if family == "diffusion_gemma":
       build_setup(config, prompts=[PROMPT])
     else:
-      _decode_launcher().decode_model(config, "m", path, [PROMPT])
+      decode_launcher().decode_model(config, "m", path, [PROMPT])
   return e.value
 
 
@@ -285,8 +228,8 @@ BAD_FIELDS = [   # (family, file, field, value)
 @pytest.mark.parametrize("family,fname,field,value", BAD_FIELDS,
                          ids=[f"{f}-{n}-{k}={v!r}" for f, n, k, v in BAD_FIELDS])
 def test_a_bad_field_is_one_line_naming_file_and_field(tmp_path, family, fname, field, value):
-  path = _family_dir(tmp_path, family)
-  _decode_launcher()
+  path = family_dir(tmp_path, family)
+  decode_launcher()
   import _common   # launch/_common.py (on sys.path with the decode launcher)
   architecture_from_hf = hf_read.families.get(family).architecture_from_hf
   hf_read.parse_config_json(path, architecture_from_hf)   # unedited: fine
@@ -310,7 +253,7 @@ def _decode_py_error(*args) -> tuple[int, list[str], str]:
 
 def test_the_launcher_exits_1_with_one_line_for_a_bad_field(tmp_path):
   """decode.py as a user runs it: `"n_layers": "3"` in a LLaDA config.json."""
-  path = _family_dir(tmp_path, "llada")
+  path = family_dir(tmp_path, "llada")
   _edit(path, "config.json", n_layers="3")
   code, lines, _ = _decode_py_error("--config=configs/llada.py:8b-instruct",
                                     f"--config.model.path={path}", f"--prompt={PROMPT}")
@@ -349,11 +292,11 @@ def test_set_up_parses_each_json_file_of_a_directory_once(tmp_path, monkeypatch)
   """Set-up asks config.json five times (family, special tokens, architecture, ignored keys,
   the mask check) and generation_config.json twice: each file is parsed once."""
   from orl_jax.train.setup import build_setup
-  path = _family_dir(tmp_path, "llada2_moe")
+  path = family_dir(tmp_path, "llada2_moe")
   _edit(path, "generation_config.json", eos_token_id=EOS)
   _settled(path, "config.json", "generation_config.json")
   parsed = _count_parses(monkeypatch)
-  setup = build_setup(_config_of("llada2_moe", path), prompts=[PROMPT])
+  setup = build_setup(config_of("llada2_moe", path), prompts=[PROMPT])
   assert setup.model_cfg.hf_family == "llada2_moe"
   assert sorted(parsed) == ["config.json", "generation_config.json"], parsed
 
@@ -389,12 +332,12 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   override still win."""
   from orl_jax.models.diffusion_gemma import sampler
   from orl_jax.train.setup import build_setup
-  path = _family_dir(tmp_path, "diffusion_gemma")          # config.json: eos 298, pad 299
+  path = family_dir(tmp_path, "diffusion_gemma")          # config.json: eos 298, pad 299
   _edit(path, "generation_config.json", eos_token_id=[EOS, MASK], pad_token_id=BOS,
         max_new_tokens=20, max_denoising_steps=7, t_min=0.3, t_max=0.9, stability_threshold=2,
         confidence_threshold=0.01,
         sampler_config={"entropy_bound": 0.2, "_cls_name": "EntropyBoundSamplerConfig"})
-  c = _config_of("diffusion_gemma", path)
+  c = config_of("diffusion_gemma", path)
   with c.unlocked():
     c.decode.gen_length = None
   s = build_setup(c, prompts=[PROMPT])
@@ -405,11 +348,11 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   scfg = sampler.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids,
                                    pad_id=s.model_cfg.pad_id, rollout=False)
   assert (scfg.n_canvases, scfg.eos_ids, scfg.pad_id) == (2, (EOS, MASK), BOS)
-  c = _config_of("diffusion_gemma", path)
+  c = config_of("diffusion_gemma", path)
   c.model.special_tokens.eos = "<|mdm_mask|>"
   assert build_setup(c, prompts=[PROMPT]).model_cfg.eos_ids == (MASK,)
   os.remove(os.path.join(path, "generation_config.json"))  # config.json's ids, transformers'
-  c = _config_of("diffusion_gemma", path)                  # sampler defaults
+  c = config_of("diffusion_gemma", path)                  # sampler defaults
   with c.unlocked():
     c.decode.gen_length, c.replay.row_len = None, 512
   s = build_setup(c, prompts=[PROMPT])

@@ -6,7 +6,6 @@ decoding the same prompt through the library API directly (loader, tokenizer, ch
 block decoder), without the launcher's set-up. Also: `--models` side by side on the tiny
 models, one-line errors for rejected options, DiffusionGemma's pointer to its sampler."""
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,10 +15,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from safetensors.numpy import save_file
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from benchmarks.peers import llada_dir
 from configs import llada
 from orl_jax.data.hf_tokenizer import HFTokenizer
 from orl_jax.data.pipeline import encode_prompts
@@ -28,55 +24,19 @@ from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.models import families, hf_read, hf_write
 from orl_jax.models.build import build_model
-from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.problem import Problem
 from orl_jax.unmasking import UnmaskRule
+from tests.helpers_hf import (BOS, EOS, OTHER_FAMILIES, PAD, PROMPT, SPECIALS, VOCAB,
+                              byte_tokenizer, config_of, decode_launcher, write_llada_hf_dir)
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROMPT = "What is 7 * 8?"
 # what the user changes for a quick CPU run (run-time choices, not shapes): the byte-level
 # test tokenizer writes the chat template in ~100 tokens; one block of response
 RUN_FLAGS = ("--config.task.prompt_len=128", "--config.decode.gen_length=32")
-# LLaDA's special tokens at their ids (orl_jax/models/llada/family.py): a real directory's
-LLADA_SPECIALS = {126336: "<|mdm_mask|>", 126348: "<|eot_id|>", 126081: "<|endoftext|>",
-                  126080: "<|startoftext|>"}
-LLADA_VOCAB = 126464
-
-
-def byte_tokenizer(path: str, vocab_size: int, specials: dict[int, str]) -> None:
-  """tokenizer.json: the 256 byte tokens, `specials` at their ids (a family's), filler."""
-  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-  names = [specials.get(i) or (alphabet[i] if i < len(alphabet) else f"<|r{i}|>")
-           for i in range(vocab_size)]
-  tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(names)}, merges=[]))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens([AddedToken(t, special=True) for t in specials.values()])
-  tok.save(path)
-
-
-def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> ModelConfig:
-  """A random LLaDA directory in the official layout: config.json (model_type llada),
-  model.safetensors (torch [out, in] names of DESIGN §4), tokenizer.json."""
-  cfg = ModelConfig(vocab_size=LLADA_VOCAB, d_model=d_model, n_layers=n_layers, n_heads=4,
-                    n_kv_heads=4, head_dim=d_model // 4, mlp_dim=2 * d_model, mask_id=126336,
-                    rope_theta=5e5, norm_eps=1e-5, attention="bidirectional", hf_family="llada")
-  rng = np.random.default_rng(seed)
-  w = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)
-  d, f = d_model, cfg.mlp_dim
-  t = llada_dir.llada_tensors(
-      n_layers, embedding=lambda: w(LLADA_VOCAB, d), norm=lambda: 1 + w(d),
-      matrix=lambda name: w(*llada_dir.llada_shape(name, d=d, f=f, v=LLADA_VOCAB)))
-  os.makedirs(path, exist_ok=True)
-  save_file(t, os.path.join(path, "model.safetensors"))
-  with open(os.path.join(path, "config.json"), "w") as fh:
-    json.dump(hf_write.hf_config_json(cfg, "llada"), fh)
-  byte_tokenizer(os.path.join(path, "tokenizer.json"), LLADA_VOCAB, LLADA_SPECIALS)
-  return cfg
 
 
 @pytest.fixture(scope="module")
@@ -122,19 +82,6 @@ def _expected_line(path: str, config, special: dict | None = None) -> str:
           f"{n / max(nfe, 1):.2f} / {n / max(denoise, 1):.2f}]")
 
 
-def _decode_launcher():
-  """launch/decode.py imported as a module (once per process: it defines absl flags)."""
-  if "decode_launcher" in sys.modules:
-    return sys.modules["decode_launcher"]
-  sys.path.insert(0, os.path.join(ROOT, "launch"))
-  spec = importlib.util.spec_from_file_location("decode_launcher",
-                                                os.path.join(ROOT, "launch", "decode.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["decode_launcher"] = module
-  spec.loader.exec_module(module)
-  return module
-
-
 def _decode_py(command: list[str], tmp_path):
   """`command` (launch/decode.py and its flags) with RUN_FLAGS, which succeeds."""
   out = subprocess.run(
@@ -159,7 +106,7 @@ def test_decode_prompt_from_hf_llada_directory_equals_library_decode(llada_dirs,
 def test_other_hidden_size_and_layer_count_need_no_shape_override(llada_dirs):
   """A directory of another width and depth: the launcher's decode path (in process) reads
   them from config.json; the 8B config's shapes are not touched."""
-  decode = _decode_launcher()
+  decode = decode_launcher()
   config = llada.get_config("8b-instruct")
   assert (config.model.d_model, config.model.n_layers) == (4096, 32)
   with config.unlocked():
@@ -173,7 +120,7 @@ def test_models_flag_decodes_tiny_models_side_by_side(tmp_path):
   """`--models=base=...,orl=...` with the tiny eval config: both params folders decode the
   same evaluation problems (their residual mode from meta.json) onto one trajectory page."""
   from configs import tiny
-  decode = _decode_launcher()
+  decode = decode_launcher()
   config = tiny.get_config("eval")
   base, warmup = (os.path.join(ROOT, "assets", n) for n in ("tiny_base", "tiny_warmup"))
   models = decode.models_to_decode(config, f"base={base},warmup={warmup}")
@@ -212,7 +159,6 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
   canvas's output is its argmax)."""
   from orl_jax.models.diffusion_gemma import sampler
   from orl_jax.train.setup import build_setup, initial_params
-  from tests.test_config_json import BOS, EOS, PAD, SPECIALS, VOCAB, _config_of
   from orl_jax.models.diffusion_gemma.config import (FULL, SLIDING, AttentionSpec,
                                                      release_26b_a4b)
   layers = (AttentionSpec(SLIDING, 8, 1), AttentionSpec(FULL, 16, 1, "proportional", 1e6, 0.25))
@@ -223,10 +169,10 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
   byte_tokenizer(str(tmp_path / "tokenizer.json"), VOCAB, SPECIALS)
   hf_write.export_hf(path, nnx.state(build_model(cfg, 0), nnx.Param), cfg, "diffusion_gemma",
                      tokenizer_file=str(tmp_path / "tokenizer.json"))
-  config = _config_of("diffusion_gemma", path)
-  decoded = _decode_launcher().decode_model(config, "dg", path, [PROMPT])
+  config = config_of("diffusion_gemma", path)
+  decoded = decode_launcher().decode_model(config, "dg", path, [PROMPT])
   assert decoded.tokens.shape == (1, 32) and "NFE paper" in decoded.lines()[-1]
-  s = build_setup(_config_of("diffusion_gemma", path), prompts=[PROMPT])
+  s = build_setup(config_of("diffusion_gemma", path), prompts=[PROMPT])
   graphdef, params = initial_params(s)
   tokens, valid = encode_prompts(s.task.eval_problems(), s.tokenizer, s.config.task.prompt_len)
   scfg = sampler.sampler_config(s.config, eos_ids=s.model_cfg.eos_ids,
@@ -260,23 +206,6 @@ def test_default_llada_config_reads_a_llada_8b_directory_with_its_special_tokens
   assert load_tokenizer(same, llada_dirs[0], "llada").eos_id == 126081
 
 
-# other families' directories (random weights through the exporter, the family's special tokens
-# at its ids): the config of each family decodes them with no shape override
-_MOE = MoEConfig(n_experts=4, top_k=2, expert_dim=8, n_group=2, topk_group=1, n_shared=1,
-                 routed_scaling_factor=2.5)
-_QWEN3 = dict(vocab_size=600, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
-              mlp_dim=24, mask_id=590, rope_theta=1e6, qk_norm=True, hf_family="qwen3")
-_QWEN3_SPECIALS = {590: "<|MASK|>", 591: "<|im_end|>", 592: "<|endoftext|>", 593: "<|im_start|>"}
-OTHER_FAMILIES = {
-    "sdar": ("sdar", ModelConfig(**_QWEN3), _QWEN3_SPECIALS),
-    "qwendlm": ("qwen3", ModelConfig(**_QWEN3, tie_embeddings=True), _QWEN3_SPECIALS),
-    "llada": ("llada2_moe", ModelConfig(
-        vocab_size=157184, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
-        mlp_dim=24, mask_id=156895, rope_theta=6e5, rope_fraction=0.5, qk_norm=True, moe=_MOE,
-        first_k_dense=1, hf_family="llada2_moe"), {156895: "<|mask|>", 156892: "<|endoftext|>"}),
-}
-
-
 @pytest.mark.parametrize("name", sorted(OTHER_FAMILIES))
 def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
   """configs/sdar.py (model_type sdar), configs/qwendlm.py (qwen3, tied head) and
@@ -291,7 +220,7 @@ def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
   config = importlib.import_module(f"configs.{name}").get_config()
   with config.unlocked():
     config.task.prompt_len, config.decode.gen_length = 128, 32
-  decoded = _decode_launcher().decode_model(config, name, path, [PROMPT])
+  decoded = decode_launcher().decode_model(config, name, path, [PROMPT])
   assert decoded.lines()[-1].splitlines()[-1] == _expected_line(path, config)
   # blocks at absolute positions: the prompt is not a block multiple, so its last block is
   # shared with the first generated tokens; every decoded block adds one paper's forward

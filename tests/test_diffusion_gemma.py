@@ -28,6 +28,7 @@ from tests import diffusion_gemma_dirs as dg_hf
 from orl_jax.models.diffusion_gemma.config import (FULL, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig, release_26b_a4b)
 from orl_jax.sharding import path_name
+from tests.helpers_diffusion_gemma import SMALL_MOE
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -472,13 +473,6 @@ def test_missing_tensor_is_named(hf_dirs, tmp_path):
     dg_hf.load_dir(str(broken))
 
 
-SMALL_MOE = dict(vocab_size=40, d_model=16, n_heads=2, mlp_dim=24, n_experts=4, top_k=2,
-                 expert_dim=8, sliding_window=3, canvas_length=6, dtype="float32",
-                 param_dtype="float32",
-                 layers=(AttentionSpec(SLIDING, 8, 1),
-                         AttentionSpec(FULL, 16, 1, "proportional", 1e6, 0.25)))
-
-
 def test_ragged_experts_equal_dense_experts():
   """The dropless grouped (`ragged_dot`) expert compute with the GELU gate equals the dense
   oracle, through a whole commit forward and decoder step."""
@@ -502,7 +496,7 @@ _EXPERT_AXIS_SCRIPT = textwrap.dedent("""
   from orl_jax import sharding
   from orl_jax.models.diffusion_gemma import family, model as dg
   from orl_jax.models.diffusion_gemma.config import release_26b_a4b
-  from tests.test_diffusion_gemma import SMALL_MOE
+  from tests.helpers_diffusion_gemma import SMALL_MOE
 
   cfg = release_26b_a4b(**SMALL_MOE, moe_impl="ragged")
   class Block(nnx.Module):       # the parameter paths of a layer's `moe.*`
@@ -540,5 +534,5 @@ def test_experts_split_over_the_expert_axis_equal_one_device():
   """With a mesh `expert` axis, DiffusionGemma's experts run where their weights are (tokens
   exchanged inside shard_map, 10 tokens padded to split over 4 devices): values, captured
   expert ids and gradients equal one device's."""
-  from tests.test_moe import _run_on_4_cpu_devices
-  _run_on_4_cpu_devices(_EXPERT_AXIS_SCRIPT, "DG_EXPERT_AXIS_OK")
+  from tests.helpers import run_on_4_cpu_devices
+  run_on_4_cpu_devices(_EXPERT_AXIS_SCRIPT, "DG_EXPERT_AXIS_OK")

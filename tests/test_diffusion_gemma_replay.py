@@ -19,60 +19,21 @@ import pytest
 from flax import nnx
 
 from orl_jax.models.diffusion_gemma import rollout as dg_rollout
-from orl_jax.models.diffusion_gemma import sampler
-from orl_jax.models.diffusion_gemma.model import DiffusionGemma, init_cache
-from orl_jax.models.diffusion_gemma.config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
+from orl_jax.models.diffusion_gemma.model import DiffusionGemma
 from orl_jax.models.diffusion_gemma.decoding import not_accepted
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.replay.plan import SRC_STATE
 from orl_jax.rollout import make_rollout
-from orl_jax.sharding import path_name
-
-RTOL = 1e-4        # of the largest logit (DESIGN §2.3)
-CANVAS, PROMPT, GROUP, N_CANVASES, STEPS = 8, 8, 2, 3, 4
-CFG = DiffusionGemmaConfig(
-    vocab_size=64, d_model=32, n_heads=2, mlp_dim=32, n_experts=4, top_k=2, expert_dim=8,
-    layers=(AttentionSpec(SLIDING, head_dim=16, n_kv_heads=2),
-            AttentionSpec(FULL, head_dim=16, n_kv_heads=1, rope_type="proportional",
-                          rope_theta=1e6, rope_fraction=0.25)),
-    sliding_window=5, canvas_length=CANVAS, eos_ids=(63,), pad_id=0, attention_impl="xla")
-SAMPLER = sampler.SamplerConfig(n_canvases=N_CANVASES, max_steps=STEPS, eos_ids=(63,),
-                                pad_id=0, top_k=8, confidence_threshold=0.0)
-
-
-def _perturbed_model(cfg=CFG, seed=0):
-  """Random init plus noise on every parameter (norm scales, router scales and layer scalars
-  away from 1); the self-conditioning MLP gets less, so its z-chain stays contracting."""
-  model = DiffusionGemma(cfg, rngs=nnx.Rngs(seed))
-  state = nnx.state(model, nnx.Param)
-  leaves = jax.tree_util.tree_leaves_with_path(state)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  flat = {}
-  for (path, x), k in zip(leaves, keys):
-    name = path_name(path)
-    if name.endswith("layer_scalar"):
-      flat[name] = 0.5 + jax.random.uniform(k, x.shape)
-    else:
-      std = 0.09 if name.startswith("self_conditioning.mlp") else 0.3
-      flat[name] = x + std * jax.random.normal(k, x.shape)
-  nnx.update(model, jax.tree_util.tree_map_with_path(lambda p, _: flat[path_name(p)], state))
-  return model
-
-
-def _prompts():
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(2, 62, (2, PROMPT)).astype(np.int32)
-  valid = np.ones((2, PROMPT), bool)
-  valid[1, :3] = False                     # left padding
-  tokens[1, :3] = 0
-  return jnp.asarray(tokens), jnp.asarray(valid)
+from tests.helpers_diffusion_gemma import (CANVAS, CFG, GROUP, RTOL, SAMPLER, STEPS,
+                                           perturbed_model, rollout_logits, rollout_prompts,
+                                           state_tokens)
 
 
 @pytest.fixture(scope="module")
 def rollout_and_replay():
-  model = _perturbed_model()
+  model = perturbed_model()
   graphdef, params = nnx.split(model, nnx.Param)
-  prompt, valid = _prompts()
+  prompt, valid = rollout_prompts()
   traj = make_rollout(graphdef, SAMPLER, GROUP, rollout_fn=dg_rollout.rollout)(
       params, prompt, valid, jax.random.key(3), 0)
   cap = traj.capture
@@ -89,28 +50,6 @@ def rollout_and_replay():
               logits=np.asarray(model.head(hidden)), ratio=float(ratio))
 
 
-def _rollout_logits(model, traj):
-  """[B, S, C, V] each captured step's logits, recomputed through the sampler's path."""
-  b = traj.responses.shape[0]
-  cap = traj.capture
-  reps = lambda x: jnp.repeat(x, GROUP, axis=0)
-  cache = init_cache(model.cfg, b, PROMPT + N_CANVASES * CANVAS)
-  cache = model.commit_forward(reps(traj.prompt_tokens), cache, reps(traj.prompt_valid)).cache
-  out = []
-  for ci in range(N_CANVASES):
-    for s in range(STEPS):
-      i = ci * STEPS + s
-      out.append(model.decode_forward(cap.block_tokens[:, i], cache, cap.z[:, i]).logits)
-    cache = model.commit_forward(traj.responses[:, ci * CANVAS:(ci + 1) * CANVAS], cache).cache
-  return np.stack([np.asarray(x) for x in out], axis=1)
-
-
-def _state_tokens(plan):
-  rows, cols = np.nonzero(np.asarray(plan.src_type) == SRC_STATE)
-  return (rows, cols, np.asarray(plan.src_resp)[rows, cols],
-          np.asarray(plan.src_state)[rows, cols], np.asarray(plan.src_pos)[rows, cols])
-
-
 def test_every_captured_state_is_packed(rollout_and_replay):
   r = rollout_and_replay
   cap = r["traj"].capture
@@ -124,7 +63,7 @@ def test_every_captured_state_is_packed(rollout_and_replay):
 def test_replay_reproduces_the_rollouts_logits(rollout_and_replay):
   r = rollout_and_replay
   cap = jax.tree.map(np.asarray, r["traj"].capture)
-  rows, cols, resp, sidx, pos = _state_tokens(r["plan"])
+  rows, cols, resp, sidx, pos = state_tokens(r["plan"])
   replayed = r["logits"][rows, cols]                                         # [n, V]
   scale = np.abs(replayed).max()
   # 1. the rollout's own numbers: its top-K log-probabilities of every step
@@ -133,7 +72,7 @@ def test_replay_reproduces_the_rollouts_logits(rollout_and_replay):
   got = np.take_along_axis(np.asarray(logp), ids, axis=-1)
   err_topk = np.abs(got - cap.topk_logprobs[resp, sidx, pos]).max() / scale
   # 2. full logits against the sampler's code path (KV cache + canvas decoder)
-  ref = _rollout_logits(r["model"], r["traj"])[resp, sidx, pos]
+  ref = rollout_logits(r["model"], r["traj"])[resp, sidx, pos]
   err = np.abs(replayed - ref).max() / np.abs(ref).max()
   print(f"max|Δ| / max|logit|: top-K log-probs {err_topk:.2e}, logits {err:.2e}; "
         f"{len(rows)} state tokens, max logit {scale:.2f}")
@@ -147,7 +86,7 @@ def test_the_sliding_window_and_the_stored_z_matter(rollout_and_replay):
   than the tolerance — the two things exact replay has to get right are exercised."""
   r = rollout_and_replay
   batch = r["batch"]
-  rows, cols, *_ = _state_tokens(r["plan"])
+  rows, cols, *_ = state_tokens(r["plan"])
   want = r["logits"][rows, cols]
   wide = DiffusionGemma(dataclasses.replace(CFG, sliding_window=10_000), rngs=nnx.Rngs(0))
   nnx.update(wide, nnx.state(r["model"], nnx.Param))
@@ -167,7 +106,7 @@ def test_unresolved_positions_and_targets(rollout_and_replay):
   """The losses train where a step did not accept, towards the verified final tokens."""
   r = rollout_and_replay
   cap = jax.tree.map(np.asarray, r["traj"].capture)
-  rows, cols, resp, sidx, pos = _state_tokens(r["plan"])
+  rows, cols, resp, sidx, pos = state_tokens(r["plan"])
   batch = jax.tree.map(np.asarray, r["batch"])
   np.testing.assert_array_equal(batch.masked[rows, cols], ~cap.commit[resp, sidx, pos])
   assert batch.masked[rows, cols].any() and not batch.masked[rows, cols].all()

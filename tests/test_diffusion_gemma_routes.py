@@ -3,7 +3,7 @@ softmax-routed MoE runs in every layer, so the rollout records the expert ids of
 it ran — each denoising step's canvas, the prompt prefill, each commit forward — and the packed
 replay routes every token with them (-1 = route afresh).
 
-The rollout is the perturbed tiny random model of tests/test_diffusion_gemma_replay.py (sliding
+The rollout is the perturbed tiny random model of tests/helpers_diffusion_gemma.py (sliding
 window shorter than the prompt, three canvases, left padding, two responses per prompt).
 Re-routing in f32 reproduces the rollout too (its rounding differences are ~1e-6, far from
 any near-tie this seed has); what route capture must guarantee is checked directly: the routes
@@ -25,9 +25,9 @@ from orl_jax.models.diffusion_gemma.decoding import not_accepted
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout
 from pallas_kernels.staircase_attention import KIND_PAD
-from tests.test_diffusion_gemma_replay import (CANVAS, CFG, GROUP, N_CANVASES, PROMPT, RTOL,
-                                               SAMPLER, STEPS, _perturbed_model, _prompts,
-                                               _rollout_logits, _state_tokens)
+from tests.helpers_diffusion_gemma import (CANVAS, CFG, GROUP, N_CANVASES, PROMPT, RTOL,
+                                           SAMPLER, STEPS, perturbed_model, rollout_logits,
+                                           rollout_prompts, state_tokens)
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -35,9 +35,9 @@ pytestmark = pytest.mark.numerics
 
 @functools.lru_cache(maxsize=None)
 def _rollout(capture_routes: bool):
-  model = _perturbed_model()
+  model = perturbed_model()
   graphdef, params = nnx.split(model, nnx.Param)
-  prompt, valid = _prompts()
+  prompt, valid = rollout_prompts()
   scfg = dataclasses.replace(SAMPLER, capture_routes=capture_routes)
   traj = make_rollout(graphdef, scfg, GROUP, rollout_fn=dg_rollout.rollout)(
       params, prompt, valid, jax.random.key(3), 0)
@@ -111,9 +111,9 @@ def test_replay_with_captured_routes_reproduces_the_rollouts_logits():
   real = np.asarray(batch.meta.kind) != KIND_PAD
   # every real token of the rows (prompt, committed context, states) carries its routes
   assert np.all(routes[real] >= 0) and np.all(routes[~real] < 0)
-  rows, cols, resp, sidx, pos = _state_tokens(plan)
+  rows, cols, resp, sidx, pos = state_tokens(plan)
   replayed = _replayed_logits(model, batch, layer_routes(batch))[rows, cols]
-  ref = _rollout_logits(model, traj)[resp, sidx, pos]
+  ref = rollout_logits(model, traj)[resp, sidx, pos]
   err = np.abs(replayed - ref).max() / np.abs(ref).max()
   rerouted = _replayed_logits(model, batch, None)[rows, cols]
   err_fresh = np.abs(rerouted - ref).max() / np.abs(ref).max()
@@ -129,7 +129,7 @@ def test_replay_routes_by_the_captured_routes():
   replay forward takes its experts from the batch, not from its own router."""
   model, traj = _rollout(True)
   batch, plan = _packed(traj)
-  rows, cols, *_ = _state_tokens(plan)
+  rows, cols, *_ = state_tokens(plan)
   want = _replayed_logits(model, batch, layer_routes(batch))[rows, cols]
   moved = jnp.where(batch.routes >= 0, (batch.routes + 1) % CFG.n_experts, -1)
   other = _replayed_logits(model, batch.replace(routes=moved),

@@ -17,7 +17,7 @@ import pytest
 from configs import llada
 from orl_jax.models import families, hf_write
 from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
-from tests.test_decode_launcher import write_llada_hf_dir
+from tests.helpers_hf import write_llada_hf_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,7 +5,6 @@ config.json), LLaDA2 directory load -> export -> load, the expert mesh axis, fro
 in the optimizer, the llada config variants and the dry-run memory table against a hand
 calculation."""
 import dataclasses
-import json
 import os
 import re
 import subprocess
@@ -25,24 +24,18 @@ from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax import sharding
 from orl_jax.apps import dry_run
-from orl_jax.data.hf_tokenizer import byte_level_tokenizer
 from orl_jax.decode.types import ROUTE_DTYPE
 from orl_jax.models import families, hf_read
 from orl_jax.models import family_base as base
-from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
 from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
 from orl_jax.decode.block_sampler import block_decode_config
 from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax.train.state import frozen_params
+from tests.helpers_llada2 import LLADA2, LLADA2_MOE, write_llada2_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MOE = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=2, topk_group=1, n_shared=1,
-                routed_scaling_factor=2.5, impl="dense")
-LLADA2 = ModelConfig(vocab_size=300, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
-                     head_dim=8, mlp_dim=40, mask_id=257, rope_theta=6e5, rope_fraction=0.5,
-                     qk_norm=True, moe=MOE, first_k_dense=1, hf_family="llada2_moe")
 DENSE = dict(
     llada=ModelConfig(vocab_size=80, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4,
                       head_dim=12, mlp_dim=96, mask_id=79, rope_theta=5e5, norm_eps=1e-5,
@@ -150,55 +143,6 @@ def test_assemble_reads_any_device_slice_of_fused_and_stacked_tensors():
       "model.layers.1.attention.query_key_value.weight: file (9, 32) vs model (64, 32)"]
 
 
-# ----------------------------------------------------------------------------- LLaDA2 directory
-
-
-def write_llada2_dir(path: str, seed: int = 0, n_layers: int = 3) -> dict:
-  """A random tiny LLaDA2 HF directory written with the official names of DESIGN §4 (PyTorch
-  [out, in] shapes, fused Q|K|V rows, per-expert tensors) and the byte-level tokenizer."""
-  rng = np.random.default_rng(seed)
-  d, hq, hkv, dh, f, e, fe, v = 32, 4, 2, 8, 40, 8, 12, 300
-  w = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)
-  t = {"model.word_embeddings.weight": w(v, d), "model.norm.weight": 1 + w(d),
-       "lm_head.weight": w(v, d)}
-  for i in range(n_layers):
-    p = f"model.layers.{i}."
-    t.update({p + "input_layernorm.weight": 1 + w(d),
-              p + "post_attention_layernorm.weight": 1 + w(d),
-              p + "attention.query_key_value.weight": w((hq + 2 * hkv) * dh, d),
-              p + "attention.query_layernorm.weight": 1 + w(dh),
-              p + "attention.key_layernorm.weight": 1 + w(dh),
-              p + "attention.dense.weight": w(d, hq * dh)})
-    if i == 0:
-      t.update({p + "mlp.gate_proj.weight": w(f, d), p + "mlp.up_proj.weight": w(f, d),
-                p + "mlp.down_proj.weight": w(d, f)})
-      continue
-    t.update({p + "mlp.gate.weight": w(e, d), p + "mlp.gate.expert_bias": w(e)})
-    for x in range(e):
-      t.update({p + f"mlp.experts.{x}.gate_proj.weight": w(fe, d),
-                p + f"mlp.experts.{x}.up_proj.weight": w(fe, d),
-                p + f"mlp.experts.{x}.down_proj.weight": w(d, fe)})
-    t.update({p + "mlp.shared_experts.gate_proj.weight": w(fe, d),
-              p + "mlp.shared_experts.up_proj.weight": w(fe, d),
-              p + "mlp.shared_experts.down_proj.weight": w(d, fe)})
-  os.makedirs(path, exist_ok=True)
-  save_file(t, os.path.join(path, "model.safetensors"))
-  tok = byte_level_tokenizer()
-  tok.backend.save(os.path.join(path, "tokenizer.json"))
-  config = {"model_type": "llada2_moe", "vocab_size": v, "hidden_size": d,
-            "intermediate_size": f, "num_hidden_layers": n_layers, "num_attention_heads": hq,
-            "num_key_value_heads": hkv, "head_dim": dh, "rope_theta": 600000.0,
-            "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-6, "use_qk_norm": True,
-            "use_qkv_bias": False, "use_bias": False, "tie_word_embeddings": False,
-            "norm_head": False, "num_experts": e, "num_experts_per_tok": 2,
-            "moe_intermediate_size": fe, "n_group": 2, "topk_group": 1, "num_shared_experts": 1,
-            "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "score_function": "sigmoid",
-            "mask_token_id": tok.mask_id}
-  with open(os.path.join(path, "config.json"), "w") as fh:
-    json.dump(config, fh)
-  return t
-
-
 def _debug_config_at(path: str, workdir: str):
   c = llada.get_config("debug")       # 4 layers, 8 experts: config.json (3 layers) must win
   c.model.path, c.workdir = path, workdir
@@ -282,7 +226,7 @@ def test_expert_axis_alone_shards_experts():
 
 
 def test_frozen_parameters_get_no_update_and_no_moments():
-  cfg = dataclasses.replace(LLADA2, moe=dataclasses.replace(MOE, freeze_router=True))
+  cfg = dataclasses.replace(LLADA2, moe=dataclasses.replace(LLADA2_MOE, freeze_router=True))
   config = llada.get_config("debug")
   flat = {k: jnp.asarray(v) for k, v in _random_flat(cfg, seed=3).items()}
   grads = {k: jnp.ones_like(v) for k, v in flat.items()}
@@ -308,7 +252,7 @@ jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np
 from orl_jax import sharding
 from orl_jax.models import build, families, hf_read
-from tests.test_families import LLADA2, write_llada2_dir
+from tests.helpers_llada2 import LLADA2, write_llada2_dir
 tensors = write_llada2_dir(PATH)
 mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, expert=4)
 assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "expert": 4}

@@ -95,10 +95,10 @@ def test_a_diffusion_gemma_directory_saved_by_transformers_sets_up(tmp_path):
   """The run's set-up on a directory whose generation_config.json has null fields: the nulls
   take transformers' defaults, the ids come from config.json, the set fields are taken."""
   from orl_jax.train.setup import build_setup
-  from tests.test_config_json import EOS, PAD, PROMPT, _config_of, _family_dir
-  path = _family_dir(tmp_path, "diffusion_gemma")        # canvases of 16; eos 298, pad 299
+  from tests.helpers_hf import EOS, PAD, PROMPT, config_of, family_dir
+  path = family_dir(tmp_path, "diffusion_gemma")        # canvases of 16; eos 298, pad 299
   _write(path, SAVED)
-  c = _config_of("diffusion_gemma", path)
+  c = config_of("diffusion_gemma", path)
   with c.unlocked():
     c.decode.gen_length, c.decode.t_max, c.replay.row_len = None, None, 512
   s = build_setup(c, prompts=[PROMPT])

@@ -5,7 +5,6 @@ numpy forward written from DESIGN §4 that never calls our JAX code. Install the
 references with: pip install torch==2.13.0 transformers==5.24.0
 """
 import dataclasses
-import json
 import os
 
 import jax
@@ -15,13 +14,13 @@ import pytest
 from flax import nnx
 from safetensors.numpy import save_file
 
-from benchmarks.peers import llada_dir
 from orl_jax.data.hf_tokenizer import TokenizerError, byte_level_tokenizer, check_model_vocab
 from orl_jax.models import ModelConfig
 from orl_jax.models import hf_read, hf_write
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
 from tests.helpers import tiny_qwen3
+from tests.helpers_hf import llada_cfg, write_llada_dir
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -101,29 +100,6 @@ def test_qwen3_config_json_is_read(qwen3_dirs):
 # ----------------------------------------------------------------------------- LLaDA
 
 
-def _llada_cfg(**kw):
-  cfg = ModelConfig(vocab_size=80, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=12,
-                    mlp_dim=96, mask_id=79, rope_theta=5e5, norm_eps=1e-5, qk_norm=False,
-                    tie_embeddings=False, attention="bidirectional")
-  return dataclasses.replace(cfg, **kw)
-
-
-def _write_llada_dir(path, cfg: ModelConfig, seed=0, dtype=np.float32):
-  """Random weights in LLaDA's HF layout (names from DESIGN §4, torch [out, in] shapes)."""
-  rng = np.random.default_rng(seed)
-  d, f, v = cfg.d_model, cfg.mlp_dim, cfg.vocab_size
-  hd = cfg.n_heads * cfg.head_dim
-  w = lambda *s: (rng.normal(size=s) * 0.2).astype(dtype)
-  t = llada_dir.llada_tensors(
-      cfg.n_layers, embedding=lambda: w(v, d), norm=lambda: (1 + w(d)).astype(dtype),
-      matrix=lambda name: w(*llada_dir.llada_shape(name, d=d, f=f, v=v, hd=hd)))
-  os.makedirs(path, exist_ok=True)
-  save_file(t, os.path.join(path, "model.safetensors"))
-  with open(os.path.join(path, "config.json"), "w") as fh:
-    json.dump(hf_write.hf_config_json(cfg, "llada"), fh)
-  return t
-
-
 def _numpy_llada_forward(t, ids, cfg):
   """LLaDA-8B per DESIGN §4, in float64 numpy: RMSNorm (eps 1e-5), half-split RoPE (theta 5e5),
   full bidirectional attention, SwiGLU with ff_proj = gate (SiLU) and up_proj linear, untied
@@ -161,8 +137,8 @@ def _numpy_llada_forward(t, ids, cfg):
 
 
 def test_llada_parity_with_numpy_reference(tmp_path):
-  cfg = _llada_cfg()
-  tensors = _write_llada_dir(str(tmp_path / "llada"), cfg)
+  cfg = llada_cfg()
+  tensors = write_llada_dir(str(tmp_path / "llada"), cfg)
   ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, T))
   ref = _numpy_llada_forward(tensors, ids, cfg)
   model = _load(str(tmp_path / "llada"), "llada", cfg)
@@ -176,9 +152,9 @@ def test_llada_parity_with_numpy_reference(tmp_path):
 
 def test_llada_bf16_load_export_load_round_trip_is_exact(tmp_path):
   import ml_dtypes
-  cfg = _llada_cfg(param_dtype="bfloat16", dtype="bfloat16", residual_mode="adapter",
-                   residual_hidden=16)
-  _write_llada_dir(str(tmp_path / "a"), cfg, dtype=ml_dtypes.bfloat16)
+  cfg = llada_cfg(param_dtype="bfloat16", dtype="bfloat16", residual_mode="adapter",
+                  residual_hidden=16)
+  write_llada_dir(str(tmp_path / "a"), cfg, dtype=ml_dtypes.bfloat16)
   graphdef, params = hf_read.load_model_params(str(tmp_path / "a"), "llada", cfg)
   # a live adapter so that its separate file is checked too
   flat = hf_read.flat_params(params)
@@ -204,8 +180,8 @@ def test_llada_bf16_load_export_load_round_trip_is_exact(tmp_path):
 
 
 def test_loader_lists_missing_unexpected_and_misshaped(tmp_path):
-  cfg = _llada_cfg()
-  tensors = _write_llada_dir(str(tmp_path / "x"), cfg)
+  cfg = llada_cfg()
+  tensors = write_llada_dir(str(tmp_path / "x"), cfg)
   del tensors["model.transformer.blocks.1.up_proj.weight"]
   tensors["model.transformer.extra.weight"] = np.zeros((3,), np.float32)
   tensors["model.transformer.blocks.0.q_proj.weight"] = np.zeros((5, 48), np.float32)
@@ -224,9 +200,9 @@ def test_loader_lists_missing_unexpected_and_misshaped(tmp_path):
 @pytest.mark.parametrize("mode", ["none", "rcd", "adapter"])
 def test_residual_modes_on_loaded_models(tmp_path, qwen3_dirs, family, mode):
   if family == "llada":
-    cfg = _llada_cfg(residual_mode=mode, residual_hidden=16)
+    cfg = llada_cfg(residual_mode=mode, residual_hidden=16)
     path = str(tmp_path / "l")
-    _write_llada_dir(path, cfg)
+    write_llada_dir(path, cfg)
   else:
     cfg = _qwen3_cfg(False, residual_mode=mode, residual_hidden=16)
     path = qwen3_dirs[False][0]
@@ -261,9 +237,9 @@ jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np
 from orl_jax import sharding
 from orl_jax.models import build, hf_read
-from tests.test_hf_models import _llada_cfg, _write_llada_dir
-cfg = _llada_cfg()
-tensors = _write_llada_dir(PATH, cfg)
+from tests.helpers_hf import llada_cfg, write_llada_dir
+cfg = llada_cfg()
+tensors = write_llada_dir(PATH, cfg)
 mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2)
 _, abstract = build.abstract_params(cfg)
 sh = sharding.tree_shardings(abstract, mesh)

@@ -184,9 +184,9 @@ def test_rollout_with_editing_replays_exactly():
   """Edit steps are captured states (their canvas holds committed tokens that may still
   change) and replay like any other: f32 log-probs within 1e-4 of the largest logit, on the
   MoE model with and without route capture."""
-  from tests.test_moe_replay import _batch, _replay_error, _rollout
+  from tests.helpers_moe_replay import moe_rollout, replay_batch, replay_error
   for capture_routes in (False, True):
-    graphdef, params, traj, valid, dcfg = _rollout("float32", capture_routes, 0.0, 2)
+    graphdef, params, traj, valid, dcfg = moe_rollout("float32", capture_routes, 0.0, 2)
     assert dcfg.steps_bound == 4 + 2
     cap = jax.device_get(traj.capture)
     assert not cap.overflow.any()
@@ -194,8 +194,8 @@ def test_rollout_with_editing_replays_exactly():
     filled = cap.valid & ~masked.any(-1)                    # editing steps on a filled block
     edited = cap.valid[..., None] & cap.commit & ~masked    # committed tokens rewritten
     assert filled.any() and edited.any()
-    batch, plan = _batch(traj, valid)
-    err, _ = _replay_error(graphdef, params, batch, plan, with_routes=capture_routes)
+    batch, plan = replay_batch(traj, valid)
+    err, _ = replay_error(graphdef, params, batch, plan, with_routes=capture_routes)
     assert err <= 1e-4, err
 
 

@@ -2,57 +2,20 @@
 dense, expert-axis shard_map (token all-to-all) == one device and its lowering for TPU/GPU, route
 capture, frozen router, balance loss."""
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from orl_jax.models import moe as moe_lib
-from orl_jax.models.moe import MoE, MoEConfig
-from orl_jax.sharding import path_name
-from tests.test_llada2 import ROUTER_MARGIN, reference_route
+from tests.helpers import run_on_4_cpu_devices
+from tests.helpers_llada2 import ROUTER_MARGIN, reference_route
+from tests.helpers_moe import CFG, apply_moe, random_moe, random_x, sin_loss_and_grads
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CFG = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=4, topk_group=2,
-                routed_scaling_factor=2.5, impl="dense")
-
-
-def _moe(cfg: MoEConfig, seed=0, d_model=16):
-  """An MoE with a random expert bias (built abstractly, then filled: eager init is slow)."""
-  graphdef, params = nnx.split(nnx.eval_shape(
-      lambda: MoE(cfg, d_model, dtype=jnp.float32, param_dtype=jnp.float32,
-                  shared_experts=None, rngs=nnx.Rngs(seed))))
-  rng = np.random.default_rng(seed)
-
-  def fill(path, leaf):
-    scale = 0.3 if path_name(path).endswith("expert_bias") else leaf.shape[-2] ** -0.5
-    return jnp.asarray(scale * rng.standard_normal(leaf.shape), jnp.float32)
-
-  return graphdef, jax.tree_util.tree_map_with_path(fill, params)
-
-
-def _x(seed, b=2, t=8, d=16):
-  return jnp.asarray(np.random.default_rng(seed).standard_normal((b, t, d)), jnp.float32)
-
-
-_apply = jax.jit(lambda graphdef, params, x, routes=None: nnx.merge(graphdef, params)(x, routes),
-                 static_argnums=0)
-
-
-def _sin_loss(graphdef, params, x):
-  return jnp.sum(jnp.sin(nnx.merge(graphdef, params)(x).y))
-
-
-_loss_and_grads = jax.jit(jax.value_and_grad(_sin_loss, argnums=(1, 2)), static_argnums=0)
 
 
 def test_router_matches_numpy_reference():
@@ -79,18 +42,18 @@ def test_router_matches_numpy_reference():
 
 
 def test_ragged_equals_dense_values_and_grads():
-  graphdef, params = _moe(CFG)
-  ragged_def, _ = _moe(dataclasses.replace(CFG, impl="ragged"))
-  x = _x(1)
-  dense_out = _apply(graphdef, params, x)
-  ragged_out = _apply(ragged_def, params, x)
+  graphdef, params = random_moe(CFG)
+  ragged_def, _ = random_moe(dataclasses.replace(CFG, impl="ragged"))
+  x = random_x(1)
+  dense_out = apply_moe(graphdef, params, x)
+  ragged_out = apply_moe(ragged_def, params, x)
   np.testing.assert_array_equal(np.asarray(dense_out.expert_ids),
                                 np.asarray(ragged_out.expert_ids))
   scale = float(jnp.max(jnp.abs(dense_out.y)))
   np.testing.assert_allclose(np.asarray(ragged_out.y), np.asarray(dense_out.y), rtol=0,
                              atol=1e-5 * scale)
-  (lv, (gp, gx)), (rv, (rp, rx)) = (_loss_and_grads(graphdef, params, x),
-                                    _loss_and_grads(ragged_def, params, x))
+  (lv, (gp, gx)), (rv, (rp, rx)) = (sin_loss_and_grads(graphdef, params, x),
+                                    sin_loss_and_grads(ragged_def, params, x))
   np.testing.assert_allclose(float(rv), float(lv), rtol=1e-5)
   for got, want in zip(jax.tree.leaves((rp, rx)), jax.tree.leaves((gp, gx))):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
@@ -99,18 +62,18 @@ def test_ragged_equals_dense_values_and_grads():
 
 def test_route_capture_and_frozen_router():
   cfg = dataclasses.replace(CFG, impl="ragged")
-  graphdef, params = _moe(cfg)
-  x = _x(2)
-  out = _apply(graphdef, params, x)
-  replay = _apply(graphdef, params, x, np.asarray(out.expert_ids))
+  graphdef, params = random_moe(cfg)
+  x = random_x(2)
+  out = apply_moe(graphdef, params, x)
+  replay = apply_moe(graphdef, params, x, np.asarray(out.expert_ids))
   np.testing.assert_array_equal(np.asarray(replay.y), np.asarray(out.y))
   # The router trains under replay (weights come from its scores) unless frozen; the
   # selection-only expert bias never gets a gradient.
-  _, (grads, _) = _loss_and_grads(graphdef, params, x)
+  _, (grads, _) = sin_loss_and_grads(graphdef, params, x)
   assert float(jnp.max(jnp.abs(grads["router"]["kernel"][...]))) > 0
   np.testing.assert_array_equal(np.asarray(grads["router"]["expert_bias"][...]), 0.0)
-  frozen_def, _ = _moe(dataclasses.replace(cfg, freeze_router=True))
-  _, (frozen, _) = _loss_and_grads(frozen_def, params, x)
+  frozen_def, _ = random_moe(dataclasses.replace(cfg, freeze_router=True))
+  _, (frozen, _) = sin_loss_and_grads(frozen_def, params, x)
   np.testing.assert_array_equal(np.asarray(frozen["router"]["kernel"][...]), 0.0)
   assert float(jnp.max(jnp.abs(frozen["gate_proj"][...]))) > 0
   assert moe_lib.frozen_param("layers.3.mlp.router.expert_bias", cfg)
@@ -133,15 +96,6 @@ def test_bad_config_names_the_field(field, value, match):
     dataclasses.replace(CFG, **{field: value}).validate()
 
 
-def _run_on_4_cpu_devices(script: str, ok: str) -> str:
-  """Runs `script` in its own process with 4 fake CPU devices; its stdout must say `ok`."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900)
-  assert ok in out.stdout, out.stdout + out.stderr[-4000:]
-  return out.stdout
-
-
 _EXPERT_AXIS_SCRIPT = textwrap.dedent("""
   import dataclasses
   import jax
@@ -150,7 +104,7 @@ _EXPERT_AXIS_SCRIPT = textwrap.dedent("""
   import numpy as np
   from orl_jax import sharding
   from orl_jax.models import moe as moe_lib
-  from tests.test_moe import CFG, _apply, _moe, _x, _loss_and_grads
+  from tests.helpers_moe import CFG, apply_moe, random_moe, random_x, sin_loss_and_grads
   assert jax.device_count() == 4
   RULES = moe_lib.PARTITION_RULES + sharding.PARTITION_RULES
 
@@ -171,25 +125,25 @@ _EXPERT_AXIS_SCRIPT = textwrap.dedent("""
   np.testing.assert_array_equal(np.asarray(got), [1, 3, 0, 0, 2, 2, 4, 0])
 
   cfg = dataclasses.replace(CFG, impl="ragged")
-  graphdef, params = _moe(cfg)
-  x = _x(5, b=4, t=6)
-  want = _loss_and_grads(graphdef, params, x)
+  graphdef, params = random_moe(cfg)
+  x = random_x(5, b=4, t=6)
+  want = sin_loss_and_grads(graphdef, params, x)
   # captured routes: distinct experts per token, every third token re-routed (-1)
   rng = np.random.default_rng(0)
   routes = np.stack([rng.permutation(cfg.n_experts)[:cfg.top_k] for _ in range(24)])
   routes[::3] = -1
   routes = jnp.asarray(routes.reshape(4, 6, cfg.top_k), jnp.int32)
-  want_replay = _apply(graphdef, params, x, routes)
+  want_replay = apply_moe(graphdef, params, x, routes)
   assert (np.asarray(want_replay.expert_ids)[routes[..., 0] >= 0]
           == np.asarray(routes)[routes[..., 0] >= 0]).all()
   for exchange in ("all_to_all", "ragged_all_to_all"):   # the latter runs padded on CPU
-    ep_def, _ = _moe(dataclasses.replace(cfg, expert_parallel=True, exchange=exchange))
+    ep_def, _ = random_moe(dataclasses.replace(cfg, expert_parallel=True, exchange=exchange))
     for sizes in (dict(expert=4), dict(data=2, expert=2), dict(data=1, fsdp=2, expert=2)):
       mesh = sharding.make_mesh(**sizes)
       with jax.set_mesh(mesh):
         ep_params = jax.device_put(params, sharding.tree_shardings(params, mesh, RULES))
-        got = _loss_and_grads(ep_def, ep_params, x)
-        replay = _apply(ep_def, ep_params, x, routes)
+        got = sin_loss_and_grads(ep_def, ep_params, x)
+        replay = apply_moe(ep_def, ep_params, x, routes)
       gate = got[1][0]["gate_proj"][...]
       assert gate.sharding.spec[0] == "expert", gate.sharding
       err = rel_err(got, want)
@@ -206,7 +160,7 @@ def test_expert_axis_all_to_all_equals_one_device_on_4_cpu_devices():
   """Experts split over the `expert` axis, tokens exchanged by all-to-all inside shard_map, give
   the one-device loss and gradients (expert=4; expert=2 next to data=2 or fsdp=2), and the
   captured routes are honoured there as on one device."""
-  _run_on_4_cpu_devices(_EXPERT_AXIS_SCRIPT, "EXPERT_AXIS_OK")
+  run_on_4_cpu_devices(_EXPERT_AXIS_SCRIPT, "EXPERT_AXIS_OK")
 
 
 _LOWERING_SCRIPT = textwrap.dedent("""
@@ -217,18 +171,18 @@ _LOWERING_SCRIPT = textwrap.dedent("""
   from orl_jax import sharding
   from orl_jax.models import moe as moe_lib
   from pallas_kernels.staircase_attention.lowering import custom_calls, lowered_text
-  from tests.test_moe import CFG, _moe, _sin_loss
+  from tests.helpers_moe import CFG, random_moe, sin_loss
 
   mesh = sharding.make_mesh(expert=4)
   rules = moe_lib.PARTITION_RULES + sharding.PARTITION_RULES
   for exchange in ("auto", "all_to_all"):
     cfg = dataclasses.replace(CFG, impl="ragged", expert_parallel=True, exchange=exchange)
-    graphdef, params = _moe(cfg)
+    graphdef, params = random_moe(cfg)
     with jax.set_mesh(mesh):
       abstract = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
       params = jax.tree.map(abstract, params, sharding.tree_shardings(params, mesh, rules))
       x = jax.ShapeDtypeStruct((4, 6, 16), jnp.float32, sharding=sharding.batch_sharding(mesh))
-      step = jax.grad(lambda p, x: _sin_loss(graphdef, p, x), argnums=(0, 1))
+      step = jax.grad(lambda p, x: sin_loss(graphdef, p, x), argnums=(0, 1))
       for platform in ("tpu", "cuda"):
         text = lowered_text(step, params, x, platform=platform)
         print(exchange, platform, dict(custom_calls(text)),
@@ -249,7 +203,7 @@ def test_expert_axis_lowers_to_all_to_all_for_tpu_and_gpu():
   """The expert-parallel forward+backward lowered for `tpu` and `cuda` (DESIGN §8) on an
   expert=4 mesh: `auto` exchanges with `ragged_all_to_all`, `all_to_all` with the padded
   collective, and nothing gathers the tokens over the expert axis."""
-  _run_on_4_cpu_devices(_LOWERING_SCRIPT, "MOE_LOWERING_OK")
+  run_on_4_cpu_devices(_LOWERING_SCRIPT, "MOE_LOWERING_OK")
 
 
 def test_partition_rules_split_experts_over_the_expert_axis():
@@ -290,4 +244,4 @@ def test_an_orl_iteration_trains_with_the_experts_split_over_the_expert_axis():
   """`train()` on a mesh with an `expert` axis: the rollout, replay and update are traced on
   that mesh (`sharding.tracing_mesh`), so the MoE layers run expert-parallel inside shard_map
   (without it their trace stops: no mesh with an expert axis)."""
-  _run_on_4_cpu_devices(_EXPERT_AXIS_TRAIN_SCRIPT, "EXPERT_AXIS_TRAIN_OK")
+  run_on_4_cpu_devices(_EXPERT_AXIS_TRAIN_SCRIPT, "EXPERT_AXIS_TRAIN_OK")

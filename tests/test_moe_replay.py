@@ -4,7 +4,6 @@ replay rows carry them token by token and the training forward routes with them.
 rollouts record them: the lock-step decoder's and the per-row engine's (`decode.schedule =
 "per_row"`, here on fewer rows than responses, so rows are refilled mid-rollout)."""
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,89 +11,25 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.packed_batch import layer_routes
 from orl_jax.decode.types import token_major_routes
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.losses import LossConfig, orl_loss
-from orl_jax.models.moe import MoEConfig
-from orl_jax.models.transformer import ModelConfig
-from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import make_rollout, per_row_rollout, route_capture_bytes
-from orl_jax.unmasking import UnmaskRule
+from orl_jax.rollout import make_rollout, route_capture_bytes
 from pallas_kernels.staircase_attention import KIND_PAD
-from tests.test_llada2 import build_model, random_flat_params
+from tests.helpers_moe_replay import (B_SIZE, CFG, EOS, G, GEN, MOE, moe_rollout, replay_batch,
+                                      replay_error)
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
 
-MOE = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=4, topk_group=2, n_shared=1,
-                routed_scaling_factor=2.5, impl="dense")
-# LLaDA2-shaped (partial RoPE, q/k norm, a dense first layer) with a live residual adapter
-CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
-                  mlp_dim=40, mask_id=1, rope_theta=6e5, rope_fraction=0.5, qk_norm=True,
-                  moe=MOE, first_k_dense=1, residual_mode="adapter", residual_hidden=32)
-B_SIZE, GEN, G, EOS = 4, 12, 3, 2
-PER_ROW_ROWS = 4   # the per-row rollout's rows: fewer than its 2 x G responses (refills)
 SCHEDULES = ("lockstep", "per_row")
 BF16_EPS = 2.0 ** -8   # bf16 unit roundoff (8 significand bits)
 
 
-@functools.lru_cache(maxsize=None)
-def _rollout(dtype: str, capture_routes: bool, edit_threshold: float = 1.0, post: int = 0,
-             schedule: str = "lockstep"):
-  # bf16: the ragged expert compute (XLA:CPU has no bf16 x bf16 -> f32 dot for the dense one)
-  moe = dataclasses.replace(MOE, impl="ragged" if dtype == "bfloat16" else "dense")
-  cfg = dataclasses.replace(CFG, dtype=dtype, moe=moe)
-  graphdef, params = nnx.split(build_model(cfg, random_flat_params(cfg, seed=4)))
-  dcfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=CFG.mask_id, eos_id=EOS,
-                      rule=UnmaskRule("threshold", 0.5), temperature=1.0, capture_states=24,
-                      capture_routes=capture_routes, edit_threshold=edit_threshold,
-                      max_post_edit_steps=post)
-  prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, CFG.vocab_size)
-  valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
-  rollout_fn = (functools.partial(per_row_rollout, n_rows=PER_ROW_ROWS)
-                if schedule == "per_row" else None)
-  traj = make_rollout(graphdef, dcfg, G, rollout_fn=rollout_fn)(params, prompts, valid,
-                                                                jax.random.key(5), 0)
-  return graphdef, params, traj, np.asarray(valid), dcfg
-
-
-def _batch(traj, valid):
-  cap = jax.device_get(traj.capture)
-  plan, stats = build_plan(
-      prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
-      eligible=np.ones(traj.responses.shape[0], bool), group_size=G,
-      cfg=ReplayConfig(row_len=160, n_rows=24, max_states=160, max_responses=8,
-                       block_size=B_SIZE),
-      rng=np.random.default_rng(0))
-  assert stats["states_dropped"] == 0 and stats["states_packed"] == int(cap.valid.sum())
-  return gather_batch(traj, plan, mask_id=CFG.mask_id), plan
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _forward(graphdef, params, batch, with_routes: bool):
-  model = nnx.merge(graphdef, params)
-  routes = layer_routes(batch) if with_routes else None
-  return model(batch.tokens, batch.positions, batch.meta, residual=batch.residual,
-               routes=routes)
-
-
-def _replay_error(graphdef, params, batch, plan, with_routes: bool):
-  """(max |replayed - captured| log-prob at the captured top-K over state tokens, relative to
-  the largest replayed logit there; the forward's output)."""
-  out = _forward(graphdef, params, batch, with_routes)
-  is_state = np.asarray(plan.state_slot) >= 0
-  logits = np.asarray(out.logits, np.float64)
-  logp = np.asarray(jax.nn.log_softmax(out.logits.astype(jnp.float32), -1), np.float64)
-  replayed = np.take_along_axis(logp, np.asarray(batch.topk_ids), -1)[is_state]
-  captured = np.asarray(batch.topk_logprobs, np.float64)[is_state]
-  return np.max(np.abs(replayed - captured)) / np.max(np.abs(logits[is_state])), out
-
-
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_route_capture_changes_nothing_in_the_rollout(schedule):
-  *_, plain, _, _ = _rollout("float32", False, schedule=schedule)
-  *_, captured, _, _ = _rollout("float32", True, schedule=schedule)
+  *_, plain, _, _ = moe_rollout("float32", False, schedule=schedule)
+  *_, captured, _, _ = moe_rollout("float32", True, schedule=schedule)
   assert plain.capture.routes is None
   np.testing.assert_array_equal(np.asarray(plain.responses), np.asarray(captured.responses))
   np.testing.assert_array_equal(np.asarray(plain.capture.topk_logprobs),
@@ -104,10 +39,10 @@ def test_route_capture_changes_nothing_in_the_rollout(schedule):
 @pytest.mark.parametrize("capture_routes,schedule", [(False, "lockstep"), (True, "lockstep"),
                                                      (True, "per_row")])
 def test_moe_replay_reproduces_rollout_logits_f32(capture_routes, schedule):
-  graphdef, params, traj, valid, _ = _rollout("float32", capture_routes, schedule=schedule)
-  batch, plan = _batch(traj, valid)
+  graphdef, params, traj, valid, _ = moe_rollout("float32", capture_routes, schedule=schedule)
+  batch, plan = replay_batch(traj, valid)
   assert (batch.routes is not None) == capture_routes
-  err, _ = _replay_error(graphdef, params, batch, plan, with_routes=capture_routes)
+  err, _ = replay_error(graphdef, params, batch, plan, with_routes=capture_routes)
   assert err <= 1e-4, err
 
 
@@ -117,7 +52,7 @@ def test_captured_routes_cover_every_forward_and_drive_the_replay(schedule):
   replay rows take them at the right tokens (an independent re-route in f32 picks the same
   experts at every real token), and the replay forward uses exactly them. The per-row engine
   prefills block by block and commits per row; it records the same forwards."""
-  graphdef, params, traj, valid, dcfg = _rollout("float32", True, schedule=schedule)
+  graphdef, params, traj, valid, dcfg = moe_rollout("float32", True, schedule=schedule)
   cap = jax.device_get(traj.capture)
   r = cap.routes
   assert r.state.shape == (6, 24, B_SIZE, CFG.n_moe_layers, MOE.top_k)
@@ -131,17 +66,17 @@ def test_captured_routes_cover_every_forward_and_drive_the_replay(schedule):
   clean_blocks = np.all(r.clean >= 0, axis=(2, 3)).reshape(6, -1, B_SIZE).all(-1)
   np.testing.assert_array_equal(clean_blocks, np.arange(GEN // B_SIZE)[None] < last_block[:, None])
 
-  batch, plan = _batch(traj, valid)
+  batch, plan = replay_batch(traj, valid)
   routes = np.asarray(batch.routes)                                   # [R, T, L, K]
   real = np.asarray(batch.meta.kind) != KIND_PAD
   src = np.asarray(plan.src_type)
   # clean blocks placed in a row are those a state of a later block sees: all committed
   assert np.all(routes[real] >= 0) and np.all(routes[~real] < 0)
   assert {1, 2, 3} <= set(np.unique(src[real]).tolist())              # prompt, clean, state
-  _, with_routes = _replay_error(graphdef, params, batch, plan, with_routes=True)
+  _, with_routes = replay_error(graphdef, params, batch, plan, with_routes=True)
   used = np.asarray(token_major_routes(with_routes.routing.expert_ids), np.int32)
   np.testing.assert_array_equal(used[real], routes[real])
-  _, rerouted = _replay_error(graphdef, params, batch, plan, with_routes=False)
+  _, rerouted = replay_error(graphdef, params, batch, plan, with_routes=False)
   fresh = np.asarray(token_major_routes(rerouted.routing.expert_ids), np.int32)
   np.testing.assert_array_equal(np.sort(fresh[real], -1), np.sort(routes[real], -1))
 
@@ -154,11 +89,11 @@ def test_moe_replay_bf16_with_captured_routes():
   error grows tenfold (measured 1.2e-1): the case route capture exists for. XLA:CPU is
   deterministic, so this is a fixed fact of the seed; if a JAX upgrade moves the near-tie,
   pick a seed where a route flips."""
-  graphdef, params, traj, valid, _ = _rollout("bfloat16", True)
-  batch, plan = _batch(traj, valid)
-  err, _ = _replay_error(graphdef, params, batch, plan, with_routes=True)
+  graphdef, params, traj, valid, _ = moe_rollout("bfloat16", True)
+  batch, plan = replay_batch(traj, valid)
+  err, _ = replay_error(graphdef, params, batch, plan, with_routes=True)
   real = np.asarray(batch.meta.kind) != KIND_PAD
-  err_fresh, rerouted = _replay_error(graphdef, params, batch, plan, with_routes=False)
+  err_fresh, rerouted = replay_error(graphdef, params, batch, plan, with_routes=False)
   fresh = np.asarray(token_major_routes(rerouted.routing.expert_ids), np.int32)
   flips = int(np.sum(np.any(np.sort(fresh, -1) != np.sort(np.asarray(batch.routes), -1),
                             axis=(-1, -2))[real]))
@@ -172,17 +107,17 @@ def test_per_row_moe_replay_bf16_with_captured_routes():
   """The per-row engine's bf16 rollout (prefill block by block, one slab forward for all rows)
   replays with its captured routes to bf16 rounding, as the lock-step one does (the bound of
   `test_moe_replay_bf16_with_captured_routes`)."""
-  graphdef, params, traj, valid, _ = _rollout("bfloat16", True, schedule="per_row")
-  batch, plan = _batch(traj, valid)
-  err, _ = _replay_error(graphdef, params, batch, plan, with_routes=True)
+  graphdef, params, traj, valid, _ = moe_rollout("bfloat16", True, schedule="per_row")
+  batch, plan = replay_batch(traj, valid)
+  err, _ = replay_error(graphdef, params, batch, plan, with_routes=True)
   assert err <= 5 * BF16_EPS, err
 
 
 def test_orl_loss_replays_with_the_captured_routes():
   """The ORL loss consumes the batch's routes (f32: the same values as re-routing), also
   split into row micro-batches."""
-  graphdef, params, traj, valid, _ = _rollout("float32", True)
-  batch, _ = _batch(traj, valid)
+  graphdef, params, traj, valid, _ = moe_rollout("float32", True)
+  batch, _ = replay_batch(traj, valid)
   model = nnx.merge(graphdef, params)
   cfg = LossConfig(kl_reference="rollout")
   loss_fn = jax.jit(lambda b: orl_loss(model, b, cfg)[0])
@@ -200,7 +135,7 @@ def test_orl_loss_replays_with_the_captured_routes():
 
 
 def test_route_capture_bytes_match_the_buffers():
-  *_, traj, _, dcfg = _rollout("float32", True)
+  *_, traj, _, dcfg = moe_rollout("float32", True)
   traced = sum(x.nbytes for x in jax.tree.leaves(traj.capture.routes))
   assert traced == route_capture_bytes(traj.responses.shape[0], dcfg, 8, CFG.n_moe_layers,
                                        MOE.top_k)

@@ -13,7 +13,7 @@ from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout
 from orl_jax.unmasking import UnmaskRule
-from tests.helpers import TINY, tiny_model
+from tests.helpers import TINY, replayed_vs_captured, tiny_model
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -78,23 +78,12 @@ def _plan(traj, valid, **kw):
                     rng=np.random.default_rng(0))
 
 
-def _replayed_vs_captured(graphdef, params, traj, plan):
-  """(replayed log-probs at the captured top-K ids, captured log-probs, batch) at state tokens."""
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
-  model = nnx.merge(graphdef, params)
-  logits = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual).logits
-  logp = jax.nn.log_softmax(logits, -1)
-  is_state = np.asarray(plan.state_slot) >= 0
-  replayed = np.asarray(jnp.take_along_axis(logp, batch.topk_ids, -1))[is_state]
-  return replayed, np.asarray(batch.topk_logprobs)[is_state], batch
-
-
 @pytest.mark.parametrize("layout", ["packed", "naive"])
 def test_replay_reproduces_rollout_logits(rolled_out, layout):
   graphdef, params, traj, valid = rolled_out
   plan, stats = _plan(traj, valid, layout=layout)
   assert stats["states_dropped"] == 0 and stats["states_packed"] == int(traj.capture.valid.sum())
-  replayed, captured, batch = _replayed_vs_captured(graphdef, params, traj, plan)
+  replayed, captured, batch = replayed_vs_captured(graphdef, params, traj, plan)
   np.testing.assert_allclose(replayed, captured, atol=1e-4)
   # the residual really was consumed (states after a block's first step carry z != 0)
   is_state = np.asarray(plan.state_slot) >= 0
@@ -105,7 +94,7 @@ def test_rcd_pathway_replay_reproduces_rollout_logits():
   """ORL can train an `rcd`-mode model: the interpolation weight alpha is captured with z."""
   graphdef, params, traj, valid = _rollout("block_causal", residual_mode="rcd")
   plan, _ = _plan(traj, valid)
-  replayed, captured, batch = _replayed_vs_captured(graphdef, params, traj, plan)
+  replayed, captured, batch = replayed_vs_captured(graphdef, params, traj, plan)
   np.testing.assert_allclose(replayed, captured, atol=1e-4)
   is_state = np.asarray(plan.state_slot) >= 0
   assert np.abs(np.asarray(batch.residual.alpha)[is_state]).sum() > 0
@@ -115,11 +104,11 @@ def test_bidirectional_canvas_replay_reproduces_rollout_logits():
   graphdef, params, traj, valid = _rollout("bidirectional")
   plan, stats = _plan(traj, valid, layout="canvas", row_len=60)
   assert stats["states_dropped"] == 0
-  replayed, captured, _ = _replayed_vs_captured(graphdef, params, traj, plan)
+  replayed, captured, _ = replayed_vs_captured(graphdef, params, traj, plan)
   np.testing.assert_allclose(replayed, captured, atol=1e-4)
   # the block-causal packing would not be exact for this family
   packed, _ = _plan(traj, valid, layout="packed")
-  replayed, captured, _ = _replayed_vs_captured(graphdef, params, traj, packed)
+  replayed, captured, _ = replayed_vs_captured(graphdef, params, traj, packed)
   assert np.abs(replayed - captured).max() > 1e-3
 
 

@@ -518,14 +518,14 @@ def _tiny_dirs(root) -> dict:
   from orl_jax.models import hf_write
   from orl_jax.models.build import build_model
   from orl_jax.models.transformer import ModelConfig
-  from tests.test_decode_launcher import (OTHER_FAMILIES, _QWEN3, _QWEN3_SPECIALS,
-                                          byte_tokenizer, write_llada_hf_dir)
+  from tests.helpers_hf import (OTHER_FAMILIES, QWEN3, QWEN3_SPECIALS, byte_tokenizer,
+                                write_llada_hf_dir)
   out = {name: os.path.join(root, name)
          for name in ("LLaDA-8B-Instruct", "SDAR-4B-Chat", "LLaDA2.1-mini")}
   write_llada_hf_dir(out["LLaDA-8B-Instruct"], d_model=16, n_layers=2, seed=0)
   _, llada2, llada2_specials = OTHER_FAMILIES["llada"]
   for name, cfg, specials, model_type in (
-      ("SDAR-4B-Chat", ModelConfig(**_QWEN3), _QWEN3_SPECIALS, "sdar"),
+      ("SDAR-4B-Chat", ModelConfig(**QWEN3), QWEN3_SPECIALS, "sdar"),
       ("LLaDA2.1-mini", llada2, llada2_specials, "llada2_moe")):
     tokenizer = os.path.join(root, f"{name}.tokenizer.json")
     byte_tokenizer(tokenizer, cfg.vocab_size, specials)

@@ -79,8 +79,8 @@ def _check_export_and_round_trip(tmp_path, name: str, model_type: str):
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.strip() == f"exported: {tmp_path / 'hf_export'}"
   assert hf_files == set(os.listdir(tmp_path / "hf_export"))
-  from tests.test_decode_launcher import _decode_launcher
-  decode = _decode_launcher()
+  from tests.helpers_hf import decode_launcher
+  decode = decode_launcher()
   config = importlib.import_module(f"configs.{name}").get_config("debug")
   ours, export = (decode.decode_model(config, n, str(p), num=2)
                   for n, p in (("run", tmp_path), ("export", tmp_path / "hf_export")))
@@ -113,8 +113,8 @@ def test_debug_jsonl_trains_on_the_example_file_and_its_run_evaluates_and_decode
   assert results["run"]["threshold_0.9"]["n_problems"] == 4
   said = capsys.readouterr().out
   assert f"run: {c.workdir} on 4 of the 36 jsonl ({c.task.path}) problems" in said
-  from tests.test_decode_launcher import _decode_launcher
-  decoded = _decode_launcher().decode_model(ev, "run", c.workdir, num=2)
+  from tests.helpers_hf import decode_launcher
+  decoded = decode_launcher().decode_model(ev, "run", c.workdir, num=2)
   assert len(decoded.texts) == 2 and decoded.nfe.min() >= 1
 
 

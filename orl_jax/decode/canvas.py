@@ -45,9 +45,10 @@ class Canvas:
   cfg: DecodeConfig
   b_rows: int
   p: int                     # prompt length (a multiple of b)
-  valid: jax.Array           # [B, P + M*b] bool: prompt padding is False (M = max_blocks)
-  positions: jax.Array       # [B, P + M*b] int32
-  meta: object               # [B, P + M*b] TokenMeta of a bidirectional forward
+  # the whole-canvas layout; None in the per-row engine, which never forwards the whole canvas
+  valid: jax.Array | None    # [B, P + M*b] bool: prompt padding is False (M = max_blocks)
+  positions: jax.Array | None  # [B, P + M*b] int32
+  meta: TokenMeta | None     # [B, P + M*b] TokenMeta of a bidirectional forward
   embedding: jax.Array       # [V, D] the input embedding table the residual is built from
   lead: jax.Array | None = None   # [B] int32 prompt tokens opening the first block (`Placed`)
 
@@ -83,6 +84,9 @@ class Canvas:
     z = jax.lax.dynamic_update_slice_in_dim(z, res.z, start, axis=1)
     alpha = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b_rows, width)), res.alpha, start, 1)
     meta = self.meta if self.bidirectional else self.step_meta(start)
+    if self.positions is None or meta is None:
+      raise ValueError("this Canvas has no whole-canvas layout (the per-row engine's): it "
+                       "cannot forward the whole canvas")
     cache = init_cache(model.cfg, b_rows, width) if write_cache else None
     hidden, cache, _ = model.hidden_states(full, self.positions, meta,
                                            residual=Residual(z, alpha), cache=cache,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from orl_jax import residual as residual_lib
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.types import ROUTE_DTYPE, Capture, RouteCapture, token_major_routes
-from orl_jax.models.transformer import Transformer
+from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.residual import Residual
 
 
@@ -34,13 +34,19 @@ def empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None) 
                  block_final=i32(b_rows, cfg.max_blocks * b))
 
 
+def captured_top_k(mcfg: ModelConfig) -> int:
+  """Experts per token of the MoE model whose routes a decode captures."""
+  assert mcfg.moe is not None, "check_route_capture: capture_routes needs an MoE model"
+  return mcfg.moe.top_k
+
+
 def new_capture(model: Transformer, cfg: DecodeConfig, b_rows: int, p: int) -> Capture | None:
   """The empty capture of a decode of `b_rows` prompts of length `p` (None without
   `capture_states`), with the route buffers of `capture_routes`."""
   if not cfg.capture_states:
     return None
   mcfg = model.cfg
-  route_dims = (p, mcfg.n_moe_layers, mcfg.moe.top_k) if cfg.capture_routes else None
+  route_dims = (p, mcfg.n_moe_layers, captured_top_k(mcfg)) if cfg.capture_routes else None
   return empty_capture(b_rows, cfg, mcfg.d_model, mcfg.compute_dtype, route_dims)
 
 
@@ -57,6 +63,7 @@ def record_state(cap: Capture, do: jax.Array, routes=None, rows=None, **fields) 
   upd = {name: getattr(cap, name).at[rows, idx].set(val, mode="drop")
          for name, val in fields.items()}
   if routes is not None:
+    assert cap.routes is not None, "routes are recorded into a capture with route buffers"
     state = cap.routes.state.at[rows, idx].set(token_major_routes(routes), mode="drop")
     upd["routes"] = cap.routes._replace(state=state)
   upd["valid"] = cap.valid.at[rows, idx].set(True, mode="drop")
@@ -74,6 +81,7 @@ def capture_step(cfg: DecodeConfig, cap: Capture | None, need, logits, tokens, r
   `need` (`record_state`; `rows`: their capture rows). Unchanged without `capture_states`."""
   if not cfg.capture_states:
     return cap
+  assert cap is not None, "new_capture makes a capture with capture_states"
   logp = jax.nn.log_softmax(logits, axis=-1)
   top_lp, top_ids = jax.lax.top_k(logp, cfg.top_k)
   return record_state(cap, need, routes, rows=rows, block_tokens=tokens, block=block,

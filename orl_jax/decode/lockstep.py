@@ -34,7 +34,7 @@ from flax import nnx
 
 from orl_jax import residual as residual_lib
 from orl_jax.decode.canvas import Canvas, block_layout, prompt_layout
-from orl_jax.decode.capture import check_route_capture, new_capture
+from orl_jax.decode.capture import captured_top_k, check_route_capture, new_capture
 from orl_jax.decode.compile_options import StepSizedJit
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.placement import (Placed, final_blocks, finished_response, fixed_positions,
@@ -79,7 +79,7 @@ def _commit_forward(cv: Canvas, tokens, start, cache, needs_commit, cap):
   pos, meta = block_layout(b_rows, start, b, KIND_CLEAN)
   routes = cv.cfg.capture_routes
   n_moe = cv.model.cfg.n_moe_layers if routes else 0
-  top_k = cv.model.cfg.moe.top_k if routes else 0
+  top_k = captured_top_k(cv.model.cfg) if routes else 0
 
   def run(c):
     out = cv.model(tokens, pos, meta, cache=c, cache_mode="write", cache_offset=start)
@@ -201,6 +201,7 @@ def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, 
   out = model(placed.tokens, pos, meta, cache=init_cache(model.cfg, b_rows, width),
               cache_mode="write", cache_offset=0)
   if cfg.capture_routes:
+    assert out.routing is not None, "an MoE model's forward returns its routing"
     routes = jnp.where(placed.valid[:, :, None, None],
                        token_major_routes(out.routing.expert_ids), -1).astype(ROUTE_DTYPE)
     cap = cap._replace(routes=cap.routes._replace(prompt=routes))

@@ -15,9 +15,9 @@ def build_model(cfg, seed: int = 0, mesh=None) -> nnx.Module:
   """The model of `cfg` initialised from `seed`: its family's own (a family with
   `build_model`) or the shared Transformer (`mesh`: the mesh its attention kernels run on,
   inside `shard_map`)."""
-  family = families.of_model(cfg)
-  if family.own_model:
-    return family.build_model(cfg, nnx.Rngs(seed), mesh)
+  build = families.of_model(cfg).build_model
+  if build is not None:   # the family's `own_model`
+    return build(cfg, nnx.Rngs(seed), mesh)
   return Transformer(cfg, rngs=nnx.Rngs(seed), mesh=mesh)
 
 

@@ -103,7 +103,7 @@ class MoEConfig:
 class RoutedTokens(NamedTuple):
   expert_ids: jax.Array   # [N, K] int32 chosen experts
   weights: jax.Array      # [N, K] f32 combine weights (unbiased, normalised, scaled)
-  scores: jax.Array       # [N, E] f32 sigmoid scores (for the load-balance loss)
+  scores: jax.Array | None  # [N, E] f32 sigmoid scores (load-balance loss); None once exchanged
 
 
 def route(logits: jax.Array, expert_bias: jax.Array, cfg: MoEConfig,

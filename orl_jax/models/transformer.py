@@ -196,8 +196,10 @@ class Block(nnx.Module):
     self.attn = Attention(cfg, rngs, mesh)
     self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
     self.is_moe = cfg.is_moe_layer(layer_index)
+    self.mlp: MoE | MLP
     if self.is_moe:
       moe = cfg.moe
+      assert moe is not None, "is_moe_layer is False without cfg.moe"
       shared = MLP(cfg, rngs, moe.n_shared * moe.expert_dim) if moe.n_shared else None
       self.mlp = MoE(moe, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=pd,
                      shared_experts=shared, rngs=rngs)
@@ -309,7 +311,7 @@ class Transformer(nnx.Module):
       if cache_mode == "write":
         cache_meta = TokenMeta(*(write_at(c, m, cache_offset) for c, m in zip(cache.meta, meta)))
     new_k, new_v = [], []
-    taken = []
+    taken: list[jax.Array] = []
     last = len(self.layers) - 1
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
@@ -331,6 +333,7 @@ class Transformer(nnx.Module):
         new_v.append(layer_cache[1])
     new_cache = cache
     if cache_mode == "write":
+      assert cache_meta is not None, "a write without a cache fails in the layers"
       new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), cache_meta)
     routing = Routing(jnp.stack(taken)) if taken else None
     if keep is not None and self.layers[last].is_moe:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -112,12 +113,14 @@ class ReplayPlan:
   @classmethod
   def abstract(cls, cfg: ReplayConfig) -> "ReplayPlan":
     """Shapes and dtypes of every plan of `cfg` (to trace the gather and the step once)."""
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+    # ShapeDtypeStruct leaves in place of the arrays the fields are annotated with (Any)
+    spec: Callable[..., Any] = jax.ShapeDtypeStruct
+    i32 = lambda *s: spec(s, jnp.int32)
     rt, q = (cfg.n_rows, cfg.row_len), max(cfg.max_states, 1)
     return cls(src_type=i32(*rt), src_group=i32(*rt), src_resp=i32(*rt), src_state=i32(*rt),
                src_pos=i32(*rt), positions=i32(*rt), meta=TokenMeta(*(i32(*rt),) * 5),
                state_slot=i32(*rt), resp_slot=i32(*rt), pair_a=i32(q), pair_b=i32(q),
-               pair_resp=i32(q), pair_valid=jax.ShapeDtypeStruct((q,), jnp.bool_),
+               pair_resp=i32(q), pair_valid=spec((q,), jnp.bool_),
                state_resp=i32(cfg.max_states), n_responses=i32())
 
 
@@ -161,7 +164,7 @@ def form_units(selected, group_size: int, prompt_len: int, b: int, cfg: ReplayCo
       continue
     pending = list(states)
     while pending:  # split a response whose states overflow a row
-      take = []
+      take: list[tuple[int, int]] = []
       for i, blk in pending:
         clean = max([x[1] for x in take] + [blk])
         if prompt_len + (clean + len(take) + 1) * b > cfg.row_len and take:
@@ -180,7 +183,8 @@ def _segments_of_group(us, prompt_len: int, b: int, cfg: ReplayConfig):
   segment gets its own prompt copy); naive layouts: one segment per unit."""
   if cfg.one_state_per_unit:
     return [[u] for u in us]
-  chunks, size = [], cfg.row_len
+  chunks: list[list[_Unit]] = []
+  size = cfg.row_len
   for u in sorted(us, key=lambda u: -u.size(b)):
     if size + u.size(b) > cfg.row_len - prompt_len:
       chunks.append([])
@@ -193,8 +197,9 @@ def _segments_of_group(us, prompt_len: int, b: int, cfg: ReplayConfig):
 def pack_rows(units, prompt_len: int, b: int, cfg: ReplayConfig):
   """First-fit-decreasing over whole prompt groups, then over segments of a group that fits no
   row whole. Returns (rows, states dropped): rows[i] = [(group, [units])], one per segment."""
-  rows, used = [], []
-  by_group = {}
+  rows: list[list[tuple[int, list[_Unit]]]] = []
+  used: list[int] = []
+  by_group: dict[int, list[_Unit]] = {}
   for u in units:
     by_group.setdefault(u.group, []).append(u)
 
@@ -240,7 +245,9 @@ class _Layout:
     self.a = {k: np.full((cfg.n_rows, cfg.row_len), fill, np.int32)
               for k, fill in _TOKEN_FIELDS.items()}
     self.state_resp = np.full((cfg.max_states,), -1, np.int32)
-    self.resp_slots, self.slot_of = {}, {}  # slot_of[(response, capture index)] = (slot, block)
+    self.resp_slots: dict[int, int] = {}   # response -> response slot
+    # slot_of[(response, capture index)] = (slot, block)
+    self.slot_of: dict[tuple[int, int], tuple[int, int]] = {}
     self.n_state_slots = self.state_tokens = self.dropped = 0
 
   def _set(self, ri: int, t: int, n: int, **values) -> int:
@@ -251,7 +258,8 @@ class _Layout:
   def row(self, ri: int, segments) -> None:
     t = state_id = 0
     for si, (group, us) in enumerate(segments):
-      start, local = t, {}
+      start = t
+      local: dict[int, int] = {}
       t = self._prompt(ri, t, si + 1, group)
       for u in us:
         t, state_id = self._unit(ri, t, si + 1, local.setdefault(u.resp, len(local)), u,
@@ -360,8 +368,9 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
   if cfg.context == "token":   # blocks of one token; a state's block: its canvas's start
     block = np.where(a["kind"] == KIND_STATE, a["positions"] - a["src_pos"],
                      np.where(a["kind"] == KIND_PAD, 0, a["positions"])).astype(np.int32)
-  meta = TokenMeta(segment=a["segment"], response=a["response"], kind=a["kind"],
-                   block=block, state_id=a["state_id"])
+  # numpy fields where TokenMeta's annotations say jax.Array: they are read as arrays
+  meta = TokenMeta(segment=a["segment"], response=a["response"], kind=a["kind"],  # type: ignore[arg-type]
+                   block=block, state_id=a["state_id"])  # type: ignore[arg-type]
   plan = ReplayPlan(src_type=a["src_type"], src_group=a["src_group"], src_resp=a["src_resp"],
                     src_state=a["src_state"], src_pos=a["src_pos"], positions=a["positions"],
                     meta=meta, state_slot=a["state_slot"], resp_slot=a["resp_slot"],
@@ -400,7 +409,8 @@ def balance_rows(plan: ReplayPlan, n_shards: int, prompt_len: int, b: int):
   if n_rows % n_shards:
     raise ValueError(f"replay.n_rows={n_rows} must be divisible by the {n_shards} data shards")
   per = n_rows // n_shards
-  loads, members = np.zeros(n_shards), [[] for _ in range(n_shards)]
+  loads = np.zeros(n_shards)
+  members: list[list[int]] = [[] for _ in range(n_shards)]
   for r in np.argsort(-costs, kind="stable"):
     open_ = [s for s in range(n_shards) if len(members[s]) < per]
     s = min(open_, key=lambda s: loads[s])
@@ -423,7 +433,8 @@ def _topological_rank(n_rows: int, edges) -> np.ndarray:
   """Rank of each row in a topological order of the row graph, smallest row first among the
   ready ones (Kahn). Rows on a cycle (two responses split over the same rows in opposite
   orders) and the rows after them keep their order at the end."""
-  succ, indeg = [[] for _ in range(n_rows)], np.zeros(n_rows, int)
+  succ: list[list[int]] = [[] for _ in range(n_rows)]
+  indeg = np.zeros(n_rows, int)
   for a, b in edges:
     succ[a].append(b)
     indeg[b] += 1
