@@ -54,7 +54,10 @@ def fill_decode_defaults(run: RunConfig, hf_dir: str, family: str) -> RunConfig:
   """`run` with the `decode.*` fields that registry family `family`'s generation defaults
   cover and the config leaves unset (None) filled from `hf_dir`'s generation_config.json,
   else the official defaults (DiffusionGemma's: transformers'); logged."""
-  fam = families.get(family)
+  try:
+    fam = families.get(family)
+  except ValueError:                     # an unknown family: `validate` names it
+    return run
   if not fam.generation_defaults:
     return run
   values, origins = hf_read.decode_defaults(run.decode, hf_dir, fam.generation_defaults)
