@@ -39,6 +39,7 @@ import numpy as np
 import replay_speedup
 import staircase_kernel
 from configs import tiny
+from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.tiny_task import tiny_tokenizer
@@ -148,7 +149,8 @@ def predicted_forward(graphdef, params, decode_cfg, batch: int, p_len: int, budg
 def decode(size: str, budget) -> dict:
   config = tiny.get_config("eval")
   tok = tiny_tokenizer()
-  model_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  model_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
+                                  mask_id=tok.mask_id)
   model_cfg = type(model_cfg)(**{**model_cfg.__dict__, **DECODE_MODEL[size]})
   graphdef, params = init_model_params(model_cfg, 0)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
@@ -192,7 +194,8 @@ def decode(size: str, budget) -> dict:
 def orl_step(size: str) -> dict:
   config = tiny.get_config("sft")
   tok = tiny_tokenizer()
-  s_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  s_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
+                                  mask_id=tok.mask_id)
   optimizer = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(config),
                                                  residual_lr_scale=1.0))
   mesh = sharding_lib.make_mesh()

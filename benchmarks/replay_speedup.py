@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import tiny
+from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.decode.types import Capture, DecodeOutput, trajectories
@@ -282,7 +283,8 @@ def main():
   config = tiny.get_config("sft")
   from orl_jax.data.tiny_task import tiny_tokenizer
   tok = tiny_tokenizer()
-  s_cfg = config_lib.model_config(config, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  s_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
+                                  mask_id=tok.mask_id)
   mesh = sharding_lib.make_mesh()
   optimizer = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(config),
                                                  residual_lr_scale=1.0))

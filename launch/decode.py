@@ -35,7 +35,6 @@ from ml_collections import config_flags
 from orl_jax import config as config_lib
 from orl_jax.decode import build as decode_build
 from orl_jax import sharding
-from orl_jax import evaluate as eval_lib
 from orl_jax import trained_run
 from orl_jax import weights as weights_lib
 from orl_jax.apps import trajectory_view
@@ -115,8 +114,8 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   weights at `path`, as `config` sets the decoder. A Hugging Face directory gives the family and
   every shape (its config.json); a params folder (or a run's work directory) gives what it was
   trained with (`trained_run`), except the fields in `overridden`."""
-  cfg = eval_lib.model_config_for(config, path, overridden)
-  s = build_setup(cfg, prompts=prompts)
+  s = build_setup(trained_run.model_config_for(config, path, overridden), prompts=prompts)
+  cfg = s.config
   problems = s.task.eval_problems() if prompts else s.task.eval_problems()[:num]
   tok = s.tokenizer
   tokens, valid = _encode(problems, tok, cfg.task.prompt_len)

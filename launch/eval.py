@@ -40,7 +40,7 @@ def models_to_evaluate(config) -> list[tuple[str, str]]:
   if weights is not None:
     return [(weights.path, config.eval.name or weights_lib.display_name(weights.path))]
   if config.eval.get("random_init", False):
-    return [(eval_lib.RANDOM_INIT, config.eval.name or eval_lib.RANDOM_INIT)]
+    return [(trained_run.RANDOM_INIT, config.eval.name or trained_run.RANDOM_INIT)]
   raise app.UsageError("give weights: --config.model.path=DIR (a Hugging Face model or a "
                        "params folder) or --config.eval.compare=DIR:name,DIR:name")
 

@@ -1,15 +1,16 @@
-"""Config helpers: `validate(config)` and conversions to the frozen dataclasses used in jit.
-
-Configs are `ml_collections.ConfigDict`s defined in `configs/*.py` (`get_config(arg)`).
-`validate` rejects inconsistent settings with one message per problem naming the fields.
+"""The run config's rules and conversions: `validate(run)` checks a `RunConfig` (the rules that
+span fields and sections; `orl_jax.run_config.build` calls it), with one message per problem
+naming the fields; `model_config`, `decode_config`, `moe_config`, `family_rules` turn its
+sections into the frozen dataclasses used in jit.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, TypeVar
 
-import ml_collections
-
+from orl_jax.config_sections import ConfigError, RunConfig
 from orl_jax.choices import KL_REFERENCES, REPLAY_LAYOUTS, SCHEDULES
+from orl_jax.data.tiny_task import TinyTaskConfig
 from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, DecodeConfig
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
@@ -23,14 +24,29 @@ TRAIN_MODES = ("sft", "residual_warmup", "orl", "rcd_offline", "eval")
 ATTENTION_LAYOUTS = families.ATTENTION_LAYOUTS
 
 
-class ConfigError(ValueError):
-  """A config that cannot run; the message names the fields."""
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+# decode.* fields a config may leave unset (None) for its family's generation defaults to fill
+# (`run_config.build`); every block decoder reads them
+FILLED_BY_FAMILY = ("gen_length", "rule_value", "max_steps_per_block")
+T = TypeVar("T")
+
+
+def required(value: T | None, field: str) -> T:
+  """A `FILLED_BY_FAMILY` field's value; ConfigError when it is still unset."""
+  if value is None:
+    raise ConfigError(f"invalid config: {field} is unset and the model's family has no "
+                      f"generation default for it: set --config.{field}")
+  return value
+
+
+def validate(config: RunConfig) -> None:
   """Raises ConfigError listing every inconsistency found."""
-  errors = []
+  errors: list[str] = []
   m, d, t = config.model, config.decode, config.train
+  for field in FILLED_BY_FAMILY:
+    required(getattr(d, field), f"decode.{field}")
+  gen_length = required(d.gen_length, "decode.gen_length")
   check = lambda cond, msg: None if cond else errors.append(msg)
   check(t.mode in TRAIN_MODES, f"train.mode={t.mode!r} must be one of {TRAIN_MODES}")
   check(m.attention in ATTENTION_LAYOUTS,
@@ -40,25 +56,25 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(m.attention_impl in IMPLS,
         f"model.attention_impl={m.attention_impl!r} must be one of {IMPLS}")
   for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
-    check(m[field] > 0, f"model.{field}={m[field]} must be positive")
+    check(getattr(m, field) > 0, f"model.{field}={getattr(m, field)} must be positive")
   errors += _moe_errors(config)
   check(m.n_kv_heads <= 0 or m.n_heads % m.n_kv_heads == 0,
         f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={m.n_kv_heads}")
   check(d.rule in RULES, f"decode.rule={d.rule!r} must be one of {RULES}")
-  check(d.block_size > 0 and d.gen_length % d.block_size == 0,
-        f"decode.gen_length={d.gen_length} must be a positive multiple of "
+  check(d.block_size > 0 and gen_length % d.block_size == 0,
+        f"decode.gen_length={gen_length} must be a positive multiple of "
         f"decode.block_size={d.block_size}")
   check(config.task.prompt_len % d.block_size == 0,
         f"task.prompt_len={config.task.prompt_len} must be a multiple of "
         f"decode.block_size={d.block_size} (prompts are left-padded to a block boundary)")
-  check(config.loss.get("vocab_chunk", 0) >= 0,
-        f"loss.vocab_chunk={config.loss.get('vocab_chunk', 0)} must be >= 0 (0 = off)")
+  check(config.loss.vocab_chunk >= 0,
+        f"loss.vocab_chunk={config.loss.vocab_chunk} must be >= 0 (0 = off)")
   try:
-    families.get(m.get("hf_family", ""))     # the registry's rule and message
+    families.get(m.hf_family)     # the registry's rule and message
   except ValueError as e:
     errors.append(str(e))
-  check(not m.get("path", "") or not m.get("init_from", "") or m.path == m.init_from,
-        f"model.path={m.get('path', '')!r} and model.init_from={m.get('init_from', '')!r} "
+  check(not m.path or not m.init_from or m.path == m.init_from,
+        f"model.path={m.path!r} and model.init_from={m.init_from!r} "
         "both give weights; set model.path only")
   check(d.temperature >= 0, f"decode.temperature={d.temperature} must be >= 0")
   errors += _schedule_errors(config)
@@ -78,7 +94,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
-def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _run_errors(config: RunConfig) -> list[str]:
   """The train, eval, checkpoint, ORL, loss-reference and data-mesh settings' problems."""
   errors = []
   m, t = config.model, config.train
@@ -87,7 +103,7 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
   errors += OptimizerConfig.from_config(config).errors()
   check(t.log_every > 0, f"train.log_every={t.log_every} must be positive")
   check(config.eval.batch_size > 0, f"eval.batch_size={config.eval.batch_size} must be positive")
-  n_eval = config.task.get("tiny", {}).get("n_eval", 512) if config.task.name == "tiny" else None
+  n_eval = _tiny_eval_size(config.task, errors) if config.task.name == "tiny" else None
   check(config.eval.n_problems >= 0,
         f"eval.n_problems={config.eval.n_problems} must be >= 0 (0 = the whole evaluation set)")
   check(n_eval is None or config.eval.n_problems <= n_eval,
@@ -105,9 +121,9 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
     check(m.residual.mode == "adapter",
           f"train.mode='residual_warmup' trains the adapter: model.residual.mode must be "
           f"'adapter', got {m.residual.mode!r}")
-    p_self = t.get("self_condition_probability", 0.5)
+    p_self = t.self_condition_probability
     check(0 < p_self <= 1, f"train.self_condition_probability={p_self} must be in (0, 1]")
-  kl_ref = config.loss.get("kl_reference", "initial")
+  kl_ref = config.loss.kl_reference
   check(kl_ref in KL_REFERENCES,
         f"loss.kl_reference={kl_ref!r} must be one of {KL_REFERENCES}")
   n_data = config.mesh.data
@@ -117,7 +133,17 @@ def _run_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _moe_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _tiny_eval_size(task, errors: list[str]) -> int | None:
+  """The tiny task's evaluation-set size (`task.tiny.n_eval`, else TinyTaskConfig's default);
+  None, the problem appended to `errors`, when `task.tiny` is not a valid TinyTaskConfig."""
+  try:
+    return TinyTaskConfig(**task.tiny).n_eval
+  except (TypeError, ValueError) as e:
+    errors.append(f"task.tiny: {e}")
+    return None
+
+
+def _moe_errors(config: RunConfig) -> list[str]:
   """The model.moe section's problems (MoEConfig.validate's, and the expert mesh axis)."""
   errors = []
   try:
@@ -127,15 +153,15 @@ def _moe_errors(config: ml_collections.ConfigDict) -> list[str]:
   except (TypeError, ValueError) as e:
     errors.append(str(e))
   else:
-    if config.mesh.get("expert", 1) > 1 and moe is None:
+    if config.mesh.expert > 1 and moe is None:
       errors.append(f"mesh.expert={config.mesh.expert} splits MoE experts, but the model is "
                     "dense (model.moe.n_experts = 0): set mesh.expert=1")
   return errors
 
 
-def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _replay_errors(config: RunConfig) -> list[str]:
   """The replay section's problems, caught at start-up rather than after the first rollout."""
-  r, d, t = config.get("replay"), config.decode, config.train
+  r, d, t = config.replay, config.decode, config.train
   if r is None:
     return []
   errors = []
@@ -143,14 +169,14 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   n_data = config.mesh.data
   check(r.n_rows > 0 and r.row_len > 0,
         f"replay.n_rows={r.n_rows} and replay.row_len={r.row_len} must be positive")
-  micro = r.get("micro_batches", 1)
-  shards = (n_data * config.mesh.fsdp * config.mesh.get("expert", 1)
+  micro = r.micro_batches
+  shards = (n_data * config.mesh.fsdp * config.mesh.expert
             if n_data > 0 and config.mesh.fsdp > 0 else 1)
   check(micro >= 1 and r.n_rows % (micro * shards) == 0,
         f"replay.micro_batches={micro} must be >= 1 and divide replay.n_rows={r.n_rows}"
         + (f" per data shard (mesh.data x mesh.fsdp x mesh.expert = {shards})"
            if shards > 1 else ""))
-  layout = r.get("layout", "packed")
+  layout = r.layout
   check(layout in REPLAY_LAYOUTS,
         f"replay.layout={layout!r} must be one of {REPLAY_LAYOUTS}")
   # a state of the last block replays with the prompt and every clean block before it (the
@@ -160,7 +186,8 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
     absolute = family_rules(config)["block_placement"] == "absolute"
   except (ConfigError, ValueError):   # a family with its own sampler, or an unknown one
     absolute = False                  # (named by its own check): no block decoder here
-  need = config.task.prompt_len + d.gen_length + (d.block_size if absolute else 0)
+  need = (config.task.prompt_len + required(d.gen_length, "decode.gen_length")
+          + (d.block_size if absolute else 0))
   check(t.mode != "orl" or r.row_len >= need,
         f"replay.row_len={r.row_len} cannot hold a prompt (task.prompt_len="
         f"{config.task.prompt_len}) plus a state of the last block with its context "
@@ -168,10 +195,10 @@ def _replay_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _rules_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _rules_errors(config: RunConfig) -> list[str]:
   """decode.block_placement / commit_compare: "auto" (the family's) or a known value."""
   d, errors = config.decode, []
-  placement, compare = d.get("block_placement", "auto"), d.get("commit_compare", "auto")
+  placement, compare = d.block_placement, d.commit_compare
   if placement not in ("auto",) + PLACEMENTS:
     errors.append(f"decode.block_placement={placement!r} must be one of "
                   f"{('auto',) + PLACEMENTS}")
@@ -185,7 +212,7 @@ def _rules_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _editing_errors(config: RunConfig) -> list[str]:
   """LLaDA2.1 token editing (decode.*) and MoE route capture (orl.capture_routes)."""
   d, errors = config.decode, []
   check = lambda cond, msg: None if cond else errors.append(msg)
@@ -203,7 +230,7 @@ def _editing_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _schedule_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _schedule_errors(config: RunConfig) -> list[str]:
   """decode.schedule: a known value; orl.rollout_rows: rows of the per-row engine, at most one
   per rollout response."""
   schedule, o, errors = config.decode.schedule, config.orl, []
@@ -223,10 +250,10 @@ def _schedule_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors
 
 
-def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
+def _cache_errors(config: RunConfig) -> list[str]:
   """decode.cache: Fast-dLLM's approximate caches exist for bidirectional canvases only, and
   ORL rollouts must decode exactly (their captured states are replayed)."""
-  cache, attention = config.decode.get("cache", "none"), config.model.attention
+  cache, attention = config.decode.cache, config.model.attention
   if cache == "none":
     return []
   if cache not in CACHE_MODES:
@@ -241,49 +268,49 @@ def _cache_errors(config: ml_collections.ConfigDict) -> list[str]:
                   "consumed and the packed replay must reproduce it, which only "
                   "decode.cache='none' does: set decode.cache='none' for train.mode='orl' "
                   "(evaluate with the cache in a separate train.mode='eval' run)")
-  if config.decode.get("schedule", "lockstep") == "per_row":
+  if config.decode.schedule == "per_row":
     errors.append(f"decode.cache={cache!r} runs with the lock-step decoder only: set "
                   "decode.schedule='lockstep' (the per-row engine decodes without a cache)")
   return errors
 
 
-def moe_config(config: ml_collections.ConfigDict) -> MoEConfig | None:
+def moe_config(config: RunConfig) -> MoEConfig | None:
   """The `model.moe` section as a MoEConfig (None when absent or `n_experts` = 0: dense)."""
-  moe = config.model.get("moe")
+  moe = config.model.moe
   if moe is None or not moe.n_experts:
     return None
-  return MoEConfig(**moe.to_dict(), expert_parallel=config.mesh.get("expert", 1) > 1)
+  return MoEConfig(**moe.to_dict(), expert_parallel=config.mesh.expert > 1)
 
 
 def _with_moe_runtime(arch_moe: MoEConfig | None, config) -> MoEConfig | None:
   """config.json's MoE architecture with the run-time choices of `model.moe` (impl, ...);
   experts run expert-parallel exactly when the mesh has an expert axis."""
-  moe = config.model.get("moe")
+  moe = config.model.moe
   if arch_moe is None:
     return None
-  runtime = {f: moe[f] for f in RUNTIME_FIELDS if moe is not None and f in moe}
-  runtime["expert_parallel"] = config.mesh.get("expert", 1) > 1
+  runtime = {f: getattr(moe, f) for f in RUNTIME_FIELDS if hasattr(moe, f)}
+  runtime["expert_parallel"] = config.mesh.expert > 1
   return dataclasses.replace(arch_moe, **runtime)
 
 
-def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id: int,
+def model_config(config: RunConfig, *, vocab_size: int, mask_id: int,
                  arch: dict | None = None, hf_family: str | None = None) -> ModelConfig:
   """The ModelConfig of `config.model`. `arch` (a family's `architecture_from_hf` of the
   weights' config.json) replaces every architecture field; the run-time choices (dtypes,
   attention kernel, residual pathway, `model.moe.impl` ...) stay the config's."""
   m = config.model
-  fields = dict(
+  fields: dict[str, Any] = dict(
       vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
       n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim, mask_id=mask_id,
-      rope_theta=m.rope_theta, rope_fraction=m.get("rope_fraction", 1.0), norm_eps=m.norm_eps,
+      rope_theta=m.rope_theta, rope_fraction=m.rope_fraction, norm_eps=m.norm_eps,
       qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, embed_scale=m.embed_scale,
       attention=m.attention, dtype=m.dtype, param_dtype=m.param_dtype,
       attention_impl=m.attention_impl,
       residual_mode=m.residual.mode, residual_hidden=m.residual.hidden,
       residual_scale=m.residual.scale, residual_temperature=m.residual.temperature,
-      moe=moe_config(config), first_k_dense=m.get("first_k_dense", 0),
-      norm_head=m.get("norm_head", False), remat=m.get("remat", False),
-      hf_family=m.get("hf_family", "") if hf_family is None else hf_family)
+      moe=moe_config(config), first_k_dense=m.first_k_dense,
+      norm_head=m.norm_head, remat=m.remat,
+      hf_family=m.hf_family if hf_family is None else hf_family)
   if arch:
     fields.update(arch)
     fields["moe"] = _with_moe_runtime(arch.get("moe"), config)
@@ -294,13 +321,13 @@ def model_config(config: ml_collections.ConfigDict, *, vocab_size: int, mask_id:
 BLOCK_RULES = ("block_placement", "commit_compare")
 
 
-def family_rules(config: ml_collections.ConfigDict, family: str | None = None) -> dict:
+def family_rules(config: RunConfig, family: str | None = None) -> dict:
   """{block_placement, commit_compare} of a run: `decode.*` where set, else ("auto") the
   authors' rules of registry family `family` (None: `model.hf_family`; '' = ours, whose
   default family records the rules the tiny model is trained with). Pass the weights' family
   (`Setup.model_cfg.hf_family`): a config written for one family may load another's
   checkpoint."""
-  family = config.model.get("hf_family", "") if family is None else family
+  family = config.model.hf_family if family is None else family
   entry = families.get(family)
   missing = [k for k in BLOCK_RULES if k not in entry.decode]
   if missing:
@@ -309,24 +336,27 @@ def family_rules(config: ml_collections.ConfigDict, family: str | None = None) -
   rules = {k: entry.decode[k] for k in BLOCK_RULES}
   d = config.decode
   for k in BLOCK_RULES:
-    if d.get(k, "auto") != "auto":
-      rules[k] = d[k]
+    if getattr(d, k) != "auto":
+      rules[k] = getattr(d, k)
   return rules
 
 
-def decode_config(config: ml_collections.ConfigDict, *, mask_id: int, eos_id: int,
+def decode_config(config: RunConfig, *, mask_id: int, eos_id: int,
                   rule: UnmaskRule | None = None, temperature: float | None = None,
                   capture_states: int = 0, family: str | None = None) -> DecodeConfig:
   """The block decoder's config of a run; `family`: the weights' registry family (decides
   the "auto" rules, `family_rules`; None: `model.hf_family`)."""
   d = config.decode
   if rule is None:
-    rule = UnmaskRule(d.rule, d.rule_value)
-  return DecodeConfig(gen_length=d.gen_length, block_size=d.block_size, mask_id=mask_id,
+    rule = UnmaskRule(d.rule, required(d.rule_value, "decode.rule_value"))
+  return DecodeConfig(gen_length=required(d.gen_length, "decode.gen_length"),
+                      block_size=d.block_size, mask_id=mask_id,
                       eos_id=eos_id, rule=rule,
                       temperature=d.temperature if temperature is None else temperature,
-                      max_steps_per_block=d.max_steps_per_block, capture_states=capture_states,
+                      max_steps_per_block=required(d.max_steps_per_block,
+                                                   "decode.max_steps_per_block"),
+                      capture_states=capture_states,
                       top_k=d.top_k, edit_threshold=d.edit_threshold,
-                      max_post_edit_steps=d.max_post_edit_steps, cache=d.get("cache", "none"),
-                      eos_early_stop=d.get("eos_early_stop", True),
+                      max_post_edit_steps=d.max_post_edit_steps, cache=d.cache,
+                      eos_early_stop=d.eos_early_stop,
                       **family_rules(config, family))

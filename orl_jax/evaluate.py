@@ -26,7 +26,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
-from orl_jax import distributed
+from orl_jax import distributed, trained_run
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decode import build as decode_build
@@ -217,7 +217,7 @@ def n_evaluated(config, n_available: int) -> int:
   from orl_jax.config import ConfigError
   task = config.task
   hint = {"tiny": "raise task.tiny.n_eval",
-          "jsonl": f"add problems to task.path={task.get('path', '')!r}"}.get(
+          "jsonl": f"add problems to task.path={task.path!r}"}.get(
               task.name, "that is the whole test split")
   raise ConfigError(f"eval.n_problems={n} but the {task.name} evaluation set has {n_available} "
                     f"problems: set --config.eval.n_problems={n_available} (or 0 for all of "
@@ -348,7 +348,6 @@ def format_table(all_results: dict, reference: str = "base") -> str:
   return "\n".join(lines)
 
 
-RANDOM_INIT = "random"   # an `eval.compare` path that means "freshly initialised from config.seed"
 
 
 def parse_compare(spec: str) -> list[tuple[str, str]]:
@@ -366,45 +365,21 @@ def parse_compare(spec: str) -> list[tuple[str, str]]:
   return out
 
 
-def model_config_for(config, path: str, overridden: frozenset = frozenset(),
-                     field: str = "model.path"):
-  """A copy of `config` whose weights come from `path` (set as model.path): a Hugging Face
-  directory, an orl_jax params folder or a finished run's work directory (`field` names it in
-  errors); 'random' -> a fresh model from config.seed. The settings the weights were trained
-  with (`trained_run.trained_settings`: a params folder's architecture, residual pathway,
-  tokenizer, special tokens and chat template) replace the config's, except the fields in
-  `overridden` (those the command line set)."""
-  import copy
-  from orl_jax import trained_run
-  from orl_jax import weights as weights_lib
-  cfg = copy.deepcopy(config)
-  with cfg.unlocked():
-    cfg.train.mode = "eval"        # evaluation only: the training modes' checks do not apply
-    cfg.model.init_from = ""
-    cfg.model.path = ""
-  if path == RANDOM_INIT:
-    return cfg
-  kind, folder = weights_lib.resolve(path, field)
-  trained_run.apply_settings(cfg, trained_run.trained_settings(kind, folder), overridden)
-  with cfg.unlocked():
-    cfg.model.path = folder
-  return cfg
-
-
 def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True,
                     overridden: frozenset = frozenset()) -> dict:
   """Evaluates each (weights path, name) with `eval.settings` on `config.task`, side by side;
   merges `{name: {setting: metrics}}` into WORKDIR/results.json (process 0; a new table when
   the evaluation set-up changed, `update_results`) and returns all results (on other
-  processes: this call's). `overridden`: the fields the command line set (`model_config_for`).
+  processes: this call's). `overridden`: the fields the command line set
+  (`trained_run.model_config_for`).
   With `progress`, says how many of the task's problems each model is scored on."""
   from orl_jax.train.setup import build_setup, initial_params
   path = os.path.join(config.workdir, "results.json")
   all_results = {}
   for weights, name in models:
-    cfg = model_config_for(config, weights, overridden, "eval.compare" if config.eval.get(
-        "compare", "") else "model.path")
-    setup = build_setup(cfg)
+    setup = build_setup(trained_run.model_config_for(config, weights, overridden,
+                                         "eval.compare" if config.eval.compare else "model.path"))
+    cfg = setup.config
     # build_setup's task is a tasks.Task; train.setup.Setup annotates it `object`
     n_available = len(cast("Task", setup.task).eval_problems())
     n = n_evaluated(cfg, n_available)          # before the weights load: a wrong size stops here
@@ -425,5 +400,5 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True,
 
 def describe_task(config) -> str:
   """'jsonl (examples/x.jsonl)', 'gsm8k', 'tiny': the evaluation set, for messages."""
-  path = config.task.get("path", "")
+  path = config.task.path
   return f"{config.task.name} ({path})" if path else config.task.name

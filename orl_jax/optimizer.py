@@ -34,13 +34,13 @@ class OptimizerConfig:
 
   @classmethod
   def from_config(cls, config) -> "OptimizerConfig":
-    """The section of an `ml_collections` run config (`train.*`, `model.residual.lr_scale`)."""
+    """The settings of a run config (`train.*`, `model.residual.lr_scale`)."""
     t = config.train
     return cls(lr=t.lr, steps=t.steps, warmup_steps=t.warmup_steps,
                final_lr_fraction=t.final_lr_fraction, b1=t.b1, b2=t.b2,
                weight_decay=t.weight_decay, grad_clip=t.grad_clip,
                residual_lr_scale=config.model.residual.lr_scale,
-               freeze_base=bool(t.get("freeze_base", False)))
+               freeze_base=bool(t.freeze_base))
 
   def errors(self) -> list[str]:
     """Every problem of the section, one sentence each naming the config field."""

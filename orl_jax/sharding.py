@@ -112,10 +112,10 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None,
 def mesh_from_config(config, devices=None) -> jax.sharding.Mesh:
   """The mesh of `config.mesh` (`data`, `fsdp`, `tensor`, `expert`, optional `dcn`)."""
   m = config.mesh
-  dcn = m.get("dcn", None)
+  dcn = m.dcn
   dcn = dcn.to_dict() if hasattr(dcn, "to_dict") else dcn
   return make_mesh(m.data, m.fsdp, m.tensor, devices=devices, dcn=dcn,
-                   expert=m.get("expert", 1))
+                   expert=m.expert)
 
 
 def tracing_mesh(mesh):

@@ -13,6 +13,7 @@ config.json (`RESIDUAL_KEY`), which is read back the same way.
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from typing import Iterable, Mapping
@@ -23,6 +24,7 @@ from orl_jax import params_io
 
 RUN_KEY = "run"                 # meta.json: what the model was trained with (run_record)
 TOKENIZER_FILE = "tokenizer.json"
+RANDOM_INIT = "random"   # an `eval.compare` path: a fresh model from config.seed, no weights
 TINY = "tiny"                   # model.tokenizer: the tiny task's word tokenizer
 RESIDUAL_KEY = "orl_residual"   # config.json of an export: the residual pathway's settings
 # ModelConfig fields a params folder decides, as config fields: the architecture and the
@@ -53,7 +55,7 @@ def run_record(config, tokenizer, source_dir: str, model_type: str) -> dict:
         ("bos", (tokenizer.bos_id,))) if ids[0] is not None}
   return {"tokenizer": TOKENIZER_FILE if hf_tokenizer else (TINY if word_tokenizer else ""),
           "special_tokens": special,
-          "chat": config.task.get("chat", "none"),
+          "chat": config.task.chat,
           "source": os.path.abspath(source_dir) if source_dir else "", "model_type": model_type}
 
 
@@ -127,3 +129,26 @@ def apply_settings(config, settings: Mapping, overridden: frozenset[str] = froze
         section[name] = value
         changed.append(field)
   return changed
+
+
+def model_config_for(config, path: str, overridden: frozenset = frozenset(),
+                     field: str = "model.path"):
+  """A copy of `config` whose weights come from `path` (set as model.path): a Hugging Face
+  directory, an orl_jax params folder or a finished run's work directory (`field` names it in
+  errors); 'random' -> a fresh model from config.seed. The settings the weights were trained
+  with (`trained_settings`: a params folder's architecture, residual pathway,
+  tokenizer, special tokens and chat template) replace the config's, except the fields in
+  `overridden` (those the command line set)."""
+  from orl_jax import weights as weights_lib
+  cfg = copy.deepcopy(config)
+  with cfg.unlocked():
+    cfg.train.mode = "eval"        # evaluation only: the training modes' checks do not apply
+    cfg.model.init_from = ""
+    cfg.model.path = ""
+  if path == RANDOM_INIT:
+    return cfg
+  kind, folder = weights_lib.resolve(path, field)
+  apply_settings(cfg, trained_settings(kind, folder), overridden)
+  with cfg.unlocked():
+    cfg.model.path = folder
+  return cfg

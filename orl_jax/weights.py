@@ -74,7 +74,7 @@ def display_name(path: str) -> str:
 def weights_of(config) -> Weights | None:
   """The run's starting weights (None: a freshly initialised model)."""
   m = config.model
-  path, legacy = m.get("path", ""), m.get("init_from", "")
+  path, legacy = m.path, m.init_from
   if path and legacy and os.path.abspath(path) != os.path.abspath(legacy):
     raise ConfigError(f"model.path={path!r} and model.init_from={legacy!r} both give weights; "
                       "set model.path only")
@@ -100,7 +100,7 @@ def params_dir(config) -> str:
 def require_weights(config) -> None:
   """A config that names its real model (`model.hub_id`) cannot train from random weights:
   ConfigError in one sentence saying which `model.path` to set."""
-  hub_id = config.model.get("hub_id", "")
+  hub_id = config.model.hub_id
   if hub_id and weights_of(config) is None:
     raise ConfigError(f"this config trains {hub_id}: set --config.model.path to its local "
                       "Hugging Face directory (config.json, *.safetensors, tokenizer.json), "

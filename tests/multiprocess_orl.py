@@ -131,11 +131,11 @@ def evaluate_trained(config) -> dict:
   nothing across devices, so the tokens are the single process's exactly."""
   import numpy as np
   from orl_jax import evaluate as eval_lib
-  from orl_jax import sharding
+  from orl_jax import sharding, trained_run
   from orl_jax.train.setup import build_setup, initial_params
   from orl_jax.unmasking import UnmaskRule
-  cfg = eval_lib.model_config_for(config, eval_lib.RANDOM_INIT)
-  s = build_setup(cfg)
+  s = build_setup(trained_run.model_config_for(config, trained_run.RANDOM_INIT))
+  cfg = s.config
   graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:8]
   rule = UnmaskRule.parse("threshold_0.9")

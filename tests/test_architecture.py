@@ -10,6 +10,11 @@
   and a config;
 * the applications (`orl_jax/apps/`: the demo, the base model's pipeline, the dry run, the
   reports) sit on top of the library: no module outside `apps/` imports one;
+* the command line's `ml_collections.ConfigDict` stops at the run config's entry
+  (`CONFIG_DICT_ENTRY`: the conversion, the build, and the settings a trained run brings): no
+  other library module imports ml_collections, unlocks a config or reads one with
+  `.get(name, default)` — below the entry a run reads its typed `RunConfig`, whose sections
+  hold every default;
 * no function in `orl_jax/` or `pallas_kernels/` is longer than 80 lines.
 
 An import edge goes to the most specific module the statement names: `import a.b` and
@@ -35,6 +40,12 @@ ABOVE_MODELS_WORDS = ("sampler", "rollout")
 
 # The applications: only they, the launchers, the benchmarks and the tests import them.
 APPS = "orl_jax.apps"
+
+# The library modules that may hold the command line's ConfigDict: its conversion to the typed
+# run config, the build every run calls, and the settings a trained run's weights bring (applied
+# to the command line's config before it is built). The applications (`apps/`) sit above it.
+CONFIG_DICT_ENTRY = ("orl_jax.config_sections", "orl_jax.run_config", "orl_jax.trained_run")
+CONFIG_NAMES = ("config", "cfg")        # what a run config is called where it is read
 
 
 def module_files(packages=PACKAGES) -> dict[str, str]:
@@ -298,3 +309,60 @@ def test_a_library_module_importing_an_application_is_caught():
   assert "orl_jax.apps.summary" in graph["orl_jax.apps.demo"]
   graph["orl_jax.aot.programs"] = graph["orl_jax.aot.programs"] | {"orl_jax.apps.dry_run"}
   assert library_imports_of_apps(graph) == ["orl_jax.aot.programs -> orl_jax.apps.dry_run"]
+
+
+def _config_root(node: ast.AST) -> str | None:
+  """The name an attribute chain such as `config.model.moe` starts from."""
+  while isinstance(node, ast.Attribute):
+    node = node.value
+  return node.id if isinstance(node, ast.Name) else None
+
+
+def config_dict_reads(modules: dict[str, str]) -> list[str]:
+  """'module:line what' for each ConfigDict use outside the entry and the applications: an
+  import of ml_collections, `<config>.unlocked()`, or `<config>[.section].get(name, default)`
+  (a run config read with a default of its own)."""
+  out = []
+  for module, path in sorted(modules.items()):
+    if module in CONFIG_DICT_ENTRY or module.startswith(APPS + ".") or not module.startswith(
+        "orl_jax"):
+      continue
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), filename=path)
+    for node in _import_nodes(tree):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+               else [node.module or ""])
+      if any(n.split(".")[0] == "ml_collections" for n in names):
+        out.append(f"{module}:{node.lineno} imports ml_collections")
+    for node in ast.walk(tree):
+      if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and _config_root(node.func.value) in CONFIG_NAMES):
+        continue
+      if node.func.attr == "unlocked":
+        out.append(f"{module}:{node.lineno} unlocks a config")
+      elif node.func.attr == "get" and len(node.args) + len(node.keywords) >= 2:
+        out.append(f"{module}:{node.lineno} reads a config with a default of its own")
+  return out
+
+
+def test_no_config_dict_below_the_run_config_entry():
+  bad = config_dict_reads(module_files())
+  assert not bad, ("ConfigDict uses below the run config's entry (read the built RunConfig, "
+                   "orl_jax/run_config.py):\n" + "\n".join(bad))
+
+
+def test_a_config_dict_read_below_the_entry_is_caught(tmp_path):
+  """The rule above sees each of the three uses, in a module of the library, and not in the
+  entry or an application."""
+  src = ("import ml_collections\n"
+         "def f(config):\n"
+         "  with config.unlocked():\n"
+         "    config.decode.rule = 'x'\n"
+         "  return config.loss.get('vocab_chunk', 0), config.task.tiny.get('n_eval')\n")
+  path = tmp_path / "m.py"
+  path.write_text(src)
+  files = {"orl_jax.somewhere": str(path), "orl_jax.run_config": str(path),
+           "orl_jax.apps.demo": str(path)}
+  assert config_dict_reads(files) == [
+      "orl_jax.somewhere:1 imports ml_collections", "orl_jax.somewhere:3 unlocks a config",
+      "orl_jax.somewhere:5 reads a config with a default of its own"]

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from configs import llada, sdar, tiny
 from orl_jax import params_io
-from orl_jax.config import ConfigError, validate
+from orl_jax.run_config import ConfigError, build
 from orl_jax.data.hf_tokenizer import HFTokenizer, TokenizerError, byte_level_tokenizer
 from orl_jax.data.jsonl import DatasetError, load_jsonl_problems
 from orl_jax.models import families, hf_read
@@ -223,7 +223,7 @@ def test_validate_rejects_values_that_cannot_run(field, value):
   section, name = field.split(".")
   c[section][name] = value
   with pytest.raises(ConfigError) as e:
-    validate(c)
+    build(c)
   assert f"{field}={value}" in str(e.value)
 
 
@@ -236,7 +236,7 @@ def test_validate_rejects_a_replay_that_cannot_hold_a_state(field, value, phrase
   section, name = field.split(".")
   c[section][name] = value
   with pytest.raises(ConfigError) as e:
-    validate(c)
+    build(c)
   assert f"{field}={value!r}" in str(e.value) or f"{field}={value}" in str(e.value)
   assert phrase in str(e.value)
 
@@ -246,7 +246,7 @@ def test_validate_names_an_unknown_family_with_the_registry_message():
   c = orl_smoke_config("unused")
   c.model.hf_family = "mistral"
   with pytest.raises(ConfigError) as e:
-    validate(c)
+    build(c)
   with pytest.raises(ValueError) as registry:
     families.get("mistral")
   assert str(registry.value) in str(e.value)
@@ -362,7 +362,7 @@ def test_export_eval_and_decode_of_a_folder_that_is_not_a_trained_run(tmp_path):
                    f"--out={tmp_path / 'o'}")
   assert line.startswith(f"export.py: --params={str(other)!r} holds neither a Hugging Face "
                          "model directory"), line
-  from orl_jax.evaluate import model_config_for
+  from orl_jax.trained_run import model_config_for
   from tests.helpers_hf import decode_launcher
   config = llada.get_config("debug")
   with pytest.raises(ConfigError, match="a run that has not finished") as e:

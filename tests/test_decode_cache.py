@@ -12,7 +12,7 @@ from flax import nnx
 
 from configs import tiny
 from orl_jax import residual as residual_lib
-from orl_jax.config import ConfigError, validate
+from orl_jax.run_config import ConfigError, build
 from orl_jax.decode.canvas import Canvas
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import lockstep_decoder
@@ -257,7 +257,7 @@ def _bidirectional_config(cache, mode="eval"):
 
 def test_validate_accepts_caches_for_bidirectional_evaluation():
   for cache in ("none", "prefix", "dual"):
-    validate(_bidirectional_config(cache))
+    build(_bidirectional_config(cache))
 
 
 @pytest.mark.parametrize("change, field", [
@@ -269,7 +269,7 @@ def test_validate_rejects_cache_misuse(change, field):
   c = _bidirectional_config(change.get("cache", "dual"), change.get("mode", "eval"))
   c.model.attention = change.get("attention", "bidirectional")
   with pytest.raises(ConfigError, match="decode.cache") as e:
-    validate(c)
+    build(c)
   assert field in str(e.value)
 
 

@@ -16,6 +16,7 @@ import pytest
 from configs import diffusion_gemma as dg_configs
 from orl_jax.models.diffusion_gemma import sampler
 from orl_jax import evaluate as eval_lib
+from orl_jax import trained_run
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.models import families
 from orl_jax.train.setup import build_setup, initial_params
@@ -38,7 +39,7 @@ def _config(workdir):
 def _hand_count(c):
   """Per-row (generated tokens, decoder forwards, decoded canvases) of the sampler run the
   evaluation makes (model 'random' = init from config.seed; batch 0 uses fold_in(key(0), 0))."""
-  s = build_setup(eval_lib.model_config_for(c, eval_lib.RANDOM_INIT))
+  s = build_setup(trained_run.model_config_for(c, trained_run.RANDOM_INIT))
   graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:c.eval.n_problems]
   prompts, valid = encode_prompts(problems, s.task.tokenizer, c.task.prompt_len)
@@ -61,7 +62,7 @@ def _hand_count(c):
 
 def test_evaluation_reports_tpf_in_both_conventions_as_counted_by_hand(tmp_path):
   c = _config(tmp_path)
-  all_results = eval_lib.evaluate_models(c, [(eval_lib.RANDOM_INIT, "base")], progress=False)
+  all_results = eval_lib.evaluate_models(c, [(trained_run.RANDOM_INIT, "base")], progress=False)
   with open(os.path.join(c.workdir, "results.json")) as f:
     assert json.load(f) == json.loads(json.dumps(all_results))
   r = all_results["base"][SETTING]

@@ -9,8 +9,7 @@ import pytest
 from flax import nnx
 
 from configs import diffusion_gemma as dg_configs
-from orl_jax.train.setup import fill_decode_defaults
-from orl_jax import config as config_lib
+from orl_jax import run_config
 from orl_jax import sharding
 from orl_jax.apps import dry_run
 from orl_jax.models import families
@@ -96,12 +95,11 @@ def test_variants():
   assert c.orl.capture_routes and c.eval.settings[0] == "entropy_budget_0.1"
   for variant in dg_configs.VARIANTS:
     c = dg_configs.get_config(variant)
-    fill_decode_defaults(c, "", "diffusion_gemma")   # what a run does before validating
-    config_lib.validate(c)
+    run_config.build(c)        # the decode defaults filled in, every rule checked
   # the sampler's settings are transformers' generation defaults unless the config sets them
   c = dg_configs.get_config()
   assert c.decode.gen_length is None
-  fill_decode_defaults(c, "", "diffusion_gemma")
+  c = run_config.build(c)
   assert (c.decode.gen_length, c.decode.max_steps_per_block, c.decode.rule_value, c.decode.t_min,
           c.decode.t_max, c.decode.stability_threshold, c.decode.confidence_threshold) == (
               256, 48, 0.1, 0.4, 0.8, 1, 0.005)

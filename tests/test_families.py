@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 from configs import llada
+from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax import sharding
 from orl_jax.apps import dry_run
@@ -296,7 +297,7 @@ def test_llada_variants():
   assert (m.n_layers, m.first_k_dense, m.moe.n_experts, m.moe.top_k, m.moe.n_shared,
           m.moe.n_group, m.moe.topk_group) == (4, 1, 8, 2, 1, 2, 1)
   for variant in llada.VARIANTS:
-    config_lib.validate(llada.get_config(variant))
+    run_config.build(llada.get_config(variant))
   with pytest.raises(ValueError, match="2.1-mini"):
     llada.get_config("16b")
 
@@ -305,7 +306,7 @@ def test_each_family_decodes_by_its_authors_rules():
   """Block placement and the threshold comparison follow the weights' family (its registry
   entry; a decode.* setting overrides); whether a row stops after its EOS block is the
   config's, set per variant as the official `generate` / serving stack does."""
-  rules = lambda c, family=None: config_lib.family_rules(c, family)
+  rules = lambda c, family=None: config_lib.family_rules(run_config.convert(c), family)
   c = llada.get_config()                                  # LLaDA2.1-mini
   assert rules(c) == {"block_placement": "absolute", "commit_compare": ">"}
   assert rules(c, "llada") == {"block_placement": "prompt_end", "commit_compare": ">="}
@@ -321,16 +322,17 @@ def test_each_family_decodes_by_its_authors_rules():
   sglang = llada.get_config("2.1-mini-sglang").decode
   assert (dllm.rule_value, dllm.edit_threshold, dllm.max_post_edit_steps) == (0.95, 0.9, 16)
   assert (sglang.rule_value, sglang.edit_threshold, sglang.max_post_edit_steps) == (0.5, 0.0, 16)
-  dcfg = config_lib.decode_config(llada.get_config("8b-instruct"), mask_id=0, eos_id=1)
+  dcfg = config_lib.decode_config(run_config.convert(llada.get_config("8b-instruct")), mask_id=0,
+                                  eos_id=1)
   assert (dcfg.block_placement, dcfg.commit_compare, dcfg.eos_early_stop) == (
       "prompt_end", ">=", False)
   bad = llada.get_config("8b-instruct")
   bad.decode.block_placement = "absolute"
   with pytest.raises(config_lib.ConfigError, match="block_placement='absolute'"):
-    config_lib.validate(bad)
+    run_config.build(bad)
   bad.decode.block_placement = "middle"
   with pytest.raises(config_lib.ConfigError, match="decode.block_placement='middle'"):
-    config_lib.validate(bad)
+    run_config.build(bad)
   with pytest.raises(config_lib.ConfigError, match="its own sampler"):
     rules(c, "diffusion_gemma")
 

@@ -32,8 +32,7 @@ def _write(path, data: dict) -> str:
 def _fill(hf_dir: str) -> tuple[dict, dict]:
   """({decode field: value}, {decode field: origin}) a DiffusionGemma run takes from `hf_dir`."""
   decode = dg_configs.get_config().decode
-  origins = hf_read.fill_decode_defaults(decode, hf_dir, GENERATION_DEFAULTS)
-  return {field: decode[field] for field in GENERATION_DEFAULTS}, origins
+  return hf_read.decode_defaults(decode, hf_dir, GENERATION_DEFAULTS)
 
 
 def _official_defaults() -> dict:

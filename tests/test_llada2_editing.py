@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from configs import tiny as tiny_config
+from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import decode, lockstep_decoder
@@ -210,7 +211,7 @@ def test_validate_rejects_inconsistent_editing(overrides, field):
   config = tiny_config.get_config("smoke")
   config.decode.update(overrides)
   with pytest.raises(config_lib.ConfigError, match=field.replace(".", r"\.")):
-    config_lib.validate(config)
+    run_config.build(config)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     DecodeConfig(gen_length=8, block_size=4, mask_id=M, eos_id=EOS,
                  edit_threshold=config.decode.edit_threshold,
@@ -222,12 +223,12 @@ def test_validate_accepts_the_presets_and_rejects_routes_without_block_causal():
     config = tiny_config.get_config("smoke")
     config.decode.rule_value = rule_value
     config.decode.edit_threshold, config.decode.max_post_edit_steps = edit_threshold, post
-    config_lib.validate(config)
-    dcfg = config_lib.decode_config(config, mask_id=M, eos_id=EOS)
+    run_config.build(config)
+    dcfg = config_lib.decode_config(run_config.convert(config), mask_id=M, eos_id=EOS)
     assert dcfg.editing and dcfg.steps_bound == config.decode.block_size + post
   config = tiny_config.get_config("smoke")
   config.orl.capture_routes = True
-  config_lib.validate(config)
+  run_config.build(config)
   config.model.attention = "bidirectional"
   with pytest.raises(config_lib.ConfigError, match=r"orl\.capture_routes"):
-    config_lib.validate(config)
+    run_config.build(config)

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from configs import tiny
+from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax.optimizer import OptimizerConfig, make_optimizer, param_labels
 
@@ -50,7 +51,7 @@ def test_errors_are_gathered_and_name_the_fields():
   c = tiny.get_config()
   c.train.lr, c.model.residual.lr_scale = -1.0, -2.0
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(c)
+    run_config.build(c)
   assert "train.lr=-1.0" in str(e.value) and "model.residual.lr_scale=-2.0" in str(e.value)
 
 

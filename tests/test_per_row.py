@@ -177,15 +177,15 @@ def test_rows_advance_independently_without_refill():
 
 def test_schedule_is_validated():
   from configs import tiny
-  from orl_jax.config import ConfigError, validate
+  from orl_jax.run_config import ConfigError, build
   config = tiny.get_config("eval")
   config.decode.schedule = "per_block"
   with pytest.raises(ConfigError, match="decode.schedule='per_block' must be one of"):
-    validate(config)
+    build(config)
   config.decode.schedule = "per_row"
-  validate(config)
+  build(config)
   config.orl.capture_routes = True      # the engine records MoE routes (tests/test_moe_replay.py)
-  validate(config)
+  build(config)
 
 
 def test_per_row_rollout_has_the_lockstep_rollouts_shapes():
@@ -215,11 +215,12 @@ def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
   config.model.init_from = os.path.join(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))), "assets", "tiny_base")
   s = build_setup(config)
+  config = s.config
   graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:20]
   rule = UnmaskRule("threshold", 0.9)
   lock = eval_lib.decode_problems(graphdef, params, problems, s.task, config, rule, batch_size=8)
-  config.decode.schedule = "per_row"
+  config = config.replace(**{"decode.schedule": "per_row"})
   per_row = eval_lib.decode_problems(graphdef, params, problems, s.task, config, rule,
                                      batch_size=8)
   for a, b in zip(lock[:4], per_row[:4]):      # tokens, nfe, nfe_engine, n_generated

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import llada, qwendlm, sdar
-from orl_jax.config import validate
+from orl_jax import run_config
 from orl_jax.evaluate import evaluate_models
 from orl_jax.train.entry import train
 from orl_jax.apps.summary import report_run
@@ -124,7 +124,7 @@ def test_debug_jsonl_trains_on_the_example_file_and_its_run_evaluates_and_decode
     (qwendlm, "4b", "block_causal", True)])
 def test_full_size_variants_validate(module, arg, attention, tied):
   c = module.get_config(arg)
-  validate(c)
+  run_config.build(c)
   assert c.model.attention == attention and c.model.tie_embeddings == tied
   assert c.model.path == "" and c.loss.vocab_chunk > 0
   assert c.model.special_tokens.mask == ""      # the model directory's mask_token_id

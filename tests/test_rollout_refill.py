@@ -128,14 +128,14 @@ def test_fewer_rows_greedy_equal_the_lockstep_rollout(engine_calls):
     (dict(rollout_rows=7), r"exceeds the 6 responses .* set orl.rollout_rows <= 6"),
 ])
 def test_rollout_rows_is_validated(overrides, match):
-  from orl_jax.config import ConfigError, validate
+  from orl_jax.run_config import ConfigError, build
   c = orl_smoke_config("unused")                       # 2 prompts x 3 responses
   c.decode.schedule = overrides.pop("schedule", "per_row")
   c.orl.rollout_rows = overrides["rollout_rows"]
   with pytest.raises(ConfigError, match=match):
-    validate(c)
+    build(c)
   c.orl.rollout_rows = 6 if c.decode.schedule == "per_row" else 0
-  validate(c)
+  build(c)
 
 
 @pytest.mark.slow  # ~25 s: two ORL iterations through the training loop
@@ -163,11 +163,12 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
   import types
   from orl_jax.decode.build import sampler_of
   from orl_jax.rollout import rollout
-  c = orl_smoke_config("unused")
+  from orl_jax import run_config
+  c = run_config.convert(orl_smoke_config("unused"))
   one, two = types.SimpleNamespace(shape={"data": 1}), types.SimpleNamespace(shape={"data": 2})
   rollout_fn = lambda mesh: sampler_of(c).rollout(mask_id=0, eos_id=1, mesh=mesh)[0]
   assert rollout_fn(one) is rollout
-  c.decode.schedule, c.orl.rollout_rows = "per_row", 4
+  c = c.replace(**{"decode.schedule": "per_row", "orl.rollout_rows": 4})
   fn = rollout_fn(one)
   assert fn.func is per_row_rollout and fn.keywords == {"n_rows": 4}
   with pytest.raises(ValueError, match="orl.rollout_rows=4 decodes the rollout queue on one "

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from configs import tiny
-from orl_jax.config import ConfigError, validate
+from orl_jax.run_config import ConfigError, build
 from orl_jax.metrics import read_jsonl
 from orl_jax.train import entry
 from orl_jax.train.entry import train
@@ -36,7 +36,7 @@ def test_validate_names_the_fields():
   c.model.n_kv_heads = 3
   c.eval.settings = ("threshold_0.9", "beam_4")
   with pytest.raises(ConfigError) as e:
-    validate(c)
+    build(c)
   msg = str(e.value)
   for field in ("decode.gen_length", "task.prompt_len", "model.n_kv_heads", "eval.settings"):
     assert field in msg

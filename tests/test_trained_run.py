@@ -11,7 +11,6 @@ import pytest
 
 from configs import llada, tiny
 from orl_jax import params_io, trained_run
-from orl_jax import evaluate as eval_lib
 from orl_jax import weights as weights_lib
 from orl_jax.config import ConfigError
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
@@ -59,7 +58,7 @@ def test_any_config_of_the_family_rebuilds_the_trained_model_and_tokenizer(jsonl
   workdir, trained = jsonl_run
   config = llada.get_config()
   config.task.path = trained.config.task.path
-  cfg = eval_lib.model_config_for(config, str(workdir))
+  cfg = trained_run.model_config_for(config, str(workdir))
   assert cfg.model.path == str(workdir / "params")
   s = build_setup(cfg)
   assert _architecture(s.model_cfg) == _architecture(trained.model_cfg)
@@ -77,7 +76,7 @@ def test_command_line_overrides_win_over_the_run(jsonl_run):
   assert overridden == {"task.chat", "model.residual.mode", "eval.n_problems"}
   config = llada.get_config()
   config.task.chat, config.model.residual.mode = "llada", "none"
-  cfg = eval_lib.model_config_for(config, str(workdir), overridden)
+  cfg = trained_run.model_config_for(config, str(workdir), overridden)
   assert (cfg.task.chat, cfg.model.residual.mode) == ("llada", "none")
   assert cfg.model.d_model == trained.model_cfg.d_model      # not overridden: the run's
 
@@ -101,7 +100,7 @@ def test_a_tiny_task_run_keeps_its_word_tokenizer(tmp_path):
   assert settings["model.d_model"] == trained.model_cfg.d_model == 32
   assert not os.path.exists(tmp_path / "params" / trained_run.TOKENIZER_FILE)
   other = llada.get_config()       # task.name 'jsonl' without a file: as an export reads it
-  s = build_setup(eval_lib.model_config_for(other, str(tmp_path)), prompts=())
+  s = build_setup(trained_run.model_config_for(other, str(tmp_path)), prompts=())
   assert s.tokenizer.vocab_hash() == trained.tokenizer.vocab_hash()
   assert (s.model_cfg.d_model, s.model_cfg.vocab_size) == (32, trained.model_cfg.vocab_size)
 

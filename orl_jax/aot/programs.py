@@ -11,7 +11,6 @@ loop body once; the iteration's time is predicted from the forwards a response t
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import math
@@ -21,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from orl_jax import run_config
 from orl_jax.decode import build as decode_build
 from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib
@@ -179,8 +179,8 @@ def orl_programs(config, devices, platform: str, gpu: GpuTarget | None = None) -
   """Every jitted program of one ORL iteration of `config` on a mesh of `devices` (and the
   decode launcher's decoder), traced for `platform` when lowered (lower them inside
   `sharding.tracing_mesh(ProgramSet.mesh)`)."""
-  config = copy.deepcopy(config)
-  config.checkpoint.save_rollouts = False     # nothing is written
+  config = run_config.build(config, rules=False).replace(
+      **{"checkpoint.save_rollouts": False})   # nothing is written
   mesh = run_mesh(config, devices)
   with sharding_lib.tracing_mesh(mesh):
     return _programs_on(config, mesh, platform, gpu)

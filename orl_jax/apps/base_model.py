@@ -76,7 +76,8 @@ def make_base(config, out_dir: str, *, progress: bool = True) -> dict:
     cfg.model.init_from = params_dir
   setup = build_setup(cfg)
   graphdef, params = initial_params(setup)
-  results = eval_lib.evaluate(graphdef, params, setup.task, cfg, SETTINGS, progress=progress)
+  results = eval_lib.evaluate(graphdef, params, setup.task, setup.config, SETTINGS,
+                               progress=progress)
   eval_s = time.perf_counter() - t1
 
   record = {

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax import weights as weights_lib
@@ -43,7 +44,7 @@ class SizingRow:
 
 def mesh_shape(config, n_devices: int | None = None) -> dict[str, int]:
   """{axis: size} of the configured mesh; a -1 axis fills `n_devices` (default: local devices)."""
-  expert = config.mesh.get("expert", 1)
+  expert = config.mesh.expert
   sizes = [config.mesh.data, config.mesh.fsdp, config.mesh.tensor]
   if -1 in sizes:
     n = n_devices or jax.device_count()
@@ -91,7 +92,7 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   config (or model.path's config.json), its rollout traced abstractly (the state count and
   the route buffers are read from the traced capture, not from a sampler config of our own)."""
   shape = mesh_shape(config, n_devices)
-  vocab = config.model.get("vocab_size", 0)
+  vocab = config.model.vocab_size
   hf_dir = weights_lib.hf_dir(config)
   if not vocab and not hf_dir:
     raise config_lib.ConfigError("dry run: set model.vocab_size (or model.path) to size a "
@@ -138,6 +139,7 @@ def traced_rollout(config, model_cfg, graphdef, params, *, mask_id: int, eos_id:
 
 
 def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], dict]:
+  config = run_config.build(config, rules=False)   # a layout is sized before its batch divides
   family = families.get(resolve_model(config).family)
   if family.own_model:
     return own_model_sizing_rows(config, family, n_devices)

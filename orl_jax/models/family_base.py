@@ -95,12 +95,17 @@ class Family:
   passthrough_prefixes: tuple[str, ...] = ()   # HF tensors exported unchanged (not modelled)
   # decode.* field -> (generation_config.json key, the official default, > 0 (float) / >= 1
   # (int)): the decoder settings a config leaving them unset (None) takes from the directory's
-  # generation_config.json, else from the official generation class (`hf.fill_decode_defaults`)
+  # generation_config.json, else from the official generation class
+  # (`run_config.fill_decode_defaults`)
   generation_defaults: dict = dataclasses.field(default_factory=dict)
   # (run config, model config or None) -> the family's own `Sampler` (a family whose decoder is
   # not the block decoder, DiffusionGemma); None: the block-diffusion samplers
   # (`orl_jax.decode.block_sampler`)
   sampler: Callable[..., Sampler] | None = None
+  # run-config section path -> frozen dataclass (`orl_jax.run_config`): the settings only this
+  # family reads. A path naming an existing section ("decode") adds the dataclass's fields to
+  # it; another path ("model.diffusion_gemma") adds a subsection of that name.
+  config_sections: dict = dataclasses.field(default_factory=dict)
   # model_type -> {"architectures": [...], "auto_map": {...}} of the authors' own classes for
   # the model types transformers does not ship, as the released config.json declares them; an
   # export writes them so `trust_remote_code=True` finds the modeling files copied beside it

@@ -147,22 +147,22 @@ def _generation_value(flat: dict, key: str, default, strict: bool):
   return config_json.read_int(flat, key, default, minimum=int(strict))
 
 
-def fill_decode_defaults(decode, hf_dir: str, defaults: dict) -> dict:
-  """Sets every field of `decode` (the run's `config.decode`) that `defaults` names and the
-  config leaves unset (None) from `hf_dir`'s generation_config.json, else the official default;
-  `gen_length` is rounded up to whole blocks (`decode.block_size`). Returns {field: where its
-  value came from}."""
+def decode_defaults(decode, hf_dir: str, defaults: dict) -> tuple[dict, dict]:
+  """({field: value}, {field: where its value came from}) for every field of `decode` (the
+  run's decode section) that `defaults` names and the config leaves unset (None): from
+  `hf_dir`'s generation_config.json, else the official default; `gen_length` is rounded up to
+  whole blocks (`decode.block_size`)."""
   from_file = generation_config(hf_dir, defaults)
-  origins = {}
+  values, origins = {}, {}
   for field, (key, default, _) in defaults.items():
-    if decode.get(field) is not None:
+    if getattr(decode, field, None) is not None:
       continue
     value, origins[field] = ((from_file[field], f"generation_config.json {key}")
                              if field in from_file else (default, "transformers' default"))
     if field == "gen_length":
       value = -(-value // decode.block_size) * decode.block_size
-    decode[field] = value
-  return origins
+    values[field] = value
+  return values, origins
 
 
 def read_architecture(hf_dir: str, family: str) -> dict:

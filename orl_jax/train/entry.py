@@ -6,7 +6,7 @@ optimizer, the jitted step).
 """
 from __future__ import annotations
 
-from orl_jax import sharding
+from orl_jax import run_config, sharding
 from orl_jax.train import orl, sft
 from orl_jax.train.setup import build_setup
 from orl_jax.weights import require_weights
@@ -22,6 +22,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
 
   `stop_after` ends the run early after that many steps (tests use it to simulate a kill).
   """
+  config = run_config.build(config)
   require_weights(config)
   setup = build_setup(config)
   loop = LOOPS.get(config.train.mode)

@@ -15,12 +15,13 @@ import logging
 import os
 from typing import Sequence
 
-import ml_collections
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
 from orl_jax import config as config_lib
 from orl_jax import distributed, params_io, run_settings as run_settings_lib, trained_run
 from orl_jax import weights as weights_lib
+from orl_jax import run_config
+from orl_jax.run_config import RunConfig
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.decode import build as decode_build
@@ -35,7 +36,7 @@ from orl_jax.train.state import create_train_state, frozen_params, init_model_pa
 @dataclasses.dataclass
 class Setup:
   """What every run derives from its config."""
-  config: ml_collections.ConfigDict
+  config: RunConfig
   task: object
   model_cfg: object
   mesh: object
@@ -51,19 +52,7 @@ def model_family(config, hf_dir: str = "") -> str:
   if hf_dir:
     from orl_jax.models import hf_read
     return hf_read.family_of(hf_dir)
-  return config.model.get("hf_family", "")
-
-
-def fill_decode_defaults(config, hf_dir: str, family: str) -> None:
-  """A family's generation defaults (DiffusionGemma: the directory's generation_config.json,
-  else transformers') for the `decode.*` fields the config leaves unset; logged."""
-  fam = families.get(family)
-  if fam.generation_defaults:
-    from orl_jax.models import hf_read
-    origins = hf_read.fill_decode_defaults(config.decode, hf_dir, fam.generation_defaults)
-    if origins:
-      logging.warning("decode settings the config leaves unset: %s", ", ".join(
-          f"decode.{k}={config.decode[k]} ({v})" for k, v in origins.items()))
+  return config.model.hf_family
 
 
 def load_tokenizer(config, hf_dir: str = "", family: str = ""):
@@ -72,7 +61,7 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
   directory's tokenizer.json, else None (the task's own: tiny's word tokenizer, or the
   byte-level debug tokenizer for real-text tasks). Its special tokens: `special_tokens`."""
   m = config.model
-  path = m.get("tokenizer", "") or hf_dir
+  path = m.tokenizer or hf_dir
   if path == "byte":
     from orl_jax.data.hf_tokenizer import byte_level_tokenizer
     return byte_level_tokenizer()
@@ -122,8 +111,8 @@ def _own_special_tokens(config, family: str) -> dict:
   """The `model.special_tokens` entries the config sets (non-empty); logs once when the weights
   are of another family than the config was written for (its decoder and chat defaults stay)."""
   m = config.model
-  configured = {k: v for k, v in dict(m.get("special_tokens", {})).items() if v}
-  written_for = m.get("hf_family", "")
+  configured = {k: v for k, v in m.special_tokens.to_dict().items() if v}
+  written_for = m.hf_family
   if family and written_for and written_for != family:
     logging.warning("model.path is a %r model and the config is written for %r: special tokens "
                     "come from the directory and the %r family (decoder and chat defaults stay "
@@ -181,14 +170,12 @@ class RunModel:
   family: str
 
 
-def resolve_model(config) -> RunModel:
-  """The weights directory and family of a run of `config`, with the family's decode defaults
-  filled into `config.decode` (logged): the first step of the training set-up (`build_setup`),
+def resolve_model(config: RunConfig) -> RunModel:
+  """The weights directory and family of a run of `config` (a built RunConfig: the family's
+  decode defaults already filled in): the first step of the training set-up (`build_setup`),
   the dry run and the compile command (`run_model_config`)."""
   hf_dir = weights_lib.hf_dir(config)
-  family = model_family(config, hf_dir)
-  fill_decode_defaults(config, hf_dir, family)
-  return RunModel(hf_dir, family)
+  return RunModel(hf_dir, model_family(config, hf_dir))
 
 
 def run_mesh(config, devices=None):
@@ -203,8 +190,8 @@ def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   """config -> task, tokenizer, model config (from model.path's config.json when it is a
   Hugging Face directory), mesh. `prompts`: the task is these texts (`tasks.prompt_task`,
   what launch/decode.py --prompt decodes) instead of `config.task`'s problems."""
+  config = run_config.build(config)
   hf_dir, family = dataclasses.astuple(resolve_model(config))
-  config_lib.validate(config)
   tokenizer = load_tokenizer(config, hf_dir, family)
   task = (get_task(config.task, tokenizer=tokenizer) if prompts is None
           else prompt_task(config.task, prompts, tokenizer))
@@ -212,12 +199,12 @@ def build_setup(config, *, prompts: Sequence[str] | None = None) -> Setup:
   check_prompt_lengths(config, task)
   if families.get(family).own_model:   # DiffusionGemma: its own config class
     model_cfg = own_model_config(
-        config, hf_dir, family, config.model.get("vocab_size", 0) or tok.vocab_size,
+        config, hf_dir, family, config.model.vocab_size or tok.vocab_size,
         eos_ids=getattr(tok, "eos_ids", (tok.eos_id,)), pad_id=getattr(tok, "pad_id", 0))
   elif hf_dir:
     model_cfg = _hf_model_config(config, tok, hf_dir, family)
   else:
-    vocab_size = config.model.get("vocab_size", 0) or tok.vocab_size
+    vocab_size = config.model.vocab_size or tok.vocab_size
     model_cfg = config_lib.model_config(config, vocab_size=vocab_size, mask_id=tok.mask_id)
     if hasattr(tok, "vocab_hash"):
       from orl_jax.data.hf_tokenizer import check_model_vocab
@@ -234,9 +221,10 @@ def sizing_model_config(config, *, laid_out: bool = True):
   or the task's tokenizer is used; a Hugging Face `model.path` gives the architecture).
   `laid_out`: experts are sized as laid out by the partition rules, not run
   (`expert_parallel` off); False keeps the run's own setting (the compile command)."""
+  config = run_config.build(config, rules=False)
   hf_dir = weights_lib.hf_dir(config)
-  vocab = config.model.get("vocab_size", 0)
-  mask_id = _special_id(config.model.get("special_tokens", {}).get("mask", ""))
+  vocab = config.model.vocab_size
+  mask_id = _special_id(config.model.special_tokens.mask)
   if hf_dir or not vocab:
     cfg = build_setup(config).model_cfg
   else:
@@ -250,11 +238,12 @@ def run_model_config(config):
   """The model config a run of `config` builds (a family's own config class included), its
   decoder defaults filled in, without weights: `model.path`'s config.json when it is a
   Hugging Face directory, else the config's fields (`model.vocab_size` set, as for sizing)."""
+  config = run_config.build(config, rules=False)
   run = resolve_model(config)
   family = families.get(run.family)
   if not family.own_model:
     return sizing_model_config(config, laid_out=False)
-  vocab = config.model.get("vocab_size", 0)
+  vocab = config.model.vocab_size
   if not vocab and not run.hf_dir:
     raise config_lib.ConfigError(f"set model.vocab_size (or model.path) to build a "
                                  f"{family.name} model without its weights")
@@ -265,7 +254,7 @@ def special_ids(config, model_cfg) -> tuple[int, int]:
   """(mask id, EOS id) of a run without its tokenizer: the model's mask and the config's EOS
   id when it is a number (ids only shape nothing; the compile command needs them to build)."""
   eos = getattr(model_cfg, "eos_ids", None)
-  eos_id = eos[0] if eos else _special_id(config.model.get("special_tokens", {}).get("eos", ""))
+  eos_id = eos[0] if eos else _special_id(config.model.special_tokens.eos)
   return getattr(model_cfg, "mask_id", -1), eos_id
 
 
@@ -287,12 +276,12 @@ def check_prompt_lengths(config, task) -> None:
   limit, block = config.task.prompt_len, config.decode.block_size
   if lengths[longest] <= limit:
     return
-  where = {"jsonl": f"task.path={config.task.get('path', '')}", "prompts": "--prompt"}.get(
+  where = {"jsonl": f"task.path={config.task.path}", "prompts": "--prompt"}.get(
       task.name, f"task.name={task.name}")
   fit = -(-lengths[longest] // block) * block
   raise config_lib.ConfigError(
       f"{where}: prompt {problems[longest].problem_id!r} is {lengths[longest]} tokens (with the "
-      f"chat template {config.task.get('chat', 'none')!r}), longer than task.prompt_len={limit}: "
+      f"chat template {config.task.chat!r}), longer than task.prompt_len={limit}: "
       f"set --config.task.prompt_len={fit} (a multiple of decode.block_size={block}) or shorten "
       "it")
 
@@ -314,7 +303,7 @@ def check_divisible_by_shards(config, n_shards: int) -> None:
   if config.train.mode == "orl":
     sizes.update({"orl.prompts_per_step": config.orl.prompts_per_step,
                   "replay.n_rows": config.replay.n_rows})
-  if config.train.mode == "eval" or config.get("pipeline", "train") == "demo":
+  if config.train.mode == "eval" or config.pipeline == "demo":
     sizes["eval.batch_size"] = config.eval.batch_size   # evaluation splits each batch too
   bad = [f"{k}={v}" for k, v in sizes.items() if v % n_shards]
   if bad:
@@ -407,11 +396,11 @@ def prepare_run(setup: Setup) -> Run:
   the run's settings (`run_settings`) with each checkpoint and checks them on resume."""
   config = setup.config
   settings = run_settings(setup)
-  allowed = run_settings_lib.allowed_fields(config.checkpoint.get("allow_changed", ""), settings)
+  allowed = run_settings_lib.allowed_fields(config.checkpoint.allow_changed, settings)
   os.makedirs(config.workdir, exist_ok=True)
   if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
+      f.write(json.dumps(config.to_dict(), indent=2))
   optimizer = make_optimizer(OptimizerConfig.from_config(config), frozen_params(setup.model_cfg))
   graphdef, params = initial_params(setup)
   graphdef, state, state_sh = create_train_state(setup.model_cfg, optimizer, setup.mesh,
@@ -437,20 +426,20 @@ def run_settings(setup: Setup) -> dict:
   table = {
       "train.mode": config.train.mode,
       # model and tokenizer identity
-      "model.path": m.get("path", "") or m.get("init_from", ""),
+      "model.path": m.path or m.init_from,
       "model.hf_family": family,
       "model.residual.mode": m.residual.mode,
       "model.residual.scale": m.residual.scale,
       "model.residual.temperature": m.residual.temperature,
-      "model.tokenizer": m.get("tokenizer", ""),
+      "model.tokenizer": m.tokenizer,
       "model.vocab_size": model_cfg.vocab_size,
       "tokenizer.vocab_hash": tok.vocab_hash() if hasattr(tok, "vocab_hash") else "",
       "model.special_tokens.mask": getattr(tok, "mask_id", None),
       "model.special_tokens.eos": list(getattr(tok, "eos_ids", (tok.eos_id,))),
       # the prompts
       "task.name": task.name,
-      "task.path": task.get("path", ""),
-      "task.chat": task.get("chat", "none"),
+      "task.path": task.path,
+      "task.chat": task.chat,
       "task.prompt_len": task.prompt_len,
       # how a rollout decodes
       "decode.block_size": d.block_size,
@@ -460,10 +449,11 @@ def run_settings(setup: Setup) -> dict:
       "decode.max_steps_per_block": d.max_steps_per_block,
       "decode.edit_threshold": d.edit_threshold,
       "decode.max_post_edit_steps": d.max_post_edit_steps,
-      "decode.t_max": d.get("t_max"),       # the uniform-noise sampler's (DiffusionGemma)
-      "decode.t_min": d.get("t_min"),
-      "decode.stability_threshold": d.get("stability_threshold"),
-      "decode.confidence_threshold": d.get("confidence_threshold"),
+      # a family's own decode settings (DiffusionGemma's sampler); None for the others
+      "decode.t_max": getattr(d, "t_max", None),
+      "decode.t_min": getattr(d, "t_min", None),
+      "decode.stability_threshold": getattr(d, "stability_threshold", None),
+      "decode.confidence_threshold": getattr(d, "confidence_threshold", None),
       "orl.rollout_rule": o.rollout_rule,
       "orl.rollout_rule_value": o.rollout_rule_value,
       "orl.rollout_temperature": o.rollout_temperature,
@@ -544,7 +534,7 @@ def export_model_type(config, hf_dir: str = "") -> str:
   if hf_dir:
     from orl_jax.models import hf_read
     return hf_read.read_hf_config(hf_dir).get("model_type", "")
-  return config.model.get("hf_model_type", "")
+  return config.model.hf_model_type
 
 
 def export_hf_dir(setup: Setup, params, out_dir: str, max_shard_bytes: int = 0) -> str:

@@ -66,7 +66,7 @@ def make_sft_step(setup: Setup, run, residual_fn, reference_params):
                                                block_size=config.decode.block_size,
                                                mask_id=setup.model_cfg.mask_id,
                                                residual_fn=residual_fn,
-                                               vocab_chunk=config.loss.get("vocab_chunk", 0),
+                                               vocab_chunk=config.loss.vocab_chunk,
                                                eos_id=setup.tokenizer.eos_id,
                                                placement=sft_placement(setup))
   rows = sharding_lib.batch_sharding(setup.mesh)

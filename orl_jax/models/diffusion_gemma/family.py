@@ -130,7 +130,7 @@ def config_from_run(m, *, vocab_size: int, canvas_length: int, eos_ids=(1,), pad
       n_experts=m.moe.n_experts, top_k=m.moe.top_k, expert_dim=m.moe.expert_dim, layers=layers,
       sliding_window=dg.sliding_window, norm_eps=m.norm_eps, canvas_length=canvas_length,
       pad_id=pad_id, eos_ids=tuple(eos_ids), dtype=m.dtype, param_dtype=m.param_dtype,
-      moe_impl=m.moe.impl, attention_impl=m.attention_impl, remat=m.get("remat", False),
+      moe_impl=m.moe.impl, attention_impl=m.attention_impl, remat=m.remat,
       hf_passthrough=hf_passthrough)
 
 
@@ -148,7 +148,7 @@ def model_config(m, *, block_size: int, vocab_size: int = 0, hf_config: dict | N
                            **special)
   cfg = DiffusionGemmaConfig.from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype,
                                      moe_impl=m.moe.impl, attention_impl=m.attention_impl,
-                                     remat=m.get("remat", False))
+                                     remat=m.remat)
   if cfg.canvas_length != block_size:
     raise ValueError(f"canvas_length={cfg.canvas_length}: set decode.block_size="
                      f"{cfg.canvas_length} (it is {block_size})")
@@ -164,6 +164,28 @@ GENERATION_DEFAULTS = {"gen_length": ("max_new_tokens", 256, True),
                        "t_min": ("t_min", 0.4, False), "t_max": ("t_max", 0.8, True),
                        "stability_threshold": ("stability_threshold", 1, False),
                        "confidence_threshold": ("confidence_threshold", 0.005, True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchitectureSettings:
+  """`model.diffusion_gemma`: the layer pattern of a model without a config.json (random init,
+  sizing); the release's values by default."""
+  sliding_window: int = 1024          # window of the sliding layers
+  global_head_dim: int = 512          # head_dim of the full-attention layers (K = V)
+  n_global_kv_heads: int = 2          # kv heads of the full-attention layers
+  full_every: int = 6                 # every n-th layer (and the last) is full attention
+  global_rope_theta: float = 1e6      # proportional RoPE of the full-attention layers
+  global_rope_fraction: float = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSettings:
+  """The sampler's `decode.*` fields (None: generation_config.json's, else transformers'
+  default, `GENERATION_DEFAULTS`)."""
+  t_min: float | None = None
+  t_max: float | None = None
+  stability_threshold: int | None = None
+  confidence_threshold: float | None = None
 
 
 PARTITION_RULES: tuple[tuple[str, P], ...] = (
@@ -184,4 +206,5 @@ FAMILY = Family(
     chat="none", config_from_hf=DiffusionGemmaConfig.from_hf, build_model=build_model,
     frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES,
     config_from_run=lambda *a, **kw: model_config(*a, **kw),
-    generation_defaults=GENERATION_DEFAULTS, sampler=make_sampler)
+    generation_defaults=GENERATION_DEFAULTS, sampler=make_sampler,
+    config_sections={"model.diffusion_gemma": ArchitectureSettings, "decode": SamplerSettings})

@@ -82,7 +82,7 @@ def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0, rollout: bool = Tru
       entropy_bound=float(bound), t_min=d.t_min, t_max=d.t_max,
       stability_threshold=d.stability_threshold, confidence_threshold=d.confidence_threshold,
       pad_id=pad_id, eos_ids=tuple(eos_ids), top_k=d.top_k,
-      capture_routes=rollout and bool(config.orl.get("capture_routes", False)))
+      capture_routes=rollout and bool(config.orl.capture_routes))
 
 
 class SamplerNoise(NamedTuple):
