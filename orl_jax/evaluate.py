@@ -26,7 +26,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
-from orl_jax import distributed, trained_run
+from orl_jax import distributed, run_config, trained_run
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decode import build as decode_build
@@ -82,6 +82,7 @@ def decode_problems(graphdef, params, problems, task, config, rule: UnmaskRule, 
   process feeds, and its devices decode, only its rows (`sharding.process_rows`); the outputs
   are gathered. Without one, the batch is a host array every device sees whole. `progress`
   shows a bar over the problems (`desc` names it)."""
+  config = run_config.build(config, rules=False)   # a ConfigDict from a caller
   prompts, valid = encode_prompts(problems, task.tokenizer, config.task.prompt_len)
   bar = _bar(len(problems), desc or f"decode {rule.label}", progress, unit="problem", leave=False)
   make = functools.partial(decode_build.make_decoder, config, model_cfg, graphdef, "evaluate",
@@ -193,6 +194,7 @@ def evaluate(graphdef, params, task, config, settings: Sequence[str], *, progres
   `mesh`, the problems of each batch are split over its batch axes (and so over processes).
   `model_cfg` (the run's `Setup.model_cfg`) picks its family's decoder. `progress` shows a bar
   over the settings (named `name`) and one over each setting's problems."""
+  config = run_config.build(config, rules=False)   # a ConfigDict from a caller
   problems = task.eval_problems()
   problems = problems[:n_evaluated(config, len(problems))]
   results = {}

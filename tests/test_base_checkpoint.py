@@ -26,7 +26,7 @@ def test_committed_base_model_is_accurate():
   assert meta["vocab_hash"] == s.tokenizer.vocab_hash()
   graphdef, params = initial_params(s)
   problems = s.task.eval_problems()[:64]
-  r = eval_lib.evaluate_setting(graphdef, params, problems, s.task, config,
+  r = eval_lib.evaluate_setting(graphdef, params, problems, s.task, s.config,
                                 UnmaskRule("fixed_steps", 1), batch_size=64)
   assert r["accuracy"] >= 0.85, r["accuracy"]
   assert r["nfe_mean_engine"] == 32  # one token per forward over a 32-token block

@@ -76,6 +76,10 @@ EXERCISED = {
         (_COMPILE, ("_compile(", "--target=v5e:2x2")),
     "python launch/compile.py --config=configs/llada.py:2.1-mini --target=h100x8 --tpf=4":
         (_COMPILE, ("_compile(", "--target=v5e:2x2")),
+    "python launch/compile.py --config=configs/llada.py:2.1-mini --target=v5p:2x2x1 "
+    "--programs=train_step": (_COMPILE, ("_compile(", "--target=v5e:2x2")),
+    "python launch/compile.py --config=configs/diffusion_gemma.py --target=h200x8 "
+    "--programs=train_step": (_COMPILE, ("_compile(", "--target=v5e:2x2")),
     "make test-all": ("Makefile::test-all", ("pytest",)),
     "make base": ("tests/test_base_checkpoint.py::test_make_base_reproduces_the_committed_base",
                   ("base_model.make_base", 'get_config("sft")')),
@@ -453,6 +457,11 @@ TOO_LONG = {
         "runs the same command on the tiny ORL iteration)",
     "python launch/compile.py --config=configs/llada.py:2.1-mini --target=h100x8 --tpf=4":
         "XLA's GPU compiler on LLaDA2.1-mini's programs: tens of minutes on 2 cores",
+    "python launch/compile.py --config=configs/llada.py:2.1-mini --target=v5p:2x2x1 "
+    "--programs=train_step": "libtpu compiles LLaDA2.1-mini's train step: about 30 minutes",
+    "python launch/compile.py --config=configs/diffusion_gemma.py --target=h200x8 "
+    "--programs=train_step": "XLA's GPU compiler on DiffusionGemma-26B's train step: about 15 "
+                             "minutes",
     "make warmup": "400 warm-up steps and their evaluation",
     "python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000": "2000 steps",
     "python launch/train.py --config=configs/tiny.py:warmup": "400 warm-up steps",

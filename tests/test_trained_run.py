@@ -22,7 +22,7 @@ def _write_run(workdir, config):
   """A finished run's work directory as finish_run writes it (untrained parameters)."""
   s = build_setup(config)
   _, params = init_model_params(s.model_cfg, 0)
-  record = trained_run.run_record(config, s.tokenizer, "", export_model_type(config))
+  record = trained_run.run_record(s.config, s.tokenizer, "", export_model_type(s.config))
   params_io.save_params(os.path.join(workdir, "params"), params,
                         params_meta(s, {trained_run.RUN_KEY: record}),
                         lambda folder: trained_run.save_tokenizer(s.tokenizer, folder))
