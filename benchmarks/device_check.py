@@ -49,8 +49,8 @@ from orl_jax.aot import programs as aot_programs
 from orl_jax.aot import report as aot_report
 from orl_jax.aot import targets as aot_targets
 from orl_jax.losses import LossConfig, OrlObjective
-from orl_jax.optimizer import OptimizerConfig, make_optimizer
-from orl_jax.train.state import init_model_params
+from orl_jax.optimizer import OptimizerConfig
+from orl_jax.train.state import init_model_params, optimizer_of
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import (KERNELS, TokenMeta, attention, current_platform,
                                                 staircase_attention_reference, testing)
@@ -196,8 +196,8 @@ def orl_step(size: str) -> dict:
   tok = tiny_tokenizer()
   s_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
                                   mask_id=tok.mask_id)
-  optimizer = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(config),
-                                                 residual_lr_scale=1.0))
+  optimizer = optimizer_of(dataclasses.replace(OptimizerConfig.from_config(config),
+                                               residual_lr_scale=1.0), s_cfg)
   mesh = sharding_lib.make_mesh()
   # the KL anchor to the rollout policy: the benchmark's states carry no frozen reference copy
   objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))

@@ -47,8 +47,8 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.decode.types import Capture, DecodeOutput, trajectories
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.optimizer import OptimizerConfig, make_optimizer
-from orl_jax.train.state import create_train_state, make_train_step
+from orl_jax.optimizer import OptimizerConfig
+from orl_jax.train.state import create_train_state, make_train_step, optimizer_of
 from pallas_kernels.staircase_attention import staircase_visible
 
 PROMPT, BLOCK, N_BLOCKS, STEPS = 512, 32, 4, 4
@@ -286,8 +286,8 @@ def main():
   s_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
                                   mask_id=tok.mask_id)
   mesh = sharding_lib.make_mesh()
-  optimizer = make_optimizer(dataclasses.replace(OptimizerConfig.from_config(config),
-                                                 residual_lr_scale=1.0))
+  optimizer = optimizer_of(dataclasses.replace(OptimizerConfig.from_config(config),
+                                               residual_lr_scale=1.0), s_cfg)
   objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))
   results = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
              "attention_impl": s_cfg.attention_impl, "prompt_len": PROMPT, "block": BLOCK,

@@ -9,13 +9,14 @@ import dataclasses
 from typing import Any, TypeVar
 
 from orl_jax.config_sections import ConfigError, RunConfig
-from orl_jax.choices import KL_REFERENCES, REPLAY_LAYOUTS, SCHEDULES
 from orl_jax.data.tiny_task import TinyTaskConfig
-from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, DecodeConfig
+from orl_jax.losses import KL_REFERENCES
+from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, SCHEDULES, DecodeConfig
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.optimizer import OptimizerConfig
+from orl_jax.replay.plan import LAYOUTS as REPLAY_LAYOUTS
 from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import COMMIT_COMPARES, RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS

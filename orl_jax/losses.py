@@ -24,8 +24,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from orl_jax.packed_batch import ReplayBatch, layer_routes, sft_batch, split_rows
-from orl_jax.choices import KL_REFERENCES
 from orl_jax.vocab_chunks import token_stats
+
+# loss.kl_reference: the anchor's frozen reference (DESIGN §2.6)
+KL_REFERENCES = ("initial", "rollout")
 
 _EPS = 1e-6
 

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import optax
 
 from orl_jax import sharding as sharding_lib
-
-# The residual pathway's modules (DESIGN §2.1): our adapter, DiffusionGemma's self-conditioning.
-RESIDUAL_MODULES = ("adapter", "self_conditioning")
-
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
@@ -63,20 +59,24 @@ class OptimizerConfig:
     return [message for ok, message in checks if not ok]
 
 
-def param_labels(params, frozen: Callable[[str], bool] | None = None) -> Any:
-  """'residual' for the residual pathway's parameters, 'frozen' for those `frozen(name)` marks
-  (never updated), 'base' for everything else."""
+def param_labels(params, frozen: Callable[[str], bool] | None = None, *,
+                 residual_modules: Sequence[str]) -> Any:
+  """'residual' for the residual pathway's parameters (under a module named in
+  `residual_modules`, the model family's: `Family.residual_modules`), 'frozen' for those
+  `frozen(name)` marks (never updated), 'base' for everything else."""
   def label(path, _):
     if frozen is not None and frozen(sharding_lib.path_name(path)):
       return "frozen"
-    return "residual" if any(getattr(k, "key", k) in RESIDUAL_MODULES for k in path) else "base"
+    return "residual" if any(getattr(k, "key", k) in residual_modules for k in path) else "base"
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-def make_optimizer(cfg: OptimizerConfig, frozen: Callable[[str], bool] | None = None):
+def make_optimizer(cfg: OptimizerConfig, frozen: Callable[[str], bool] | None = None, *,
+                   residual_modules: Sequence[str]):
   """AdamW with linear warmup and cosine decay, global-norm clipping (`grad_clip` > 0), and
-  the residual pathway at `lr * residual_lr_scale`. Parameters `frozen(name)` marks get no
-  update and no optimizer state (`train.state.frozen_params`); with `freeze_base`, only the
+  the residual pathway (the modules `residual_modules` names: `Family.residual_modules`,
+  `train.state.optimizer_of`) at `lr * residual_lr_scale`. Parameters `frozen(name)` marks get
+  no update and no optimizer state (`train.state.frozen_params`); with `freeze_base`, only the
   residual pathway is updated."""
   def schedule(scale):
     return optax.warmup_cosine_decay_schedule(
@@ -90,7 +90,8 @@ def make_optimizer(cfg: OptimizerConfig, frozen: Callable[[str], bool] | None = 
   transforms = {"base": base, "residual": adamw(cfg.residual_lr_scale)}
   if frozen is not None:
     transforms["frozen"] = optax.set_to_zero()
-  update = optax.multi_transform(transforms, functools.partial(param_labels, frozen=frozen))
+  update = optax.multi_transform(transforms, functools.partial(
+      param_labels, frozen=frozen, residual_modules=tuple(residual_modules)))
   if cfg.grad_clip <= 0:
     return update
   return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), update)

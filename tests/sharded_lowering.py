@@ -31,8 +31,8 @@ from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.rollout import make_rollout  # noqa: E402
 from orl_jax.train.setup import build_setup, loss_config, needs_reference  # noqa: E402
 from orl_jax.decode.block_sampler import block_decode_config  # noqa: E402
-from orl_jax.optimizer import OptimizerConfig, make_optimizer  # noqa: E402
-from orl_jax.train.state import create_train_state, make_train_step  # noqa: E402
+from orl_jax.optimizer import OptimizerConfig  # noqa: E402
+from orl_jax.train.state import create_train_state, make_train_step, optimizer_of  # noqa: E402
 from pallas_kernels.staircase_attention import target_platform  # noqa: E402
 from pallas_kernels.staircase_attention.lowering import (KERNEL_CALLS, custom_calls,  # noqa: E402
                                                          lowered_text)
@@ -82,7 +82,7 @@ def kernels_by_row_split(jaxpr, rows_split=()) -> list[tuple[str, ...]]:
 def lowered_steps(name: str, platform: str) -> dict:
   c = debug_config(name)
   s = build_setup(c)
-  optimizer = make_optimizer(OptimizerConfig.from_config(c))
+  optimizer = optimizer_of(OptimizerConfig.from_config(c), s.model_cfg)
   graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, c.seed,
                                                  with_reference=needs_reference(c))
   rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)

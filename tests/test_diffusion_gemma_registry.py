@@ -78,7 +78,8 @@ def test_layer_scalars_are_frozen_and_self_conditioning_is_the_residual_pathway(
   frozen = frozen_params(TINY)
   model = DiffusionGemma(TINY, rngs=nnx.Rngs(0))
   labels = {sharding.path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(
-      param_labels(nnx.state(model, nnx.Param), frozen))}
+      param_labels(nnx.state(model, nnx.Param), frozen,
+                   residual_modules=families.get("diffusion_gemma").residual_modules))}
   assert {k for k, v in labels.items() if v == "frozen"} == {
       f"layers.{i}.{s}" for i in range(2) for s in ("layer_scalar", "commit_layer_scalar")}
   assert {k for k, v in labels.items() if v == "residual"} == {

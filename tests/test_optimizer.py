@@ -24,7 +24,7 @@ def _updates(cfg, grads_scale=1.0, frozen=None, n=3):
   params = _params()
   grads = {k: {kk: grads_scale * jnp.ones_like(v) for kk, v in d.items()}
            for k, d in params.items()}
-  opt = make_optimizer(cfg, frozen=frozen)
+  opt = make_optimizer(cfg, frozen=frozen, residual_modules=("adapter",))
   state = opt.init(params)
   for _ in range(n):                      # past the warm-up's first (zero) learning rate
     updates, state = opt.update(grads, state, params)
@@ -72,7 +72,7 @@ def test_grad_clip_zero_is_off():
 
 def test_frozen_and_freeze_base():
   frozen = lambda name: name.endswith("expert_bias")
-  labels = param_labels(_params(), frozen)
+  labels = param_labels(_params(), frozen, residual_modules=("adapter",))
   assert labels == {"adapter": {"w": "residual"}, "mlp": {"w": "base"},
                     "router": {"expert_bias": "frozen"}}
   updates, _ = _updates(dataclasses.replace(BASE, freeze_base=True), frozen=frozen)

@@ -284,7 +284,7 @@ def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
   _, params, traj, valid = rolled_out
   train = OptimizerConfig(lr=1e-3, warmup_steps=2, steps=10, final_lr_fraction=0.1, b1=0.9,
                           b2=0.98, weight_decay=0.01, grad_clip=1.0, residual_lr_scale=1.0)
-  optimizer, mesh = make_optimizer(train), sharding.make_mesh()
+  optimizer, mesh = make_optimizer(train, residual_modules=("adapter",)), sharding.make_mesh()
   rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   metrics = {}
   for m in (1, 4):

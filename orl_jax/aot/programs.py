@@ -24,7 +24,7 @@ from orl_jax import run_config
 from orl_jax.decode import build as decode_build
 from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib
-from orl_jax.optimizer import OptimizerConfig, make_optimizer
+from orl_jax.optimizer import OptimizerConfig
 from orl_jax.replay import ReplayPlan
 from orl_jax.train import state as state_lib
 from orl_jax.train.orl import build_orl_steps, sharded_like
@@ -188,8 +188,7 @@ def orl_programs(config, devices, platform: str, gpu: GpuTarget | None = None) -
 
 def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramSet:
   model_cfg = run_model_config(config)
-  optimizer = make_optimizer(OptimizerConfig.from_config(config),
-                             state_lib.frozen_params(model_cfg))
+  optimizer = state_lib.optimizer_of(OptimizerConfig.from_config(config), model_cfg)
   graphdef, state, state_sh = state_lib.abstract_train_state(
       model_cfg, optimizer, mesh, config.seed, with_reference=needs_reference(config))
   mask_id, eos_id = special_ids(config, model_cfg)

@@ -10,7 +10,7 @@ import logging
 import os
 
 from orl_jax import evaluate as eval_lib
-from orl_jax import distributed, params_io
+from orl_jax import distributed, params_io, run_config
 from orl_jax.apps import plots
 from orl_jax.apps.summary import CURVE_KEYS, WARMUP_CURVE_KEYS, training_summary, write_report
 from orl_jax.train.entry import train
@@ -73,7 +73,8 @@ def warmup_params_dir(config, base: str, curves: list, *, progress=True) -> str:
   """The committed warm-up (`config.warmup_checkpoint`, `make warmup`) when the base is the
   committed one and the vocabulary matches; else the warm-up stage trained (and cached) in the
   work directory."""
-  committed = _repo_path(config.warmup_checkpoint) if config.get("warmup_checkpoint") else ""
+  warmup_checkpoint = _pipeline(config).warmup_checkpoint
+  committed = _repo_path(warmup_checkpoint) if warmup_checkpoint else ""
   committed_base = _repo_path(config.base_checkpoint) if config.base_checkpoint else ""
   if (committed and os.path.exists(os.path.join(committed, params_io.META_FILE))
       and os.path.abspath(base) == os.path.abspath(committed_base)):
@@ -129,11 +130,18 @@ def results_path(config) -> str:
   return os.path.join(config.workdir, "results.json")
 
 
+def _pipeline(config):
+  """The demo's config typed (`RunConfig`'s pipeline fields: seeds, ablations, checkpoints);
+  the stages themselves are trained from `config` (a ConfigDict each stage edits a copy of)."""
+  return run_config.convert(config)
+
+
 def demo_stages(config) -> list[str]:
+  pipe = _pipeline(config)
   stages = ["orl"]
-  if config.get("compare_offline"):
+  if pipe.compare_offline:
     stages.append("rcd_offline")
-  stages += [a for a in config.get("ablations", ()) if a not in stages]
+  stages += [a for a in pipe.ablations if a not in stages]
   unknown = [s for s in stages if s not in config.stages]
   if unknown:
     raise ValueError(f"unknown demo stages {unknown}; config.stages has {list(config.stages)}")
@@ -298,7 +306,7 @@ def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dic
 
 def _write_ablation_table(config, all_results: dict) -> None:
   """WORKDIR/ablations.md when the demo ran over seeds (printed too)."""
-  if not config.get("seeds") or "orl" not in all_results or not distributed.is_lead_process():
+  if not _pipeline(config).seeds or "orl" not in all_results or not distributed.is_lead_process():
     return
   table = ablation_table(all_results)
   with open(os.path.join(config.workdir, "ablations.md"), "w") as f:
@@ -315,12 +323,13 @@ def _other_warmup_runs(config, base: str, stages, progress: bool, curves: list) 
   """With `warmup_seed` >= 0: the warm-up retrained with that seed (its init, masking noise and
   data order), then one more run of every stage that starts from the warm-up, from it, with
   that seed; kept beside the seed means (`warmup_seed_name`), not merged into them."""
-  seed = config.get("warmup_seed", -1)
+  pipe = _pipeline(config)
+  seed = pipe.warmup_seed
   from_warmup = [st for st in stages if config.stage_start[st] == "warmup"]
   if seed < 0 or not from_warmup:
     return None
-  if seed in tuple(config.get("seeds", ())):
-    raise ValueError(f"warmup_seed={seed} is also one of seeds={tuple(config.seeds)}: pick "
+  if seed in pipe.seeds:
+    raise ValueError(f"warmup_seed={seed} is also one of seeds={pipe.seeds}: pick "
                      "another, the two runs would share a work directory")
   warmup = _train_stage(config, "warmup", base, seed, progress, curves)[1]
   all_results = None
@@ -350,7 +359,7 @@ def run_demo(config, *, progress=True) -> str:
     evaluate_params(config, params_dir, name, progress=progress)
   # Seeds outermost and each model evaluated as soon as it is trained: a run stopped part-way
   # leaves every stage of the first seeds in results.json (per-seed keys until merged).
-  seeds = tuple(config.get("seeds", ())) or (None,)
+  seeds = _pipeline(config).seeds or (None,)
   seed_groups, all_results = {}, {}
   for seed in seeds:
     for stage in stages:

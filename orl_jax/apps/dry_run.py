@@ -25,13 +25,13 @@ from orl_jax import weights as weights_lib
 from orl_jax.decode import build as decode_build
 from orl_jax.models import families
 from orl_jax.models.transformer import Transformer
-from orl_jax.optimizer import OptimizerConfig, make_optimizer
+from orl_jax.optimizer import OptimizerConfig
 from orl_jax.replay import abstract_batch
 from orl_jax.rollout import block_final_bytes, capture_bytes, route_capture_bytes
 from orl_jax.train.orl import replay_config
 from orl_jax.train.setup import (needs_reference, own_model_config, resolve_model,
                                  sizing_model_config, special_ids)
-from orl_jax.train.state import frozen_params
+from orl_jax.train.state import optimizer_of
 
 
 @dataclasses.dataclass
@@ -75,9 +75,9 @@ def abstract_replay_batch(config, traj, *, mask_id: int):
   return abstract_batch(traj, replay_config(config, n_shards=1), mask_id=mask_id)
 
 
-def _optimizer_rows(config, params, shape, rules, frozen) -> list[SizingRow]:
+def _optimizer_rows(config, params, shape, rules, model_cfg) -> list[SizingRow]:
   """Optimizer state and (ORL with the KL anchor) the frozen reference copy."""
-  optimizer = make_optimizer(OptimizerConfig.from_config(config), frozen)
+  optimizer = optimizer_of(OptimizerConfig.from_config(config), model_cfg)
   total, per = _per_device(jax.eval_shape(optimizer.init, params), shape, rules)
   rows = [SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)")]
   if needs_reference(config):
@@ -104,7 +104,7 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   total, per = _per_device(params, shape, rules)
   rows = [SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}")]
-  rows += _optimizer_rows(config, params, shape, rules, family.frozen)
+  rows += _optimizer_rows(config, params, shape, rules, cfg)
   data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
   traj = traced_rollout(config, cfg, graphdef, params, mask_id=-1, eos_id=cfg.eos_ids[0])
@@ -153,7 +153,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   total, per = _per_device(params, shape, rules)
   rows.append(SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}"))
-  rows += _optimizer_rows(config, params, shape, rules, frozen_params(cfg))
+  rows += _optimizer_rows(config, params, shape, rules, cfg)
 
   # Rollouts: P prompts x G responses, rows split over the data-parallel axes.
   data_par = sharding_lib.n_batch_shards(shape)

@@ -17,6 +17,11 @@ CACHE_MODES = ("none", "prefix", "dual")
 PLACEMENTS = ("prompt_end", "absolute")
 
 
+# How rows of a batch step (decode.schedule): together (`orl_jax.decode.lockstep`), or each
+# refilled from a queue as it finishes (`orl_jax.decode.per_row`).
+SCHEDULES = ("lockstep", "per_row")
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
   gen_length: int                 # N, a multiple of block_size

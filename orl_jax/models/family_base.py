@@ -92,6 +92,8 @@ class Family:
                                                # pad_id=) -> the family's config object
   build_model: Callable | None = None          # (config object, rngs) -> nnx.Module
   frozen: Callable[[str], bool] | None = None  # parameter names the optimizer must not update
+  residual_modules: tuple[str, ...] = ("adapter",)  # the residual pathway's modules (its own
+                                                   # learning rate, `model.residual.lr_scale`)
   passthrough_prefixes: tuple[str, ...] = ()   # HF tensors exported unchanged (not modelled)
   # decode.* field -> (generation_config.json key, the official default, > 0 (float) / >= 1
   # (int)): the decoder settings a config leaving them unset (None) takes from the directory's

@@ -45,12 +45,11 @@ import numpy as np
 from flax import struct
 
 from orl_jax.packed_batch import micro_batch_of_rows
-from orl_jax.choices import REPLAY_LAYOUTS
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
                                                 TokenMeta)
 
 SRC_PAD, SRC_PROMPT, SRC_CLEAN, SRC_STATE, SRC_MASK = 0, 1, 2, 3, 4
-LAYOUTS = REPLAY_LAYOUTS
+LAYOUTS = ("packed", "naive", "canvas")   # replay.layout
 CONTEXTS = ("block", "token")
 
 

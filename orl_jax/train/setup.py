@@ -29,8 +29,8 @@ from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
 from orl_jax.models import build, families
 from orl_jax.tasks import get_task, prompt_task
-from orl_jax.optimizer import OptimizerConfig, make_optimizer
-from orl_jax.train.state import create_train_state, frozen_params, init_model_params
+from orl_jax.optimizer import OptimizerConfig
+from orl_jax.train.state import create_train_state, init_model_params, optimizer_of
 
 
 @dataclasses.dataclass
@@ -401,7 +401,7 @@ def prepare_run(setup: Setup) -> Run:
   if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
       f.write(json.dumps(config.to_dict(), indent=2))
-  optimizer = make_optimizer(OptimizerConfig.from_config(config), frozen_params(setup.model_cfg))
+  optimizer = optimizer_of(OptimizerConfig.from_config(config), setup.model_cfg)
   graphdef, params = initial_params(setup)
   graphdef, state, state_sh = create_train_state(setup.model_cfg, optimizer, setup.mesh,
                                                  config.seed, params=params,
@@ -409,6 +409,17 @@ def prepare_run(setup: Setup) -> Run:
   ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
                       keep=config.checkpoint.keep, settings=settings, allow_changed=allowed)
   return Run(graphdef, state, state_sh, optimizer, ckpt)
+
+
+def _family_decode_settings(config: RunConfig, family: str) -> dict:
+  """{decode.<field>: value} of the decode settings the weights' family declares
+  (`Family.config_sections["decode"]`: DiffusionGemma's sampler), resolved by `build_setup`;
+  {} for a family that declares none."""
+  section = families.get(family).config_sections.get("decode")
+  if section is None:
+    return {}
+  return {f"decode.{f.name}": getattr(config.decode, f.name)
+          for f in dataclasses.fields(section)}
 
 
 def run_settings(setup: Setup) -> dict:
@@ -449,11 +460,7 @@ def run_settings(setup: Setup) -> dict:
       "decode.max_steps_per_block": d.max_steps_per_block,
       "decode.edit_threshold": d.edit_threshold,
       "decode.max_post_edit_steps": d.max_post_edit_steps,
-      # a family's own decode settings (DiffusionGemma's sampler); None for the others
-      "decode.t_max": getattr(d, "t_max", None),
-      "decode.t_min": getattr(d, "t_min", None),
-      "decode.stability_threshold": getattr(d, "stability_threshold", None),
-      "decode.confidence_threshold": getattr(d, "confidence_threshold", None),
+      **_family_decode_settings(config, family),
       "orl.rollout_rule": o.rollout_rule,
       "orl.rollout_rule_value": o.rollout_rule_value,
       "orl.rollout_temperature": o.rollout_temperature,

@@ -14,6 +14,7 @@ from orl_jax.models.build import build_model
 from orl_jax.models import families
 from orl_jax.models.moe import frozen_param
 from orl_jax.models.transformer import ModelConfig
+from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax import sharding as sharding_lib
 
 
@@ -36,6 +37,13 @@ def frozen_params(model_cfg: ModelConfig) -> Callable[[str], bool] | None:
   if model_cfg.moe is None:
     return None
   return functools.partial(frozen_param, cfg=model_cfg.moe)
+
+
+def optimizer_of(cfg: OptimizerConfig, model_cfg):
+  """The optimizer of `cfg` (`OptimizerConfig.from_config` of a run) for a model of
+  `model_cfg`: its family's frozen parameters and residual-pathway modules."""
+  return make_optimizer(cfg, frozen_params(model_cfg),
+                        residual_modules=families.of_model(model_cfg).residual_modules)
 
 
 def init_model_params(model_cfg: ModelConfig, seed: int):

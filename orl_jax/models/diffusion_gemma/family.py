@@ -204,7 +204,8 @@ FAMILY = Family(
     # canvases of 256, transformers' EntropyBoundSampler bound 0.1
     decode=dict(block_size=256, rule="entropy_budget", rule_value=0.1),
     chat="none", config_from_hf=DiffusionGemmaConfig.from_hf, build_model=build_model,
-    frozen=frozen, passthrough_prefixes=PASSTHROUGH_PREFIXES,
+    frozen=frozen, residual_modules=("self_conditioning",),
+    passthrough_prefixes=PASSTHROUGH_PREFIXES,
     config_from_run=lambda *a, **kw: model_config(*a, **kw),
     generation_defaults=GENERATION_DEFAULTS, sampler=make_sampler,
     config_sections={"model.diffusion_gemma": ArchitectureSettings, "decode": SamplerSettings})
