@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable
+from typing import Callable, cast
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib
 from orl_jax.optimizer import OptimizerConfig
 from orl_jax.replay import ReplayPlan
+from orl_jax.tasks import Task
 from orl_jax.train import state as state_lib
 from orl_jax.train.orl import build_orl_steps, sharded_like
 from orl_jax.train.setup import (Run, Setup, needs_reference, run_mesh, run_model_config,
@@ -192,7 +193,8 @@ def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramS
   graphdef, state, state_sh = state_lib.abstract_train_state(
       model_cfg, optimizer, mesh, config.seed, with_reference=needs_reference(config))
   mask_id, eos_id = special_ids(config, model_cfg)
-  setup = Setup(config, _Task(_Tokens(mask_id, eos_id)), model_cfg, mesh)
+  # a stand-in for the task: the programs read only its tokenizer's special ids
+  setup = Setup(config, cast(Task, _Task(_Tokens(mask_id, eos_id))), model_cfg, mesh)
   run = Run(graphdef, state, state_sh, optimizer, ckpt=None)
   o, p_len = config.orl, config.task.prompt_len
   rows, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)

@@ -33,6 +33,7 @@ _CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "av
 
 def machine() -> dict:
   """What decides whether a re-run can be bit-identical: the CPU and what XLA compiles for it."""
+  flags: list[str]
   model, flags = "", []
   try:
     with open("/proc/cpuinfo") as f:
@@ -56,7 +57,7 @@ def machine() -> dict:
 def same_machine(a: dict | None, b: dict | None) -> bool:
   """Whether two machine records promise bit-identical training."""
   keys = ("cpu", "cores", "cpu_flags", "xla_flags", "jax", "jaxlib")
-  return bool(a and b) and all(a.get(k) == b.get(k) for k in keys)
+  return bool(a and b and all(a.get(k) == b.get(k) for k in keys))
 
 
 def make_base(config, out_dir: str, *, progress: bool = True) -> dict:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+from typing import Any
 
 from orl_jax import evaluate as eval_lib
 from orl_jax import distributed, params_io, run_config
@@ -214,7 +215,8 @@ def ablation_effect(name: str, r: dict, ref: dict, reference: str = "orl") -> di
   models' stds), whether the change is beyond it, the paper's figure (Table 3(a)) where it
   reports one, and how ours moves against it ("same way", "opposite", "within spread")."""
   p_acc, p_tpf = PAPER_ABLATIONS.get(name, (None, None))
-  out = {"against": reference, "units": "accuracy: points; tpf_pooled: % of the reference's"}
+  out: dict[str, Any] = {"against": reference,
+                         "units": "accuracy: points; tpf_pooled: % of the reference's"}
   for key, change, spread, paper in (
       ("accuracy", 100 * (r["accuracy"] - ref["accuracy"]),
        100 * (r["accuracy_std"] + ref["accuracy_std"]), p_acc),
@@ -266,9 +268,9 @@ def ablation_table(all_results: dict, setting: str = "threshold_0.9",
                " / ".join("–" if e["paper"] is None else f"{e['paper']:+.1f}{u}"
                           for e, u in ((acc, ""), (tpf, "%"))),
                " / ".join(e["vs_paper"] or "–" for e in (acc, tpf))]
-    other = [v[setting] for k, v in all_results.items()
-             if k.startswith(f"{name}@warmup") and setting in v]
-    other = " ".join(f"{o['accuracy']:.3f} / {o['tpf_pooled']:.2f}" for o in other)
+    others = [v[setting] for k, v in all_results.items()
+              if k.startswith(f"{name}@warmup") and setting in v]
+    other = " ".join(f"{o['accuracy']:.3f} / {o['tpf_pooled']:.2f}" for o in others)
     lines.append(f"| {name} | {r['accuracy']:.3f} ± {r['accuracy_std']:.3f} | "
                  f"{r['tpf_pooled']:.2f} ± {r['tpf_pooled_std']:.2f} | "
                  + " | ".join(cells) + f" | {other} |"
@@ -292,7 +294,7 @@ def study_report(workdir: str, setting: str = "threshold_0.9") -> tuple[str, dic
     raise FileNotFoundError(f"{path}: no results yet (run the demo with seeds first)")
   with open(path) as f:
     all_results = json.load(f)
-  groups = {}
+  groups: dict[str, list[str]] = {}
   for key in all_results:
     name, seed = eval_lib.split_seed_name(key)
     if seed is not None:
@@ -349,7 +351,7 @@ def run_demo(config, *, progress=True) -> str:
   print(f"base model: {base}")
   trained = {"base": base}
   starts = {"base": base}
-  curves = []
+  curves: list = []   # (label, mode, metrics file, curves plot) of each trained stage
   stages = demo_stages(config)
   if any(config.stage_start[st] == "warmup" for st in stages):
     starts["warmup"] = warmup_params_dir(config, base, curves, progress=progress)
@@ -360,6 +362,7 @@ def run_demo(config, *, progress=True) -> str:
   # Seeds outermost and each model evaluated as soon as it is trained: a run stopped part-way
   # leaves every stage of the first seeds in results.json (per-seed keys until merged).
   seeds = _pipeline(config).seeds or (None,)
+  seed_groups: dict[str, list[str]]
   seed_groups, all_results = {}, {}
   for seed in seeds:
     for stage in stages:

@@ -161,6 +161,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   mask_id, eos_id = special_ids(config, cfg)
   decode_cfg = decode_build.sampler_of(config, cfg).forward_config("rollout", mask_id=mask_id,
                                                                    eos_id=eos_id)
+  assert decode_cfg is not None   # a block sampler's (a family's own model returned above)
   n_rollouts = o.prompts_per_step * o.group_size
   p_len = config.task.prompt_len
   cap = (capture_bytes(n_rollouts, decode_cfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)

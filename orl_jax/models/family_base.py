@@ -25,13 +25,14 @@ below.
 A family whose model is not the shared `Transformer` (DiffusionGemma) names its own config and
 model classes (`config_from_hf`, `config_from_run`, `build_model`) and may carry HF tensors it
 does not model through an export (`passthrough_prefixes`: a vision tower) and mark parameters
-the optimizer must leave alone (`frozen`).
+the optimizer must leave alone (`frozen`). Code that holds a model config of any family types it
+`AnyModelConfig`; a `Family` is typed by its own config class (`Family[ModelConfig]`).
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 from jax.sharding import PartitionSpec as P
@@ -45,6 +46,28 @@ if TYPE_CHECKING:
 # (LLaDA-8B), block-causal with bidirectional blocks and a KV cache (SDAR, LLaDA2.x), or a
 # token-causal committed stream with a bidirectional canvas over it (DiffusionGemma).
 ATTENTION_LAYOUTS = ("bidirectional", "block_causal", "token_causal")
+
+
+class AnyModelConfig(Protocol):
+  """The model config of any family: the shared Transformer's `ModelConfig` or a family's own
+  class (DiffusionGemma's `DiffusionGemmaConfig`), a frozen dataclass. What only one of them has
+  (`mask_id`, `moe`) is read where the family is known to be the shared Transformer's."""
+  __dataclass_fields__: ClassVar[dict[str, Any]]
+
+  @property
+  def hf_family(self) -> str:
+    """The registry family (`orl_jax.models.families`; '' for a model of ours)."""
+
+  @property
+  def vocab_size(self) -> int:
+    """Rows of the embedding table."""
+
+  @property
+  def param_dtype(self) -> str:
+    """The parameters' dtype ('float32', 'bfloat16')."""
+
+
+ConfigT = TypeVar("ConfigT", bound=AnyModelConfig)   # the config class of one family
 
 
 class TensorRule(NamedTuple):
@@ -65,23 +88,24 @@ def plain(hf: str, ours: str, **kw) -> TensorRule:
 
 
 @dataclasses.dataclass(frozen=True)
-class Family:
-  """One model family. Callables take/return plain dicts and `ModelConfig`s (no I/O)."""
+class Family(Generic[ConfigT]):
+  """One model family, typed by its config class (`ModelConfig`, or the family's own).
+  Callables take/return plain dicts and config objects (no I/O)."""
   name: str                                          # our key: model.hf_family ("": ours)
   model_types: tuple[str, ...]                       # HF config.json `model_type` values
                                                      # (none: no Hugging Face form, ours)
   attention: str                                     # one of ATTENTION_LAYOUTS ("": any,
                                                      # `model.attention` says; ours)
   architecture_from_hf: Callable[[dict], dict]       # config.json -> ModelConfig fields
-  hf_config_json: Callable[[ModelConfig], dict]      # ModelConfig -> config.json
-  tensor_rules: Callable[[ModelConfig], list]        # ModelConfig -> [TensorRule]
+  hf_config_json: Callable[[ConfigT], dict]          # its config -> config.json
+  tensor_rules: Callable[[ConfigT], list]            # its config -> [TensorRule]
   partition_rules: tuple[tuple[str, P], ...]         # (regex on our name, PartitionSpec)
   special_tokens: dict                               # mask/eos/pad/bos: id strings or tokens
   decode: dict                                       # block_size, rule, rule_value defaults;
                                                      # the authors' block_placement and
                                                      # commit_compare (block decoder families)
   chat: str = "none"                                 # chat template of its instruct models
-  ignored_hf: Callable[[ModelConfig], frozenset] = lambda cfg: frozenset()
+  ignored_hf: Callable[[ConfigT], frozenset] = lambda cfg: frozenset()
   # ^ HF tensors a checkpoint may hold that the model does not use (a tied copy of the head)
   ignored_keys: tuple[str, ...] = ()   # config.json keys the official modeling code never
                                        # reads (ignored here too; the run logs them once)
@@ -180,7 +204,7 @@ def assemble(rules: list[TensorRule], read: Callable, shape, index=None) -> np.n
 
 def hf_shapes(rules: list[TensorRule], our_shapes: dict) -> dict[str, tuple[int, ...]]:
   """{HF name: the shape the configured model needs it to have} from our parameter shapes."""
-  out = {}
+  out: dict[str, tuple[int, ...]] = {}
   for r in rules:
     piece = tuple(our_shapes[r.ours])[1:] if r.expert is not None else tuple(our_shapes[r.ours])
     lead, piece = (piece[:1], piece[1:]) if r.stacked else ((), piece)
@@ -195,7 +219,7 @@ def hf_shapes(rules: list[TensorRule], our_shapes: dict) -> dict[str, tuple[int,
 def params_to_hf(flat: dict, rules: list[TensorRule]) -> dict[str, np.ndarray]:
   """Our flat params -> HF tensors ([out, in] layout; fused pieces concatenated in row
   order, stacked experts split). Raises KeyError naming a parameter the rules need."""
-  pieces = collections.defaultdict(list)
+  pieces: dict[str, list] = collections.defaultdict(list)   # [(row start, stacked, piece)]
   for r in rules:
     x = np.asarray(flat[r.ours])
     x = x if r.expert is None else x[r.expert]

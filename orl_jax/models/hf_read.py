@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import os
 import time
-from typing import Callable
+from typing import Any, Callable, cast
 
 import jax
 import numpy as np
@@ -30,7 +30,7 @@ from flax import nnx
 from orl_jax.models import config_json, families
 from orl_jax.models.build import abstract_params
 from orl_jax.models import family_base
-from orl_jax.models.family_base import TensorRule
+from orl_jax.models.family_base import AnyModelConfig, TensorRule
 from orl_jax.models.moe import RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.params_io import open_safetensors, read_json
@@ -61,7 +61,7 @@ def checkpoint_family(name: str) -> families.Family:
   return family
 
 
-def tensor_rules(family: str, cfg: ModelConfig) -> list[TensorRule]:
+def tensor_rules(family: str, cfg: AnyModelConfig) -> list[TensorRule]:
   """Every piece of the name map of a base model of `cfg` (no adapter)."""
   return checkpoint_family(family).tensor_rules(cfg)
 
@@ -226,11 +226,12 @@ def _same(ours, theirs) -> bool:
     return abs(float(ours) - theirs) <= 1e-12 * max(1.0, abs(theirs))
   if dataclasses.is_dataclass(theirs) and dataclasses.is_dataclass(ours):
     runtime = {f: getattr(ours, f) for f in RUNTIME_FIELDS}
-    return dataclasses.replace(theirs, **runtime) == ours
+    # `theirs` is a dataclass instance (a MoEConfig), never a class
+    return dataclasses.replace(cast(Any, theirs), **runtime) == ours
   return ours == theirs
 
 
-def check_architecture(cfg: ModelConfig, hf_dir: str, family: str) -> None:
+def check_architecture(cfg: AnyModelConfig, hf_dir: str, family: str) -> None:
   """Raises CheckpointError naming every model.* field that disagrees with config.json."""
   want = read_architecture(hf_dir, family)
   bad = [f"model.{field}={getattr(cfg, field)!r} but config.json says {value!r}"
@@ -263,7 +264,7 @@ class _Reader:
 
   def __init__(self, files: dict[str, str]):
     self.files = files
-    self._open = {}
+    self._open: dict[str, Any] = {}   # path -> its open safetensors file
 
   def _handle(self, path):
     if path not in self._open:
@@ -300,7 +301,7 @@ def _adapter_files(hf_dir: str) -> dict[str, str]:
     return {name: path for name in f.keys()}
 
 
-def load_hf_params(hf_dir: str, family: str, cfg: ModelConfig, abstract_params: nnx.State,
+def load_hf_params(hf_dir: str, family: str, cfg: AnyModelConfig, abstract_params: nnx.State,
                    shardings=None, *, allow_missing: Callable[[str], bool] | None = None):
   """Reads a HF checkpoint into a params State shaped like `abstract_params`.
 
@@ -346,7 +347,7 @@ def _problems(missing: list, unexpected: list, bad_shape: list) -> list[str]:
   return out
 
 
-def _tensor_sources(hf_dir: str, family: str, cfg: ModelConfig, leaves: dict, files: dict,
+def _tensor_sources(hf_dir: str, family: str, cfg: AnyModelConfig, leaves: dict, files: dict,
                     adapter: dict, reader, allow_missing) -> dict:
   """{our name: [TensorRule]} for every parameter the files hold (adapter tensors are their own
   plain piece); raises CheckpointError listing missing, unexpected and mis-shaped tensors."""
@@ -403,7 +404,7 @@ def read_passthrough(hf_dir: str, family: str) -> dict[str, np.ndarray]:
   return {name: reader.read(name) for name in reader.files if name.startswith(prefixes)}
 
 
-def load_model_params(hf_dir: str, family: str, cfg: ModelConfig, *, shardings=None,
+def load_model_params(hf_dir: str, family: str, cfg: AnyModelConfig, *, shardings=None,
                       seed: int = 0, check_config: bool = True):
   """(graphdef, params) of `cfg` with weights from `hf_dir`; a residual adapter absent from the
   directory keeps its zero-output initialisation (so the model equals the base model)."""
@@ -411,10 +412,10 @@ def load_model_params(hf_dir: str, family: str, cfg: ModelConfig, *, shardings=N
   if check_config:
     check_architecture(cfg, hf_dir, family)
   graphdef, abstract = abstract_params(cfg, seed)
-  if getattr(cfg, "residual_mode", "") == "adapter":
+  if getattr(cfg, "residual_mode", "") == "adapter":   # a ModelConfig: only it has one
     # Only the adapter is initialised for real (it is small); everything else is read.
-    fresh = nnx.state(Transformer(dataclasses.replace(cfg, n_layers=0, vocab_size=8,
-                                                      tie_embeddings=True),
+    fresh = nnx.state(Transformer(dataclasses.replace(cast(ModelConfig, cfg), n_layers=0,
+                                                      vocab_size=8, tie_embeddings=True),
                                   rngs=nnx.Rngs(seed)), nnx.Param)
     fresh_flat = flat_params(fresh)
     flat = flat_params(abstract)

@@ -21,16 +21,16 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from orl_jax.models import family_base
+from orl_jax.models.family_base import AnyModelConfig
 from orl_jax.models.hf_read import (ADAPTER_FILE, ADAPTER_PREFIX, CONFIG_FILE, INDEX_FILE,
                                     SINGLE_FILE, CheckpointError, checkpoint_family, flat_params,
                                     tensor_rules)
-from orl_jax.models.transformer import ModelConfig
 
 
 # ----------------------------------------------------------------------------- config.json
 
 
-def hf_config_json(cfg: ModelConfig, family: str, extra: dict | None = None,
+def hf_config_json(cfg: AnyModelConfig, family: str, extra: dict | None = None,
                    model_type: str = "") -> dict:
   """A HF `config.json` for `cfg` (what `export` writes; `architecture_from_hf` inverts it).
   `model_type` (default: the family's own) names one of the family's model types; one whose
@@ -54,7 +54,7 @@ def hf_config_json(cfg: ModelConfig, family: str, extra: dict | None = None,
 # ----------------------------------------------------------------------------- export
 
 
-def hf_tensors(params: nnx.State, cfg: ModelConfig, family: str):
+def hf_tensors(params: nnx.State, cfg: AnyModelConfig, family: str):
   """(HF tensors of the base model, our adapter tensors) of `params`, as host numpy arrays;
   CheckpointError naming parameters the family has no name for, or lacks."""
   leaves = {n: np.asarray(jax.device_get(v)) for n, v in flat_params(params).items()}
@@ -70,7 +70,7 @@ def hf_tensors(params: nnx.State, cfg: ModelConfig, family: str):
   return family_base.params_to_hf(leaves, rules), extra
 
 
-def export_hf(out_dir: str, params: nnx.State, cfg: ModelConfig, family: str, *,
+def export_hf(out_dir: str, params: nnx.State, cfg: AnyModelConfig, family: str, *,
               tokenizer_file: str | None = None, extra_config: dict | None = None,
               max_shard_bytes: int = 0, passthrough: dict | None = None,
               model_type: str = "", files: dict[str, str] | None = None,
@@ -114,6 +114,7 @@ def _write_weights(directory: str, tensors: dict[str, np.ndarray], max_shard_byt
   if max_shard_bytes <= 0:
     save_file(tensors, os.path.join(directory, SINGLE_FILE), metadata={"format": "pt"})
     return
+  current: dict[str, np.ndarray]
   shards, current, size = [], {}, 0
   for name in sorted(tensors):
     nbytes = tensors[name].nbytes

@@ -174,9 +174,9 @@ class OrlSteps:
   setup: Setup
   run: Run
   replay_cfg: ReplayConfig
-  rollout: Callable        # (params, tokens, valid, key, rollout_step) -> Trajectories
-  sums: Callable           # Trajectories -> rollout_sums, replicated
-  gather: Callable         # (Trajectories, ReplayPlan) -> ReplayBatch, rows over the data axes
+  rollout: jax.stages.Wrapped   # (params, tokens, valid, key, rollout_step) -> Trajectories
+  sums: jax.stages.Wrapped      # Trajectories -> rollout_sums, replicated
+  gather: jax.stages.Wrapped    # (Trajectories, ReplayPlan) -> ReplayBatch, rows over data axes
   update: Callable         # (TrainState, ReplayBatch, base_key) -> (TrainState, metrics)
   plan_sharding: Any       # the plan's device placement (replicated)
   prompt_iter: Any
@@ -256,6 +256,7 @@ def rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
 
 def _restore_rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
   o, mesh = steps.setup.config.orl, steps.setup.mesh
+  assert steps.snapshots is not None   # `rollout` restores only from a saved snapshot
   abstract = jax.eval_shape(steps.rollout, state.params, prompts.tokens, prompts.valid,
                             steps.rollout_key, state.step)
   saved, _ = steps.snapshots.restore(it, {
@@ -389,6 +390,7 @@ def prompt_stream(setup: Setup):
 def train_orl(setup: Setup, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:
   """Runs ORL to `train.steps` iterations, resuming from the work directory's checkpoint."""
   run = prepare_run(setup)
+  assert run.ckpt is not None   # `prepare_run` opens it
   prompt_iter = prompt_stream(setup)
   state, start = resume(run, prompt_iter)
   steps = build_orl_steps(setup, run, prompt_iter)

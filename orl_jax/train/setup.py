@@ -13,7 +13,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
@@ -28,18 +28,26 @@ from orl_jax.decode import build as decode_build
 from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
 from orl_jax.models import build, families
-from orl_jax.tasks import get_task, prompt_task
+from orl_jax.models.family_base import AnyModelConfig
+from orl_jax.models.transformer import ModelConfig
+from orl_jax.tasks import Task, get_task, prompt_task
 from orl_jax.optimizer import OptimizerConfig
-from orl_jax.train.state import create_train_state, init_model_params, optimizer_of
+from orl_jax.train.state import (TrainState, create_train_state, init_model_params,
+                                 optimizer_of)
+
+if TYPE_CHECKING:
+  import optax
+  from flax import nnx
+  from jax.sharding import Mesh
 
 
 @dataclasses.dataclass
 class Setup:
   """What every run derives from its config."""
   config: RunConfig
-  task: object
-  model_cfg: object
-  mesh: object
+  task: Task
+  model_cfg: AnyModelConfig   # ModelConfig, or the family's own class (DiffusionGemmaConfig)
+  mesh: Mesh
 
   @property
   def tokenizer(self):
@@ -152,6 +160,7 @@ def own_model_config(config, hf_dir: str, family: str, vocab_size: int = 0, **sp
   `hf_dir`'s config.json (a CheckpointError naming the file and field) or from `config.model`;
   `special`: the run's resolved eos_ids / pad_id."""
   fam = families.get(family)
+  assert fam.config_from_run is not None   # a family with its own model builds its config
   build = lambda hf_config: fam.config_from_run(
       config.model, block_size=config.decode.block_size, vocab_size=vocab_size,
       hf_config=hf_config, **special)
@@ -226,7 +235,7 @@ def sizing_model_config(config, *, laid_out: bool = True):
   vocab = config.model.vocab_size
   mask_id = _special_id(config.model.special_tokens.mask)
   if hf_dir or not vocab:
-    cfg = build_setup(config).model_cfg
+    cfg = cast(ModelConfig, build_setup(config).model_cfg)   # not a family with its own model
   else:
     cfg = config_lib.model_config(config, vocab_size=vocab, mask_id=mask_id)
   if cfg.moe is not None and laid_out:
@@ -383,11 +392,11 @@ def params_meta(setup: Setup, extra: dict | None = None) -> dict:
 @dataclasses.dataclass
 class Run:
   """What every training loop starts from."""
-  graphdef: object
-  state: object
-  state_shardings: object
-  optimizer: object
-  ckpt: Checkpointer
+  graphdef: nnx.GraphDef
+  state: TrainState
+  state_shardings: TrainState     # the state's NamedShardings, leaf for leaf
+  optimizer: optax.GradientTransformation
+  ckpt: Checkpointer | None       # None: a run that saves nothing (the compile command's)
 
 
 def prepare_run(setup: Setup) -> Run:
@@ -502,6 +511,7 @@ def resume(run: Run, data_iter) -> tuple[object, int]:
   """(state, step) from the work directory's newest checkpoint that restores (damaged newer ones
   are moved aside with a warning), restoring `data_iter` in place; the fresh state and step 0
   when there is none."""
+  assert run.ckpt is not None   # `prepare_run` opens it
   start, state, _ = run.ckpt.restore_latest(abstract_like(run.state), data_iter)
   if not start:
     return run.state, 0
@@ -514,6 +524,7 @@ def finish_run(setup: Setup, run: Run, state, step: int) -> str:
   """Waits for checkpoints and exports the final parameters to WORKDIR/params, and, for a
   model of a registered family, as a Hugging Face directory WORKDIR/hf with its official tensor
   names (process 0 writes; every process returns once the folders are complete)."""
+  assert run.ckpt is not None   # `prepare_run` opens it
   run.ckpt.close()
   out = os.path.join(setup.config.workdir, weights_lib.RUN_PARAMS)
   params = sharding_lib.to_host(state.params)   # a collective: every process takes part

@@ -10,6 +10,7 @@ are checkpointed, so a killed run resumes exactly.
 from __future__ import annotations
 
 import time
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from orl_jax.decode import build as decode_build
 from orl_jax.packed_batch import SftBatch, masked_state_tokens
 from orl_jax.data.pipeline import SftExample, train_dataset
 from orl_jax.losses import sft_loss
+from orl_jax.models.transformer import ModelConfig
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.train import rcd
 from orl_jax.train.setup import RunLog, Setup, finish_run, prepare_run, resume
@@ -62,14 +64,15 @@ def sft_placement(setup: Setup) -> str:
 def make_sft_step(setup: Setup, run, residual_fn, reference_params):
   """The jitted `(state, batch, base_key) -> (state, metrics)` of the SFT-layout modes."""
   config = setup.config
+  # the SFT-layout modes train the shared Transformer (a ModelConfig: it has a mask token)
   loss_fn = lambda model, batch, key: sft_loss(model, batch, key,
                                                block_size=config.decode.block_size,
-                                               mask_id=setup.model_cfg.mask_id,
+                                               mask_id=cast(ModelConfig, setup.model_cfg).mask_id,
                                                residual_fn=residual_fn,
                                                vocab_chunk=config.loss.vocab_chunk,
                                                eos_id=setup.tokenizer.eos_id,
                                                placement=sft_placement(setup))
-  rows = sharding_lib.batch_sharding(setup.mesh)
+  rows: Any = sharding_lib.batch_sharding(setup.mesh)   # in the arrays' places of SftExample
   repl = sharding_lib.replicated(setup.mesh)
   batch_sh = SftExample(prompt_tokens=rows, prompt_valid=rows, response=rows,
                         rcd_reference_params=jax.tree.map(lambda _: repl, reference_params))
@@ -81,6 +84,8 @@ def train_sft(setup: Setup, *, progress: bool = True, stop_after: int | None = N
   """Runs an SFT-layout mode (sft, residual_warmup, rcd_offline) to `train.steps`."""
   config, tc = setup.config, setup.config.train
   run = prepare_run(setup)
+  assert run.ckpt is not None   # `prepare_run` opens it
+  assert config.decode.gen_length is not None   # `build_setup` checked that it is set
   data = train_dataset(setup.task.train_problem, setup.tokenizer, prompt_len=config.task.prompt_len,
                        gen_length=config.decode.gen_length, batch_size=tc.batch_size,
                        rows=sharding_lib.process_rows(setup.mesh, tc.batch_size),

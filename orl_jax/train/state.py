@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +12,7 @@ from flax import nnx, struct
 
 from orl_jax.models.build import build_model
 from orl_jax.models import families
+from orl_jax.models.family_base import AnyModelConfig
 from orl_jax.models.moe import frozen_param
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.optimizer import OptimizerConfig, make_optimizer
@@ -27,32 +28,33 @@ class TrainState:
                          # sharded like params, checkpointed with the state, never updated
 
 
-def frozen_params(model_cfg: ModelConfig) -> Callable[[str], bool] | None:
+def frozen_params(model_cfg: AnyModelConfig) -> Callable[[str], bool] | None:
   """The predicate on parameter names the optimizer must leave alone (an MoE router's
   `expert_bias`, a frozen router; a family's own, such as DiffusionGemma's `layer_scalar`
   buffers), or None when the model has none."""
   family = families.of_model(model_cfg)
   if family.frozen is not None:
     return family.frozen
+  model_cfg = cast(ModelConfig, model_cfg)   # a family with its own model names its `frozen`
   if model_cfg.moe is None:
     return None
   return functools.partial(frozen_param, cfg=model_cfg.moe)
 
 
-def optimizer_of(cfg: OptimizerConfig, model_cfg):
+def optimizer_of(cfg: OptimizerConfig, model_cfg: AnyModelConfig):
   """The optimizer of `cfg` (`OptimizerConfig.from_config` of a run) for a model of
   `model_cfg`: its family's frozen parameters and residual-pathway modules."""
   return make_optimizer(cfg, frozen_params(model_cfg),
                         residual_modules=families.of_model(model_cfg).residual_modules)
 
 
-def init_model_params(model_cfg: ModelConfig, seed: int):
+def init_model_params(model_cfg: AnyModelConfig, seed: int):
   """(graphdef, params) of a freshly initialised model."""
   graphdef, params = nnx.split(build_model(model_cfg, seed), nnx.Param)
   return graphdef, params
 
 
-def _state_init(model_cfg: ModelConfig, optimizer, seed: int, with_reference: bool):
+def _state_init(model_cfg: AnyModelConfig, optimizer, seed: int, with_reference: bool):
   """`init(params or None) -> TrainState` (fresh parameters when None)."""
   def init(given):
     p = given if given is not None else init_model_params(model_cfg, seed)[1]
@@ -62,7 +64,7 @@ def _state_init(model_cfg: ModelConfig, optimizer, seed: int, with_reference: bo
   return init
 
 
-def abstract_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None, *,
+def abstract_train_state(model_cfg: AnyModelConfig, optimizer, mesh, seed: int, params=None, *,
                          with_reference: bool = False):
   """(graphdef, state as ShapeDtypeStructs carrying their shardings, shardings): the train
   state `create_train_state` would make on `mesh`, allocating nothing (the compile command
@@ -76,7 +78,7 @@ def abstract_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, par
   return graphdef, abstract, shardings
 
 
-def create_train_state(model_cfg: ModelConfig, optimizer, mesh, seed: int, params=None, *,
+def create_train_state(model_cfg: AnyModelConfig, optimizer, mesh, seed: int, params=None, *,
                        with_reference: bool = False):
   """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded: parameters
   and optimizer moments follow the model family's partition rules on the fsdp/tensor/expert

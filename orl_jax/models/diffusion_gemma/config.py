@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -268,7 +269,7 @@ def from_hf(hf_config: dict, **overrides) -> DiffusionGemmaConfig:
 
 
 def _rope_parameters(cfg: DiffusionGemmaConfig) -> dict:
-  out = {}
+  out: dict[str, dict] = {}
   for spec in cfg.layers:
     rope = {"rope_type": spec.rope_type, "rope_theta": spec.rope_theta}
     if spec.rope_fraction != 1.0:
@@ -316,8 +317,9 @@ def release_26b_a4b(**overrides) -> DiffusionGemmaConfig:
                        rope_theta=1e6, rope_fraction=0.25)
   sliding = AttentionSpec(SLIDING, head_dim=256, n_kv_heads=8, rope_theta=1e4)
   layers = tuple(full if (i + 1) % 6 == 0 else sliding for i in range(30))
-  fields = dict(vocab_size=262_144, d_model=2816, n_heads=16, mlp_dim=2112, n_experts=128,
-                top_k=8, expert_dim=704, layers=layers, sliding_window=1024, canvas_length=256,
-                eos_ids=(1, 106), dtype="bfloat16", param_dtype="bfloat16")
+  fields: dict[str, Any] = dict(
+      vocab_size=262_144, d_model=2816, n_heads=16, mlp_dim=2112, n_experts=128, top_k=8,
+      expert_dim=704, layers=layers, sliding_window=1024, canvas_length=256, eos_ids=(1, 106),
+      dtype="bfloat16", param_dtype="bfloat16")
   fields.update(overrides)
   return DiffusionGemmaConfig(**fields)

@@ -347,7 +347,7 @@ class DiffusionGemma(nnx.Module):
     new_k, new_v, taken = [], [], []
     for i, layer in enumerate(self.layers):
       visible = commit_visibility(self.cfg, layer.attn.spec, grown, t)
-      slot = {}
+      slot: dict[str, jax.Array] = {}
 
       def attention_fn(h, i=i, layer=layer, visible=visible, slot=slot):
         q, k, v = layer.attn.project(h, positions)

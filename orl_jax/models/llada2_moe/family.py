@@ -148,6 +148,7 @@ def _mlp_rules(cfg: ModelConfig, i: int) -> list:
   hf, ours = f"model.layers.{i}.mlp.", f"layers.{i}.mlp."
   if not cfg.is_moe_layer(i):
     return [linear(hf + f"{p}.weight", ours + f"{p}.kernel") for p in _SWIGLU]
+  assert cfg.moe is not None   # an MoE layer: the model has experts
   rules = [linear(hf + "gate.weight", ours + "router.kernel"),
            plain(hf + "gate.expert_bias", ours + "router.expert_bias")]
   rules += [linear(hf + f"experts.{e}.{p}.weight", ours + p, expert=e)
