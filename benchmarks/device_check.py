@@ -49,7 +49,6 @@ from orl_jax.aot import programs as aot_programs
 from orl_jax.aot import report as aot_report
 from orl_jax.aot import targets as aot_targets
 from orl_jax.losses import LossConfig, OrlObjective
-from orl_jax.optimizer import OptimizerConfig
 from orl_jax.train.state import init_model_params, optimizer_of
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import (KERNELS, TokenMeta, attention, current_platform,
@@ -194,9 +193,9 @@ def decode(size: str, budget) -> dict:
 def orl_step(size: str) -> dict:
   config = tiny.get_config("sft")
   tok = tiny_tokenizer()
-  s_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
-                                  mask_id=tok.mask_id)
-  optimizer = optimizer_of(dataclasses.replace(OptimizerConfig.from_config(config),
+  typed = run_config.convert(config)
+  s_cfg = config_lib.model_config(typed, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
+  optimizer = optimizer_of(dataclasses.replace(config_lib.optimizer_config(typed),
                                                residual_lr_scale=1.0), s_cfg)
   mesh = sharding_lib.make_mesh()
   # the KL anchor to the rollout policy: the benchmark's states carry no frozen reference copy

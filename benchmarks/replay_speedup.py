@@ -47,7 +47,6 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.decode.types import Capture, DecodeOutput, trajectories
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.optimizer import OptimizerConfig
 from orl_jax.train.state import create_train_state, make_train_step, optimizer_of
 from pallas_kernels.staircase_attention import staircase_visible
 
@@ -283,10 +282,10 @@ def main():
   config = tiny.get_config("sft")
   from orl_jax.data.tiny_task import tiny_tokenizer
   tok = tiny_tokenizer()
-  s_cfg = config_lib.model_config(run_config.convert(config), vocab_size=tok.vocab_size,
-                                  mask_id=tok.mask_id)
+  typed = run_config.convert(config)
+  s_cfg = config_lib.model_config(typed, vocab_size=tok.vocab_size, mask_id=tok.mask_id)
   mesh = sharding_lib.make_mesh()
-  optimizer = optimizer_of(dataclasses.replace(OptimizerConfig.from_config(config),
+  optimizer = optimizer_of(dataclasses.replace(config_lib.optimizer_config(typed),
                                                residual_lr_scale=1.0), s_cfg)
   objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))
   results = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),

@@ -1,7 +1,9 @@
 """The run config's rules and conversions: `validate(run)` checks a `RunConfig` (the rules that
 span fields and sections; `orl_jax.run_config.build` calls it), with one message per problem
-naming the fields; `model_config`, `decode_config`, `moe_config`, `family_rules` turn its
-sections into the frozen dataclasses used in jit.
+naming the fields; `model_config`, `moe_config`, `decode_config` (with `family_rules`),
+`replay_config`, `loss_config` and `optimizer_config` turn its sections into the frozen
+dataclasses used in jit, each in one place (a family with its own sampler converts its own
+settings in its folder: DiffusionGemma's `sampler_config`).
 """
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ from typing import Any, TypeVar
 
 from orl_jax.config_sections import ConfigError, RunConfig
 from orl_jax.data.tiny_task import TinyTaskConfig
-from orl_jax.losses import KL_REFERENCES
+from orl_jax.losses import KL_REFERENCES, LossConfig
 from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, SCHEDULES, DecodeConfig
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.optimizer import OptimizerConfig
-from orl_jax.replay.plan import LAYOUTS as REPLAY_LAYOUTS
+from orl_jax.replay.plan import LAYOUTS as REPLAY_LAYOUTS, ReplayConfig
 from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import COMMIT_COMPARES, RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
@@ -101,7 +103,7 @@ def _run_errors(config: RunConfig) -> list[str]:
   m, t = config.model, config.train
   check = lambda cond, msg: None if cond else errors.append(msg)
   check(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
-  errors += OptimizerConfig.from_config(config).errors()
+  errors += optimizer_config(config).errors()
   check(t.log_every > 0, f"train.log_every={t.log_every} must be positive")
   check(config.eval.batch_size > 0, f"eval.batch_size={config.eval.batch_size} must be positive")
   n_eval = _tiny_eval_size(config.task, errors) if config.task.name == "tiny" else None
@@ -361,3 +363,35 @@ def decode_config(config: RunConfig, *, mask_id: int, eos_id: int,
                       max_post_edit_steps=d.max_post_edit_steps, cache=d.cache,
                       eos_early_stop=d.eos_early_stop,
                       **family_rules(config, family))
+
+
+def replay_config(config: RunConfig, n_shards: int, context: str = "block") -> ReplayConfig:
+  """The replay plan's settings of a run (`replay.*`, the decode block and response length):
+  bidirectional families always replay full canvases (their context cannot be shared);
+  `n_shards`: the mesh's data shards; `context`: the sampler's context stream
+  (`Sampler.replay_context`)."""
+  r, d = config.replay, config.decode
+  bidirectional = config.model.attention == "bidirectional"
+  gen_length = required(d.gen_length, "decode.gen_length")
+  return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
+                      max_responses=r.max_responses, block_size=d.block_size,
+                      states_per_response=r.states_per_response,
+                      layout="canvas" if bidirectional else r.layout, n_shards=n_shards,
+                      response_blocks=gen_length // d.block_size,
+                      micro_batches=r.micro_batches, context=context)
+
+
+def loss_config(config: RunConfig) -> LossConfig:
+  """The ORL loss settings of `loss.*`."""
+  return LossConfig(**config.loss.to_dict())
+
+
+def optimizer_config(config: RunConfig) -> OptimizerConfig:
+  """The optimizer settings of a run: `train.*` and the residual pathway's learning-rate scale
+  (`model.residual.lr_scale`)."""
+  t = config.train
+  return OptimizerConfig(lr=t.lr, steps=t.steps, warmup_steps=t.warmup_steps,
+                         final_lr_fraction=t.final_lr_fraction, b1=t.b1, b2=t.b2,
+                         weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+                         residual_lr_scale=config.model.residual.lr_scale,
+                         freeze_base=bool(t.freeze_base))

@@ -1,7 +1,8 @@
 """The optimizer section of a run: `OptimizerConfig` (built once from `config.train` and the
-residual pathway's learning-rate scale, validating itself) and `make_optimizer` (AdamW with
-linear warm-up and cosine decay, global-norm clipping, a learning rate of its own for the
-residual pathway, frozen parameters left alone)."""
+residual pathway's learning-rate scale by `orl_jax.config.optimizer_config`, validating
+itself) and `make_optimizer` (AdamW with linear warm-up and cosine decay, global-norm
+clipping, a learning rate of its own for the residual pathway, frozen parameters left
+alone)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,8 @@ from orl_jax import sharding as sharding_lib
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-  """What the optimizer of a run needs; `from_config` reads it, `errors` says what is wrong."""
+  """What the optimizer of a run needs (`orl_jax.config.optimizer_config` reads it from the run
+  config); `errors` says what is wrong."""
   lr: float                       # train.lr: the peak learning rate
   steps: int                      # train.steps: the cosine decay's length
   warmup_steps: int = 0           # train.warmup_steps: linear warm-up from 0
@@ -27,16 +29,6 @@ class OptimizerConfig:
   residual_lr_scale: float = 1.0  # model.residual.lr_scale: the residual pathway's learning
                                   # rate is lr x this (DESIGN §2.1 residual scaling)
   freeze_base: bool = False       # train.freeze_base: only the residual pathway trains
-
-  @classmethod
-  def from_config(cls, config) -> "OptimizerConfig":
-    """The settings of a run config (`train.*`, `model.residual.lr_scale`)."""
-    t = config.train
-    return cls(lr=t.lr, steps=t.steps, warmup_steps=t.warmup_steps,
-               final_lr_fraction=t.final_lr_fraction, b1=t.b1, b2=t.b2,
-               weight_decay=t.weight_decay, grad_clip=t.grad_clip,
-               residual_lr_scale=config.model.residual.lr_scale,
-               freeze_base=bool(t.freeze_base))
 
   def errors(self) -> list[str]:
     """Every problem of the section, one sentence each naming the config field."""

@@ -23,15 +23,15 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from configs import llada, sdar  # noqa: E402
+from orl_jax import config as config_lib  # noqa: E402
 from orl_jax import sharding as sharding_lib  # noqa: E402
 from orl_jax.decode.canvas import prompt_layout  # noqa: E402
 from orl_jax.apps.dry_run import abstract_replay_batch  # noqa: E402
 from orl_jax.losses import OrlObjective  # noqa: E402
 from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.rollout import make_rollout  # noqa: E402
-from orl_jax.train.setup import build_setup, loss_config, needs_reference  # noqa: E402
+from orl_jax.train.setup import build_setup, needs_reference  # noqa: E402
 from orl_jax.decode.block_sampler import block_decode_config  # noqa: E402
-from orl_jax.optimizer import OptimizerConfig  # noqa: E402
 from orl_jax.train.state import create_train_state, make_train_step, optimizer_of  # noqa: E402
 from pallas_kernels.staircase_attention import target_platform  # noqa: E402
 from pallas_kernels.staircase_attention.lowering import (KERNEL_CALLS, custom_calls,  # noqa: E402
@@ -82,9 +82,9 @@ def kernels_by_row_split(jaxpr, rows_split=()) -> list[tuple[str, ...]]:
 def lowered_steps(name: str, platform: str) -> dict:
   c = debug_config(name)
   s = build_setup(c)
-  optimizer = optimizer_of(OptimizerConfig.from_config(c), s.model_cfg)
+  optimizer = optimizer_of(config_lib.optimizer_config(s.config), s.model_cfg)
   graphdef, state, state_sh = create_train_state(s.model_cfg, optimizer, s.mesh, c.seed,
-                                                 with_reference=needs_reference(c))
+                                                 with_reference=needs_reference(s.config))
   rows, repl = sharding_lib.batch_sharding(s.mesh), sharding_lib.replicated(s.mesh)
   dcfg = block_decode_config(c, None, "rollout", mask_id=s.tokenizer.mask_id,
                              eos_id=s.tokenizer.eos_id)
@@ -98,8 +98,8 @@ def lowered_steps(name: str, platform: str) -> dict:
   traj = jax.eval_shape(decode_step, params, prompts, valid)
   batch = abstract_replay_batch(c, traj, mask_id=s.model_cfg.mask_id)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
-  step_fn = make_train_step(graphdef, optimizer, OrlObjective(loss_config(c)), s.mesh,
-                            state_sh, batch_sh)
+  objective = OrlObjective(config_lib.loss_config(s.config))
+  step_fn = make_train_step(graphdef, optimizer, objective, s.mesh, state_sh, batch_sh)
   train_step = lambda state, batch: step_fn(state, batch, key)
   out = {}
   for what, fn, args in [("decode", decode_step, (params, prompts, valid)),

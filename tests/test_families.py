@@ -31,7 +31,6 @@ from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.rollout import capture_bytes
 from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
 from orl_jax.decode.block_sampler import block_decode_config
-from orl_jax.optimizer import OptimizerConfig
 from orl_jax.train.state import frozen_params, optimizer_of
 from tests.helpers_llada2 import LLADA2, LLADA2_MOE, write_llada2_dir
 
@@ -230,7 +229,7 @@ def test_frozen_parameters_get_no_update_and_no_moments():
   config = llada.get_config("debug")
   flat = {k: jnp.asarray(v) for k, v in _random_flat(cfg, seed=3).items()}
   grads = {k: jnp.ones_like(v) for k, v in flat.items()}
-  opt = optimizer_of(dataclasses.replace(OptimizerConfig.from_config(config),
+  opt = optimizer_of(dataclasses.replace(config_lib.optimizer_config(run_config.convert(config)),
                                          residual_lr_scale=0.1), cfg)
   state = opt.init(flat)
   params = flat

@@ -33,7 +33,7 @@ def _updates(cfg, grads_scale=1.0, frozen=None, n=3):
 
 def test_from_config_reads_train_and_the_residual_lr_scale():
   c = tiny.get_config()
-  cfg = OptimizerConfig.from_config(c)
+  cfg = config_lib.optimizer_config(run_config.convert(c))
   assert (cfg.lr, cfg.steps, cfg.warmup_steps, cfg.grad_clip) == (
       c.train.lr, c.train.steps, c.train.warmup_steps, c.train.grad_clip)
   assert cfg.residual_lr_scale == c.model.residual.lr_scale

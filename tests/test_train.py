@@ -78,9 +78,8 @@ _SHARDED = textwrap.dedent("""
   from orl_jax.data.pipeline import train_dataset
   from orl_jax.losses import sft_loss
   from orl_jax.train.setup import build_setup
-  from orl_jax.optimizer import OptimizerConfig
-  from orl_jax.train.state import optimizer_of
-  from orl_jax.train.state import create_train_state, make_train_step
+  from orl_jax import config as config_lib
+  from orl_jax.train.state import create_train_state, make_train_step, optimizer_of
   assert len(jax.devices()) == 4
   c = tiny.get_config("smoke")
   c.train.batch_size = 8
@@ -90,7 +89,7 @@ _SHARDED = textwrap.dedent("""
   losses = []
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = sharding.make_mesh(devices=devices)
-    opt = optimizer_of(dataclasses.replace(OptimizerConfig.from_config(c),
+    opt = optimizer_of(dataclasses.replace(config_lib.optimizer_config(s.config),
                                            residual_lr_scale=0.1), s.model_cfg)
     g, state, sh = create_train_state(s.model_cfg, opt, mesh, 0)
     fn = lambda m, b, k: sft_loss(m, b, k, block_size=8, mask_id=s.model_cfg.mask_id)

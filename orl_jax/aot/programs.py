@@ -20,11 +20,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax import run_config
+from orl_jax import config as config_lib, run_config
 from orl_jax.decode import build as decode_build
 from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib
-from orl_jax.optimizer import OptimizerConfig
 from orl_jax.replay import ReplayPlan
 from orl_jax.tasks import Task
 from orl_jax.train import state as state_lib
@@ -189,7 +188,7 @@ def orl_programs(config, devices, platform: str, gpu: GpuTarget | None = None) -
 
 def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramSet:
   model_cfg = run_model_config(config)
-  optimizer = state_lib.optimizer_of(OptimizerConfig.from_config(config), model_cfg)
+  optimizer = state_lib.optimizer_of(config_lib.optimizer_config(config), model_cfg)
   graphdef, state, state_sh = state_lib.abstract_train_state(
       model_cfg, optimizer, mesh, config.seed, with_reference=needs_reference(config))
   mask_id, eos_id = special_ids(config, model_cfg)

@@ -25,10 +25,8 @@ from orl_jax import weights as weights_lib
 from orl_jax.decode import build as decode_build
 from orl_jax.models import families
 from orl_jax.models.transformer import Transformer
-from orl_jax.optimizer import OptimizerConfig
 from orl_jax.replay import abstract_batch
 from orl_jax.rollout import block_final_bytes, capture_bytes, route_capture_bytes
-from orl_jax.train.orl import replay_config
 from orl_jax.train.setup import (needs_reference, own_model_config, resolve_model,
                                  sizing_model_config, special_ids)
 from orl_jax.train.state import optimizer_of
@@ -71,13 +69,13 @@ def _tree_bytes(tree) -> int:
 
 def abstract_replay_batch(config, traj, *, mask_id: int):
   """The ShapeDtypeStructs of one replay batch (`config.replay` rows, the run's
-  `train.orl.replay_config`) gathered from `traj`."""
-  return abstract_batch(traj, replay_config(config, n_shards=1), mask_id=mask_id)
+  `config.replay_config`) gathered from `traj`."""
+  return abstract_batch(traj, config_lib.replay_config(config, n_shards=1), mask_id=mask_id)
 
 
 def _optimizer_rows(config, params, shape, rules, model_cfg) -> list[SizingRow]:
   """Optimizer state and (ORL with the KL anchor) the frozen reference copy."""
-  optimizer = optimizer_of(OptimizerConfig.from_config(config), model_cfg)
+  optimizer = optimizer_of(config_lib.optimizer_config(config), model_cfg)
   total, per = _per_device(jax.eval_shape(optimizer.init, params), shape, rules)
   rows = [SizingRow("optimizer state", total, per, "AdamW mu + nu (+ counters)")]
   if needs_reference(config):

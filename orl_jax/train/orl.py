@@ -41,14 +41,14 @@ from jax.experimental import multihost_utils
 
 from orl_jax.decode import build as decode_build
 from orl_jax.decode.block_sampler import masked_positions
-from orl_jax import sharding as sharding_lib
+from orl_jax import config as config_lib, sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
 from orl_jax.tasks import verifier_metrics
 from orl_jax.decode.types import Trajectories
-from orl_jax.train.setup import Run, RunLog, Setup, finish_run, loss_config, prepare_run, resume
+from orl_jax.train.setup import Run, RunLog, Setup, finish_run, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
 ENTROPY_STEPS = 8   # rollout_entropy_step{k} is logged for the first steps of every block
@@ -64,19 +64,6 @@ class RolloutLedger:
     if self.uses[rollout_id]:
       raise RuntimeError(f"rollout {rollout_id} was already used for an update (off-policy reuse)")
     self.uses[rollout_id] += 1
-
-
-def replay_config(config, n_shards: int, context: str = "block") -> ReplayConfig:
-  """Bidirectional families always replay full canvases (their context cannot be shared);
-  `context`: the sampler's context stream (`Sampler.replay_context`)."""
-  r = config.replay
-  bidirectional = config.model.attention == "bidirectional"
-  return ReplayConfig(row_len=r.row_len, n_rows=r.n_rows, max_states=r.max_states,
-                      max_responses=r.max_responses, block_size=config.decode.block_size,
-                      states_per_response=r.states_per_response,
-                      layout="canvas" if bidirectional else r.layout, n_shards=n_shards,
-                      response_blocks=config.decode.gen_length // config.decode.block_size,
-                      micro_batches=r.micro_batches, context=context)
 
 
 class SimulatedCrash(RuntimeError):
@@ -204,16 +191,16 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
                                      mask_id=tok.mask_id, eos_id=tok.eos_id,
                                      group_size=o.group_size, mesh=setup.mesh)
   unresolved = sampler.unresolved
-  replay_cfg = replay_config(config, sharding_lib.n_batch_shards(setup.mesh.shape),
-                             sampler.replay_context)
+  replay_cfg = config_lib.replay_config(
+      config, sharding_lib.n_batch_shards(setup.mesh.shape), sampler.replay_context)
   rows, repl = sharding_lib.batch_sharding(setup.mesh), sharding_lib.replicated(setup.mesh)
   gather_fn = lambda traj, plan: gather_batch(traj, plan, mask_id=tok.mask_id,
                                               unresolved=unresolved)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl,
                           _abstract_batch(setup, run, rollout_fn, replay_cfg, gather_fn))
-  update = make_train_step(run.graphdef, run.optimizer, OrlObjective(loss_config(config)),
-                           setup.mesh, run.state_shardings, batch_sh,
-                           micro_batches=replay_cfg.micro_batches)
+  objective = OrlObjective(config_lib.loss_config(config))
+  update = make_train_step(run.graphdef, run.optimizer, objective, setup.mesh,
+                           run.state_shardings, batch_sh, micro_batches=replay_cfg.micro_batches)
   rollout_seed = o.rollout_seed if o.rollout_seed >= 0 else config.seed
   snapshots = None
   if config.checkpoint.save_rollouts:

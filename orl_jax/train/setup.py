@@ -25,13 +25,11 @@ from orl_jax.run_config import RunConfig
 from orl_jax import sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer, abstract_like
 from orl_jax.decode import build as decode_build
-from orl_jax.losses import LossConfig
 from orl_jax.metrics import MetricsWriter
 from orl_jax.models import build, families
 from orl_jax.models.family_base import AnyModelConfig
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.tasks import Task, get_task, prompt_task
-from orl_jax.optimizer import OptimizerConfig
 from orl_jax.train.state import (TrainState, create_train_state, init_model_params,
                                  optimizer_of)
 
@@ -295,14 +293,9 @@ def check_prompt_lengths(config, task) -> None:
       "it")
 
 
-def loss_config(config) -> LossConfig:
-  """The ORL loss settings of `config.loss`."""
-  return LossConfig(**config.loss.to_dict())
-
-
 def needs_reference(config) -> bool:
   """The run keeps a frozen copy of its starting params (ORL with the KL anchor to it)."""
-  return config.train.mode == "orl" and loss_config(config).uses_reference
+  return config.train.mode == "orl" and config_lib.loss_config(config).uses_reference
 
 
 def check_divisible_by_shards(config, n_shards: int) -> None:
@@ -410,7 +403,7 @@ def prepare_run(setup: Setup) -> Run:
   if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
       f.write(json.dumps(config.to_dict(), indent=2))
-  optimizer = optimizer_of(OptimizerConfig.from_config(config), setup.model_cfg)
+  optimizer = optimizer_of(config_lib.optimizer_config(config), setup.model_cfg)
   graphdef, params = initial_params(setup)
   graphdef, state, state_sh = create_train_state(setup.model_cfg, optimizer, setup.mesh,
                                                  config.seed, params=params,
@@ -442,7 +435,7 @@ def run_settings(setup: Setup) -> dict:
   m, task, d, o, r = config.model, config.task, config.decode, config.orl, config.replay
   family = getattr(model_cfg, "hf_family", "")
   rules = _block_rules(config, family)
-  loss = loss_config(config)
+  loss = config_lib.loss_config(config)
   table = {
       "train.mode": config.train.mode,
       # model and tokenizer identity
