@@ -16,6 +16,8 @@
   `.get(name, default)` — below the entry a run reads its typed `RunConfig`, whose sections
   hold every default;
 * no function in `orl_jax/` or `pallas_kernels/` is longer than 80 lines.
+* docs/code.md, the map of the code, names every library module's file and no file that is
+  not there.
 
 An import edge goes to the most specific module the statement names: `import a.b` and
 `from a import b` (b a submodule) go to `a.b`; `from a.b import name` goes to `a.b`. Imports
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("orl_jax", "pallas_kernels", "orl_sandbox")
@@ -366,3 +369,40 @@ def test_a_config_dict_read_below_the_entry_is_caught(tmp_path):
   assert config_dict_reads(files) == [
       "orl_jax.somewhere:1 imports ml_collections", "orl_jax.somewhere:3 unlocks a config",
       "orl_jax.somewhere:5 reads a config with a default of its own"]
+
+
+def _code_map_problems(doc: str, files: list[str], repo_names: set[str]) -> list[str]:
+  """What docs/code.md gets wrong about the tree: a library module (`files`, paths) whose file
+  name it never mentions, or a `*.py` name it mentions that no file of the repository has
+  (`repo_names`: every file name)."""
+  missing = [f for f in files if os.path.basename(f) not in doc]
+  stale = sorted({name for name in re.findall(r"\b(\w+\.py)\b", doc)} - repo_names)
+  return ([f"{f} is not in docs/code.md" for f in missing]
+          + [f"docs/code.md names {n}, which no file is" for n in stale])
+
+
+def _library_files() -> list[str]:
+  return sorted(os.path.relpath(p, ROOT) for p in module_files().values()
+                if not p.endswith("__init__.py"))
+
+
+def _repo_file_names() -> set[str]:
+  names: set[str] = set()
+  for _, dirs, files in os.walk(ROOT):
+    dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("work_dirs", "build")]
+    names.update(files)
+  return names
+
+
+def test_the_code_map_lists_every_module_and_no_missing_one():
+  with open(os.path.join(ROOT, "docs", "code.md")) as f:
+    doc = f.read()
+  assert _code_map_problems(doc, _library_files(), _repo_file_names()) == []
+
+
+def test_a_module_missing_from_the_code_map_is_caught():
+  doc = "  models/transformer.py   the model\n  gone.py   removed\n"
+  problems = _code_map_problems(doc, ["orl_jax/models/transformer.py", "orl_jax/new.py"],
+                                {"transformer.py"})
+  assert problems == ["orl_jax/new.py is not in docs/code.md",
+                      "docs/code.md names gone.py, which no file is"]
