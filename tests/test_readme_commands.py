@@ -80,6 +80,8 @@ EXERCISED = {
     "--programs=train_step": (_COMPILE, ("_compile(", "--target=v5e:2x2")),
     "python launch/compile.py --config=configs/sdar.py:8b --target=v5p:2x2x1 "
     "--programs=train_step": (_COMPILE, ("_compile(", "--target=v5e:2x2")),
+    "python launch/compile.py --config=configs/llada.py:8b-instruct --target=v5p:2x2x1 "
+    "--programs=train_step": (_COMPILE, ("_compile(", "--target=v5e:2x2")),
     "python launch/compile.py --config=configs/diffusion_gemma.py --target=h200x8 "
     "--programs=train_step": (_COMPILE, ("_compile(", "--target=v5e:2x2")),
     "make test-all": ("Makefile::test-all", ("pytest",)),
@@ -463,6 +465,8 @@ TOO_LONG = {
     "--programs=train_step": "libtpu compiles LLaDA2.1-mini's train step: about 30 minutes",
     "python launch/compile.py --config=configs/sdar.py:8b --target=v5p:2x2x1 "
     "--programs=train_step": "libtpu compiles SDAR-8B's train step: about 8 minutes",
+    "python launch/compile.py --config=configs/llada.py:8b-instruct --target=v5p:2x2x1 "
+    "--programs=train_step": "libtpu compiles LLaDA-8B's train step: about 4 minutes",
     "python launch/compile.py --config=configs/diffusion_gemma.py --target=h200x8 "
     "--programs=train_step": "XLA's GPU compiler on DiffusionGemma-26B's train step: about 15 "
                              "minutes",
