@@ -14,6 +14,7 @@ import optax
 
 from orl_jax import sharding as sharding_lib
 
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
   """What the optimizer of a run needs (`orl_jax.config.optimizer_config` reads it from the run
