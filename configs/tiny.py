@@ -203,6 +203,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.compare = ""             # "DIR:name,DIR:name": models evaluated side by side
   c.eval.random_init = False        # True: evaluate a fresh init (no weights)
 
+  c.serve = ml_collections.ConfigDict()   # launch/serve.py (docs/serving.md)
+  c.serve.rows = 16                 # engine rows decoding at once (divisible by the batch shards)
+  c.serve.iterations_per_call = 8   # engine iterations per device call (the host acts between)
+  c.serve.waiting_slots = 0         # requests waiting on the device for a row, refilling rows
+                                    # inside a call (0 = 3 x serve.rows)
+  c.serve.max_waiting = 256         # choices waiting for the engine before a 429
+  c.serve.model_name = ""           # the model's name in the API ("" = the weights' folder name)
+  c.serve.watch = ""                # a run's work directory (or params folder): serve its newest
+                                    # weights as they land
+  c.serve.watch_seconds = 10.0      # how often `watch` is looked at
+
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 500          # updates between checkpoints (the last one is always saved)
   c.checkpoint.keep = 2             # checkpoints kept

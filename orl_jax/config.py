@@ -70,6 +70,12 @@ def validate(config: RunConfig) -> None:
   check(config.task.prompt_len % d.block_size == 0,
         f"task.prompt_len={config.task.prompt_len} must be a multiple of "
         f"decode.block_size={d.block_size} (prompts are left-padded to a block boundary)")
+  sv = config.serve
+  check(sv.rows >= 1 and sv.iterations_per_call >= 1 and sv.waiting_slots >= 0
+        and sv.max_waiting >= 1 and sv.watch_seconds > 0,
+        f"serve.rows={sv.rows}, serve.iterations_per_call={sv.iterations_per_call}, "
+        f"serve.max_waiting={sv.max_waiting} and serve.watch_seconds={sv.watch_seconds} must be "
+        f"positive, serve.waiting_slots={sv.waiting_slots} >= 0")
   check(config.loss.vocab_chunk >= 0,
         f"loss.vocab_chunk={config.loss.vocab_chunk} must be >= 0 (0 = off)")
   try:

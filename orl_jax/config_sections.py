@@ -261,6 +261,18 @@ class Eval(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class Serve(Section):
+  """The server (launch/serve.py, docs/serving.md)."""
+  rows: int = 16
+  iterations_per_call: int = 8
+  waiting_slots: int = 0
+  max_waiting: int = 256
+  model_name: str = ""
+  watch: str = ""
+  watch_seconds: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Checkpoint(Section):
   every: int = 500
   keep: int = 2
@@ -307,6 +319,7 @@ class RunConfig(Section):
   replay: Replay = _section(Replay)
   loss: Loss = _section(Loss)
   eval: Eval = _section(Eval)
+  serve: Serve = _section(Serve)
   checkpoint: Checkpoint = _section(Checkpoint)
   mesh: Mesh = _section(Mesh)
   distributed: Distributed = _section(Distributed)

@@ -38,6 +38,42 @@ class UnmaskRule:
                      f"'entropy_budget_0.5' or 'fixed_steps_1'")
 
 
+def _ranked(masked, score):
+  """(rank [B, b] of each position by `score`, best first, masked positions only; the order
+  [B, b] of positions, best first)."""
+  score = jnp.where(masked, score, -jnp.inf)
+  order = jnp.argsort(-score, axis=-1, stable=True)          # best first
+  return jnp.argsort(order, axis=-1, stable=True), order     # rank of each position
+
+
+def _threshold_take(masked, confidence, tau, compare: str):
+  """[B] how many masked positions clear tau (`compare`)."""
+  above = confidence > tau if compare == ">" else confidence >= tau
+  return jnp.sum(masked & above, axis=-1)
+
+
+def _budget_take(masked, entropy, order, gamma):
+  """[B] the longest ascending-entropy prefix with cumsum(H) - max(H) <= gamma."""
+  n_masked = jnp.sum(masked, axis=-1)
+  h_sorted = jnp.take_along_axis(jnp.where(masked, entropy, jnp.inf), order, axis=-1)
+  h_sorted = jnp.where(jnp.isfinite(h_sorted), h_sorted, 0.0)
+  in_prefix = (jnp.cumsum(h_sorted, axis=-1) - h_sorted) <= gamma
+  valid = jnp.arange(masked.shape[-1])[None, :] < n_masked[:, None]
+  return jnp.sum(jnp.cumprod(in_prefix & valid, axis=-1), axis=-1)
+
+
+def _commit_top(masked, rank, n_take):
+  """The `n_take` [B] best masked positions, at least one where any is masked."""
+  n_masked = jnp.sum(masked, axis=-1)
+  n_take = jnp.clip(n_take, jnp.minimum(1, n_masked), n_masked)
+  return masked & (rank < n_take[:, None])
+
+
+def _check_compare(compare: str) -> None:
+  if compare not in COMMIT_COMPARES:
+    raise ValueError(f"decode.commit_compare={compare!r} must be one of {COMMIT_COMPARES}")
+
+
 def select_commits(rule: UnmaskRule, masked, confidence, entropy, compare: str = ">="):
   """Boolean [B, b]: positions to commit this step.
 
@@ -47,29 +83,33 @@ def select_commits(rule: UnmaskRule, masked, confidence, entropy, compare: str =
   Every row with at least one masked position commits at least one (the most confident, or
   for entropy_budget the lowest-entropy one).
   """
-  if compare not in COMMIT_COMPARES:
-    raise ValueError(f"decode.commit_compare={compare!r} must be one of {COMMIT_COMPARES}")
-  if rule.name == "entropy_budget":
-    score = -entropy
-  else:
-    score = confidence
-  score = jnp.where(masked, score, -jnp.inf)
-  order = jnp.argsort(-score, axis=-1, stable=True)          # best first
-  rank = jnp.argsort(order, axis=-1, stable=True)            # rank of each position
-  n_masked = jnp.sum(masked, axis=-1)
+  _check_compare(compare)
+  score = -entropy if rule.name == "entropy_budget" else confidence
+  rank, order = _ranked(masked, score)
   if rule.name == "threshold":
-    above = confidence > rule.value if compare == ">" else confidence >= rule.value
-    n_take = jnp.sum(masked & above, axis=-1)
+    n_take = _threshold_take(masked, confidence, rule.value, compare)
   elif rule.name == "fixed_steps":
-    n_take = jnp.minimum(jnp.int32(rule.value), n_masked)
+    n_take = jnp.minimum(jnp.int32(rule.value), jnp.sum(masked, axis=-1))
   else:  # entropy_budget: longest ascending-entropy prefix with cumsum(H) - max(H) <= gamma
-    h_sorted = jnp.take_along_axis(jnp.where(masked, entropy, jnp.inf), order, axis=-1)
-    h_sorted = jnp.where(jnp.isfinite(h_sorted), h_sorted, 0.0)
-    in_prefix = (jnp.cumsum(h_sorted, axis=-1) - h_sorted) <= rule.value
-    valid = jnp.arange(masked.shape[-1])[None, :] < n_masked[:, None]
-    n_take = jnp.sum(jnp.cumprod(in_prefix & valid, axis=-1), axis=-1)
-  n_take = jnp.clip(n_take, jnp.minimum(1, n_masked), n_masked)
-  return masked & (rank < n_take[:, None])
+    n_take = _budget_take(masked, entropy, order, rule.value)
+  return _commit_top(masked, rank, n_take)
+
+
+def select_commits_per_row(rule_index, value, masked, confidence, entropy,
+                           compare: str = ">="):
+  """`select_commits` with each row's own rule: `rule_index` [B] int32 (an index of RULES)
+  and `value` [B] f32 (its tau, gamma or k). Row r commits what `select_commits` with
+  UnmaskRule(RULES[rule_index[r]], value[r]) commits (the same operations, chosen per row)."""
+  _check_compare(compare)
+  budget = rule_index == RULES.index("entropy_budget")
+  score = jnp.where(budget[:, None], -entropy, confidence)
+  rank, order = _ranked(masked, score)
+  n_take = jnp.select(
+      [rule_index == RULES.index("threshold"), rule_index == RULES.index("fixed_steps")],
+      [_threshold_take(masked, confidence, value[:, None], compare),
+       jnp.minimum(value.astype(jnp.int32), jnp.sum(masked, axis=-1))],
+      _budget_take(masked, entropy, order, value[:, None]))
+  return _commit_top(masked, rank, n_take)
 
 
 def select_edits(edit_threshold: float, tokens, masked, candidate, confidence, editable=None):

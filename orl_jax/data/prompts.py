@@ -80,6 +80,25 @@ def apply_chat(message: str, template: str) -> str:
   raise ValueError(f"Unknown chat template {template!r}; expected one of {CHAT_TEMPLATES}.")
 
 
+def render_chat(messages: Sequence[tuple[str, str]], template: str) -> str:
+  """A conversation of (role, content) turns (system, user, assistant), then the opening of
+  the assistant's turn, in the named template (the one-turn case is `apply_chat`'s text).
+  'none' takes one user turn and returns its text: the model has no chat layout."""
+  if template == "none":
+    if len(messages) != 1 or messages[0][0] != "user":
+      raise ValueError("this model has no chat template (task.chat='none'): send one user "
+                       "message, or use /v1/completions with the text the model reads")
+    return messages[0][1]
+  if template == "llada":   # Llama-3 layout; each message trimmed, BOS before the first
+    turns = "".join(f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>"
+                    for role, content in messages)
+    return LLADA_BOS + turns + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+  if template == "qwen3":
+    turns = "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages)
+    return turns + "<|im_start|>assistant\n"
+  raise ValueError(f"Unknown chat template {template!r}; expected one of {CHAT_TEMPLATES}.")
+
+
 def gsm8k_prompt(question: str, k_shot: int = 8, chat: str = "none") -> str:
   """A GSM8K prompt with the first `k_shot` examples above.
 

@@ -33,16 +33,17 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import ArrayLike
 
 from orl_jax import residual as residual_lib
 from orl_jax.decode.types import Capture, DecodeOutput, token_major_routes
 from orl_jax.decode.canvas import Canvas
 from orl_jax.decode.capture import check_route_capture, new_capture
-from orl_jax.decode.compile_options import StepSizedJit
+from orl_jax.decode.compile_options import StepSizedJit, step_compiler_options
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.placement import (final_blocks, finished_response, fixed_positions,
                                       place_for_decoder, row_blocks)
-from orl_jax.decode.step import needs_step, step_key, take_step
+from orl_jax.decode.step import RowSettings, needs_step, step_key, take_step
 from orl_jax.models.transformer import Transformer, init_cache, write_at
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
@@ -73,6 +74,7 @@ class _Results(NamedTuple):
   nfe: jax.Array        # [Q] int32
   nfe_engine: jax.Array  # [Q] int32
   nfe_denoise: jax.Array  # [Q] int32
+  done: jax.Array       # [Q] bool its row retired (the serving engine clears it on admission)
 
 
 class _Carry(NamedTuple):
@@ -84,15 +86,34 @@ class _Carry(NamedTuple):
   iterations: jax.Array  # scalar int32
 
 
+class Queue(NamedTuple):
+  """The prompts rows take ([Q, ...] by queue index, the serving engine's slots), placed on the
+  block grid (`decode.placement.Placed`), each with its own key, length and setting."""
+  tokens: jax.Array     # [Q, P] int32 the prompts' complete blocks
+  valid: jax.Array      # [Q, P] bool
+  lead: jax.Array       # [Q] int32 prompt tokens opening each prompt's first block
+  head: jax.Array       # [Q, b] int32 each prompt's first block before its first step
+  keys: jax.Array       # [Q] keys: prompt q samples with keys[q]
+  blocks: jax.Array     # [Q] int32 blocks prompt q decodes at most (`placement.row_blocks`)
+  settings: RowSettings | None   # [Q] each prompt's rule and temperature; None: the config's
+
+
+def new_queue(tokens, valid, keys, cfg: DecodeConfig, gen_length=None,
+              settings: RowSettings | None = None) -> Queue:
+  """The queue of left-padded prompts [Q, P] with keys [Q]; `gen_length` [Q] (default
+  `cfg.gen_length`): the tokens each response may hold."""
+  placed = place_for_decoder(tokens.astype(jnp.int32), valid.astype(bool), cfg)
+  blocks = row_blocks(placed.lead, cfg, gen_length)
+  return Queue(placed.tokens, placed.valid, placed.lead, placed.head, keys, blocks, settings)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Engine:
   """What every iteration shares: the model, the queue and the shapes."""
   cv: Canvas                 # the model, the decode config and the embedding table
-  queue_tokens: jax.Array    # [Q, P] int32 the prompts' complete blocks (`decode.placement.Placed`)
-  queue_valid: jax.Array     # [Q, P] bool
-  queue_lead: jax.Array      # [Q] int32 prompt tokens opening each prompt's first block
-  queue_head: jax.Array      # [Q, b] int32 each prompt's first block before its first step
-  key: jax.Array             # prompt q samples with fold_in(key, q)
+  queue: Queue
+  order: jax.Array           # [W] int32 queue indices in the order rows take them
+  n_order: jax.Array         # scalar int32 entries of `order` in use
 
   @property
   def cfg(self) -> DecodeConfig:
@@ -100,20 +121,23 @@ class _Engine:
 
   @property
   def n_queue(self) -> int:
-    return self.queue_tokens.shape[0]
+    return self.queue.tokens.shape[0]
 
   @property
   def p(self) -> int:
-    return self.queue_tokens.shape[1]
+    return self.queue.tokens.shape[1]
+
+  def of(self, slot, table):
+    """The rows' entries [B, ...] of a queue table (idle rows: prompt 0's)."""
+    return table[jnp.minimum(slot, self.n_queue - 1)]
 
   def prompts(self, slot):
     """([B, P] tokens, [B, P] validity) of the rows' prompts (idle rows: prompt 0)."""
-    slot = jnp.minimum(slot, self.n_queue - 1)
-    return self.queue_tokens[slot], self.queue_valid[slot]
+    return self.of(slot, self.queue.tokens), self.of(slot, self.queue.valid)
 
   def lead(self, slot):
     """[B] int32 prompt tokens opening the rows' first blocks (idle rows: prompt 0's)."""
-    return self.queue_lead[jnp.minimum(slot, self.n_queue - 1)]
+    return self.of(slot, self.queue.lead)
 
   def fixed(self, rows: "_Rows"):
     """[B, b] bool positions of the rows' active blocks that hold prompt tokens."""
@@ -126,7 +150,7 @@ def _fresh_block(eng: _Engine, rows: _Rows, start, block) -> _Rows:
   cfg = eng.cfg
   at = lambda new, old: jnp.where(start.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
   res = jax.tree.map(lambda x: at(jnp.zeros_like(x), x), rows.res)
-  head = eng.queue_head[jnp.minimum(rows.slot, eng.n_queue - 1)]
+  head = eng.of(rows.slot, eng.queue.head)
   tokens = jnp.where((block == 0)[:, None], head, cfg.mask_id)
   return rows._replace(phase=at(DENOISE, rows.phase), block=at(block, rows.block),
                        step=at(0, rows.step), tokens=at(tokens, rows.tokens),
@@ -134,14 +158,15 @@ def _fresh_block(eng: _Engine, rows: _Rows, start, block) -> _Rows:
 
 
 def _refill(eng: _Engine, rows: _Rows, cache, cursor, free):
-  """Rows `free` [B] take the next prompts of the queue (or go idle once it is drained).
-  Block-causal rows start with the prefill at their prompt's first non-padding block, with the
-  row's cache emptied (its metadata marks every position padding); bidirectional rows start
-  denoising block 0. -> (rows, cache, cursor)."""
+  """Rows `free` [B] take the next prompts of the queue, in `eng.order` from `cursor` (or go
+  idle once it is drained). Block-causal rows start with the prefill at their prompt's first
+  non-padding block, with the row's cache emptied (its metadata marks every position padding);
+  bidirectional rows start denoising block 0. -> (rows, cache, cursor)."""
   cfg, p, b = eng.cfg, eng.p, eng.cfg.block_size
-  order = cursor + jnp.cumsum(free.astype(jnp.int32)) - 1
-  take = free & (order < eng.n_queue)
-  slot = jnp.where(take, order, jnp.where(free, eng.n_queue, rows.slot))
+  at_order = cursor + jnp.cumsum(free.astype(jnp.int32)) - 1
+  take = free & (at_order < eng.n_order)
+  taken = eng.order[jnp.clip(at_order, 0, eng.order.shape[0] - 1)]
+  slot = jnp.where(take, taken, jnp.where(free, eng.n_queue, rows.slot))
   at = lambda new, old: jnp.where(take.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
   rows = rows._replace(slot=slot, phase=jnp.where(free & ~take, IDLE, rows.phase),
                        response=at(cfg.mask_id, rows.response), nfe=at(0, rows.nfe),
@@ -220,11 +245,13 @@ def _denoise(eng: _Engine, rows: _Rows, hidden, routes, cap):
   prompt's decode alone, with fold_in(key, prompt)), recording each state (with the routes of
   the forward) at the row's prompt slot. -> (rows, cap)."""
   need = rows.phase == DENOISE
-  keys = jax.vmap(lambda q, j, s: step_key(jax.random.fold_in(eng.key, q), j, s))(
-      rows.slot, rows.block, rows.step)
+  keys = jax.vmap(step_key)(eng.of(rows.slot, eng.queue.keys), rows.block, rows.step)
+  settings = (None if eng.queue.settings is None
+              else jax.tree.map(lambda t: eng.of(rows.slot, t), eng.queue.settings))
   up, cap = take_step(eng.cv, hidden, need, keys, rows.tokens, rows.res, rows.post,
                       rows.settled, block=rows.block, step=rows.step, fixed=eng.fixed(rows),
-                      routes=routes, cap=cap, cap_rows=rows.slot, per_row=True)
+                      routes=routes, cap=cap, cap_rows=rows.slot, per_row=True,
+                      settings=settings)
   rows = rows._replace(tokens=up.tokens, res=up.res, step=rows.step + need, post=up.post,
                        settled=up.settled, nfe=rows.nfe + need, denoise=rows.denoise + need)
   return rows, cap
@@ -267,7 +294,7 @@ def _advance(eng: _Engine, rows: _Rows):
   written = write_at(rows.response, final, rows.block * b)
   response = jnp.where(done[:, None], written, rows.response)
   eos = done & jnp.any((final == cfg.eos_id) & ~eng.fixed(rows), axis=-1)
-  last = rows.block == row_blocks(eng.lead(rows.slot), cfg) - 1
+  last = rows.block == eng.of(rows.slot, eng.queue.blocks) - 1
   retire = done & ((eos & cfg.eos_early_stop) | last)
   # block-causal: a finished block that a later block reads is committed into the KV cache;
   # the commit of the response's last block is counted (the paper's NFE) but not run
@@ -290,7 +317,8 @@ def _retire(results: _Results, rows: _Rows, retire, n_queue: int) -> _Results:
   slot = jnp.where(retire, rows.slot, n_queue)   # out of bounds -> dropped
   put = lambda buf, val: buf.at[slot].set(val, mode="drop")
   return _Results(put(results.blocks, rows.response), put(results.nfe, rows.nfe + rows.skipped),
-                  put(results.nfe_engine, rows.nfe), put(results.nfe_denoise, rows.denoise))
+                  put(results.nfe_engine, rows.nfe), put(results.nfe_denoise, rows.denoise),
+                  put(results.done, True))
 
 
 def _iteration(eng: _Engine, c: _Carry) -> _Carry:
@@ -303,10 +331,10 @@ def _iteration(eng: _Engine, c: _Carry) -> _Carry:
   return _Carry(rows, cache, cursor, results, cap, c.iterations + 1)
 
 
-def _initial_rows(eng: _Engine, n_rows: int) -> _Rows:
-  cfg, mcfg = eng.cfg, eng.cv.model.cfg
+def _initial_rows(cfg: DecodeConfig, mcfg, n_rows: int, n_queue: int) -> _Rows:
+  """Idle rows (slot `n_queue`: none)."""
   zeros = jnp.zeros((n_rows,), jnp.int32)
-  return _Rows(slot=zeros + eng.n_queue, phase=zeros + IDLE, block=zeros, step=zeros,
+  return _Rows(slot=zeros + n_queue, phase=zeros + IDLE, block=zeros, step=zeros,
                tokens=jnp.full((n_rows, cfg.block_size), cfg.mask_id, jnp.int32),
                res=residual_lib.zero_residual(n_rows, cfg.block_size, mcfg.d_model,
                                               mcfg.compute_dtype),
@@ -316,49 +344,65 @@ def _initial_rows(eng: _Engine, n_rows: int) -> _Rows:
                nfe=zeros, denoise=zeros, skipped=zeros)
 
 
-def _check(model: Transformer, cfg: DecodeConfig, p: int, n_rows: int):
+def _check(mcfg, cfg: DecodeConfig, p: int, n_rows: int):
   b = cfg.block_size
   if p % b:
     raise ValueError(f"prompt length {p} must be a multiple of the block size {b} "
                      "(left-pad prompts to a block boundary)")
   if n_rows < 1:
     raise ValueError(f"decode.schedule='per_row' needs at least one row, got {n_rows}")
-  check_route_capture(model, cfg)
-  if not cfg.kv_cache and model.cfg.attention != "bidirectional":
+  if not cfg.kv_cache and mcfg.attention != "bidirectional":
     raise ValueError("decode.schedule='per_row' decodes block-causal models through the KV "
                      "cache: kv_cache=False is the lock-step reference only")
-  if cfg.block_placement == "absolute" and model.cfg.attention == "bidirectional":
+  if cfg.block_placement == "absolute" and mcfg.attention == "bidirectional":
     raise ValueError("decode.block_placement='absolute' places blocks of a block-causal model; "
                      "a bidirectional canvas (LLaDA-8B) starts its blocks at the prompt's end: "
                      "set decode.block_placement='prompt_end'")
 
 
+def _empty_results(cfg: DecodeConfig, n_queue: int) -> _Results:
+  zeros = jnp.zeros((n_queue,), jnp.int32)
+  return _Results(jnp.full((n_queue, cfg.max_blocks * cfg.block_size), cfg.mask_id, jnp.int32),
+                  zeros, zeros, zeros, zeros > 0)
+
+
+def _new_cache(mcfg, cfg: DecodeConfig, n_rows: int, p: int):
+  """The rows' KV cache (block-causal), None for a bidirectional canvas; + b: idle rows' writes
+  land past the canvas."""
+  if mcfg.attention == "bidirectional":
+    return None
+  return init_cache(mcfg, n_rows, p + cfg.max_blocks * cfg.block_size + cfg.block_size)
+
+
+def prompt_keys(key, n_queue: int):
+  """[Q] keys: prompt q of a queue decoded with `key` samples with fold_in(key, q)."""
+  return jax.vmap(lambda q: jax.random.fold_in(key, q))(jnp.arange(n_queue))
+
+
 def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
                  n_rows: int) -> DecodeOutput:
   """Decodes Q left-padded prompts [Q, P] on `n_rows` rows, each row refilled from the queue
-  as soon as its response ends. Prompt q samples with `fold_in(key, q)`. Call under `jax.jit`
-  (see `make_engine`)."""
-  mcfg = model.cfg
+  as soon as its response ends. key: one key (prompt q samples with `fold_in(key, q)`,
+  `prompt_keys`) or [Q] keys, one per prompt. Call under `jax.jit` (see `make_engine`)."""
   n_queue, p = queue_tokens.shape
-  width = p + cfg.max_blocks * cfg.block_size
-  _check(model, cfg, p, n_rows)
+  _check(model.cfg, cfg, p, n_rows)
+  check_route_capture(model, cfg)
   cv = Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
-  placed = place_for_decoder(queue_tokens.astype(jnp.int32), queue_valid.astype(bool), cfg)
-  eng = _Engine(cv, placed.tokens, placed.valid, placed.lead, placed.head, key)
+  keys = key if key.shape == (n_queue,) else prompt_keys(key, n_queue)
+  queue = new_queue(queue_tokens, queue_valid, keys, cfg)
+  eng = _Engine(cv, queue, jnp.arange(n_queue, dtype=jnp.int32), jnp.int32(n_queue))
   cap = new_capture(model, cfg, n_queue, p)
-  cache = None if cv.bidirectional else init_cache(mcfg, n_rows, width + cfg.block_size)
-  zeros = jnp.zeros((n_queue,), jnp.int32)                           # + b: idle rows' writes
-  results = _Results(jnp.full((n_queue, width - p), cfg.mask_id, jnp.int32), zeros, zeros,
-                     zeros)
-  rows, cache, cursor = _refill(eng, _initial_rows(eng, n_rows), cache, jnp.int32(0),
+  rows = _initial_rows(cfg, model.cfg, n_rows, n_queue)
+  rows, cache, cursor = _refill(eng, rows, _new_cache(model.cfg, cfg, n_rows, p), jnp.int32(0),
                                 jnp.ones((n_rows,), bool))
   out = jax.lax.while_loop(lambda c: jnp.any(c.rows.phase != IDLE),
                            lambda c: _iteration(eng, c),
-                           _Carry(rows, cache, cursor, results, cap, jnp.int32(0)))
+                           _Carry(rows, cache, cursor, _empty_results(cfg, n_queue), cap,
+                                  jnp.int32(0)))
   r, cap = out.results, out.cap
-  tokens, n_generated, finished = finished_response(r.blocks, placed.lead, cfg)
+  tokens, n_generated, finished = finished_response(r.blocks, queue.lead, cfg)
   if cap is not None:
-    cap = cap._replace(block_final=final_blocks(r.blocks, placed.lead, n_generated, finished,
+    cap = cap._replace(block_final=final_blocks(r.blocks, queue.lead, n_generated, finished,
                                                 cfg))
   return DecodeOutput(tokens, r.nfe, r.nfe_engine, r.nfe_denoise, n_generated, finished, cap,
                       out.iterations)
@@ -366,9 +410,149 @@ def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: Decode
 
 def make_engine(graphdef, cfg: DecodeConfig, n_rows: int):
   """Jitted `(params_state, queue_tokens [Q, P], queue_valid [Q, P], key) -> DecodeOutput`
-  decoding the queue on `n_rows` rows."""
+  decoding the queue on `n_rows` rows (`key`: one key, or [Q] keys, as `decode_queue`)."""
 
   def run(state, queue_tokens, queue_valid, key):
     return decode_queue(nnx.merge(graphdef, state), queue_tokens, queue_valid, key, cfg, n_rows)
 
   return StepSizedJit(run, cfg.block_size, rows=lambda _: n_rows)   # steps of n_rows x b tokens
+
+
+# ---------------------------------------------------------------------------------- serving
+# The same rows, kept on the device between calls: a server (`orl_jax.serve`) admits requests
+# into slots of the queue between calls, and each call runs up to a set number of iterations
+# (rows retiring and refilling inside it, as in `decode_queue`). A request (one choice of it)
+# decodes exactly as `decode_queue` decodes its prompt alone with its key, whatever the other
+# rows hold (each row's computation reads only its own slot).
+
+
+def request_keys(seed_lo, seed_hi, choice):
+  """[W] keys of requests' choices: fold_in(fold_in(key(seed mod 2^32), seed // 2^32), choice)
+  (uint32 seed halves, int32 choice index)."""
+  one = lambda lo, hi, c: jax.random.fold_in(jax.random.fold_in(jax.random.key(lo), hi), c)
+  return jax.vmap(one)(seed_lo, seed_hi, choice)
+
+
+class Admission(NamedTuple):
+  """Requests entering the engine at one call ([W]; slot Q marks an unused entry); host
+  arrays (numpy) or device arrays."""
+  slot: ArrayLike         # [W] int32 the queue slot each takes
+  tokens: ArrayLike       # [W, P] int32 left-padded prompts
+  valid: ArrayLike        # [W, P] bool
+  seed_lo: ArrayLike      # [W] uint32 `request_keys`
+  seed_hi: ArrayLike      # [W] uint32
+  choice: ArrayLike       # [W] int32
+  gen_length: ArrayLike   # [W] int32 response tokens at most (<= cfg.gen_length)
+  settings: RowSettings   # [W] each request's rule and temperature
+
+
+class ServeState(NamedTuple):
+  """The serving engine between calls."""
+  queue: Queue            # [Q, ...] one request per slot
+  order: jax.Array        # [W] int32 slots waiting for a row, in arrival order (from carry.cursor)
+  n_order: jax.Array      # scalar int32 entries of `order` in use
+  carry: _Carry           # rows, their cache, the cursor into `order`, results [Q], iterations
+
+
+class ServeView(NamedTuple):
+  """What the host reads after a call: each row's request and finished blocks, each slot's
+  result once its row retired."""
+  row_slot: jax.Array     # [B] int32 (Q: idle)
+  row_blocks: jax.Array   # [B, M*b] int32 the row's finished blocks (mask elsewhere)
+  row_nfe: jax.Array      # [B] int32 forwards the row ran for its request so far
+  row_denoise: jax.Array  # [B] int32 of which denoising forwards
+  results: _Results       # [Q] (`done`: retired since its admission)
+  waiting: jax.Array      # scalar int32 admitted slots still waiting for a row
+  iterations: jax.Array   # scalar int32 engine iterations so far
+
+
+def new_serve_state(model_cfg, cfg: DecodeConfig, n_rows: int, n_slots: int,
+                    prompt_len: int, n_waiting: int) -> ServeState:
+  """An empty engine for a model of `model_cfg`: `n_rows` rows, `n_slots` request slots,
+  prompts of `prompt_len` tokens (a multiple of b), at most `n_waiting` admitted requests
+  waiting for a row. Call under `jax.jit` (every leaf its own buffer, the engine state is
+  donated; `orl_jax.serve.engine` creates it with its shardings)."""
+  _check(model_cfg, cfg, prompt_len, n_rows)
+  if cfg.capture_states:
+    raise ValueError("the serving engine captures no states (capture_states must be 0)")
+  q, p, b = n_slots, prompt_len, cfg.block_size
+  zeros = jnp.zeros((q,), jnp.int32)
+  settings = RowSettings(zeros, jnp.zeros((q,), jnp.float32), jnp.zeros((q,), jnp.float32))
+  queue = Queue(jnp.zeros((q, p), jnp.int32), jnp.zeros((q, p), bool), zeros,
+                jnp.full((q, b), cfg.mask_id, jnp.int32), prompt_keys(jax.random.key(0), q),
+                zeros + 1, settings)
+  carry = _Carry(_initial_rows(cfg, model_cfg, n_rows, q), _new_cache(model_cfg, cfg, n_rows, p),
+                 jnp.int32(0), _empty_results(cfg, q), None, jnp.int32(0))
+  return ServeState(queue, jnp.full((n_waiting,), q, jnp.int32), jnp.int32(0), carry)
+
+
+def _admit(queue: Queue, new: Admission, cfg: DecodeConfig) -> Queue:
+  """The queue with the admitted requests in their slots."""
+  keys = request_keys(new.seed_lo, new.seed_hi, new.choice)
+  entered = new_queue(new.tokens, new.valid, keys, cfg, new.gen_length, new.settings)
+  return jax.tree.map(lambda table, x: table.at[new.slot].set(x, mode="drop"), queue, entered)
+
+
+def _waiting_order(state: ServeState, cancel, admitted):
+  """(order [W], n_order): the slots still waiting (not cancelled), then the admitted ones."""
+  n_slots, w = state.queue.tokens.shape[0], state.order.shape[0]
+  at = jnp.arange(w)
+  old = state.order
+  keep = (at >= state.carry.cursor) & (at < state.n_order) & ~cancel[jnp.minimum(old,
+                                                                                 n_slots - 1)]
+  slots = jnp.concatenate([old, admitted])
+  ok = jnp.concatenate([keep, admitted < n_slots])
+  first = jnp.argsort(~ok, stable=True)[:w]
+  return jnp.where(ok[first], slots[first], n_slots), jnp.minimum(jnp.sum(ok, dtype=jnp.int32), w)
+
+
+def serve_call(model: Transformer, state: ServeState, admission: Admission, cancel,
+               cfg: DecodeConfig, iterations: int) -> ServeState:
+  """One device call of the serving engine: the `cancel` [Q] slots leave their rows and the
+  waiting order, the admitted requests enter their slots and the order, free rows take the
+  waiting requests, and up to `iterations` engine iterations run (fewer once every row is
+  idle). Call under `jax.jit` (`make_server_call`)."""
+  n_rows, p = state.carry.rows.slot.shape[0], state.queue.tokens.shape[1]
+  n_slots = state.queue.tokens.shape[0]
+  c = state.carry
+  rows = c.rows
+  gone = (rows.slot < n_slots) & cancel[jnp.minimum(rows.slot, n_slots - 1)]
+  rows = rows._replace(phase=jnp.where(gone, IDLE, rows.phase),
+                       slot=jnp.where(gone, n_slots, rows.slot))
+  queue = _admit(state.queue, admission, cfg)
+  order, n_order = _waiting_order(state, cancel, admission.slot)
+  results = c.results._replace(done=c.results.done.at[admission.slot].set(False, mode="drop"))
+  cv = Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
+  eng = _Engine(cv, queue, order, n_order)
+  rows, cache, cursor = _refill(eng, rows, c.cache, jnp.int32(0), rows.phase == IDLE)
+  limit = c.iterations + iterations
+  out = jax.lax.while_loop(
+      lambda c: (c.iterations < limit) & jnp.any(c.rows.phase != IDLE),
+      lambda c: _iteration(eng, c),
+      _Carry(rows, cache, cursor, results, None, c.iterations))
+  return ServeState(queue, order, n_order, out)
+
+
+def serve_view(state: ServeState) -> ServeView:
+  rows = state.carry.rows
+  return ServeView(rows.slot, rows.response, rows.nfe, rows.denoise, state.carry.results,
+                   state.n_order - state.carry.cursor, state.carry.iterations)
+
+
+def make_server_call(graphdef, cfg: DecodeConfig, n_rows: int, iterations: int,
+                     params_shardings=None, state_shardings=None):
+  """Jitted `(params_state, ServeState, Admission, cancel [Q]) -> (ServeState, ServeView)` on
+  `n_rows` rows, the engine state donated; with `params_shardings` and `state_shardings` (rows
+  over the mesh's batch axes, `orl_jax.serve.engine`), laid out as given. Compiled with the
+  options of its step size, as `make_engine`."""
+
+  def run(state, serve_state, admission, cancel):
+    new = serve_call(nnx.merge(graphdef, state), serve_state, admission, cancel, cfg, iterations)
+    return new, serve_view(new)
+
+  options = step_compiler_options(n_rows * cfg.block_size)
+  if state_shardings is None:
+    return jax.jit(run, donate_argnums=(1,), compiler_options=options)
+  return jax.jit(run, donate_argnums=(1,), compiler_options=options,
+                 in_shardings=(params_shardings, state_shardings, None, None),
+                 out_shardings=(state_shardings, None))

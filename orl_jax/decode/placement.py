@@ -39,9 +39,11 @@ def prompt_lead(prompt_valid, block_size: int, placement: str):
   return n % block_size if placement == "absolute" else jnp.zeros_like(n)
 
 
-def row_blocks(lead, cfg: DecodeConfig):
-  """[B] int32 blocks each row decodes: enough to hold its `lead` prompt tokens and N more."""
-  return (lead + cfg.gen_length + cfg.block_size - 1) // cfg.block_size
+def row_blocks(lead, cfg: DecodeConfig, gen_length=None):
+  """[B] int32 blocks each row decodes: enough to hold its `lead` prompt tokens and N more
+  (`gen_length`: each row's own N [B], at most `cfg.gen_length`; default `cfg.gen_length`)."""
+  n = cfg.gen_length if gen_length is None else gen_length
+  return (lead + n + cfg.block_size - 1) // cfg.block_size
 
 
 def place_prompts(prompt_tokens, prompt_valid, block_size: int, mask_id: int,

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from orl_jax import residual as residual_lib
 from orl_jax.decode.canvas import Canvas
@@ -17,10 +18,18 @@ from orl_jax.decode.capture import capture_step
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.types import Capture
 from orl_jax.residual import Residual
-from orl_jax.unmasking import select_commits, select_edits
+from orl_jax.unmasking import select_commits, select_commits_per_row, select_edits
 
 
-def propose(logits, key, temperature: float, noise=None):
+class RowSettings(NamedTuple):
+  """Each row's own decoder setting ([B]; the serving engine, where every request chooses its
+  own): it replaces the config's `rule` and `temperature` for that row."""
+  rule_index: ArrayLike    # [B] int32 an index of `unmasking.RULES`
+  rule_value: ArrayLike    # [B] f32 its tau, gamma or k
+  temperature: ArrayLike   # [B] f32 0 = greedy
+
+
+def propose(logits, key, temperature, noise=None):
   """Candidate token, its probability and the normalized entropy per position (DESIGN §2.2.2).
 
   logits: [B, b, V] f32. Greedy when temperature == 0, else a Gumbel-max sample of
@@ -30,7 +39,10 @@ def propose(logits, key, temperature: float, noise=None):
   A decode step's cost after its forward: the vocabulary is read twice (the candidate, then one
   fused reduction for the partition function and the entropy); no [B, b, V] log-probabilities
   are written (3.6x faster than log_softmax + normalized_entropy at [64, 8, 32k] on CPU).
+  temperature: a number, or [B] per row (`RowSettings`: each row as with its own number).
   """
+  if not isinstance(temperature, (int, float)):
+    return _propose_per_row(logits, temperature, noise)
   scaled = logits.astype(jnp.float32)
   if temperature != 0:
     scaled = scaled / temperature
@@ -42,6 +54,24 @@ def propose(logits, key, temperature: float, noise=None):
       noise = jax.random.gumbel(key, scaled.shape, jnp.float32)
     cand = jnp.argmax(scaled + noise, axis=-1)
     top = jnp.max(scaled, axis=-1, keepdims=True)
+  return _candidate_stats(scaled, cand, top)
+
+
+def _propose_per_row(logits, temperature, noise):
+  """`propose` with each row's temperature [B] (noise: [B, b, V], or None when no row
+  samples). A greedy row takes the argmax of its logits; its maximum is the candidate's."""
+  t = temperature[:, None, None]
+  sampled = t > 0
+  scaled = logits.astype(jnp.float32)
+  scaled = jnp.where(sampled, scaled / jnp.where(sampled, t, 1.0), scaled)
+  noisy = scaled if noise is None else scaled + jnp.where(sampled, noise, 0.0)
+  cand = jnp.argmax(noisy, axis=-1)
+  return _candidate_stats(scaled, cand, jnp.max(scaled, axis=-1, keepdims=True))
+
+
+def _candidate_stats(scaled, cand, top):
+  """(candidate, its probability, normalized entropy) from the scaled logits and their
+  maximum `top` [..., 1]."""
   shifted = scaled - top                                            # <= 0
   e = jnp.exp(shifted)
   z = jnp.sum(e, axis=-1)                                           # >= 1
@@ -98,14 +128,21 @@ def head_widths(block_size: int) -> tuple[int, ...]:
   return tuple(widths)
 
 
-def step_noise(cfg: DecodeConfig, key, shape, per_row: bool = False):
+def step_noise(cfg: DecodeConfig, key, shape, per_row: bool = False,
+               settings: RowSettings | None = None):
   """The Gumbel noise [B, b, V] a sampled step adds to the logits (None when greedy): drawn
   from one `key` for the whole batch, or with `per_row` from [B] keys, row r's from key[r]
-  alone (the noise a decode of that row alone with key[r] draws)."""
+  alone (the noise a decode of that row alone with key[r] draws). With each row's own
+  `settings` (per-row keys): drawn when some row samples (zeros otherwise; a greedy row ignores
+  its noise)."""
+  draw = lambda: jax.vmap(lambda k: jax.random.gumbel(k, shape[1:], jnp.float32))(key)
+  if settings is not None:
+    return jax.lax.cond(jnp.any(jnp.asarray(settings.temperature) > 0), draw,
+                        lambda: jnp.zeros(shape, jnp.float32))
   if cfg.temperature == 0:
     return None
   if per_row:
-    return jax.vmap(lambda k: jax.random.gumbel(k, shape[1:], jnp.float32))(key)
+    return draw()
   return jax.random.gumbel(key, shape, jnp.float32)
 
 
@@ -114,12 +151,13 @@ def step_key(key, block, step):
   return jax.random.fold_in(jax.random.fold_in(key, block), step)
 
 
-def propose_masked(cv: Canvas, hidden, masked, key, per_row: bool = False) -> Proposal:
+def propose_masked(cv: Canvas, hidden, masked, key, per_row: bool = False,
+                   settings: RowSettings | None = None) -> Proposal:
   """The head and the proposal at the masked positions only (`cfg.masked_head`): each row's
   masked positions are gathered into the smallest width of `head_widths` that holds every
   row's, and the results scattered back. Sampling adds the Gumbel noise `propose` would draw
   for the whole block at the same positions (`step_noise`), so tokens equal the whole-block
-  head's."""
+  head's. `settings`: each row's own rule and temperature (per-row keys)."""
   cfg, mcfg = cv.cfg, cv.model.cfg
   b_rows, b = masked.shape
   widths = head_widths(b)
@@ -127,13 +165,14 @@ def propose_masked(cv: Canvas, hidden, masked, key, per_row: bool = False) -> Pr
   branch = jnp.sum(jnp.asarray(widths) >= n_masked) - 1       # the smallest width >= n_masked
   order = jnp.argsort(~masked, axis=-1, stable=True)           # masked positions first
   rows = jnp.arange(b_rows)[:, None]
-  noise = step_noise(cfg, key, (b_rows, b, mcfg.vocab_size), per_row)
+  noise = step_noise(cfg, key, (b_rows, b, mcfg.vocab_size), per_row, settings)
+  temperature = cfg.temperature if settings is None else settings.temperature
 
   def at_width(w):
     def run(_):
       idx = order[:, :w]
       logits = cv.model.head(hidden[rows, idx])                # [B, w, V]
-      cand, conf, ent = propose(logits, None, cfg.temperature,
+      cand, conf, ent = propose(logits, None, temperature,
                                 None if noise is None else noise[rows, idx])
       put = lambda part, fill: jnp.full((b_rows, b) + part.shape[2:], fill,
                                         part.dtype).at[rows, idx].set(part)
@@ -147,16 +186,19 @@ def propose_masked(cv: Canvas, hidden, masked, key, per_row: bool = False) -> Pr
   return Proposal(cand, conf, ent, soft, None)
 
 
-def propose_step(cv: Canvas, hidden, masked, key, per_row: bool = False) -> Proposal:
+def propose_step(cv: Canvas, hidden, masked, key, per_row: bool = False,
+                 settings: RowSettings | None = None) -> Proposal:
   """The step's proposal from the block's hidden states [B, b, D]: the head at the `masked`
   [B, b] positions only, or at every position where the step reads them all (`full_head`).
-  key: the step's key, or with `per_row` [B] keys, one per row (`step_noise`)."""
+  key: the step's key, or with `per_row` [B] keys, one per row (`step_noise`); `settings`:
+  each row's own temperature (per-row keys), else `cfg.temperature`."""
   cfg = cv.cfg
   if not cfg.full_head:
-    return propose_masked(cv, hidden, masked, key, per_row)
+    return propose_masked(cv, hidden, masked, key, per_row, settings)
   logits = cv.model.head(hidden)
-  cand, conf, ent = propose(logits, None, cfg.temperature,
-                            step_noise(cfg, key, logits.shape, per_row))
+  temperature = cfg.temperature if settings is None else settings.temperature
+  cand, conf, ent = propose(logits, None, temperature,
+                            step_noise(cfg, key, logits.shape, per_row, settings))
   return Proposal(cand, conf, ent, soft_embedding(cv, logits), logits)
 
 
@@ -170,18 +212,23 @@ class StepUpdate(NamedTuple):
 
 
 def denoise_update(cv: Canvas, tokens, res: Residual, post, settled, need, prop: Proposal,
-                   editable=None) -> StepUpdate:
+                   editable=None, settings: RowSettings | None = None) -> StepUpdate:
   """The commit/edit rule and the residual update of one step (DESIGN §2.2 steps 2-4), for the
   rows `need` [B] that take it; the others keep their block, residual and counters.
 
   The unmasking rule commits masked positions from the proposal; with editing (LLaDA2.1) the
   same forward also rewrites `editable` [B, b] committed tokens whose candidate clears the edit
   threshold, counts a step on a filled block (`post`) and marks the block settled when such a
-  step edits nothing. The next residual is this step's soft embedding where masks remain."""
+  step edits nothing. The next residual is this step's soft embedding where masks remain.
+  `settings`: each row's own unmasking rule, else `cfg.rule`."""
   cfg = cv.cfg
   masked = tokens == cfg.mask_id
-  write = select_commits(cfg.rule, masked, prop.conf, prop.entropy,
-                         cfg.commit_compare) & need[:, None]
+  if settings is None:
+    write = select_commits(cfg.rule, masked, prop.conf, prop.entropy, cfg.commit_compare)
+  else:
+    write = select_commits_per_row(settings.rule_index, settings.rule_value, masked, prop.conf,
+                                   prop.entropy, cfg.commit_compare)
+  write = write & need[:, None]
   if cfg.editing:
     edits = select_edits(cfg.edit_threshold, tokens, masked, prop.cand, prop.conf,
                          editable) & need[:, None]
@@ -196,7 +243,8 @@ def denoise_update(cv: Canvas, tokens, res: Residual, post, settled, need, prop:
 
 def take_step(cv: Canvas, hidden, need, key, tokens, res: Residual, post, settled, *, block,
               step, fixed, routes=None, cap: Capture | None = None, cap_rows=None,
-              per_row: bool = False) -> tuple[StepUpdate, Capture | None]:
+              per_row: bool = False,
+              settings: RowSettings | None = None) -> tuple[StepUpdate, Capture | None]:
   """One denoising step (DESIGN §2.2 steps 2-4; with editing, the LLaDA2.1 token-to-token
   rewrites of the same forward) of the rows `need` [B], from the active block's final hidden
   states [B, b, D]: the proposal (`propose_step`: the head at the masked positions of the rows
@@ -204,14 +252,15 @@ def take_step(cv: Canvas, hidden, need, key, tokens, res: Residual, post, settle
   update (`denoise_update`; the `fixed` [B, b] prompt positions are never edited), and the
   capture of the state the step consumed (`capture_step`, as block `block` [B], step `step`
   [B], with the forward's `routes`, at capture rows `cap_rows`). key: the step's key, or with
-  `per_row` [B] keys (`step_key` of each row's own decode). The one denoising step of both
+  `per_row` [B] keys (`step_key` of each row's own decode); `settings`: each row's own rule
+  and temperature (with per-row keys; the serving engine). The one denoising step of both
   block decoders (`decode`; `orl_jax.decode.per_row`, each row at its own block and step).
   -> (StepUpdate, cap)."""
   cfg = cv.cfg
   masked = (tokens == cfg.mask_id) & need[:, None]
-  prop = propose_step(cv, hidden, masked, key, per_row)
+  prop = propose_step(cv, hidden, masked, key, per_row, settings)
   editable = ~fixed if cfg.editing else None
-  up = denoise_update(cv, tokens, res, post, settled, need, prop, editable)
+  up = denoise_update(cv, tokens, res, post, settled, need, prop, editable, settings)
   cap = capture_step(cfg, cap, need, prop.logits, tokens, res, up.write, block=block,
                      step=step, routes=routes, rows=cap_rows)
   return up, cap

@@ -1,0 +1,355 @@
+"""The HTTP side: an OpenAI-compatible API on FastAPI (Starlette), served by uvicorn.
+
+Handlers never touch the device: they validate a request (`protocol.parse`: a 400 with one
+sentence for anything wrong), tokenize it, `submit` it to the scheduler and await its events
+on an asyncio queue (the scheduler thread puts them there with `call_soon_threadsafe`). A
+streamed request sends one server-sent event per committed block; a client that disconnects
+cancels its request (its rows are freed at the next device call).
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /metrics, POST /v1/admin/reload (new weights: `Routes.reload`).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request as HttpRequest
+
+from orl_jax.data.prompts import render_chat
+from orl_jax.serve import protocol
+from orl_jax.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from orl_jax.serve.protocol import RequestError
+from orl_jax.serve.scheduler import Draining, Event, QueueFull, Request, Scheduler
+from orl_jax.unmasking import UnmaskRule
+
+
+@dataclasses.dataclass
+class Served:
+  """One served model and what its requests are checked against."""
+  name: str
+  tokenizer: Any
+  chat: str                          # chat template (`data.prompts.CHAT_TEMPLATES`)
+  scheduler: Scheduler
+  metrics: ServerMetrics
+  rule: UnmaskRule                   # the config's decoder setting (a request may choose its own)
+  temperature: float                 # the config's
+  samples: bool                      # the decoder takes a request's temperature
+  rules: tuple[str, ...]             # unmasking rules a request may choose
+  prompt_len: int                    # prompt tokens at most
+  gen_length: int                    # response tokens at most
+  # path -> parameters of the served tree (POST /v1/admin/reload), None: reloading refused
+  load_params: Callable[[str], Any] | None = None
+  source: str = ""                   # the weights served (a path)
+
+  @property
+  def fingerprint(self) -> str:
+    return f"orl-{self.name}-v{self.scheduler.model_version + 1}"
+
+
+_OUTCOMES = {400: "bad_request", 404: "not_found", 429: "queue_full", 503: "draining"}
+
+
+def _error(status: int, message: str, param: str | None = None,
+           kind: str = "invalid_request_error") -> JSONResponse:
+  return JSONResponse(protocol.error_body(message, kind, param), status_code=status)
+
+
+def _sse(obj) -> bytes:
+  return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+class _Call:
+  """One request's choices in flight (`n` per prompt): the scheduler's events land in
+  `events`, choice numbers offset by prompt as OpenAI numbers them."""
+
+  def __init__(self, served: Served, n_prompts: int, n: int, prompt_tokens: int):
+    self.served, self.loop = served, asyncio.get_running_loop()
+    self.events: asyncio.Queue = asyncio.Queue()
+    self.requests: list[Request] = []
+    self.n, self.total, self.prompt_tokens = n, n_prompts * n, prompt_tokens
+    self.arrival = time.monotonic()
+    self.first_block = False
+    self.done: dict[int, dict] = {}
+
+  def emitter(self, prompt_index: int) -> Callable[[Event], None]:
+    offset = prompt_index * self.n
+
+    def emit(event: Event) -> None:
+      moved = event._replace(choice=event.choice + offset)
+      self.loop.call_soon_threadsafe(self.events.put_nowait, moved)
+    return emit
+
+  def cancel(self) -> None:
+    for r in self.requests:
+      self.served.scheduler.cancel(r)
+
+  async def next_event(self) -> Event:
+    """The next event; a `done` one is kept (`choices`), the first block timed."""
+    event = await self.events.get()
+    if event.kind == "block" and not self.first_block:
+      self.first_block = True
+      self.served.metrics.ttfb.observe(time.monotonic() - self.arrival)
+    elif event.kind == "done":
+      self.done[event.choice] = {"index": event.choice, "text": event.text,
+                                 "finish_reason": event.finish_reason, "usage": event.usage}
+    elif event.kind == "error":
+      raise RuntimeError(event.text)
+    return event
+
+  @property
+  def finished(self) -> bool:
+    return len(self.done) == self.total
+
+  def choices(self) -> list[dict]:
+    return [self.done[i] for i in sorted(self.done)]
+
+  def usage(self) -> dict:
+    """The request's usage (`protocol.usage_dict`), counted in the metrics once."""
+    admitted = [r.admitted for r in self.requests if r.admitted is not None]
+    queue_seconds = max(0.0, min(admitted) - self.arrival) if admitted else 0.0
+    usage = protocol.usage_dict(self.prompt_tokens, [c["usage"] for c in self.choices()],
+                                queue_seconds)
+    m = self.served.metrics
+    m.requests.labels("ok").inc()
+    m.served(usage)
+    m.latency.observe(time.monotonic() - self.arrival)
+    m.queue_wait.observe(queue_seconds)
+    return usage
+
+
+def _encode(served: Served, text_or_ids, param: str) -> list[int]:
+  """A prompt's token ids, checked against the vocabulary and the engine's prompt length."""
+  if isinstance(text_or_ids, list):
+    ids = list(text_or_ids)
+    bad = [i for i in ids if not 0 <= i < served.tokenizer.vocab_size]
+    if bad:
+      raise RequestError(f"{param}: token id {bad[0]} is outside the vocabulary of "
+                         f"{served.tokenizer.vocab_size}", param=param)
+  else:
+    if not text_or_ids.strip():
+      raise RequestError(f"{param} is empty", param=param)
+    try:
+      ids = served.tokenizer.encode(text_or_ids)
+    except ValueError as e:
+      raise RequestError(f"{param} cannot be tokenized: {e}", param=param) from None
+  if len(ids) > served.prompt_len:
+    raise RequestError(f"{param} is {len(ids)} tokens, longer than this engine's context of "
+                       f"{served.prompt_len} prompt tokens (task.prompt_len)", param=param)
+  return ids
+
+
+def _settings(served: Served, req, max_tokens: int | None):
+  """(rule, temperature, max_tokens, seed) of a request, checked against the engine."""
+  rule = req.rule(served.rule) or served.rule
+  if rule.name not in served.rules:
+    raise RequestError(f"decoder {rule.label!r} is not one of this model's rules "
+                       f"({', '.join(served.rules)})", param="decoder")
+  if req.temperature is not None and not served.samples and req.temperature != served.temperature:
+    raise RequestError("this model's sampler has its own temperature schedule: leave "
+                       "temperature out", param="temperature")
+  temperature = served.temperature if req.temperature is None else req.temperature
+  limit = served.gen_length if max_tokens is None else max_tokens
+  if limit > served.gen_length:
+    raise RequestError(f"max_tokens={limit} is more than this engine's generation length of "
+                       f"{served.gen_length} tokens (decode.gen_length)", param="max_tokens")
+  seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little")
+  return rule, temperature, limit, seed
+
+
+async def _disconnected(http: HttpRequest) -> None:
+  while (await http.receive())["type"] != "http.disconnect":
+    pass
+
+
+class Routes:
+  """The API of one served model (module docstring); `create_app` mounts it."""
+
+  def __init__(self, served: Served):
+    self.served = served
+
+  async def _body(self, http: HttpRequest):
+    try:
+      return json.loads(await http.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise RequestError(f"the request body is not valid JSON ({e})") from None
+
+  def _check_model(self, name: str) -> None:
+    if name != self.served.name:
+      raise RequestError(f"model {name!r} is not served here; GET /v1/models lists "
+                         f"{self.served.name!r}", status=404, param="model")
+
+  def _start(self, prompts: list[list[int]], req, max_tokens: int | None) -> _Call:
+    """The request's choices submitted to the scheduler (429 when its queue is full, 503
+    while draining)."""
+    call = _Call(self.served, len(prompts), req.n, sum(len(p) for p in prompts))
+    rule, temperature, limit, seed = _settings(self.served, req, max_tokens)
+    try:
+      for i, ids in enumerate(prompts):
+        r = Request(ids, limit, rule, temperature, (seed + i) % 2**64, call.emitter(i),
+                    n=req.n, stop=req.stop_strings(), stream=req.stream)
+        self.served.scheduler.submit(r)
+        call.requests.append(r)
+    except QueueFull as e:
+      call.cancel()
+      raise RequestError(str(e), status=429, kind="rate_limit_error") from None
+    except Draining as e:
+      call.cancel()
+      raise RequestError(str(e), status=503, kind="server_error") from None
+    return call
+
+  async def _collect(self, call: _Call, http: HttpRequest) -> bool:
+    """Waits for every choice; False when the client went away first (then cancelled)."""
+    gone = asyncio.ensure_future(_disconnected(http))
+    try:
+      while not call.finished:
+        event = asyncio.ensure_future(call.next_event())
+        await asyncio.wait({event, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not event.done():
+          event.cancel()
+          call.cancel()
+          self.served.metrics.requests.labels("cancelled").inc()
+          return False
+        event.result()
+    finally:
+      gone.cancel()
+    return True
+
+  async def completions(self, http: HttpRequest):
+    req = protocol.parse(protocol.CompletionRequest, await self._body(http))
+    self._check_model(req.model)
+    call = self._start([_encode(self.served, p, "prompt") for p in req.prompts()], req,
+                       req.max_tokens)
+    rid, s = protocol.new_id("cmpl"), self.served
+    if req.stream:
+      return self._stream(call, lambda i, text, reason=None, usage=None: protocol.
+                          completion_chunk(rid, s.name, s.fingerprint, i, text, reason, usage))
+    if not await self._collect(call, http):
+      return Response(status_code=499)
+    return protocol.completion_body(rid, s.name, s.fingerprint, call.choices(), call.usage())
+
+  async def chat(self, http: HttpRequest):
+    req = protocol.parse(protocol.ChatRequest, await self._body(http))
+    self._check_model(req.model)
+    try:
+      text = render_chat([(m.role, m.content) for m in req.messages], self.served.chat)
+    except ValueError as e:
+      raise RequestError(str(e), param="messages") from None
+    call = self._start([_encode(self.served, text, "messages")], req, req.token_limit)
+    rid, s = protocol.new_id("chatcmpl"), self.served
+
+    def chunk(i, text, reason=None, usage=None, role=False):
+      delta = {"role": "assistant", "content": ""} if role else (
+          {} if reason else {"content": text})
+      return protocol.chat_chunk(rid, s.name, s.fingerprint, i, delta, reason, usage)
+    if req.stream:
+      return self._stream(call, chunk, opening=lambda i: chunk(i, "", role=True))
+    if not await self._collect(call, http):
+      return Response(status_code=499)
+    return protocol.chat_body(rid, s.name, s.fingerprint, call.choices(), call.usage())
+
+  def _stream(self, call: _Call, chunk, opening=None) -> StreamingResponse:
+    """Server-sent events: `opening(i)` per choice, a chunk per committed block, a last chunk
+    per choice with its finish reason (the request's last one with the usage), `[DONE]`. A
+    client that goes away cancels the request (Starlette stops the generator)."""
+    async def events():
+      try:
+        for i in range(call.total if opening else 0):
+          yield _sse(opening(i))
+        while not call.finished:
+          try:
+            event = await call.next_event()
+          except RuntimeError as e:
+            yield _sse(protocol.error_body(str(e), "server_error"))
+            break
+          if event.kind == "block":
+            yield _sse(chunk(event.choice, event.text))
+          else:
+            usage = call.usage() if call.finished else None
+            yield _sse(chunk(event.choice, "", event.finish_reason, usage))
+        yield b"data: [DONE]\n\n"
+      finally:
+        if not call.finished:
+          call.cancel()
+          self.served.metrics.requests.labels("cancelled").inc()
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+  async def health(self):
+    st, served = self.served.scheduler.stats(), self.served
+    body = {"status": "draining" if st.draining else "ok", "model": served.name,
+            "model_version": st.model_version + 1, "weights": served.source,
+            "waiting": st.waiting, "active": st.active, "busy_rows": st.busy_rows,
+            "rows": st.rows, "device_calls": st.calls, "engine_iterations": st.iterations}
+    if served.scheduler.error is not None:
+      body["status"] = f"engine stopped: {served.scheduler.error}"
+      return JSONResponse(body, status_code=500)
+    return JSONResponse(body, status_code=503 if st.draining else 200)
+
+  async def metrics(self):
+    st, m = self.served.scheduler.stats(), self.served.metrics
+    m.queue_depth.set(st.waiting)
+    m.model_version.set(st.model_version + 1)
+    return Response(m.text(), media_type=CONTENT_TYPE_LATEST)
+
+  async def models(self):
+    return {"object": "list", "data": [{"id": self.served.name, "object": "model",
+                                        "created": 0, "owned_by": "orl_jax"}]}
+
+  async def reload(self, http: HttpRequest):
+    """{"path": DIR}: serve the weights at DIR (the same model's) once the requests in flight
+    finish; waiting requests wait, none is dropped. -> the new model version."""
+    body = await self._body(http)
+    if not isinstance(body, dict) or set(body) != {"path"} or not isinstance(body["path"], str):
+      raise RequestError('the body is {"path": DIR}: a params folder, a run\'s work directory '
+                         "or a Hugging Face directory of the served model", param="path")
+    served = self.served
+    if served.load_params is None:
+      raise RequestError("this server was started without a weights loader")
+    try:
+      params = await asyncio.get_running_loop().run_in_executor(None, served.load_params,
+                                                                body["path"])
+    except (ValueError, OSError) as e:
+      raise RequestError(f"cannot load {body['path']!r}: {e}", param="path") from None
+    version = await asyncio.wrap_future(served.scheduler.reload(params))
+    served.source = body["path"]
+    return {"model": served.name, "model_version": version + 1, "path": body["path"]}
+
+
+def create_app(served: Served) -> FastAPI:
+  """The FastAPI application of `served` (module docstring)."""
+  app = FastAPI(title="orl_jax server", docs_url=None, redoc_url=None, openapi_url=None)
+  routes = Routes(served)
+  for path, endpoint, method in (
+      ("/v1/completions", routes.completions, "POST"), ("/v1/chat/completions", routes.chat,
+                                                        "POST"),
+      ("/v1/models", routes.models, "GET"), ("/health", routes.health, "GET"),
+      ("/metrics", routes.metrics, "GET"), ("/v1/admin/reload", routes.reload, "POST")):
+    app.add_api_route(path, endpoint, methods=[method])
+
+  async def request_error(_, e: RequestError):
+    served.metrics.requests.labels(_OUTCOMES.get(e.status, "bad_request")).inc()
+    return _error(e.status, str(e), e.param, e.kind)
+
+  async def http_error(http: HttpRequest, e: StarletteHTTPException):
+    message = {404: f"no route {http.method} {http.url.path}: see docs/serving.md",
+               405: f"{http.method} is not allowed on {http.url.path}"}.get(e.status_code,
+                                                                             str(e.detail))
+    return _error(e.status_code, message)
+
+  async def internal(_, e: Exception):
+    served.metrics.requests.labels("error").inc()
+    return _error(500, f"internal error: {e}", kind="server_error")
+
+  app.add_exception_handler(RequestError, request_error)  # type: ignore[arg-type]
+  app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+  app.add_exception_handler(Exception, internal)
+  return app

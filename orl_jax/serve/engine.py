@@ -1,0 +1,171 @@
+"""The device side of the server: the per-row engine kept on the accelerator between calls
+(`orl_jax.decode.per_row.serve_call`), driven by the scheduler thread (`scheduler.py`).
+
+`BlockEngine.call(admission, cancel)` runs one device call: the cancelled slots leave their
+rows, the admitted requests take slots (each choice of a request is one slot and, once a row is
+free, one row), and up to `serve.iterations_per_call` engine iterations run, rows retiring and
+refilling inside the call. It returns what the host needs on numpy (`HostView`): each row's
+request and finished blocks, each slot's result once done. Rows are laid out over the mesh's
+batch axes and parameters by the family's partition rules, on every device of this host.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from orl_jax import sharding as sharding_lib
+from orl_jax.decode import per_row
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.step import RowSettings
+from orl_jax.models import families
+from orl_jax.models.transformer import KVCache
+from orl_jax.unmasking import RULES, UnmaskRule
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineShape:
+  """The static shapes of one engine."""
+  rows: int          # B rows decoding at once
+  waiting: int       # W admitted requests that may wait on the device for a row
+  prompt_len: int    # P prompt tokens at most (a multiple of the block size)
+  iterations: int    # engine iterations per device call at most
+
+  @property
+  def slots(self) -> int:
+    """Q request slots: every row's, and every waiting request's."""
+    return self.rows + self.waiting
+
+
+class HostView(NamedTuple):
+  """`per_row.ServeView` on the host (numpy)."""
+  row_slot: np.ndarray      # [B] int32 (Q: idle)
+  row_blocks: np.ndarray    # [B, M*b] int32 finished blocks of the row's request (mask elsewhere)
+  row_nfe: np.ndarray       # [B] int32 forwards the row ran for its request so far
+  row_denoise: np.ndarray   # [B] int32 of which denoising forwards
+  blocks: np.ndarray        # [Q, M*b] int32 each retired slot's blocks
+  nfe: np.ndarray           # [Q] int32 forwards, the paper's count (one commit per block)
+  nfe_engine: np.ndarray    # [Q] int32 forwards the engine ran
+  nfe_denoise: np.ndarray   # [Q] int32 denoising forwards (the authors' count)
+  done: np.ndarray          # [Q] bool retired since admission
+  waiting: int              # admitted slots still waiting for a row
+  iterations: int           # engine iterations so far
+
+
+@dataclasses.dataclass
+class Entry:
+  """One choice of a request, as the engine takes it."""
+  slot: int
+  prompt: np.ndarray        # [n] int32 prompt token ids (n <= P)
+  seed: int                 # 0 <= seed < 2**64; choice i samples with `per_row.request_keys`
+  choice: int
+  max_tokens: int           # <= cfg.gen_length
+  rule: UnmaskRule
+  temperature: float
+
+
+def rule_index(rule: UnmaskRule) -> int:
+  return RULES.index(rule.name)
+
+
+def _state_shardings(state: per_row.ServeState, mesh):
+  """Rows (and their KV cache) over the mesh's batch axes; the slot tables replicated."""
+  batch = tuple(a for a in sharding_lib.BATCH_AXES if a in mesh.axis_names)
+  rows = jax.tree.map(lambda _: NamedSharding(mesh, P(batch)), state.carry.rows)
+  cache = state.carry.cache
+  if isinstance(cache, KVCache):     # [L, B, T, H, Dh] keys and values, [B, T] metadata
+    cache = jax.tree.map(lambda x: NamedSharding(mesh, P(None, batch) if x.ndim == 5
+                                                 else P(batch)), cache)
+  rep = lambda tree: jax.tree.map(lambda _: NamedSharding(mesh, P()), tree)
+  carry = state.carry._replace(rows=rows, cache=cache, cursor=rep(state.carry.cursor),
+                               results=rep(state.carry.results),
+                               iterations=rep(state.carry.iterations))
+  return per_row.ServeState(rep(state.queue), rep(state.order), rep(state.n_order), carry)
+
+
+class BlockEngine:
+  """The per-row block decoder as a server's engine (module docstring)."""
+
+  def __init__(self, graphdef, params, model_cfg, cfg: DecodeConfig, shape: EngineShape,
+               mesh):
+    shards = sharding_lib.n_batch_shards(mesh.shape)
+    if shape.rows % shards:
+      raise ValueError(f"serve.rows={shape.rows} must be divisible by the {shards} data shards "
+                       "of the mesh (mesh.data x mesh.fsdp x mesh.expert)")
+    if shape.prompt_len % cfg.block_size:
+      raise ValueError(f"the engine's prompt length {shape.prompt_len} must be a multiple of "
+                       f"decode.block_size={cfg.block_size}")
+    self.cfg, self.shape, self.mesh = cfg, shape, mesh
+    rules = families.of_model(model_cfg).partition_rules
+    self._params_shardings = sharding_lib.tree_shardings(params, mesh, rules)
+    self.params = jax.device_put(params, self._params_shardings)
+    new_state = lambda: per_row.new_serve_state(model_cfg, cfg, shape.rows, shape.slots,
+                                                shape.prompt_len, shape.waiting)
+    state_shardings = _state_shardings(jax.eval_shape(new_state), mesh)
+    with sharding_lib.tracing_mesh(mesh):
+      self.state = jax.jit(new_state, out_shardings=state_shardings)()
+    self._call = per_row.make_server_call(graphdef, cfg, shape.rows, shape.iterations,
+                                          self._params_shardings, state_shardings)
+
+  @property
+  def block_size(self) -> int:
+    return self.cfg.block_size
+
+  def set_params(self, params) -> None:
+    """New weights (same tree and shapes), laid out as the current ones; the next call uses
+    them."""
+    self.params = jax.device_put(params, self._params_shardings)
+
+  def admission(self, entries: list[Entry]) -> per_row.Admission:
+    """The call's admission arrays ([W]; unused entries point at slot Q)."""
+    w, p, q = self.shape.waiting, self.shape.prompt_len, self.shape.slots
+    if len(entries) > w:
+      raise ValueError(f"{len(entries)} admissions in one call, at most {w}")
+    slot = np.full((w,), q, np.int32)
+    tokens = np.zeros((w, p), np.int32)
+    valid = np.zeros((w, p), bool)
+    seed_lo, seed_hi = np.zeros((w,), np.uint32), np.zeros((w,), np.uint32)
+    choice = np.zeros((w,), np.int32)
+    gen_length = np.full((w,), self.cfg.gen_length, np.int32)
+    index = np.zeros((w,), np.int32)
+    value = np.zeros((w,), np.float32)
+    temperature = np.zeros((w,), np.float32)
+    for i, e in enumerate(entries):
+      n = len(e.prompt)
+      slot[i], choice[i], gen_length[i] = e.slot, e.choice, e.max_tokens
+      if n:
+        tokens[i, p - n:] = e.prompt
+        valid[i, p - n:] = True
+      seed_lo[i], seed_hi[i] = e.seed % 2**32, e.seed // 2**32
+      index[i], value[i], temperature[i] = rule_index(e.rule), e.rule.value, e.temperature
+    return per_row.Admission(slot, tokens, valid, seed_lo, seed_hi, choice, gen_length,
+                             RowSettings(index, value, temperature))
+
+  def dispatch(self, entries: list[Entry], cancel_slots: list[int]):
+    """Starts one device call (module docstring) and returns at once (JAX dispatches
+    asynchronously): the host works while the device runs. -> the call's view on the device
+    (`fetch` it)."""
+    cancel = np.zeros((self.shape.slots,), bool)
+    cancel[list(cancel_slots)] = True
+    with sharding_lib.tracing_mesh(self.mesh):
+      self.state, view = self._call(self.params, self.state, self.admission(entries),
+                                    jnp.asarray(cancel))
+    return view
+
+  @staticmethod
+  def fetch(view) -> HostView:
+    """The view of a dispatched call on the host (waits for the call)."""
+    v = jax.device_get(view)
+    r = v.results
+    return HostView(np.asarray(v.row_slot), np.asarray(v.row_blocks), np.asarray(v.row_nfe),
+                    np.asarray(v.row_denoise), np.asarray(r.blocks),
+                    np.asarray(r.nfe), np.asarray(r.nfe_engine), np.asarray(r.nfe_denoise),
+                    np.asarray(r.done), int(v.waiting), int(v.iterations))
+
+  def call(self, entries: list[Entry], cancel_slots: list[int]) -> HostView:
+    """One device call, its view on the host."""
+    return self.fetch(self.dispatch(entries, cancel_slots))

@@ -1,0 +1,160 @@
+"""A served model from a run config and its weights: what `launch/serve.py` builds.
+
+The weights may be a Hugging Face directory, a finished run's work directory or its `params/`
+folder (`orl_jax.weights`), as for decoding and evaluation: a trained run brings its
+tokenizer, special tokens and chat template (`trained_run`), the config file the run-time
+choices (decoder rule, block size, lengths). The engine is the per-row block decoder
+(`engine.BlockEngine`) for every mask-diffusion family; the prompt length is `task.prompt_len`,
+the generation length `decode.gen_length`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+
+import jax
+
+from orl_jax import trained_run
+from orl_jax import weights as weights_lib
+from orl_jax.config import ConfigError
+from orl_jax.decode import build as decode_build
+from orl_jax.decode.config import DecodeConfig
+from orl_jax.serve.app import Served
+from orl_jax.serve.engine import BlockEngine, EngineShape
+from orl_jax.serve.metrics import ServerMetrics
+from orl_jax.serve import weights_watch
+from orl_jax.serve.scheduler import Scheduler
+from orl_jax.train.setup import Setup, build_setup, initial_params
+from orl_jax.unmasking import RULES, UnmaskRule
+
+
+def _setup(config, path: str, overridden: frozenset):
+  return build_setup(trained_run.model_config_for(config, path, overridden), prompts=[])
+
+
+def _same_tree(new, old, path: str) -> None:
+  """ValueError naming `path` unless `new` has `old`'s tree, shapes and dtypes."""
+  shapes = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)
+  try:
+    same = shapes(new) == shapes(old)
+  except ValueError:
+    same = False
+  if not same:
+    raise ValueError(f"{path} holds another model's parameters (other tensors or shapes) than "
+                     "the one served; a reload takes weights of the same model")
+
+
+@dataclasses.dataclass(eq=False)
+class EngineParts:
+  """What a served model's engine is built from (also what a benchmark or a test decodes
+  offline with, to compare)."""
+  setup: Setup
+  graphdef: object
+  params: object
+  cfg: DecodeConfig            # the block decoder's config ("evaluate"), the defaults
+  shape: EngineShape
+  path: str
+
+
+def engine_parts(config, path: str = "", overridden: frozenset = frozenset()) -> EngineParts:
+  """The weights at `path` (default `model.path` / `model.init_from`) and the engine `config`
+  serves them with."""
+  if not path:
+    weights = weights_lib.weights_of(config)
+    if weights is None:
+      raise ConfigError("give weights: --config.model.path=DIR (a Hugging Face directory, an "
+                        "orl_jax params folder or a finished run's work directory)")
+    path = weights.path
+  weights_lib.resolve(path)
+  s = _setup(config, path, overridden)
+  run, tok = s.config, s.tokenizer
+  graphdef, params = initial_params(s)
+  sampler = decode_build.sampler_of(run, s.model_cfg)
+  cfg = sampler.forward_config("evaluate", mask_id=tok.mask_id, eos_id=tok.eos_id)
+  if cfg is None:
+    raise ConfigError(f"the {s.model_cfg.hf_family} family decodes with its own sampler, which "
+                      "the server's per-row engine does not run yet")
+  sv, b = run.serve, cfg.block_size
+  shape = EngineShape(rows=sv.rows, waiting=sv.waiting_slots or 3 * sv.rows,
+                      prompt_len=-(-run.task.prompt_len // b) * b,
+                      iterations=sv.iterations_per_call)
+  return EngineParts(s, graphdef, params, cfg, shape, path)
+
+
+def served_model(config, path: str = "", overridden: frozenset = frozenset()) -> Served:
+  """The model `config` serves with the weights at `path` (`engine_parts`), its engine built
+  and its scheduler started."""
+  parts = engine_parts(config, path, overridden)
+  s, cfg, shape = parts.setup, parts.cfg, parts.shape
+  run, tok = s.config, s.tokenizer
+  engine = BlockEngine(parts.graphdef, parts.params, s.model_cfg, cfg, shape, s.mesh)
+  metrics = ServerMetrics(shape.rows)
+  scheduler = Scheduler(engine, tok, max_waiting=run.serve.max_waiting,
+                        on_call=metrics.device_call)
+
+  def load_params(new_path: str):
+    weights_lib.resolve(new_path)
+    _, new = initial_params(_setup(config, new_path, overridden))
+    _same_tree(new, parts.params, new_path)
+    return new
+
+  served = Served(
+      name=run.serve.model_name or weights_lib.display_name(parts.path), tokenizer=tok,
+      chat=run.task.chat if run.task.name != "tiny" else "none", scheduler=scheduler,
+      metrics=metrics, rule=UnmaskRule(run.decode.rule, float(run.decode.rule_value or 0)),
+      temperature=run.decode.temperature, samples=True, rules=RULES,
+      prompt_len=shape.prompt_len, gen_length=cfg.gen_length, load_params=load_params,
+      source=parts.path)
+  logging.info("serving %s (%s): %d rows, prompts of %d tokens, responses of %d", served.name,
+               parts.path, shape.rows, shape.prompt_len, cfg.gen_length)
+  scheduler.start()
+  return served
+
+
+class _Follower:
+  """Polls `serve.watch` every `serve.watch_seconds` on a thread of its own and serves each
+  newer set of weights (a checkpoint of a running run, or its final `params/`) through the
+  scheduler's reload: the requests in flight finish on the weights they started with."""
+
+  def __init__(self, served: Served, path: str, seconds: float):
+    self.served, self.path, self.seconds = served, path, seconds
+    self._stop = threading.Event()
+    self.watcher = weights_watch.WeightsWatcher(path, self._serve)
+    self._thread = threading.Thread(target=self._run, name="orl-watch", daemon=True)
+
+  def _serve(self, version) -> None:
+    engine = self.served.scheduler.engine
+    params = weights_watch.load_version(self.path, version, engine.params)
+    self.served.scheduler.reload(params).result()
+    self.served.source = f"{self.path} ({version.kind} {version.version})"
+    print(f"serving {self.served.source}", flush=True)
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      try:
+        self.watcher.poll()
+      except (OSError, ValueError) as e:     # a half-deleted or foreign checkpoint: next time
+        logging.warning("serve.watch=%s: %s", self.path, e)
+      self._stop.wait(self.seconds)
+
+  def start(self) -> "_Follower":
+    self._thread.start()
+    return self
+
+  def stop(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=60)
+
+
+def start_watcher(served: Served, config):
+  """A started follower of `serve.watch` (None when unset); its first poll serves the newest
+  weights there unless they are the ones already served."""
+  path = config.serve.watch
+  if not path:
+    return None
+  if not os.path.isdir(path):
+    raise ConfigError(f"serve.watch={path}: no such directory (a run's work directory or its "
+                      "params/ folder)")
+  return _Follower(served, path, config.serve.watch_seconds).start()

@@ -1,0 +1,239 @@
+"""The OpenAI API as this server speaks it: request bodies (validated: an unknown field, a
+value of the wrong type or out of range is a 400 with one sentence), responses, stream chunks
+and error bodies. docs/serving.md lists what is supported.
+
+DLM extensions, all in one place: the request field `decoder` (the unmasking rule,
+`threshold_<tau>` | `entropy_budget_<gamma>` | `fixed_steps_<k>`; default: the config's), and in
+`usage` the forward counts and TPF (`usage_dict`).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, TypeVar, Union
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from orl_jax.unmasking import UnmaskRule
+
+
+class RequestError(ValueError):
+  """A request the server cannot serve: HTTP `status` and one sentence."""
+
+  def __init__(self, message: str, status: int = 400, param: str | None = None,
+               kind: str = "invalid_request_error"):
+    super().__init__(message)
+    self.status, self.param, self.kind = status, param, kind
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+  """OpenAI's error JSON."""
+  return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class _Request(BaseModel):
+  model_config = ConfigDict(extra="forbid", strict=True)
+
+  model: str
+  n: int = Field(1, ge=1, le=16)
+  seed: int | None = Field(None, ge=0, lt=2**64)
+  stop: Union[str, list[str], None] = None
+  stream: bool = False
+  stream_options: dict[str, Any] | None = None
+  temperature: float | None = Field(None, ge=0.0, le=2.0)
+  top_p: float | None = None
+  user: str | None = None
+  decoder: str | None = None          # DLM extension: the unmasking rule of this request
+  # accepted only at the values that change nothing (the engine has no such feature)
+  frequency_penalty: float | None = None
+  presence_penalty: float | None = None
+  logit_bias: dict[str, float] | None = None
+  logprobs: Any = None
+
+  def stop_strings(self) -> tuple[str, ...]:
+    stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+    if len(stops) > 4:
+      raise RequestError("stop takes at most 4 strings", param="stop")
+    return tuple(s for s in stops if s)
+
+  def check_unsupported(self) -> None:
+    """One sentence for a feature this engine does not have, at a value that would need it."""
+    if self.top_p not in (None, 1, 1.0):
+      raise RequestError("top_p is not supported by this engine (it samples from the whole "
+                         "distribution at `temperature`): leave it out or set it to 1",
+                         param="top_p")
+    for name in ("frequency_penalty", "presence_penalty"):
+      if getattr(self, name) not in (None, 0, 0.0):
+        raise RequestError(f"{name} is not supported by this engine: leave it out or set it "
+                           "to 0", param=name)
+    if self.logit_bias:
+      raise RequestError("logit_bias is not supported by this engine", param="logit_bias")
+    if self.logprobs not in (None, False, 0):
+      raise RequestError("logprobs are not supported: a diffusion LM commits tokens in parallel, "
+                         "in no left-to-right order (leave logprobs out)", param="logprobs")
+    if self.stream_options is not None and set(self.stream_options) - {"include_usage"}:
+      raise RequestError("stream_options takes only include_usage", param="stream_options")
+
+  def rule(self, default: UnmaskRule) -> UnmaskRule | None:
+    """The request's decoder setting (`decoder`), or None for the engine's default."""
+    if self.decoder is None:
+      return None
+    try:
+      rule = UnmaskRule.parse(self.decoder)
+    except ValueError as e:
+      raise RequestError(str(e), param="decoder") from None
+    if rule.name == "fixed_steps" and (rule.value != int(rule.value) or rule.value < 1):
+      raise RequestError(f"decoder {self.decoder!r}: fixed_steps takes a whole number >= 1",
+                         param="decoder")
+    if rule.name != "fixed_steps" and not 0 <= rule.value:
+      raise RequestError(f"decoder {self.decoder!r}: the value must be >= 0", param="decoder")
+    return rule
+
+
+class CompletionRequest(_Request):
+  """POST /v1/completions."""
+  prompt: Union[str, list[str], list[int], list[list[int]]]
+  max_tokens: int | None = Field(None, ge=1)
+  echo: bool = False
+  best_of: int | None = None
+  suffix: str | None = None
+
+  def prompts(self) -> list[Union[str, list[int]]]:
+    """The prompts, one per element (a string or token ids)."""
+    p = self.prompt
+    if isinstance(p, str):
+      return [p]
+    if not p:
+      raise RequestError("prompt is empty", param="prompt")
+    if all(isinstance(x, int) for x in p):
+      return [list(p)]                                 # type: ignore[arg-type]
+    return list(p)                                     # type: ignore[arg-type]
+
+  def check_unsupported(self) -> None:
+    super().check_unsupported()
+    if self.echo:
+      raise RequestError("echo is not supported by this engine", param="echo")
+    if self.best_of not in (None, 1):
+      raise RequestError("best_of is not supported by this engine: use n", param="best_of")
+    if self.suffix:
+      raise RequestError("suffix (infilling) is not supported by this engine", param="suffix")
+
+
+class ChatMessage(BaseModel):
+  model_config = ConfigDict(extra="forbid", strict=True)
+  role: Literal["system", "user", "assistant"]
+  content: str
+  name: str | None = None
+
+
+class ChatRequest(_Request):
+  """POST /v1/chat/completions."""
+  messages: list[ChatMessage] = Field(min_length=1)
+  max_tokens: int | None = Field(None, ge=1)
+  max_completion_tokens: int | None = Field(None, ge=1)
+  tools: Any = None
+  tool_choice: Any = None
+  response_format: Any = None
+
+  def check_unsupported(self) -> None:
+    super().check_unsupported()
+    for name in ("tools", "tool_choice", "response_format"):
+      if getattr(self, name) is not None:
+        raise RequestError(f"{name} is not supported by this engine", param=name)
+
+  @property
+  def token_limit(self) -> int | None:
+    return self.max_completion_tokens or self.max_tokens
+
+
+RequestT = TypeVar("RequestT", bound=_Request)
+
+
+def parse(model: type[RequestT], body: Any) -> RequestT:
+  """The request, or RequestError with one sentence naming the first bad field."""
+  if not isinstance(body, dict):
+    raise RequestError("the request body must be a JSON object")
+  try:
+    request = model.model_validate(body)
+  except pydantic.ValidationError as e:
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err["loc"]) or "body"
+    if err["type"] == "extra_forbidden":
+      raise RequestError(f"unknown field {where!r}: see docs/serving.md for the fields this "
+                         "server takes", param=where) from None
+    if err["type"] == "missing":
+      raise RequestError(f"missing field {where!r}", param=where) from None
+    raise RequestError(f"field {where!r}: {err['msg']} (got {_short(err.get('input'))})",
+                       param=where) from None
+  request.check_unsupported()
+  return request
+
+
+def _short(value, limit: int = 60) -> str:
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit] + "..."
+
+
+def new_id(prefix: str) -> str:
+  return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage_dict(prompt_tokens: int, choices: list[dict], queue_seconds: float = 0.0) -> dict:
+  """OpenAI's usage, summed over choices, with the DLM counts: `generated_tokens` (through the
+  first EOS, the EOS included), `forwards` (the paper's count: denoising forwards + one commit
+  forward per decoded block), `forwards_denoise` (the authors' count), `forwards_engine` (what
+  the engine ran), `tpf` = generated_tokens / forwards and `tpf_denoise`; and `queue_seconds`,
+  the request's wait from arrival to the engine taking it."""
+  total = lambda k: sum(c[k] for c in choices)
+  completion, generated, forwards = (total("completion_tokens"), total("generated"),
+                                     total("forwards"))
+  denoise = total("forwards_denoise")
+  return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+          "total_tokens": prompt_tokens + completion, "generated_tokens": generated,
+          "forwards": forwards, "forwards_denoise": denoise,
+          "forwards_engine": total("forwards_engine"),
+          "tpf": round(generated / max(forwards, 1), 4),
+          "tpf_denoise": round(generated / max(denoise, 1), 4),
+          "queue_seconds": round(queue_seconds, 4)}
+
+
+def completion_body(rid: str, model: str, fingerprint: str, choices: list[dict],
+                    usage: dict) -> dict:
+  return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+          "system_fingerprint": fingerprint,
+          "choices": [{"index": c["index"], "text": c["text"], "logprobs": None,
+                       "finish_reason": c["finish_reason"]} for c in choices],
+          "usage": usage}
+
+
+def chat_body(rid: str, model: str, fingerprint: str, choices: list[dict], usage: dict) -> dict:
+  return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+          "system_fingerprint": fingerprint,
+          "choices": [{"index": c["index"], "logprobs": None,
+                       "message": {"role": "assistant", "content": c["text"]},
+                       "finish_reason": c["finish_reason"]} for c in choices],
+          "usage": usage}
+
+
+def completion_chunk(rid: str, model: str, fingerprint: str, index: int, text: str,
+                     finish_reason: str | None = None, usage: dict | None = None) -> dict:
+  chunk = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+           "system_fingerprint": fingerprint,
+           "choices": [{"index": index, "text": text, "logprobs": None,
+                        "finish_reason": finish_reason}]}
+  if usage is not None:
+    chunk["usage"] = usage
+  return chunk
+
+
+def chat_chunk(rid: str, model: str, fingerprint: str, index: int, delta: dict,
+               finish_reason: str | None = None, usage: dict | None = None) -> dict:
+  chunk = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+           "model": model, "system_fingerprint": fingerprint,
+           "choices": [{"index": index, "delta": delta, "logprobs": None,
+                        "finish_reason": finish_reason}]}
+  if usage is not None:
+    chunk["usage"] = usage
+  return chunk
