@@ -1,4 +1,4 @@
-"""The HTTP side: an OpenAI-compatible API on FastAPI (Starlette), served by uvicorn.
+"""The HTTP side: an OpenAI-compatible API on Starlette, served by uvicorn.
 
 Handlers never touch the device: they validate a request (`protocol.parse`: a 400 with one
 sentence for anything wrong), tokenize it, `submit` it to the scheduler and await its events
@@ -12,16 +12,19 @@ GET /metrics, POST /v1/admin/reload (new weights: `Routes.reload`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import os
+import random
 import time
 from typing import Any, Callable
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from orl_jax.data.prompts import render_chat
 from orl_jax.serve import protocol
@@ -66,34 +69,52 @@ def _sse(obj) -> bytes:
   return f"data: {json.dumps(obj)}\n\n".encode()
 
 
+_GONE = Event("gone", -1, "")     # the client disconnected (`_Call.watch_disconnect`)
+
+
 class _Call:
-  """One request's choices in flight (`n` per prompt): the scheduler's events land in
-  `events`, choice numbers offset by prompt as OpenAI numbers them."""
+  """One request's choices in flight (`n` per prompt): the scheduler's events arrive on the
+  event loop (`push`), choice numbers offset by prompt as OpenAI numbers them."""
 
   def __init__(self, served: Served, n_prompts: int, n: int, prompt_tokens: int):
     self.served, self.loop = served, asyncio.get_running_loop()
-    self.events: asyncio.Queue = asyncio.Queue()
+    self._events: collections.deque[Event] = collections.deque()
+    self._waiter: asyncio.Future | None = None
     self.requests: list[Request] = []
     self.n, self.total, self.prompt_tokens = n, n_prompts * n, prompt_tokens
     self.arrival = time.monotonic()
     self.first_block = False
     self.done: dict[int, dict] = {}
 
+  def push(self, event: Event) -> None:
+    """(On the event loop.) An event for `next_event`."""
+    self._events.append(event)
+    if self._waiter is not None and not self._waiter.done():
+      self._waiter.set_result(None)
+
   def emitter(self, prompt_index: int) -> Callable[[Event], None]:
     offset = prompt_index * self.n
 
     def emit(event: Event) -> None:
-      moved = event._replace(choice=event.choice + offset)
-      self.loop.call_soon_threadsafe(self.events.put_nowait, moved)
+      self.loop.call_soon_threadsafe(self.push, event._replace(choice=event.choice + offset))
     return emit
 
   def cancel(self) -> None:
     for r in self.requests:
       self.served.scheduler.cancel(r)
 
+  async def watch_disconnect(self, http: HttpRequest) -> None:
+    """Pushes `_GONE` once the client has disconnected."""
+    while (await http.receive())["type"] != "http.disconnect":
+      pass
+    self.push(_GONE)
+
   async def next_event(self) -> Event:
     """The next event; a `done` one is kept (`choices`), the first block timed."""
-    event = await self.events.get()
+    while not self._events:
+      self._waiter = self.loop.create_future()
+      await self._waiter
+    event = self._events.popleft()
     if event.kind == "block" and not self.first_block:
       self.first_block = True
       self.served.metrics.ttfb.observe(time.monotonic() - self.arrival)
@@ -160,13 +181,11 @@ def _settings(served: Served, req, max_tokens: int | None):
   if limit > served.gen_length:
     raise RequestError(f"max_tokens={limit} is more than this engine's generation length of "
                        f"{served.gen_length} tokens (decode.gen_length)", param="max_tokens")
-  seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little")
+  seed = req.seed if req.seed is not None else _SEEDS.getrandbits(64)
   return rule, temperature, limit, seed
 
 
-async def _disconnected(http: HttpRequest) -> None:
-  while (await http.receive())["type"] != "http.disconnect":
-    pass
+_SEEDS = random.Random(os.urandom(16))    # a request without a seed samples with one of these
 
 
 class Routes:
@@ -207,19 +226,15 @@ class Routes:
 
   async def _collect(self, call: _Call, http: HttpRequest) -> bool:
     """Waits for every choice; False when the client went away first (then cancelled)."""
-    gone = asyncio.ensure_future(_disconnected(http))
+    watch = asyncio.ensure_future(call.watch_disconnect(http))
     try:
       while not call.finished:
-        event = asyncio.ensure_future(call.next_event())
-        await asyncio.wait({event, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not event.done():
-          event.cancel()
+        if (await call.next_event()) is _GONE:
           call.cancel()
           self.served.metrics.requests.labels("cancelled").inc()
           return False
-        event.result()
     finally:
-      gone.cancel()
+      watch.cancel()
     return True
 
   async def completions(self, http: HttpRequest):
@@ -233,7 +248,8 @@ class Routes:
                           completion_chunk(rid, s.name, s.fingerprint, i, text, reason, usage))
     if not await self._collect(call, http):
       return Response(status_code=499)
-    return protocol.completion_body(rid, s.name, s.fingerprint, call.choices(), call.usage())
+    return JSONResponse(protocol.completion_body(rid, s.name, s.fingerprint, call.choices(),
+                                                 call.usage()))
 
   async def chat(self, http: HttpRequest):
     req = protocol.parse(protocol.ChatRequest, await self._body(http))
@@ -253,7 +269,8 @@ class Routes:
       return self._stream(call, chunk, opening=lambda i: chunk(i, "", role=True))
     if not await self._collect(call, http):
       return Response(status_code=499)
-    return protocol.chat_body(rid, s.name, s.fingerprint, call.choices(), call.usage())
+    return JSONResponse(protocol.chat_body(rid, s.name, s.fingerprint, call.choices(),
+                                           call.usage()))
 
   def _stream(self, call: _Call, chunk, opening=None) -> StreamingResponse:
     """Server-sent events: `opening(i)` per choice, a chunk per committed block, a last chunk
@@ -283,7 +300,7 @@ class Routes:
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
-  async def health(self):
+  async def health(self, _: HttpRequest):
     st, served = self.served.scheduler.stats(), self.served
     body = {"status": "draining" if st.draining else "ok", "model": served.name,
             "model_version": st.model_version + 1, "weights": served.source,
@@ -294,15 +311,15 @@ class Routes:
       return JSONResponse(body, status_code=500)
     return JSONResponse(body, status_code=503 if st.draining else 200)
 
-  async def metrics(self):
+  async def metrics(self, _: HttpRequest):
     st, m = self.served.scheduler.stats(), self.served.metrics
     m.queue_depth.set(st.waiting)
     m.model_version.set(st.model_version + 1)
     return Response(m.text(), media_type=CONTENT_TYPE_LATEST)
 
-  async def models(self):
-    return {"object": "list", "data": [{"id": self.served.name, "object": "model",
-                                        "created": 0, "owned_by": "orl_jax"}]}
+  async def models(self, _: HttpRequest):
+    return JSONResponse({"object": "list", "data": [{"id": self.served.name, "object": "model",
+                                                     "created": 0, "owned_by": "orl_jax"}]})
 
   async def reload(self, http: HttpRequest):
     """{"path": DIR}: serve the weights at DIR (the same model's) once the requests in flight
@@ -321,25 +338,21 @@ class Routes:
       raise RequestError(f"cannot load {body['path']!r}: {e}", param="path") from None
     version = await asyncio.wrap_future(served.scheduler.reload(params))
     served.source = body["path"]
-    return {"model": served.name, "model_version": version + 1, "path": body["path"]}
+    return JSONResponse({"model": served.name, "model_version": version + 1,
+                         "path": body["path"]})
 
 
-def create_app(served: Served) -> FastAPI:
-  """The FastAPI application of `served` (module docstring)."""
-  app = FastAPI(title="orl_jax server", docs_url=None, redoc_url=None, openapi_url=None)
-  routes = Routes(served)
-  for path, endpoint, method in (
-      ("/v1/completions", routes.completions, "POST"), ("/v1/chat/completions", routes.chat,
-                                                        "POST"),
-      ("/v1/models", routes.models, "GET"), ("/health", routes.health, "GET"),
-      ("/metrics", routes.metrics, "GET"), ("/v1/admin/reload", routes.reload, "POST")):
-    app.add_api_route(path, endpoint, methods=[method])
+def create_app(served: Served) -> Starlette:
+  """The Starlette application of `served` (module docstring)."""
+  r = Routes(served)
 
-  async def request_error(_, e: RequestError):
+  async def request_error(_, e: Exception):
+    assert isinstance(e, RequestError)
     served.metrics.requests.labels(_OUTCOMES.get(e.status, "bad_request")).inc()
     return _error(e.status, str(e), e.param, e.kind)
 
-  async def http_error(http: HttpRequest, e: StarletteHTTPException):
+  async def http_error(http: HttpRequest, e: Exception):
+    assert isinstance(e, StarletteHTTPException)
     message = {404: f"no route {http.method} {http.url.path}: see docs/serving.md",
                405: f"{http.method} is not allowed on {http.url.path}"}.get(e.status_code,
                                                                              str(e.detail))
@@ -349,7 +362,12 @@ def create_app(served: Served) -> FastAPI:
     served.metrics.requests.labels("error").inc()
     return _error(500, f"internal error: {e}", kind="server_error")
 
-  app.add_exception_handler(RequestError, request_error)  # type: ignore[arg-type]
-  app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
-  app.add_exception_handler(Exception, internal)
-  return app
+  return Starlette(routes=[
+      Route("/v1/completions", r.completions, methods=["POST"]),
+      Route("/v1/chat/completions", r.chat, methods=["POST"]),
+      Route("/v1/models", r.models, methods=["GET"]),
+      Route("/health", r.health, methods=["GET"]),
+      Route("/metrics", r.metrics, methods=["GET"]),
+      Route("/v1/admin/reload", r.reload, methods=["POST"]),
+  ], exception_handlers={RequestError: request_error, StarletteHTTPException: http_error,
+                         Exception: internal})

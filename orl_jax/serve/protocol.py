@@ -8,8 +8,9 @@ DLM extensions, all in one place: the request field `decoder` (the unmasking rul
 """
 from __future__ import annotations
 
+import itertools
+import os
 import time
-import uuid
 from typing import Any, Literal, TypeVar, Union
 
 import pydantic
@@ -176,8 +177,13 @@ def _short(value, limit: int = 60) -> str:
   return text if len(text) <= limit else text[:limit] + "..."
 
 
+_ID_PREFIX = os.urandom(6).hex()      # this server's; a counter numbers its responses
+_ids = itertools.count()
+
+
 def new_id(prefix: str) -> str:
-  return f"{prefix}-{uuid.uuid4().hex[:24]}"
+  """A response id unique to this server process (`cmpl-...`, `chatcmpl-...`)."""
+  return f"{prefix}-{_ID_PREFIX}{next(_ids):012x}"
 
 
 def usage_dict(prompt_tokens: int, choices: list[dict], queue_seconds: float = 0.0) -> dict:

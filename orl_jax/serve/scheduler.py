@@ -134,6 +134,7 @@ class Scheduler:
     self._incoming: list[_Choice] = []
     self._cancelled: list[Request] = []
     self._reloads: list[tuple[object, concurrent.futures.Future]] = []
+    self._swaps: list[tuple[object, concurrent.futures.Future]] = []   # this thread's
     self._stopping = False
     self.draining = False
     self._device_waiting = 0
@@ -191,7 +192,7 @@ class Scheduler:
 
   def idle(self) -> bool:
     with self._lock:
-      return not (self._incoming or self._queue or self._active or self._reloads)
+      return not (self._incoming or self._queue or self._active or self._reloads or self._swaps)
 
   def stop(self, timeout: float | None = None) -> None:
     with self._lock:
@@ -209,13 +210,13 @@ class Scheduler:
 
   def _has_work(self) -> bool:
     return bool(self._incoming or self._cancelled or self._queue or self._active
-                or self._reloads or self._cancel_next)
+                or self._reloads or self._swaps or self._cancel_next)
 
   def _loop(self) -> None:
     in_flight: _InFlight | None = None
     try:
       while True:
-        with self._lock:
+        with self._lock:         # only what other threads hand over; the rest is this thread's
           while not (self._has_work() or in_flight or self._stopping):
             self._lock.wait()
           if self._stopping:
@@ -223,14 +224,16 @@ class Scheduler:
           self._queue.extend(self._incoming)
           self._incoming.clear()
           cancelled, self._cancelled = self._cancelled, []
-          self._drop_cancelled(cancelled)
-          if in_flight is None:
-            self._swap_weights()
-          entries = self._admit(0 if in_flight is None else in_flight.admitted)
-          dispatch = bool(entries or self._active or self._cancel_next)
-          cancel = self._cancel_next if dispatch else []
-          if dispatch:
-            self._cancel_next = []
+          self._swaps.extend(self._reloads)
+          self._reloads.clear()
+        self._drop_cancelled(cancelled)
+        if in_flight is None:
+          self._swap_weights()
+        entries = self._admit(0 if in_flight is None else in_flight.admitted)
+        dispatch = bool(entries or self._active or self._cancel_next)
+        cancel = self._cancel_next if dispatch else []
+        if dispatch:
+          self._cancel_next = []
         new = None
         if dispatch:
           view = self.engine.dispatch(entries, cancel)
@@ -250,12 +253,11 @@ class Scheduler:
   def _read_call(self, call: _InFlight) -> None:
     view = self.engine.fetch(call.view)
     seconds = time.perf_counter() - call.start
-    with self._lock:
-      self._free.extend(call.cancel)           # that call took them off the device
-      self._calls += 1
-      self._iterations, self._device_waiting = view.iterations, view.waiting
-      self._busy_rows = int(np.sum(view.row_slot < self.engine.shape.slots))
-      self._read(view, call.number)
+    self._free.extend(call.cancel)             # that call took them off the device
+    self._calls += 1
+    self._iterations, self._device_waiting = view.iterations, view.waiting
+    self._busy_rows = int(np.sum(view.row_slot < self.engine.shape.slots))
+    self._read(view, call.number)
     if self._on_call is not None:
       self._on_call(seconds, self._busy_rows)
 
@@ -270,9 +272,9 @@ class Scheduler:
 
   def _swap_weights(self) -> None:
     """A pending reload happens once no choice holds a slot (admission waits for it)."""
-    if not self._reloads or self._active or self._cancel_next:
+    if not self._swaps or self._active or self._cancel_next:
       return
-    reloads, self._reloads = self._reloads, []
+    reloads, self._swaps = self._swaps, []
     params, _ = reloads[-1]
     try:
       self.engine.set_params(params)
@@ -287,7 +289,7 @@ class Scheduler:
   def _admit(self, unread: int) -> list[Entry]:
     """Waiting choices into free slots, as many as the device's waiting order surely takes
     (`unread`: admissions of a call whose view is not read yet)."""
-    if self._reloads:
+    if self._swaps:
       return []
     room = self.engine.shape.waiting - self._device_waiting - unread
     entries: list[Entry] = []
@@ -305,19 +307,31 @@ class Scheduler:
                            r.max_tokens, r.rule, r.temperature))
     return entries
 
+  def _finished_blocks(self, blocks: np.ndarray) -> np.ndarray:
+    """[...] leading finished blocks of [..., M*b] decoded blocks (a finished block holds no
+    mask)."""
+    b, mask = self.engine.cfg.block_size, self.engine.cfg.mask_id
+    whole = np.all(blocks.reshape(blocks.shape[:-1] + (-1, b)) != mask, axis=-1)
+    return np.sum(np.cumprod(whole, axis=-1), axis=-1)
+
   def _read(self, view: HostView, number: int) -> None:
-    """Events for what call `number` finished; slots of finished choices are freed."""
-    row_of = {int(s): i for i, s in enumerate(view.row_slot)}
-    for slot, c in list(self._active.items()):
-      if c.call > number:                      # admitted by a later call
-        continue
-      if view.done[slot]:
+    """Events for what call `number` finished; slots of finished choices are freed. Only the
+    retired slots and the rows that finished a block a streamed request (or a stop string)
+    waits for are looked at."""
+    active = self._active
+    for slot in np.flatnonzero(view.done).tolist():
+      c = active.get(slot)
+      if c is not None and c.call <= number:        # not admitted by a later call
         self._progress(c, view.blocks[slot], final=True)
         self._finish(c, view, slot, on_row=None)
-      elif slot in row_of:
-        row = row_of[slot]
-        if self._progress(c, view.row_blocks[row], final=False):
-          self._finish(c, view, slot, on_row=row)
+    finished = self._finished_blocks(view.row_blocks)
+    for row in np.flatnonzero(finished).tolist():
+      slot = int(view.row_slot[row])
+      c = active.get(slot)
+      if (c is not None and c.call <= number and finished[row] > c.blocks_seen
+          and (c.request.stream or c.request.stop)
+          and self._progress(c, view.row_blocks[row], final=False)):
+        self._finish(c, view, slot, on_row=row)
 
   def _response(self, c: _Choice, blocks: np.ndarray, upto: int) -> tuple[np.ndarray, bool]:
     """(the choice's response tokens through finished block `upto`, cut at max_tokens and
@@ -328,11 +342,15 @@ class Scheduler:
     return (tokens[:eos[0]], True) if eos.size else (tokens, False)
 
   def _progress(self, c: _Choice, blocks: np.ndarray, final: bool) -> bool:
-    """Emits a `block` event per block the choice finished since the last call. -> True when a
+    """Emits a `block` event per block the choice finished since the last call (a request
+    neither streamed nor stopped by a string: its text once, when final). -> True when a
     stop string ended the choice (its `done` then follows)."""
-    b, mask = self.engine.cfg.block_size, self.engine.cfg.mask_id
-    finished = int(np.sum(np.cumprod(np.all(blocks.reshape(-1, b) != mask, axis=1))))
+    finished = int(self._finished_blocks(blocks))
     r = c.request
+    if not (r.stream or r.stop):
+      c.blocks_seen = finished
+      c.text = self.tokenizer.decode(self._response(c, blocks, finished)[0])
+      return False
     while c.blocks_seen < finished:
       c.blocks_seen += 1
       tokens, _ = self._response(c, blocks, c.blocks_seen)
