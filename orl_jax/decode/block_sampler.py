@@ -20,6 +20,7 @@ from orl_jax import config as config_lib
 from orl_jax import rollout as rollout_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.decode import lockstep, per_row, placement
+from orl_jax.decode.capture import masked_positions
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.unmasking import UnmaskRule
 
@@ -55,11 +56,6 @@ def block_decode_config(config, model_cfg, purpose: str, *, mask_id: int, eos_id
     decode_cfg = dataclasses.replace(
         decode_cfg, capture_states=decode_cfg.max_blocks * decode_cfg.steps_bound)
   return decode_cfg
-
-
-def masked_positions(state_tokens, commit, mask_id: int):
-  """The mask tokens of captured blocks (`Sampler.unresolved` of the block samplers)."""
-  return state_tokens == mask_id
 
 
 class LockstepSampler:

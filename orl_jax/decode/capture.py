@@ -14,6 +14,12 @@ from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.residual import Residual
 
 
+def masked_positions(state_tokens, commit, mask_id: int):
+  """The mask tokens of captured blocks (`Sampler.unresolved` of the block samplers). Here,
+  below the samplers, so that replay and the loop can default to it without importing them."""
+  return state_tokens == mask_id
+
+
 def empty_capture(b_rows, cfg: DecodeConfig, d_model, z_dtype, route_dims=None) -> Capture:
   """route_dims: (prompt length, MoE layers, experts per token) when capturing routes."""
   s, b, k = cfg.capture_states, cfg.block_size, cfg.top_k

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from orl_jax.decode.block_sampler import masked_positions
+from orl_jax.decode.capture import masked_positions
 from orl_jax.packed_batch import ReplayBatch
 from orl_jax.replay.plan import (SRC_CLEAN, SRC_MASK, SRC_PROMPT, SRC_STATE, ReplayConfig,
                                  ReplayPlan)

@@ -45,7 +45,7 @@ class Served:
   rule: UnmaskRule                   # the config's decoder setting (a request may choose its own)
   temperature: float                 # the config's
   samples: bool                      # the decoder takes a request's temperature
-  rules: tuple[str, ...]             # unmasking rules a request may choose
+  rules: tuple[str, ...]             # unmasking rules a request may choose (none: only `rule`)
   prompt_len: int                    # prompt tokens at most
   gen_length: int                    # response tokens at most
   # path -> parameters of the served tree (POST /v1/admin/reload), None: reloading refused
@@ -170,9 +170,10 @@ def _encode(served: Served, text_or_ids, param: str) -> list[int]:
 def _settings(served: Served, req, max_tokens: int | None):
   """(rule, temperature, max_tokens, seed) of a request, checked against the engine."""
   rule = req.rule(served.rule) or served.rule
-  if rule.name not in served.rules:
-    raise RequestError(f"decoder {rule.label!r} is not one of this model's rules "
-                       f"({', '.join(served.rules)})", param="decoder")
+  if rule != served.rule and rule.name not in served.rules:
+    rules = f"one of {', '.join(served.rules)}" if served.rules else f"{served.rule.label} only"
+    raise RequestError(f"decoder {rule.label!r}: this model decodes with {rules}",
+                       param="decoder")
   if req.temperature is not None and not served.samples and req.temperature != served.temperature:
     raise RequestError("this model's sampler has its own temperature schedule: leave "
                        "temperature out", param="temperature")

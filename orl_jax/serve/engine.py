@@ -169,3 +169,77 @@ class BlockEngine:
   def call(self, entries: list[Entry], cancel_slots: list[int]) -> HostView:
     """One device call, its view on the host."""
     return self.fetch(self.dispatch(entries, cancel_slots))
+
+
+class WholeEngine:
+  """A family sampler that decodes a request in one piece (DiffusionGemma's uniform-noise
+  sampler: canvases denoised as a whole, its own stopping rule): each device call decodes the
+  requests it admits to their end, one decode per request (`decoder` vmapped over batches of
+  one, each with the request's key), so a response equals decoding its prompt alone. Calls
+  are sized to the smallest power of two that holds their requests (at most `shape.waiting`);
+  a response arrives whole (one block event: its text)."""
+
+  def __init__(self, decoder, params, model_cfg, shape: EngineShape, mesh, *, block_size: int,
+               eos_id: int):
+    self.shape, self.mesh = shape, mesh
+    rules = families.of_model(model_cfg).partition_rules
+    self._params_shardings = sharding_lib.tree_shardings(params, mesh, rules)
+    self.params = jax.device_put(params, self._params_shardings)
+    one = lambda p, t, v, k: jax.tree.map(lambda x: x[0], decoder(p, t[None], v[None], k))
+    self._decode = jax.jit(jax.vmap(one, in_axes=(None, 0, 0, 0)))
+    p = shape.prompt_len
+    probe = jax.eval_shape(decoder, params, jax.ShapeDtypeStruct((1, p), jnp.int32),
+                           jax.ShapeDtypeStruct((1, p), jnp.bool_), jax.random.key(0))
+    n = probe.tokens.shape[1]
+    # what the scheduler reads: the response's length and its blocks (no mask token)
+    self.cfg = DecodeConfig(gen_length=n, block_size=block_size if n % block_size == 0 else n,
+                            mask_id=-1, eos_id=eos_id)
+
+  @property
+  def block_size(self) -> int:
+    return self.cfg.block_size
+
+  def set_params(self, params) -> None:
+    self.params = jax.device_put(params, self._params_shardings)
+
+  def dispatch(self, entries: list[Entry], cancel_slots: list[int]):
+    """Decodes `entries` (cancellations have nothing to stop: a call decodes its requests
+    whole); returns at once. -> (the outputs on the device, their slots)."""
+    del cancel_slots
+    if not entries:
+      return None, []
+    width, p = 1, self.shape.prompt_len
+    while width < len(entries):
+      width *= 2
+    tokens = np.zeros((width, p), np.int32)
+    valid = np.zeros((width, p), bool)
+    seeds = np.zeros((width, 2), np.uint32)
+    choice = np.zeros((width,), np.int32)
+    for i, e in enumerate(entries):
+      if len(e.prompt):
+        tokens[i, p - len(e.prompt):], valid[i, p - len(e.prompt):] = e.prompt, True
+      seeds[i] = e.seed % 2**32, e.seed // 2**32
+      choice[i] = e.choice
+    keys = per_row.request_keys(seeds[:, 0], seeds[:, 1], choice)
+    with sharding_lib.tracing_mesh(self.mesh):
+      out = self._decode(self.params, tokens, valid, keys)
+    return out, [e.slot for e in entries]
+
+  def fetch(self, dispatched) -> HostView:
+    out, slots = dispatched
+    q = self.shape.slots
+    blocks = np.full((q, self.cfg.gen_length), self.cfg.eos_id, np.int32)
+    nfe, engine, denoise = (np.zeros((q,), np.int32) for _ in range(3))
+    done = np.zeros((q,), bool)
+    if slots:
+      o = jax.device_get(out)
+      n = len(slots)
+      blocks[slots], done[slots] = np.asarray(o.tokens)[:n], True
+      nfe[slots], engine[slots] = np.asarray(o.nfe)[:n], np.asarray(o.nfe_engine)[:n]
+      denoise[slots] = np.asarray(o.nfe_denoise)[:n]
+    none = np.zeros((0,), np.int32)
+    return HostView(none, np.zeros((0, self.cfg.gen_length), np.int32), none, none, blocks,
+                    nfe, engine, denoise, done, 0, 0)
+
+  def call(self, entries: list[Entry], cancel_slots: list[int]) -> HostView:
+    return self.fetch(self.dispatch(entries, cancel_slots))

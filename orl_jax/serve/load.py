@@ -22,7 +22,7 @@ from orl_jax.config import ConfigError
 from orl_jax.decode import build as decode_build
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.serve.app import Served
-from orl_jax.serve.engine import BlockEngine, EngineShape
+from orl_jax.serve.engine import BlockEngine, EngineShape, WholeEngine
 from orl_jax.serve.metrics import ServerMetrics
 from orl_jax.serve import weights_watch
 from orl_jax.serve.scheduler import Scheduler
@@ -53,9 +53,26 @@ class EngineParts:
   setup: Setup
   graphdef: object
   params: object
-  cfg: DecodeConfig            # the block decoder's config ("evaluate"), the defaults
+  cfg: DecodeConfig | None     # the block decoder's config ("evaluate"), the defaults; None: a
+                               # family sampler that decodes a request whole (`WholeEngine`)
   shape: EngineShape
   path: str
+
+  @property
+  def rule(self) -> UnmaskRule:
+    d = self.setup.config.decode
+    return UnmaskRule(d.rule, float(d.rule_value or 0))
+
+  def engine(self):
+    """The engine: the per-row block engine, or a family sampler's whole-request engine."""
+    s, tok = self.setup, self.setup.tokenizer
+    if self.cfg is not None:
+      return BlockEngine(self.graphdef, self.params, s.model_cfg, self.cfg, self.shape, s.mesh)
+    sampler = decode_build.sampler_of(s.config, s.model_cfg)
+    decoder = sampler.decoder(self.graphdef, "evaluate", mask_id=tok.mask_id,
+                              eos_id=tok.eos_id, rule=self.rule)
+    return WholeEngine(decoder, self.params, s.model_cfg, self.shape, s.mesh,
+                       block_size=s.config.decode.block_size, eos_id=tok.eos_id)
 
 
 def engine_parts(config, path: str = "", overridden: frozenset = frozenset()) -> EngineParts:
@@ -67,19 +84,20 @@ def engine_parts(config, path: str = "", overridden: frozenset = frozenset()) ->
       raise ConfigError("give weights: --config.model.path=DIR (a Hugging Face directory, an "
                         "orl_jax params folder or a finished run's work directory)")
     path = weights.path
-  weights_lib.resolve(path)
+  if path != trained_run.RANDOM_INIT:    # "random": a fresh model from config.seed (tests)
+    weights_lib.resolve(path)
   s = _setup(config, path, overridden)
   run, tok = s.config, s.tokenizer
   graphdef, params = initial_params(s)
   sampler = decode_build.sampler_of(run, s.model_cfg)
   cfg = sampler.forward_config("evaluate", mask_id=tok.mask_id, eos_id=tok.eos_id)
-  if cfg is None:
-    raise ConfigError(f"the {s.model_cfg.hf_family} family decodes with its own sampler, which "
-                      "the server's per-row engine does not run yet")
-  sv, b = run.serve, cfg.block_size
-  shape = EngineShape(rows=sv.rows, waiting=sv.waiting_slots or 3 * sv.rows,
-                      prompt_len=-(-run.task.prompt_len // b) * b,
-                      iterations=sv.iterations_per_call)
+  sv, b = run.serve, run.decode.block_size
+  prompt_len = -(-run.task.prompt_len // b) * b
+  if cfg is None:          # whole requests, `serve.rows` of them a call
+    shape = EngineShape(rows=0, waiting=sv.rows, prompt_len=prompt_len, iterations=1)
+  else:
+    shape = EngineShape(rows=sv.rows, waiting=sv.waiting_slots or 3 * sv.rows,
+                        prompt_len=prompt_len, iterations=sv.iterations_per_call)
   return EngineParts(s, graphdef, params, cfg, shape, path)
 
 
@@ -87,10 +105,10 @@ def served_model(config, path: str = "", overridden: frozenset = frozenset()) ->
   """The model `config` serves with the weights at `path` (`engine_parts`), its engine built
   and its scheduler started."""
   parts = engine_parts(config, path, overridden)
-  s, cfg, shape = parts.setup, parts.cfg, parts.shape
+  s, shape = parts.setup, parts.shape
   run, tok = s.config, s.tokenizer
-  engine = BlockEngine(parts.graphdef, parts.params, s.model_cfg, cfg, shape, s.mesh)
-  metrics = ServerMetrics(shape.rows)
+  engine = parts.engine()
+  metrics = ServerMetrics(shape.rows or shape.waiting)
   scheduler = Scheduler(engine, tok, max_waiting=run.serve.max_waiting,
                         on_call=metrics.device_call)
 
@@ -100,15 +118,15 @@ def served_model(config, path: str = "", overridden: frozenset = frozenset()) ->
     _same_tree(new, parts.params, new_path)
     return new
 
+  block = parts.cfg is not None     # the block decoder takes a request's rule and temperature
   served = Served(
       name=run.serve.model_name or weights_lib.display_name(parts.path), tokenizer=tok,
       chat=run.task.chat if run.task.name != "tiny" else "none", scheduler=scheduler,
-      metrics=metrics, rule=UnmaskRule(run.decode.rule, float(run.decode.rule_value or 0)),
-      temperature=run.decode.temperature, samples=True, rules=RULES,
-      prompt_len=shape.prompt_len, gen_length=cfg.gen_length, load_params=load_params,
-      source=parts.path)
-  logging.info("serving %s (%s): %d rows, prompts of %d tokens, responses of %d", served.name,
-               parts.path, shape.rows, shape.prompt_len, cfg.gen_length)
+      metrics=metrics, rule=parts.rule, temperature=run.decode.temperature, samples=block,
+      rules=RULES if block else (), prompt_len=shape.prompt_len,
+      gen_length=engine.cfg.gen_length, load_params=load_params, source=parts.path)
+  logging.info("serving %s (%s): prompts of %d tokens, responses of %d", served.name,
+               parts.path, shape.prompt_len, engine.cfg.gen_length)
   scheduler.start()
   return served
 

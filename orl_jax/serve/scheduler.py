@@ -311,6 +311,8 @@ class Scheduler:
     """[...] leading finished blocks of [..., M*b] decoded blocks (a finished block holds no
     mask)."""
     b, mask = self.engine.cfg.block_size, self.engine.cfg.mask_id
+    if not blocks.size:
+      return np.zeros(blocks.shape[:-1], np.int64)
     whole = np.all(blocks.reshape(blocks.shape[:-1] + (-1, b)) != mask, axis=-1)
     return np.sum(np.cumprod(whole, axis=-1), axis=-1)
 

@@ -40,7 +40,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from orl_jax.decode import build as decode_build
-from orl_jax.decode.block_sampler import masked_positions
+from orl_jax.decode.capture import masked_positions
 from orl_jax import config as config_lib, sharding as sharding_lib
 from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
