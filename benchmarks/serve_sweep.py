@@ -8,7 +8,7 @@ by the tiny task's verifier. Per point: accuracy, clean-request tokens/s (genera
 successful requests over the wall time), requests/s and the pooled TPF the server reported.
 The ORL model is a run of `configs/tiny.py:orl`:
 
-  python launch/train.py --config=configs/tiny.py:orl --config.workdir=work_dirs/tiny_orl
+  python launch/train.py --config=configs/tiny.py:orl     # writes work_dirs/tiny_orl
   python benchmarks/serve_sweep.py \
       --models=base=assets/tiny_base,warmup=assets/tiny_warmup,orl=work_dirs/tiny_orl
 
@@ -126,7 +126,7 @@ def main():
   for name, path in models.items():
     if not os.path.exists(path):
       raise SystemExit(f"--models: {path} does not exist (the ORL model: python launch/train.py "
-                       "--config=configs/tiny.py:orl --config.workdir=work_dirs/tiny_orl)")
+                       "--config=configs/tiny.py:orl writes work_dirs/tiny_orl)")
     points += sweep_model(args, name, path, problems, task.verifier)
   out = {"about": __doc__.split("\n\n")[0], "device": str(jax.devices()[0]),
          "cores": os.cpu_count(), "problems": args.problems, "clients": args.clients,

@@ -159,6 +159,11 @@ EXERCISED = {
         ("tests/test_diffusion_gemma_eval.py::"
          "test_evaluation_reports_tpf_in_both_conventions_as_counted_by_hand",
          ("_config(tmp_path)", "evaluate_models(", "RANDOM_INIT")),
+    # the server as the README starts it (with --port=0 added), through the openai package,
+    # raw HTTP and lm-evaluation-harness; drained with SIGTERM
+    "python launch/serve.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base":
+        ("tests/test_serve_api.py::test_openai_completions_equal_the_offline_decode_with_forward_"
+         "counts", ("client.completions.create(", "alone(parts")),
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
     "--config=configs/diffusion_gemma.py:26b-a4b --config.dry_run=True":
         ("tests/test_diffusion_gemma_registry.py::test_26b_a4b_dry_run_matches_hand_calculation",
@@ -470,6 +475,9 @@ TOO_LONG = {
     "python launch/compile.py --config=configs/diffusion_gemma.py --target=h200x8 "
     "--programs=train_step": "XLA's GPU compiler on DiffusionGemma-26B's train step: about 15 "
                              "minutes",
+    "python launch/serve.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base":
+        "a server runs until it is stopped: tests/test_serve_api.py starts this command (with "
+        "--port=0, README_SERVE), talks to it and drains it with SIGTERM",
     "make warmup": "400 warm-up steps and their evaluation",
     "python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000": "2000 steps",
     "python launch/train.py --config=configs/tiny.py:warmup": "400 warm-up steps",

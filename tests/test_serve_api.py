@@ -275,6 +275,39 @@ def test_new_weights_serve_without_a_restart(server, client, tmp_path):
   assert _post(server.url, {"path": "assets/tiny_base"}, "/v1/admin/reload")[0] == 200
 
 
+def test_serve_watch_serves_the_newest_weights_of_a_folder_as_they_land(tmp_path):
+  """`serve.watch` on a params folder: weights that land there are served after the next poll
+  (in this process: the library's served model and its follower, no HTTP)."""
+  import threading
+
+  from configs import tiny
+  from orl_jax.serve.load import served_model, start_watcher
+  from orl_jax.serve.scheduler import Request
+  config = tiny.get_config("eval")
+  config.model.path = "assets/tiny_base"
+  config.serve.rows, config.serve.watch_seconds = 4, 0.2
+  config.serve.watch = str(tmp_path / "run")
+  os.makedirs(config.serve.watch)
+  served = served_model(config)
+  follower = start_watcher(served, config)
+  try:
+    _other_weights(tmp_path / "run" / "params")        # a finished run's params/ lands
+    deadline = time.monotonic() + 60
+    while served.scheduler.model_version < 1 and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert served.scheduler.model_version == 1
+    prompt = tiny_problems()[7].prompt
+    done, got = threading.Event(), []
+    served.scheduler.submit(Request(served.tokenizer.encode(prompt), served.gen_length,
+                                    served.rule, 0.0, 0, lambda e: (got.append(e), done.set())
+                                    if e.kind == "done" else None, stream=False))
+    assert done.wait(60)
+    assert got[0].text == alone(offline(str(tmp_path / "run" / "params")), prompt)[0]
+  finally:
+    follower.stop()
+    served.scheduler.stop(timeout=60)
+
+
 def test_sigterm_drains_the_requests_in_flight_then_exits_0(server):
   """Requests in flight when SIGTERM arrives are answered; later ones get 503 (or find the
   port closed once the server is gone); the process exits 0. Runs last: it stops the

@@ -3,6 +3,7 @@ committed block, the text cut at EOS, max_tokens and stop strings, slots reused 
 call's view was read (pipelined calls), cancellation, a full queue, and a weight swap that
 waits for the requests in flight."""
 import collections
+import concurrent.futures
 import threading
 import time
 
@@ -240,3 +241,47 @@ def test_a_reload_waits_for_the_requests_in_flight(scheduler):
   _wait(after, 1)
   admitted = [slots for slots, _ in engine.calls if slots]
   assert len(admitted) == 2, "the second request was admitted before the swap"
+
+
+def _app(engine, **kw):
+  """The HTTP app over a scripted engine (its tokenizer: WORDS)."""
+  from starlette.testclient import TestClient
+
+  from orl_jax.serve.app import Served, create_app
+  from orl_jax.serve.metrics import ServerMetrics
+  from orl_jax.unmasking import RULES
+  metrics = ServerMetrics(engine.shape.rows)
+  s = Scheduler(engine, Words(), max_waiting=kw.pop("max_waiting", 64))
+  s.start()
+  served = Served("scripted", Words(), "none", s, metrics, UnmaskRule(), 0.0, True, RULES, 8,
+                  engine.cfg.gen_length)
+  return TestClient(create_app(served)), s
+
+
+def test_http_429_when_the_queue_is_full_and_503_while_draining():
+  engine = ScriptedEngine(rows=1, waiting=1)
+  client, s = _app(engine, max_waiting=1)
+  try:
+    body = {"model": "scripted", "prompt": "w5 w6"}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+      engine.lock.acquire()                # the engine is busy: choices pile up
+      try:
+        futures = [pool.submit(client.post, "/v1/completions", json=body) for _ in range(8)]
+        deadline = time.monotonic() + 30   # the refused ones answer while the engine waits
+        while sum(f.done() for f in futures) < 6 and time.monotonic() < deadline:
+          time.sleep(0.01)
+      finally:
+        engine.lock.release()
+      replies = [f.result(timeout=60) for f in futures]
+    codes = sorted(r.status_code for r in replies)
+    assert 429 in codes and 200 in codes, codes
+    full = [r.json() for r in replies if r.status_code == 429][0]
+    assert "serve.max_waiting=1" in full["error"]["message"]
+    assert full["error"]["type"] == "rate_limit_error"
+    s.drain()
+    late = client.post("/v1/completions", json=body)
+    assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+    assert client.get("/health").status_code == 503
+  finally:
+    s.stop(timeout=10)
