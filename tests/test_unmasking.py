@@ -2,7 +2,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from orl_jax.unmasking import UnmaskRule, select_commits
+from orl_jax.unmasking import RULES, UnmaskRule, select_commits, select_commits_per_row
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -82,3 +82,24 @@ def test_propose_matches_a_float64_softmax(temperature):
   np.testing.assert_allclose(conf, np.take_along_axis(p, cand[..., None], -1)[..., 0],
                              rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(ent, h, rtol=1e-4, atol=1e-6)   # h in [0, 1]
+
+
+@pytest.mark.parametrize("compare", [">=", ">"])
+def test_each_rows_own_rule_commits_what_that_rule_commits(compare):
+  """`select_commits_per_row` (the serving engine: every request its own rule) equals
+  `select_commits` row by row, for every rule, including ties at the threshold."""
+  rng = np.random.default_rng(0)
+  rules = [UnmaskRule("threshold", 0.5), UnmaskRule("threshold", 0.25), UnmaskRule(
+      "entropy_budget", 0.3), UnmaskRule("entropy_budget", 0.0), UnmaskRule("fixed_steps", 2),
+           UnmaskRule("fixed_steps", 9)]
+  b_rows, b = len(rules), 8
+  masked = jnp.asarray(rng.random((b_rows, b)) < 0.7).at[0].set(True)
+  confidence = jnp.asarray(rng.choice([0.1, 0.25, 0.5, 0.9], (b_rows, b)), jnp.float32)
+  entropy = jnp.asarray(rng.random((b_rows, b)), jnp.float32)
+  index = jnp.asarray([RULES.index(r.name) for r in rules], jnp.int32)
+  value = jnp.asarray([r.value for r in rules], jnp.float32)
+  per_row = select_commits_per_row(index, value, masked, confidence, entropy, compare)
+  for i, rule in enumerate(rules):
+    alone = select_commits(rule, masked[i:i + 1], confidence[i:i + 1], entropy[i:i + 1],
+                           compare)
+    np.testing.assert_array_equal(per_row[i], alone[0], err_msg=rule.label)
