@@ -103,6 +103,24 @@ class Connection:
     return await self.request("POST", path, body, **kw)
 
 
+async def closed_loop(url: str, bodies: list[dict], clients: int) -> tuple[float, list[Reply]]:
+  """Every body POSTed to /v1/completions by `clients` closed-loop clients (each sends its next
+  request when its last one is answered). -> (wall seconds, replies in the bodies' order)."""
+  replies: list[Reply | None] = [None] * len(bodies)
+  todo = list(range(len(bodies)))[::-1]
+
+  async def client():
+    conn = Connection(url)
+    while todo:
+      i = todo.pop()
+      replies[i] = await conn.post("/v1/completions", bodies[i])
+    conn.close()
+
+  start = time.perf_counter()
+  await asyncio.gather(*[client() for _ in range(clients)])
+  return time.perf_counter() - start, replies  # type: ignore[return-value]
+
+
 def percentile(values, q: float) -> float:
   values = sorted(values)
   if not values:

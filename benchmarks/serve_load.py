@@ -38,7 +38,7 @@ import _common
 import jax
 import numpy as np
 
-from _loadgen import Connection, Reply, percentile
+from _loadgen import Connection, Reply, closed_loop, percentile
 from configs import tiny
 from orl_jax.data.pipeline import encode_prompt
 from orl_jax.decode import per_row
@@ -110,23 +110,6 @@ class Offline:
 
 
 # ------------------------------------------------------------------------------ saturation
-
-async def closed_loop(url: str, bodies: list[dict], clients: int) -> tuple[float, list[Reply]]:
-  """Every body sent by `clients` closed-loop clients. -> (wall seconds, replies by body)."""
-  replies: list[Reply | None] = [None] * len(bodies)
-  todo = list(range(len(bodies)))[::-1]
-
-  async def client():
-    conn = Connection(url)
-    while todo:
-      i = todo.pop()
-      replies[i] = await conn.post("/v1/completions", bodies[i])
-    conn.close()
-
-  start = time.perf_counter()
-  await asyncio.gather(*[client() for _ in range(clients)])
-  return time.perf_counter() - start, replies  # type: ignore[return-value]
-
 
 def generated(replies) -> int:
   return sum(r.body["usage"]["generated_tokens"] for r in replies if r.status == 200)

@@ -23,7 +23,7 @@ import statistics
 import _common
 import jax
 
-from _loadgen import Connection
+from _loadgen import closed_loop
 from configs import tiny
 from orl_jax.run_config import build
 from orl_jax.serve.process import ServerProcess
@@ -44,23 +44,6 @@ def parse_args():
   p.add_argument("--out", default=os.path.join(_common.ROOT, "benchmarks", "results",
                                                "serve_sweep.json"))
   return p.parse_args()
-
-
-async def closed_loop(url: str, bodies: list[dict], clients: int):
-  replies = [None] * len(bodies)
-  todo = list(range(len(bodies)))[::-1]
-
-  async def client():
-    conn = Connection(url)
-    while todo:
-      i = todo.pop()
-      replies[i] = await conn.post("/v1/completions", bodies[i])
-    conn.close()
-
-  loop = asyncio.get_running_loop()
-  start = loop.time()
-  await asyncio.gather(*[client() for _ in range(clients)])
-  return loop.time() - start, replies
 
 
 def sweep_model(args, name: str, path: str, problems, verifier) -> list[dict]:
