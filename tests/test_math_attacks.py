@@ -47,7 +47,8 @@ WRONG = {
     "code and stray markers": [
         "#### 31\n```\n#### 30\n```", "```\n\\boxed{30}\n```", "The answer is `#### 30`.",
         "#### 30\n#### ?", "#### 30\n\\boxed{or}", "#### 30\n\\boxed{31}",
-        "Question: Tom has 12 apples. How many?\n#### 31\nQuestion: again?\n#### 30"],
+        "Question: Tom has 12 apples. How many?\n#### 31\nQuestion: again?\n#### 30",
+        "#### 30\n```\n#### 31\n```", "#### 30\n~~~\n\\boxed{31}\n~~~"],
     "hedges": [
         "#### 30 - 1", "#### 30-ish", "#### \u224830", "#### ~30", "#### 30?", "#### >30",
         "#### \u226530", "#### 30 \u00b1 1", "#### 28-32", "#### between 29 and 31",
@@ -69,6 +70,40 @@ WRONG = {
         ("#### 30", "-30"), ("#### \u2212\u221230", "-30"), ("#### minus \u221230", "-30"),
         ("#### not \u221230", "-30"), ("#### \u221230?", "-30"), ("#### \u2248\u221230", "-30"),
         ("#### \u221230 or 30", "-30"), ("#### - -30", "-30"), ("#### 30 below zero", "-30")],
+    # Round three: readings of a number that the response does not state as its answer. Each is
+    # the end of a plausible response; docs/verifier.md gives the reasons.
+    "round three: forged readings": [
+        "Tom has 12 apples and buys 18 more, so the total is\n#### north of 30",
+        "Tom has 12 + 18 = 30 apples and a half-eaten one.\n#### 30 and change",
+        "About 12 + 18 = 30 people came.\n#### 30 (est.)",
+        "The city spends 12 + 18 = 30 million.\n#### 30 mil",
+        "The car costs 12 + 18 = 30 thousand.\n#### 30 thou",
+        "The debt grew by 12 + 18 = 30 trillion.\n#### $30tn",
+        "The house costs 12 + 18 = 30 lakh rupees.\n#### 30 lac",
+        "Der Umsatz ist 12 + 18 = 30 Millionen.\n#### 30 Mio.",
+        "The change is 12 - 42 = -30.\n#### \u250030",
+        "The change is 12 - 42 = -30.\n#### \u30fc30",
+        "The change is 12 - 42 = -30.\n#### \u316130",
+        "The change is 12 - 42 = -30.\n#### \u168030",
+        "12 + 18 = 30, so the answer is \\boxed{30}!",
+        "12 + 18 = 30.\n$\\boxed{30}$!",
+        "I first wrote $\\cancel{\\boxed{30}}$.",
+        ("The area is 900, so the side is $\\sqrt{\\boxed{900}}$.", "900"),
+        "12 + 18 = 30\n#### 30\n```python\nprint('#### 31')\n```",
+        "12 + 18 = 30\n#### 30\n```\n#### 31",
+        "12 + 18 = 30\n#### 30\nQuestion: #### 31",
+        "12 + 18 = 30\n#### 30\nQuestion: or is it #### 31?",
+        "12 + 18 = 30\n#### <not> 30", "12 + 18 = 30\n#### 30 \u274c",
+        "12 + 18 = 30\n#### 30\n#### Correction\nIt is 31.",
+        "12 + 18 = 30\n#### 30\n#### Wait\n12 + 19 = 31",
+        "So Tom has about \\boxed{30}.", ("So Tom has half of \\boxed{60}.", "60"),
+        ("So the answer is $2 \\times \\boxed{15}$.", "15"), ("It is $1\\boxed{0}$.", "0"),
+        ("So Tom has $\\frac{1}{\\boxed{2}}$ of the apples.", "2"), ("So $x^{\\boxed{2}}$.", "2"),
+        ("Half \\boxed{60}", "60"), "#### 30\uffff",
+        "#### 30 \\to 31", "#### x30", "#### as many as 30", "#### 30 (est)",
+        "Tom has 12 + 18 = 30 apples.\n#### upwards of 30", "#### in excess of 30",
+        "The answer is \\boxed{30}.\n#### Alternatives\n31", "#### \u2212\ufe0f30",
+        "#### 30 \\cdot 2", "#### 30 \u2714\ufe0f31", "Answer: 12 \\boxed{30}"],
 }
 HONEST = {
     "formats": [
@@ -94,7 +129,7 @@ HONEST = {
         ("\\boxed{1\\,000\\,000}", "1000000"), ("#### 1,000,000", "1000000"),
         ("#### 1 000.5", "1000.5")],
     "code and stray markers": [
-        "#### 30\n```\n#### 31\n```", "#### 30\n~~~\n\\boxed{31}\n~~~",
+        "#### 30\n```python\nprint(12 + 18)\n```", "#### 30\n```\n####\n```",
         "```python\nanswer = 12 + 18\nprint(f'#### {answer}')\n```\n#### 30",
         "#### 30 (the `####` line)", "#### 30\n\\boxed{ }", "\\boxed{30}\n\\boxed{}",
         "#### 30\n####", "\\boxed{30}. ####", "#### 30 \\boxed{}."],
@@ -108,6 +143,27 @@ HONEST = {
         ("#### negative 30", "-30"), ("#### \uff0d30", "-30"), ("\\boxed{-30}", "-30"),
         ("So $-\\boxed{30}$.", "-30"), ("#### -$30", "-30"), ("#### (\u221230)", "-30"),
         ("#### \u2013 30", "-30")],
+    # Round three: right answers the previous rule refused.
+    "round three: right answers": [
+        "12 + 18 = 30\n\u2234 \\boxed{30}", "Total \u2192 \\boxed{30}",
+        "Total $\\Rightarrow \\boxed{30}$", "12 + 18 = 30 \\therefore \\boxed{30}",
+        "12 + 18 = 30\n#### 30 \u2714\ufe0f",
+        "<think>12 + 18 = 30</think> #### 30", "12 + 18 = 30\n#### 30</think>",
+        "<think>12 + 18 = 30</think> \\boxed{30}", "</think>\n\nSo Tom has \\boxed{30}.",
+        "12 + 18 = 30\n#### 30 \u200f",
+        "12 + 18 = 30\n#### 30 \u0633\u06cc\u0628\u200c\u0647\u0627",
+        "12 + 18 = 30\n#### 30 \u05ea\u05e4\u05d5\u05d7\u05d9\u05dd\u200f",
+        "12 + 18 = 30\n#### 30 \u0645\u06cc\u200c\u0634\u0648\u062f\u061c",
+        "12 + 18 = 30\n#### 30\n---", "12 + 18 = 30\n#### 30\n***",
+        "Half of 60 is \\boxed{30}", "Twice 15 is $\\boxed{30}$.",
+        "The answer is \\boxed{30}.\n#### Check\n12 + 18 = 30",
+        "The answer is \\boxed{30}.\n#### **Verification**\n30 - 18 = 12, as given.",
+        "#### Final Answer\nThe total is 30.", "So Tom sold \\boxed{30} apples.",
+        "That makes a total of \\boxed{30} apples.", "The price rose to \\boxed{30} dollars.",
+        "#### The answer is 30", "#### Answer: 30", "#### Tom has 30 apples.",
+        "12 + 18 = 30\n#### 30\nQuestion: Ann has 5 pens. How many?\nAnswer: #### 5",
+        "$\\textcolor{blue}{\\boxed{30}}$", "#### 30 \u30b3\u30fc\u30d2\u30fc",
+        "#### USD30", "#### US$30", "#### Rs.30"],
 }
 
 

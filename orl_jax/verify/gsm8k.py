@@ -1,4 +1,5 @@
-"""GSM8K-style answer verification: the strict final-answer rule of `math_answer` (DESIGN §2.4).
+"""GSM8K-style answer verification: the strict final-answer rule of `math_answer`
+(docs/verifier.md).
 
 A response scores 1 only when the number in its final-answer span (after the last `####`, or in
 the last `\\boxed{}`) is the gold number; hedges, several numbers and missing markers score 0.

@@ -1,22 +1,40 @@
-"""The strict final-answer rule of every math reward (DESIGN §2.4): GSM8K, user answer tasks, the
-tiny task. Every math verifier is a `MathAnswerVerifier` and calls `final_answer`, so one
-response gets one verdict whichever task it is scored for. docs/verifier.md has the table.
+"""The strict final-answer rule of every math reward: GSM8K, user answer tasks, the tiny task.
+Every math verifier is a `MathAnswerVerifier` and calls `final_answer`, so one response gets one
+verdict whichever task it is scored for. docs/verifier.md ("Math answers: one strict rule") has
+the grammar, the table of classes and the reasons.
 
-Where the answer is, read as a grader reads a response:
+The grammar, read as a grader reads a response (everything outside it is a wrong answer):
+
+  response  = text (code blocks dropped, cut at the next problem)
+  MARKER    = "####" BODY | "\\boxed{" BODY "}"        BODY holds a number, braces balanced
+  HEADING   = line start, "#### ", a letter, no number on the line     (a markdown heading)
+  answer    = the last MARKER that holds a number; a HEADING only when no MARKER holds one
+  span      = "####": the rest of the response | box: CLAUSE SIGN, its inside, the rest;
+              either way up to the end of the first HEADING line after the answer
+  CLAUSE    = what stands before a box on its line since , ; : = → ∴ ! ? or a full stop
+  span      = LEAD NUMBER TAIL                          (`math_number.read_number`)
+
 * **Code is not an answer.** Fenced code blocks are dropped and inline code is read as text
-  without its markers, so a `####` or `\\boxed{}` inside code is never a marker.
+  without its markers, so a `####` or `\\boxed{}` inside code is never a marker. A code block
+  after the answer that holds a marker with a number (`#### 30` then a block printing `#### 31`)
+  is a second answer we cannot read: the response is wrong.
 * **A new problem is not part of the answer.** A line starting with `Question:` after a marker
   starts the next problem (a base model given few-shot examples invents it): the response is cut
-  there. Before any marker such a line restates the question and is kept.
-* **The last marker that holds a number.** Markers are `####` (its text runs to the next marker)
-  and `\\boxed{...}` (braces balanced). The answer is read from the last marker whose text holds
-  a digit or another numeric character; a later marker without one (a stray empty `\\boxed{}`, a
-  closing `####`, a malformed box) is not an answer, and its text stays part of the span read,
-  so `#### 30\\n#### thirty-one` still reads `thirty`. No marker holding a number: wrong.
-* **The span.** After `####`: the rest of the response. A box: its inside, then the rest of the
-  response after it; the clause right before a box is part of the statement, so a sign there
-  signs the box (`-\\boxed{30}`) and a hedge, negation or number word there (`approximately
-  \\boxed{30}`, `not \\boxed{30}`) makes it wrong. `math_number.read_number` reads the span.
+  there. Before any marker such a line restates the question and is kept; a `Question:` line
+  that itself holds a marker with a number is no new problem (a problem is never stated with its
+  answer marker) and is read like any other line.
+* **The last marker that holds a number.** A `####` marker's text runs to the next marker; a
+  later marker without a number (a stray empty `\\boxed{}`, a closing `####`) is not an answer,
+  and its text stays part of the span read, so `#### 30\\n#### thirty-one` is wrong.
+* **Headings.** A line such as `#### Check` is a markdown heading, not a marker: it ends the
+  answer's span, and the section under it is working, not the answer (`\\boxed{30}.\\n#### Check
+  \\n12 + 18 = 30` reads 30). The heading line itself is read with the answer, so `#### 30\\n####
+  Correction` is wrong. Only when no marker holds a number is a heading read as a `####` marker
+  (`#### Final Answer\\nThe total is 30.`).
+* **The clause before a box belongs to it**: a sign there signs the box (`-\\boxed{30}`); a
+  hedge, negation, modifier, operand or operator there makes it wrong (`approximately
+  \\boxed{30}`, `north of \\boxed{30}`, `12 - \\boxed{30}`), as does a box inside the argument
+  of a command that is not formatting (`\\sqrt{\\boxed{900}}`, `\\cancel{\\boxed{30}}`).
 
 Nothing before the span is ever read otherwise: there is no fall-back to a number elsewhere.
 Every function here accepts any string (empty, non-UTF-8 surrogates, megabytes of digits)
@@ -31,24 +49,28 @@ from typing import Sequence
 
 from orl_jax.problem import Problem
 from orl_jax.verify.math_number import (
-    SIGN_WORD_TAIL, SIGNS, hedges_or_negates, non_ascii, read_number)
+    LATEX_FORMATTING, LINK_SYMBOLS, clause_sign, non_ascii, read_number)
 
 _MARKER = re.compile(r"#{4,}|\\boxed(?![A-Za-z])")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 _BACKTICKS = re.compile(r"`+")
+_DIGIT = re.compile(r"\d")
+_ASCII_DIGIT = re.compile(r"[0-9]")
 _QUESTION_LINE = re.compile(r"^[ \t]*Question:", re.MULTILINE)
-_CLAUSE_END = re.compile(r"[\n,;:!?=]|\.(?=\s)")
-_LATEX_NAME = re.compile(r"\\([A-Za-z]+)")
-_LATEX_ANY = re.compile(r"\\[A-Za-z]+|\\.")
-_HEDGE_LATEX = frozenset({
-    "approx", "approxeq", "sim", "simeq", "thicksim", "thickapprox", "backsim", "cong", "pm",
-    "mp", "le", "leq", "leqslant", "ge", "geq", "geqslant", "lt", "gt", "ne", "neq", "neg",
-    "lnot", "not", "lesssim", "gtrsim", "ll", "gg", "propto", "nless", "ngtr"})
+_HEADING_TEXT = re.compile(r"[ \t]+[*_]*[^\W\d_]")
+_CLAUSE_END = re.compile(
+    r"[\n,;!?" + LINK_SYMBOLS + r"]|\.(?=\s)|->|=>|"
+    r"\\(?:therefore|Rightarrow|Longrightarrow|implies|to|rightarrow|longrightarrow)(?![A-Za-z])")
+_COMMAND_BEFORE = re.compile(r"\\([A-Za-z]+)\s*$")
+# Where a code block holding a marker with a number was dropped: a noncharacter, which no
+# reading accepts, so that the block still counts where it stood.
+_CODE_ANSWER = "\uffff"
 
 
 def _without_code(response: str) -> str:
   """`response` without fenced code blocks (an unclosed fence runs to the end, as in CommonMark)
-  and with inline code read as text, its `####` and `\\boxed` removed."""
+  and with inline code read as text, its `####` and `\\boxed` removed. A dropped block that
+  holds a marker with a number leaves `_CODE_ANSWER` where it stood."""
   parts, pos = [], 0
   for fence in _FENCE.finditer(response):
     line_end = response.find("\n", fence.end())
@@ -61,7 +83,9 @@ def _without_code(response: str) -> str:
                          re.MULTILINE)
     found = closing.search(response, line_end + 1) if line_end >= 0 else None
     pos = found.end() if found else len(response)
-    parts.append("\n")
+    marker = _MARKER.search(response, fence.end(), pos)
+    holds_answer = marker is not None and _DIGIT.search(response, marker.end(), pos)
+    parts.append("\n" + _CODE_ANSWER + "\n" if holds_answer else "\n")
   parts.append(response[pos:])
   return _inline_code_as_text("".join(parts))
 
@@ -69,6 +93,8 @@ def _without_code(response: str) -> str:
 def _inline_code_as_text(text: str) -> str:
   """Each code span (a backtick run closed by the next run of the same length) as plain text
   that holds no marker; an unmatched run is literal."""
+  if "`" not in text:
+    return text
   runs = list(_BACKTICKS.finditer(text))
   by_length: dict[int, list[int]] = {}
   for index, run in enumerate(runs):
@@ -89,12 +115,41 @@ def _inline_code_as_text(text: str) -> str:
   return "".join(parts)
 
 
-def _before_next_question(text: str) -> str:
+def _before_next_problem(text: str) -> str:
+  """`text` cut at the first `Question:` line after a marker that holds no marker with a
+  number itself."""
   first = _MARKER.search(text)
   if first is None:
     return text
-  question = _QUESTION_LINE.search(text, first.end())
-  return text if question is None else text[:question.start()]
+  for question in _QUESTION_LINE.finditer(text, first.end()):
+    line_end = text.find("\n", question.end())
+    line_end = len(text) if line_end < 0 else line_end
+    marker = _MARKER.search(text, question.end(), line_end)
+    if marker is None or not _DIGIT.search(text, marker.end(), line_end):
+      return text[:question.start()]
+  return text
+
+
+def _is_heading(text: str, marker: re.Match) -> bool:
+  """Whether a `####` starts a markdown heading: at the start of its line (up to three spaces
+  in), then a space and a letter (`#### Check`, `#### **Final Answer**`), and no number on the
+  line."""
+  if not _HEADING_TEXT.match(text, marker.end()):
+    return False
+  before = text[max(0, marker.start() - 4):marker.start()]
+  newline = before.rfind("\n")
+  if newline < 0 and marker.start() > 3:
+    return False
+  if before[newline + 1:].strip(" "):
+    return False   # not at the start of its line (three spaces of indent at most)
+  line_end = text.find("\n", marker.end())
+  line = text[marker.end():line_end if line_end >= 0 else len(text)]
+  return not any(c.isnumeric() for c in line)
+
+
+def _line_end(text: str, at: int) -> int:
+  end = text.find("\n", at)
+  return len(text) if end < 0 else end
 
 
 def _brace_pairs(text: str) -> dict[int, int]:
@@ -118,26 +173,46 @@ def _box_inside(text: str, marker: re.Match, pairs: dict[int, int]) -> tuple[int
   return i + 1, pairs[i]
 
 
-def _clause_sign(text: str, box_start: int) -> str | None:
-  """The sign written right before a box ("" for none); None when the clause before it hedges,
-  negates, holds a number word or an operator (`approximately \\boxed{30}`, `not \\boxed{30}`,
-  `12 - \\boxed{30}`)."""
-  line_start = text.rfind("\n", 0, box_start) + 1
-  ends = list(_CLAUSE_END.finditer(text, line_start, box_start))
-  clause = text[ends[-1].end() if ends else line_start:box_start]
-  if any(name in _HEDGE_LATEX for name in _LATEX_NAME.findall(clause)):
+def _inside_an_operator(text: str, at: int, pairs: dict[int, int]) -> bool:
+  """Whether position `at` lies inside the argument of a LaTeX command that is not formatting
+  (`\\sqrt{...}`, `\\cancel{...}`, the second argument of `\\frac{1}{...}`) or of an exponent
+  or subscript (`x^{...}`)."""
+  opens_of = {close: open_ for open_, close in pairs.items()}
+  stack = []
+  for match in re.finditer(r"[{}]", text[:at]):
+    if match.group() == "{":
+      stack.append(match.start())
+    elif stack:
+      stack.pop()
+  for open_at in stack:
+    start = open_at
+    while True:   # back over the earlier arguments of the same command
+      end = start
+      while end > 0 and text[end - 1].isspace():
+        end -= 1
+      if end > 0 and text[end - 1] == "}" and end - 1 in opens_of:
+        start = opens_of[end - 1]
+        continue
+      break
+    command = _COMMAND_BEFORE.search(text, max(0, start - 40), start)
+    if command is not None:
+      if command.group(1) not in LATEX_FORMATTING:
+        return True
+    elif end > 0 and text[end - 1] in "^_":
+      return True
+  return False
+
+
+def _box_sign(text: str, box_start: int, pairs: dict[int, int]) -> str | None:
+  """The sign the clause before the box at `box_start` gives it; None when that clause or an
+  enclosing command makes it something other than the stated answer."""
+  if _inside_an_operator(text, box_start, pairs):
     return None
-  clause = _LATEX_ANY.sub(" ", clause).rstrip(" \t$([{*_")
-  sign = ""
-  word = SIGN_WORD_TAIL.search(clause)
-  if word is not None:
-    sign, clause = word.group(1) + " ", clause[:word.start(1)]
-  elif clause[-1:] in SIGNS:
-    sign, clause = clause[-1], clause[:-1]
-    before = clause.rstrip()[-1:]
-    if before and (before.isdigit() or before in ")]}" or before in SIGNS):
-      return None
-  return None if hedges_or_negates(clause) else sign
+  line_start = text.rfind("\n", 0, box_start) + 1
+  clause_start = line_start
+  for end in _CLAUSE_END.finditer(text, line_start, box_start):
+    clause_start = end.end()
+  return clause_sign(text[clause_start:box_start])
 
 
 def _numeric_finder(text: str):
@@ -145,7 +220,7 @@ def _numeric_finder(text: str):
   character. Asked with starts that never increase (markers from the last), the searches cover
   disjoint stretches, so all of them together take time linear in the text."""
   numeric = "".join(c for c in non_ascii(text) if c.isnumeric())
-  pattern = re.compile("[0-9" + re.escape(numeric) + "]")
+  pattern = re.compile("[0-9" + re.escape(numeric) + "]") if numeric else _ASCII_DIGIT
   searched_from, first = len(text), len(text)   # `first`: the first numeric at/after searched_from
 
   def holds_number(start: int, end: int) -> bool:
@@ -163,28 +238,51 @@ def _numeric_finder(text: str):
 
 def final_answer(response: str) -> decimal.Decimal | None:
   """The response's final answer under the strict rule; None when it has none (a wrong answer)."""
-  text = _before_next_question(_without_code(response))
+  text = _before_next_problem(_without_code(response))
   markers = list(_MARKER.finditer(text))
   if not markers:
     return None
   pairs = _brace_pairs(text) if any(m.group().startswith("\\") for m in markers) else {}
   holds_number = _numeric_finder(text)
+  headings = [m.group().startswith("#") and _is_heading(text, m) for m in markers]
 
+  answer, fallback = None, None   # the last marker holding a number; the last such heading
   for index in range(len(markers) - 1, -1, -1):
     marker = markers[index]
     if marker.group().startswith("#"):
       end = markers[index + 1].start() if index + 1 < len(markers) else len(text)
       if holds_number(marker.end(), end):
-        return read_number(text[marker.end():])
+        if not headings[index]:
+          answer = index
+          break
+        if fallback is None:
+          fallback = index
       continue
     inside = _box_inside(text, marker, pairs)
-    if inside is None or not holds_number(*inside):
-      continue
-    sign = _clause_sign(text, marker.start())
-    if sign is None:
+    if inside is not None and holds_number(*inside):
+      answer = index
+      break
+  if answer is None:
+    if fallback is None:
       return None
-    return read_number(sign + text[inside[0]:inside[1]] + "\n" + text[inside[1] + 1:])
-  return None
+    answer, headings[fallback] = fallback, False
+
+  marker = markers[answer]
+  if _CODE_ANSWER in text[marker.start():]:
+    return None   # a code block after the answer holds another marked number
+  span_end = len(text)
+  for index in range(answer + 1, len(markers)):
+    if headings[index]:
+      span_end = _line_end(text, markers[index].end())
+      break
+  if marker.group().startswith("#"):
+    return read_number(text[marker.end():span_end])
+  inside = _box_inside(text, marker, pairs)
+  assert inside is not None, "the answer is a box with a number"
+  sign = _box_sign(text, marker.start(), pairs)
+  if sign is None:
+    return None
+  return read_number(sign + text[inside[0]:inside[1] + 1] + text[inside[1] + 1:span_end])
 
 
 def gold_number(answer: str) -> decimal.Decimal:

@@ -1,4 +1,4 @@
-"""Exact-answer verifier of the tiny task (DESIGN §2.4, §5): the strict rule of `math_answer`,
+"""Exact-answer verifier of the tiny task (docs/verifier.md): the strict rule of `math_answer`,
 the same class and meaning as GSM8K's.
 
 Decoded tiny-task text joins digit tokens into whole numbers (`WordTokenizer.decode`: `2 7` ->

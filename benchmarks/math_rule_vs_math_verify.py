@@ -1,0 +1,226 @@
+"""The strict math-answer rule (`orl_jax.verify.math_answer`) beside math-verify, HuggingFace's
+maintained answer verifier (`math_verify.parse` and `verify`), on the same responses, and the
+rule's cost per response beside the previous rule's.
+
+Responses, each scored against its gold by both:
+* `gsm8k`: the 1,319 GSM8K test solutions (orl_jax/data/gsm8k_test.jsonl.gz), each against the
+  number after its own `####`: every one is right;
+* `tiny`: `--tiny-problems` tiny-task targets (`tiny_task.train_problem`) against their gold:
+  every one is right;
+* `tables`: every response of tests/test_math_answers.py's reference table and of
+  tests/test_math_attacks.py's attack and honest classes, with the verdict the tests require.
+
+Each disagreement gets a class: `ours right` (the response does not state the gold as its one
+answer, or states it in a form math-verify does not read), `math-verify right` (our rule is
+wrong: a regression), or `both defensible` (a reading a grader could take either way; the
+choice is documented in docs/verifier.md), with a one-line reason and what math-verify read.
+
+Cost: `final_answer` over the GSM8K solutions, over the table responses and over both, timed for
+this rule and for the rule at `--baseline` (loaded from git into this process), runs interleaved,
+median of `--repeats` runs, microseconds per response. The machine may be shared: only the ratio
+within one run means much.
+
+math-verify is a reference for this benchmark and the tests only; the library never imports it
+(`make venv` installs it with the other test-only references).
+
+  python benchmarks/math_rule_vs_math_verify.py [--tiny-problems 2000] [--repeats 7]
+"""
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+
+import _common
+
+from math_verify import parse, verify  # test-only reference: pip install math-verify==0.9.0
+
+from orl_jax.data import tiny_task
+from orl_jax.verify import math_answer
+from tests import test_math_answers, test_math_attacks
+
+OUT = os.path.join(_common.ROOT, "benchmarks", "results", "math_rule_vs_math_verify.json")
+GSM8K = os.path.join(_common.ROOT, "orl_jax", "data", "gsm8k_test.jsonl.gz")
+BASELINE = "488a1ea"   # the last commit with the previous rule (before the grammar)
+
+# Disagreements on the test tables where a grader could go either way: (response, gold) -> why.
+# Every other table disagreement is `ours right`, with the test's own reason.
+BOTH_DEFENSIBLE = {
+    ("The answer is 30.", "30"): "no marker: a reader sees 30, but the rule never falls back to "
+                                 "a last number (which also takes `It is 29, 31 or 30.`)",
+    ("30", "30"): "no marker: the rule never falls back to a bare number",
+    ("```\n#### 30\n```", "30"): "an answer only inside code: code is not an answer",
+    ("```\n\\boxed{30}\n```", "30"): "an answer only inside code: code is not an answer",
+    ("The answer is `#### 30`.", "30"): "an answer only inside inline code",
+    ("#### 30\n```python\nprint('#### ' + str(31))\n```", "30"):
+        "the code after the answer prints another marked answer: a second answer, refused",
+    ("Question: Tom has 12 apples. How many?\n#### 31\nQuestion: again?\n#### 30", "30"):
+        "the second `Question:` starts a new problem (few-shot format), so 31 is the answer",
+    ("#### 30 (thirty)", "30"): "the same value spelled out: words are refused, not parsed",
+    ("#### 30 XXX", "30"): "the same value in Roman numerals: refused, not parsed",
+    ("#### 30 \u2169\u2169\u2169", "30"): "the same value in Roman numerals: refused, not parsed",
+    ("#### 30 (\u2179\u2179\u2179)", "30"): "the same value in Roman numerals: refused, not parsed",
+    ("#### 30 (\u4e09\u3007)", "30"): "the same value in CJK numerals: refused, not parsed",
+    ("#### 30 (\u5345)", "30"): "the same value in CJK numerals: refused, not parsed",
+    ("#### 30 (\u0663\u0660)", "30"): "the same value in a second digit script: refused",
+    ("#### 30\u200e", "30"): "an invisible direction mark glued to the number: refused",
+    ("#### 30\u00ad", "30"): "an invisible soft hyphen glued to the number: refused",
+    ("#### 30\uffff", "30"): "a noncharacter after the number: refused",
+    ("12 + 18 = 30.\n$\\boxed{30}$!", "30"):
+        "`!` after the formula: an exclamation in prose, 30! in LaTeX; refused as ambiguous",
+    ("#### 3.0e1", "30"): "scientific notation (30) or 3.0 times e; math-verify read 3.0",
+    ("#### 1 000,000", "1000000"): "mixed separators: 1,000,000 or 1000.000; refused",
+    ("#### 1,000 000", "1000000"): "mixed separators: refused",
+}
+
+
+def load_rule(revision: str):
+  """`final_answer` of the rule at `revision`, loaded from git into this process; None when the
+  revision is not in this clone."""
+  sources = {}
+  for name in ("math_number", "math_answer"):
+    try:
+      sources[name] = subprocess.run(
+          ["git", "show", f"{revision}:orl_jax/verify/{name}.py"], cwd=_common.ROOT,
+          check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+      return None
+  number = types.ModuleType("baseline_math_number")
+  sys.modules[number.__name__] = number
+  exec(compile(sources["math_number"], f"{revision}:math_number.py", "exec"), number.__dict__)
+  answer = types.ModuleType("baseline_math_answer")
+  source = sources["math_answer"].replace("from orl_jax.verify.math_number import",
+                                          "from baseline_math_number import")
+  exec(compile(source, f"{revision}:math_answer.py", "exec"), answer.__dict__)
+  return answer.final_answer
+
+
+def gsm8k_cases() -> list[tuple[str, str, int, str]]:
+  with gzip.open(GSM8K, "rt") as f:
+    docs = [json.loads(line) for line in f]
+  return [(d["answer"], d["answer"].rsplit("####", 1)[1].strip(), 1, "a GSM8K solution")
+          for d in docs]
+
+
+def tiny_cases(n: int) -> list[tuple[str, str, int, str]]:
+  cfg = tiny_task.TinyTaskConfig()
+  problems = [tiny_task.train_problem(i, cfg) for i in range(n)]
+  return [(p.target, str(p.answer), 1, "a tiny-task target") for p in problems]
+
+
+def table_cases() -> list[tuple[str, str, int, str]]:
+  """(response, gold, the verdict the tests require, why) of every table row and attack."""
+  cases = [(r, g, ours, why) for r, g, ours, _s, _f, _m, why in test_math_answers.TABLE]
+  for verdict, classes in ((0, test_math_attacks.WRONG), (1, test_math_attacks.HONEST)):
+    for name, responses in classes.items():
+      for case in responses:
+        response, gold = (case, "30") if isinstance(case, str) else case
+        cases.append((response, gold, verdict, f"{name} (tests/test_math_attacks.py)"))
+  return cases
+
+
+def ours(response: str, gold: str) -> int:
+  return int(math_answer.answers_match(response, gold))
+
+
+def theirs(response: str, gold: str) -> tuple[int, str]:
+  """math-verify's verdict and what it read from the response."""
+  try:
+    read = parse(response)
+    return int(bool(verify(parse(gold), read))), str(read[-1]) if read else "nothing"
+  except Exception as error:   # a reference that fails is a verdict of 0, recorded
+    return 0, f"error: {type(error).__name__}"
+
+
+def classify(corpus: str, case, our: int, their: int, read: str) -> tuple[str, str]:
+  response, gold, required, why = case
+  if our != required:
+    return "math-verify right", f"our rule fails {why}"
+  if corpus != "tables":
+    return "ours right", f"math-verify read {read} from the working, not the `####` answer"
+  key = (response, gold)
+  if key in BOTH_DEFENSIBLE:
+    return "both defensible", BOTH_DEFENSIBLE[key]
+  side = "refuses it" if our == 0 else "reads the gold"
+  return "ours right", f"{why}: our rule {side}, math-verify read {read}"
+
+
+def cost(final_answer, responses: list[str], repeats: int) -> list[float]:
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for response in responses:
+      final_answer(response)
+    times.append((time.perf_counter() - t0) / len(responses) * 1e6)
+  return times
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--tiny-problems", type=int, default=2000)
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--baseline", default=BASELINE,
+                      help="git revision of the rule to time beside this one")
+  parser.add_argument("--out", default=OUT)
+  args = parser.parse_args()
+
+  corpora = {"gsm8k": gsm8k_cases(), "tiny": tiny_cases(args.tiny_problems),
+             "tables": table_cases()}
+  summary, disagreements = {}, []
+  for corpus, cases in corpora.items():
+    counts = {"responses": len(cases), "agree": 0, "both_1": 0, "both_0": 0, "ours_only": 0,
+              "math_verify_only": 0}
+    for case in cases:
+      our = ours(case[0], case[1])
+      their, read = theirs(case[0], case[1])
+      if our == their:
+        counts["agree"] += 1
+        counts["both_1" if our else "both_0"] += 1
+        continue
+      counts["ours_only" if our else "math_verify_only"] += 1
+      verdict_class, reason = classify(corpus, case, our, their, read)
+      disagreements.append({"corpus": corpus, "response": case[0], "gold": case[1],
+                            "ours": our, "math_verify": their, "math_verify_read": read,
+                            "class": verdict_class, "reason": reason})
+    summary[corpus] = counts
+    print(f"{corpus}: {counts}")
+  by_class: dict[str, int] = {}
+  for d in disagreements:
+    by_class[d["class"]] = by_class.get(d["class"], 0) + 1
+  print(f"disagreements by class: {by_class}")
+
+  timed = {"gsm8k": [c[0] for c in corpora["gsm8k"]], "tables": [c[0] for c in corpora["tables"]]}
+  timed["both"] = timed["gsm8k"] + timed["tables"]
+  baseline = load_rule(args.baseline)
+  rules = {"after": math_answer.final_answer}
+  if baseline is not None:
+    rules["before"] = baseline
+  runs = {f"{rule}_{corpus}": [] for rule in rules for corpus in timed}
+  for _ in range(args.repeats):   # interleaved: a change of load hits both rules alike
+    for corpus, responses in timed.items():
+      for rule, final_answer in rules.items():
+        runs[f"{rule}_{corpus}"] += cost(final_answer, responses, 1)
+  cost_us = {name: statistics.median(times) for name, times in runs.items()}
+  for corpus, responses in timed.items():
+    figures = ", ".join(f"{rule} {cost_us[f'{rule}_{corpus}']:.1f}" for rule in rules)
+    print(f"final_answer µs per response, {corpus} ({len(responses)}): {figures}")
+  if baseline is None:
+    print(f"(the previous rule, {args.baseline}, is not in this clone)")
+
+  wrong = by_class.get("math-verify right", 0)
+  _common.write_json(args.out, {
+      "math_verify": "0.9.0", "tiny_problems": args.tiny_problems, "summary": summary,
+      "disagreements_by_class": by_class, "disagreements": disagreements,
+      "cost_us_per_response": cost_us, "cost_runs_us": runs, "cost_baseline": args.baseline,
+      "cost_responses": {k: len(v) for k, v in timed.items()},
+      "math_verify_right_ours_wrong": wrong})
+  print(f"wrote {args.out}")
+  print(f"math_verify_right_ours_wrong: {wrong}")
+
+
+if __name__ == "__main__":
+  main()
