@@ -7,13 +7,16 @@
       --config.mesh.fsdp=8                                        # per-device sizing, no allocation
 """
 import _common  # repo on sys.path; run()
-from absl import logging
-from ml_collections import config_flags
 
-from orl_jax import distributed
-from orl_jax.apps import demo
-from orl_jax.apps.summary import report_run
-from orl_jax.train.entry import train
+_common.stop_on_signals()   # first: Ctrl-C while JAX imports ends in one line too
+
+from absl import logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from orl_jax import distributed  # noqa: E402
+from orl_jax.apps import demo  # noqa: E402
+from orl_jax.apps.summary import report_run  # noqa: E402
+from orl_jax.train.entry import train  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
