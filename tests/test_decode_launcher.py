@@ -132,7 +132,18 @@ def test_models_flag_decodes_tiny_models_side_by_side(tmp_path):
   assert decoded[0].prompts == decoded[1].prompts
   page = decode.write_page(str(tmp_path / "page.html"), decoded)
   html = open(page).read()
-  assert "base" in html and "warmup" in html
+  assert "<b>base</b>" in html and "<b>warmup</b>" in html
+  # the page explains itself: one legend, TPF's count, each model's decoder, forwards and TPF
+  assert html.count("class='legend'") == 1 and "end of a block" in html
+  assert "one commit forward per decoded block" in html
+  for d in decoded:
+    nfe, n = int(d.nfe.sum()), int(d.n_generated.sum())
+    assert (f"decoder {d.rule_label}; forwards {nfe} (paper's count)" in html
+            and f"TPF {n / nfe:.2f}" in html)
+  # a thick line after every block's last token (block size 4 on the tiny task)
+  block = decoded[0].block_size
+  ends = [pos for pos, st in enumerate(decoded[0].steps[0]) if (pos + 1) % block == 0]
+  assert block == 4 and html.count("class='t end'") >= len(ends) > 0
 
 
 def test_rejected_options_say_what_to_set(llada_dirs, tmp_path):

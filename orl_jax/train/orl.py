@@ -31,6 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -46,6 +47,7 @@ from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
+from orl_jax.metrics import TPF_COUNT
 from orl_jax.tasks import verifier_metrics
 from orl_jax.decode.types import Trajectories
 from orl_jax.train.setup import Run, RunLog, Setup, finish_run, prepare_run, resume
@@ -383,6 +385,8 @@ def train_orl(setup: Setup, *, progress=True, stop_after=None, crash_before_upda
   state, start = resume(run, prompt_iter)
   steps = build_orl_steps(setup, run, prompt_iter)
   log = RunLog(setup, start, "orl", progress=progress, stop_after=stop_after)
+  if not log.bar.disable:
+    log.bar.write(f"orl: the bar's tpf is the rollout's; {TPF_COUNT}", file=sys.stderr)
   ckpt = run.ckpt
 
   def close():

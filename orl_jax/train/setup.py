@@ -81,8 +81,8 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
   special, origins = special_tokens(config, hf_dir, family)
   needs_mask = decode_build.sampler_of(config, family=family).needs_mask_token
   tok = HFTokenizer.from_file(path, special, origins, require_mask=needs_mask)
-  # shown once at start-up (the launchers log warnings only): where each id came from
-  logging.warning("special tokens of %s: %s", tok.source, tok.origins_text())
+  # where each id came from, for a log at INFO (launch/decode.py prints it with each model)
+  logging.info("special tokens of %s: %s", tok.source, tok.origins_text())
   return tok
 
 
@@ -135,9 +135,9 @@ def _hf_model_config(config, tok, hf_dir: str, family: str):
   arch = hf_read.read_architecture(hf_dir, family)
   where = f"{hf_dir}/config.json"
   ignored = hf_read.ignored_settings(hf_dir, family)
-  if ignored:
-    logging.warning("%s sets %s: the official %s code never reads these keys, so they are "
-                    "ignored", where, ", ".join(ignored), family)
+  if ignored:   # informational (released files and our exports carry them): no warning
+    logging.info("%s sets %s: the official %s code never reads these keys, so they are "
+                 "ignored", where, ", ".join(ignored), family)
   if hasattr(tok, "vocab_hash"):
     # the tokenizer against the checkpoint's own vocabulary, so a foreign tokenizer is named
     check_model_vocab(tok, arch["vocab_size"], tok.mask_id, where=where)
