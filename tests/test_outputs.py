@@ -1,7 +1,8 @@
 """One folder per run and per evaluation (orl_jax/apps/outputs.py,
-docs/training.md#work-directories): a run on another task file gets its own work directory; an evaluation or a decode of one run
-scores that run's task and writes beside it, never into the config variant's run folder; an
-evaluation with another set-up goes to a new folder and the old table stays."""
+docs/training.md#work-directories): a run on another task file gets its own work directory; an
+evaluation or a decode of one run scores that run's task and writes beside it, never into the
+config variant's run folder; an evaluation with another set-up goes to a new folder and the old
+table stays."""
 import json
 import os
 import subprocess
