@@ -133,6 +133,12 @@ def trained_task(path: str) -> dict[str, str]:
   return {f"task.{k}": v for k, v in task.items() if k in ("name", "path")}
 
 
+def _shown(path: str) -> str:
+  """`path` relative to the working directory when it lies below it, else as it is."""
+  relative = os.path.relpath(path)
+  return path if relative.startswith("..") else relative
+
+
 def use_trained_task(config, models: Sequence[tuple[str, str]],
                      overridden: Iterable[str]) -> str:
   """Sets `config.task` to the task the one model in `models` was trained on, unless the
@@ -142,11 +148,14 @@ def use_trained_task(config, models: Sequence[tuple[str, str]],
   if len(models) != 1 or any(o == "task" or o.startswith("task.") for o in overridden):
     return ""
   task = trained_task(models[0][0])
+  here = config.task.get("path", "")
+  if here and os.path.abspath(here) == task.get("task.path"):
+    task["task.path"] = here          # the same file, spelled as the config spells it
   if task.get("task.path") and not os.path.isfile(task["task.path"]):
     return (f"{models[0][1]} was trained on {task['task.path']}, which is gone: evaluating "
             f"config.task ({config.task.name}) instead")
   if not trained_run.apply_settings(config, task):
     return ""
-  what = task.get("task.path") or task.get("task.name", "")
+  what = _shown(task["task.path"]) if task.get("task.path") else task.get("task.name", "")
   return (f"task: {what}, the one {models[0][1]} was trained on (--config.task.path or "
           "--config.task.name to evaluate another)")
