@@ -64,9 +64,9 @@ def owning_run(path: str) -> str | None:
   if os.path.basename(folder) in (weights_lib.RUN_PARAMS, HF_EXPORT):
     parent = os.path.dirname(folder)
     if os.path.isfile(os.path.join(parent, weights_lib.RUN_PARAMS, "meta.json")):
-      return parent
+      return _shown(parent)
   if os.path.isfile(os.path.join(folder, weights_lib.RUN_PARAMS, "meta.json")):
-    return folder
+    return _shown(folder)
   return None
 
 
@@ -151,11 +151,13 @@ def use_trained_task(config, models: Sequence[tuple[str, str]],
   here = config.task.get("path", "")
   if here and os.path.abspath(here) == task.get("task.path"):
     task["task.path"] = here          # the same file, spelled as the config spells it
+  if task.get("task.path"):
+    task["task.path"] = _shown(task["task.path"])
   if task.get("task.path") and not os.path.isfile(task["task.path"]):
     return (f"{models[0][1]} was trained on {task['task.path']}, which is gone: evaluating "
             f"config.task ({config.task.name}) instead")
   if not trained_run.apply_settings(config, task):
     return ""
-  what = _shown(task["task.path"]) if task.get("task.path") else task.get("task.name", "")
+  what = task.get("task.path") or task.get("task.name", "")
   return (f"task: {what}, the one {models[0][1]} was trained on (--config.task.path or "
           "--config.task.name to evaluate another)")
