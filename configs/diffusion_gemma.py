@@ -50,7 +50,7 @@ Variants (`get_config(arg)`):
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from configs import dlm_common
+from configs import dlm_common, tiny
 
 VARIANTS = ("26b-a4b", "debug")
 
@@ -105,8 +105,7 @@ def _debug(c):
 def get_config(arg: str | None = None):
   arg = arg or "26b-a4b"
   if arg not in VARIANTS:
-    raise ValueError(f"configs/diffusion_gemma.py has variants {', '.join(VARIANTS)}; "
-                     f"got {arg!r}")
+    raise tiny.unknown_variant("configs/diffusion_gemma.py", VARIANTS, arg)
   c = dlm_common.real_base("diffusion_gemma", hub_id="google/diffusiongemma-26B-A4B-it")
   c.workdir = "work_dirs/diffusion_gemma"
   _release(c)

@@ -128,7 +128,7 @@ def debug_overrides(c, *, block_size: int, workdir: str):
   c.loss.vocab_chunk = 64
   c.loss.conf_entropy = 0.99          # a random model is never confident: keep the KL term live
   c.train.steps, c.train.warmup_steps, c.train.log_every, c.train.lr = 2, 1, 1, 1e-3
-  c.checkpoint.every = 0
+  c.checkpoint.every = 0              # the last step's and an interrupted run's only: resumable
   c.eval.n_problems, c.eval.batch_size = 16, 16
   c.eval.settings = ("threshold_0.9", "threshold_0.7", "entropy_budget_0.5")
   c.eval.random_init = True

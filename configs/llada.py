@@ -57,7 +57,7 @@ stopping after the block holding EOS):
               examples/math_and_code.jsonl) with the byte-level debug tokenizer: 4 ORL
               iterations, then launch/eval.py scores the whole file (a minute or two on CPU).
 """
-from configs import dlm_common
+from configs import dlm_common, tiny
 
 VARIANTS = ("2.1-mini", "2.1-mini-dllm", "2.1-mini-sglang", "2.0-mini", "8b-instruct", "8b-base",
             "debug", "debug-jsonl")
@@ -151,7 +151,7 @@ def _debug_jsonl(c):
 def get_config(arg: str | None = None):
   arg = arg or "2.1-mini"
   if arg not in VARIANTS:
-    raise ValueError(f"configs/llada.py has variants {', '.join(VARIANTS)}; got {arg!r}")
+    raise tiny.unknown_variant("configs/llada.py", VARIANTS, arg)
   serving = arg.partition("-mini-")[2]          # a serving preset: "dllm" | "sglang" | ""
   if arg.startswith(("2.1-mini", "2.0-mini", "debug")):
     c = dlm_common.real_base("llada2_moe", hub_id=f"inclusionAI/LLaDA{arg[:3]}-mini")

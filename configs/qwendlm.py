@@ -12,13 +12,16 @@ With `model.path` a Hugging Face directory, its config.json decides every shape.
 
 Variants: "4b" (default), "debug".
 """
-from configs import dlm_common
+from configs import dlm_common, tiny
+
+
+VARIANTS = ("4b", "debug")
 
 
 def get_config(arg: str | None = None):
   arg = arg or "4b"
-  if arg not in ("4b", "debug"):
-    raise ValueError(f"configs/qwendlm.py has variants 4b, debug; got {arg!r}")
+  if arg not in VARIANTS:
+    raise tiny.unknown_variant("configs/qwendlm.py", VARIANTS, arg)
   c = dlm_common.real_base("qwen3")
   dlm_common.set_shapes(c, d_model=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
                         mlp_dim=9728, vocab_size=151936, rope_theta=1e6, norm_eps=1e-6,

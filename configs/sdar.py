@@ -16,11 +16,16 @@ every shape; the values below are for sizing and random-init runs.
 
 Variants: "4b" (default), "8b", "debug".
 """
-from configs import dlm_common
+from configs import dlm_common, tiny
+
+
+VARIANTS = ("4b", "8b", "debug")
 
 
 def get_config(arg: str | None = None):
   arg = arg or "4b"
+  if arg not in VARIANTS:
+    raise tiny.unknown_variant("configs/sdar.py", VARIANTS, arg)
   hub_id = "" if arg == "debug" else f"JetLM/SDAR-{arg.upper()}-Chat"
   c = dlm_common.real_base("qwen3", hub_id=hub_id)
   if arg in ("4b", "debug"):
@@ -31,8 +36,6 @@ def get_config(arg: str | None = None):
     dlm_common.set_shapes(c, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
                           mlp_dim=12288, vocab_size=151936, rope_theta=1e6, norm_eps=1e-6,
                           qk_norm=True, tie_embeddings=False)
-  else:
-    raise ValueError(f"configs/sdar.py has variants 4b, 8b, debug; got {arg!r}")
   c.model.hf_model_type = "sdar"   # an export declares SDAR's own classes (auto_map)
   c.task.chat = "qwen3"
   c.task.prompt_len = 512

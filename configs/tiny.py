@@ -23,6 +23,8 @@ Variants (`get_config(arg)`):
             : one stage of the demo alone, starting from `model.init_from` (default: the
               committed warm-up for stages that start from it, else the committed base).
 """
+import difflib
+
 import ml_collections
 
 
@@ -33,6 +35,16 @@ STAGES = ("warmup", "orl", "no_aec", "no_kl", "kl_rollout", "no_residual", "no_w
 # `no_kl` (equal to the last digit in all three seeds of the 2026-12-01 study); it stays a stage.
 ABLATIONS = ("no_aec", "no_kl", "no_residual", "no_warmup", "rcd_offline")
 ABLATION_STEPS = 150
+VARIANTS = ("demo", "sft", "eval", "smoke", "ablations") + STAGES
+
+
+def unknown_variant(path: str, variants, arg) -> ValueError:
+  """The error `get_config` raises for a variant its file does not have: one sentence with the
+  closest variant and all of them, which the launchers print alone (launch/_common.py)."""
+  close = difflib.get_close_matches(str(arg), variants, n=1)
+  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  return ValueError(f"{path} has no variant {arg!r}{hint}; its variants are "
+                    f"{', '.join(variants)}")
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -215,7 +227,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.serve.watch_seconds = 10.0      # how often `watch` is looked at
 
   c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every = 500          # updates between checkpoints (the last one is always saved)
+  # updates between checkpoints; the last step's is always saved, and so is the step a run
+  # stopped by SIGINT/SIGTERM ends at (0: only those two; docs/training.md, Interrupts)
+  c.checkpoint.every = 500
   c.checkpoint.keep = 2             # checkpoints kept
   # True: snapshot each rollout (a kill between rollout and update resumes it)
   c.checkpoint.save_rollouts = False
@@ -330,6 +344,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.n_problems, c.eval.batch_size = 8, 8
     c.eval.settings = ("fixed_steps_1", "threshold_0.9")
   else:
-    raise ValueError(f"configs/tiny.py has variants demo, sft, eval, smoke, {', '.join(STAGES)}; "
-                     f"got {arg!r}")
+    raise unknown_variant("configs/tiny.py", VARIANTS, arg)
   return c

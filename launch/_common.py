@@ -1,8 +1,11 @@
 """Shared start-up of the launchers: repo on sys.path, and `run(main)`, which reports mistakes in
 the command line or the inputs in one line instead of a traceback."""
+import difflib
 import os
 import re
+import signal
 import sys
+from typing import NoReturn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -60,25 +63,134 @@ def override_message(error: BaseException, argv: list[str]) -> str:
   return " ".join(text.split())
 
 
+def _defines_get_config(path: str) -> bool:
+  """Whether the file at `path` can give ml_collections a `get_config` (defined or imported)."""
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return "get_config" in f.read()
+
+
+def config_files(directory: str) -> list[str]:
+  """The config files in `directory`: its `*.py` files with a `get_config`."""
+  paths = [os.path.join(directory, name) for name in sorted(os.listdir(directory))]
+  return [p for p in paths if p.endswith(".py") and os.path.isfile(p) and _defines_get_config(p)]
+
+
+def config_flag_value(argv: list[str]) -> str | None:
+  """The value of the last `--config=...` (or `--config ...`) in `argv`; None without one."""
+  value = None
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg in ("--config", "-config") and i + 1 < len(argv):
+      value = argv[i + 1]
+    elif arg.startswith(("--config=", "-config=")):
+      value = arg.split("=", 1)[1]
+  return value
+
+
+def config_file_message(value: str | None) -> str | None:
+  """One line for a `--config` that names no config file (none given, a missing path, a folder,
+  a Python file without `get_config`), naming the config files there are; None when it names
+  one (ml_collections then loads it, and an unknown variant is `flag_error_message`'s)."""
+  ours = os.path.normpath(os.path.join(os.path.relpath(ROOT), "configs"))
+  if value is None:
+    return (f"--config is missing: give a config file and its variant, e.g. "
+            f"--config={os.path.join(ours, 'tiny.py')}:smoke")
+  path = value.split(":", 1)[0]
+  folder = os.path.dirname(path)
+  files = (config_files(folder) if folder and os.path.isdir(folder) else []) or config_files(ours)
+  hint = ""
+  if os.path.isfile(path):
+    if _defines_get_config(path):
+      return None
+    problem = f"{path} is not a config file (it has no get_config)"
+  elif os.path.isdir(path):
+    problem = f"{path} is a folder, not a config file"
+  else:
+    problem = f"{path} does not exist"
+    close = difflib.get_close_matches(path, files, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+  return f"--config: {problem}{hint}; the config files are {', '.join(files)}"
+
+
+def _innermost(error: BaseException) -> BaseException:
+  """The exception `error` was raised while handling, innermost: absl re-raises what a
+  config's `get_config` raised inside two wrappers."""
+  while True:
+    inner = error.__cause__ or error.__context__
+    if inner is None:
+      return error
+    error = inner
+
+
+def flag_error_message(error: BaseException) -> str:
+  """One line for a flag absl could not parse: for a config file whose `get_config` refused
+  its argument (an unknown variant), the config's own message (which lists the variants);
+  else absl's message."""
+  if "Error whilst parsing config file" in str(error):
+    error = _innermost(error)
+  return " ".join(str(error).split())
+
+
+_HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "h", "?")
+
+
+def _exit_usage(argv: list[str], message: str) -> NoReturn:
+  sys.stderr.write(f"{os.path.basename(argv[0])}: {message}\n")
+  sys.exit(2)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  from absl import app
+  """absl's flag parsing; a mistake on the command line (no config file, or none at that path,
+  an unknown variant, a misspelled override, a value of the wrong type, an unknown flag) ends
+  the process with one line on stderr and exit status 2."""
+  from absl import flags
+  asks_help = any(arg.lstrip("-").split("=")[0] in _HELP_FLAGS for arg in argv[1:])
+  if "config" in flags.FLAGS and flags.FLAGS["config"].default is None and not asks_help:
+    message = config_file_message(config_flag_value(argv))
+    if message:
+      _exit_usage(argv, message)
   try:
-    return app.parse_flags_with_usage(argv)
+    return flags.FLAGS(argv)
   except (KeyError, AttributeError) as e:   # what ml_collections raises for an unknown field
-    sys.stderr.write(f"{os.path.basename(argv[0])}: {override_message(e, argv)}\n")
-    sys.exit(2)
+    _exit_usage(argv, override_message(e, argv))
+  except flags.Error as e:
+    _exit_usage(argv, flag_error_message(e))
+
+
+def _say(line: str) -> None:
+  sys.stderr.write(f"{os.path.basename(sys.argv[0])}: {line}\n")
+
+
+def stop_on_signals() -> None:
+  """SIGINT and SIGTERM stop a training run at its next step boundary with a checkpoint, and
+  the process at once outside a training loop (`orl_jax.train.interrupt`); either way one line
+  says where it stopped and how to resume."""
+  from orl_jax.train import interrupt
+  interrupt.install()
 
 
 def run(main) -> None:
-  """`absl.app.run(main)`; a misspelled override, or a user error raised by `main`, ends the
-  process with one line on stderr (exit status 2 or 1)."""
+  """`absl.app.run(main)`; a mistake on the command line, or a user error raised by `main`,
+  ends the process with one line on stderr (exit status 2 or 1), and so does an interrupt
+  (128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM)."""
   from absl import app
+  from orl_jax.train.interrupt import Interrupted, stop_line
 
   def main_reporting_user_errors(argv):
     try:
       return main(argv)
     except user_errors() as e:
-      sys.stderr.write(f"{os.path.basename(sys.argv[0])}: {e}\n")
+      _say(str(e))
       sys.exit(1)
+    except app.UsageError as e:   # absl would print the whole --help text before the line
+      _say(" ".join(str(e).split()))
+      sys.exit(2)
+    except Interrupted as e:      # a training loop's stop (`stop_on_signals`)
+      from orl_jax import distributed
+      if distributed.is_lead_process():
+        sys.stderr.write(stop_line(e) + "\n")
+      sys.exit(e.exit_status)
+    except KeyboardInterrupt:     # a launcher without `stop_on_signals`
+      _say("interrupted (SIGINT)")
+      sys.exit(128 + signal.SIGINT)
 
   app.run(main_reporting_user_errors, flags_parser=parse_flags)

@@ -20,27 +20,17 @@ Without --prompt it decodes the first --num evaluation problems of `config.task`
 file gives the run-time choices (decoder rule, block size, lengths, dtypes, chat template).
 """
 import copy
-import dataclasses
-import math
-import os
 import sys
-from typing import Sequence
 
 import _common  # repo on sys.path; run()
-import jax
-import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from orl_jax import config as config_lib
-from orl_jax.decode import build as decode_build
-from orl_jax import sharding
 from orl_jax import trained_run
 from orl_jax import weights as weights_lib
-from orl_jax.apps import trajectory_view
-from orl_jax.data.pipeline import encode_prompts
-from orl_jax.train.setup import build_setup, initial_params
-from orl_jax.unmasking import UnmaskRule
+from orl_jax.apps import outputs
+from orl_jax.apps.trajectory_view import decode_model, write_page
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
@@ -52,37 +42,6 @@ _PROMPT = flags.DEFINE_string("prompt", "", "decode this prompt instead of evalu
                               "task, as the :debug configs train, reads only the tiny task's "
                               "words)")
 _HTML = flags.DEFINE_string("html", "", "trajectory page path (default: WORKDIR/trajectories.html)")
-
-
-@dataclasses.dataclass
-class Decoded:
-  """One model's responses to the same problems."""
-  name: str
-  path: str
-  rule_label: str
-  prompts: list[str]          # the model input text of each problem (chat template applied)
-  texts: list[str]            # responses, through the first EOS
-  tokens: np.ndarray          # [n, gen_length] response tokens
-  steps: np.ndarray           # [n, gen_length] step at which each token was committed
-  nfe: np.ndarray             # [n] forwards, one commit forward per decoded block included
-  nfe_denoise: np.ndarray     # [n] denoising forwards only (the authors' count)
-  n_generated: np.ndarray     # [n] tokens through the first EOS
-  scores: list[float]         # verifier scores (NaN: a prompt without an answer)
-  tokenizer: object
-
-  def lines(self) -> list[str]:
-    """What the launcher prints for this model."""
-    out = [f"== {self.name} ({self.path}), decoder {self.rule_label}; forwards: paper's count "
-           "(denoising + 1 commit per block; TPF) / authors' count (denoising only)"]
-    if hasattr(self.tokenizer, "origins_text"):
-      out.append(f"  special tokens: {self.tokenizer.origins_text()}")
-    for prompt, text, nfe, denoise, n, score in zip(self.prompts, self.texts, self.nfe,
-                                                    self.nfe_denoise, self.n_generated,
-                                                    self.scores):
-      tail = "" if math.isnan(score) else f", score {score:.0f}"
-      out.append(f"  {prompt}\n    -> {text}   [NFE paper {int(nfe)} / denoising "
-                 f"{int(denoise)}, TPF {n / max(nfe, 1):.2f} / {n / max(denoise, 1):.2f}{tail}]")
-    return out
 
 
 def models_to_decode(config, models_flag: str) -> dict[str, str]:
@@ -101,53 +60,6 @@ def models_to_decode(config, models_flag: str) -> dict[str, str]:
   return models
 
 
-def _encode(problems, tokenizer, prompt_len: int):
-  try:
-    return encode_prompts(problems, tokenizer, prompt_len)
-  except ValueError as e:    # a prompt longer than task.prompt_len: one line, no traceback
-    raise config_lib.ConfigError(str(e)) from None
-
-
-def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = None,
-                 num: int = 4, overridden: frozenset = frozenset()) -> Decoded:
-  """Decodes `prompts` (or the first `num` evaluation problems of `config.task`) with the
-  weights at `path`, as `config` sets the decoder. A Hugging Face directory gives the family and
-  every shape (its config.json); a params folder (or a run's work directory) gives what it was
-  trained with (`trained_run`), except the fields in `overridden`."""
-  s = build_setup(trained_run.model_config_for(config, path, overridden), prompts=prompts)
-  cfg = s.config
-  problems = s.task.eval_problems() if prompts else s.task.eval_problems()[:num]
-  tok = s.tokenizer
-  tokens, valid = _encode(problems, tok, cfg.task.prompt_len)
-  rule = UnmaskRule(cfg.decode.rule, cfg.decode.rule_value)
-  graphdef, params = initial_params(s)
-  ids = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
-  run = decode_build.make_decoder(cfg, s.model_cfg, graphdef, "decode", rule=rule, **ids)
-  with sharding.tracing_mesh(s.mesh):
-    out = jax.device_get(run(params, tokens, valid, jax.random.key(0)))
-  texts = [tok.decode(t, stop_at_eos=True) for t in out.tokens]
-  lead = decode_build.sampler_of(cfg, s.model_cfg).prompt_lead(valid, **ids)
-  return Decoded(
-      name=name, path=path, rule_label=rule.label, prompts=[p.prompt for p in problems],
-      texts=texts, tokens=np.asarray(out.tokens),
-      steps=trajectory_view.commit_steps(out.capture, len(problems), cfg.decode.block_size,
-                                         cfg.decode.gen_length, np.asarray(lead)),
-      nfe=np.asarray(out.nfe), nfe_denoise=np.asarray(out.nfe_denoise),
-      n_generated=np.asarray(out.n_generated),
-      scores=list(s.task.verifier.score_batch(problems, texts)), tokenizer=tok)
-
-
-def write_page(path: str, decoded: list[Decoded]) -> str:
-  """The trajectory page of every model (coloured by commit step), side by side."""
-  first = decoded[0]
-  columns = {d.name: (d.tokens, d.steps, d.nfe, d.nfe_denoise) for d in decoded}
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    f.write(trajectory_view.render(first.prompts, columns, first.tokenizer,
-                                   first.tokenizer.eos_id))
-  return os.path.abspath(path)
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -157,12 +69,18 @@ def main(argv):
                                  "out to decode the first --num evaluation problems of "
                                  "config.task")
   prompts = [_PROMPT.value] if _PROMPT.present else None
+  overridden = trained_run.overridden_fields(sys.argv)
+  models = [(path, name) for name, path in models_to_decode(config, _MODELS.value).items()]
+  if prompts is None:   # the evaluation problems of the task one run was trained on
+    note = outputs.use_trained_task(config, models, overridden)
+    if note:
+      print(note, flush=True)
   decoded = []
-  for name, path in models_to_decode(config, _MODELS.value).items():
+  for path, name in models:
     decoded.append(decode_model(copy.deepcopy(config), name, path, prompts, _NUM.value,
-                                trained_run.overridden_fields(sys.argv)))
+                                overridden))
     print("\n".join(decoded[-1].lines()), flush=True)
-  page = write_page(_HTML.value or os.path.join(config.workdir, "trajectories.html"), decoded)
+  page = write_page(_HTML.value or outputs.page_path(config, models, overridden), decoded)
   print(f"trajectories: {page}")
 
 

@@ -24,6 +24,7 @@ from ml_collections import config_flags
 from orl_jax import distributed, trained_run
 from orl_jax import weights as weights_lib
 from orl_jax import evaluate as eval_lib
+from orl_jax.apps import outputs
 from orl_jax.apps.summary import write_report
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
@@ -50,8 +51,17 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   distributed.maybe_initialize(config.get("distributed"))
-  all_results = eval_lib.evaluate_models(config, models_to_evaluate(config),
-                                         overridden=trained_run.overridden_fields(sys.argv))
+  overridden = trained_run.overridden_fields(sys.argv)
+  models = models_to_evaluate(config)
+  notes = [outputs.use_trained_task(config, models, overridden)]
+  folder, moved = outputs.evaluation_folder(outputs.eval_base(config, models, overridden),
+                                            eval_lib.evaluation_setup(config))
+  with config.unlocked():
+    config.workdir = folder     # one folder per evaluation: never another run's
+  if distributed.is_lead_process():
+    for line in filter(None, notes + [moved]):
+      print(line, flush=True)
+  all_results = eval_lib.evaluate_models(config, models, overridden=overridden)
   table, png = write_report(all_results, config.workdir,
                             title=f"{config.task.name}: accuracy vs tokens per forward")
   print(eval_lib.format_table(all_results))

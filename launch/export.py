@@ -3,8 +3,8 @@ the family's official tensor names, the residual adapter in adapter.safetensors,
 files and, for the families transformers does not ship, the `auto_map` of the authors' code) so
 other tools can load the model. Training runs of a registered family already write WORKDIR/hf.
 
-  python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b \
-      --out=work_dirs/sdar_4b/hf_export
+  python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b_my_train \
+      --out=work_dirs/sdar_4b_my_train/hf_export
   python launch/export.py --config=configs/llada.py:debug --params=work_dirs/llada_debug \
       --out=work_dirs/llada_debug/hf_export --max_shard_bytes=200000
 

@@ -7,10 +7,13 @@ Writes params.safetensors, meta.json (with the machine and the measured figures)
 into --out, file by file; anything else there is left alone.
 """
 import _common  # repo on sys.path; run()
-from absl import flags, logging
-from ml_collections import config_flags
 
-from orl_jax.apps import base_model
+_common.stop_on_signals()   # an interrupted training stops with a checkpoint (launch/train.py)
+
+from absl import flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from orl_jax.apps import base_model  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)

@@ -6,14 +6,20 @@
   python launch/train.py --config=configs/llada.py:8b-instruct --config.dry_run=True \
       --config.mesh.fsdp=8                                        # per-device sizing, no allocation
 """
-import _common  # repo on sys.path; run()
-from absl import logging
-from ml_collections import config_flags
+import sys
 
-from orl_jax import distributed
-from orl_jax.apps import demo
-from orl_jax.apps.summary import report_run
-from orl_jax.train.entry import train
+import _common  # repo on sys.path; run()
+
+_common.stop_on_signals()   # first: Ctrl-C while JAX imports ends in one line too
+
+from absl import logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from orl_jax import distributed, trained_run  # noqa: E402
+from orl_jax.apps import outputs  # noqa: E402
+from orl_jax.apps import demo  # noqa: E402
+from orl_jax.apps.summary import report_run  # noqa: E402
+from orl_jax.train.entry import train  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)
@@ -23,6 +29,10 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
+  workdir = outputs.train_workdir(config, trained_run.overridden_fields(sys.argv))
+  if workdir != config.workdir:   # the task file's own run, not the variant's example run
+    with config.unlocked():
+      config.workdir = workdir
   distributed.maybe_initialize(config.get("distributed"))
   if config.get("dry_run", False):
     from orl_jax.apps import dry_run

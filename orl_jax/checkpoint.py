@@ -43,6 +43,7 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self.settings = None if settings is None else run_settings.as_recorded(settings)
     self.allow_changed = tuple(allow_changed)
+    self.last_saved: int | None = None   # the step this process saved last (None: none yet)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1,
@@ -62,6 +63,7 @@ class Checkpointer:
       items["extra"] = ocp.args.StandardSave(extra)
     custom = None if self.settings is None else {run_settings.RECORD_KEY: self.settings}
     self.manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom)
+    self.last_saved = step
 
   def recorded_settings(self, step: int) -> dict | None:
     """The run settings checkpoint `step` records (None: written before they were recorded)."""

@@ -119,7 +119,8 @@ def _run_errors(config: RunConfig) -> list[str]:
         f"eval.n_problems={config.eval.n_problems} must be at most task.tiny.n_eval={n_eval} "
         "(the size of the tiny task's evaluation set; 0 = all of it)")
   check(config.checkpoint.every >= 0,
-        f"checkpoint.every={config.checkpoint.every} must be >= 0 (0 = only the final step)")
+        f"checkpoint.every={config.checkpoint.every} must be >= 0 (0 = only the final step "
+        "and an interrupted run's)")
   check(config.checkpoint.keep > 0, f"checkpoint.keep={config.checkpoint.keep} must be positive")
   if t.mode == "orl":
     o = config.orl

@@ -346,7 +346,9 @@ def format_table(all_results: dict, reference: str = "base") -> str:
                    f"{r['tpf_pooled']:>9.2f} {ratio} {r['nfe_mean']:>6.1f} {denoise} "
                    f"{r['tps']:>9.0f}" + spread)
   lines.append("tpf / nfe: the paper's count (denoising forwards + one commit forward per "
-               "decoded block); tpf_dn / nfe_dn: the authors' (denoising forwards only)")
+               "decoded block, so a block that commits one token per forward has tpf below 1); "
+               "tpf_dn / nfe_dn: the authors' (denoising forwards only); tps: generated tokens "
+               "per second")
   return "\n".join(lines)
 
 

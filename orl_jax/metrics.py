@@ -49,6 +49,11 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
 
+# How TPF counts forwards, said wherever TPF is shown (bar, run summary, results table, page)
+TPF_COUNT = ("TPF = generated tokens / forwards, the paper's count: every denoising forward "
+             "plus one commit forward per decoded block, so a block that commits one token "
+             "per forward has TPF below 1 (block size / (steps + 1))")
+
 
 def read_jsonl(path: str) -> list[dict]:
   """The rows of a metrics file; a last line cut short by a kill is skipped."""

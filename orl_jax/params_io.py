@@ -80,6 +80,20 @@ def flatten(pure: dict, prefix: str = "") -> dict[str, np.ndarray]:
   return out
 
 
+def usual_modes(directory: str) -> None:
+  """Gives a folder written through `tempfile.mkdtemp` (mode 0700) and everything in it the
+  modes a plain `mkdir`/`open` would (0777/0666 less the umask), so that every file of an export
+  reads alike (safetensors' writer and mkdtemp make theirs private)."""
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(directory, 0o777 & ~umask)
+  for root, dirs, files in os.walk(directory):
+    for name in dirs:
+      os.chmod(os.path.join(root, name), 0o777 & ~umask)
+    for name in files:
+      os.chmod(os.path.join(root, name), 0o666 & ~umask)
+
+
 def save_params(directory: str, params: nnx.State, meta: dict, write_more=None) -> None:
   """Writes atomically: into a temporary sibling folder, then renamed into place;
   `write_more(folder)` adds files beside the parameters (a run's tokenizer.json)."""
@@ -91,6 +105,7 @@ def save_params(directory: str, params: nnx.State, meta: dict, write_more=None) 
     json.dump(meta, f, indent=2, sort_keys=True, default=_json_default)
   if write_more is not None:
     write_more(tmp)
+  usual_modes(tmp)
   if os.path.exists(directory):
     old = directory + ".old"
     os.replace(directory, old)

@@ -8,6 +8,7 @@ cover the first three axes; `expert` is a fixed size (default 1) inside a granul
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 
 import jax
@@ -116,6 +117,39 @@ def mesh_from_config(config, devices=None) -> jax.sharding.Mesh:
   dcn = dcn.to_dict() if hasattr(dcn, "to_dict") else dcn
   return make_mesh(m.data, m.fsdp, m.tensor, devices=devices, dcn=dcn,
                    expert=m.expert)
+
+
+def fitting_mesh(sizes: dict, n_devices: int) -> dict:
+  """{axis: size} of the `mesh.*` settings to change so that `sizes` (data, fsdp, tensor,
+  expert; one of the first three may be -1) fit `n_devices`, each axis cut to what divides
+  what is left: the advice of a mesh that does not fit (a config written for 8 expert ways,
+  run on one device). {} when they fit."""
+  out = dict(sizes)
+  out[EXPERT_AXIS] = math.gcd(max(int(sizes[EXPERT_AXIS]), 1), n_devices)
+  left = n_devices // out[EXPERT_AXIS]
+  fill = next((a for a in AXES if sizes[a] == -1), None)
+  for axis in reversed(AXES):          # tensor, fsdp, data: the data axis keeps the rest
+    if axis != fill:
+      out[axis] = math.gcd(max(int(sizes[axis]), 1), left)
+      left //= out[axis]
+  if left > 1 and fill is None:
+    out["data"] = -1
+  return {a: out[a] for a in MESH_AXES if out[a] != sizes[a]}
+
+
+def mesh_error(config, n_devices: int, error: Exception) -> str:
+  """One sentence for a `config.mesh` that `make_mesh` refused on `n_devices` devices, with the
+  `--config.mesh.*` settings that fit them (`fitting_mesh`) when the axis sizes are at fault."""
+  m = config.mesh
+  sizes = {a: getattr(m, a) for a in MESH_AXES}
+  advice = fitting_mesh(sizes, n_devices)
+  devices = f"{n_devices} device{'s' if n_devices != 1 else ''}"
+  if not advice:
+    return f"config.mesh does not fit the {devices} the run has: {error}"
+  named = ", ".join(f"{a}={v}" for a, v in sizes.items())
+  settings = " ".join(f"--config.mesh.{a}={v}" for a, v in advice.items())
+  return (f"config.mesh ({named}) does not fit the {devices} the run has: set {settings} "
+          "(data x fsdp x tensor x expert must equal the device count; -1 takes the rest)")
 
 
 def tracing_mesh(mesh):

@@ -56,7 +56,9 @@ def run_record(config, tokenizer, source_dir: str, model_type: str) -> dict:
   return {"tokenizer": TOKENIZER_FILE if hf_tokenizer else (TINY if word_tokenizer else ""),
           "special_tokens": special,
           "chat": config.task.chat,
-          "source": os.path.abspath(source_dir) if source_dir else "", "model_type": model_type}
+          "source": os.path.abspath(source_dir) if source_dir else "", "model_type": model_type,
+          "task": {"name": config.task.name,
+                   "path": os.path.abspath(config.task.path) if config.task.path else ""}}
 
 
 def save_tokenizer(tokenizer, folder: str) -> None:

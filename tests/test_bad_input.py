@@ -380,3 +380,95 @@ def test_a_prompt_outside_the_tiny_vocabulary_names_the_words(tmp_path):
                    "--models=random=assets/tiny_base", "--prompt=What is 7 * 8?",
                    f"--html={tmp_path / 'p.html'}")
   assert "outside the tiny task's vocabulary ('8?', 'What', 'is')" in line, line
+
+
+# ------------------------------------------------------------ config files and meshes
+
+LAUNCHERS = ("train.py", "eval.py", "decode.py", "export.py", "compile.py", "serve.py")
+
+
+def _command_line_mistake(script, *args):
+  """A launcher run that must stop before any work with exit status 2 and one line on stderr
+  (what the compile launcher's compilers log at start-up aside): that line."""
+  out = subprocess.run([sys.executable, f"launch/{script}", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  lines = [ln for ln in out.stderr.splitlines()
+           if ln.strip() and not re.match(r"[IWEF]\d{4} |WARNING:", ln)]
+  assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+  assert "Traceback" not in out.stderr and out.stdout == "", out.stderr[-3000:]
+  return lines[0]
+
+
+@pytest.mark.parametrize("script", LAUNCHERS)
+def test_an_unknown_variant_is_one_line_with_the_variants(script):
+  line = _command_line_mistake(script, "--config=configs/llada.py:debugjsonl",
+                               "--config.train.steps=3")
+  assert line == (f"{script}: configs/llada.py has no variant 'debugjsonl' (did you mean "
+                  "'debug-jsonl'?); its variants are 2.1-mini, 2.1-mini-dllm, 2.1-mini-sglang, "
+                  "2.0-mini, 8b-instruct, 8b-base, debug, debug-jsonl")
+
+
+@pytest.mark.parametrize("script", LAUNCHERS)
+def test_a_missing_config_file_is_one_line_with_the_config_files(script):
+  line = _command_line_mistake(script, "--config=configs/lada.py", "--config.train.steps=3")
+  assert line == (f"{script}: --config: configs/lada.py does not exist (did you mean "
+                  "configs/llada.py?); the config files are configs/diffusion_gemma.py, "
+                  "configs/llada.py, configs/qwendlm.py, configs/sdar.py, configs/tiny.py")
+
+
+def test_other_command_line_mistakes_are_one_line():
+  """No --config, a module that is no config file, a value of the wrong type, no weights to
+  decode (absl would print the whole --help text before it)."""
+  assert _command_line_mistake("train.py") == (
+      "train.py: --config is missing: give a config file and its variant, e.g. "
+      "--config=configs/tiny.py:smoke")
+  assert _command_line_mistake("eval.py", "--config=configs/dlm_common.py").startswith(
+      "eval.py: --config: configs/dlm_common.py is not a config file (it has no get_config); "
+      "the config files are configs/diffusion_gemma.py, ")
+  assert _command_line_mistake("train.py", "--config=configs/tiny.py:smoke",
+                               "--config.train.steps=abc") == (
+      "train.py: flag --config.train.steps=abc: invalid literal for int() with base 10: 'abc'")
+  assert _command_line_mistake("decode.py", "--config=configs/llada.py:debug").startswith(
+      "decode.py: give weights: --config.model.path=DIR")
+
+
+def test_a_mesh_that_does_not_fit_the_devices_names_the_settings_that_do(tmp_path):
+  """configs/diffusion_gemma.py splits the experts 8 ways (mesh.expert=8): on a host with one
+  device the decode launcher says what to set instead."""
+  from tests.helpers_hf import family_dir
+  line = _launcher("decode.py", "--config=configs/diffusion_gemma.py",
+                   f"--config.model.path={family_dir(tmp_path, 'diffusion_gemma')}",
+                   "--config.decode.block_size=16", "--prompt=hello")
+  assert line == ("decode.py: config.mesh (data=1, fsdp=-1, tensor=1, expert=8) does not fit "
+                  "the 1 device the run has: set --config.mesh.expert=1 (data x fsdp x tensor x "
+                  "expert must equal the device count; -1 takes the rest)")
+  line = _launcher("train.py", "--config=configs/tiny.py:smoke", "--config.mesh.data=2",
+                   f"--config.workdir={tmp_path / 'w'}")
+  assert line.startswith("train.py: config.mesh (data=2, fsdp=1, tensor=1, expert=1) does not "
+                         "fit the 1 device the run has: set --config.mesh.data=1 ")
+  from orl_jax.sharding import fitting_mesh
+  assert fitting_mesh(dict(data=-1, fsdp=1, tensor=1, expert=1), 8) == {}
+  assert fitting_mesh(dict(data=1, fsdp=-1, tensor=4, expert=8), 8) == {"tensor": 1}
+  assert fitting_mesh(dict(data=2, fsdp=1, tensor=1, expert=1), 4) == {"data": -1}
+  assert fitting_mesh(dict(data=-1, fsdp=3, tensor=1, expert=0), 4) == {"fsdp": 1, "expert": 1}
+
+
+def test_a_malformed_jsonl_line_is_named_at_its_column(tmp_path):
+  """An object left open is reported where its line ends (json alone would name column 1 of the
+  line after), and a record missing keys names its kind in plain English."""
+  bad = tmp_path / "open.jsonl"
+  bad.write_text('{"prompt": "What is 2+2?", "answer": 4\n{"prompt": "1+1", "answer": 2}\n')
+  with pytest.raises(DatasetError) as e:
+    load_jsonl_problems(bad)
+  assert str(e.value) == f"{bad}:1: not valid JSON (Expecting ',' delimiter, column 39)."
+  code = tmp_path / "code.jsonl"
+  code.write_text('{"prompt": "def f():", "tests": "assert f() == 1"}\n')
+  with pytest.raises(DatasetError) as e:
+    load_jsonl_problems(code)
+  assert str(e.value).startswith(f"{code}:1: missing key(s) ['entry_point'] for a code task "
+                                 "(has 'tests'/'entry_point');"), str(e.value)
+  answer = tmp_path / "answer.jsonl"
+  answer.write_text('{"prompt": "1+1"}\n')
+  with pytest.raises(DatasetError, match="missing key\\(s\\) \\['answer'\\] for an answer task;"):
+    load_jsonl_problems(answer)

@@ -171,3 +171,15 @@ def test_libtpus_memory_report_names_the_largest_hbm_buffers(tmp_path):
   assert memory_report.latest_report(str(tmp_path), pid=4243) == ""
   said = memory_report.describe(buffers[:2])
   assert said == "16.00 GiB f32[65536,65536]; 16.00 GiB 2×s32[65536,65536] (2 values)"
+
+
+def test_a_gpu_target_compiles_without_the_cuda_stubs_notices(tmp_path):
+  """The CUDA plugin's stub logs its start-up notice four times (three as JAX imports it, one
+  as the backends start, each after absl's note) although a compile-only host is expected to
+  have no GPU: the compile command prints none of it; the table's memory columns carry their
+  unit."""
+  out, result = _compile(tmp_path, "--config=configs/tiny.py:orl", "--target=h100x8",
+                         "--programs=replay_gather")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "cudart_stub" not in out.stderr and "absl::InitializeLog" not in out.stderr
+  assert "peak GiB" in out.stdout and result["platform"] == "cuda"

@@ -8,6 +8,7 @@ models, one-line errors for rejected options, DiffusionGemma's pointer to its sa
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -132,7 +133,46 @@ def test_models_flag_decodes_tiny_models_side_by_side(tmp_path):
   assert decoded[0].prompts == decoded[1].prompts
   page = decode.write_page(str(tmp_path / "page.html"), decoded)
   html = open(page).read()
-  assert "base" in html and "warmup" in html
+  assert "<b>base</b>" in html and "<b>warmup</b>" in html
+  # the page explains itself: one legend, TPF's count, each model's decoder, forwards and TPF
+  assert html.count("class='legend'") == 1 and "end of a block" in html
+  assert "one commit forward per decoded block" in html
+  for d in decoded:
+    nfe, n = int(d.nfe.sum()), int(d.n_generated.sum())
+    assert (f"decoder {d.rule_label}; forwards {nfe} (paper's count)" in html
+            and f"TPF {n / nfe:.2f}" in html)
+
+
+class _Letters:
+  """A tokenizer whose token k reads as the k-th character from "a" (26, "{": EOS; 27: a
+  byte-level piece of a character, which decodes to the replacement character)."""
+  eos_id = 26
+
+  def decode(self, ids, skip_special=False):
+    del skip_special
+    return "".join("\ufffd" if i == 27 else chr(ord("a") + i) for i in ids)
+
+
+def test_the_page_marks_block_ends_on_one_colour_scale():
+  """Block ends where the model's blocks end (the first block opened by `lead` prompt tokens),
+  one colour scale over both models (the step of the slowest), an unreadable piece shown by
+  its id, nothing after EOS."""
+  from orl_jax.apps.trajectory_view import Decoded, page, _colour
+  tokens = np.array([[0, 1, 2, 3, 4, 27, 26, 5]])
+  quick = Decoded(name="quick", path="q", rule_label="threshold_0.9", prompts=["p"], texts=[""],
+                  tokens=tokens, steps=np.array([[0, 0, 1, 1, 1, 2, 2, -1]]),
+                  nfe=np.array([5]), nfe_denoise=np.array([3]), n_generated=np.array([7]),
+                  scores=[float("nan")], tokenizer=_Letters(), block_size=4, lead=np.array([1]))
+  slow = dataclasses.replace(quick, name="slow", steps=np.array([[0, 1, 2, 3, 4, 5, 6, -1]]))
+  html = page([quick, slow])
+  # lead 1: the first block holds 3 response tokens, so blocks end after positions 2 and 6
+  ends = re.findall(r"<span class='t end'[^>]*>([^<]*)<sub>", html)
+  assert ends == ["c", "{", "c", "{"], ends               # "{": the EOS token, shown, last
+  assert "<sub>" in html and ">f<" not in html          # token 5 after EOS is not shown
+  assert f"background:{_colour(2, 7)}'>f" not in html
+  assert html.count(f"background:{_colour(6, 7)}") >= 1   # the slow model's last step: 6 of 7
+  assert "&lt;27&gt;" in html                              # the byte-level piece, by its id
+  assert "TPF 1.40 / 2.33" in html                         # 7 tokens / 5 and / 3 forwards
 
 
 def test_rejected_options_say_what_to_set(llada_dirs, tmp_path):

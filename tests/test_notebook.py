@@ -54,6 +54,7 @@ def test_notebook_runs_in_reduced_mode(tmp_path, monkeypatch):
   assert "REDUCED=True" in text
   assert re.search(r"\d+/\d+ \[\d+:\d+<", text), "a text bar: done/total [elapsed<left"
   html = [o for o in outputs if "text/html" in o.get("data", {})]
-  assert html and "forwards:" in html[-1]["data"]["text/html"]
+  page = html[-1]["data"]["text/html"] if html else ""
+  assert "class='legend'" in page and "(paper's count)" in page and "<b>orl</b>" in page
   for name in ("results.json", "accuracy_vs_tpf.png", "curves_orl.png"):
     assert os.path.exists(work / name), name

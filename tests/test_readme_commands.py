@@ -117,11 +117,11 @@ EXERCISED = {
         (_DECODE_HF, ("launch/decode.py", "--config=configs/llada.py:8b-instruct",
                       "--config.model.path=", "--prompt=")),
     "python launch/eval.py --config=configs/sdar.py:4b --config.task.name=gsm8k "
-    "--config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar_4b:orl":
+    "--config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar_4b_my_train:orl":
         (_EVAL_LAUNCHER, ("launch/eval.py", "--config.task.name=gsm8k")),
     # the exporter on a run's work directory, with a config written for another size
-    "python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b "
-    "--out=work_dirs/sdar_4b/hf_sharded --max_shard_bytes=5000000000":
+    "python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b_my_train "
+    "--out=work_dirs/sdar_4b_my_train/hf_sharded --max_shard_bytes=5000000000":
         (_EXPORT, ("launch/export.py", "--params={tmp_path}", "--out=")),
     # ORL on the shipped JSONL file, then the run evaluated, decoded and exported from its work
     # directory with no task flags (one ORL iteration, four problems)
@@ -435,18 +435,19 @@ WITH_PATHS = {
         "python launch/train.py --config=configs/llada.py --config.model.path=/path/LLaDA2.1-mini "
         "--config.task.path=my_train.jsonl":
             ("train", ("orl: 0/2 updates applied: no response verified",
-                       "Hugging Face export: work_dirs/llada2.1_mini/hf")),
+                       "Hugging Face export: work_dirs/llada2.1_mini_my_train/hf")),
     },
     "sdar_run": {
         "python launch/train.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat "
         "--config.task.path=my_train.jsonl":
             ("train", ("orl: 0/2 updates applied: no response verified",
-                       "Hugging Face export: work_dirs/sdar_4b/hf")),
-        "python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b "
-        "--out=work_dirs/sdar_4b/hf_sharded --max_shard_bytes=5000000000": ("", ("exported: ",)),
+                       "Hugging Face export: work_dirs/sdar_4b_my_train/hf")),
+        "python launch/export.py --config=configs/sdar.py:4b --params=work_dirs/sdar_4b_my_train "
+        "--out=work_dirs/sdar_4b_my_train/hf_sharded --max_shard_bytes=5000000000":
+            ("", ("exported: ",)),
         "python launch/eval.py --config=configs/sdar.py:4b --config.task.name=gsm8k "
-        "--config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar_4b:orl":
-            ("eval", ("base: ", "orl: work_dirs/sdar_4b", "results: ")),
+        "--config.eval.compare=/path/SDAR-4B-Chat:base,work_dirs/sdar_4b_my_train:orl":
+            ("eval", ("base: ", "orl: work_dirs/sdar_4b_my_train", "results: ")),
     },
 }
 

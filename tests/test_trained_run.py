@@ -119,3 +119,21 @@ def test_folders_that_are_not_a_finished_run_are_refused_in_one_sentence(tmp_pat
     with pytest.raises(ConfigError, match=phrase) as e:
       weights_lib.resolve(str(path), "--params")
     assert str(e.value).startswith(f"--params={str(path)!r}") and "\n" not in str(e.value)
+
+
+def test_every_file_of_a_run_export_has_the_usual_modes(jsonl_run, tmp_path):
+  """The params folder and the Hugging Face export read alike: 0666/0777 less the umask, as a
+  plain open/mkdir gives (safetensors' writer and mkdtemp would leave theirs private)."""
+  from orl_jax.train.setup import export_hf_dir
+  from orl_jax.train.state import init_model_params
+  workdir, trained = jsonl_run
+  _, params = init_model_params(trained.model_cfg, 0)
+  hf = tmp_path / "hf"
+  export_hf_dir(trained, params, str(hf))
+  umask = os.umask(0)
+  os.umask(umask)
+  for folder in (workdir / "params", hf):
+    assert os.stat(folder).st_mode & 0o777 == 0o777 & ~umask
+    modes = {name: os.stat(folder / name).st_mode & 0o777 for name in os.listdir(folder)}
+    assert any(name.endswith(".safetensors") for name in modes), modes
+    assert set(modes.values()) == {0o666 & ~umask}, modes

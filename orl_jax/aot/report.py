@@ -250,19 +250,20 @@ def format_table(reports: list[ProgramReport], target: Target, budget: DeviceBud
   buffers alive meanwhile), GFLOP and GB per device, the roofline bound, and the TPU
   compiler's own time estimate. The rollout's cost counts each loop body once (its time is
   predicted from the prefill and step programs)."""
-  head = (f"{'program':<20} {'compile s':>9} {'args':>8} {'out':>8} {'temp':>8} {'alias':>8} "
-          f"{'+live':>8} {'peak':>8}  {'fits':<4} {'GFLOP':>9} {'GB moved':>9} {'roofline':>10} "
-          f"{'compiler':>10}")
+  head = (f"{'program':<20} {'compile s':>9} {'args GiB':>8} {'out GiB':>8} {'temp GiB':>8} "
+          f"{'alias GiB':>9} {'+live GiB':>9} {'peak GiB':>8}  {'fits':<4} {'GFLOP':>9} "
+          f"{'GB moved':>9} {'roofline':>10} {'compiler':>10}")
   lines = [head, "-" * len(head)]
   g = lambda b: f"{b / GIB:8.2f}"
+  w = lambda b: f"{b / GIB:9.2f}"
   for r in reports:
     if not r.ok:
       lines.append(f"{r.name:<20} {r.compile_seconds:9.1f}   does not compile (below)")
       continue
     fits = "yes" if r.peak_bytes <= usable else "NO"
     lines.append(f"{r.name:<20} {r.compile_seconds:9.1f} {g(r.argument_bytes)} "
-                 f"{g(r.output_bytes)} {g(r.temp_bytes)} {g(r.alias_bytes)} "
-                 f"{g(r.resident_bytes)} {g(r.peak_bytes)}  {fits:<4} {r.flops / 1e9:9.1f} "
+                 f"{g(r.output_bytes)} {g(r.temp_bytes)} {w(r.alias_bytes)} "
+                 f"{w(r.resident_bytes)} {g(r.peak_bytes)}  {fits:<4} {r.flops / 1e9:9.1f} "
                  f"{r.bytes_accessed / 1e9:9.2f} {_seconds(r.roofline_seconds(budget)):>10} "
                  f"{_seconds(r.compiler_seconds) if r.compiler_seconds else '-':>10}")
   return "\n".join(lines)

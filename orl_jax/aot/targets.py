@@ -206,14 +206,46 @@ def use_compiler(platform: str) -> None:
       sys.path.append(path)
 
 
+# what the CUDA plugin's stub library logs each time it is loaded on a host without a GPU
+# (three times as JAX imports the plugin, once as the backends start), each after absl's note
+_CUDA_NOTICE = re.compile(rb"(WARNING: All log messages before absl::InitializeLog\(\) is called "
+                          rb"are written to STDERR|.*cudart_stub\.cc.*Could not find cuda "
+                          rb"drivers.*)\n?")
+
+
+def _start_jax_quietly() -> None:
+  """Imports JAX and starts its backends with the process's stderr (file descriptor 2, where
+  the plugin's C++ logging writes) caught, and writes back what it caught without the CUDA
+  stub's start-up notice: a compile-only host is expected to have no GPU driver."""
+  import tempfile
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as caught:
+    os.dup2(caught.fileno(), 2)
+    try:
+      import jax
+      jax.devices()
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      caught.seek(0)
+      text = caught.read()
+  os.write(2, _CUDA_NOTICE.sub(b"", text))
+
+
 def prepare_host() -> None:
-  """`use_compiler` for every platform whose compiler is installed, before JAX starts (the
+  """`use_compiler` for every platform whose compiler is installed, then JAX started (the
   target is known only once the command line is read)."""
+  cuda = False
   for platform in ("tpu", "cuda"):
     try:
       use_compiler(platform)
+      cuda = cuda or platform == "cuda"
     except TargetError:
       pass   # said when a target of that platform is asked for (`topology_devices`)
+  if cuda:
+    _start_jax_quietly()
 
 
 def topology_devices(target: Target) -> list:

@@ -73,6 +73,12 @@ def abstract_replay_batch(config, traj, *, mask_id: int):
   return abstract_batch(traj, config_lib.replay_config(config, n_shards=1), mask_id=mask_id)
 
 
+def _gradient_row(total: int, per: int, dtype) -> SizingRow:
+  """One update's gradients: a tree like the params, in their dtype, sharded like them (an
+  upper bound: frozen parameters have none)."""
+  return SizingRow("gradients", total, per, f"one update's, like the params ({dtype}); at most")
+
+
 def _optimizer_rows(config, params, shape, rules, model_cfg) -> list[SizingRow]:
   """Optimizer state and (ORL with the KL anchor) the frozen reference copy."""
   optimizer = optimizer_of(config_lib.optimizer_config(config), model_cfg)
@@ -101,7 +107,8 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   rules = family.partition_rules
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   total, per = _per_device(params, shape, rules)
-  rows = [SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}")]
+  rows = [SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}"),
+          _gradient_row(total, per, cfg.param_dtype)]
   rows += _optimizer_rows(config, params, shape, rules, cfg)
   data_par = sharding_lib.n_batch_shards(shape)
   o = config.orl
@@ -109,8 +116,8 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   n_rollouts = o.prompts_per_step * o.group_size
   n_states = traj.capture.block_tokens.shape[1]     # canvases x max denoising steps
   cap = _tree_bytes(traj.capture)   # with orl.capture_routes: the route buffers too
-  note = (f"{n_rollouts} responses x {n_states} states x canvas {cfg.canvas_length} x "
-          f"D={cfg.d_model}")
+  note = (f"{n_rollouts} responses x {n_states} captured states x a canvas of "
+          f"{cfg.canvas_length} tokens x hidden width {cfg.d_model}")
   if traj.capture.routes is not None:       # expert ids of every step, the prefill, the commits
     note += f" + routes ({cfg.n_layers} MoE layers x top-{cfg.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
@@ -151,6 +158,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   total, per = _per_device(params, shape, rules)
   rows.append(SizingRow("params", total, per, f"{n_params / 1e9:.3f}B x {cfg.param_dtype}"))
+  rows.append(_gradient_row(total, per, cfg.param_dtype))
   rows += _optimizer_rows(config, params, shape, rules, cfg)
 
   # Rollouts: P prompts x G responses, rows split over the data-parallel axes.
@@ -164,8 +172,8 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   p_len = config.task.prompt_len
   cap = (capture_bytes(n_rollouts, decode_cfg, cfg.d_model, jnp.dtype(cfg.compute_dtype).itemsize)
          + block_final_bytes(n_rollouts, decode_cfg))
-  note = (f"{n_rollouts} responses x {decode_cfg.capture_states} states x "
-          f"b={decode_cfg.block_size} x D={cfg.d_model}")
+  note = (f"{n_rollouts} responses x {decode_cfg.capture_states} captured states x a block "
+          f"of {decode_cfg.block_size} tokens x hidden width {cfg.d_model}")
   if cfg.moe is not None and decode_cfg.capture_routes:   # orl.capture_routes: expert ids
     cap += route_capture_bytes(n_rollouts, decode_cfg, p_len, cfg.n_moe_layers, cfg.moe.top_k,
                                decode_cfg.max_blocks)
@@ -184,16 +192,23 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   return rows, info
 
 
+ACTIVATIONS = ("activations and other temporaries are not in these rows: the compiled train "
+               "step's are (python launch/compile.py --config=... --programs=train_step; "
+               "docs/scaling.md: 10.7-13.4 GiB a v5p chip for QwenDLM-4B, SDAR-8B and "
+               "LLaDA-8B with per-layer recomputation)")
+
+
 def format_table(rows: list[SizingRow], info: dict) -> str:
+  """The sizing table: one row per kind of buffer (total over the mesh and per device, in GiB
+  = 2^30 bytes), what each is, and last the per-device sum as the headline `name: value`."""
   gib = lambda b: f"{b / 2**30:10.3f}"
   mesh = " x ".join(f"{k}={v}" for k, v in info["mesh"].items())
-  head = f"{'what':<26} {'total GiB':>10} {'per-device GiB':>15}  note"
+  head = f"{'what':<26} {'total GiB':>10} {'per-device GiB':>15}  what it is"
   lines = [f"dry run on mesh {mesh} ({math.prod(info['mesh'].values())} devices), "
-           f"{info['n_params']:,} parameters", head, "-" * len(head)]
+           f"{info['n_params']:,} parameters; sizes in GiB (2^30 bytes)", head, "-" * len(head)]
   for r in rows:
     lines.append(f"{r.name:<26} {gib(r.total_bytes)} {gib(r.per_device_bytes):>15}  {r.note}")
   per = sum(r.per_device_bytes for r in rows)
-  lines.append(f"{'sum':<26} {gib(sum(r.total_bytes for r in rows))} {gib(per):>15}  "
-               "(activations not included)")
+  lines.append(f"the total below is the rows' per-device sum in GiB; {ACTIVATIONS}")
   lines.append(f"per_device_total_gib: {per / 2**30:.3f}")
   return "\n".join(lines)

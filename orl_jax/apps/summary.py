@@ -11,7 +11,7 @@ import numpy as np
 
 from orl_jax import distributed
 from orl_jax.evaluate import format_table
-from orl_jax.metrics import read_jsonl
+from orl_jax.metrics import TPF_COUNT, read_jsonl
 
 CURVE_KEYS = ("reward", "rollout_tpf", "loss_ce", "loss_aec", "loss_rkl", "residual_norm_ratio",
               "replay_entropy", "rollout_entropy_step0", "rollout_entropy_step2")
@@ -77,6 +77,8 @@ def report_run(config, params_dir: str) -> list[str]:
   metrics = os.path.join(workdir, "metrics.jsonl")
   rows = read_jsonl(metrics)
   lines = [updates_line(config, training_summary(metrics))] if rows else []
+  if rows and any("rollout_tpf" in r for r in rows):
+    lines.append(f"rollout TPF: {TPF_COUNT}")
   lines.append(f"parameters: {params_dir}")
   hf_dir = os.path.join(workdir, HF_EXPORT_DIR)
   if os.path.isdir(hf_dir):

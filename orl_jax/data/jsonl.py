@@ -64,7 +64,9 @@ def iter_jsonl(path: str | pathlib.Path) -> Iterator[tuple[int, dict[str, Any]]]
         if not line.strip():
           continue
         try:
-          record = json.loads(line)
+          # without its line break: an object left open would otherwise be reported at
+          # column 1 of the line after, where json's whitespace skipping ends
+          record = json.loads(line.rstrip("\r\n"))
         except json.JSONDecodeError as e:
           cut = "" if line.endswith("\n") else "; the line is cut short, so the file is truncated"
           raise DatasetError(f"{path}:{line_number}: not valid JSON ({e.msg}, column "
@@ -102,8 +104,8 @@ def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> 
   required = _CODE_KEYS if is_code else _ANSWER_KEYS
   missing = sorted(required - record.keys())
   if missing:
-    kind = "code task (has 'tests'/'entry_point')" if is_code else "answer task"
-    raise DatasetError(f"{where}: missing key(s) {missing} for an {kind}; a line is either "
+    kind = "a code task (has 'tests'/'entry_point')" if is_code else "an answer task"
+    raise DatasetError(f"{where}: missing key(s) {missing} for {kind}; a line is either "
                        "{prompt, answer} or {prompt, tests, entry_point}.")
   unknown = sorted(record.keys() - required - _OPTIONAL_KEYS)
   if unknown:

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from orl_jax import params_io
 from orl_jax.models import family_base
 from orl_jax.models.family_base import AnyModelConfig
 from orl_jax.models.hf_read import (ADAPTER_FILE, ADAPTER_PREFIX, CONFIG_FILE, INDEX_FILE,
@@ -100,6 +101,7 @@ def export_hf(out_dir: str, params: nnx.State, cfg: AnyModelConfig, family: str,
   for name, text in (texts or {}).items():
     with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
       f.write(text)
+  params_io.usual_modes(tmp)
   if os.path.exists(out_dir):
     old = out_dir.rstrip("/") + ".old"
     os.replace(out_dir, old)

@@ -31,6 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -46,9 +47,11 @@ from orl_jax.checkpoint import Checkpointer
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
+from orl_jax.metrics import TPF_COUNT
 from orl_jax.tasks import verifier_metrics
 from orl_jax.decode.types import Trajectories
 from orl_jax.train.setup import Run, RunLog, Setup, finish_run, prepare_run, resume
+from orl_jax.train import interrupt
 from orl_jax.train.state import make_train_step
 
 ENTROPY_STEPS = 8   # rollout_entropy_step{k} is logged for the first steps of every block
@@ -382,17 +385,27 @@ def train_orl(setup: Setup, *, progress=True, stop_after=None, crash_before_upda
   state, start = resume(run, prompt_iter)
   steps = build_orl_steps(setup, run, prompt_iter)
   log = RunLog(setup, start, "orl", progress=progress, stop_after=stop_after)
-  it = start   # iterations done (= checkpoint step); state.step counts optimizer updates
-  while it < log.last:
-    state, record = orl_iteration(steps, state, it,
-                                  crash_before_update_at=crash_before_update_at)
-    it += 1
-    if log.due(it):
-      log_iteration(steps, log, state, it, record)
-    if run.ckpt.should_save(it, final=it == log.last):
-      with host_hop("checkpoint"):
-        run.ckpt.save(it, state, prompt_iter)
-  log.close()
-  if steps.snapshots is not None:
-    steps.snapshots.close()
-  return finish_run(setup, run, state, it)
+  if not log.bar.disable:
+    log.bar.write(f"orl: the bar's tpf is the rollout's; {TPF_COUNT}", file=sys.stderr)
+  ckpt = run.ckpt
+
+  def close():
+    log.close()
+    if steps.snapshots is not None:
+      steps.snapshots.close()
+
+  with interrupt.training_loop(ckpt, start, log.last) as stops:
+    it = start   # iterations done (= checkpoint step); state.step counts optimizer updates
+    while it < log.last:
+      with host_hop("checkpoint"):   # a stop saves here; several processes agree on it
+        stops.check(it, state, prompt_iter, close=close)
+      state, record = orl_iteration(steps, state, it,
+                                    crash_before_update_at=crash_before_update_at)
+      it += 1
+      if log.due(it):
+        log_iteration(steps, log, state, it, record)
+      if ckpt.should_save(it, final=it == log.last):
+        with host_hop("checkpoint"):
+          ckpt.save(it, state, prompt_iter)
+    close()
+    return finish_run(setup, run, state, it)

@@ -15,6 +15,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Sequence, cast
 
+import jax
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
 from orl_jax import config as config_lib
@@ -80,8 +81,8 @@ def load_tokenizer(config, hf_dir: str = "", family: str = ""):
   special, origins = special_tokens(config, hf_dir, family)
   needs_mask = decode_build.sampler_of(config, family=family).needs_mask_token
   tok = HFTokenizer.from_file(path, special, origins, require_mask=needs_mask)
-  # shown once at start-up (the launchers log warnings only): where each id came from
-  logging.warning("special tokens of %s: %s", tok.source, tok.origins_text())
+  # where each id came from, for a log at INFO (launch/decode.py prints it with each model)
+  logging.info("special tokens of %s: %s", tok.source, tok.origins_text())
   return tok
 
 
@@ -134,9 +135,9 @@ def _hf_model_config(config, tok, hf_dir: str, family: str):
   arch = hf_read.read_architecture(hf_dir, family)
   where = f"{hf_dir}/config.json"
   ignored = hf_read.ignored_settings(hf_dir, family)
-  if ignored:
-    logging.warning("%s sets %s: the official %s code never reads these keys, so they are "
-                    "ignored", where, ", ".join(ignored), family)
+  if ignored:   # informational (released files and our exports carry them): no warning
+    logging.info("%s sets %s: the official %s code never reads these keys, so they are "
+                 "ignored", where, ", ".join(ignored), family)
   if hasattr(tok, "vocab_hash"):
     # the tokenizer against the checkpoint's own vocabulary, so a foreign tokenizer is named
     check_model_vocab(tok, arch["vocab_size"], tok.mask_id, where=where)
@@ -188,7 +189,11 @@ def resolve_model(config: RunConfig) -> RunModel:
 def run_mesh(config, devices=None):
   """The mesh of `config.mesh` on `devices` (default: this host's), the batch dimensions checked
   to divide over its data shards."""
-  mesh = sharding_lib.mesh_from_config(config, devices)
+  devices = jax.devices() if devices is None else devices
+  try:
+    mesh = sharding_lib.mesh_from_config(config, devices)
+  except ValueError as e:   # axis sizes that do not fit the devices: what to set instead
+    raise config_lib.ConfigError(sharding_lib.mesh_error(config, len(devices), e)) from None
   check_divisible_by_shards(config, sharding_lib.n_batch_shards(mesh.shape))
   return mesh
 
@@ -390,6 +395,7 @@ class Run:
   state_shardings: TrainState     # the state's NamedShardings, leaf for leaf
   optimizer: optax.GradientTransformation
   ckpt: Checkpointer | None       # None: a run that saves nothing (the compile command's)
+  found: tuple[str, ...] = ()     # what the work directory held before the run wrote to it
 
 
 def prepare_run(setup: Setup) -> Run:
@@ -399,6 +405,7 @@ def prepare_run(setup: Setup) -> Run:
   config = setup.config
   settings = run_settings(setup)
   allowed = run_settings_lib.allowed_fields(config.checkpoint.allow_changed, settings)
+  found = tuple(sorted(os.listdir(config.workdir))) if os.path.isdir(config.workdir) else ()
   os.makedirs(config.workdir, exist_ok=True)
   if distributed.is_lead_process():
     with open(os.path.join(config.workdir, "config.json"), "w") as f:
@@ -410,7 +417,7 @@ def prepare_run(setup: Setup) -> Run:
                                                  with_reference=needs_reference(config))
   ckpt = Checkpointer(os.path.join(config.workdir, "checkpoints"), every=config.checkpoint.every,
                       keep=config.checkpoint.keep, settings=settings, allow_changed=allowed)
-  return Run(graphdef, state, state_sh, optimizer, ckpt)
+  return Run(graphdef, state, state_sh, optimizer, ckpt, found)
 
 
 def _family_decode_settings(config: RunConfig, family: str) -> dict:
@@ -503,10 +510,17 @@ def _block_rules(config, family: str) -> dict:
 def resume(run: Run, data_iter) -> tuple[object, int]:
   """(state, step) from the work directory's newest checkpoint that restores (damaged newer ones
   are moved aside with a warning), restoring `data_iter` in place; the fresh state and step 0
-  when there is none."""
+  when there is none. Either is said in one line: `resumed from step K`, or, when the work
+  directory held files but no checkpoint (a run stopped before it saved one), that the run
+  starts over there."""
   assert run.ckpt is not None   # `prepare_run` opens it
   start, state, _ = run.ckpt.restore_latest(abstract_like(run.state), data_iter)
   if not start:
+    if run.found and distributed.is_lead_process():
+      workdir = os.path.dirname(run.ckpt.directory)
+      shown = ", ".join(run.found[:4]) + (", ..." if len(run.found) > 4 else "")
+      print(f"fresh start at step 0 in a non-empty work directory: {workdir} holds {shown} "
+            "but no checkpoint to resume, so the run starts over and replaces them", flush=True)
     return run.state, 0
   if distributed.is_lead_process():
     print(f"resumed from step {start} ({run.ckpt.directory})", flush=True)

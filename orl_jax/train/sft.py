@@ -22,7 +22,7 @@ from orl_jax.data.pipeline import SftExample, train_dataset
 from orl_jax.losses import sft_loss
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.residual import Residual, residual_from_logits
-from orl_jax.train import rcd
+from orl_jax.train import interrupt, rcd
 from orl_jax.train.setup import RunLog, Setup, finish_run, prepare_run, resume
 from orl_jax.train.state import make_train_step
 
@@ -96,17 +96,20 @@ def train_sft(setup: Setup, *, progress: bool = True, stop_after: int | None = N
   step_fn = make_sft_step(setup, run, residual_fn, reference_params)
   base_key = jax.random.key(config.seed)
   log = RunLog(setup, start, config.train.mode, progress=progress, stop_after=stop_after)
-  t0, step = time.perf_counter(), start
-  while step < log.last:
-    batch = sharding_lib.shard_batch(next(data_iter), setup.mesh, tc.batch_size).replace(
-        rcd_reference_params=reference_params)
-    state, metrics = step_fn(state, batch, base_key)
-    step += 1
-    if log.due(step):
-      steps_per_s = (step - start) / (time.perf_counter() - t0)
-      scalars = log.write(step, dict(metrics, steps_per_s=steps_per_s))
-      log.bar.set_postfix(loss=f"{scalars['loss']:.3f}", acc=f"{scalars['masked_acc']:.3f}")
-    if run.ckpt.should_save(step, final=step == log.last):
-      run.ckpt.save(step, state, data_iter)
-  log.close()
-  return finish_run(setup, run, state, step)
+  ckpt = run.ckpt
+  with interrupt.training_loop(ckpt, start, log.last) as stops:
+    t0, step = time.perf_counter(), start
+    while step < log.last:
+      stops.check(step, state, data_iter, close=log.close)
+      batch = sharding_lib.shard_batch(next(data_iter), setup.mesh, tc.batch_size).replace(
+          rcd_reference_params=reference_params)
+      state, metrics = step_fn(state, batch, base_key)
+      step += 1
+      if log.due(step):
+        steps_per_s = (step - start) / (time.perf_counter() - t0)
+        scalars = log.write(step, dict(metrics, steps_per_s=steps_per_s))
+        log.bar.set_postfix(loss=f"{scalars['loss']:.3f}", acc=f"{scalars['masked_acc']:.3f}")
+      if ckpt.should_save(step, final=step == log.last):
+        ckpt.save(step, state, data_iter)
+    log.close()
+    return finish_run(setup, run, state, step)
