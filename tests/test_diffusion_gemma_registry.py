@@ -160,5 +160,6 @@ def test_26b_a4b_dry_run_matches_hand_calculation(fsdp):
   assert by["rollout capture buffers"].total_bytes == (
       capture_bytes(64, dcfg, 2816, bf16) + route_capture_bytes(64, dcfg, 512, 30, 8))
   note = by["rollout capture buffers"].note      # read from the traced capture
-  assert note.startswith("64 responses x 48 states x canvas 256") and "+ routes" in note, note
+  assert note.startswith("64 responses x 48 captured states x a canvas of 256 tokens") and (
+      "+ routes" in note), note
   print(dry_run.format_table(rows, info))

@@ -15,6 +15,7 @@ from orl_jax import run_config
 from orl_jax.evaluate import evaluate_models
 from orl_jax.train.entry import train
 from orl_jax.apps.summary import report_run
+from orl_jax.metrics import TPF_COUNT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,10 +32,11 @@ def test_debug_config_runs_two_orl_iterations(tmp_path, name):
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
       timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  # the last lines: the updates applied and every file the run wrote
-  tail = out.stdout.strip().splitlines()[-5:]
+  # the last lines: the updates applied, how TPF counts, and every file the run wrote
+  tail = out.stdout.strip().splitlines()[-6:]
   assert tail[0].startswith("orl: 2/2 updates applied, reward "), out.stdout
-  assert tail[1:] == [f"parameters: {tmp_path}/params", f"Hugging Face export: {tmp_path}/hf",
+  assert tail[1] == f"rollout TPF: {TPF_COUNT}"
+  assert tail[2:] == [f"parameters: {tmp_path}/params", f"Hugging Face export: {tmp_path}/hf",
                       f"metrics: {tmp_path}/metrics.jsonl (TensorBoard: {tmp_path}/tensorboard)",
                       f"training curves: {tmp_path}/curves.png"], out.stdout
   with open(tmp_path / "metrics.jsonl") as f:
@@ -101,7 +103,8 @@ def test_debug_jsonl_trains_on_the_example_file_and_its_run_evaluates_and_decode
   params_dir = train(c, progress=False)
   lines = report_run(c, params_dir)
   assert lines[0].startswith("orl: 0/1 updates applied: no response verified (orl.min_reward=1)")
-  assert lines[1:] == [
+  assert lines[1] == f"rollout TPF: {TPF_COUNT}"
+  assert lines[2:] == [
       f"parameters: {params_dir}", f"Hugging Face export: {c.workdir}/hf",
       f"metrics: {c.workdir}/metrics.jsonl (TensorBoard: {c.workdir}/tensorboard)",
       f"training curves: {c.workdir}/curves.png"]
