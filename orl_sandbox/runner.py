@@ -823,6 +823,7 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
   # "builtins" and an `if __name__ == "__main__":` block does not run.
   namespace = {"__builtins__": __builtins__}
   try:
+    _observe(spec["program"])
     exec(compile(spec["program"], "candidate.py", "exec"), namespace)  # pylint: disable=exec-used
     function = namespace.get(spec["entry_point"])
     if not callable(function):
@@ -850,6 +851,8 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
       names = message["call"]["kw"]
       args, kwargs = values[:len(values) - len(names)], dict(zip(names, values[len(
           values) - len(names):]))
+    except wire.Unsupported as unsupported:
+      args = kwargs = values = unsupported
     except Exception:  # pylint: disable=broad-except
       _flush_and_exit(1)
     try:
@@ -859,18 +862,131 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
 
 
 def _answer(session, function, args, kwargs, values) -> dict:
-  """The reply to one call: its result or the exception it raised, with every argument the
-  candidate changed; "abort" when that is not data."""
+  """The reply to one call: its result or the exception it raised, with every container that
+  crossed and changed, and what the candidate printed, warned and logged meanwhile (`_Seen`);
+  "abort" when that is not data, "unsupported" when a value cannot be reproduced exactly."""
+  if isinstance(values, wire.Unsupported):
+    return {"unsupported": _message(values)}
+  seen = _Seen()
   try:
     try:
-      result = function(*args, **kwargs)
+      with seen:
+        result = function(*args, **kwargs)
+      how = "return"
     except Exception as error:  # pylint: disable=broad-except
-      return {"raise": session.encode([error], also=values)}
-    return {"return": session.encode([result], also=values)}
+      how, result = "raise", error
+    if session.unsupported:
+      return {"unsupported": session.unsupported}
+    reply = {how: session.encode([result, *seen.warnings], also=values, watch=True)}
+    reply.update(seen.report())
+    return reply
+  except wire.Unsupported:
+    return {"unsupported": session.unsupported}
   except (wire.WireError, RecursionError) as error:
     return {"abort": f"the answer is not data: {_message(error)}"}
   except BaseException as error:  # pylint: disable=broad-except
     return {"abort": f"{type(error).__name__} escaped the candidate"}
+
+
+def _observe(program: str) -> None:
+  """Loads `warnings` and `logging` before a program that names them runs, so that `_Seen`
+  sees its warnings and records from the first call (they are not loaded otherwise: start-up
+  time is paid per sample)."""
+  for name in ("warnings", "logging"):
+    if name in program:
+      __import__(name)
+
+
+class _Seen:
+  """What a call shows besides its value, for the judge to show the tests when the answer
+  arrives: its writes to sys.stdout and sys.stderr (the first `MAX_TEXT` characters of each),
+  the warnings it issued (the first `MAX_EVENTS`, when `warnings` is loaded) and the log records
+  it emitted (the same, when `logging` is loaded; every level reaches the judge, whose logging
+  configuration is the tests')."""
+  MAX_TEXT = 1 << 16
+  MAX_EVENTS = 256
+
+  def __init__(self):
+    self.out, self.err = _Text(self.MAX_TEXT), _Text(self.MAX_TEXT)
+    self.warnings: list = []
+    self.records: list = []
+    self._saved: tuple = ()
+    self._catcher = self._handler = None
+    self._level = 0
+
+  def __enter__(self):
+    self._saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = self.out, self.err
+    warnings = sys.modules.get("warnings")
+    if warnings is not None:
+      self._catcher = warnings.catch_warnings()
+      self._catcher.__enter__()
+      warnings.simplefilter("always")
+      warnings.showwarning = self._warned
+    logging = sys.modules.get("logging")
+    if logging is not None:
+      self._handler = _record_handler(logging, self.records, self.MAX_EVENTS)
+      root = logging.getLogger()
+      self._level = root.level
+      root.addHandler(self._handler)
+      root.setLevel(1)
+    return self
+
+  def __exit__(self, *exc):
+    sys.stdout, sys.stderr = self._saved
+    if self._catcher is not None:
+      self._catcher.__exit__(*exc)
+    if self._handler is not None:
+      root = sys.modules["logging"].getLogger()
+      root.removeHandler(self._handler)
+      root.setLevel(self._level)
+    return False
+
+  def _warned(self, message, *_):
+    """`warnings.showwarning` during the call: keeps the warning (an instance of its
+    category)."""
+    if len(self.warnings) < self.MAX_EVENTS:
+      self.warnings.append(message)
+
+  def report(self) -> dict:
+    """The reply's extra keys (none when the call showed nothing)."""
+    shown = {"out": self.out.text(), "err": self.err.text(), "warned": len(self.warnings),
+             "log": self.records}
+    return {key: value for key, value in shown.items() if value}
+
+
+class _Text:
+  """A write-only text stream keeping its first `limit` characters."""
+
+  def __init__(self, limit: int):
+    self.parts: list[str] = []
+    self.left = limit
+
+  def write(self, text) -> int:
+    text = str(text)
+    if self.left > 0:
+      self.parts.append(text[:self.left])
+      self.left -= len(self.parts[-1])
+    return len(text)
+
+  def flush(self) -> None:
+    pass
+
+  def text(self) -> str:
+    return "".join(self.parts)
+
+
+def _record_handler(logging, records: list, limit: int):
+  """A handler that keeps [logger name, level, message] of the first `limit` records."""
+  class Keep(logging.Handler):
+    def emit(self, record):
+      if len(records) < limit:
+        try:
+          message = str(record.getMessage())[:_Seen.MAX_TEXT]
+        except Exception:  # pylint: disable=broad-except
+          message = "(a log message that could not be formatted)"
+        records.append([str(record.name), int(record.levelno), message])
+  return Keep(0)
 
 
 def _message(error: BaseException) -> str:
