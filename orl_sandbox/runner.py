@@ -907,7 +907,7 @@ class _Seen:
   MAX_EVENTS = 256
 
   def __init__(self):
-    self.out, self.err = _Text(self.MAX_TEXT), _Text(self.MAX_TEXT)
+    self.out, self.err = _Text(sys.stdout, self.MAX_TEXT), _Text(sys.stderr, self.MAX_TEXT)
     self.warnings: list = []
     self.records: list = []
     self._saved: tuple = ()
@@ -956,9 +956,11 @@ class _Seen:
 
 
 class _Text:
-  """A write-only text stream keeping its first `limit` characters."""
+  """A write-only text stream that keeps its first `limit` characters and passes everything on
+  to `stream` (the sample's own output, kept in `SandboxResult`)."""
 
-  def __init__(self, limit: int):
+  def __init__(self, stream, limit: int):
+    self.stream = stream
     self.parts: list[str] = []
     self.left = limit
 
@@ -967,10 +969,10 @@ class _Text:
     if self.left > 0:
       self.parts.append(text[:self.left])
       self.left -= len(self.parts[-1])
-    return len(text)
+    return self.stream.write(text)
 
   def flush(self) -> None:
-    pass
+    self.stream.flush()
 
   def text(self) -> str:
     return "".join(self.parts)

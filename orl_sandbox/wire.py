@@ -921,6 +921,8 @@ def _fill_set(target: set, items: list, size, session: Session) -> None:
   an item sits away from its place (collisions, deletions): then a few reorderings are tried."""
   if type(size) is not int or not 8 <= size <= 4 * MAX_ELEMENTS or size & (size - 1):
     raise WireError("malformed set table size")
+  if size > 8 * max(len(items), 8):   # a table emptied by deletions: not rebuilt at that size
+    size = 8
   order = list(items)
   for _ in range(_SET_TRIES if len(items) <= _SET_SEARCH else 1):
     _insert_sized(target, order, size)

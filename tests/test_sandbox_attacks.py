@@ -1403,7 +1403,7 @@ _wire.dumps = lambda message: (struct.pack(">I", len(_payload)) + _payload
 
 
 OVERLOAD = {
-    "hash_flood_set": _raw_reply("one('set', colliding(200_001))"),
+    "hash_flood_set": _raw_reply("one('set', [1 << 20, colliding(200_001)])"),
     "hash_flood_dict": _raw_reply("one('dict', [[k, 0] for k in colliding(100_001)])"),
     # A list: harmless to decode, quadratic once the tests build a set or dict from it.
     "hash_flood_list": _raw_reply("one('list', colliding(200_001))"),
