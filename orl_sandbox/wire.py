@@ -211,6 +211,11 @@ def _enum_class(member, namespace) -> dict:
           "type": None if mixin is object else mixin.__name__, "members": encoded}
 
 
+# References to a container that only a session holds, as `Session._watch` counts them: its
+# `objects` and `mutable` entries, the comprehension's variable and `getrefcount`'s argument.
+_SESSION_REFS = 4
+
+
 class Session:
   """One side's record of the containers that crossed the boundary.
 
@@ -238,6 +243,7 @@ class Session:
     self.hsizes: dict[int, tuple] = {}   # pid -> (nodes, depth) of a received immutable
     self.unsupported = ""                # why a value received cannot be reproduced exactly
     self.watch_work = 0
+    self.mutable: list = []   # the mutable containers among `objects` still to be watched
 
   def encode(self, values, also=(), watch: bool = False) -> dict:
     """{"objs", "vals"} for `values`; containers reachable from `also` are sent too when they
@@ -261,9 +267,12 @@ class Session:
     return {"objs": encoder.entries, "vals": vals}
 
   def _watch(self, encoder: "_Encoder") -> None:
-    """Re-reads every mutable container that crossed (each once a message), within
-    `MAX_WATCH_WORK` over the session: past it a later change could go unseen."""
-    watched = [obj for pid, obj in self.objects.items() if self.kinds[pid] in _MUTABLE]
+    """Re-reads every mutable container that crossed and that something besides this session
+    still references (each once a message; one that only the session holds can no longer
+    change, and is not looked at again), within `MAX_WATCH_WORK` over the session: past it a
+    later change could go unseen."""
+    refs = sys.getrefcount
+    watched = self.mutable = [obj for obj in self.mutable if refs(obj) > _SESSION_REFS]
     self.watch_work += len(watched)
     if self.watch_work > MAX_WATCH_WORK:
       raise Unsupported(self, f"more than {MAX_WATCH_WORK} containers re-read to find the "
@@ -365,6 +374,8 @@ class _Encoder:
     session = self.session
     for pid, obj, kind in self.new.values():
       session.objects[pid], session.kinds[pid], session.pid_of[id(obj)] = obj, kind, pid
+      if kind in _MUTABLE:
+        session.mutable.append(obj)
     session.synced.update(self.texts)
     session.next_pid = self.next_pid
 
@@ -684,6 +695,8 @@ class _Decoder:
   def _register(self, pid, kind, obj):
     session = self.session
     session.objects[pid], session.kinds[pid], session.pid_of[id(obj)] = obj, kind, pid
+    if kind in _MUTABLE:
+      session.mutable.append(obj)
 
   def child(self, data):
     """A value inside a payload: a scalar, or a container that exists already."""
