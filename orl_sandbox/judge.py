@@ -265,8 +265,9 @@ class _Replay:
       self._violate(str(reply["unsupported"])[:1000], unsupported=True)
     if set(reply) == {"abort"}:
       self._violate(str(reply["abort"])[:1000])
-    if how is None or not set(reply) <= {how, *_SHOWN} or (how == "raise" and not isinstance(value, Exception)) or len(
-        shown) != reply.get("warned", 0) or not _show(reply, shown):
+    if how is None or not set(reply) <= {how, *_SHOWN} or (
+        how == "raise" and not isinstance(value, Exception)) or len(shown) != reply.get(
+            "warned", 0) or not _show(reply, shown):
       self._violate("malformed reply")
     if how == "raise":
       raise value   # (outside the `try`: the candidate's own RecursionError or MemoryError)

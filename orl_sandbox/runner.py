@@ -875,8 +875,8 @@ def _answer(session, function, args, kwargs, values) -> dict:
       how = "return"
     except Exception as error:  # pylint: disable=broad-except
       how, result = "raise", error
-    if session.unsupported:
-      return {"unsupported": session.unsupported}
+    if session.unsupported or seen.overflowed():
+      return {"unsupported": session.unsupported or seen.overflowed()}
     reply = {how: session.encode([result, *seen.warnings], also=values, watch=True)}
     reply.update(seen.report())
     return reply
@@ -899,12 +899,14 @@ def _observe(program: str) -> None:
 
 class _Seen:
   """What a call shows besides its value, for the judge to show the tests when the answer
-  arrives: its writes to sys.stdout and sys.stderr (the first `MAX_TEXT` characters of each),
-  the warnings it issued (the first `MAX_EVENTS`, when `warnings` is loaded) and the log records
-  it emitted (the same, when `logging` is loaded; every level reaches the judge, whose logging
-  configuration is the tests')."""
-  MAX_TEXT = 1 << 16
-  MAX_EVENTS = 256
+  arrives: its writes to sys.stdout and sys.stderr (up to `MAX_TEXT` characters each), the
+  warnings it issued (up to `MAX_EVENTS`, when `warnings` is loaded) and the log records it
+  emitted (the same, when `logging` is loaded; every level reaches the judge, whose logging
+  configuration is the tests'). Past a bound the call is not judged: tests that count what
+  was shown would see too little."""
+  MAX_TEXT = 1 << 20
+  MAX_EVENTS = 4096
+  MAX_RECORD = 1 << 16
 
   def __init__(self):
     self.out, self.err = _Text(sys.stdout, self.MAX_TEXT), _Text(sys.stderr, self.MAX_TEXT)
@@ -912,6 +914,7 @@ class _Seen:
     self.records: list = []
     self._saved: tuple = ()
     self._catcher = self._handler = None
+    self.too_many = False
     self._level = 0
 
   def __enter__(self):
@@ -925,7 +928,7 @@ class _Seen:
       warnings.showwarning = self._warned
     logging = sys.modules.get("logging")
     if logging is not None:
-      self._handler = _record_handler(logging, self.records, self.MAX_EVENTS)
+      self._handler = _record_handler(logging, self)
       root = logging.getLogger()
       self._level = root.level
       root.addHandler(self._handler)
@@ -947,6 +950,16 @@ class _Seen:
     category)."""
     if len(self.warnings) < self.MAX_EVENTS:
       self.warnings.append(message)
+    else:
+      self.too_many = True
+
+  def overflowed(self) -> str:
+    """Why what the call showed is too much to show the tests, or ""."""
+    if self.too_many or self.out.left < 0 or self.err.left < 0:
+      return (f"a call wrote more than {self.MAX_TEXT} characters to an output stream, issued "
+              f"more than {self.MAX_EVENTS} warnings or log records, or a log message longer "
+              f"than {self.MAX_RECORD} characters")
+    return ""
 
   def report(self) -> dict:
     """The reply's extra keys (none when the call showed nothing)."""
@@ -966,9 +979,11 @@ class _Text:
 
   def write(self, text) -> int:
     text = str(text)
-    if self.left > 0:
-      self.parts.append(text[:self.left])
-      self.left -= len(self.parts[-1])
+    if len(text) > self.left:
+      self.left = -1
+    elif text:
+      self.parts.append(text)
+      self.left -= len(text)
     return self.stream.write(text)
 
   def flush(self) -> None:
@@ -978,16 +993,18 @@ class _Text:
     return "".join(self.parts)
 
 
-def _record_handler(logging, records: list, limit: int):
-  """A handler that keeps [logger name, level, message] of the first `limit` records."""
+def _record_handler(logging, seen: _Seen):
+  """A handler that keeps [logger name, level, message] of each record in `seen.records`."""
   class Keep(logging.Handler):
     def emit(self, record):
-      if len(records) < limit:
-        try:
-          message = str(record.getMessage())[:_Seen.MAX_TEXT]
-        except Exception:  # pylint: disable=broad-except
-          message = "(a log message that could not be formatted)"
-        records.append([str(record.name), int(record.levelno), message])
+      try:
+        message = str(record.getMessage())
+      except Exception:  # pylint: disable=broad-except
+        message = "(a log message that could not be formatted)"
+      if len(seen.records) >= seen.MAX_EVENTS or len(message) > seen.MAX_RECORD:
+        seen.too_many = True
+      else:
+        seen.records.append([str(record.name), int(record.levelno), message])
   return Keep(0)
 
 

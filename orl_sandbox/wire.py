@@ -267,18 +267,20 @@ class Session:
     return {"objs": encoder.entries, "vals": vals}
 
   def _watch(self, encoder: "_Encoder") -> None:
-    """Re-reads every mutable container that crossed and that something besides this session
-    still references (each once a message; one that only the session holds can no longer
-    change, and is not looked at again), within `MAX_WATCH_WORK` over the session: past it a
-    later change could go unseen."""
-    refs = sys.getrefcount
-    watched = self.mutable = [obj for obj in self.mutable if refs(obj) > _SESSION_REFS]
+    """Re-reads every mutable container that crossed (each once a message), within
+    `MAX_WATCH_WORK` over the session: past it a later change could go unseen. A container
+    that, once re-read, only this session still holds can change no more (nothing can reach
+    it) and is not re-read again: so the cost is linear in the calls, not quadratic."""
+    watched = self.mutable
     self.watch_work += len(watched)
     if self.watch_work > MAX_WATCH_WORK:
       raise Unsupported(self, f"more than {MAX_WATCH_WORK} containers re-read to find the "
                         "candidate's later changes")
     for obj in watched:
       encoder.value(obj, 0)
+    obj = None   # (a reference of its own otherwise)
+    refs = sys.getrefcount
+    self.mutable = [obj for obj in watched if refs(obj) > _SESSION_REFS]
 
   def decode(self, part) -> list:
     """The values of a message part (see `encode`), with the other side's changes applied to

@@ -740,8 +740,9 @@ _LOGGED = ("import logging, unittest\n\n\ndef check(candidate):\n"
 _NO_LOGS = ("import logging\n\n\ndef check(candidate):\n    records = []\n"
             "    handler = logging.Handler()\n    handler.emit = records.append\n"
             "    logging.getLogger().addHandler(handler)\n    logging.getLogger().setLevel(1)\n"
-            "    assert candidate(1) == 1\n    assert [r.getMessage() for r in records] == {want}\n")
-_SET_STR = ("    s = {'apple', 'banana', 'cherry', 'date', 'elderberry', 'fig'}\n"
+            "    assert candidate(1) == 1\n"
+            "    assert [r.getMessage() for r in records] == {want}\n")
+_SET_STR = ("    s = {33, 1, 65, 97, 2, 7, 15, 23}   # collisions: not rebuilt by inserting alone\n"
             "    return s if x == 0 else str(s) if x == 1 else next(iter(s))\n")
 _GENERATES = "    yield x\n    yield x + 1\n"
 
@@ -769,7 +770,7 @@ EXACT = {
     "log_seen": (_LOGS, _LOGGED.format(want=["INFO:f:start", "INFO:f:looked at 1"])),
     "log_forbidden": (_LOGS, _NO_LOGS.format(want="[]")),
     "log_levels_are_the_tests": (_LOGS, _NO_LOGS.format(want="['looked at 1', 'detail']")),
-    # a set's iteration order is the one the sample produced (strings: the same hash seed)
+    # a set's iteration order is the one the sample produced
     "set_str_order": (_SET_STR, "def check(candidate):\n    assert str(candidate(0)) == "
                       "candidate(1)\n"),
     "set_pop_order": (_SET_STR, "def check(candidate):\n    assert candidate(0).pop() == "
@@ -812,7 +813,8 @@ def test_what_a_call_shows_is_judged_as_in_process():
 _ERRORS_PROMPT = ("class AppError(Exception):\n    pass\n\n\n"
                   "def f(x):\n    \"\"\"Raises an AppError for a negative x.\"\"\"\n")
 _ERRORS_TESTS = ("def check(candidate):\n    try:\n        candidate(-1)\n"
-                 "    except AppError as error:\n        assert type(error).__name__ == 'Negative'\n"
+                 "    except AppError as error:\n"
+                 "        assert type(error).__name__ == 'Negative'\n"
                  "        assert isinstance(error, ValueError) and error.args == (-1,)\n"
                  "    else:\n        assert False\n")
 

@@ -1580,7 +1580,8 @@ _QUIET_TESTS = ("import contextlib, io, logging, warnings\n\n\ndef check(candida
                 "        warnings.simplefilter('always')\n"
                 "        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
                 "            assert candidate(3) == 3\n"
-                "    assert (out.getvalue(), err.getvalue(), warned, records) == ('', '', [], [])\n")
+                "    assert (out.getvalue(), err.getvalue(), warned, records) == "
+                "('', '', [], [])\n")
 _QUIET = _problem("quiet", "def quiet(x: int) -> int:",
                   "Returns `x`; prints, warns and logs nothing.", _QUIET_TESTS)
 
