@@ -18,7 +18,11 @@ after its processes are dead, in three steps:
    semantics: answers are real instances of their types, exceptions are raised as their classes
    (matched through the class hierarchy, never by name), and what the candidate did to its
    arguments is done to the tests' own objects when its answer arrives (`wire.Session` on both
-   sides; an argument passed again is the sample's same object). A call that step 1 could not
+   sides; an argument passed again is the sample's same object), as is what it did meanwhile to
+   any container that crossed earlier; what it printed, warned and logged during the call is
+   shown to the tests at that moment (`_show`). A value the judge cannot reproduce exactly (a
+   set's order, a stateful default factory: `wire.Unsupported`) leaves the sample not judged,
+   as below. A call that step 1 could not
    know in advance (its arguments depend on an earlier answer, `candidate(candidate(x))`, or on
    a branch taken on an answer that the recorder's stand-in did not take) has no stored reply:
    the sample is not judged ("unsupported", with that reason in the detail; it scores 0 and the

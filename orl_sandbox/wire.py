@@ -9,16 +9,23 @@ carries values so that a test sees what it would see in-process:
   standard library `Decimal`, `Fraction`, `Counter`, `OrderedDict`, `defaultdict`, `deque`,
   `namedtuple` classes, `UserList`/`UserDict`/`UserString`, `SimpleNamespace`, `array`, dict
   views, `MappingProxyType`, `date`/`time`/`datetime`/`timedelta`/`timezone`, `Enum` members
-  (every enum kind), built-in types, exceptions (class, standard-library bases, args), and
-  iterators (consumed on the sending side, delivered as an iterator over the items). The
-  receiver builds real instances of those classes, so `==`, hashing and `repr` are Python's own.
+  (every enum kind), built-in types, exceptions (class, standard-library bases, the prompt's
+  classes it derives from, args), `NotImplemented`, `math.nan` itself, and iterators (consumed
+  on the sending side, delivered as an iterator over the items; a generator as a generator).
+  The receiver builds real instances of those classes, so `==`, hashing and `repr` are
+  Python's own. A set keeps its iteration order (`_fill_set`).
   Anything else (a function, a subclass of a built-in type) is a `WireError`.
 * **Identity survives.** Each side keeps a `Session`: every container that crossed has a number
   (`pid`; the judge numbers even, the sample odd), and a message carries a container's contents
   only when it is new or changed since both sides last agreed. So a candidate that sorts its
   argument in place changes the test's own list, `candidate(x) is x` holds when it returns its
   argument, aliasing inside a value (`[[0] * 3] * 3`) and cycles are kept, and an argument the
-  tests pass again is the sample's same object.
+  tests pass again is the sample's same object. With `watch`, a message also carries what
+  changed in any container that crossed earlier (`Session._watch`).
+* **Or refused.** What the receiver cannot reproduce exactly (a set order, a stateful default
+  factory, a value sent into a generator, a change both sides made) raises `Unsupported` and is
+  recorded in the session: the sample is then not judged rather than judged on a different
+  value.
 
 A message's values are {"objs": [[pid, [kind, payload]], ...], "vals": [value, ...]}: scalars
 inline (JSON, or a one-key tag such as {"$int": hex}), containers as {"$ref": pid}.
