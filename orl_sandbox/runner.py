@@ -859,6 +859,8 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
       wire.write_message(rpc_out, _answer(session, function, args, kwargs, values))
     except (OSError, ValueError):
       _flush_and_exit(1)
+    values = args = kwargs = None   # then containers only the session holds are not watched
+    session.forget()
 
 
 def _answer(session, function, args, kwargs, values) -> dict:
@@ -875,6 +877,7 @@ def _answer(session, function, args, kwargs, values) -> dict:
       how = "return"
     except Exception as error:  # pylint: disable=broad-except
       how, result = "raise", error
+      error.__traceback__ = None   # (its frames would keep the arguments watched)
     if session.unsupported or seen.overflowed():
       return {"unsupported": session.unsupported or seen.overflowed()}
     reply = {how: session.encode([result, *seen.warnings], also=values, watch=True)}

@@ -218,7 +218,7 @@ def _enum_class(member, namespace) -> dict:
           "type": None if mixin is object else mixin.__name__, "members": encoded}
 
 
-# References to a container that only a session holds, as `Session._watch` counts them: its
+# References to a container that only a session holds, as `Session.forget` counts them: its
 # `objects` and `mutable` entries, the comprehension's variable and `getrefcount`'s argument.
 _SESSION_REFS = 4
 
@@ -274,20 +274,22 @@ class Session:
     return {"objs": encoder.entries, "vals": vals}
 
   def _watch(self, encoder: "_Encoder") -> None:
-    """Re-reads every mutable container that crossed (each once a message), within
-    `MAX_WATCH_WORK` over the session: past it a later change could go unseen. A container
-    that, once re-read, only this session still holds can change no more (nothing can reach
-    it) and is not re-read again: so the cost is linear in the calls, not quadratic."""
-    watched = self.mutable
-    self.watch_work += len(watched)
+    """Re-reads every mutable container that crossed and is still watched (each once a
+    message), within `MAX_WATCH_WORK` over the session: past it a later change could go
+    unseen."""
+    self.watch_work += len(self.mutable)
     if self.watch_work > MAX_WATCH_WORK:
       raise Unsupported(self, f"more than {MAX_WATCH_WORK} containers re-read to find the "
                         "candidate's later changes")
-    for obj in watched:
+    for obj in self.mutable:
       encoder.value(obj, 0)
-    obj = None   # (a reference of its own otherwise)
+
+  def forget(self) -> None:
+    """Stops watching the containers that only this session still holds: nothing can reach
+    them to change them. Called between calls, once the caller dropped its own references to
+    the last call's values (so the cost of watching is linear in the calls, not quadratic)."""
     refs = sys.getrefcount
-    self.mutable = [obj for obj in watched if refs(obj) > _SESSION_REFS]
+    self.mutable = [obj for obj in self.mutable if refs(obj) > _SESSION_REFS]
 
   def decode(self, part) -> list:
     """The values of a message part (see `encode`), with the other side's changes applied to
@@ -389,9 +391,20 @@ class _Encoder:
     session.next_pid = self.next_pid
 
 
+_KINDS_BY_MODULES: dict = {}
+
+
 def _object_kinds() -> dict:
   """type -> kind for the containers of loaded modules (a class that is not loaded cannot be
-  the type of a value)."""
+  the type of a value); one table for each set of those modules loaded."""
+  loaded = tuple(name in sys.modules for name in ("collections", "array", "types"))
+  kinds = _KINDS_BY_MODULES.get(loaded)
+  if kinds is None:
+    kinds = _KINDS_BY_MODULES[loaded] = _new_object_kinds()
+  return kinds
+
+
+def _new_object_kinds() -> dict:
   kinds = {list: "list", tuple: "tuple", dict: "dict", set: "set", frozenset: "frozenset",
            bytearray: "bytearray", memoryview: "memoryview", type({}.keys()): "keys",
            type({}.values()): "values", type({}.items()): "items",

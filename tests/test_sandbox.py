@@ -482,9 +482,9 @@ def _across(sender, receiver, value):
 
 
 def test_wire_sends_later_changes_and_forgets_what_nothing_else_holds():
-  """After every call the sample's session sends the changed contents of every container
-  still referenced outside it; one that only the session holds is re-read once more, then never
-  again."""
+  """After every call the sample's session sends the changed contents of every container it
+  watches (one dropped during the call too); between calls it stops watching those that only
+  it still holds."""
   judge, sample = wire.Session(0), wire.Session(1)
   kept, dropped = [1], [2]
   here = [_across(judge, sample, kept), _across(judge, sample, dropped)]
@@ -492,10 +492,10 @@ def test_wire_sends_later_changes_and_forgets_what_nothing_else_holds():
   here[0].append(3)
   here[1].append(4)
   del here[1]
-  update = sample.encode([None], watch=True)
-  judge.decode(update)
-  assert (kept, dropped) == ([1, 3], [2, 4]) and len(sample.mutable) == 1
-  assert sample.watch_work == 4
+  judge.decode(sample.encode([None], watch=True))
+  assert (kept, dropped) == ([1, 3], [2, 4]) and sample.watch_work == 4
+  sample.forget()
+  assert sample.mutable == [[1, 3]] and sample.mutable[0] is here[0]
 
 
 def test_wire_set_order_factories_and_identities():
