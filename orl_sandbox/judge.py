@@ -299,7 +299,7 @@ def _show(reply: dict, warned: list) -> bool:
   if warned:
     import warnings  # pylint: disable=import-outside-toplevel
     for warning in warned:
-      warnings.warn(warning, stacklevel=3)
+      warnings.warn(warning, stacklevel=4)   # the tests' line that called the candidate
   if log:
     import logging  # pylint: disable=import-outside-toplevel
     for name, level, message in log:
