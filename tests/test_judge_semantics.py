@@ -767,6 +767,11 @@ EXACT = {
     "printing_forbidden": (_PRINTS, _QUIET.format(want="")),
     "warning_seen": (_WARNS, _NO_WARNINGS.format(want="[(DeprecationWarning, 'old')]")),
     "warning_forbidden": (_WARNS, _NO_WARNINGS.format(want="[]")),
+    "warning_as_error": (_WARNS, "import warnings\n\n\ndef check(candidate):\n"
+                         "    with warnings.catch_warnings():\n"
+                         "        warnings.simplefilter('error')\n        try:\n"
+                         "            candidate(1)\n        except DeprecationWarning:\n"
+                         "            pass\n        else:\n            assert False\n"),
     "log_seen": (_LOGS, _LOGGED.format(want=["INFO:f:start", "INFO:f:looked at 1"])),
     "log_forbidden": (_LOGS, _NO_LOGS.format(want="[]")),
     "log_levels_are_the_tests": (_LOGS, _NO_LOGS.format(want="['looked at 1', 'detail']")),
