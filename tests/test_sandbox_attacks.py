@@ -1185,7 +1185,8 @@ def test_output_flood_is_capped_and_kept_in_part(verifier, tracker):
   flood = "    import sys\n    for _ in range(64):\n        sys.stdout.write('x' * (1 << 20))\n" \
           f"    return {CORRECT}\n"
   result = verifier.inner.run(TRUNCATE, flood)
-  assert result.verdict == "fail" and "Broken pipe" in result.detail   # closed past 16 MiB
+  # Past 1 MiB in one call, what it printed is more than the judge shows the tests: not judged.
+  assert result.verdict == "unsupported" and "more than 1048576 characters" in result.detail
   assert result.stdout == "x" * verifier.inner.limits.max_output_bytes
 
 
@@ -1403,7 +1404,7 @@ _wire.dumps = lambda message: (struct.pack(">I", len(_payload)) + _payload
 
 
 OVERLOAD = {
-    "hash_flood_set": _raw_reply("one('set', colliding(200_001))"),
+    "hash_flood_set": _raw_reply("one('set', [1 << 20, colliding(200_001)])"),
     "hash_flood_dict": _raw_reply("one('dict', [[k, 0] for k in colliding(100_001)])"),
     # A list: harmless to decode, quadratic once the tests build a set or dict from it.
     "hash_flood_list": _raw_reply("one('list', colliding(200_001))"),
@@ -1548,3 +1549,78 @@ def test_hedged_math_answers_score_zero_beside_an_honest_one():
             "I think #### 30\n#### thirty-one", "The answer is 30.", "#### ~30", "#### 30,5"]
   honest = ["12 + 18 = 30\n#### 30", "#### $30.00", "\\boxed{30}"]
   assert verifier.score_batch([problem] * 11, hedges + honest) == [0.0] * 8 + [1.0] * 3
+
+
+# ------------------------------------------- what a call does besides returning (judge exactness)
+
+def _problem(name: str, signature: str, doc: str, tests: str) -> Problem:
+  return Problem(f"attack/{name}", f'{signature}\n    """{doc}"""\n', tests=tests,
+                 entry_point=signature[4:signature.index("(")])
+
+
+_BAG = _problem("bag", "def add(item, bag: list) -> int:",
+                "Appends `item` to `bag`; returns its new length.",
+                "def check(candidate):\n    first = []\n    assert candidate(1, first) == 1\n"
+                "    assert candidate(2, []) == 1\n    assert first == [1]\n")
+_SQUARES = _problem("squares", "def squares(n: int) -> dict:",
+                    "A new dict {k: k * k} for k below n.",
+                    "def check(candidate):\n    a = candidate(2)\n"
+                    "    assert candidate(3) == {0: 0, 1: 1, 2: 4}\n    assert a == {0: 0, 1: 1}\n")
+_COUNTS = _problem("counts", "def counts(words: list):",
+                   "A collections.defaultdict(int) counting `words`.",
+                   "def check(candidate):\n    d = candidate(['a'])\n"
+                   "    assert d['a'] == 1 and d['zzz'] == 0 and d['yyy'] == 0\n")
+_HOLES = _problem("holes", "def holes() -> set:", "The set {0, 2, 4, 225}, built from a literal.",
+                  "def check(candidate):\n    s = candidate()\n    assert s == {0, 2, 4, 225}\n"
+                  "    assert str(s) == '{0, 225, 2, 4}' and s.pop() == 0\n")
+_QUIET_TESTS = ("import contextlib, io, logging, warnings\n\n\ndef check(candidate):\n"
+                "    out, err, records = io.StringIO(), io.StringIO(), []\n"
+                "    handler = logging.Handler()\n    handler.emit = records.append\n"
+                "    logging.getLogger().addHandler(handler)\n"
+                "    with warnings.catch_warnings(record=True) as warned:\n"
+                "        warnings.simplefilter('always')\n"
+                "        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+                "            assert candidate(3) == 3\n"
+                "    assert (out.getvalue(), err.getvalue(), warned, records) == "
+                "('', '', [], [])\n")
+_QUIET = _problem("quiet", "def quiet(x: int) -> int:",
+                  "Returns `x`; prints, warns and logs nothing.", _QUIET_TESTS)
+
+SIDE_EFFECTS = {
+    # changes an argument of an earlier call during a later one
+    "late_change_to_an_earlier_argument": (
+        _BAG, "    global KEPT\n    if KEPT is not None:\n        KEPT.append(99)\n"
+        "    KEPT = bag\n    bag.append(item)\n    return len(bag)\n\n\nKEPT = None\n",
+        "    bag.append(item)\n    return len(bag)\n"),
+    # empties a dict it returned earlier and kept
+    "returned_cache_changed_later": (
+        _SQUARES, "    global LAST\n    if LAST is not None:\n        LAST.clear()\n"
+        "    LAST = {k: k * k for k in range(n)}\n    return LAST\n\n\nLAST = None\n",
+        "    return {k: k * k for k in range(n)}\n"),
+    # a default factory whose second value differs: the judge used to copy the first
+    "stateful_default_factory": (
+        _COUNTS, "    import collections, itertools\n    seq = itertools.count()\n"
+        "    d = collections.defaultdict(lambda: next(seq))\n    for w in words:\n"
+        "        d[w] = d.get(w, 0) + 1\n    return d\n",
+        "    import collections\n    d = collections.defaultdict(int)\n    for w in words:\n"
+        "        d[w] += 1\n    return d\n"),
+    # a set whose iteration order a fresh set with its items does not have
+    "set_order": (_HOLES, "    s = set(range(5))\n    s.discard(1)\n    s.discard(3)\n"
+                  "    s.add(225)\n    return s\n", "    return {0, 2, 4, 225}\n"),
+    "prints": (_QUIET, "    print('working on', x)\n    return x\n", "    return x\n"),
+    "writes_to_stderr": (_QUIET, "    import sys\n    sys.stderr.write('!')\n    return x\n",
+                         "    return x\n"),
+    "warns": (_QUIET, "    import warnings\n    warnings.warn('slow path')\n    return x\n",
+              "    return x\n"),
+    "logs": (_QUIET, "    import logging\n    logging.getLogger('q').error('x=%s', x)\n"
+             "    return x\n", "    return x\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIDE_EFFECTS))
+def test_side_effects_the_tests_inspect_are_judged(verifier, tracker, name):
+  """A wrong program whose fault is something other than its return value (a later change to an
+  earlier argument or to a cache it returned, a default factory's next value, a set's order,
+  printing, warning or logging) scores 0; the right one beside it scores 1."""
+  problem, hostile, honest = SIDE_EFFECTS[name]
+  assert verifier.score_batch([problem, problem], [hostile, honest]) == [0.0, 1.0]
