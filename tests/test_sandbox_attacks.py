@@ -1518,9 +1518,10 @@ def test_samples_of_one_prompt_never_run_at_the_same_time(verifier, tracker, mon
 
 # A sender that knows the answer ends its run at a chosen phase of the wall clock (CLOCK_REALTIME
 # is not namespaced); the next sample of its prompt reads the clock when it loads and decodes the
-# phase. With samples run back to back, the receiver starts a set-up time (tenths of a second)
-# after the sender ended.
-_CYCLE_S, _SYMBOL_S = 2.0, 0.5   # four symbols
+# phase. With samples run back to back, the receiver starts a set-up time (0.07 to 0.2 s here)
+# after the sender ended. The phase is taken modulo the scheduling slot (0.25 s), which is what
+# slots hide; which slot length a run fell in is the bounded channel left (docs/verifier.md).
+_CYCLE_S, _SYMBOL_S, _SET_UP_S = 0.25, 0.125, 0.05   # two symbols
 
 
 def _secret_problem(tag: str, secret: int, copy: int = 0) -> Problem:
@@ -1541,7 +1542,7 @@ def _exit_time_pair(secret: int, nonce: str) -> tuple[str, str]:
 
       import time
       _wait = ({secret} * {_SYMBOL_S} - time.time()) % {_CYCLE_S}
-      time.sleep(_wait if _wait > 0.05 else _wait + {_CYCLE_S})  # ends at phase {secret} / 4
+      time.sleep(_wait if _wait > 0.02 else _wait + {_CYCLE_S})  # ends at phase {secret}
       # {nonce}
       """)
   receiver = textwrap.dedent(f"""\
@@ -1549,37 +1550,34 @@ def _exit_time_pair(secret: int, nonce: str) -> tuple[str, str]:
 
 
       import time
-      DECODED = int(((time.time() - 0.05) % {_CYCLE_S}) // {_SYMBOL_S})  # {nonce}
+      DECODED = int(((time.time() - {_SET_UP_S}) % {_CYCLE_S}) // {_SYMBOL_S})  # {nonce}
       """)
   return "    " + sender.lstrip(), "    " + receiver.lstrip()
 
 
-def _exit_time_trials(verifier, batches: int, tag: str) -> int:
-  """Rounds of three prompts, each with a sender, a receiver and an honest sample (in that
-  order) and its own random secret, the receiver and the honest sample on a copy of the
-  sender's task in the second and third prompt: how many receivers answered right. Each
-  honest sample scores 1, each sender 0."""
+def _exit_time_trials(verifier, trials: int, tag: str) -> int:
+  """Batches of one sender, one receiver and one honest sample (run in that order) with a new
+  random secret each, the receiver and the honest sample on the sender's task or on one of its
+  copies: how many receivers answered right. Each honest sample scores 1, each sender 0."""
   import random
   right = 0
-  for batch in range(batches):
-    problems, responses = [], []
-    for slot in range(3):
-      secret, nonce = random.randrange(4), f"{tag} {batch} {slot}"
-      copy = _secret_problem(nonce, secret, copy=slot)
-      sender, receiver = _exit_time_pair(secret, nonce)
-      problems += [_secret_problem(nonce, secret), copy, copy]
-      responses += [sender, receiver, f"    return {secret}  # {nonce}\n"]
-    scores = verifier.score_batch(problems, responses)
-    assert scores[0::3] == [0.0] * 3 and scores[2::3] == [1.0] * 3, scores
-    right += int(sum(scores[1::3]))
+  for trial in range(trials):
+    secret, nonce = random.randrange(2), f"{tag} {trial}"
+    copy = _secret_problem(nonce, secret, copy=trial % 3)
+    sender, receiver = _exit_time_pair(secret, nonce)
+    scores = verifier.score_batch([_secret_problem(nonce, secret), copy, copy],
+                                  [sender, receiver, f"    return {secret}  # {nonce}\n"])
+    assert scores[0] == 0.0 and scores[2] == 1.0, scores
+    right += int(scores[1])
   return right
 
 
 def test_start_times_carry_no_exit_time(verifier, tracker):
-  """Nine receivers each decode one of four symbols from when they start: with slots, they are
-  right by chance (a quarter of the time); at most six right fails with probability 0.0013."""
-  right = _exit_time_trials(verifier, batches=3, tag="slotted")
-  assert right <= 6, f"{right} of 9 receivers decoded their sender's exit time"
+  """Twelve receivers each decode one of two symbols from when they start: with slots, they are
+  right by chance (half the time); more than ten right happens by chance with probability
+  0.003."""
+  right = _exit_time_trials(verifier, trials=12, tag="slotted")
+  assert right <= 10, f"{right} of 12 receivers decoded their sender's exit time"
 
 
 @pytest.mark.slow
@@ -1588,8 +1586,8 @@ def test_exit_time_channel_is_real_without_slots(tracker):
   the same receivers decode their senders' secrets."""
   inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=3, slot_s=0)
   with inner:
-    right = _exit_time_trials(CodePromptVerifier(inner, {}), batches=3, tag="unslotted")
-  assert right >= 7, f"only {right} of 9 receivers decoded their sender's exit time"
+    right = _exit_time_trials(CodePromptVerifier(inner, {}), trials=12, tag="unslotted")
+  assert right >= 10, f"only {right} of 12 receivers decoded their sender's exit time"
 
 
 def test_slot_lengths_are_a_few_fixed_values():

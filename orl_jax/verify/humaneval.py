@@ -20,7 +20,9 @@ the judge still differs from running the tests in-process.
 Runs happen on `PromptScheduler` threads (each waits on one sandbox), results are cached by the
 sha256 of the inputs, and `submit` lets the loop overlap verification with other work. A
 batch's samples start prompt by prompt in turn, and two samples of one prompt never run at the
-same time (they could talk through what the machine shares). Only verdicts are cached: a run
+same time (they could talk through what the machine shares); one prompt is tests that compute
+the same (`prompt_key`), and a sample holds its slot for a fixed length, so that when the next
+sample of its prompt starts does not say when it ended (docs/verifier.md, "Threat model"). Only verdicts are cached: a run
 the sandbox infrastructure failed is retried once and never cached; a timeout is cached as 0 once
 the same completion timed out twice. `stats` counts runs, timeouts, infrastructure failures,
 unsupported tests and the judge processes' cost (`verify_*` metrics in training logs).
