@@ -1514,7 +1514,7 @@ def test_samples_of_one_prompt_never_run_at_the_same_time(verifier, tracker, mon
   assert any(p != q and a < d and c < b for p, a, b in spans for q, c, d in spans)
 
 
-# ------------------------------------------------------------------------------ one prompt's schedule
+# ------------------------------------------------------------------------- one prompt's schedule
 
 # A sender that knows the answer ends its run at a chosen phase of the wall clock (CLOCK_REALTIME
 # is not namespaced); the next sample of its prompt reads the clock when it loads and decodes the

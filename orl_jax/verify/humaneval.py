@@ -21,11 +21,12 @@ Runs happen on `PromptScheduler` threads (each waits on one sandbox), results ar
 sha256 of the inputs, and `submit` lets the loop overlap verification with other work. A
 batch's samples start prompt by prompt in turn, and two samples of one prompt never run at the
 same time (they could talk through what the machine shares); one prompt is tests that compute
-the same (`prompt_key`), and a sample holds its slot for a fixed length, so that when the next
-sample of its prompt starts does not say when it ended (docs/verifier.md, "Threat model"). Only verdicts are cached: a run
-the sandbox infrastructure failed is retried once and never cached; a timeout is cached as 0 once
-the same completion timed out twice. `stats` counts runs, timeouts, infrastructure failures,
-unsupported tests and the judge processes' cost (`verify_*` metrics in training logs).
+the same (`prompt_key`), and a sample holds its slot for one of a few fixed lengths, so that
+when the next sample of its prompt starts does not say when it ended (docs/verifier.md,
+"Threat model"). Only verdicts are cached: a run the sandbox infrastructure failed is retried
+once and never cached; a timeout is cached as 0 once the same completion timed out twice.
+`stats` counts runs, timeouts, infrastructure failures, unsupported tests and the judge
+processes' cost (`verify_*` metrics in training logs).
 """
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ class _Normalise(ast.NodeTransformer):
   def __init__(self, unused: set[str]):
     self.unused = unused
 
-  def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+  def visit_Assert(self, node: ast.Assert) -> ast.AST:
     node.msg = None
     return self.generic_visit(node)
 
@@ -177,15 +178,15 @@ class _Rename(ast.NodeTransformer):
     node.id = self._new(node.id)
     return node
 
-  def visit_arg(self, node: ast.arg) -> ast.arg:
+  def visit_arg(self, node: ast.arg) -> ast.AST:
     node.arg = self._new(node.arg)
     return self.generic_visit(node)
 
-  def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+  def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
     node.name = self._new(node.name)
     return self.generic_visit(node)
 
-  def visit_ClassDef(self, node: ast.ClassDef) -> ast.ClassDef:
+  def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
     node.name = self._new(node.name)
     return self.generic_visit(node)
 
