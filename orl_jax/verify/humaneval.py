@@ -164,8 +164,8 @@ class _Normalise(ast.NodeTransformer):
 
 
 class _Rename(ast.NodeTransformer):
-  """Renames every identifier the tests bind or read to its order of first appearance
-  (`names` shared by calls; `blank` renames all to one name)."""
+  """Renames every identifier the tests bind or read to `n` and its order of first appearance
+  (`blank`: all to `_`)."""
 
   def __init__(self, blank: bool = False):
     self.names: dict[str, str] = {}
