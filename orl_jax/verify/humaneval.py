@@ -273,9 +273,9 @@ class PromptScheduler:
 
   A job holds its worker and its prompt for a slot (`slot_length`), not until it ends: a slot
   ends at a time fixed by when it started and which power-of-two multiple of `slot_s` its run
-  fell in, and every start is the end of some slot, so a sample that ends early cannot move
-  the start of the next sample of its prompt (nor free a worker for another prompt sooner,
-  which would move it too). `slot_s` 0 releases both at the end of the run."""
+  fell in, and every start is a submission or the end of some slot, so a sample that ends
+  early cannot move the start of the next sample of its prompt (nor free a worker for another
+  prompt sooner, which would move it too). `slot_s` 0 releases both at the end of the run."""
 
   _running: set[str] = set()
   _changed = threading.Condition()
