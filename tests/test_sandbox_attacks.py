@@ -1525,13 +1525,18 @@ def test_samples_of_one_prompt_never_run_at_the_same_time(verifier, tracker, mon
 _CYCLE_S, _SYMBOL_S, _SET_UP_S = 0.25, 0.125, 0.05   # two symbols
 
 
-def _secret_problem(tag: str, secret: int, copy: int = 0) -> Problem:
+def _secret_problem(tag: str, secret: int, trial: int, copy: int = 0) -> Problem:
   """A task whose answer only the sender knows; `copy` 1 and 2 are copies of it with an assert
-  message, or with metadata, a docstring and another parameter name."""
-  tests = [f"def check(candidate):\n    assert candidate() == {secret}\n",
-           f"def check(candidate):\n    assert candidate() == {secret}, 'the secret'\n",
+  message, or with metadata, a docstring and another parameter name. Each trial's task is
+  another prompt (its second assert): trials with equal secrets would otherwise share a prompt,
+  and the schedule of one trial would carry the previous trial's phase into the next."""
+  other = -2 - trial
+  tests = [f"def check(candidate):\n    assert candidate() == {secret}\n"
+           f"    assert candidate() != {other}\n",
+           f"def check(candidate):\n    assert candidate() == {secret}, 'the secret'\n"
+           f"    assert candidate() != {other}, 'not this'\n",
            f"METADATA = {{'copy': True}}\n\n\ndef check(f):\n    \"Copied.\"\n"
-           f"    assert f() == {secret}\n"][copy]
+           f"    assert f() == {secret}\n    assert f() != {other}\n"][copy]
   return Problem(f"secret {tag} {copy}", "def secret() -> int:\n", tests=tests,
                  entry_point="secret")
 
@@ -1564,9 +1569,10 @@ def _exit_time_trials(verifier, trials: int, tag: str) -> int:
   right = 0
   for trial in range(trials):
     secret, nonce = random.randrange(2), f"{tag} {trial}"
-    copy = _secret_problem(nonce, secret, copy=trial % 3)
+    copy = _secret_problem(nonce, secret, trial, copy=trial % 3)
     sender, receiver = _exit_time_pair(secret, nonce)
-    scores = verifier.score_batch([_secret_problem(nonce, secret), copy, copy],
+    time.sleep(random.uniform(0, _CYCLE_S))   # the batch starts at any phase of the cycle
+    scores = verifier.score_batch([_secret_problem(nonce, secret, trial), copy, copy],
                                   [sender, receiver, f"    return {secret}  # {nonce}\n"])
     assert scores[0] == 0.0 and scores[2] == 1.0, scores
     right += int(scores[1])
