@@ -18,7 +18,11 @@ after its processes are dead, in three steps:
    semantics: answers are real instances of their types, exceptions are raised as their classes
    (matched through the class hierarchy, never by name), and what the candidate did to its
    arguments is done to the tests' own objects when its answer arrives (`wire.Session` on both
-   sides; an argument passed again is the sample's same object). A call that step 1 could not
+   sides; an argument passed again is the sample's same object), as is what it did meanwhile to
+   any container that crossed earlier; what it printed, warned and logged during the call is
+   shown to the tests at that moment (`_show`). A value the judge cannot reproduce exactly (a
+   set's order, a stateful default factory: `wire.Unsupported`) leaves the sample not judged,
+   as below. A call that step 1 could not
    know in advance (its arguments depend on an earlier answer, `candidate(candidate(x))`, or on
    a branch taken on an answer that the recorder's stand-in did not take) has no stored reply:
    the sample is not judged ("unsupported", with that reason in the detail; it scores 0 and the
@@ -161,7 +165,7 @@ class _Recorder:
   def __call__(self, *args, **kwargs):
     try:
       self.calls.append(_encode_call(self.session, args, kwargs))
-    except (wire.WireError, RecursionError, ValueError, TypeError):
+    except (wire.WireError, wire.Unsupported, RecursionError, ValueError, TypeError):
       pass   # arguments that hold an answer (or are not data): not known in advance
     if len(self.calls) > MAX_CALLS:
       raise ProtocolViolation(f"the tests make more than {MAX_CALLS} calls")
@@ -223,7 +227,7 @@ class _Replay:
 
   def __init__(self, calls: list[bytes], replies: list[bytes], stopped: str):
     self.calls, self.replies, self.stopped = calls, replies, stopped
-    self.session = wire.Session(0, watch_received=False)
+    self.session = wire.Session(0)
     self.count = 0
     self.violation = ""
     self.unsupported = False
@@ -239,7 +243,7 @@ class _Replay:
     index, self.count = self.count, self.count + 1
     try:
       call = _encode_call(self.session, args, kwargs)
-    except (wire.WireError, RecursionError, ValueError, TypeError) as error:
+    except (wire.WireError, wire.Unsupported, RecursionError, ValueError, TypeError) as error:
       self._violate(f"the tests pass an argument that is not data: {error}", unsupported=True)
     if index >= len(self.calls) or call != self.calls[index]:
       self._violate(f"call {index + 1} of the tests was not known before the sample answered "
@@ -250,20 +254,58 @@ class _Replay:
 
   def _answer(self, payload: bytes):
     how = value = None
+    shown: list = []
     try:
       reply = wire.loads(payload)
-      if set(reply) in ({"return"}, {"raise"}):
-        (how, part), = reply.items()
-        value = self.session.decode(part)[0]
-    except (wire.WireError, RecursionError, MemoryError) as error:
+      how = next((k for k in ("return", "raise") if k in reply), None)
+      if how is not None and set(reply) <= {how, *_SHOWN}:
+        values = self.session.decode(reply[how])
+        value, shown = values[0], values[1:]
+    except wire.Unsupported:
+      self._violate(self.session.unsupported, unsupported=True)
+    except (wire.WireError, RecursionError, MemoryError, IndexError) as error:
       self._violate(f"the sample's answer is not data within the limits: {error}")
-    if how == "return":
-      return value
-    if how == "raise" and isinstance(value, Exception):
-      raise value   # (outside the `try`: the candidate's own RecursionError or MemoryError)
+    if set(reply) == {"unsupported"}:
+      self._violate(str(reply["unsupported"])[:1000], unsupported=True)
     if set(reply) == {"abort"}:
       self._violate(str(reply["abort"])[:1000])
-    self._violate("malformed reply")
+    if how is None or not set(reply) <= {how, *_SHOWN} or (
+        how == "raise" and not isinstance(value, Exception)) or len(shown) != reply.get(
+            "warned", 0) or not _show(reply, shown):
+      self._violate("malformed reply")
+    if how == "raise":
+      raise value   # (outside the `try`: the candidate's own RecursionError or MemoryError)
+    return value
+
+
+_SHOWN = ("out", "err", "warned", "log")
+
+
+def _show(reply: dict, warned: list) -> bool:
+  """Shows the tests, as the answer arrives, what the candidate printed, warned and logged
+  during the call (runner's `_Seen`): text to the tests' sys.stdout and sys.stderr, each warning
+  issued again with its class and message under the tests' filters, each record logged again
+  under the tests' logging configuration. False if the reply is malformed."""
+  out, err, log = reply.get("out", ""), reply.get("err", ""), reply.get("log", [])
+  if type(out) is not str or type(err) is not str or type(log) is not list or not all(
+      isinstance(w, Warning) for w in warned) or not all(
+          type(r) is list and len(r) == 3 and type(r[0]) is str and type(r[1]) is int
+          and type(r[2]) is str for r in log):
+    return False
+  if out:
+    sys.stdout.write(out)
+  if err:
+    sys.stderr.write(err)
+  if warned:
+    import warnings  # pylint: disable=import-outside-toplevel
+    for warning in warned:
+      warnings.warn(warning, stacklevel=4)   # the tests' line that called the candidate
+  if log:
+    import logging  # pylint: disable=import-outside-toplevel
+    for name, level, message in log:
+      logger = logging.getLogger() if name == "root" else logging.getLogger(name)
+      logger.log(level, message)
+  return True
 
 
 def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes],
@@ -280,9 +322,11 @@ def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes
   except MemoryError:
     return "fail", "the judge's memory limit ran out while checking the sample's answers"
   except BaseException as error:  # pylint: disable=broad-except
-    if not replay.violation:
+    if not replay.violation and not replay.session.unsupported:
       lines = traceback.format_exception_only(type(error), error)
       return "fail", ("".join(lines).strip() or type(error).__name__)[-1000:]
+  if replay.session.unsupported and not replay.violation:
+    return "unsupported", f"not judged: {replay.session.unsupported}"
   if replay.violation:
     if replay.unsupported:
       return "unsupported", f"not judged: {replay.violation}"

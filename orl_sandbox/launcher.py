@@ -80,7 +80,8 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
 
 Scheduling (`orl_jax.verify.humaneval.PromptScheduler`, with `claim_exclusive` across processes):
 two samples of one prompt never run at the same time, so what they share only while both run
-(CPU and cache contention, counters that fall back when their holder exits) carries nothing.
+(CPU and cache contention, counters that fall back when their holder exits) carries nothing;
+a claim is released at the end of its sample's scheduling slot, not when the sample exits.
 
 Essential layers (`ESSENTIAL_LAYERS`): without one of them the run is refused with
 `SandboxUnavailableError` before any untrusted code runs, unless the caller opts out with

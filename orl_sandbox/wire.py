@@ -9,16 +9,23 @@ carries values so that a test sees what it would see in-process:
   standard library `Decimal`, `Fraction`, `Counter`, `OrderedDict`, `defaultdict`, `deque`,
   `namedtuple` classes, `UserList`/`UserDict`/`UserString`, `SimpleNamespace`, `array`, dict
   views, `MappingProxyType`, `date`/`time`/`datetime`/`timedelta`/`timezone`, `Enum` members
-  (every enum kind), built-in types, exceptions (class, standard-library bases, args), and
-  iterators (consumed on the sending side, delivered as an iterator over the items). The
-  receiver builds real instances of those classes, so `==`, hashing and `repr` are Python's own.
+  (every enum kind), built-in types, exceptions (class, standard-library bases, the prompt's
+  classes it derives from, args), `NotImplemented`, `math.nan` itself, and iterators (consumed
+  on the sending side, delivered as an iterator over the items; a generator as a generator).
+  The receiver builds real instances of those classes, so `==`, hashing and `repr` are
+  Python's own. A set keeps its iteration order (`_fill_set`).
   Anything else (a function, a subclass of a built-in type) is a `WireError`.
 * **Identity survives.** Each side keeps a `Session`: every container that crossed has a number
   (`pid`; the judge numbers even, the sample odd), and a message carries a container's contents
   only when it is new or changed since both sides last agreed. So a candidate that sorts its
   argument in place changes the test's own list, `candidate(x) is x` holds when it returns its
   argument, aliasing inside a value (`[[0] * 3] * 3`) and cycles are kept, and an argument the
-  tests pass again is the sample's same object.
+  tests pass again is the sample's same object. With `watch`, a message also carries what
+  changed in any container that crossed earlier (`Session._watch`).
+* **Or refused.** What the receiver cannot reproduce exactly (a set order, a stateful default
+  factory, a value sent into a generator, a change both sides made) raises `Unsupported` and is
+  recorded in the session: the sample is then not judged rather than judged on a different
+  value.
 
 A message's values are {"objs": [[pid, [kind, payload]], ...], "vals": [value, ...]}: scalars
 inline (JSON, or a one-key tag such as {"$int": hex}), containers as {"$ref": pid}.
@@ -50,6 +57,7 @@ MAX_EXPANDED = 1 << 22
 MAX_HASH_WORK = 1 << 24
 MAX_ITEMS = 1 << 19        # items taken from an iterator
 MAX_MEMBERS = 4096         # members of an enum class
+MAX_WATCH_WORK = 1 << 22   # containers re-read, over a session, to find later changes
 _MAX_JSON_DEPTH = 32       # the flat layout nests a handful of levels; tags add a few
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -63,6 +71,17 @@ _ENUM_KINDS = ("IntFlag", "IntEnum", "StrEnum", "Flag", "Enum")
 
 class WireError(ValueError):
   """A value is not plain data, or a message is malformed or too large."""
+
+
+class Unsupported(BaseException):
+  """A value whose meaning the receiver cannot reproduce exactly (a set's iteration order, a
+  default factory with state, a value sent into a generator): the sample is not judged. A
+  BaseException, and recorded in the session as well, so that the tests cannot swallow it."""
+
+  def __init__(self, session: "Session", why: str):
+    super().__init__(why)
+    if not session.unsupported:
+      session.unsupported = why
 
 
 def _std_class(module, qualname):
@@ -154,7 +173,9 @@ def encode_scalar(value, namespace=None):
   if kind is int:
     return _int(value)
   if kind is float:
-    return value if math.isfinite(value) else {"$float": repr(value)}
+    if math.isfinite(value):
+      return value
+    return {"$float": "math.nan" if value is math.nan else repr(value)}
   if kind is bytes:
     return {"$bytes": base64.b64encode(value).decode("ascii")}
   if kind is complex:
@@ -166,6 +187,8 @@ def encode_scalar(value, namespace=None):
     return {"$" + kind.__name__: parts}
   if value is Ellipsis:
     return {"$ellipsis": 0}
+  if value is NotImplemented:
+    return {"$notimplemented": 0}
   if kind is type:
     if value.__module__ != "builtins" or not _is_std(value):
       raise WireError(f"the class {value.__qualname__} is not a built-in type")
@@ -195,6 +218,11 @@ def _enum_class(member, namespace) -> dict:
           "type": None if mixin is object else mixin.__name__, "members": encoded}
 
 
+# References to a container that only a session holds, as `Session.forget` counts them: its
+# `objects` and `mutable` entries, the comprehension's variable and `getrefcount`'s argument.
+_SESSION_REFS = 4
+
+
 class Session:
   """One side's record of the containers that crossed the boundary.
 
@@ -220,15 +248,22 @@ class Session:
     self.hashes: dict = {}   # hash value -> the value received with it, or several (_Distinct)
     self.hash_work = 0
     self.hsizes: dict[int, tuple] = {}   # pid -> (nodes, depth) of a received immutable
+    self.unsupported = ""                # why a value received cannot be reproduced exactly
+    self.watch_work = 0
+    self.mutable: list = []   # the mutable containers among `objects` still to be watched
 
-  def encode(self, values, also=()) -> dict:
+  def encode(self, values, also=(), watch: bool = False) -> dict:
     """{"objs", "vals"} for `values`; containers reachable from `also` are sent too when they
-    changed (the sample's arguments after a call). Nothing is recorded if it raises."""
+    changed (the sample's arguments after a call), and with `watch` every mutable container
+    that ever crossed (what the candidate changed in an earlier argument or in a cache it
+    returned). Nothing is recorded if it raises."""
     encoder = _Encoder(self)
     try:
       vals = [encoder.value(v, 0) for v in values]
       for v in also:
         encoder.value(v, 0)
+      if watch:
+        self._watch(encoder)
     except RecursionError:
       encoder.rollback()
       raise WireError(f"value nested deeper than {MAX_DEPTH}") from None
@@ -237,6 +272,24 @@ class Session:
       raise
     encoder.commit()
     return {"objs": encoder.entries, "vals": vals}
+
+  def _watch(self, encoder: "_Encoder") -> None:
+    """Re-reads every mutable container that crossed and is still watched (each once a
+    message), within `MAX_WATCH_WORK` over the session: past it a later change could go
+    unseen."""
+    self.watch_work += len(self.mutable)
+    if self.watch_work > MAX_WATCH_WORK:
+      raise Unsupported(self, f"more than {MAX_WATCH_WORK} containers re-read to find the "
+                        "candidate's later changes")
+    for obj in self.mutable:
+      encoder.value(obj, 0)
+
+  def forget(self) -> None:
+    """Stops watching the containers that only this session still holds: nothing can reach
+    them to change them. Called between calls, once the caller dropped its own references to
+    the last call's values (so the cost of watching is linear in the calls, not quadratic)."""
+    refs = sys.getrefcount
+    self.mutable = [obj for obj in self.mutable if refs(obj) > _SESSION_REFS]
 
   def decode(self, part) -> list:
     """The values of a message part (see `encode`), with the other side's changes applied to
@@ -298,7 +351,7 @@ class _Encoder:
     if isinstance(v, BaseException):
       return "exc"
     if hasattr(cls, "__next__") and hasattr(cls, "__iter__"):
-      return "iter"
+      return "gen" if cls is _GENERATOR else "iter"
     raise WireError(f"{cls.__module__}.{cls.__qualname__} is not data")
 
   def _items(self, values, depth):
@@ -308,8 +361,10 @@ class _Encoder:
     return [[self.value(k, depth + 1), self.value(v, depth + 1)] for k, v in mapping.items()]
 
   def _payload(self, kind: str, v, depth: int):
-    if kind in ("list", "tuple", "set", "frozenset", "userlist"):
+    if kind in ("list", "tuple", "userlist"):
       return self._items(v, depth)
+    if kind in ("set", "frozenset"):   # in iteration order, with the size of its hash table
+      return [_table_size(v), self._items(v, depth)]
     if kind in ("dict", "counter", "odict", "userdict"):
       return self._pairs(v, depth)
     if kind in ("bytearray", "userstring"):
@@ -330,13 +385,26 @@ class _Encoder:
     session = self.session
     for pid, obj, kind in self.new.values():
       session.objects[pid], session.kinds[pid], session.pid_of[id(obj)] = obj, kind, pid
+      if kind in _MUTABLE:
+        session.mutable.append(obj)
     session.synced.update(self.texts)
     session.next_pid = self.next_pid
 
 
+_KINDS_BY_MODULES: dict = {}
+
+
 def _object_kinds() -> dict:
   """type -> kind for the containers of loaded modules (a class that is not loaded cannot be
-  the type of a value)."""
+  the type of a value); one table for each set of those modules loaded."""
+  loaded = tuple(name in sys.modules for name in ("collections", "array", "types"))
+  kinds = _KINDS_BY_MODULES.get(loaded)
+  if kinds is None:
+    kinds = _KINDS_BY_MODULES[loaded] = _new_object_kinds()
+  return kinds
+
+
+def _new_object_kinds() -> dict:
   kinds = {list: "list", tuple: "tuple", dict: "dict", set: "set", frozenset: "frozenset",
            bytearray: "bytearray", memoryview: "memoryview", type({}.keys()): "keys",
            type({}.values()): "values", type({}.items()): "items",
@@ -365,9 +433,29 @@ def _payload_ddict(encoder, v, depth):
   elif isinstance(factory, type) and factory.__module__ in ("builtins", "collections") \
       and _is_std(factory):
     described = {"type": [factory.__module__, factory.__qualname__]}
-  else:   # a lambda or function: its value, fresh on every use as a pure factory would give
+  elif _constant_function(factory):   # `lambda: 0`, `lambda: []`: a fresh value each call
     described = {"value": Session(0).encode([factory()])}
+  else:   # a factory with state or inputs: its next value is known only where it lives
+    described = {"stateful": True}
   return [described, encoder._pairs(v, depth)]  # pylint: disable=protected-access
+
+
+_CONSTANTS = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _constant_function(factory) -> bool:
+  """Whether `factory` is a plain function of no arguments that reads no name, no closure
+  and only scalar constants: every call builds an equal, new value."""
+  code = getattr(factory, "__code__", None)
+  if type(factory).__name__ != "function" or type(code).__name__ != "code":
+    return False
+  consts = code.co_consts
+  while any(type(c) in (tuple, frozenset) for c in consts):
+    consts = tuple(x for c in consts for x in (c if type(c) in (tuple, frozenset) else (c,)))
+  return (code.co_argcount == code.co_kwonlyargcount == 0 and not code.co_names
+          and not code.co_freevars and not code.co_cellvars and factory.__defaults__ is None
+          and not code.co_flags & 0x2AC   # varargs, varkeywords, generators, coroutines
+          and all(type(c) in _CONSTANTS for c in consts))
 
 
 def _payload_exc(encoder, v, depth):
@@ -381,15 +469,17 @@ def _payload_exc(encoder, v, depth):
     args = [encoder.value(a, depth + 1) for a in values]
   except WireError:
     args = [str(v)]
+  namespace = encoder.session.namespace
+  bases = [c.__qualname__ for c in cls.__mro__[1:] if not _is_std(c) and _bound(c, namespace)]
   return {"name": cls.__qualname__, "module": str(cls.__module__), "mro": mro, "args": args,
-          "bound": _bound(cls, encoder.session.namespace)}
+          "bound": _bound(cls, namespace), "bases": bases}
 
 
 def _payload_iter(encoder, v, depth):
   items = []
   for item in v:
-    if len(items) >= MAX_ITEMS:
-      raise WireError(f"an iterator of more than {MAX_ITEMS} items")
+    if len(items) >= MAX_ITEMS:   # (perhaps endless): its use by the tests cannot be known
+      raise Unsupported(encoder.session, f"an iterator of more than {MAX_ITEMS} items")
     items.append(encoder.value(item, depth + 1))
   return items
 
@@ -405,7 +495,15 @@ _PAYLOADS = {
                                _bound(type(v), e.session.namespace)],
     "exc": _payload_exc,
     "iter": _payload_iter,
+    "gen": _payload_iter,
 }
+
+
+def _generator_function():
+  yield
+
+
+_GENERATOR = type(_generator_function())
 
 
 # ------------------------------------------------------------------------------------ decoding
@@ -452,14 +550,16 @@ _DATETIME_ARITY = {"$timedelta": 3, "$date": 3, "$time": 6, "$datetime": 9}
 def _decode_tagged(tag, body, session):
   if tag == "$int" and type(body) is str:
     return int(body, 16)
-  if tag == "$float" and body in ("inf", "-inf", "nan"):
-    return float(body)
+  if tag == "$float" and body in ("inf", "-inf", "nan", "math.nan"):
+    return math.nan if body == "math.nan" else float(body)
   if tag == "$bytes" and type(body) is str:
     return base64.b64decode(body.encode("ascii"), validate=True)
   if tag == "$decimal" and type(body) is str and len(body) < 10_000:
     return _module("decimal").Decimal(body)
   if tag == "$ellipsis":
     return Ellipsis
+  if tag == "$notimplemented":
+    return NotImplemented
   if tag == "$timezone":
     return _decode_tz(body)
   if tag == "$uuid" and type(body) is str:
@@ -549,6 +649,24 @@ def _enum_class_here(session: Session, described, pairs):
               **extra)
 
 
+def _unchanged_here(session: Session, pid: int) -> None:
+  """Refuses (`Unsupported`) an update from the other side to a container this side changed
+  since both last agreed on it (the tests changed an object the candidate changes again later):
+  in-process both changes would be in it, and neither side saw the other's."""
+  if pid not in session.synced:
+    return
+  encoder = _Encoder(session)
+  try:
+    encoder.value(session.objects[pid], 0)
+  except (WireError, RecursionError):
+    encoder.entries.append(pid)   # it holds something that is not data now: changed
+  encoder.rollback()
+  if any(entry[0] == pid for entry in encoder.entries if type(entry) is list) or (
+      pid in encoder.entries):
+    raise Unsupported(session, "the tests and the candidate both changed one object (the "
+                      "candidate in a later call), each without the other's change")
+
+
 class _Decoder:
   """One message's decoding: new mutable containers are created empty first (so references
   and cycles resolve), then every entry is built or filled in order."""
@@ -574,6 +692,7 @@ class _Decoder:
         if session.kinds[pid] != kind or kind not in _MUTABLE:
           raise WireError(f"object {pid} changed kind or is immutable")
         updated.append(session.objects[pid])
+        _unchanged_here(session, pid)
       elif kind in _MUTABLE:
         self._register(pid, kind, _shell(kind, payload))
     for pid, kind, payload in entries:
@@ -598,6 +717,8 @@ class _Decoder:
   def _register(self, pid, kind, obj):
     session = self.session
     session.objects[pid], session.kinds[pid], session.pid_of[id(obj)] = obj, kind, pid
+    if kind in _MUTABLE:
+      session.mutable.append(obj)
 
   def child(self, data):
     """A value inside a payload: a scalar, or a container that exists already."""
@@ -691,6 +812,8 @@ def _kids(obj) -> tuple:
     return tuple(obj)
   if type(obj).__name__ == "ChainMap":
     return tuple(obj.maps)
+  if type(obj) is _GENERATOR:   # a replayed generator: the items it will yield
+    return tuple(obj.gi_frame.f_locals.get("items", ())) if obj.gi_frame is not None else ()
   if type(obj).__module__ == "types" and hasattr(obj, "__dict__"):           # SimpleNamespace
     return tuple(vars(obj).values())
   import gc  # pylint: disable=import-outside-toplevel
@@ -771,6 +894,11 @@ def _factory(described, session: Session):
     text = json.dumps(described["value"])
     Session(1).decode(json.loads(text))   # refuses a malformed value now, not on first use
     return lambda: Session(1).decode(json.loads(text))[0]
+  if described == {"stateful": True}:
+    def stateful():
+      raise Unsupported(session, "a defaultdict's default factory keeps state or reads names: "
+                        "its value for a missing key is known only where it ran")
+    return stateful
   raise WireError("malformed default factory")
 
 
@@ -788,9 +916,7 @@ def _fill(kind: str, obj, payload, decoder: _Decoder) -> None:
       for key, value in pairs:
         target[key] = value
     elif kind == "set":
-      items = decoder.children(payload)
-      obj.clear()
-      obj.update(items)
+      _fill_set(obj, decoder.children(payload[1]), payload[0], decoder.session)
     elif kind == "bytearray":
       obj[:] = base64.b64decode(payload.encode("ascii"), validate=True)
     elif kind == "ddict":
@@ -814,12 +940,93 @@ def _fill(kind: str, obj, payload, decoder: _Decoder) -> None:
     raise WireError(f"malformed {kind}: {error}") from None
 
 
+_SET_BASE = sys.getsizeof(set())
+_SET_ENTRY = 16   # a key and its hash
+
+
+def _table_size(value) -> int:
+  """The size of a set's hash table (8: the small table inside the object)."""
+  return (sys.getsizeof(value) - _SET_BASE) // _SET_ENTRY or 8
+
+
+def _fill_set(target: set, items: list, size, session: Session) -> None:
+  """Fills `target` so that it iterates in the sender's order (`items`), or raises
+  `Unsupported`: `list(s)`, `str(s)` and `s.pop()` see the order the sender's set has.
+  Inserting the items in that order into a table of the sender's size gives that order unless
+  an item sits away from its place (collisions, deletions): then a few reorderings are tried."""
+  if type(size) is not int or not 8 <= size <= 4 * MAX_ELEMENTS or size & (size - 1):
+    raise WireError("malformed set table size")
+  if size > 8 * max(len(items), 8):   # a table emptied by deletions: not rebuilt at that size
+    size = 8
+  order = list(items)
+  for _ in range(_SET_TRIES if len(items) <= _SET_SEARCH else 1):
+    _insert_sized(target, order, size)
+    got = list(target)
+    wrong = next((k for k, (a, b) in enumerate(zip(got, items)) if a is not b), None)
+    if wrong is None and len(got) == len(items):
+      return
+    if wrong is None:
+      break
+    order = _better_order(target, order, got[wrong], items[wrong], items, size)
+  raise Unsupported(session, "a set's iteration order could not be reproduced")
+
+
+_SET_TRIES = 8
+_SET_SEARCH = 4096   # items past which only the first insertion is tried
+
+
+def _insert_sized(target: set, order: list, size: int) -> None:
+  """Empties `target`, sizes its table to `size` (a dict of `size // 4` keys, fillers after the
+  items, makes one resize to it), inserts `order` into it and removes the fillers."""
+  target.clear()
+  if size == 8:
+    target.update(order)
+    return
+  keys = dict.fromkeys(order)
+  fillers = [object() for _ in range(max(0, size // 4 - len(keys)))]
+  keys.update(dict.fromkeys(fillers))
+  target.update(keys)
+  target.difference_update(fillers)
+
+
+def _better_order(target: set, order: list, came: object, wanted: object, items: list,
+                  size: int) -> list:
+  """`order` with `came` (found where `wanted` belongs) moved just before or just after
+  `wanted`, whichever puts more of the items in place."""
+  best: tuple = (-1, order)
+  for offset in (0, 1):
+    moved = [x for x in order if x is not came]
+    at = next(k for k, x in enumerate(moved) if x is wanted)
+    moved.insert(at + offset, came)
+    _insert_sized(target, moved, size)
+    right = next((k for k, (a, b) in enumerate(zip(target, items)) if a is not b), len(items))
+    if right > best[0]:
+      best = (right, moved)
+  return best[1]
+
+
+def _frozenset(items: list, session: Session) -> frozenset:
+  """A frozenset that iterates in the sender's order (built as the sender's usually was, or
+  from a presized table), else `Unsupported`."""
+  for built in (frozenset(items), frozenset(dict.fromkeys(items))):
+    if len(built) == len(items) and all(map(_is, built, items)):
+      return built
+  raise Unsupported(session, "a frozenset's iteration order could not be reproduced")
+
+
+def _is(a, b) -> bool:
+  return a is b
+
+
 def _build(kind: str, payload, pid: int, decoder: _Decoder):
   """An immutable container of `kind` whose children exist already."""
   try:
-    if kind in ("tuple", "frozenset"):
+    if kind == "tuple":
       decoder.measure(pid, payload)
-      return (tuple if kind == "tuple" else frozenset)(decoder.children(payload))
+      return tuple(decoder.children(payload))
+    if kind == "frozenset":
+      decoder.measure(pid, payload[1])
+      return _frozenset(decoder.children(payload[1]), decoder.session)
     if kind == "ntuple":
       decoder.measure(pid, payload[3])
       cls = _namedtuple_class(decoder.session, *payload[:3], payload[4])
@@ -844,6 +1051,8 @@ def _build(kind: str, payload, pid: int, decoder: _Decoder):
       return _memoryview(*payload)
     if kind == "iter":
       return iter(decoder.children(payload))
+    if kind == "gen":
+      return _replayed(decoder.children(payload), decoder.session)
     if kind == "exc":
       return _exception(decoder, payload)
   except (TypeError, ValueError, AttributeError, IndexError, KeyError) as error:
@@ -851,6 +1060,23 @@ def _build(kind: str, payload, pid: int, decoder: _Decoder):
       raise
     raise WireError(f"malformed {kind}: {error}") from None
   raise WireError(f"unknown kind {kind!r}")
+
+
+def _replayed(items: list, session: Session):
+  """A real generator over what the candidate's generator yielded (it ran to its end when
+  sent): `next`, iteration and `send(None)` as in-process; a value sent into it, or an
+  exception thrown in, would have changed what it computed, so the sample is not judged."""
+  for item in items:
+    try:
+      sent = yield item
+    except GeneratorExit:
+      raise
+    except BaseException:
+      raise Unsupported(session, "the tests throw into a generator the candidate returned") \
+          from None
+    if sent is not None:
+      raise Unsupported(session, "the tests send a value into a generator the candidate "
+                        "returned")
 
 
 def _memoryview(fmt, shape, readonly, data):
@@ -879,11 +1105,12 @@ def _namedtuple_class(session: Session, typename, module, fields, bound):
 
 
 def _exception(decoder: _Decoder, payload):
-  if type(payload) is not dict or set(payload) != {"name", "module", "mro", "args", "bound"}:
+  if type(payload) is not dict or set(payload) != {"name", "module", "mro", "args", "bound",
+                                                   "bases"}:
     raise WireError("malformed exception")
   args = decoder.children(payload["args"])
   cls = _exception_class(decoder.session, payload["name"], payload["module"], payload["mro"],
-                         payload["bound"] is True)
+                         payload["bound"] is True, payload["bases"])
   try:
     return cls(*args)
   except Exception:  # pylint: disable=broad-except
@@ -892,17 +1119,27 @@ def _exception(decoder: _Decoder, payload):
     return error
 
 
-def _exception_class(session: Session, name, module, mro, bound: bool):
+def _prompt_bases(session: Session, names) -> list:
+  """The receiver's exception classes of `names` (the prompt's classes that the sender's class
+  derives from, each bound to its name there)."""
+  if type(names) is not list or not all(type(n) is str for n in names):
+    raise WireError("malformed exception bases")
+  found = [session.namespace.get(n) for n in names[:MAX_DEPTH]]   # (a str key: no code runs)
+  return [c for c in found if isinstance(c, type) and issubclass(c, Exception)]
+
+
+def _exception_class(session: Session, name, module, mro, bound: bool, names=None):
   """The exception class described: a standard-library class itself; else, when the sender's
   class is bound to its name (`_bound`), the receiver's class of that name (the prompt's) if it
-  has the same standard-library bases; else a new class of that name whose
-  bases are those standard-library classes. A class is matched by identity: a class named
+  has the same standard-library bases; else a new class of that name whose bases are the
+  prompt's classes it derives from (`names`, each bound to its name) and those standard-library
+  classes. A class is matched by identity: a class named
   `ValueError` that does not derive from the real one gets no ValueError base. A StopIteration
   becomes a plain Exception (it would end a loop over `map(candidate, ...)` in the tests)."""
   if type(name) is not str or type(module) is not str or type(mro) is not list or not all(
       type(m) is list and len(m) == 2 for m in mro):
     raise WireError("malformed exception class")
-  key = ("exc", name, module, json.dumps(mro), bound)
+  key = ("exc", name, module, json.dumps(mro), bound, json.dumps(names))
   if key in session.classes:
     return session.classes[key]
   std = [c for c in (_std_class(*m) for m in mro) if c is not None and issubclass(c, Exception)]
@@ -915,8 +1152,10 @@ def _exception_class(session: Session, name, module, mro, bound: bool):
           c for c in std if c is not BaseException]:
     cls = found
   else:
-    bases = [c for c in std if not issubclass(c, (StopIteration, StopAsyncIteration))]
-    bases = tuple(c for c in bases if not any(o is not c and issubclass(o, c) for o in bases))
+    bases = _prompt_bases(session, names if names is not None else []) + [
+        c for c in std if not issubclass(c, (StopIteration, StopAsyncIteration))]
+    bases = tuple(c for c in dict.fromkeys(bases)
+                  if not any(o is not c and issubclass(o, c) for o in bases))
     try:
       cls = type(name.rpartition(".")[2] or "Exception", bases or (Exception,),
                  {"__module__": module, "__qualname__": name})

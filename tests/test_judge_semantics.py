@@ -602,6 +602,8 @@ def _both(completion: str, tests: str):
   return reference, judged(_PROMPT, completion, tests, "f")
 
 
+_HOLED_SET = ("    s = set(range(5))\n    s.discard(1)\n    s.discard(3)\n    s.add(225)\n"
+              "    return s\n")
 DIFFERENCES = {
     # Functions, and instances of classes the completion defines, are not data.
     "returns_a_function": ("    return lambda y: x + y\n",
@@ -624,24 +626,31 @@ DIFFERENCES = {
     # The completion's module globals are not the tests' namespace.
     "shared_globals": ("    global SEEN\n    SEEN = x\n",
                        "def check(candidate):\n    candidate(5)\n    assert SEEN == 5\n", "fail"),
-    # An iterator is consumed when it is returned: an endless one cannot be.
+    # An iterator is consumed when it is returned: an endless one is not judged.
     "endless_generator": ("    import itertools\n    return itertools.count(x)\n",
-                          "def check(candidate):\n    assert next(candidate(3)) == 3\n", "fail"),
-    # A default factory that is not a type is called once; its value is copied for every key.
-    "impure_default_factory": ("    import collections, itertools\n    n = itertools.count()\n"
-                               "    return collections.defaultdict(lambda: next(n))\n",
-                               "def check(candidate):\n    d = candidate(0)\n"
-                               "    assert [d['a'], d['b']] == [0, 1]\n", "fail"),
-    # A change made during a later call to an object of an earlier call is not seen.
-    "late_change_to_an_earlier_argument": (
+                          "def check(candidate):\n    assert next(candidate(3)) == 3\n",
+                          "unsupported"),
+    # A value sent into a returned generator: it ran to its end before the tests sent it.
+    "value_sent_into_a_generator": ("    v = yield x\n    yield v\n",
+                                    "def check(candidate):\n    g = candidate(1)\n"
+                                    "    assert next(g) == 1\n    assert g.send(5) == 5\n",
+                                    "unsupported"),
+    # A default factory that keeps state: its value for a missing key is the sample's alone.
+    "stateful_default_factory": ("    import collections, itertools\n    n = itertools.count()\n"
+                                 "    return collections.defaultdict(lambda: next(n))\n",
+                                 "def check(candidate):\n    d = candidate(0)\n"
+                                 "    assert [d['a'], d['b']] == [0, 1]\n", "unsupported"),
+    # A set whose deleted entries moved a later one iterates in an order a rebuilt one cannot
+    # take.
+    "set_order_after_deletions": (
+        _HOLED_SET, "def check(candidate):\n    assert list(candidate(0)) == [0, 2, 225, 4]\n",
+        "unsupported"),
+    # The tests change an object, then the candidate changes it in a later call.
+    "tests_and_candidate_both_change_an_object": (
         "    if x == 'mutate':\n        KEPT[0].append(1)\n    else:\n        KEPT.append(x)\n"
         "\n\nKEPT = []\n",
-        "def check(candidate):\n    l = []\n    candidate(l)\n    candidate('mutate')\n"
-        "    assert l == [1]\n", "fail"),
-    # An argument the candidate leaves holding something that is not data cannot go back.
-    "argument_left_holding_a_function": ("    x.append(len)\n    return 1\n",
-                                         "def check(candidate):\n    assert candidate([]) == 1\n",
-                                         "fail"),
+        "def check(candidate):\n    l = []\n    candidate(l)\n    l.append(0)\n"
+        "    candidate('mutate')\n    assert l == [0, 1]\n", "unsupported"),
     # A change the tests make to an answer reaches the candidate only when passed back to it.
     "tests_change_an_answer_the_candidate_keeps": (
         "    if x == 'read':\n        return len(KEPT)\n    return KEPT\n\n\nKEPT = []\n",
@@ -662,12 +671,6 @@ DIFFERENCES = {
                         "    return Size.S\n",
                         "def check(candidate):\n    assert candidate(0).describe() == 'small'\n",
                         "fail"),
-    # What the candidate prints is not the tests' to capture.
-    "captured_output": ("    print(x)\n",
-                        "import contextlib, io\n\n\ndef check(candidate):\n"
-                        "    out = io.StringIO()\n"
-                        "    with contextlib.redirect_stdout(out):\n        candidate(1)\n"
-                        "    assert out.getvalue() == '1\\n'\n", "fail"),
     # The candidate is a stand-in: its name and docstring are the prompt's, nothing more.
     "candidate_internals": ("    return x\n",
                             "def check(candidate):\n    assert candidate.__name__ == 'f'\n"
@@ -712,3 +715,161 @@ def test_prompt_classes_mean_what_the_tests_name_means(completion):
   tests = "def check(candidate):\n    assert candidate(0) == Color.RED\n"
   [reference] = in_process([check_program(prompt, completion, tests, "f")])
   assert judged(prompt, completion, tests, "f").verdict == reference
+
+
+# ------------------------------------- side effects, later changes, order, identity, protocol
+
+_KEEP = ("    if x == 'mutate':\n        KEPT[0].append(1)\n    else:\n        KEPT.append(x)\n"
+         "\n\nKEPT = []\n")
+_MEMO = ("    CACHE[x] = x * x\n    return CACHE\n\n\nCACHE = {}\n")
+_PRINTS = "    print('debug', x)\n    return x\n"
+_QUIET = ("import contextlib, io\n\n\ndef check(candidate):\n    out = io.StringIO()\n"
+          "    with contextlib.redirect_stdout(out):\n        assert candidate(1) == 1\n"
+          "    assert out.getvalue() == {want!r}\n")
+_WARNS = "    import warnings\n    warnings.warn('old', DeprecationWarning)\n    return x\n"
+_NO_WARNINGS = ("import warnings\n\n\ndef check(candidate):\n"
+                "    with warnings.catch_warnings(record=True) as seen:\n"
+                "        warnings.simplefilter('always')\n        assert candidate(1) == 1\n"
+                "    assert [(w.category, str(w.message)) for w in seen] == {want}\n")
+_LOGS = ("    import logging\n    logging.getLogger('f').info('looked at %s', x)\n"
+         "    logging.getLogger('f').debug('detail')\n    return x\n")
+_LOGGED = ("import logging, unittest\n\n\ndef check(candidate):\n"
+           "    with unittest.TestCase().assertLogs('f', level='INFO') as logged:\n"
+           "        logging.getLogger('f').info('start')\n        assert candidate(1) == 1\n"
+           "    assert logged.output == {want!r}\n")
+_NO_LOGS = ("import logging\n\n\ndef check(candidate):\n    records = []\n"
+            "    handler = logging.Handler()\n    handler.emit = records.append\n"
+            "    logging.getLogger().addHandler(handler)\n    logging.getLogger().setLevel(1)\n"
+            "    assert candidate(1) == 1\n"
+            "    assert [r.getMessage() for r in records] == {want}\n")
+_SET_STR = ("    s = {33, 1, 65, 97, 2, 7, 15, 23}   # collisions: not rebuilt by inserting alone\n"
+            "    return s if x == 0 else str(s) if x == 1 else next(iter(s))\n")
+_GENERATES = "    yield x\n    yield x + 1\n"
+
+EXACT = {
+    # a change the candidate makes during a later call to an object of an earlier call
+    "late_change_seen": (_KEEP, "def check(candidate):\n    l = []\n    candidate(l)\n"
+                         "    candidate('mutate')\n    assert l == [1]\n"),
+    "late_change_forged": (_KEEP, "def check(candidate):\n    l = []\n    candidate(l)\n"
+                           "    candidate('mutate')\n    assert l == []\n"),
+    # a cache the candidate returned and keeps filling
+    "returned_cache_seen": (_MEMO, "def check(candidate):\n    memo = candidate(2)\n"
+                            "    candidate(3)\n    assert memo == {2: 4, 3: 9}\n"),
+    "returned_cache_forged": (_MEMO, "def check(candidate):\n    memo = candidate(2)\n"
+                              "    candidate(3)\n    assert memo == {2: 4}\n"),
+    # a default factory of constants: a new value for every missing key
+    "constant_default_factory": ("    import collections\n"
+                                 "    return collections.defaultdict(lambda: [])\n",
+                                 "def check(candidate):\n    d = candidate(0)\n"
+                                 "    d['a'].append(1)\n    assert d['b'] == []\n"),
+    # what the candidate prints, warns and logs during a call
+    "printing_seen": (_PRINTS, _QUIET.format(want="debug 1\n")),
+    "printing_forbidden": (_PRINTS, _QUIET.format(want="")),
+    "warning_seen": (_WARNS, _NO_WARNINGS.format(want="[(DeprecationWarning, 'old')]")),
+    "warning_forbidden": (_WARNS, _NO_WARNINGS.format(want="[]")),
+    "warning_as_error": (_WARNS, "import warnings\n\n\ndef check(candidate):\n"
+                         "    with warnings.catch_warnings():\n"
+                         "        warnings.simplefilter('error')\n        try:\n"
+                         "            candidate(1)\n        except DeprecationWarning:\n"
+                         "            pass\n        else:\n            assert False\n"),
+    "log_seen": (_LOGS, _LOGGED.format(want=["INFO:f:start", "INFO:f:looked at 1"])),
+    "log_forbidden": (_LOGS, _NO_LOGS.format(want="[]")),
+    "log_levels_are_the_tests": (_LOGS, _NO_LOGS.format(want="['looked at 1', 'detail']")),
+    # a set's iteration order is the one the sample produced
+    "set_str_order": (_SET_STR, "def check(candidate):\n    assert str(candidate(0)) == "
+                      "candidate(1)\n"),
+    "set_pop_order": (_SET_STR, "def check(candidate):\n    assert candidate(0).pop() == "
+                      "candidate(2)\n"),
+    "set_of_small_ints_order": ("    return {x, 3, 1, 2}\n", "def check(candidate):\n"
+                                "    assert list(candidate(9)) == [1, 2, 3, 9]\n"),
+    "set_pop_forged": ("    return {x, 3, 1, 2}\n", "def check(candidate):\n"
+                       "    assert candidate(9).pop() == 9\n"),
+    # identity and protocol values
+    "math_nan_identity": ("    import math\n    return math.nan\n",
+                          "import math\n\n\ndef check(candidate):\n"
+                          "    assert [candidate(0)] == [math.nan]\n"),
+    "other_nan_is_not_math_nan": ("    return float('nan')\n",
+                                  "import math\n\n\ndef check(candidate):\n"
+                                  "    assert [candidate(0)] == [math.nan]\n"),
+    "not_implemented": ("    return NotImplemented\n",
+                        "def check(candidate):\n    assert candidate(0) is NotImplemented\n"),
+    "generator_next_and_send_none": (_GENERATES,
+                                     "import types\n\n\ndef check(candidate):\n"
+                                     "    g = candidate(1)\n"
+                                     "    assert isinstance(g, types.GeneratorType)\n"
+                                     "    assert next(g) == 1 and g.send(None) == 2\n"
+                                     "    assert list(g) == []\n"),
+}
+
+
+def test_what_a_call_shows_is_judged_as_in_process():
+  """Later changes to earlier arguments and returned caches, constant default factories,
+  printing, warnings and logging, set order, `math.nan` identity, `NotImplemented` and
+  generators: the judge's verdict is in-process `check()`'s, both where it passes and where it
+  fails."""
+  names = sorted(EXACT)
+  expected = in_process([check_program(_PROMPT, *EXACT[n], "f") for n in names])
+  assert "pass" in expected and "fail" in expected
+  got = {n: judged(_PROMPT, *EXACT[n], "f") for n in names}
+  assert {n: got[n].verdict for n in names} == dict(zip(names, expected)), {
+      n: got[n].detail for n in names}
+
+
+_ERRORS_PROMPT = ("class AppError(Exception):\n    pass\n\n\n"
+                  "def f(x):\n    \"\"\"Raises an AppError for a negative x.\"\"\"\n")
+_ERRORS_TESTS = ("def check(candidate):\n    try:\n        candidate(-1)\n"
+                 "    except AppError as error:\n"
+                 "        assert type(error).__name__ == 'Negative'\n"
+                 "        assert isinstance(error, ValueError) and error.args == (-1,)\n"
+                 "    else:\n        assert False\n")
+
+
+@pytest.mark.parametrize("completion", [
+    "    raise Negative(x)\n\n\nclass Negative(AppError, ValueError):\n    pass\n",   # right
+    "    raise Negative(x)\n\n\nclass Negative(ValueError):\n    pass\n",             # no base
+    "    class AppError(Exception):\n        pass\n\n"
+    "    class Negative(AppError, ValueError):\n        pass\n\n    raise Negative(x)\n",
+])
+def test_a_completions_subclass_of_a_prompt_exception_is_one(completion):
+  """An exception class the completion derives from the prompt's is, in the tests, a subclass of
+  the tests' class of that name, and only when the completion's base is that class."""
+  [reference] = in_process([check_program(_ERRORS_PROMPT, completion, _ERRORS_TESTS, "f")])
+  result = judged(_ERRORS_PROMPT, completion, _ERRORS_TESTS, "f")
+  assert result.verdict == reference, result.detail
+
+
+REFUSED = {
+    # the order of a set whose deleted entries moved a later one cannot be rebuilt: not judged
+    "set_order_forged": (_HOLED_SET, "def check(candidate):\n"
+                         "    assert str(candidate(0)) == '{0, 225, 2, 4}'\n"),
+    # a default factory with state: the tests see no value the sample did not produce
+    "stateful_factory_forged": ("    import collections, itertools\n    n = itertools.count()\n"
+                                "    return collections.defaultdict(lambda: next(n))\n",
+                                "def check(candidate):\n    d = candidate(0)\n"
+                                "    try:\n        assert d['a'] == d['b']\n"
+                                "    except BaseException:\n        pass\n"
+                                "    assert d['a'] == d['b']\n"),
+    "shared_default_forged": ("    import collections\n    shared = []\n"
+                              "    return collections.defaultdict(lambda: shared)\n",
+                              "def check(candidate):\n    d = candidate(0)\n"
+                              "    d['a'].append(1)\n    assert d['b'] == []\n"),
+    # the tests and the candidate both change one list: neither change is lost silently
+    "both_change_forged": (_KEEP, "def check(candidate):\n    l = []\n    candidate(l)\n"
+                           "    l.append(0)\n    candidate('mutate')\n    assert l == [1]\n"),
+    # a value sent into a generator
+    "generator_send_forged": ("    v = yield x\n    yield v\n",
+                              "def check(candidate):\n    g = candidate(1)\n    next(g)\n"
+                              "    assert g.send(5) is None\n"),
+}
+
+
+def test_what_cannot_be_reproduced_is_not_judged():
+  """Wrong programs whose verdict hangs on what the judge cannot reproduce (a set's order after
+  deletions, a stateful default factory, a change by both sides, a sent value): in-process
+  fails, the judge does not judge (even when the tests catch what it raises), never passes."""
+  names = sorted(REFUSED)
+  expected = in_process([check_program(_PROMPT, *REFUSED[n], "f") for n in names])
+  got = {n: judged(_PROMPT, *REFUSED[n], "f") for n in names}
+  assert expected == ["fail"] * len(names)
+  assert {n: got[n].verdict for n in names} == dict.fromkeys(names, "unsupported"), {
+      n: got[n].detail for n in names}

@@ -5,8 +5,10 @@ therefore shows the attack failed, not merely that the sample crashed for anothe
 adversarial suite through the training loop's verifier stack is `test_sandbox_attacks.py`; this
 file covers the sandbox's own API, its layers, the codec and the cleanup.
 """
+import collections
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import re
@@ -457,7 +459,8 @@ def _part(objs, *vals):
 @pytest.mark.parametrize("part", [
     _part([], {"$ref": 4}),                                      # unknown object
     _part([[0, ["tuple", 3]]], {"$ref": 0}),                     # malformed contents
-    _part([[0, ["set", [{"$ref": 2}]]], [2, ["list", []]]]),     # a list in a set
+    _part([[0, ["set", [8, [{"$ref": 2}]]]], [2, ["list", []]]]),   # a list in a set
+    _part([[0, ["set", [12, [1]]]]]), _part([[0, ["set", [[1]]]]]),   # a table size not 2**k
     _part([[0, ["dict", [[{"$ref": 2}, 1]]]], [2, ["list", []]]]),
     _part([[1, ["list", []]]]),                                  # numbered by the receiver
     _part([[0, ["list", []]], [0, ["list", []]]]),               # defined twice
@@ -472,6 +475,53 @@ def _part(objs, *vals):
 def test_wire_decoder_rejects_malformed_data(part):
   with pytest.raises(wire.WireError):
     wire.decode(part)
+
+
+def _across(sender, receiver, value):
+  return receiver.decode(wire.loads(wire.dumps({"v": sender.encode([value])})[4:])["v"])[0]
+
+
+def test_wire_sends_later_changes_and_forgets_what_nothing_else_holds():
+  """After every call the sample's session sends the changed contents of every container it
+  watches (one dropped during the call too); between calls it stops watching those that only
+  it still holds."""
+  judge, sample = wire.Session(0), wire.Session(1)
+  kept, dropped = [1], [2]
+  here = [_across(judge, sample, kept), _across(judge, sample, dropped)]
+  assert sample.encode([None], watch=True) == {"objs": [], "vals": [None]}
+  here[0].append(3)
+  here[1].append(4)
+  del here[1]
+  judge.decode(sample.encode([None], watch=True))
+  assert (kept, dropped) == ([1, 3], [2, 4]) and sample.watch_work == 4
+  sample.forget()
+  assert sample.mutable == [[1, 3]] and sample.mutable[0] is here[0]
+
+
+def test_wire_set_order_factories_and_identities():
+  """A set iterates in the sender's order or is refused as `Unsupported` (never a silently
+  different order); a factory of constants gives a new value each call, a stateful one is
+  refused when used; `math.nan` stays itself; `NotImplemented` is a value."""
+  judge, sample = wire.Session(0), wire.Session(1)
+  plain = {5, 13, 21, 2, 1 << 40}
+  assert list(_across(sample, judge, plain)) == list(plain)
+  holed = set(range(5))
+  holed -= {1, 3}
+  holed.add(225)                     # placed past the slot its deleted neighbour left
+  with pytest.raises(wire.Unsupported):
+    _across(sample, judge, holed)
+  assert judge.unsupported
+  judge = wire.Session(0)
+  fresh = _across(sample, judge, collections.defaultdict(lambda: []))
+  fresh["a"].append(1)
+  assert fresh["b"] == [] and fresh["a"] == [1]
+  count = iter(range(10))
+  stateful = _across(sample, judge, collections.defaultdict(lambda: next(count)))
+  with pytest.raises(wire.Unsupported):
+    stateful["a"]   # pylint: disable=pointless-statement
+  assert _across(sample, judge, math.nan) is math.nan
+  assert _across(sample, judge, float("nan")) is not math.nan
+  assert _across(sample, judge, NotImplemented) is NotImplemented
 
 
 def test_judged_run_records_the_protocol():

@@ -1185,7 +1185,8 @@ def test_output_flood_is_capped_and_kept_in_part(verifier, tracker):
   flood = "    import sys\n    for _ in range(64):\n        sys.stdout.write('x' * (1 << 20))\n" \
           f"    return {CORRECT}\n"
   result = verifier.inner.run(TRUNCATE, flood)
-  assert result.verdict == "fail" and "Broken pipe" in result.detail   # closed past 16 MiB
+  # Past 1 MiB in one call, what it printed is more than the judge shows the tests: not judged.
+  assert result.verdict == "unsupported" and "more than 1048576 characters" in result.detail
   assert result.stdout == "x" * verifier.inner.limits.max_output_bytes
 
 
@@ -1403,7 +1404,7 @@ _wire.dumps = lambda message: (struct.pack(">I", len(_payload)) + _payload
 
 
 OVERLOAD = {
-    "hash_flood_set": _raw_reply("one('set', colliding(200_001))"),
+    "hash_flood_set": _raw_reply("one('set', [1 << 20, colliding(200_001)])"),
     "hash_flood_dict": _raw_reply("one('dict', [[k, 0] for k in colliding(100_001)])"),
     # A list: harmless to decode, quadratic once the tests build a set or dict from it.
     "hash_flood_list": _raw_reply("one('list', colliding(200_001))"),
@@ -1514,6 +1515,168 @@ def test_samples_of_one_prompt_never_run_at_the_same_time(verifier, tracker, mon
   assert any(p != q and a < d and c < b for p, a, b in spans for q, c, d in spans)
 
 
+# ------------------------------------------------------------------------- one prompt's schedule
+
+# A sender that knows the answer ends its run at a chosen phase of the wall clock (CLOCK_REALTIME
+# is not namespaced); the next sample of its prompt reads the clock when it loads and decodes the
+# phase. With samples run back to back, the receiver starts a set-up time (0.07 to 0.2 s here)
+# after the sender ended. The phase is taken modulo the scheduling slot (0.25 s), which is what
+# slots hide; which slot length a run fell in is the bounded channel left (docs/verifier.md).
+_CYCLE_S, _SYMBOL_S, _SET_UP_S = 0.25, 0.125, 0.05   # two symbols
+
+
+def _secret_problem(tag: str, secret: int, trial: int, copy: int = 0) -> Problem:
+  """A task whose answer only the sender knows; `copy` 1 and 2 are copies of it with an assert
+  message, or with metadata, a docstring and another parameter name. Each trial's task is
+  another prompt (its second assert): trials with equal secrets would otherwise share a prompt,
+  and the schedule of one trial would carry the previous trial's phase into the next."""
+  other = -2 - trial
+  tests = [f"def check(candidate):\n    assert candidate() == {secret}\n"
+           f"    assert candidate() != {other}\n",
+           f"def check(candidate):\n    assert candidate() == {secret}, 'the secret'\n"
+           f"    assert candidate() != {other}, 'not this'\n",
+           f"METADATA = {{'copy': True}}\n\n\ndef check(f):\n    \"Copied.\"\n"
+           f"    assert f() == {secret}\n    assert f() != {other}\n"][copy]
+  return Problem(f"secret {tag} {copy}", "def secret() -> int:\n", tests=tests,
+                 entry_point="secret")
+
+
+def _exit_time_pair(secret: int, nonce: str) -> tuple[str, str]:
+  sender = textwrap.dedent(f"""\
+          return -1
+
+
+      import time
+      _wait = ({secret} * {_SYMBOL_S} - time.time()) % {_CYCLE_S}
+      time.sleep(_wait if _wait > 0.02 else _wait + {_CYCLE_S})  # ends at phase {secret}
+      # {nonce}
+      """)
+  receiver = textwrap.dedent(f"""\
+          return DECODED
+
+
+      import time
+      DECODED = int(((time.time() - {_SET_UP_S}) % {_CYCLE_S}) // {_SYMBOL_S})  # {nonce}
+      """)
+  return "    " + sender.lstrip(), "    " + receiver.lstrip()
+
+
+def _exit_time_trials(verifier, trials: int, tag: str) -> int:
+  """Batches of one sender, one receiver and one honest sample (run in that order) with a new
+  random secret each, the receiver and the honest sample on the sender's task or on one of its
+  copies: how many receivers answered right. Each honest sample scores 1, each sender 0."""
+  import random
+  right = 0
+  for trial in range(trials):
+    secret, nonce = random.randrange(2), f"{tag} {trial}"
+    copy = _secret_problem(nonce, secret, trial, copy=trial % 3)
+    sender, receiver = _exit_time_pair(secret, nonce)
+    time.sleep(random.uniform(0, _CYCLE_S))   # the batch starts at any phase of the cycle
+    scores = verifier.score_batch([_secret_problem(nonce, secret, trial), copy, copy],
+                                  [sender, receiver, f"    return {secret}  # {nonce}\n"])
+    assert scores[0] == 0.0 and scores[2] == 1.0, scores
+    right += int(scores[1])
+  return right
+
+
+def test_start_times_carry_no_exit_time(verifier, tracker):
+  """Twelve receivers each decode one of two symbols from when they start: with slots, they are
+  right by chance (half the time); more than ten right happens by chance with probability
+  0.003."""
+  right = _exit_time_trials(verifier, trials=12, tag="slotted")
+  assert right <= 10, f"{right} of 12 receivers decoded their sender's exit time"
+
+
+@pytest.mark.slow
+def test_exit_time_channel_is_real_without_slots(tracker):
+  """Control: with slots off (each sample starts when the previous one of its prompt ended),
+  the same receivers decode their senders' secrets."""
+  inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=3, slot_s=0)
+  with inner:
+    right = _exit_time_trials(CodePromptVerifier(inner, {}), trials=12, tag="unslotted")
+  assert right >= 10, f"only {right} of 12 receivers decoded their sender's exit time"
+
+
+def test_slot_lengths_are_a_few_fixed_values():
+  from orl_jax.verify.humaneval import slot_length
+  assert [slot_length(t, 0.25) for t in (0.0, 0.1, 0.25, 0.26, 0.9, 3.0)] == \
+      [0.25, 0.25, 0.25, 0.5, 1.0, 4.0]
+  assert slot_length(0.3, 0) == 0.3
+  # Past the longest length (a timed-out run), its doublings.
+  assert [slot_length(t, 0.25, 6.0) for t in (3.0, 4.5, 6.0, 6.5, 13.0)] == \
+      [4.0, 6.0, 6.0, 12.0, 24.0]
+
+
+def test_a_sample_holds_its_slot_whenever_it_ends(verifier, tracker, monkeypatch):
+  """A prompt's next sample starts a slot after the previous one started, whether that one
+  ended at once or took most of its slot."""
+  from orl_jax.verify import humaneval
+  starts, real = [], humaneval.judge_run
+
+  def recorded(problem, completion, limits):
+    starts.append(time.monotonic())
+    return real(problem, completion, limits)
+
+  monkeypatch.setattr(humaneval, "judge_run", recorded)
+  quick = _honest("slot quick")
+  slow = f"    return {CORRECT}\n\n\nimport time\ntime.sleep(0.6)  # slot slow\n"
+  inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=2,
+                            slot_s=1.5)
+  with inner:
+    assert inner.score_batch([TRUNCATE] * 3, [quick, slow, _honest("slot last")]) == [1.0] * 3
+  gaps = [b - a for a, b in zip(starts, starts[1:])]
+  assert all(1.5 <= gap < 1.9 for gap in gaps), gaps
+
+
+def _copies_of_has_close_elements() -> list[Problem]:
+  """HumanEval/0 and copies that compute the same: without its metadata, with other assert
+  messages and names, with comments, a docstring and its asserts in another order."""
+  original = PROBLEMS[1]
+  tests = original.tests
+  no_metadata = "\n".join(line for line in tests.split("\n\n") if "METADATA" not in line)
+  lines = [line.strip() for line in tests.splitlines() if line.strip().startswith("assert")]
+  messages = "def check(f):\n" + "".join(
+      f"    {line.replace('candidate', 'f')}, 'case {i}'\n" for i, line in enumerate(lines))
+  reordered = ("# has_close_elements\ndef check(candidate):\n    '''All cases.'''\n"
+               + "".join(f"    {line}  # case\n" for line in reversed(lines)))
+  return [original] + [Problem(f"HumanEval/0 {kind}", original.prompt, target=original.target,
+                               tests=copy, entry_point=original.entry_point)
+                       for kind, copy in (("bare", no_metadata), ("messages", messages),
+                                          ("reordered", reordered))]
+
+
+def test_copies_of_a_task_share_its_prompt_key():
+  from orl_jax.verify.humaneval import prompt_key
+  copies = _copies_of_has_close_elements()
+  assert len({c.tests for c in copies}) == len(copies)
+  assert len({prompt_key(c) for c in copies}) == 1
+  other_input = copies[0].tests.replace("0.3)", "0.31)", 1)
+  assert other_input != copies[0].tests
+  assert prompt_key(Problem("x", copies[0].prompt, tests=other_input)) != prompt_key(copies[0])
+
+
+def test_copies_of_a_task_never_run_at_the_same_time(verifier, tracker, monkeypatch):
+  """Two honest samples of HumanEval/0 and of each of its copies at parallelism 3: no two of
+  them run at the same time (as different tasks, they would; CPU pinning then carried a
+  message from one to the other)."""
+  from orl_jax.verify import humaneval
+  spans, real = [], humaneval.judge_run
+
+  def recorded(problem, completion, limits):
+    start = time.monotonic()
+    result = real(problem, completion, limits)
+    spans.append((start, time.monotonic()))
+    return result
+
+  monkeypatch.setattr(humaneval, "judge_run", recorded)
+  copies = _copies_of_has_close_elements()
+  scores = verifier.score_batch(copies * 2, [c.target + f"# copy {c.problem_id} {i}\n"
+                                             for i in range(2) for c in copies])
+  assert scores == [1.0] * 8 and len(spans) == 8
+  ordered = sorted(spans)
+  assert all(end <= next_start for (_, end), (next_start, _) in zip(ordered, ordered[1:]))
+
+
 @pytest.fixture(scope="module")
 def inflated_launcher_peak():
   """Raises this process's peak resident memory past the judge's bound, as a training process's
@@ -1548,3 +1711,78 @@ def test_hedged_math_answers_score_zero_beside_an_honest_one():
             "I think #### 30\n#### thirty-one", "The answer is 30.", "#### ~30", "#### 30,5"]
   honest = ["12 + 18 = 30\n#### 30", "#### $30.00", "\\boxed{30}"]
   assert verifier.score_batch([problem] * 11, hedges + honest) == [0.0] * 8 + [1.0] * 3
+
+
+# ------------------------------------------- what a call does besides returning (judge exactness)
+
+def _problem(name: str, signature: str, doc: str, tests: str) -> Problem:
+  return Problem(f"attack/{name}", f'{signature}\n    """{doc}"""\n', tests=tests,
+                 entry_point=signature[4:signature.index("(")])
+
+
+_BAG = _problem("bag", "def add(item, bag: list) -> int:",
+                "Appends `item` to `bag`; returns its new length.",
+                "def check(candidate):\n    first = []\n    assert candidate(1, first) == 1\n"
+                "    assert candidate(2, []) == 1\n    assert first == [1]\n")
+_SQUARES = _problem("squares", "def squares(n: int) -> dict:",
+                    "A new dict {k: k * k} for k below n.",
+                    "def check(candidate):\n    a = candidate(2)\n"
+                    "    assert candidate(3) == {0: 0, 1: 1, 2: 4}\n    assert a == {0: 0, 1: 1}\n")
+_COUNTS = _problem("counts", "def counts(words: list):",
+                   "A collections.defaultdict(int) counting `words`.",
+                   "def check(candidate):\n    d = candidate(['a'])\n"
+                   "    assert d['a'] == 1 and d['zzz'] == 0 and d['yyy'] == 0\n")
+_HOLES = _problem("holes", "def holes() -> set:", "The set {0, 2, 4, 225}, built from a literal.",
+                  "def check(candidate):\n    s = candidate()\n    assert s == {0, 2, 4, 225}\n"
+                  "    assert str(s) == '{0, 225, 2, 4}' and s.pop() == 0\n")
+_QUIET_TESTS = ("import contextlib, io, logging, warnings\n\n\ndef check(candidate):\n"
+                "    out, err, records = io.StringIO(), io.StringIO(), []\n"
+                "    handler = logging.Handler()\n    handler.emit = records.append\n"
+                "    logging.getLogger().addHandler(handler)\n"
+                "    with warnings.catch_warnings(record=True) as warned:\n"
+                "        warnings.simplefilter('always')\n"
+                "        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+                "            assert candidate(3) == 3\n"
+                "    assert (out.getvalue(), err.getvalue(), warned, records) == "
+                "('', '', [], [])\n")
+_QUIET = _problem("quiet", "def quiet(x: int) -> int:",
+                  "Returns `x`; prints, warns and logs nothing.", _QUIET_TESTS)
+
+SIDE_EFFECTS = {
+    # changes an argument of an earlier call during a later one
+    "late_change_to_an_earlier_argument": (
+        _BAG, "    global KEPT\n    if KEPT is not None:\n        KEPT.append(99)\n"
+        "    KEPT = bag\n    bag.append(item)\n    return len(bag)\n\n\nKEPT = None\n",
+        "    bag.append(item)\n    return len(bag)\n"),
+    # empties a dict it returned earlier and kept
+    "returned_cache_changed_later": (
+        _SQUARES, "    global LAST\n    if LAST is not None:\n        LAST.clear()\n"
+        "    LAST = {k: k * k for k in range(n)}\n    return LAST\n\n\nLAST = None\n",
+        "    return {k: k * k for k in range(n)}\n"),
+    # a default factory whose second value differs: the judge used to copy the first
+    "stateful_default_factory": (
+        _COUNTS, "    import collections, itertools\n    seq = itertools.count()\n"
+        "    d = collections.defaultdict(lambda: next(seq))\n    for w in words:\n"
+        "        d[w] = d.get(w, 0) + 1\n    return d\n",
+        "    import collections\n    d = collections.defaultdict(int)\n    for w in words:\n"
+        "        d[w] += 1\n    return d\n"),
+    # a set whose iteration order a fresh set with its items does not have
+    "set_order": (_HOLES, "    s = set(range(5))\n    s.discard(1)\n    s.discard(3)\n"
+                  "    s.add(225)\n    return s\n", "    return {0, 2, 4, 225}\n"),
+    "prints": (_QUIET, "    print('working on', x)\n    return x\n", "    return x\n"),
+    "writes_to_stderr": (_QUIET, "    import sys\n    sys.stderr.write('!')\n    return x\n",
+                         "    return x\n"),
+    "warns": (_QUIET, "    import warnings\n    warnings.warn('slow path')\n    return x\n",
+              "    return x\n"),
+    "logs": (_QUIET, "    import logging\n    logging.getLogger('q').error('x=%s', x)\n"
+             "    return x\n", "    return x\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIDE_EFFECTS))
+def test_side_effects_the_tests_inspect_are_judged(verifier, tracker, name):
+  """A wrong program whose fault is something other than its return value (a later change to an
+  earlier argument or to a cache it returned, a default factory's next value, a set's order,
+  printing, warning or logging) scores 0; the right one beside it scores 1."""
+  problem, hostile, honest = SIDE_EFFECTS[name]
+  assert verifier.score_batch([problem, problem], [hostile, honest]) == [0.0, 1.0]

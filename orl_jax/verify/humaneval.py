@@ -20,16 +20,20 @@ the judge still differs from running the tests in-process.
 Runs happen on `PromptScheduler` threads (each waits on one sandbox), results are cached by the
 sha256 of the inputs, and `submit` lets the loop overlap verification with other work. A
 batch's samples start prompt by prompt in turn, and two samples of one prompt never run at the
-same time (they could talk through what the machine shares). Only verdicts are cached: a run
-the sandbox infrastructure failed is retried once and never cached; a timeout is cached as 0 once
-the same completion timed out twice. `stats` counts runs, timeouts, infrastructure failures,
-unsupported tests and the judge processes' cost (`verify_*` metrics in training logs).
+same time (they could talk through what the machine shares); one prompt is tests that compute
+the same (`prompt_key`), and a sample holds its slot for one of a few fixed lengths, so that
+when the next sample of its prompt starts does not say when it ended (docs/verifier.md,
+"Threat model"). Only verdicts are cached: a run the sandbox infrastructure failed is retried
+once and never cached; a timeout is cached as 0 once the same completion timed out twice.
+`stats` counts runs, timeouts, infrastructure failures, unsupported tests and the judge
+processes' cost (`verify_*` metrics in training logs).
 """
 from __future__ import annotations
 
 import ast
 import collections
 import concurrent.futures
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -49,6 +53,9 @@ _log = logging.getLogger(__name__)
 _SMOKE_PROGRAM = ("import collections, functools, hashlib, itertools, math, re, string\n"
                   "def f(x):\n  return (x, math.sqrt(x))\n")
 _SMOKE_TESTS = "def check(candidate):\n  assert candidate(4) == (4, 2.0)\n"
+# Time after a sample's timeout within which its kill and teardown end (a timed-out run holds its
+# scheduling slot for the timeout plus this).
+_TEARDOWN_S = 2.0
 
 
 def _require_tests(problem: Problem) -> tuple[str, str]:
@@ -114,12 +121,107 @@ class VerifierStats:
     return {f"verify_{f.name}": float(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+def _unused_globals(module: ast.Module) -> set[str]:
+  """Module-level names assigned but never read in the tests (`METADATA = {...}`)."""
+  loaded = {node.id for node in ast.walk(module)
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store)}
+  assigned = {target.id for stmt in module.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+              for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+              if isinstance(target, ast.Name)}
+  return assigned - loaded
+
+
+def _is_inert(stmt: ast.stmt, unused: set[str]) -> bool:
+  """A statement that cannot change a call or a verdict: a docstring or bare string, or an
+  assignment only to module names nothing reads."""
+  if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+    return isinstance(stmt.value.value, str)
+  if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+    return all(isinstance(t, ast.Name) and t.id in unused for t in targets)
+  return False
+
+
+class _Normalise(ast.NodeTransformer):
+  """The tests without what does not change what they compute: assert messages, docstrings,
+  unread metadata, the names the tests choose, the order of consecutive asserts."""
+
+  def __init__(self, unused: set[str]):
+    self.unused = unused
+
+  def visit_Assert(self, node: ast.Assert) -> ast.AST:
+    node.msg = None
+    return self.generic_visit(node)
+
+  def generic_visit(self, node: ast.AST) -> ast.AST:
+    super().generic_visit(node)
+    for field in ("body", "orelse", "finalbody"):
+      stmts = getattr(node, field, None)
+      if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+        kept = [s for s in stmts if not _is_inert(s, self.unused)] or [ast.Pass()]
+        setattr(node, field, _sorted_assert_runs(kept))
+    return node
+
+
+class _Rename(ast.NodeTransformer):
+  """Renames every identifier the tests bind or read to `n` and its order of first appearance
+  (`blank`: all to `_`)."""
+
+  def __init__(self, blank: bool = False):
+    self.names: dict[str, str] = {}
+    self.blank = blank
+
+  def _new(self, name: str) -> str:
+    return "_" if self.blank else self.names.setdefault(name, f"n{len(self.names)}")
+
+  def visit_Name(self, node: ast.Name) -> ast.Name:
+    node.id = self._new(node.id)
+    return node
+
+  def visit_arg(self, node: ast.arg) -> ast.AST:
+    node.arg = self._new(node.arg)
+    return self.generic_visit(node)
+
+  def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+    node.name = self._new(node.name)
+    return self.generic_visit(node)
+
+  def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+    node.name = self._new(node.name)
+    return self.generic_visit(node)
+
+
+def _nameless(node: ast.AST) -> str:
+  """`ast.dump` with every identifier blanked (an order key that renaming cannot change)."""
+  return ast.dump(_Rename(blank=True).visit(copy.deepcopy(node)))
+
+
+def _sorted_assert_runs(stmts: list[ast.stmt]) -> list[ast.stmt]:
+  out: list[ast.stmt] = []
+  run: list[ast.stmt] = []
+  for stmt in stmts + [ast.Pass()]:
+    if isinstance(stmt, ast.Assert):
+      run.append(stmt)
+      continue
+    out += sorted(run, key=_nameless) + [stmt]
+    run = []
+  return out[:-1]
+
+
 def prompt_key(problem: Problem) -> str:
-  """What makes two samples "of one prompt": the same tests (the calls their samples answer),
-  compared without comments and layout."""
-  tests = problem.tests or ""
+  """What makes two samples "of one prompt": tests that compute the same thing. The key is the
+  tests' syntax tree without assert messages, docstrings and bare strings, module names nothing
+  reads (metadata), comments and layout, with runs of consecutive asserts in a fixed order and
+  every identifier renamed by first appearance, so that copies of a task that differ only there
+  share a key (and their samples never run at once). Computed without running the tests."""
+  return _tests_key(problem.tests or "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _tests_key(tests: str) -> str:
   try:
-    tests = ast.dump(ast.parse(tests))
+    module = ast.parse(tests)
+    tests = ast.dump(_Rename().visit(_Normalise(_unused_globals(module)).visit(module)))
   except (SyntaxError, ValueError, RecursionError, MemoryError):
     pass
   return hashlib.sha256(tests.encode("utf-8", errors="surrogatepass")).hexdigest()
@@ -145,17 +247,42 @@ class _Job:
   lock: int | None = None
 
 
+def slot_length(elapsed: float, slot_s: float, longest_s: float = float("inf")) -> float:
+  """How long a run of `elapsed` seconds holds its slot: the first of `slot_s`, `2 * slot_s`,
+  `4 * slot_s`, ... that it fits in, or `longest_s` (a timed-out run's length) when that is
+  shorter, then its multiples by powers of two. When the next sample starts then says at most
+  which of a few lengths the run fell in, not when it ended."""
+  if slot_s <= 0:
+    return elapsed
+  held = slot_s
+  while held < elapsed and held < longest_s:
+    held *= 2
+  if held >= longest_s:
+    held = longest_s
+    while held < elapsed:
+      held *= 2
+  return held
+
+
 class PromptScheduler:
   """Runs jobs `parallelism` at a time, never two of one prompt at once: not in this process
   (all schedulers share the set of running prompts) and not on this machine
   (`orl_sandbox.claim_exclusive`). Samples of one prompt could otherwise talk through what
   the machine shares (timing, machine-wide counters); samples of different prompts answer
-  different questions. Jobs start in the order given, skipping those whose prompt is busy."""
+  different questions. Jobs start in the order given, skipping those whose prompt is busy.
+
+  A job holds its worker and its prompt for a slot (`slot_length`), not until it ends: a slot
+  ends at a time fixed by when it started and which power-of-two multiple of `slot_s` its run
+  fell in, and every start is a submission or the end of some slot, so a sample that ends
+  early cannot move the start of the next sample of its prompt (nor free a worker for another
+  prompt sooner, which would move it too). `slot_s` 0 releases both at the end of the run."""
 
   _running: set[str] = set()
   _changed = threading.Condition()
 
-  def __init__(self, parallelism: int, name: str = "humaneval-sandbox"):
+  def __init__(self, parallelism: int, name: str = "humaneval-sandbox", slot_s: float = 0.25,
+               longest_s: float = float("inf")):
+    self.slot_s, self.longest_s = slot_s, longest_s
     self._queue: list[_Job] = []
     self._closed = False
     self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
@@ -200,12 +327,16 @@ class PromptScheduler:
         job = self._take()
       if job is None:
         return
+      start = time.monotonic()
       try:
         if job.future.set_running_or_notify_cancel():
           job.future.set_result(job.run())
       except BaseException as error:  # pylint: disable=broad-except
         job.future.set_exception(error)
       finally:
+        elapsed = time.monotonic() - start
+        time.sleep(max(0.0, start + slot_length(elapsed, self.slot_s, self.longest_s)
+                            - time.monotonic()))
         sandbox.release_exclusive(job.lock)
         with self._changed:
           self._running.discard(job.prompt)
@@ -222,11 +353,14 @@ class HumanEvalVerifier:
     stop_sequences: the completion is cut at the first of these before running (a model that
       closes its code block with a fence must not be scored on the prose after it).
     cache_size: how many results to remember (least recently used are dropped).
+    slot_s: the shortest time a sample holds its worker and prompt (`PromptScheduler`), so
+      that when a prompt's next sample starts carries nothing about when this one ended; set
+      it above an honest sample's run time (longer runs hold a power-of-two multiple of it).
   """
 
   def __init__(self, limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
                parallelism: int | None = None, stop_sequences: Sequence[str] = ("\n```",),
-               cache_size: int = 100_000):
+               cache_size: int = 100_000, slot_s: float = 0.25):
     self.limits = limits
     self.parallelism = parallelism or min(4, os.cpu_count() or 1)
     self.stop_sequences = tuple(stop_sequences)
@@ -237,7 +371,9 @@ class HumanEvalVerifier:
     self._checked = False
     self.stats = VerifierStats()
     self.unsupported: dict[str, str] = {}   # problem id -> why its tests could not be judged
-    self._scheduler = PromptScheduler(self.parallelism)
+    # A timed-out run (the timeout, then the kill and the judge) holds its slot this long.
+    self._scheduler = PromptScheduler(self.parallelism, slot_s=slot_s,
+                                      longest_s=limits.timeout_s + _TEARDOWN_S)
     self._gather = concurrent.futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="humaneval-gather")
 
