@@ -1,6 +1,6 @@
 """How much of a packed replay row the staircase kernels skip, and (on an accelerator) how fast.
 
-Two rows (DESIGN §2.5 layout, tile 128):
+Two rows (docs/method.md#replay-states-packing-staircase-attention layout, tile 128):
 * ``tiny_demo`` — the tiny default's replay: a 32-token prompt, block 32, G=8 one-block responses,
   every state of a 6-step trajectory (1,824 tokens, padded to 1,920);
 * ``synthetic_8k`` — a shared 512-token prompt, G=16 responses of 4 blocks of 32, 11 states per

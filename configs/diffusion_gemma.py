@@ -1,5 +1,5 @@
 """DiffusionGemma: uniform-noise block diffusion whose self-conditioning block is ORL's
-residual pathway (DESIGN §4; registry family `diffusion_gemma`).
+residual pathway (docs/models.md#diffusiongemma; registry family `diffusion_gemma`).
 
 Launch lines:
   python launch/train.py --config=configs/diffusion_gemma.py:26b-a4b \

@@ -1,6 +1,6 @@
 """LLaDA: LLaDA2.x-mini (MoE, block diffusion; the paper's LLaDA) and LLaDA-8B (dense,
-bidirectional). DESIGN §4; the model facts come from the family registry
-(`orl_jax.models.families`: `llada2_moe`, `llada`).
+bidirectional; docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm). The model facts come from the
+family registry (`orl_jax.models.families`: `llada2_moe`, `llada`).
 
 Launch lines:
   python launch/train.py --config=configs/llada.py --config.model.path=/path/LLaDA2.1-mini \
@@ -64,7 +64,7 @@ VARIANTS = ("2.1-mini", "2.1-mini-dllm", "2.1-mini-sglang", "2.0-mini", "8b-inst
 
 
 def _llada2_mini(c):
-  """LLaDA2.x-mini shapes (DESIGN §4)."""
+  """LLaDA2.x-mini shapes (docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm)."""
   dlm_common.set_shapes(c, d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, head_dim=128,
                         mlp_dim=5120, vocab_size=157184, rope_theta=6e5, norm_eps=1e-6,
                         qk_norm=True, tie_embeddings=False)
@@ -72,12 +72,13 @@ def _llada2_mini(c):
   m.rope_fraction = 0.5            # partial_rotary_factor: rotate_half on the first 64 dims
   m.first_k_dense = 1
   m.norm_head = False
-  # n_group is not stated in DESIGN §4 (it says groups scored by their top-2, keep 4); 8 is
+  # Groups are scored by their top-2 experts and 4 are kept; the number of groups, 8, is
   # our reading of the released config.json, which decides whenever model.path is given.
   m.moe.update(dict(n_experts=256, top_k=8, expert_dim=512, n_group=8, topk_group=4,
                     n_shared=1, routed_scaling_factor=2.5, impl="ragged"))
   # Exact replay on MoE: the rollout records each token's expert ids and replay routes with
-  # them (routing is a function of the hidden state; DESIGN §4, tunix's router replay).
+  # them (routing is a function of the hidden state; docs/models.md#moe-llada2x-mini, tunix's router
+  # replay).
   c.orl.capture_routes = True
   # LLaDA2.1 token editing is off in "2.1-mini" (rollouts and evaluation), unlike the official
   # `generate` default; `preset(c, name)` sets dllm's decoder (the official default) or
@@ -89,7 +90,7 @@ def _llada2_mini(c):
 
 
 def _llada_8b(c):
-  """LLaDA-8B shapes (DESIGN §4)."""
+  """LLaDA-8B shapes (docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm)."""
   dlm_common.set_shapes(c, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
                         mlp_dim=12288, vocab_size=126464, rope_theta=500000.0, norm_eps=1e-5,
                         qk_norm=False, tie_embeddings=False)

@@ -1,5 +1,6 @@
-"""QwenDLM: a block-diffusion conversion of Qwen3-4B (DESIGN §4): block-causal, tied embeddings,
-mask <|MASK|> (151669, our choice, as SDAR), block size 32 (our choice).
+"""QwenDLM: a block-diffusion conversion of Qwen3-4B
+(docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm): block-causal, tied embeddings, mask <|MASK|>
+(151669, our choice, as SDAR), block size 32 (our choice).
 
 Launch lines:
   python launch/train.py --config=configs/qwendlm.py --config.model.path=/path/QwenDLM-4B \

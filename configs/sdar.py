@@ -1,5 +1,6 @@
-"""SDAR-4B / SDAR-8B: Qwen3-based block-diffusion LMs (DESIGN §4): block-causal, block size 4,
-mask <|MASK|> (151669), no logit shift, untied head.
+"""SDAR-4B / SDAR-8B: Qwen3-based block-diffusion LMs
+(docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm): block-causal, block size 4, mask <|MASK|>
+(151669), no logit shift, untied head.
 
 Launch lines:
   python launch/train.py --config=configs/sdar.py:4b --config.model.path=/path/SDAR-4B-Chat \

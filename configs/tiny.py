@@ -30,7 +30,8 @@ import ml_collections
 
 STAGES = ("warmup", "orl", "no_aec", "no_kl", "kl_rollout", "no_residual", "no_warmup",
           "lr_scale_1", "rcd_offline")
-# The `ablations` variant: full ORL and each ablation (DESIGN §2.6-§2.7), over rollout seeds.
+# The `ablations` variant: full ORL and each ablation over rollout seeds
+# (docs/method.md#the-losses, docs/method.md#the-on-policy-loop).
 # Not `kl_rollout`: with one update per fresh rollout and exact replay its KL is zero, so it is
 # `no_kl` (equal to the last digit in all three seeds of the 2026-12-01 study); it stays a stage.
 ABLATIONS = ("no_aec", "no_kl", "no_residual", "no_warmup", "rcd_offline")
@@ -85,7 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.path = ""
   c.model.init_from = ""          # older name for a params folder (the demo's stages set it)
   c.model.residual = ml_collections.ConfigDict()
-  c.model.residual.mode = "none"    # residual pathway: none | adapter | rcd (§2.1)
+  c.model.residual.mode = "none"    # residual pathway: none | adapter | rcd
   c.model.residual.hidden = 128     # width of the residual adapter
   c.model.residual.scale = 1.0      # multiplies the adapter output added to the input embedding
   c.model.residual.temperature = 1.0  # T_res: z = softmax(logits / T_res) @ E
@@ -108,10 +109,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode.temperature = 0.0        # 0 = greedy; > 0 = sampling at this temperature
   c.decode.max_steps_per_block = 0  # safety bound on steps per block (0 = block_size)
   c.decode.top_k = 16               # rollout capture: top-K ids and log-probs kept per position
-  # LLaDA2.1 token editing (DESIGN §4): a step also rewrites committed tokens of the block whose
-  # new candidate differs with probability > edit_threshold, and a filled block takes up to
-  # max_post_edit_steps more steps (until one edits nothing); every step counts in TPF and is
-  # a captured rollout state. 1.0 / 0 = off. Presets as (rule_value, edit_threshold,
+  # LLaDA2.1 token editing (docs/models.md#llada21-token-editing): a step also rewrites committed
+  # tokens of the block whose new candidate differs with probability > edit_threshold, and a filled
+  # block takes up to max_post_edit_steps more steps (until one edits nothing); every step counts in
+  # TPF and is a captured rollout state. 1.0 / 0 = off. Presets as (rule_value, edit_threshold,
   # max_post_edit_steps): dllm 0.95 / 0.9 / 16, SGLang 0.5 / 0.0 / 16.
   c.decode.edit_threshold = 1.0
   c.decode.max_post_edit_steps = 0  # LLaDA2.1 editing steps after a block fills
@@ -125,8 +126,8 @@ def base_config() -> ml_collections.ConfigDict:
   # per_row: each row advances through its own blocks and a finished row takes the next prompt
   # (continuous batching, orl_jax/decode/per_row.py) in evaluation and rollouts
   c.decode.schedule = "lockstep"
-  # The authors' rules of the model's family (DESIGN §2.2; "auto" = the weights' family's, from
-  # its registry entry, our tiny model's for a model of ours):
+  # The authors' rules of the model's family (docs/decoding.md#decoding-as-each-models-authors-do;
+  # "auto" = the weights' family's, from its registry entry, our tiny model's for a model of ours):
   #   block_placement  prompt_end (the first block starts at the prompt's end: LLaDA-8B,
   #                    tiny) | absolute (blocks at multiples of b from the first prompt token,
   #                    the prompt's last block shared with the first generated tokens: LLaDA2.x,
@@ -158,7 +159,7 @@ def base_config() -> ml_collections.ConfigDict:
   # residual_warmup: share of rows whose second pass consumes the model's own first-pass z
   c.train.self_condition_probability = 0.5
 
-  # ORL (DESIGN §2.3-§2.7). Used when train.mode == "orl".
+  # ORL (docs/method.md#the-algorithm-as-the-code-runs-it). Used when train.mode == "orl".
   c.orl = ml_collections.ConfigDict()
   c.orl.prompts_per_step = 8        # P
   c.orl.group_size = 8              # G rollouts per prompt
@@ -252,9 +253,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Stages of the demo, each a set of overrides merged into this config (`config.update`),
   # started from the model `stage_start` names: "base" (the SFT base model) or "warmup" (the
-  # base after the residual warm-up stage, DESIGN §2.1; trained once and shared). The demo runs
-  # base -> warmup -> "orl" (+ "rcd_offline" with compare_offline, + each of `ablations`);
-  # `--config=configs/tiny.py:STAGE` runs one stage alone from `model.init_from`.
+  # base after the residual warm-up stage, docs/method.md#the-residual-pathway; trained once and
+  # shared). The demo runs base -> warmup -> "orl" (+ "rcd_offline" with compare_offline, + each of
+  # `ablations`); `--config=configs/tiny.py:STAGE` runs one stage alone from `model.init_from`.
   c.compare_offline = False
   c.ablations = ()                  # e.g. ("no_aec", "no_kl", "no_residual"); see ABLATIONS
   # Residual warm-up: masked-diffusion training where half the rows consume the model's own

@@ -8,10 +8,10 @@
   python launch/decode.py --config=configs/tiny.py:eval --models=base=assets/tiny_base,orl=DIR \
       --num=8 --html=work_dirs/trajectories.html
 
-Prints each response with its forwards counted both ways (DESIGN §2.2): the paper's count
-(denoising forwards + one commit forward per decoded block; TPF uses it) and the authors' count
-(denoising forwards only, what the model's official `generate` runs); writes an HTML page where
-every token is coloured by the step at which it was committed (Base vs ORL side by side).
+Prints each response with its forwards counted both ways (docs/decoding.md#two-forward-counts): the
+paper's count (denoising forwards + one commit forward per decoded block; TPF uses it) and the
+authors' count (denoising forwards only, what the model's official `generate` runs); writes an HTML
+page where every token is coloured by the step at which it was committed (Base vs ORL side by side).
 A DiffusionGemma directory decodes with its uniform-noise sampler (canvases of
 `decode.block_size`, rule `entropy_budget_<nats>`); a token is coloured by the last step that
 accepted it. Blocks sit where the model's authors put them (`decode.block_placement`): prompts

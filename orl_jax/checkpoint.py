@@ -1,4 +1,4 @@
-"""Orbax checkpoints of {train state, data iterator} (DESIGN §2.8).
+"""Orbax checkpoints of {train state, data iterator} (docs/training.md#resume-and-changed-settings).
 
 Saves are async and atomic (an interrupted save leaves only a `*.orbax-checkpoint-tmp` folder,
 which Orbax ignores); restore targets the abstract, sharded train state so arrays come back

@@ -1,5 +1,5 @@
-"""Multi-host start-up (DESIGN §3): `jax.distributed.initialize()` when the config or the
-environment asks for it; a no-op on one host and in Colab.
+"""Multi-host start-up (docs/scaling.md#meshes-and-sharding): `jax.distributed.initialize()` when
+the config or the environment asks for it; a no-op on one host and in Colab.
 
 `config.distributed.mode`:
 * ``"auto"`` (default) — initialise when the environment describes a multi-process job: explicit

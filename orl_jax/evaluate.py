@@ -1,13 +1,13 @@
-"""Evaluation (DESIGN §6): accuracy, mean and pooled TPF, NFE, TPS per decoder setting.
+"""Evaluation (docs/method.md#metrics): accuracy, mean and pooled TPF, NFE, TPS per decoder setting.
 
 TPS is generated tokens / wall seconds of the jitted decoder after an ahead-of-time compile
 (compilation excluded); verification and detokenisation are not timed.
 
-Forwards are counted both ways (DESIGN §2.2) and both are reported: `tpf_*` / `nfe_mean` use
-the paper's count (denoising forwards plus one commit forward per decoded block, the last one
-included: the headline), `tpf_*_denoise` / `nfe_mean_denoise` the authors' count (denoising
-forwards only: what LLaDA2's `generate`, Fast-dLLM and transformers' DiffusionGemma count),
-and `tpf_*_engine` / `nfe_mean_engine` the forwards the engine ran (commit forwards no later
+Forwards are counted both ways (docs/decoding.md#two-forward-counts) and both are reported: `tpf_*`
+/ `nfe_mean` use the paper's count (denoising forwards plus one commit forward per decoded block,
+the last one included: the headline), `tpf_*_denoise` / `nfe_mean_denoise` the authors' count
+(denoising forwards only: what LLaDA2's `generate`, Fast-dLLM and transformers' DiffusionGemma
+count), and `tpf_*_engine` / `nfe_mean_engine` the forwards the engine ran (commit forwards no later
 block needs skipped). Every model is decoded by the decoder of its kind
 (`decode_build.make_decoder`: the lock-step decoder, the per-row engine or DiffusionGemma's
 uniform-noise sampler).

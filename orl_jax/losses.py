@@ -1,8 +1,8 @@
-"""The training losses. SFT (DESIGN §2.7): `sft_loss`, the 1/t-weighted masked CE in the
-staircase layout. ORL on a replayed batch (DESIGN §2.6): gated CE, adjacent entropy contraction
-(AEC) and the capped reverse KL anchor. Every term is averaged per response, then over responses,
-using global segment sums over the batch, so the packing of states into rows never changes the
-loss.
+"""The training losses. SFT (docs/method.md#the-losses): `sft_loss`, the 1/t-weighted masked
+CE in the staircase layout. ORL on a replayed batch (docs/method.md#the-losses): gated CE, adjacent
+entropy contraction (AEC) and the capped reverse KL anchor. Every term is averaged per response,
+then over responses, using global segment sums over the batch, so the packing of states into rows
+never changes the loss.
 
 The anchor's reference (`LossConfig.kl_reference`): "initial" (default) is the frozen model ORL
 started from, replayed without gradient on the same rows with the same captured residuals
@@ -26,7 +26,7 @@ from flax import struct
 from orl_jax.packed_batch import ReplayBatch, layer_routes, sft_batch, split_rows
 from orl_jax.vocab_chunks import token_stats
 
-# loss.kl_reference: the anchor's frozen reference (DESIGN §2.6)
+# loss.kl_reference: the anchor's frozen reference (docs/method.md#the-losses)
 KL_REFERENCES = ("initial", "rollout")
 
 _EPS = 1e-6

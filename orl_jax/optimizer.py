@@ -28,7 +28,7 @@ class OptimizerConfig:
   weight_decay: float = 0.0       # AdamW's decoupled weight decay
   grad_clip: float = 1.0          # global-norm clipping (0 = off)
   residual_lr_scale: float = 1.0  # model.residual.lr_scale: the residual pathway's learning
-                                  # rate is lr x this (DESIGN §2.1 residual scaling)
+                                  # rate is lr x this (docs/method.md#the-residual-pathway)
   freeze_base: bool = False       # train.freeze_base: only the residual pathway trains
 
   def errors(self) -> list[str]:

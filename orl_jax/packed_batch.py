@@ -109,7 +109,7 @@ def split_rows(batch: _Batch, micro_batches: int, n_shards: int = 1) -> _Batch:
                 for f in dataclasses.fields(batch)})
 
 
-# --- the SFT layout (DESIGN §2.7) -------------------------------------------------------------
+# --- the SFT layout (docs/method.md#the-losses) -----------------------------------------------
 # Masked-diffusion SFT in the block-diffusion layout `[prompt | x_0 | x_t]`: each response block j
 # appears noised (x_t, kind STATE of block j, its own state_id) and, except the last block (no
 # state ever sees it), clean (x_0, kind CLEAN). Under the staircase mask the noised block sees

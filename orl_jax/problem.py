@@ -1,4 +1,5 @@
-"""What a task is made of (DESIGN §2.4, §5): problems and the verifier interface. A leaf module:
+"""What a task is made of (docs/method.md#verification, docs/models.md#real-tasks): problems and the
+verifier interface. A leaf module:
 `data/` loads problems, `verify/` scores them, `tasks.py` pairs the two."""
 from __future__ import annotations
 

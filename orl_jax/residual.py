@@ -1,4 +1,5 @@
-"""Residual pathway (DESIGN §2.1): what a denoising step passes to the next step of its block.
+"""Residual pathway (docs/method.md#the-residual-pathway): what a denoising step passes to the next
+step of its block.
 
 The carried state is `Residual(z, alpha)`:
 * `z`     [B, T, D] soft embedding `softmax(logits / T_res) @ E * embed_scale` of the previous step

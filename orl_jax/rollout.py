@@ -1,4 +1,4 @@
-"""On-policy rollouts with exact state capture (DESIGN §2.3).
+"""On-policy rollouts with exact state capture (docs/method.md#rollout-with-exact-state-capture).
 
 `G` sampled responses per prompt are decoded with the current parameters by the same jitted
 block decoder that evaluation uses, with capture switched on: every forward step records the

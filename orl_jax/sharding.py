@@ -1,4 +1,5 @@
-"""Meshes and shardings (DESIGN §3). Named axes: data, fsdp, tensor, expert. No pmap.
+"""Meshes and shardings (docs/scaling.md#meshes-and-sharding). Named axes: data, fsdp, tensor,
+expert. No pmap.
 
 `expert` splits the routed experts of MoE models (their partition rules, from the model family)
 and, like `data` and `fsdp`, the batch: an expert-parallel group works on its own rows and

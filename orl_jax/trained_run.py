@@ -1,5 +1,6 @@
 """What a trained run keeps beside its parameters, and how export, evaluation and decoding
-reuse it (DESIGN §4: a checkpoint's directory decides its facts; overrides win).
+reuse it (docs/models.md#what-a-model-directory-decides: a checkpoint's directory decides its facts;
+overrides win).
 
 A params folder (`WORKDIR/params`) holds `params.safetensors`, `meta.json` and, for a run with
 a Hugging Face tokenizer, a copy of that `tokenizer.json`. meta.json's `model` record is the

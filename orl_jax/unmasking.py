@@ -1,4 +1,5 @@
-"""Unmasking rules (DESIGN §2.2 step 3): which masked positions a denoising step commits.
+"""Unmasking rules (step 3 of docs/decoding.md#one-denoising-step): which masked positions a
+denoising step commits.
 
 Shared by evaluation decoding and rollouts. All functions are pure and batched over rows.
 """
@@ -114,8 +115,8 @@ def select_commits_per_row(rule_index, value, masked, confidence, entropy,
 
 def select_edits(edit_threshold: float, tokens, masked, candidate, confidence, editable=None):
   """Boolean [B, b]: committed positions a step rewrites (LLaDA2.1 token-to-token editing,
-  DESIGN §4): not masked, the step's candidate differs from the token there, and the
-  candidate's probability is strictly above `edit_threshold` (the official `>`).
+  docs/models.md#llada21-token-editing): not masked, the step's candidate differs from the token
+  there, and the candidate's probability is strictly above `edit_threshold` (the official `>`).
 
   tokens: [B, b] the block before the step; masked: [B, b] bool (masked positions are the
   unmasking rule's, never edited); candidate / confidence: [B, b] the step's proposal and its

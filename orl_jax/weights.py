@@ -1,4 +1,5 @@
-"""Where a run's starting weights come from: `model.path` (DESIGN §4).
+"""Where a run's starting weights come from: `model.path`
+(docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm).
 
 `model.path` names one directory and its contents say what it is: a local Hugging Face model
 (`config.json`; the family and every architecture field then come from that file), an orl_jax

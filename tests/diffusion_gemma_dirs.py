@@ -1,6 +1,6 @@
 """DiffusionGemma Hugging Face directories <-> our `DiffusionGemma`, whole tensors at a time: the
-tests' own reader and writer (DESIGN §4), beside the run's sharded loader and exporter
-(`orl_jax.models.hf_read`, `hf_write`), against which they check it.
+tests' own reader and writer (docs/models.md#diffusiongemma), beside the run's sharded loader and
+exporter (`orl_jax.models.hf_read`, `hf_write`), against which they check it.
 
 transformers ties the encoder's text weights, the decoder's and the head, so a checkpoint holds
 the text stack once, under `model.decoder.*`, plus the encoder's own `layer_scalar` buffers

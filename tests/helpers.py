@@ -91,7 +91,8 @@ def random_packed_meta(rng: np.random.Generator, length: int, block_size: int):
 
 
 def brute_force_visible(meta: TokenMeta) -> np.ndarray:
-  """DESIGN §2.5 written as literally as possible, one (q, k) pair at a time."""
+  """The staircase rule (docs/method.md#replay-states-packing-staircase-attention) written as
+  literally as possible, one (q, k) pair at a time."""
   n = len(meta.kind)
   out = np.zeros((n, n), bool)
   ctx = (KIND_PROMPT, KIND_CLEAN)

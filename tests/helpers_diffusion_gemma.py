@@ -13,7 +13,7 @@ from orl_jax.models.diffusion_gemma.model import DiffusionGemma, init_cache
 from orl_jax.replay.plan import SRC_STATE
 from orl_jax.sharding import path_name
 
-RTOL = 1e-4        # of the largest logit (DESIGN §2.3)
+RTOL = 1e-4        # of the largest logit (docs/method.md#rollout-with-exact-state-capture)
 CANVAS, PROMPT, GROUP, N_CANVASES, STEPS = 8, 8, 2, 3, 4
 CFG = DiffusionGemmaConfig(
     vocab_size=64, d_model=32, n_heads=2, mlp_dim=32, n_experts=4, top_k=2, expert_dim=8,

@@ -43,7 +43,7 @@ def byte_tokenizer(path: str, vocab_size: int, specials: dict[int, str]) -> None
 
 def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> ModelConfig:
   """A random LLaDA directory in the official layout: config.json (model_type llada),
-  model.safetensors (torch [out, in] names of DESIGN §4), tokenizer.json."""
+  model.safetensors (the official torch [out, in] names), tokenizer.json."""
   cfg = ModelConfig(vocab_size=LLADA_VOCAB, d_model=d_model, n_layers=n_layers, n_heads=4,
                     n_kv_heads=4, head_dim=d_model // 4, mlp_dim=2 * d_model, mask_id=126336,
                     rope_theta=5e5, norm_eps=1e-5, attention="bidirectional", hf_family="llada")
@@ -69,7 +69,7 @@ def llada_cfg(**kw):
 
 
 def write_llada_dir(path, cfg: ModelConfig, seed=0, dtype=np.float32):
-  """Random weights in LLaDA's HF layout (names from DESIGN §4, torch [out, in] shapes)."""
+  """Random weights in LLaDA's HF layout (official names, torch [out, in] shapes)."""
   rng = np.random.default_rng(seed)
   d, f, v = cfg.d_model, cfg.mlp_dim, cfg.vocab_size
   hd = cfg.n_heads * cfg.head_dim

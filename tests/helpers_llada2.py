@@ -1,7 +1,8 @@
-"""LLaDA2.x-mini helpers of the tests: an independent float64 numpy forward (DESIGN §4) written
-from the architecture description over the *official* HF tensor names (fused `query_key_value`,
-per-expert weights, `mlp.gate.expert_bias`), so it shares nothing with the JAX model but the
-weights; random flat params and a model holding them; a tiny random LLaDA2 HF directory."""
+"""LLaDA2.x-mini helpers of the tests: an independent float64 numpy forward
+(docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm) written from the architecture description over
+the *official* HF tensor names (fused `query_key_value`, per-expert weights,
+`mlp.gate.expert_bias`), so it shares nothing with the JAX model but the weights; random flat params
+and a model holding them; a tiny random LLaDA2 HF directory."""
 import json
 import os
 
@@ -173,7 +174,7 @@ LLADA2 = ModelConfig(vocab_size=300, d_model=32, n_layers=3, n_heads=4, n_kv_hea
 
 
 def write_llada2_dir(path: str, seed: int = 0, n_layers: int = 3) -> dict:
-  """A random tiny LLaDA2 HF directory written with the official names of DESIGN §4 (PyTorch
+  """A random tiny LLaDA2 HF directory written with the official names (PyTorch
   [out, in] shapes, fused Q|K|V rows, per-expert tensors) and the byte-level tokenizer."""
   rng = np.random.default_rng(seed)
   d, hq, hkv, dh, f, e, fe, v = 32, 4, 2, 8, 40, 8, 12, 300

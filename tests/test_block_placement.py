@@ -1,5 +1,6 @@
-"""Decoding as each family's authors do (issue 27, DESIGN §2.2): block placement, commit
-comparison, stopping and forward counts, against the official `generate` loops restated in
+"""Decoding as each family's authors do (issue 27,
+docs/decoding.md#decoding-as-each-models-authors-do): block placement, commit comparison, stopping
+and forward counts, against the official `generate` loops restated in
 `tests/official_generate.py` and driven by independent float64 models on tiny random
 directories (LLaDA2: the numpy forward of tests/helpers_llada2.py over the official tensors;
 SDAR / QwenDLM: transformers' Qwen3 forward with the block-causal mask)."""

@@ -1,4 +1,4 @@
-"""Damaged checkpoints and clean logs after resume (DESIGN §2.8).
+"""Damaged checkpoints and clean logs after resume (docs/training.md#resume-and-changed-settings).
 
 A damaged newest checkpoint (each kind of file Orbax and grain write, truncated) is moved aside
 with one warning naming the file, and the run resumes bit-exactly from the previous step; after

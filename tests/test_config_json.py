@@ -1,7 +1,7 @@
-"""What a model directory's config.json means (DESIGN §4): a missing key takes the default of the
-official configuration class, a key the official modeling code never reads is ignored (and
-named once in the log), and a field of the wrong type or out of range stops the launchers with
-one line that names the file and the field (exit 1, no traceback).
+"""What a model directory's config.json means (docs/models.md#missing-and-ignored-configjson-keys):
+a missing key takes the default of the official configuration class, a key the official modeling
+code never reads is ignored (and named once in the log), and a field of the wrong type or out of
+range stops the launchers with one line that names the file and the field (exit 1, no traceback).
 
 The official defaults are independent references: transformers' own `Qwen3Config` and
 `DiffusionGemmaConfig` are instantiated here; for the remote-code classes the values are copied

@@ -1,4 +1,5 @@
-"""DiffusionGemma (DESIGN §4) against transformers 5.24 as the independent reference.
+"""DiffusionGemma (docs/models.md#diffusiongemma) against transformers 5.24 as the independent
+reference.
 
 The HF model is the tiny random config of transformers' own DiffusionGemma tests (2 text layers
 sliding + full, `per_layer_config` for the full layer, 4 experts top-2) with a 1-layer vision

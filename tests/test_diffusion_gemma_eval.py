@@ -1,11 +1,11 @@
-"""Evaluation of DiffusionGemma (DESIGN §6): `evaluate_models` decodes with the family's own
-uniform-noise sampler (`decode_build.make_decoder`) and reports TPF in both conventions — over the
-denoising forwards only, the authors' (transformers') count `_denoise`, and with one commit
-forward per decoded canvas, the paper's count (DESIGN §2.2). The forwards are counted here by
-hand from the sampler's own output for the same prompts and key: denoising forwards are the
-steps its trace marks as counted, decoded canvases run up to the canvas holding the row's first
-EOS, the batch generates canvases until its last row has finished, and generated tokens are
-the non-padding ones (transformers' `tokens_per_forward` numerator)."""
+"""Evaluation of DiffusionGemma (docs/method.md#metrics): `evaluate_models` decodes with the
+family's own uniform-noise sampler (`decode_build.make_decoder`) and reports TPF in both conventions
+— over the denoising forwards only, the authors' (transformers') count `_denoise`, and with one
+commit forward per decoded canvas, the paper's count (docs/decoding.md#two-forward-counts). The
+forwards are counted here by hand from the sampler's own output for the same prompts and key:
+denoising forwards are the steps its trace marks as counted, decoded canvases run up to the canvas
+holding the row's first EOS, the batch generates canvases until its last row has finished, and
+generated tokens are the non-padding ones (transformers' `tokens_per_forward` numerator)."""
 import json
 import os
 

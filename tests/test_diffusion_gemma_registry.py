@@ -1,6 +1,6 @@
-"""DiffusionGemma in the model-family registry (DESIGN §4): config.json and name map through
-the registry (the one-to-many fused stacked experts), the run configs, and the dry-run sized by
-hand for the released 26B-A4B shapes on 8 and 64 devices with the expert axis."""
+"""DiffusionGemma in the model-family registry (docs/models.md#diffusiongemma): config.json and name
+map through the registry (the one-to-many fused stacked experts), the run configs, and the dry-run
+sized by hand for the released 26B-A4B shapes on 8 and 64 devices with the expert axis."""
 import types
 
 import jax
@@ -109,8 +109,8 @@ def test_variants():
 
 
 def _params_by_hand(fsdp: int, expert: int) -> tuple[int, int]:
-  """(parameters, per-device parameter count) of DiffusionGemma-26B-A4B's text stack (DESIGN
-  §4) on fsdp x expert, counted by hand."""
+  """(parameters, per-device parameter count) of DiffusionGemma-26B-A4B's text stack
+  (docs/models.md#diffusiongemma) on fsdp x expert, counted by hand."""
   v, d, h, f, e, fe = 262144, 2816, 16, 2112, 128, 704
   sliding = dict(q=d * h * 256, k=d * 8 * 256, v=d * 8 * 256, o=h * 256 * d, norms=2 * 256)
   full = dict(q=d * h * 512, k=d * 2 * 512, v=0, o=h * 512 * d, norms=2 * 512)

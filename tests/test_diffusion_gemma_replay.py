@@ -1,5 +1,6 @@
-"""Exact capture and replay for DiffusionGemma (DESIGN §2.3, §2.5; issue: uniform-noise block
-diffusion whose self-conditioning block is ORL's residual pathway).
+"""Exact capture and replay for DiffusionGemma (docs/method.md#rollout-with-exact-state-capture,
+docs/method.md#replay-states-packing-staircase-attention; issue: uniform-noise block diffusion whose
+self-conditioning block is ORL's residual pathway).
 
 A rollout of a perturbed tiny random model (sliding window shorter than the prompt, three
 canvases, left-padded prompts, two responses per prompt) is captured; its states — canvases

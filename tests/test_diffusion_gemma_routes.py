@@ -1,4 +1,5 @@
-"""MoE route capture for DiffusionGemma (DESIGN §2.3 on MoE; `orl.capture_routes`): its
+"""MoE route capture for DiffusionGemma (exact capture on MoE,
+docs/method.md#rollout-with-exact-state-capture; `orl.capture_routes`): its
 softmax-routed MoE runs in every layer, so the rollout records the expert ids of every forward
 it ran — each denoising step's canvas, the prompt prefill, each commit forward — and the packed
 replay routes every token with them (-1 = route afresh).

@@ -18,7 +18,7 @@ def _llada_8b_fsdp8():
 def test_llada_8b_table_matches_hand_calculation():
   rows, info = dry_run.sizing_rows(_llada_8b_fsdp8())
   by = {r.name: r for r in rows}
-  # DESIGN §4 shapes, by hand: V=126464, D=4096, 32 layers, 32 heads x 128, MLP 12288, untied,
+  # LLaDA-8B's shapes, by hand: V=126464, D=4096, 32 layers, 32 heads x 128, MLP 12288, untied,
   # plus the residual adapter (RMSNorm + gated MLP D -> D -> D).
   v, d, n_layers, f = 126464, 4096, 32, 12288
   matrices = 2 * v * d + n_layers * (4 * d * d + 3 * d * f) + 3 * d * d

@@ -369,7 +369,8 @@ def test_llada2_variants_decode_as_documented():
 
 def _params_by_hand(expert_ways: int) -> tuple[int, int, int]:
   """(parameters, per-device parameter count on fsdp=8 x expert=`expert_ways`, expert_bias
-  count) of LLaDA2.x-mini (DESIGN §4) plus the residual adapter, counted by hand."""
+  count) of LLaDA2.x-mini (docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm) plus the residual
+  adapter, counted by hand."""
   v, d, layers, hq, hkv, dh, f, e, fe = 157184, 2048, 20, 16, 4, 128, 5120, 256, 512
   attention = d * hq * dh + 2 * d * hkv * dh + hq * dh * d        # q, k, v, o
   experts = 3 * e * d * fe                                          # stacked [E, D, F] x3

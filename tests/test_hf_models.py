@@ -1,8 +1,9 @@
-"""Real DLM families from local HF checkpoints (DESIGN §4): loaders, export, parity.
+"""Real DLM families from local HF checkpoints (docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm):
+loaders, export, parity.
 
 Qwen3 parity runs transformers (torch CPU) as the independent reference; LLaDA parity runs a
-numpy forward written from DESIGN §4 that never calls our JAX code. Install the test-only
-references with: pip install torch==2.13.0 transformers==5.24.0
+numpy forward written from the published architecture that never calls our JAX code. Install
+the test-only references with: pip install torch==2.13.0 transformers==5.24.0
 """
 import dataclasses
 import os
@@ -101,7 +102,7 @@ def test_qwen3_config_json_is_read(qwen3_dirs):
 
 
 def _numpy_llada_forward(t, ids, cfg):
-  """LLaDA-8B per DESIGN §4, in float64 numpy: RMSNorm (eps 1e-5), half-split RoPE (theta 5e5),
+  """LLaDA-8B in float64 numpy: RMSNorm (eps 1e-5), half-split RoPE (theta 5e5),
   full bidirectional attention, SwiGLU with ff_proj = gate (SiLU) and up_proj linear, untied
   head `model.transformer.ff_out`."""
   f64 = lambda name: t[name].astype(np.float64)

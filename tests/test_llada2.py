@@ -1,4 +1,5 @@
-"""LLaDA2.x-mini (DESIGN §4) against an independent float64 numpy forward.
+"""LLaDA2.x-mini (docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm) against an independent float64
+numpy forward.
 
 The reference (tests/helpers_llada2.py) is written from the architecture description and reads
 the *official* HF tensor names (fused `query_key_value`, per-expert weights,
@@ -147,10 +148,11 @@ def test_route_capture_replays_the_forward():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cached_step_replays_exactly_with_and_without_route_capture(dtype):
   """A decoding step (prompt prefilled into the KV cache, active block read against it) against
-  the same step replayed as one full forward over [prompt | block] (DESIGN §2.3 exactness at the
-  model level): f32 logits agree within 1e-4 relative when the replay re-routes, and when it is
-  given the routes the rollout took (issue 13, `orl.capture_routes`); in bf16, where a re-route
-  may flip, the replay with captured routes agrees within bf16 rounding."""
+  the same step replayed as one full forward over [prompt | block] (exactness at the model
+  level, docs/method.md#rollout-with-exact-state-capture): f32 logits agree within 1e-4 relative
+  when the replay re-routes, and when it is given the routes the rollout took (issue 13,
+  `orl.capture_routes`); in bf16, where a re-route may flip, the replay with captured routes agrees
+  within bf16 rounding."""
   from orl_jax.decode.canvas import block_layout, prompt_layout
   from orl_jax.models.transformer import init_cache
   from pallas_kernels.staircase_attention import KIND_STATE

@@ -1,7 +1,7 @@
-"""LLaDA2.1 token editing (DESIGN §4, issue 13): the edit rule on hand-built probabilities, the
-decoder's editing steps driven by a scripted model (which tokens change, the post-edit step
-limit, TPF), default-off decoding equal to the decoder before editing existed, rollout capture
-of edit steps replaying exactly, and the config checks."""
+"""LLaDA2.1 token editing (docs/models.md#llada21-token-editing, issue 13): the edit rule on
+hand-built probabilities, the decoder's editing steps driven by a scripted model (which tokens
+change, the post-edit step limit, TPF), default-off decoding equal to the decoder before editing
+existed, rollout capture of edit steps replaying exactly, and the config checks."""
 import dataclasses
 
 import jax

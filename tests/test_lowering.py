@@ -1,4 +1,5 @@
-"""The accelerator path lowered on a CPU host (DESIGN §8): what a TPU or a GPU would compile.
+"""The accelerator path lowered on a CPU host
+(docs/scaling.md#compiling-for-tpus-and-gpus-you-do-not-have): what a TPU or a GPU would compile.
 
 Every kernel, forward and forward+backward, is exported for its platform (Pallas TPU and splash
 for `tpu`, Pallas GPU for `cuda`) at paper-like shapes (head_dim 64 and 128, f32 and bf16, one

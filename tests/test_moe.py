@@ -200,9 +200,10 @@ _LOWERING_SCRIPT = textwrap.dedent("""
 
 
 def test_expert_axis_lowers_to_all_to_all_for_tpu_and_gpu():
-  """The expert-parallel forward+backward lowered for `tpu` and `cuda` (DESIGN §8) on an
-  expert=4 mesh: `auto` exchanges with `ragged_all_to_all`, `all_to_all` with the padded
-  collective, and nothing gathers the tokens over the expert axis."""
+  """The expert-parallel forward+backward lowered for `tpu` and `cuda`
+  (docs/scaling.md#compiling-for-tpus-and-gpus-you-do-not-have) on an expert=4 mesh: `auto`
+  exchanges with `ragged_all_to_all`, `all_to_all` with the padded collective, and nothing gathers
+  the tokens over the expert axis."""
   run_on_4_cpu_devices(_LOWERING_SCRIPT, "MOE_LOWERING_OK")
 
 

@@ -1,8 +1,9 @@
-"""Exact replay on MoE (issue 13, DESIGN §2.3 / §4): with `capture_routes` the rollout records the
-expert ids of every forward it ran (each step, the prompt prefill, the commit forwards); the
-replay rows carry them token by token and the training forward routes with them. Both
-rollouts record them: the lock-step decoder's and the per-row engine's (`decode.schedule =
-"per_row"`, here on fewer rows than responses, so rows are refilled mid-rollout)."""
+"""Exact replay on MoE (issue 13, docs/method.md#rollout-with-exact-state-capture,
+docs/models.md#moe-llada2x-mini): with `capture_routes` the rollout records the expert ids of every
+forward it ran (each step, the prompt prefill, the commit forwards); the replay rows carry them
+token by token and the training forward routes with them. Both rollouts record them: the lock-step
+decoder's and the per-row engine's (`decode.schedule = "per_row"`, here on fewer rows than
+responses, so rows are refilled mid-rollout)."""
 import dataclasses
 
 import jax

@@ -303,7 +303,7 @@ def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
     np.testing.assert_allclose(float(metrics[4][k]), float(v), atol=1e-5, err_msg=k)
 
 
-# --- the KL anchor to the frozen initial model (DESIGN §2.6) ---------------------------------
+# --- the KL anchor to the frozen initial model (docs/method.md#the-losses) -----------------------
 
 def _kl_loss(graphdef, batch, cfg=KL_CFG):
   def f(p, ref):

@@ -1,6 +1,7 @@
 """The real-family configs: each `:debug` variant runs 2 ORL iterations of a tiny random model
 of its family on CPU through the launcher (the CI smoke test of configs/{llada,sdar,qwendlm}.py),
-and the full-size variants validate and describe the DESIGN §4 shapes."""
+and the full-size variants validate and describe the
+published shapes (docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm)."""
 import importlib
 import json
 import os

@@ -1,4 +1,5 @@
-"""Pallas staircase kernels vs the dense XLA reference (CPU, interpret mode; DESIGN §3).
+"""Pallas staircase kernels vs the dense XLA reference (CPU, interpret mode;
+docs/scaling.md#attention-kernels-and-accelerators).
 
 Values and gradients (dq, dk, dv) of the TPU-style and GPU-style kernels and of splash are
 checked on random packed rows (several prompt groups per row, clean context, states, trailing

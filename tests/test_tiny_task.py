@@ -1,4 +1,5 @@
-"""The tiny task: generator, tokenizer and verifier (DESIGN §5)."""
+"""The tiny task: generator, tokenizer and verifier
+(docs/method.md#the-embedded-default-a-tiny-verifiable-task)."""
 import collections
 import dataclasses
 

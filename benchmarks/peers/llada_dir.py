@@ -22,7 +22,7 @@ PAD_ID, MASK_ID, EOS_ID = (BYTE_SPECIALS.index(t) for t in ("<|pad|>", "<|mask|>
 
 
 def llada_tensors(n_layers: int, *, embedding, matrix, norm) -> dict:
-  """LLaDA's checkpoint tensors under the official names (DESIGN §4), torch [out, in] shapes,
+  """LLaDA's checkpoint tensors under the official names, torch [out, in] shapes,
   drawn in one fixed order: `embedding()` the [V, D] table, `matrix(name)` each projection
   (name: wte-less suffix such as "q_proj", "ff_out" or "head"), `norm()` each RMSNorm scale."""
   t = {"model.transformer.wte.weight": embedding(), "model.transformer.ln_f.weight": norm(),

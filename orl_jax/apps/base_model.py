@@ -1,5 +1,5 @@
 """`make base`: train the tiny base model, measure it, and write `assets/tiny_base` with its
-provenance (DESIGN §2.8 for the determinism it relies on).
+provenance (docs/training.md#resume-and-changed-settings for the determinism it relies on).
 
 The folder keeps three files, each written in place (nothing else in it is touched):
 `params.safetensors`, `meta.json` (the run's model/task/decode settings and vocabulary hash, plus

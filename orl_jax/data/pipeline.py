@@ -1,4 +1,4 @@
-"""Tokenisation of problems and the grain training pipeline (DESIGN §3 Data).
+"""Tokenisation of problems and the grain training pipeline (docs/scaling.md#meshes-and-sharding).
 
 A training example is an `SftExample` (prompt_tokens [P], prompt_valid [P], response [N]): the
 prompt is left-padded to `P` (a block multiple, so the response starts on a block boundary), the

@@ -1,4 +1,5 @@
-"""The tiny task: procedural arithmetic word problems with chain-of-thought answers (DESIGN §5).
+"""The tiny task: procedural arithmetic word problems with chain-of-thought answers
+(docs/method.md#the-embedded-default-a-tiny-verifiable-task).
 
 A problem names a person and an object, states a starting count and 2-3 operations (+, -, *), and
 asks for the final count:

@@ -1,4 +1,5 @@
-"""Word-level tokenizer over the tiny task's fixed lexicon (DESIGN §5).
+"""Word-level tokenizer over the tiny task's fixed lexicon
+(docs/method.md#the-embedded-default-a-tiny-verifiable-task).
 
 Text convention: words are separated by single spaces and numbers are written as ordinary decimal
 words (`7 + 5 = 12 .`). Every digit is its own token, so `12` encodes as the tokens `1`, `2`, and

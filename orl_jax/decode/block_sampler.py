@@ -1,6 +1,7 @@
-"""The block-diffusion samplers (DESIGN §2.2, §2.3), the `Sampler` of every mask-diffusion family
-(`Family.sampler` None): undecided positions hold the mask token and blocks are denoised one
-after another.
+"""The block-diffusion samplers (docs/decoding.md#one-denoising-step,
+docs/method.md#rollout-with-exact-state-capture), the `Sampler` of every mask-diffusion family
+(`Family.sampler` None): undecided positions hold the mask token and blocks are denoised one after
+another.
 
 * `LockstepSampler` (`decode.schedule = "lockstep"`): every row of a batch steps together
   (`orl_jax.decode.lockstep`);

@@ -1,4 +1,6 @@
-"""One constructor for every decoder (DESIGN §2.2, §2.3, §6): `make_decoder`.
+"""One constructor for every decoder (docs/decoding.md#one-denoising-step,
+docs/method.md#rollout-with-exact-state-capture, docs/decoding.md#two-forward-counts):
+`make_decoder`.
 
 Every model decodes through its family's sampler (`sampler_of`: `Family.sampler`, by default
 the block-diffusion samplers of `orl_jax.decode.block_sampler`, lock-step or per-row by

@@ -1,6 +1,7 @@
-"""Exact state capture (DESIGN §2.3): the fixed-size device buffers a decode records into
-(`Capture` and `RouteCapture`, `orl_jax.decode.types`), the state each denoising step consumed
-(`capture_step`, `record_state`), and the check that route capture can be exact."""
+"""Exact state capture (docs/method.md#rollout-with-exact-state-capture): the fixed-size device
+buffers a decode records into (`Capture` and `RouteCapture`, `orl_jax.decode.types`), the state each
+denoising step consumed (`capture_step`, `record_state`), and the check that route capture can be
+exact."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What a block decoder is asked to do (DESIGN §2.2): `DecodeConfig`, whose fields are checked
-when it is made, and the allowed values of its cache and placement fields."""
+"""What a block decoder is asked to do (docs/decoding.md#one-denoising-step): `DecodeConfig`, whose
+fields are checked when it is made, and the allowed values of its cache and placement fields."""
 
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ class DecodeConfig:
   top_k: int = 16                 # rollout statistics: top-K ids / log-probs per position
   kv_cache: bool = True           # False: block-causal steps re-forward the whole canvas with the
                                   # staircase mask (the reference the cached path is tested against)
-  # LLaDA2.1 token editing (DESIGN §4): a step also rewrites committed tokens of the block whose
-  # candidate differs with probability > edit_threshold (1.0 = never: editing off), and a
-  # filled block takes up to max_post_edit_steps more steps, until one edits nothing.
+  # LLaDA2.1 token editing (docs/models.md#llada21-token-editing): a step also rewrites committed
+  # tokens of the block whose candidate differs with probability > edit_threshold (1.0 = never:
+  # editing off), and a filled block takes up to max_post_edit_steps more steps, until one edits
+  # nothing.
   edit_threshold: float = 1.0
   max_post_edit_steps: int = 0
   capture_routes: bool = False    # capture: the MoE expert ids of every forward (exact replay)
@@ -49,10 +50,11 @@ class DecodeConfig:
   # of b, b/2, b/4, ... 1 slots that holds every row's (one lax.switch per step). Exact; off
   # where a step reads every position's logits (token editing, rollout capture).
   masked_head: bool = True
-  # The authors' rules of the model's family (DESIGN §2.2): where blocks sit (PLACEMENTS), how
-  # the threshold rule compares (COMMIT_COMPARES), and whether a row stops after the block in
-  # which it committed EOS (False: it decodes all its blocks, as LLaDA2.1's and Fast-dLLM's
-  # `generate` do by default; the response is cut at the first EOS either way).
+  # The authors' rules of the model's family (docs/decoding.md#decoding-as-each-models-authors-do):
+  # where blocks sit (PLACEMENTS), how the threshold rule compares (COMMIT_COMPARES), and whether a
+  # row stops after the block in which it committed EOS (False: it decodes all its blocks, as
+  # LLaDA2.1's and Fast-dLLM's `generate` do by default; the response is cut at the first EOS either
+  # way).
   block_placement: str = "prompt_end"
   commit_compare: str = ">="
   eos_early_stop: bool = True

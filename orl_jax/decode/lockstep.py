@@ -1,5 +1,6 @@
 """The lock-step block decoder (`decode.schedule = "lockstep"`): block-diffusion decoding
-inside `jit` (DESIGN §2.2) with optional exact state capture (§2.3).
+inside `jit` (docs/decoding.md#one-denoising-step) with optional exact state capture
+(docs/method.md#rollout-with-exact-state-capture).
 
 For each block: fill with [MASK]; repeat denoising steps until no mask remains (each step:
 forward the block against the KV cache, propose a token per position, commit by the unmasking
@@ -15,13 +16,13 @@ Everything runs in `lax.while_loop`s with static shapes: a batch of prompts deco
 rows finish independently (EOS, `eos_early_stop`), and there is no host synchronisation per
 step.
 
-Forwards are counted three ways (DESIGN §2.2, §6). `nfe_denoise` is the authors' count: the
-denoising forwards. `nfe` is the paper's count, which TPF uses: denoising steps plus one commit
-forward per decoded block, the last block included. The engine spends commit forwards only
-where a later block needs the cache (not after a row's last block, not for a row that stops
-after this block); `nfe_engine` counts the forwards it actually ran. Bidirectional families
-have no KV cache and so no commit forward: all three are the denoising steps (with `cache`, the
-block-start forward is the block's first step, as in Fast-dLLM).
+Forwards are counted three ways (docs/decoding.md#two-forward-counts, docs/method.md#metrics).
+`nfe_denoise` is the authors' count: the denoising forwards. `nfe` is the paper's count, which TPF
+uses: denoising steps plus one commit forward per decoded block, the last block included. The engine
+spends commit forwards only where a later block needs the cache (not after a row's last block, not
+for a row that stops after this block); `nfe_engine` counts the forwards it actually ran.
+Bidirectional families have no KV cache and so no commit forward: all three are the denoising steps
+(with `cache`, the block-start forward is the block's first step, as in Fast-dLLM).
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ def _denoise_block(cv: Canvas, canvas, cache, active, j, key, init: _Step) -> _S
 
 
 def _block_start(cv: Canvas, tokens0, nfe, cap) -> _Step:
-  """The carry of a block's first step: its tokens, the zero residual (cold start, DESIGN
-  §2.1), no step taken; `nfe` [B] the forwards so far."""
+  """The carry of a block's first step: its tokens, the zero residual (cold start,
+  docs/method.md#the-residual-pathway), no step taken; `nfe` [B] the forwards so far."""
   mcfg, b_rows = cv.model.cfg, cv.b_rows
   res0 = residual_lib.zero_residual(b_rows, cv.cfg.block_size, mcfg.d_model, mcfg.compute_dtype)
   zeros = jnp.zeros((b_rows,), jnp.int32)

@@ -1,4 +1,5 @@
-"""Where blocks sit on the canvas (DESIGN §2.2), and the response read back off them.
+"""Where blocks sit on the canvas (docs/decoding.md#decoding-as-each-models-authors-do), and the
+response read back off them.
 
 Where blocks sit follows each family's authors (`block_placement`, `place_prompts`):
 "prompt_end" starts the first block at the prompt's end (Fast-dLLM's LLaDA-8B; our tiny

@@ -1,4 +1,6 @@
-"""What a sampler is (DESIGN §2.2, §2.3, §6): the one interface every decoder sits behind.
+"""What a sampler is (docs/decoding.md#one-denoising-step,
+docs/method.md#rollout-with-exact-state-capture, docs/decoding.md#two-forward-counts): the one
+interface every decoder sits behind.
 
 A model family's registry entry names its sampler factory (`Family.sampler`, called with the
 run config and the model config; None: the block-diffusion samplers of

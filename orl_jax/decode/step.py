@@ -1,4 +1,5 @@
-"""The one denoising step both block decoders take (DESIGN §2.2 steps 2-4): `take_step` =
+"""The one denoising step both block decoders take (steps 2-4 of
+docs/decoding.md#one-denoising-step): `take_step` =
 `propose_step` (the candidate per position; the head at the masked positions only, one key or
 per-row keys) + `denoise_update` (the commit/edit rule and the residual update) + `capture_step`
 (the state the step consumed, with its routes)."""
@@ -30,7 +31,8 @@ class RowSettings(NamedTuple):
 
 
 def propose(logits, key, temperature, noise=None):
-  """Candidate token, its probability and the normalized entropy per position (DESIGN §2.2.2).
+  """Candidate token, its probability and the normalized entropy per position
+  (docs/decoding.md#one-denoising-step).
 
   logits: [B, b, V] f32. Greedy when temperature == 0, else a Gumbel-max sample of
   softmax(logits / temperature); probabilities are those of the sampling distribution.
@@ -91,7 +93,8 @@ def needs_step(cfg: DecodeConfig, active, tokens, post, settled):
 
 
 def soft_embedding(cv: Canvas, logits) -> Residual:
-  """DESIGN §2.2 step 4 at every position of `logits`: z = softmax(logits / T_res) @ E."""
+  """Step 4 of docs/decoding.md#one-denoising-step at every position of `logits`:
+  z = softmax(logits / T_res) @ E."""
   mcfg = cv.model.cfg
   return residual_lib.residual_from_logits(logits, cv.embedding, embed_scale=mcfg.embed_scale,
                                            temperature=mcfg.residual_temperature,
@@ -213,8 +216,9 @@ class StepUpdate(NamedTuple):
 
 def denoise_update(cv: Canvas, tokens, res: Residual, post, settled, need, prop: Proposal,
                    editable=None, settings: RowSettings | None = None) -> StepUpdate:
-  """The commit/edit rule and the residual update of one step (DESIGN §2.2 steps 2-4), for the
-  rows `need` [B] that take it; the others keep their block, residual and counters.
+  """The commit/edit rule and the residual update of one step (steps 2-4 of
+  docs/decoding.md#one-denoising-step), for the rows `need` [B] that take it; the others keep their
+  block, residual and counters.
 
   The unmasking rule commits masked positions from the proposal; with editing (LLaDA2.1) the
   same forward also rewrites `editable` [B, b] committed tokens whose candidate clears the edit
@@ -245,12 +249,12 @@ def take_step(cv: Canvas, hidden, need, key, tokens, res: Residual, post, settle
               step, fixed, routes=None, cap: Capture | None = None, cap_rows=None,
               per_row: bool = False,
               settings: RowSettings | None = None) -> tuple[StepUpdate, Capture | None]:
-  """One denoising step (DESIGN §2.2 steps 2-4; with editing, the LLaDA2.1 token-to-token
-  rewrites of the same forward) of the rows `need` [B], from the active block's final hidden
-  states [B, b, D]: the proposal (`propose_step`: the head at the masked positions of the rows
-  that step, or everywhere where every position is read), the commit/edit rule and the residual
-  update (`denoise_update`; the `fixed` [B, b] prompt positions are never edited), and the
-  capture of the state the step consumed (`capture_step`, as block `block` [B], step `step`
+  """One denoising step (steps 2-4 of docs/decoding.md#one-denoising-step; with editing, the
+  LLaDA2.1 token-to-token rewrites of the same forward) of the rows `need` [B], from the active
+  block's final hidden states [B, b, D]: the proposal (`propose_step`: the head at the masked
+  positions of the rows that step, or everywhere where every position is read), the commit/edit rule
+  and the residual update (`denoise_update`; the `fixed` [B, b] prompt positions are never edited),
+  and the capture of the state the step consumed (`capture_step`, as block `block` [B], step `step`
   [B], with the forward's `routes`, at capture rows `cap_rows`). key: the step's key, or with
   `per_row` [B] keys (`step_key` of each row's own decode); `settings`: each row's own rule
   and temperature (with per-row keys; the serving engine). The one denoising step of both

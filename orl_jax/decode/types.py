@@ -1,6 +1,7 @@
-"""What every decoder returns and every rollout hands to replay (DESIGN §2.2, §2.3): the
-captured states (`Capture`, with the MoE routes of every forward, `RouteCapture`), a decode's
-output (`DecodeOutput`) and a rollout's (`Trajectories`).
+"""What every decoder returns and every rollout hands to replay
+(docs/decoding.md#one-denoising-step, docs/method.md#rollout-with-exact-state-capture): the captured
+states (`Capture`, with the MoE routes of every forward, `RouteCapture`), a decode's output
+(`DecodeOutput`) and a rollout's (`Trajectories`).
 
 Plain types that the decoders (`orl_jax.decode.lockstep`, `orl_jax.decode.per_row`, a family's
 own sampler under `orl_jax.models`), the rollouts and replay all share, so that a family folder

@@ -2,10 +2,11 @@
 (with the default the official configuration class gives a missing key) and the checks of
 settings the shared model does not implement.
 
-Policy (DESIGN §4): a key missing from config.json takes the official class's default; a key the
-official modeling code never reads is ignored (the family lists the ones worth a log line); a
-value of the wrong type or out of range, or a setting the model does not implement, raises
-`ConfigJsonError` naming the field (the reader of the file adds its path).
+Policy (docs/models.md#missing-and-ignored-configjson-keys): a key missing from config.json
+takes the official class's default; a key the official modeling code never reads is ignored (the
+family lists the ones worth a log line); a value of the wrong type or out of range, or a setting
+the model does not implement, raises `ConfigJsonError` naming the field (the reader of the file
+adds its path).
 """
 from __future__ import annotations
 

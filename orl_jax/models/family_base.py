@@ -1,5 +1,6 @@
-"""What a model family is (DESIGN §4): one `Family` object per HF architecture, and one for our
-own models (`orl_jax.models.ours`, the default: `model.hf_family = ""`).
+"""What a model family is (docs/code.md#adding-a-model-family): one `Family` object per HF
+architecture, and one for our own models (`orl_jax.models.ours`, the default:
+`model.hf_family = ""`).
 
 A family says everything that differs between checkpoints of the one shared `Transformer`:
 the HF `config.json` <-> ModelConfig fields (both directions), the tensor-name map with its

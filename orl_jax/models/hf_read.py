@@ -1,6 +1,7 @@
-"""Reading a local Hugging Face model directory into our Transformer (DESIGN §4), for every
-registered family: config.json, generation_config.json, the special tokens a directory
-declares, the family a directory holds, and its weights.
+"""Reading a local Hugging Face model directory into our Transformer
+(docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm), for every registered family: config.json,
+generation_config.json, the special tokens a directory declares, the family a directory holds, and
+its weights.
 
 A model directory holds `config.json`, `model.safetensors` (or shards listed in
 `model.safetensors.index.json`) and `tokenizer.json`. Nothing here imports torch or touches the

@@ -1,6 +1,7 @@
-"""Writing our Transformer's parameters as a local Hugging Face model directory (DESIGN §4),
-for every registered family: config.json, the weights (one file, or shards with an index) and
-the files copied beside them (tokenizer, generation config, the authors' modeling code).
+"""Writing our Transformer's parameters as a local Hugging Face model directory
+(docs/models.md#exports-and-other-tools), for every registered family: config.json, the weights (one
+file, or shards with an index) and the files copied beside them (tokenizer, generation config, the
+authors' modeling code).
 
 The name map of each family is in its folder (`orl_jax/models/<family>/`); this module only
 writes files (`hf_read` reads them, with the same names). Our NNX kernels are `[in, out]`,

@@ -1,4 +1,5 @@
-"""Mixture-of-experts feed-forward of LLaDA2.x (DESIGN §4), pluggable in place of the dense MLP.
+"""Mixture-of-experts feed-forward of LLaDA2.x (docs/models.md#moe-llada2x-mini), pluggable in place
+of the dense MLP.
 
 Router (the official LLaDA2 / Ling-2 gate): f32 logits -> sigmoid scores `s`; the `expert_bias`
 (aux-loss-free balancing state, never trained by gradient) is added **for selection only**:

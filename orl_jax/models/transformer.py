@@ -1,4 +1,4 @@
-"""One NNX transformer for every DLM family (DESIGN §4).
+"""One NNX transformer for every DLM family (docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm).
 
 Switches: GQA, optional per-head q/k RMSNorm before RoPE (Qwen3, LLaDA2), partial RoPE, tied or
 untied head (L2-normalised rows with `norm_head`), embedding scale, residual pathway mode, and a
@@ -130,7 +130,9 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, mesh=None):
     self.cfg = cfg
-    self.mesh = mesh  # kernels run per device inside shard_map over its batch axes (DESIGN §3)
+    # kernels run per device inside shard_map over its batch axes
+    # (docs/scaling.md#attention-kernels-and-accelerators)
+    self.mesh = mesh
     self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * cfg.head_dim, rngs)
     self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, rngs)
     self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, rngs)
@@ -232,7 +234,7 @@ class Routing(NamedTuple):
 class ForwardOutput(NamedTuple):
   logits: jax.Array               # [B, T, V] f32
   cache: KVCache | None
-  residual_norm_ratio: jax.Array  # scalar, DESIGN §2.1 metric
+  residual_norm_ratio: jax.Array  # scalar, docs/method.md#the-residual-pathway metric
   routing: Routing | None = None
 
 

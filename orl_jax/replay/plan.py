@@ -1,8 +1,8 @@
-"""The replay plan (DESIGN §2.5), built on the host from small arrays only (validity, block
-index, rewards): for each row slot, where its token comes from (a prompt, a response's final
-tokens, or a captured state) plus its staircase metadata. `replay/gather.py` then gathers
-tokens, residuals and rollout statistics by index on the device, so large buffers (`z` is
-[B, S, b, D]) never visit the host.
+"""The replay plan (docs/method.md#replay-states-packing-staircase-attention), built on the host
+from small arrays only (validity, block index, rewards): for each row slot, where its token comes
+from (a prompt, a response's final tokens, or a captured state) plus its staircase metadata.
+`replay/gather.py` then gathers tokens, residuals and rollout statistics by index on the device, so
+large buffers (`z` is [B, S, b, D]) never visit the host.
 
 `build_plan` is six steps: `select_states` -> `form_units` -> `pack_rows` (first-fit
 decreasing) -> `lay_out` (tokens and metadata) -> `aec_pairs` -> `balance_and_order` (data
@@ -386,8 +386,9 @@ def build_plan(*, prompt_valid, capture_valid, capture_block, eligible, group_si
 
 
 def row_costs(plan: ReplayPlan, prompt_len: int, b: int) -> np.ndarray:
-  """Estimated cost per row: sum over its states of b * visible context + b^2 (DESIGN §2.5);
-  the visible context of a state is everything before its block's first position."""
+  """Estimated cost per row: sum over its states of b * visible context + b^2
+  (docs/method.md#replay-states-packing-staircase-attention); the visible context of a state is
+  everything before its block's first position."""
   del prompt_len  # the state's first position counts the prompt
   is_first = (plan.src_type == SRC_STATE) & (plan.src_pos == 0)
   context = np.where(is_first, plan.positions, 0)

@@ -1,4 +1,5 @@
-"""The on-policy loop (DESIGN §2.7): rollout -> verify -> plan -> gather -> update -> discard.
+"""The on-policy loop (docs/method.md#the-on-policy-loop): rollout -> verify -> plan -> gather ->
+update -> discard.
 
 Each iteration draws fresh prompts, rolls out `G` responses per prompt with the *current*
 parameters (capturing every denoising state), verifies them, packs the verified responses'

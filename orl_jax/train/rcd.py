@@ -1,4 +1,4 @@
-"""Offline RCD baseline (`train.mode="rcd_offline"`, DESIGN §2.7).
+"""Offline RCD baseline (`train.mode="rcd_offline"`, docs/method.md#the-on-policy-loop).
 
 Residuals come from a frozen reference model (the base the run starts from) evaluated on the
 same noised input; the trained model (residual mode `rcd`) consumes them and is trained with

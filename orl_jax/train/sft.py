@@ -1,7 +1,8 @@
-"""Masked-diffusion SFT, the residual warm-up and offline RCD (DESIGN §2.1, §2.7): one loop over
-the block-diffusion layout (`packed_batch.sft_batch`) trained with the 1/t-weighted masked CE
-(`losses.sft_loss`). The three modes differ only in the residual fed at the noised tokens: none
-(SFT), the model's own first pass (the warm-up), a frozen reference's (offline RCD, `rcd.py`).
+"""Masked-diffusion SFT, the residual warm-up and offline RCD (docs/method.md#the-residual-pathway,
+docs/method.md#the-on-policy-loop): one loop over the block-diffusion layout
+(`packed_batch.sft_batch`) trained with the 1/t-weighted masked CE (`losses.sft_loss`). The three
+modes differ only in the residual fed at the noised tokens: none (SFT), the model's own first pass
+(the warm-up), a frozen reference's (offline RCD, `rcd.py`).
 
 One obvious loop: data -> jitted step -> metrics -> checkpoint. The step RNG is
 `fold_in(base_key, step)`, the data stream is a pure function of the iterator state, and both
@@ -28,7 +29,8 @@ from orl_jax.train.state import make_train_step
 
 
 def self_conditioning_residual(model, pb: SftBatch, key, probability: float) -> Residual:
-  """The residual warm-up's input (`train.mode = "residual_warmup"`, DESIGN §2.1): for a random
+  """The residual warm-up's input (`train.mode = "residual_warmup"`,
+  docs/method.md#the-residual-pathway): for a random
   `probability` share of the rows, a first no-gradient pass of the model itself gives p on the
   noised input and the second pass consumes z = p @ E (scaled like the token embeddings) at the
   masked state tokens; the other rows get no residual (a block's first step: cold start)."""

@@ -83,8 +83,8 @@ def create_train_state(model_cfg: AnyModelConfig, optimizer, mesh, seed: int, pa
   """Creates the state inside `jit(..., out_shardings=...)` so it is born sharded: parameters
   and optimizer moments follow the model family's partition rules on the fsdp/tensor/expert
   axes (replicated when only `data` has more than one device). `with_reference` adds a frozen
-  copy of the starting parameters (the KL anchor's reference, DESIGN §2.6), sharded like them.
-  The returned graphdef carries the mesh to the model's attention (kernels run per device
+  copy of the starting parameters (the KL anchor's reference, docs/method.md#the-losses), sharded
+  like them. The returned graphdef carries the mesh to the model's attention (kernels run per device
   inside `shard_map`)."""
   graphdef, _, shardings = abstract_train_state(model_cfg, optimizer, mesh, seed, params,
                                                 with_reference=with_reference)

@@ -1,4 +1,6 @@
-"""Staircase attention for packed ORL replay rows (DESIGN §2.5, §3)."""
+"""Staircase attention for packed ORL replay rows
+(docs/method.md#replay-states-packing-staircase-attention,
+docs/scaling.md#attention-kernels-and-accelerators)."""
 from pallas_kernels.staircase_attention.dispatch import (IMPLS, KERNELS, attention,
                                                          current_platform, target_platform)
 from pallas_kernels.staircase_attention.meta import (KIND_CLEAN, KIND_PAD, KIND_PROMPT,

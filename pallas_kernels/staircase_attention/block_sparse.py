@@ -1,4 +1,5 @@
-"""What the TPU and GPU staircase kernels share: layout, tile map, custom VJP (DESIGN §3).
+"""What the TPU and GPU staircase kernels share: layout, tile map, custom VJP
+(docs/scaling.md#attention-kernels-and-accelerators).
 
 A backend supplies two functions over head-major, tile-padded operands:
 

@@ -1,4 +1,5 @@
-"""One attention entry point: `attention(q, k, v, q_meta, k_meta, impl=..., mesh=...)` (DESIGN §3).
+"""One attention entry point: `attention(q, k, v, q_meta, k_meta, impl=..., mesh=...)`
+(docs/scaling.md#attention-kernels-and-accelerators).
 
 `impl`:
 * ``xla``    — dense mask from the metadata (the reference; always available);

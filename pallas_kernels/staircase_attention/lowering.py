@@ -1,4 +1,5 @@
-"""Lowering a jitted function for a TPU or a GPU on any host, CPU included (DESIGN §8).
+"""Lowering a jitted function for a TPU or a GPU on any host, CPU included
+(docs/scaling.md#compiling-for-tpus-and-gpus-you-do-not-have).
 
 `jax.export` with `platforms=[...]` runs the real kernel lowering (Mosaic TPU, Triton) and emits
 the module a device would compile, so kernel and sharding bugs show up without the device.

@@ -1,4 +1,5 @@
-"""Per-token metadata of packed rows and the staircase visibility rule (DESIGN §2.5).
+"""Per-token metadata of packed rows and the staircase visibility rule
+(docs/method.md#replay-states-packing-staircase-attention).
 
 Every attention in the project (SFT rows, packed replay, KV-cache decoding, bidirectional
 canvases) is described by two `TokenMeta` — one for the queries, one for the keys — and the rule
@@ -60,8 +61,9 @@ def make_meta(kind, block, *, segment=None, response=None, state_id=None) -> Tok
 
 
 def staircase_visible(q: TokenMeta, k: TokenMeta, xp=jnp, window: int = 0):
-  """Boolean [..., Tq, Tk]: may query q attend to key k (DESIGN §2.5; `window` > 0: a sliding
-  window over the context keys, see the module docstring).
+  """Boolean [..., Tq, Tk]: may query q attend to key k
+  (docs/method.md#replay-states-packing-staircase-attention; `window` > 0: a sliding window over the
+  context keys, see the module docstring).
 
   Works with jax.numpy or numpy (`xp=np`) so kernels, tile maps and tests share one rule.
   """

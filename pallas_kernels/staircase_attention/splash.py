@@ -1,4 +1,6 @@
-"""Staircase attention through JAX's TPU splash attention (DESIGN §3, §8).
+"""Staircase attention through JAX's TPU splash attention
+(docs/scaling.md#attention-kernels-and-accelerators,
+docs/scaling.md#compiling-for-tpus-and-gpus-you-do-not-have).
 
 Splash takes one mask per kernel, shared by the whole batch, and tiles of 128. The staircase
 depends on each row's metadata, so every batch row gets its own kernel:

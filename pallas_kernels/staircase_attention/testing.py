@@ -1,4 +1,5 @@
-"""Random packed staircase rows for kernel tests and benchmarks (DESIGN §2.5 layout).
+"""Random packed staircase rows for kernel tests and benchmarks (the layout of
+docs/method.md#replay-states-packing-staircase-attention).
 
 A row is `[group | group | ... | pad]`, each prompt group being
 `[left pad | prompt | resp 1: clean blocks | resp 1: states | resp 2: clean | resp 2: states ...]`.

@@ -1,4 +1,5 @@
-"""Which (query tile, key tile) pairs of a packed batch hold any visible pair (DESIGN §3).
+"""Which (query tile, key tile) pairs of a packed batch hold any visible pair
+(docs/scaling.md#attention-kernels-and-accelerators).
 
 The map is computed once per packed batch and drives every kernel: key tiles a query tile cannot
 see are never listed, so they are never fetched; fully visible tiles skip the element-wise mask.

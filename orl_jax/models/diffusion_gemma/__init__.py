@@ -1,4 +1,4 @@
-"""DiffusionGemma (DESIGN §4): a uniform-noise family with its own model.
+"""DiffusionGemma (docs/models.md#diffusiongemma): a uniform-noise family with its own model.
 
 * `config.py`: `DiffusionGemmaConfig` and its config.json reading and writing;
 * `model.py`: the model (`DiffusionGemma`: commit forward, canvas decoder, self-conditioning);

@@ -1,4 +1,5 @@
-"""DiffusionGemma architecture (DESIGN §4): our config dataclass and its `config.json` mapping.
+"""DiffusionGemma architecture (docs/models.md#diffusiongemma): our config dataclass and its
+`config.json` mapping.
 
 transformers 5.24 (`models/diffusion_gemma/configuration_diffusion_gemma.py`) is the reference
 for every default and quirk reproduced here:
@@ -311,8 +312,9 @@ def to_hf(cfg: DiffusionGemmaConfig) -> dict:
 
 
 def release_26b_a4b(**overrides) -> DiffusionGemmaConfig:
-  """The shapes of `google/diffusiongemma-26B-A4B-it` (DESIGN §4; Gemma 4 26B-A4B text stack):
-  30 layers, full attention on every sixth (5, 11, ..., 29), sliding window 1024."""
+  """The shapes of `google/diffusiongemma-26B-A4B-it` (docs/models.md#diffusiongemma; Gemma 4
+  26B-A4B text stack): 30 layers, full attention on every sixth (5, 11, ..., 29), sliding window
+  1024."""
   full = AttentionSpec(FULL, head_dim=512, n_kv_heads=2, rope_type="proportional",
                        rope_theta=1e6, rope_fraction=0.25)
   sliding = AttentionSpec(SLIDING, head_dim=256, n_kv_heads=8, rope_theta=1e4)

@@ -1,4 +1,5 @@
-"""DiffusionGemma (`model_type: diffusion_gemma`, DESIGN §4): a family with its own model.
+"""DiffusionGemma (`model_type: diffusion_gemma`, docs/models.md#diffusiongemma): a family with its
+own model.
 
 Its model is not the shared `Transformer` but `DiffusionGemma` (`model.py` beside this module)
 with `DiffusionGemmaConfig` (`config_from_hf` / `build_model`). What the registry records:

@@ -1,4 +1,4 @@
-"""DiffusionGemma (DESIGN §4): the Gemma 4 text stack as transformers 5.24's
+"""DiffusionGemma (docs/models.md#diffusiongemma): the Gemma 4 text stack as transformers 5.24's
 `models/diffusion_gemma/modeling_diffusion_gemma.py` defines it, in Flax NNX.
 
 One set of weights serves two roles:
@@ -12,10 +12,11 @@ buffers: `commit_layer_scalar` / `layer_scalar` here) and in the decoder's input
 through the **self-conditioning** block: `post_norm(E[x]·√D + MLP(pre_norm(z)))` with
 `z = softmax(previous processed logits) @ E · √D` (zeros on a canvas's first step).
 
-ORL replays both roles in one packed forward (`hidden_states`, DESIGN §2.5): prompt and clean
-tokens are the commit stream (plain embeddings, `commit_layer_scalar`, token-causal), state
-tokens are decoder canvases (self-conditioning on the captured z, `layer_scalar`), under the
-staircase rule with blocks of one token and the sliding window on sliding layers.
+ORL replays both roles in one packed forward (`hidden_states`,
+docs/method.md#replay-states-packing-staircase-attention): prompt and clean tokens are the commit
+stream (plain embeddings, `commit_layer_scalar`, token-causal), state tokens are decoder canvases
+(self-conditioning on the captured z, `layer_scalar`), under the staircase rule with blocks of one
+token and the sliding window on sliding layers.
 
 Each layer: attention (q/k RMSNorm with scale, v RMSNorm without, scaling 1.0, K = V on full
 layers, default RoPE on sliding layers, proportional RoPE on full layers), then a dense
@@ -393,7 +394,8 @@ class DiffusionGemma(nnx.Module):
     tokens, positions: [R, T]; meta: staircase metadata with `block = position` on context
     tokens and the canvas's first position on state tokens; residual.z [R, T, D] the captured
     self-conditioning input of each state token; routes [L, R, T, K] or None. The norm ratio
-    is ‖MLP(pre_norm(z))‖ / ‖E[x]·√D‖ over state tokens whose z is not zero (DESIGN §2.1)."""
+    is ‖MLP(pre_norm(z))‖ / ‖E[x]·√D‖ over state tokens whose z is not zero
+    (docs/method.md#the-residual-pathway)."""
     cfg = self.cfg
     is_state = meta.kind == KIND_STATE
     embeds = self.embed_tokens(tokens)

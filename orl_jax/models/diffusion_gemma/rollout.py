@@ -1,4 +1,5 @@
-"""DiffusionGemma rollouts with exact state capture (DESIGN §2.3 for a uniform-noise family).
+"""DiffusionGemma rollouts with exact state capture for a uniform-noise family
+(docs/method.md#rollout-with-exact-state-capture).
 
 A state is what one denoising step consumed: the whole canvas **including its noise tokens**
 and the self-conditioning input `z`, as stored by the sampler (never recomputed: with a strong
@@ -10,12 +11,12 @@ The sampler's `StepTrace` [N canvases, S steps, B, ...] becomes the shared `Capt
 [B, N·S, ...] (block = canvas index, step = step index, commit = accepted), so the replay plan
 and gather of every family read it; `Trajectories` is the shared type too.
 
-Forward counts, both conventions (DESIGN §2.2, §6): `nfe_denoise` is the authors' count
-(transformers': denoising forwards only); `nfe` adds one commit forward per decoded canvas, the
-last one included (the paper's count, the headline); `nfe_engine` adds the commit forwards the
-sampler really ran (none after the last canvas, none once every row has finished). The tokens
-of TPF are counted as transformers counts them: the response's non-padding tokens
-(`generated_tokens`). Rollouts and evaluation (`sampler_decoder`) count with the one function
+Forward counts, both conventions (docs/decoding.md#two-forward-counts, docs/method.md#metrics):
+`nfe_denoise` is the authors' count (transformers': denoising forwards only); `nfe` adds one commit
+forward per decoded canvas, the last one included (the paper's count, the headline); `nfe_engine`
+adds the commit forwards the sampler really ran (none after the last canvas, none once every row has
+finished). The tokens of TPF are counted as transformers counts them: the response's non-padding
+tokens (`generated_tokens`). Rollouts and evaluation (`sampler_decoder`) count with the one function
 `forward_counts`. The family's `Sampler` (`decoding.py`) hands both to
 `orl_jax.decode.build.make_decoder`, which jits `rollout` data-parallel
 (`orl_jax.rollout.make_rollout`).
@@ -67,9 +68,10 @@ def generated_tokens(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig) ->
 def forward_counts(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig,
                    capture: bool = False) -> DecodeOutput:
   """The decoders' output (`decode.types.DecodeOutput`) of `sampler.generate`'s: tokens [B, N·C]
-  (argmax canvases, padding after EOS) and the forwards counted both ways (DESIGN §2.2, §6) —
-  a canvas is decoded by a row when any of its steps counted for the row (every canvas up to
-  the one holding its EOS); `n_generated` the non-padding tokens (transformers' count). With
+  (argmax canvases, padding after EOS) and the forwards counted both ways
+  (docs/decoding.md#two-forward-counts, docs/method.md#metrics) — a canvas is decoded by a row when
+  any of its steps counted for the row (every canvas up to the one holding its EOS); `n_generated`
+  the non-padding tokens (transformers' count). With
   `capture`, the trace as a `Capture` (the trajectory page's commit steps)."""
   canvases = jnp.sum(jnp.any(out.trace.counted, axis=1), axis=0, dtype=jnp.int32)     # [B]
   return DecodeOutput(

@@ -1,4 +1,5 @@
-"""DiffusionGemma uniform-noise decoding (DESIGN §2.2, §4) as transformers 5.24's
+"""DiffusionGemma uniform-noise decoding (docs/models.md#decoding-a-diffusiongemma-directory,
+docs/models.md#diffusiongemma) as transformers 5.24's
 `generation_diffusion_gemma.py` defines it, inside `jit`, batched, with per-row stop flags.
 
 For each canvas (block) of `canvas_length` tokens: the canvas starts as uniform random tokens
@@ -27,7 +28,8 @@ re-noise tokens are uniform integers, both drawn from `fold_in(fold_in(key, canv
 or given explicitly (`SamplerNoise`), which is how the parity test feeds transformers and us
 the same noise.
 
-Route capture (`capture_routes`, DESIGN §2.3 on MoE): the expert ids every forward chose are
+Route capture (`capture_routes`, exact capture on MoE,
+docs/method.md#rollout-with-exact-state-capture): the expert ids every forward chose are
 recorded token-major — each denoising step's (in the trace), the prompt prefill's and each
 commit forward's — so replay can route every token exactly as the rollout did, even where the
 router sits at a near-tie that rounding would flip.

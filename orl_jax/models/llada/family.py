@@ -1,4 +1,5 @@
-"""LLaDA-8B (Base / Instruct), `model_type: llada` (DESIGN §4): LLaMA-like, fully bidirectional.
+"""LLaDA-8B (Base / Instruct), `model_type: llada`
+(docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm): LLaMA-like, fully bidirectional.
 
 Weight names `model.transformer.{wte, blocks.{i}.{attn_norm, ff_norm, q_proj, k_proj, v_proj,
 attn_out, ff_proj (the SiLU gate), up_proj, ff_out}, ln_f, ff_out (head)}`.
@@ -82,10 +83,12 @@ FAMILY = Family(
     name="llada", model_types=("llada",), attention="bidirectional",
     architecture_from_hf=architecture_from_hf, hf_config_json=hf_config_json,
     tensor_rules=tensor_rules, partition_rules=sharding.PARTITION_RULES,
-    # ids of LLaDA's tokenizer (DESIGN §4); EOS = <|eot_id|>, the end of the assistant turn
+    # ids of LLaDA's tokenizer (docs/models.md#special-tokens-where-each-id-comes-from); EOS =
+    # <|eot_id|>, the end of the assistant turn
     special_tokens=dict(mask="126336", eos="126348", pad="126081", bos="126080"),
     # the reference sampler: blocks of 32 (fixed steps, low-confidence remasking); our
-    # default rule is the Fast-dLLM threshold 0.9 (DESIGN §2.2 baseline)
+    # default rule is the Fast-dLLM threshold 0.9
+    # (docs/decoding.md#one-denoising-step)
     # Fast-dLLM's `generate`: blocks start at the prompt's end; the threshold keeps conf >= tau
     decode=dict(block_size=32, rule="threshold", rule_value=0.9,
                 block_placement="prompt_end", commit_compare=">="),

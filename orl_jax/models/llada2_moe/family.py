@@ -1,4 +1,5 @@
-"""LLaDA2.x-mini (LLaDA2.0-mini / LLaDA2.1-mini), `model_type: llada2_moe` (DESIGN §4).
+"""LLaDA2.x-mini (LLaDA2.0-mini / LLaDA2.1-mini), `model_type: llada2_moe`
+(docs/models.md#moe-llada2x-mini).
 
 The architecture is the shared `Transformer` with switches (per-head q/k RMSNorm before a
 partial RoPE, untied head, `norm_head`, dense first layers, `moe` feed-forward). Two layout
@@ -196,8 +197,8 @@ FAMILY = Family(
     # with the first generated tokens), `confidence > threshold`
     decode=dict(block_size=32, rule="threshold", rule_value=0.95,
                 block_placement="absolute", commit_compare=">"),
-    # The chat template of LLaDA2.x is not in DESIGN §4 (its tokenizer's <role> markup); none
-    # is built in: give prompts already formatted.
+    # LLaDA2.x's chat template (its tokenizer's <role> markup) is not built in:
+    # give prompts already formatted.
     chat="none",
     # inclusionAI/LLaDA2.1-mini's config.json (modeling_llada2_moe.py, configuration_llada2_moe.py)
     remote_code={MODEL_TYPE: {"architectures": ["LLaDA2MoeModelLM"], "auto_map": {

@@ -1,5 +1,6 @@
-"""Qwen3-based block DLMs, `model_type: qwen3 | sdar` (DESIGN §4: SDAR-4B/8B, QwenDLM):
-block-causal, per-head q/k RMSNorm before RoPE, HF Qwen3 weight names."""
+"""Qwen3-based block DLMs, `model_type: qwen3 | sdar`
+(docs/models.md#llada2x-mini-llada-8b-sdar-qwendlm: SDAR-4B/8B, QwenDLM): block-causal, per-head q/k
+RMSNorm before RoPE, HF Qwen3 weight names."""
 from __future__ import annotations
 
 from orl_jax import sharding
