@@ -1,4 +1,4 @@
-"""Run untrusted Python in a contained process tree (DESIGN §5, "Sandboxed execution").
+"""Run untrusted Python in a contained process tree (docs/verifier.md#threat-model).
 
 Model completions are untrusted code. Nothing here executes them in the calling (JAX) process or
 forks it: every run starts a *fresh interpreter* with `subprocess` (fork+exec in C, no Python

@@ -1,4 +1,4 @@
-"""The sandbox holds against hostile completions (DESIGN §5 "Sandboxed execution").
+"""The sandbox holds against hostile completions (docs/verifier.md#threat-model).
 
 Each hostile completion is written so that it would *pass* if the attack worked: a score of 0
 therefore shows the attack failed, not merely that the sample crashed for another reason. The

@@ -1,4 +1,5 @@
-"""Real-task data (GSM8K, HumanEval, user JSONL), prompts and verifiers (DESIGN §2.4, §5)."""
+"""Real-task data (GSM8K, HumanEval, user JSONL), prompts and verifiers
+(docs/method.md#verification, docs/models.md#real-tasks)."""
 import gzip
 import importlib.util
 import json

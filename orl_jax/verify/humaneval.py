@@ -1,4 +1,5 @@
-"""HumanEval-style unit-test verification in the sandbox (DESIGN §2.4, §5).
+"""HumanEval-style unit-test verification in the sandbox
+(docs/verifier.md#code-a-judge-that-tells-the-sample-nothing).
 
 A response is the model's continuation of `Problem.prompt` (a function signature and docstring).
 `prompt + completion` runs in the sandbox (`orl_sandbox.run_judged`), in a fresh, contained process
