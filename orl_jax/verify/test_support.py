@@ -48,7 +48,8 @@ _ENVIRONMENT = ("os.environ.update", "os.environ.pop", "os.environ.popitem",
 _PATCHES = ("unittest.mock.patch", "unittest.mock.patch.object", "unittest.mock.patch.dict",
             "unittest.mock.patch.multiple")
 _REFUSED = {**{name: _CLOCK for name in _CLOCKS}, **{name: _CONCURRENT for name in _PROCESSES},
-            **{name: _SETTING for name in _SETTINGS + _ENVIRONMENT}, **{name: _PATCH for name in _PATCHES}}
+            **{name: _SETTING for name in _SETTINGS + _ENVIRONMENT},
+            **{name: _PATCH for name in _PATCHES}}
 # `decimal.getcontext()` is refused unless only one of these is read from it.
 _CONTEXT_READS = {"prec", "rounding", "Emin", "Emax", "capitals", "clamp"}
 # Attributes whose assignment the candidate would see in-process.
@@ -125,23 +126,28 @@ def _construct(node: ast.AST, names: dict[str, str], parents: dict) -> Refusal |
       if top in _MODULES:
         return Refusal(f"the {module} module", node.lineno, _MODULES[top])
     return None
-  if not isinstance(node, (ast.Name, ast.Attribute)) or isinstance(parents.get(node),
-                                                                   ast.Attribute):
-    return None   # (the outermost name of a dotted chain decides)
+  if isinstance(node, (ast.Name, ast.Attribute)) and not isinstance(parents.get(node),
+                                                                    ast.Attribute):
+    return _name_refusal(node, names, parents)   # (the outermost name of a dotted chain)
+  return None
+
+
+def _name_refusal(node: ast.Name | ast.Attribute, names: dict[str, str],
+                  parents: dict) -> Refusal | None:
   name = dotted(node, names)
   if name is None:
     return None
   if isinstance(node.ctx, ast.Store) or _stored_into(node, parents):
     reason = _STORED.get(name) or (_PATCH if name.startswith("builtins.") else None)
     return Refusal(f"an assignment to {name}", node.lineno, reason) if reason else None
-  call = parents.get(node)
-  called = isinstance(call, ast.Call) and call.func is node
+  parent = parents.get(node)
+  call = parent if isinstance(parent, ast.Call) and parent.func is node else None
   if name in _REFUSED:
     return Refusal(name, node.lineno, _REFUSED[name])
-  if name in _CLOCKS_WITHOUT_ARGUMENT and called and len(call.args) <= _CLOCKS_WITHOUT_ARGUMENT[
-      name]:
+  if name in _CLOCKS_WITHOUT_ARGUMENT and call is not None and len(
+      call.args) <= _CLOCKS_WITHOUT_ARGUMENT[name]:
     return Refusal(f"{name} without a time", node.lineno, _CLOCK)
-  if name == "decimal.getcontext" and not (called and _reads_context(call, parents)):
+  if name == "decimal.getcontext" and not (call is not None and _reads_context(call, parents)):
     return Refusal("decimal.getcontext() to change the context", node.lineno, _SETTING)
   return None
 
