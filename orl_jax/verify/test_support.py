@@ -215,12 +215,14 @@ _Scope = ast.AST   # a module, function or lambda
 class _Answers:
   """Which names of the tests hold a candidate answer (or the candidate), scope by scope: the
   `check` parameter and the entry point's name, then, to a fixed point, every name bound to an
-  expression that mentions one, every parameter passed one, every function that returns one."""
+  expression that mentions one, every object a method call is passed one, every parameter
+  passed one, every function that returns one."""
 
   def __init__(self, tree: ast.Module, entry_point: str):
     self.bound: dict[_Scope, set[str]] = {}
     self.parent: dict[_Scope, _Scope | None] = {tree: None}
     self.bindings: list[tuple[_Scope, str, ast.AST]] = []   # (scope, name, value)
+    self.changes: list[tuple[_Scope, str, ast.AST]] = []    # (scope, name, value put in it)
     self.defs: dict[tuple[_Scope, str], ast.FunctionDef | ast.AsyncFunctionDef] = {}
     self.calls: list[tuple[_Scope, ast.Call]] = []
     self.loops: list[tuple[ast.While | ast.For, _Scope]] = []
@@ -263,6 +265,9 @@ class _Answers:
         self._bind(scope, child.optional_vars, child.context_expr)
       elif isinstance(child, ast.Call):
         self.calls.append((scope, child))
+        if isinstance(child.func, ast.Attribute) and isinstance(child.func.value, ast.Name):
+          # `answers.append(candidate(x))` puts an answer in `answers`
+          self.changes.append((scope, child.func.value.id, ast.Tuple(child.args, ast.Load())))
       if isinstance(child, (ast.While, ast.For)):
         self.loops.append((child, scope))
       self._collect(child, inner)
@@ -286,6 +291,10 @@ class _Answers:
       for scope, name, value in self.bindings:
         if self.depends(value, scope):
           self.held.add((scope, name))
+      for scope, name, value in self.changes:
+        where = self._resolve(name, scope)
+        if where is not None and self.depends(value, scope):
+          self.held.add(where)
       for scope, call in self.calls:
         self._pass_into(scope, call)
       for (scope, name), function in self.defs.items():
