@@ -294,8 +294,13 @@ def _judged_verdict(spec, judge_module, child, ctrl, to_sample, from_sample, not
     first = {"load_error": f"broken start-up message: {error}"}
   replies, stopped = [], ""
   if first == {"loaded": True}:
-    replies, stopped = judge_module.exchange(calls, to_sample, from_sample,
-                                             spec["max_message_bytes"], spec["max_reply_bytes"])
+    try:
+      replies, stopped = judge_module.exchange(calls, to_sample, from_sample,
+                                               spec["max_message_bytes"],
+                                               spec["max_reply_bytes"])
+    except judge_module.JudgeOverloaded:   # (up to MAX_CALLS calls of a loop on an answer)
+      note("timeout:exchanging the tests' calls ran past the judge's CPU limit")
+      return None
   os.close(to_sample)   # end of input lets an honest sample flush its output and exit
   while select.select([ctrl.fd], [], [], 0.2)[0]:
     line = ctrl.readline()
