@@ -1,6 +1,6 @@
 """Tests the judge cannot judge as in-process Python are refused at load; their neighbours are not.
 
-docs/verifier.md, "What the judge supports": a code task whose tests time the candidate, run
+docs/verifier.md#what-the-judge-supports: a code task whose tests time the candidate, run
 threads or processes, change an interpreter setting the candidate would see, patch what it
 reads, or loop until an answer ends the loop is refused by the task loader with one sentence
 naming the construct, its line and the item. Each refused construct has a test here (the

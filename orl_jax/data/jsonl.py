@@ -5,9 +5,9 @@ A user dataset has one JSON object per line (blank lines are skipped), either
 * a code task:     {"prompt": str, "tests": str, "entry_point": str, "target": str?,
                     "id": str | int?}
 `answer` tasks are scored by exact match (GSM8K-style numbers), code tasks by running `tests`
-in the sandbox; tests the judge cannot judge as in-process Python (docs/verifier.md, "What the
-judge supports") are refused at load. Every error names the file, the 1-based line and what is
-wrong.
+in the sandbox; tests the judge cannot judge as in-process Python are refused at load
+(docs/verifier.md#what-the-judge-supports). Every error names the file, the 1-based line and
+what is wrong.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Which code-task tests the judge can judge as in-process Python; the rest are refused at load
-(docs/verifier.md, "What the judge supports").
+(docs/verifier.md#what-the-judge-supports).
 
 The judge runs a task's tests in its own process and the candidate in the sandbox, the tests
 twice (collecting the calls, then replaying the answers). Tests that time the candidate, run
