@@ -1800,8 +1800,8 @@ JUDGE_OPERATIONS = {
                "__import__('pickle').dumps(type('E', (), {'__reduce__': lambda self: (eval, "
                "(\"__import__('os').remove(%r) or 2\" % P,))})())"),
     "open_write": ("with open(candidate('out.txt'), 'w') as f:\n        f.write('2')", "P"),
-    "os_remove": ("import os\n    open('scratch', 'w').close()\n    os.remove(candidate('scratch'))",
-                  "P"),
+    "os_remove": ("import os\n    open('scratch', 'w').close()\n"
+                  "    os.remove(candidate('scratch'))", "P"),
 }
 
 
@@ -1830,3 +1830,4 @@ def test_a_check_that_runs_the_answer_cannot_touch_a_host_file(operation, tmp_pa
   assert {"judge-mountns", "judge-netns", "judge-no-new-privs"} <= set(result.isolation)
   assert any(layer.startswith(("judge-uid:", "judge-caps-dropped")) for layer in result.isolation)
   assert "No such file" in result.detail or "Permission" in result.detail, result.detail
+
