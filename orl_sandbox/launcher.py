@@ -27,7 +27,9 @@ Two entry points:
 
 Process tree (R, I and P run `runner.py`; the launcher is the calling process):
 
-  launcher ── R: runner and judge (root, host namespaces; holds the tests, reads the verdict)
+  launcher ── R: runner (root, host namespaces; moves bytes, writes the status file)
+                ├─ J1, J2: the judge's collection and replay (run's uid, private root and
+                │          namespaces, limits, Landlock, seccomp; run the tests, answer on a pipe)
                 └─ I: supervisor, PID 1 of a new PID namespace (stays root inside the sandbox)
                      └─ P: the sample (per-sample uid, limits, Landlock, seccomp)
 

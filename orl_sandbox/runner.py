@@ -1,4 +1,4 @@
-"""The sandbox's own processes: runner and judge (R), supervisor (I), sample (P).
+"""The sandbox's own processes: runner (R), judge children (J1, J2), supervisor (I), sample (P).
 
 Run as a script by the launcher (`launcher.py`: `python -I [-S] runner.py SPEC`), in a fresh
 interpreter; see `launcher.py` for the design and the layers. Only light standard-library modules
