@@ -548,10 +548,15 @@ def _pids_of_uid(uid: int) -> list[int]:
   return pids
 
 
+CMDLINE_PREFIX_BYTES = 4096   # R's and I's command lines name the run within their first bytes
+
+
 def _cmdline_has(pid, token: bytes) -> bool:
+  """Whether the first `CMDLINE_PREFIX_BYTES` of `pid`'s command line contain `token`: any
+  process's command line may be megabytes, and teardown reads every process's."""
   try:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
-      return token in f.read()
+      return token in f.read(CMDLINE_PREFIX_BYTES)
   except OSError:
     return False
 
