@@ -260,7 +260,8 @@ def _judge_cost() -> str:
           peak = int(line.split()[1]) * 1024
   except (OSError, ValueError):
     pass
-  return f"judge:{usage.ru_utime + usage.ru_stime:.3f}:{peak}"
+  cpu = usage.ru_utime + usage.ru_stime + _JUDGE_COST[0]   # R's and its judge children's
+  return f"judge:{cpu:.3f}:{max(peak, _JUDGE_COST[1])}"
 
 
 def _end_sample(child: int) -> None:
@@ -389,6 +390,7 @@ def _start_judge(spec: dict, judge_module, step):
   return pid, to_w, from_r
 
 
+_JUDGE_COST = [0.0, -1]   # the judge children's CPU seconds and peak resident bytes
 _JUDGE_FDS: list[int] = []   # R's ends of the judges' pipes, closed in the supervisor
 
 
@@ -402,7 +404,13 @@ def _finish_judge(spec: dict, judge, given) -> dict | None:
   os.close(to_w)
   data = _read_all(from_r, int(spec["judge_memory_bytes"]))
   os.close(from_r)
-  _end_sample(pid)
+  try:
+    os.kill(pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  usage = os.wait4(pid, 0)[2]
+  _JUDGE_COST[0] += usage.ru_utime + usage.ru_stime
+  _JUDGE_COST[1] = max(_JUDGE_COST[1], usage.ru_maxrss * 1024)
   try:
     return json.loads(data)
   except ValueError:
