@@ -27,7 +27,9 @@ Two entry points:
 
 Process tree (R, I and P run `runner.py`; the launcher is the calling process):
 
-  launcher ── R: runner and judge (root, host namespaces; holds the tests, reads the verdict)
+  launcher ── R: runner (root, host namespaces; moves bytes, writes the status file)
+                ├─ J1, J2: the judge's collection and replay (run's uid, private root and
+                │          namespaces, limits, Landlock, seccomp; run the tests, answer on a pipe)
                 └─ I: supervisor, PID 1 of a new PID namespace (stays root inside the sandbox)
                      └─ P: the sample (per-sample uid, limits, Landlock, seccomp)
 
@@ -552,10 +554,15 @@ def _pids_of_uid(uid: int) -> list[int]:
   return pids
 
 
+CMDLINE_PREFIX_BYTES = 4096   # R's and I's command lines name the run within their first bytes
+
+
 def _cmdline_has(pid, token: bytes) -> bool:
+  """Whether the first `CMDLINE_PREFIX_BYTES` of `pid`'s command line contain `token`: any
+  process's command line may be megabytes, and teardown reads every process's."""
   try:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
-      return token in f.read()
+      return token in f.read(CMDLINE_PREFIX_BYTES)
   except OSError:
     return False
 

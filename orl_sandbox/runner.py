@@ -1,4 +1,4 @@
-"""The sandbox's own processes: runner and judge (R), supervisor (I), sample (P).
+"""The sandbox's own processes: runner (R), judge children (J1, J2), supervisor (I), sample (P).
 
 Run as a script by the launcher (`launcher.py`: `python -I [-S] runner.py SPEC`), in a fresh
 interpreter; see `launcher.py` for the design and the layers. Only light standard-library modules
@@ -215,6 +215,8 @@ def _start_supervisor(spec, layers, judged: bool):
   from_sample = os.pipe() if judged else (-1, -1)
   child = os.fork()   # safe: this fresh interpreter has a single thread
   if child == 0:
+    for fd in _JUDGE_FDS:
+      os.close(fd)   # the judges see end of input when R, and only R, closes its end
     try:
       _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err,
                        to_sample[0], from_sample[1])
@@ -258,7 +260,8 @@ def _judge_cost() -> str:
           peak = int(line.split()[1]) * 1024
   except (OSError, ValueError):
     pass
-  return f"judge:{usage.ru_utime + usage.ru_stime:.3f}:{peak}"
+  cpu = usage.ru_utime + usage.ru_stime + _JUDGE_COST[0]   # R's and its judge children's
+  return f"judge:{cpu:.3f}:{max(peak, _JUDGE_COST[1])}"
 
 
 def _end_sample(child: int) -> None:
@@ -274,24 +277,232 @@ def _end_sample(child: int) -> None:
     pass
 
 
-def _judged_verdict(spec, judge_module, child, ctrl, to_sample, from_sample, note):
-  """Collect the calls, let the sample answer them, end it, then judge (judge.py's three
-  steps); None when the judge itself failed (an infrastructure error)."""
-  # The tests are read only now, after the fork: the sample's memory never held them.
-  with open(spec["judge_file"], encoding="utf-8") as f:
-    judge = json.load(f)
-  prelude, tests, entry = judge["prelude"], judge["tests"], spec["entry_point"]
+# Layers the contained judge must reach (one of each), like the sample's essential layers.
+JUDGE_ESSENTIAL = (("a private mount namespace for the judge", ("judge-mountns",)),
+                   ("a network namespace for the judge", ("judge-netns",)),
+                   ("an unprivileged judge", ("judge-uid:", "judge-caps-dropped")))
+
+
+def _contain_judge(spec: dict) -> list[str]:
+  """In a judge child: the sample's kind of root, namespaces, limits, uid and filters."""
+  import resource  # pylint: disable=import-outside-toplevel
+  ctypes, libc = _libc()
+  layers: list[str] = []
+  as_root = os.geteuid() == 0
+  uid, gid = os.getuid(), os.getgid()
+  flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
+  flags |= 0 if as_root else _CLONE_NEWUSER
+  if "mountns" not in spec["skip_layers"] and libc.unshare(ctypes.c_int(flags)) == 0:
+    if not as_root:
+      for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
+                         ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+          f.write(text)
+    _build_root(spec, libc)
+    layers += ["judge-mountns", "judge-netns", "judge-ipcns", "judge-utsns"]
+  cpu = int(spec["judge_cpu_s"])   # each phase its own process, so its own CPU budget
+  for limit, value in ((resource.RLIMIT_AS, spec["judge_memory_bytes"]),
+                       (resource.RLIMIT_FSIZE, spec["max_file_bytes"]),
+                       (resource.RLIMIT_NOFILE, spec["max_open_files"]),
+                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_MEMLOCK, 0)):
+    resource.setrlimit(limit, (value, value))
+  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+  layers.append("judge-rlimits")
+  layers += _judge_identity(spec, ctypes, libc, as_root)
+  _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+  layers.append("judge-no-new-privs")
+  private = "judge-mountns" in layers
+  work_dir = "/tmp" if private else spec["host_work_dir"]
+  if "landlock" not in spec["skip_layers"]:
+    layers += ["judge-" + layer for layer in
+               _landlock_layers(ctypes, libc, work_dir, spec["site_packages"], private)]
+  if "seccomp" not in spec["skip_layers"]:
+    layers += ["judge-" + layer for layer in _seccomp_filter(ctypes, libc)]
+  os.chdir(work_dir)
+  return layers
+
+
+def _judge_identity(spec: dict, ctypes, libc, as_root: bool) -> list[str]:
+  """The judge child's uid: the run's own (root), or no capabilities (a user namespace)."""
+  uid = spec["uid"]
+  if as_root and uid is not None:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid):
+      raise RuntimeError(f"could not switch the judge to uid {uid}")
+    return [f"judge-uid:{uid}"]
+  if not as_root:
+    libc.prctl(_PR_SET_SECUREBITS, 0x2F, 0, 0, 0)   # NOROOT, NO_SETUID_FIXUP, both locked
+    _set_capabilities(ctypes, libc, 0)
+    return ["judge-caps-dropped"]
+  return []
+
+
+def _read_all(fd: int, limit: int) -> bytes:
+  chunks, total = [], 0
+  while total <= limit:
+    chunk = os.read(fd, 1 << 20)
+    if not chunk:
+      break
+    chunks.append(chunk)
+    total += len(chunk)
+  return b"".join(chunks)
+
+
+def _start_judge(spec: dict, judge_module, step):
+  """Forks a contained judge child (`_contain_judge`) before the sample exists; it reads the
+  task's tests, waits for its input on a pipe, and answers `step(judge, input)` as JSON on a
+  pipe only it writes. Returns (pid, to_judge, from_judge)."""
+  to_r, to_w = os.pipe()
+  from_r, from_w = os.pipe()
+  pid = os.fork()   # safe: R has a single thread
+  if pid == 0:
+    message = {}
+    try:
+      null = os.open("/dev/null", os.O_RDWR)
+      for fd in (0, 1, 2):
+        os.dup2(null, fd)
+      _close_fds_except({0, 1, 2, to_r, from_w})   # no status file, no pipes to the sample
+      with open(spec["judge_file"], encoding="utf-8") as f:
+        judge = json.load(f)
+
+      def overloaded(signum, frame):
+        raise judge_module.JudgeOverloaded()
+
+      signal.signal(signal.SIGXCPU, overloaded)
+      message["layers"] = _contain_judge(spec)
+      _libc()[1].prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # reset by the uid change
+      given = json.loads(_read_all(to_r, int(spec["judge_memory_bytes"])) or b"null")
+      message["result"] = step(judge, given)
+    except BaseException as error:  # pylint: disable=broad-except
+      if isinstance(error, judge_module.JudgeOverloaded):
+        message["overloaded"] = True
+      else:
+        message["error"] = repr(error)[:300]
+    try:
+      wire.write_all(from_w, json.dumps(message).encode())
+    finally:
+      os._exit(0)
+  os.close(to_r)
+  os.close(from_w)
+  _JUDGE_FDS.extend((to_w, from_r))
+  return pid, to_w, from_r
+
+
+_JUDGE_COST = [0.0, -1]   # the judge children's CPU seconds and peak resident bytes
+_JUDGE_FDS: list[int] = []   # R's ends of the judges' pipes, closed in the supervisor
+
+
+def _finish_judge(spec: dict, judge, given) -> dict | None:
+  """Sends the judge child its input, reads its answer, ends it; None if it said nothing."""
+  pid, to_w, from_r = judge
   try:
-    calls = judge_module.collect_calls(prelude, tests, entry)
-  except judge_module.JudgeOverloaded:
+    wire.write_all(to_w, json.dumps(given).encode())
+  except OSError:
+    pass
+  os.close(to_w)
+  data = _read_all(from_r, int(spec["judge_memory_bytes"]))
+  os.close(from_r)
+  try:
+    os.kill(pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  usage = os.wait4(pid, 0)[2]
+  _JUDGE_COST[0] += usage.ru_utime + usage.ru_stime
+  _JUDGE_COST[1] = max(_JUDGE_COST[1], usage.ru_maxrss * 1024)
+  try:
+    return json.loads(data)
+  except ValueError:
+    return None
+
+
+# Layers the contained judge must reach (one of each), like the sample's essential layers.
+JUDGE_ESSENTIAL = (("a private mount namespace for the judge", ("judge-mountns",)),
+                   ("a network namespace for the judge", ("judge-netns",)),
+                   ("an unprivileged judge", ("judge-uid:", "judge-caps-dropped")))
+
+
+def _judge_refused(spec: dict, reply: dict, note) -> bool:
+  """True (with a refused line) when the judge lacks an essential layer."""
+  judge_layers = reply.get("layers", [])
+  missing = [what for what, options in JUDGE_ESSENTIAL
+             if not any(layer == option or (option.endswith(":") and layer.startswith(option))
+                        for layer in judge_layers for option in options)]
+  if "error" in reply:
+    missing.append(f"a judge that starts ({reply['error']})")
+  if missing and spec["require_isolation"]:
+    note("refused:" + "; ".join(missing))
+    return True
+  return False
+
+
+def _collect_step(judge_module, entry):
+  def step(judge, _given):
+    calls = judge_module.collect_calls(judge["prelude"], judge["tests"], entry)
+    return [call.decode("latin-1") for call in calls]
+  return step
+
+
+def _replay_step(judge_module, entry):
+  def step(judge, given):
+    calls = [call.encode("latin-1") for call in given["calls"]]
+    replies = [reply.encode("latin-1") for reply in given["replies"]]
+    return list(judge_module.replay_verdict(judge["prelude"], judge["tests"], entry, calls,
+                                            replies, given["stopped"]))
+  return step
+
+
+def _start_judges(spec: dict, judge_module):
+  """The two judge children (collection, replay), forked before the sample's PID namespace."""
+  entry = spec["entry_point"]
+  return (_start_judge(spec, judge_module, _collect_step(judge_module, entry)),
+          _start_judge(spec, judge_module, _replay_step(judge_module, entry)))
+
+
+def _collect(spec, collector, note):
+  """Step 1 in the contained judge: the calls, or None (noted) when the judge failed."""
+  reply = _finish_judge(spec, collector, None)
+  if reply is None:
+    note("infra:the judge died while collecting the tests' calls")
+    return None
+  for layer in reply.get("layers", []):
+    note(f"layer:{layer}")
+  if reply.get("overloaded"):
     # Tests that loop on an answer never end against the stand-in: the sample's timeout
     # (counted and cached as one), not a failure of the machine.
     note("timeout:collecting the tests' calls ran past the judge's CPU limit")
+    return None
+  if _judge_refused(spec, reply, note) or "result" not in reply:
+    return None
+  return [call.encode("latin-1") for call in reply["result"]]
+
+
+def _replay(spec, replayer, calls, replies, stopped):
+  """Step 3 in the other contained judge, with its own CPU budget."""
+  given = {"calls": [c.decode("latin-1") for c in calls],
+           "replies": [r.decode("latin-1") for r in replies], "stopped": stopped}
+  reply = _finish_judge(spec, replayer, given)
+  if reply is None or reply.get("overloaded"):
+    return "fail", "the judge's limits ran out while checking the sample's answers"
+  if "result" not in reply:
+    return "fail", f"the judge failed checking the answers: {reply.get('error', '')}"
+  return reply["result"][0], reply["result"][1]
+
+
+def _judged_verdict(spec, judges, judge_module, child, ctrl, to_sample, from_sample, note):
+  """Collect the calls, let the sample answer them, end it, then judge (judge.py's three
+  steps); None when the judge itself failed (an infrastructure error). Steps 1 and 3 run the
+  task's own code, each in its contained child (`_start_judge`); R only moves bytes."""
+  calls = _collect(spec, judges[0], note)
+  if calls is None:
     return None
   try:
     first = wire.read_message(from_sample, spec["max_message_bytes"])
   except (OSError, wire.WireError) as error:
     first = {"load_error": f"broken start-up message: {error}"}
+  except judge_module.JudgeOverloaded:
+    first = {"load_error": "the start-up message took more than the judge's CPU limit"}
   replies, stopped = [], ""
   if first == {"loaded": True}:
     try:
@@ -313,8 +524,8 @@ def _judged_verdict(spec, judge_module, child, ctrl, to_sample, from_sample, not
     return "fail", "the sample exited before defining the candidate"
   if first != {"loaded": True}:
     return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
-  note("judging")   # from here R's death by its CPU limit is the answers' doing (launcher)
-  return judge_module.replay_verdict(prelude, tests, entry, calls, replies, stopped)
+  note("judging")
+  return _replay(spec, judges[1], calls, replies, stopped)
 
 
 def _runner_main(spec_path: str) -> int:
@@ -338,9 +549,10 @@ def _runner_main(spec_path: str) -> int:
     status.note(f"infra:could not join the judge's cgroup: {error!r}")
     return 2
   try:
+    judge_module = _sibling("judge") if not __package__ else _package_judge()
+    judges = _start_judges(spec, judge_module) if judged else None
     _unshare_pid_namespace(spec, ctypes, libc, layers)
     child, ctrl_r, to_sample, from_sample = _start_supervisor(spec, layers, judged)
-    judge_module = _sibling("judge") if not __package__ else _package_judge()
     _limit_judge(spec, judge_module)
   except BaseException as error:  # pylint: disable=broad-except
     status.note(f"infra:runner set-up failed: {error!r}")
@@ -349,7 +561,7 @@ def _runner_main(spec_path: str) -> int:
   ready, exit_code = _relay_supervisor(ctrl, status.note, judged)
   verdict = None
   if judged and ready:
-    verdict = _judged_verdict(spec, judge_module, child, ctrl, to_sample, from_sample,
+    verdict = _judged_verdict(spec, judges, judge_module, child, ctrl, to_sample, from_sample,
                               status.note)
   elif ready:
     verdict = ("pass" if exit_code == 0 else "fail"), ""

@@ -643,3 +643,19 @@ def test_full_host_disk_is_never_a_cached_zero(monkeypatch, tmp_path_factory):
     monkeypatch.undo()
     subprocess.run(["umount", "-l", str(root)], check=False)
     root.rmdir()
+
+
+def test_teardown_reads_only_a_bounded_prefix_of_each_command_line():
+  """A process with a 1.5 MiB command line costs teardown 4 KiB: the run's token is looked for
+  only in the first `CMDLINE_PREFIX_BYTES`, where R and I name it."""
+  bulk = ["x" * (100 << 10)] * 15
+  proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "near-token"]
+                          + bulk + ["far-token"])
+  try:
+    time.sleep(0.2)
+    assert sandbox._cmdline_has(proc.pid, b"near-token")
+    assert not sandbox._cmdline_has(proc.pid, b"far-token")
+    assert sandbox._kill_cmdline(b"far-token") == []
+  finally:
+    proc.kill()
+    proc.wait()

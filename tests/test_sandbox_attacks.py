@@ -1786,3 +1786,48 @@ def test_side_effects_the_tests_inspect_are_judged(verifier, tracker, name):
   printing, warning or logging) scores 0; the right one beside it scores 1."""
   problem, hostile, honest = SIDE_EFFECTS[name]
   assert verifier.score_batch([problem, problem], [hostile, honest]) == [0.0, 1.0]
+
+
+# ------------------------------------------------------------- the judge runs contained
+
+# A user's custom check that evaluates, unpickles, executes, writes to or removes what the
+# candidate returns (`text` is what an honest candidate returns unchanged).
+JUDGE_OPERATIONS = {
+    "eval": ("assert eval(candidate('1 + 1')) == 2", "\"__import__('os').remove(%r) or 2\" % P"),
+    "exec": ("space = {}\n    exec(candidate('x = 2'), space)\n    assert space['x'] == 2",
+             "'import os; os.remove(%r); x = 2' % P"),
+    "pickle": ("import pickle\n    assert pickle.loads(candidate(pickle.dumps(2))) == 2",
+               "__import__('pickle').dumps(type('E', (), {'__reduce__': lambda self: (eval, "
+               "(\"__import__('os').remove(%r) or 2\" % P,))})())"),
+    "open_write": ("with open(candidate('out.txt'), 'w') as f:\n        f.write('2')", "P"),
+    "os_remove": ("import os\n    open('scratch', 'w').close()\n"
+                  "    os.remove(candidate('scratch'))", "P"),
+}
+
+
+@pytest.mark.parametrize("operation", sorted(JUDGE_OPERATIONS))
+def test_a_check_that_runs_the_answer_cannot_touch_a_host_file(operation, tmp_path, tracker):
+  """The check runs the sample's string, bytes or path against a root-owned 0600 host file: the
+  judge runs it as the sample's uid in the sample's kind of root, where the file does not exist
+  (as in-process inside the sandbox), so the file stays and the attack scores 0; the honest
+  neighbour, whose check does the same with a harmless value, scores 1."""
+  check, returned = JUDGE_OPERATIONS[operation]
+  target = tmp_path / "secret"
+  target.write_text("keep")
+  target.chmod(0o600)
+  problem = Problem(f"Custom/{operation}", "def echo(text):\n    \"\"\"Returns text.\"\"\"\n",
+                    target="    return text\n", tests=f"def check(candidate):\n    {check}\n",
+                    entry_point="echo")
+  hostile = f"    P = {str(target)!r}\n    return {returned}  # {operation}\n"
+  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=2) as inner:
+    stack = CodePromptVerifier(inner, {problem.problem_id: problem})
+    scores = stack.score_batch([problem, problem],
+                               [hostile, f"    return text  # honest {operation}\n"])
+    result = inner.run(problem, hostile)
+  assert scores == [0.0, 1.0]
+  assert target.read_text() == "keep" and (target.stat().st_mode & 0o777) == 0o600
+  assert target.stat().st_uid == os.getuid() and os.listdir(tmp_path) == ["secret"]
+  assert {"judge-mountns", "judge-netns", "judge-no-new-privs"} <= set(result.isolation)
+  assert any(layer.startswith(("judge-uid:", "judge-caps-dropped")) for layer in result.isolation)
+  assert "No such file" in result.detail or "Permission" in result.detail, result.detail
+
