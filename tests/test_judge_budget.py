@@ -69,3 +69,16 @@ def test_a_phase_past_the_limit_is_the_samples_timeout_not_an_infrastructure_err
   assert not result.passed and result.timed_out and result.infra_error is None
   assert "CPU limit" in result.detail, result.detail
   assert result.judge_cpu_s is not None and result.judge_cpu_s < 2.0 * _LIMITS.judge_cpu_s
+
+
+def test_a_phase_past_the_limit_inside_c_is_the_samples_timeout_too():
+  """Tests whose collection spends its time in one long C computation (a huge power, where no
+  signal handler runs until it returns): the hard CPU limit kills the collector, and that is
+  still the sample's timeout, not an infrastructure error."""
+  tests = ("def check(candidate):\n  x = 3 ** 40_000_000\n  y = x * x * x\n"
+           "  assert candidate(1) == 2\n")
+  limits = sandbox.SandboxLimits(timeout_s=30.0, judge_cpu_s=1)
+  with HumanEvalVerifier(limits, parallelism=1) as verifier:
+    result = verifier.run(Problem("c_heavy", _PROMPT, tests=tests, entry_point="f"), _RIGHT)
+  assert not result.passed and result.timed_out and result.infra_error is None, result.detail
+  assert "CPU limit" in result.detail, result.detail
