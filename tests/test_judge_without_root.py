@@ -1,4 +1,4 @@
-"""The judge contained without root (docs/verifier.md#limits).
+"""The judge contained without root (docs/verifier.md#threat-model).
 
 A training process that is not root runs the sandbox through user namespaces: the sample and
 the judge's children each get a namespace in which they hold no capability
