@@ -175,6 +175,7 @@ class Task(Section):
   chat: str = "none"
   path: str = ""
   k_shot: int = 0
+  verify_workers: int = 0   # sandboxed code samples verified at once; 0 = the host's usable cores
 
 
 @dataclasses.dataclass(frozen=True)

@@ -154,6 +154,16 @@ def prompt_task(task_cfg, texts: Sequence[str], tokenizer=None) -> Task:
   return Task("prompts", tokenizer, NoVerifier(), _cycle(problems), lambda: problems)
 
 
+def _verify_workers(task_cfg) -> int | None:
+  """`task.verify_workers` as the code verifier's parallelism (None: the host's usable cores)."""
+  from orl_jax.config import ConfigError
+  workers = int(_task_field(task_cfg, "verify_workers", 0))
+  if workers < 0:
+    raise ConfigError(f"task.verify_workers={workers} must be >= 0 (0: the host's usable "
+                      "cores)")
+  return workers or None
+
+
 def get_task(task_cfg, tokenizer=None) -> Task:
   from orl_jax.config import ConfigError
   name = task_cfg.name
@@ -177,11 +187,14 @@ def get_task(task_cfg, tokenizer=None) -> Task:
     load = lambda: load_gsm8k_test(path, prompt_fn=lambda q: prompts.gsm8k_prompt(q, k_shot, chat))
     return Task("gsm8k", tokenizer, GSM8KVerifier(), _eval_only("gsm8k"), load)
   from orl_jax.verify.humaneval import HumanEvalVerifier
+  workers = _verify_workers(task_cfg)
+  code_verifier = lambda originals: CodePromptVerifier(HumanEvalVerifier(parallelism=workers),
+                                                       originals)
   if name == "humaneval":
     from orl_jax.data.humaneval import load_humaneval
     path = _task_field(task_cfg, "path", "") or None
     problems, originals = _wrap_code(load_humaneval(path), chat)
-    return Task("humaneval", tokenizer, CodePromptVerifier(HumanEvalVerifier(), originals),
+    return Task("humaneval", tokenizer, code_verifier(originals),
                 _eval_only("humaneval"), lambda: problems)
   # jsonl
   from orl_jax.data.jsonl import load_jsonl_problems
@@ -196,6 +209,5 @@ def get_task(task_cfg, tokenizer=None) -> Task:
   code, originals = _wrap_code([p for p in raw if p.tests is not None], chat)
   by_id = {p.problem_id: p for p in answers + code}
   problems = [by_id[p.problem_id] for p in raw]
-  code_verifier = CodePromptVerifier(HumanEvalVerifier(), originals) if code else None
-  verifier = AnswerOrCodeVerifier(GSM8KVerifier(), code_verifier)
+  verifier = AnswerOrCodeVerifier(GSM8KVerifier(), code_verifier(originals) if code else None)
   return Task("jsonl", tokenizer, verifier, _cycle(problems), lambda: problems)

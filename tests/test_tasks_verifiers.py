@@ -3,6 +3,7 @@
 import gzip
 import importlib.util
 import json
+import os
 import re
 import sys
 
@@ -266,3 +267,21 @@ def test_humaneval_canonical_pass_and_stub_fail_all_164(humaneval_problems):
   assert failed == []
   passed = [p.problem_id for p, s in zip(humaneval_problems, stubs) if s != 0.0]
   assert passed == []
+
+
+def test_code_verifier_parallelism_comes_from_task_verify_workers():
+  """`task.verify_workers` sets how many sandboxed samples run at once; 0 (the default) is the
+  host's usable cores (`host_workers`, the CPU affinity); a negative count is a config error."""
+  import ml_collections
+  from orl_jax.config import ConfigError
+  from orl_jax.tasks import get_task
+  from orl_jax.verify.humaneval import host_workers
+  example = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+                         "math_and_code.jsonl")
+  cfg = lambda workers: ml_collections.ConfigDict(
+      dict(name="jsonl", path=example, verify_workers=workers))
+  assert get_task(cfg(3)).verifier.code.inner.parallelism == 3
+  assert get_task(cfg(0)).verifier.code.inner.parallelism == host_workers()
+  assert host_workers() == len(os.sched_getaffinity(0))
+  with pytest.raises(ConfigError, match="task.verify_workers=-1 must be >= 0"):
+    get_task(cfg(-1))

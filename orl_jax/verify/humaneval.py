@@ -410,13 +410,23 @@ class PromptScheduler:
           self._changed.notify_all()
 
 
+def host_workers() -> int:
+  """The cores this process may run on (its CPU affinity; the machine's count where affinity
+  is unknown): the verifier's default parallelism."""
+  try:
+    return max(1, len(os.sched_getaffinity(0)))
+  except (AttributeError, OSError):
+    return max(1, os.cpu_count() or 1)
+
+
 class HumanEvalVerifier:
   """Runs unit tests in the sandbox, `parallelism` at a time, with a result cache.
 
   Args:
     limits: sandbox limits per sample (timeout, memory, processes, file size).
-    parallelism: concurrent sandbox processes; None → min(4, cpu count). Samples of one prompt
-      never run at the same time (`PromptScheduler`).
+    parallelism: concurrent sandbox processes; None → the host's usable cores
+      (`host_workers`). Samples of one prompt never run at the same time (`PromptScheduler`),
+      so one batch of P prompts keeps at most P of them busy.
     stop_sequences: the completion is cut at the first of these outside a string literal
       before running (a model that closes its code block with a fence must not be scored on
       the prose after it; a fence inside a string is part of the code: `cut_completion`).
@@ -430,7 +440,7 @@ class HumanEvalVerifier:
                parallelism: int | None = None, stop_sequences: Sequence[str] = ("\n```",),
                cache_size: int = 100_000, slot_s: float = 0.25):
     self.limits = limits
-    self.parallelism = parallelism or min(4, os.cpu_count() or 1)
+    self.parallelism = parallelism or host_workers()
     self.stop_sequences = tuple(stop_sequences)
     self.cache_size = cache_size
     self._cache: collections.OrderedDict[str, float] = collections.OrderedDict()
