@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator
 
 import grain
@@ -50,6 +51,8 @@ class Checkpointer:
                                              enable_async_checkpointing=True))
 
   def latest_step(self) -> int | None:
+    """The newest step saved, a write still in flight included (Orbax lists a step when its
+    save returns); steps another process left unfinished are not listed."""
     return self.manager.latest_step()
 
   def should_save(self, step: int, final: bool = False) -> bool:
@@ -82,7 +85,9 @@ class Checkpointer:
       logging.warning("%s", warning)
 
   def restore(self, step: int, abstract_state, data_iter=None, abstract_extra=None):
-    """Returns (state, extra); `data_iter` is restored in place."""
+    """Returns (state, extra); `data_iter` is restored in place (after this process's writes
+    in flight have finished)."""
+    self.wait()
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
@@ -101,6 +106,7 @@ class Checkpointer:
     recorded settings differ from the run's stops the resume (`check_settings`) before it is
     restored.
     """
+    self.wait()
     steps = sorted(self.manager.all_steps(), reverse=True)
     if steps:
       _drop_closed_loop_reports()
@@ -158,6 +164,23 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def save_in_background(ckpt: Checkpointer, step: int, state) -> dict[str, float]:
+  """Saves `state` as step `step` and returns while it is written: {"sec_wait": the wait for
+  the previous save's write to finish, "sec_blocking": the save's own blocking part}.
+
+  Orbax's save returns once the arrays are copied to host memory (its
+  `replica_slices.transfer_arrays_to_host` "blocks until completion" and is called before the
+  save returns; host arrays are copied too, `NumpyHandler(deepcopy_host_arrays=True)`), so the
+  caller may delete, donate or change `state`'s arrays right after; the files are
+  written by a background thread and the step's folder is renamed into place only when
+  complete (an interrupted write leaves a `*.orbax-checkpoint-tmp*` folder, never listed)."""
+  t0 = time.perf_counter()
+  ckpt.wait()
+  t1 = time.perf_counter()
+  ckpt.save(step, state)
+  return {"sec_wait": t1 - t0, "sec_blocking": time.perf_counter() - t1}
 
 
 def abstract_like(tree):

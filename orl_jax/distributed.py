@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
 
 import jax
+import numpy as np
 
 
 def _env_multiprocess(env) -> str | None:
@@ -87,3 +89,32 @@ def barrier(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
+
+
+def share(n: int, index: int, count: int) -> list[int]:
+  """The items of `n` that process `index` of `count` scores: i, i + count, ... (strided, so
+  the G consecutive responses of one prompt -- which often cost alike: a hard problem's
+  responses all run to the sandbox's limit -- are spread over the processes)."""
+  return list(range(index, n, count))
+
+
+def shared_scores(score: Callable[[list[int]], Sequence[float]], n: int,
+                  dtype=np.float32) -> np.ndarray:
+  """[n] scores of items 0..n-1, each process scoring only its `share` (`score(indices)` ->
+  their scores) and the shares gathered, so every process returns the same array (a verifier
+  that is not deterministic cannot give the processes different rewards). One process: all of
+  them, in one call."""
+  count, index = jax.process_count(), jax.process_index()
+  if count == 1:
+    return np.asarray(score(list(range(n))), dtype)
+  mine = share(n, index, count)
+  local = np.zeros(-(-n // count), dtype)            # [ceil(n / count)], padded to equal length
+  if mine:
+    local[:len(mine)] = score(mine)
+  from jax.experimental import multihost_utils
+  gathered = np.asarray(multihost_utils.process_allgather(local))   # [count, ceil(n / count)]
+  scores = np.empty(n, dtype)
+  for p in range(count):
+    part = share(n, p, count)
+    scores[part] = gathered[p, :len(part)]
+  return scores

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence, cast
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
 from orl_jax import distributed, run_config, trained_run
@@ -137,23 +136,6 @@ def _decode_queue(run, params, prompts, valid, *, seed: int, mesh, bar):
   return Decoded(tokens, nfe, nfe_engine, n_gen, denoise, seconds)
 
 
-def _score_shared(problems, texts, verifier) -> np.ndarray:
-  """Verification split over processes: process i scores problems i, i + P, ... and the scores
-  are gathered (with one process: all of them here)."""
-  n, count, index = len(problems), jax.process_count(), jax.process_index()
-  if count == 1:
-    return np.asarray(verifier.score_batch(problems, texts), np.float64)
-  mine = list(range(index, n, count))
-  local = np.full(-(-n // count), np.nan)
-  local[:len(mine)] = verifier.score_batch([problems[i] for i in mine], [texts[i] for i in mine])
-  gathered = np.asarray(multihost_utils.process_allgather(local))   # [P, ceil(n / P)]
-  scores = np.empty(n)
-  for p in range(count):
-    part = list(range(p, n, count))
-    scores[part] = gathered[p, :len(part)]
-  return scores
-
-
 def _tpf_fields(n_gen, nfe, suffix: str) -> dict:
   nfe = np.maximum(nfe, 1)
   return {f"tpf_mean{suffix}": float(np.mean(n_gen / nfe)),
@@ -167,7 +149,9 @@ def evaluate_setting(graphdef, params, problems, task, config, rule: UnmaskRule,
   d = decode_problems(graphdef, params, problems, task, config, rule, batch_size=batch_size,
                       progress=progress, mesh=mesh, model_cfg=model_cfg, desc=desc)
   texts = [task.tokenizer.decode(t, stop_at_eos=True) for t in d.tokens]
-  scores = _score_shared(problems, texts, task.verifier)
+  scores = distributed.shared_scores(   # verification split over the processes
+      lambda idx: task.verifier.score_batch([problems[i] for i in idx], [texts[i] for i in idx]),
+      len(problems), np.float64)
   n_gen = d.n_generated
   return {   # TPF: the paper's count (one commit forward per decoded block, the last included)
       "accuracy": float(scores.mean()),

@@ -9,7 +9,8 @@ fsdp axis across the processes, so parameters are sharded over both processes an
 process holds non-adjacent batch rows; the runtime starts from the coordinator variables, as a
 launch does. Each process then checks that an Orbax save -> restore of the trained state is
 bit-exact, decodes a few evaluation problems split over the processes, and writes its per-step
-losses, a digest of the parameters and the evaluation's figures to FILE.json. Without
+losses, the number of responses its verifier scored in training, a digest of the parameters and
+the evaluation's figures to FILE.json. Without
 the variables it is the single-process reference on the same 4 devices (a plain mesh).
 """
 import argparse
@@ -68,6 +69,29 @@ class RecordingWriter:
 
   def close(self):
     self.inner.close()
+
+
+class CountingVerifier:
+  """Wraps the task's verifier and counts the responses this process scores."""
+  scored = 0
+
+  def __init__(self, inner):
+    self.inner = inner        # `inner`: where `tasks.verifier_metrics` looks for counters
+
+  def score_batch(self, problems, responses):
+    CountingVerifier.scored += len(responses)
+    return self.inner.score_batch(problems, responses)
+
+
+def counting_setup(build_setup):
+  """`build_setup` whose task's verifier counts what it scores."""
+  import dataclasses
+
+  def build(config, **kwargs):
+    s = build_setup(config, **kwargs)
+    return dataclasses.replace(s, task=dataclasses.replace(
+        s.task, verifier=CountingVerifier(s.task.verifier)))
+  return build
 
 
 def leaves_equal(a, b) -> bool:
@@ -153,12 +177,13 @@ def evaluate_trained(config) -> dict:
 def main():
   args = parse_args()
   info = start_runtime(args)
-  from orl_jax.train import setup as setup_lib
-  from orl_jax.train.entry import train
+  from orl_jax.train import entry, setup as setup_lib
   config = run_config(args)
   setup_lib.MetricsWriter = RecordingWriter
-  train(config, progress=False)
+  entry.build_setup = counting_setup(entry.build_setup)
+  entry.train(config, progress=False)
   result = dict(info, losses=[r["loss"] for r in RecordingWriter.rows],
+                responses_scored=CountingVerifier.scored,
                 rewards=[r["reward"] for r in RecordingWriter.rows],
                 states_packed=[r["states_packed"] for r in RecordingWriter.rows],
                 **check_checkpoint_roundtrip(config), **evaluate_trained(config))

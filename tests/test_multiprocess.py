@@ -79,9 +79,16 @@ def test_two_processes_train_like_one_and_checkpoint_exactly(tmp_path):
   assert single["prompt_rows"] == [0, 1, 2, 3]
   assert p0["params_split_over_processes"] and not single["params_split_over_processes"]
 
+  # verification by shares: each process scored half of every iteration's P*G = 4*3
+  # responses (i, i + 2, ...), the single process all of them, and the gathered rewards are
+  # the same everywhere (the rewards below)
+  assert single["responses_scored"] == 2 * 12
+  assert p0["responses_scored"] == p1["responses_scored"] == 12
+
   # both processes saw the same iterations and hold the same parameters
   assert len(p0["losses"]) == 2
   assert p0["losses"] == p1["losses"] and p0["states_packed"] == p1["states_packed"]
+  assert p0["rewards"] == p1["rewards"]
   assert p0["params_sha256"] == p1["params_sha256"]
   # ... and they are the single-process run's (same prompts, rollouts, plans; the gradient
   # all-reduce over gloo may round differently in the last bit)

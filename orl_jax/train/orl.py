@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -39,12 +40,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 from orl_jax.decode import build as decode_build
 from orl_jax.decode.capture import masked_positions
-from orl_jax import config as config_lib, sharding as sharding_lib
-from orl_jax.checkpoint import Checkpointer
+from orl_jax import config as config_lib, distributed, sharding as sharding_lib
+from orl_jax.checkpoint import Checkpointer, save_in_background
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
@@ -81,14 +81,6 @@ def sharded_like(abstract, mesh):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                      sharding=rows if x.ndim else repl),
                       abstract)
-
-
-def agreed(rewards: np.ndarray) -> np.ndarray:
-  """Process 0's rewards on every process: a verifier that is not deterministic (a sandbox
-  timeout under load) must not give the processes different replay plans."""
-  if jax.process_count() == 1:
-    return rewards
-  return np.asarray(multihost_utils.broadcast_one_to_all(rewards))
 
 
 @contextlib.contextmanager
@@ -238,6 +230,7 @@ def rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
   """(trajectories, rewards or None): drawn with the current parameters (rollout_step = their
   version, state.step), or the snapshot saved for this iteration with its rewards when the run
   was killed between rollout and update."""
+  # a snapshot write still in flight is an earlier iteration's: it is never the one restored
   if steps.snapshots is not None and steps.snapshots.latest_step() == it:
     with host_hop("checkpoint"):
       return _restore_rollout(steps, state, prompts, it)
@@ -274,18 +267,28 @@ def summarize(steps: OrlSteps, traj: Trajectories, prompts: Prompts) -> RolloutS
 
 
 def verify(steps: OrlSteps, summary: RolloutSummary, known: dict | None = None) -> np.ndarray:
-  """[P*G] rewards of the decoded responses (process 0's on every process). `known`: the
-  problems this process already built (`Prompts.problems`); only the other processes' prompts
-  are read again."""
-  setup, g = steps.setup, steps.setup.config.orl.group_size
+  """[P*G] rewards of the decoded responses, the same on every process: each process decodes
+  and scores its share (`distributed.shared_scores`) and the shares are gathered. `known`: the
+  problems this process already built (`Prompts.problems`); others are read again."""
+  setup = steps.setup
   with host_hop("verification"):
-    texts = [setup.tokenizer.decode(r, stop_at_eos=True) for r in summary.responses]
-    known = dict(known or {})
-    for i in summary.prompt_ids:
-      if int(i) not in known:
-        known[int(i)] = setup.task.train_problem(int(i))
-    problems = [known[int(i)] for i in summary.prompt_ids for _ in range(g)]
-    return agreed(np.asarray(setup.task.verifier.score_batch(problems, texts), np.float32))
+    return distributed.shared_scores(
+        functools.partial(score_responses, setup, summary, dict(known or {})),
+        len(summary.responses))
+
+
+def score_responses(setup: Setup, summary: RolloutSummary, known: dict,
+                    indices: list[int]) -> list[float]:
+  """The verifier's scores of responses `indices` (of the [P*G], prompt-major)."""
+  g = setup.config.orl.group_size
+  texts = [setup.tokenizer.decode(summary.responses[i], stop_at_eos=True) for i in indices]
+  problems = []
+  for i in indices:
+    pid = int(summary.prompt_ids[i // g])
+    if pid not in known:
+      known[pid] = setup.task.train_problem(pid)
+    problems.append(known[pid])
+  return setup.task.verifier.score_batch(problems, texts)
 
 
 def plan(steps: OrlSteps, summary: RolloutSummary, verified: np.ndarray, it: int):
@@ -298,6 +301,27 @@ def plan(steps: OrlSteps, summary: RolloutSummary, verified: np.ndarray, it: int
         group_size=config.orl.group_size,
         cfg=steps.replay_cfg, rng=np.random.default_rng([config.seed, it]))
     return jax.device_put(replay_plan, steps.plan_sharding), stats
+
+
+def snapshot(steps: OrlSteps, it: int, traj: Trajectories, rewards: np.ndarray,
+             summary: RolloutSummary) -> dict[str, float]:
+  """Saves iteration `it`'s rollout snapshot (`checkpoint.save_rollouts`) and returns while it
+  is written (planning, gather and the update go on; the next snapshot, a restore and the
+  loop's close wait for it): {sec_snapshot_wait, sec_snapshot_blocking} ({} when off)."""
+  if steps.snapshots is None:
+    return {}
+  with host_hop("checkpoint"):
+    seconds = save_in_background(steps.snapshots, it, {
+        "traj": traj, "rewards": rewards, "prompt_ids": summary.prompt_ids})
+  return {f"sec_snapshot_{k[len('sec_'):]}": v for k, v in seconds.items()}
+
+
+def crash(steps: OrlSteps, it: int):
+  """The tests' kill between rollout and update, after the snapshot is written (a kill
+  during its write is a real SIGKILL: tests/test_snapshot_kill.py)."""
+  if steps.snapshots is not None:
+    steps.snapshots.wait()
+  raise SimulatedCrash(f"simulated kill between rollout and update at iteration {it}")
 
 
 @dataclasses.dataclass
@@ -319,16 +343,13 @@ def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=Non
   traj, rewards = rollout(steps, state, prompts, it)
   summary = summarize(steps, traj, prompts)
   from_snapshot, t1 = rewards is not None, time.perf_counter()
+  snapshot_seconds = {}
   if not from_snapshot:
     rewards = verify(steps, summary, prompts.problems)
-    if steps.snapshots is not None:
-      with host_hop("checkpoint"):
-        steps.snapshots.save(it, {"traj": traj, "rewards": rewards, "prompt_ids":
-                                  summary.prompt_ids})
-        steps.snapshots.wait()
+    snapshot_seconds = snapshot(steps, it, traj, rewards, summary)
   t2 = time.perf_counter()
   if crash_before_update_at == it:
-    raise SimulatedCrash(f"simulated kill between rollout and update at iteration {it}")
+    crash(steps, it)
   verified = rewards >= steps.setup.config.orl.min_reward
   metrics, stats, t3 = {}, {}, time.perf_counter()
   steps.ledger.consume(it)
@@ -342,7 +363,7 @@ def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=Non
   else:   # nothing verified: no optimizer step, no moment change
     del traj
   seconds = dict(sec_rollout=t1 - t0, sec_verify=t2 - t1, sec_pack=t3 - t2,
-                 sec_update=time.perf_counter() - t3 if metrics else 0.0)
+                 sec_update=time.perf_counter() - t3 if metrics else 0.0, **snapshot_seconds)
   return state, IterationRecord(summary, rewards, verified, from_snapshot, metrics, stats,
                                 seconds)
 
