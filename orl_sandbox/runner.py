@@ -1,9 +1,9 @@
 """The sandbox's own processes: runner (R), judge children (J1, J2), supervisor (I), sample (P).
 
-Run as a script by the launcher (`launcher.py`: `python -I [-S] runner.py SPEC`), in a fresh
-interpreter; see `launcher.py` for the design and the layers. Only light standard-library modules
-are imported (start-up time is paid per sample) and the sibling `wire` codec is loaded by path,
-so the script runs without the package on `sys.path`.
+Run as `__main__` by the launcher (`launcher.py`: `python -I [-S] -c BOOT runner.py SPEC`), in a
+fresh interpreter; see `launcher.py` for the design and the layers. Only light standard-library
+modules are imported (start-up time is paid per sample) and the sibling `wire` codec is loaded
+by path, so the script runs without the package on `sys.path`.
 """
 from __future__ import annotations
 
@@ -550,6 +550,7 @@ def _runner_main(spec_path: str) -> int:
     return 2
   try:
     judge_module = _sibling("judge") if not __package__ else _package_judge()
+    _before_forks()
     judges = _start_judges(spec, judge_module) if judged else None
     _unshare_pid_namespace(spec, ctypes, libc, layers)
     child, ctrl_r, to_sample, from_sample = _start_supervisor(spec, layers, judged)
@@ -571,6 +572,18 @@ def _runner_main(spec_path: str) -> int:
     status.note(f"detail:{verdict[1]}")
   status.note(_judge_cost())
   return 0 if status.complete else 4
+
+
+def _before_forks() -> None:
+  """What R does once so that its three children need not: the modules each of them imports
+  anyway (the sample's error path imports `traceback`, task code `typing`), and a garbage
+  collector that leaves every object R made alone (`gc.freeze`), so that a child's collections
+  do not copy R's pages (copy-on-write). Nothing here depends on the sample or the tests."""
+  import gc  # pylint: disable=import-outside-toplevel
+  import traceback  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import typing  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  gc.collect()
+  gc.freeze()
 
 
 def _package_judge():
