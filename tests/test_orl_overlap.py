@@ -155,3 +155,37 @@ def test_the_overlapped_loop_trains_on_a_code_task(tmp_path):
   rows = read_jsonl(str(tmp_path / "code" / "metrics.jsonl"))
   assert [r["updates"] for r in rows] == [1, 2]
   assert all(r["sec_verify_host"] > 0 and 0 < r["device_busy"] <= 1 for r in rows)
+
+
+def test_chunks_that_do_not_divide_are_config_errors():
+  from orl_jax.run_config import ConfigError, build
+  from orl_jax.train.setup import check_divisible_by_shards
+  c = _config("unused", 3, True)
+  with pytest.raises(ConfigError, match=r"orl.rollout_chunks=3 .*orl.prompts_per_step=4"):
+    build(c)
+  c.orl.rollout_chunks = 2            # 2 prompts per chunk do not split over 4 shards
+  with pytest.raises(ConfigError, match=r"orl.prompts_per_step / orl.rollout_chunks=2 must be"):
+    check_divisible_by_shards(build(c), 4)
+  check_divisible_by_shards(build(c), 2)
+
+
+def test_a_chunked_run_resumes_from_its_rollout_snapshot(tmp_path):
+  """The snapshot holds the chunks concatenated, restored with the unchunked shapes: a run
+  killed between rollout and update resumes from it bit-identically."""
+  from orl_jax.train.orl import SimulatedCrash
+
+  def cfg(workdir):
+    c = _config(workdir, 2, True, steps=2)
+    c.checkpoint.every, c.checkpoint.save_rollouts = 1, True
+    return c
+
+  straight = train(cfg(tmp_path / "a"), progress=False)
+  with pytest.raises(SimulatedCrash):
+    train(cfg(tmp_path / "b"), progress=False, crash_before_update_at=1)
+  resumed = train(cfg(tmp_path / "b"), progress=False)
+  a = load_file(os.path.join(straight, "params.safetensors"))
+  b = load_file(os.path.join(resumed, "params.safetensors"))
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  rows = read_jsonl(str(tmp_path / "b" / "metrics.jsonl"))
+  assert [(r["step"], r["rollout_from_snapshot"]) for r in rows] == [(1, 0.0), (2, 1.0)]

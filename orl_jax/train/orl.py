@@ -436,7 +436,7 @@ def rollout_and_verify(steps: OrlSteps, state, prompts: Prompts, it: int,
       traj, rewards = restore_rollout(steps, state, prompts, it)
     with host_hop("verification"):
       ids = sharding_lib.to_host(prompts.ids)
-    summary = combine_chunks([pull_chunk(traj, steps.sums(traj), ids)])
+    summary = combine_chunks([pull_chunk(traj, clock.run("sums0", steps.sums, traj), ids)])
     seconds = dict(sec_rollout=time.perf_counter() - t0, sec_verify_exposed=0.0,
                    sec_verify_host=0.0)
     return RolledOut((traj,), summary, rewards, True, seconds)
@@ -485,6 +485,7 @@ def train_on(steps: OrlSteps, state, rolled: RolledOut, verified: np.ndarray, it
   """(state, train-step metrics, packing stats, planning seconds): plan -> gather -> update on
   the verified responses; no optimizer step (no moment change) when none verified."""
   if not verified.any():
+    rolled.trajs = ()   # discard
     return state, {}, {}, 0.0
   t0 = time.perf_counter()
   replay_plan, stats = plan(steps, rolled.summary, verified, it)
