@@ -177,6 +177,12 @@ def base_config() -> ml_collections.ConfigDict:
   # replayed token to other experts than the rollout's (block-causal families and
   # DiffusionGemma; not the bidirectional LLaDA-8B)
   c.orl.capture_routes = False
+  # The iteration's prompts are rolled out as this many chunks of P / rollout_chunks prompts
+  # (docs/training.md#verification-overlapped-with-decoding); 1 = one rollout, as ever
+  c.orl.rollout_chunks = 1
+  # with rollout_chunks > 1: verify chunk i on the host while the device decodes the later
+  # chunks (False: decode all, then verify; the same programs, keys and results)
+  c.orl.verify_while_decoding = True
 
   c.replay = ml_collections.ConfigDict()
   c.replay.row_len = 544           # a prompt (32) + 16 states of 32

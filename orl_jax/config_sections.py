@@ -226,6 +226,8 @@ class Orl(Section):
   rollout_seed: int = -1
   rollout_rows: int = 0
   capture_routes: bool = False
+  rollout_chunks: int = 1
+  verify_while_decoding: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

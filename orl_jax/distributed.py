@@ -104,15 +104,26 @@ def shared_scores(score: Callable[[list[int]], Sequence[float]], n: int,
   their scores) and the shares gathered, so every process returns the same array (a verifier
   that is not deterministic cannot give the processes different rewards). One process: all of
   them, in one call."""
-  count, index = jax.process_count(), jax.process_index()
+  mine = my_share(n)
+  return gather_shares(score(mine) if mine else [], n, dtype)
+
+
+def my_share(n: int) -> list[int]:
+  """This process's `share` of `n` items (all of them with one process)."""
+  return share(n, jax.process_index(), jax.process_count())
+
+
+def gather_shares(local: Sequence[float], n: int, dtype=np.float32) -> np.ndarray:
+  """[n]: every process's scores of its `my_share(n)` items (`local`, in share order) put in
+  place, the same array on every process. A collective with several processes: every process
+  calls it, in the same order."""
+  count = jax.process_count()
   if count == 1:
-    return np.asarray(score(list(range(n))), dtype)
-  mine = share(n, index, count)
-  local = np.zeros(-(-n // count), dtype)            # [ceil(n / count)], padded to equal length
-  if mine:
-    local[:len(mine)] = score(mine)
+    return np.asarray(local, dtype).reshape(n)
+  padded = np.zeros(-(-n // count), dtype)           # [ceil(n / count)], padded to equal length
+  padded[:len(local)] = local
   from jax.experimental import multihost_utils
-  gathered = np.asarray(multihost_utils.process_allgather(local))   # [count, ceil(n / count)]
+  gathered = np.asarray(multihost_utils.process_allgather(padded))   # [count, ceil(n / count)]
   scores = np.empty(n, dtype)
   for p in range(count):
     part = share(n, p, count)

@@ -38,8 +38,15 @@ class CodePromptVerifier:
     self.originals = originals
 
   def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
-    return self.inner.score_batch([self.originals.get(p.problem_id, p) for p in problems],
-                                  responses)
+    return self.inner.score_batch(self._bare(problems), responses)
+
+  def submit(self, problems: Sequence[Problem], responses: Sequence[str]):
+    """Future[list[float]] of `score_batch` started without waiting (the inner verifier's
+    `submit`: the ORL loop verifies a rollout chunk while the device decodes the next)."""
+    return self.inner.submit(self._bare(problems), responses)
+
+  def _bare(self, problems: Sequence[Problem]) -> list[Problem]:
+    return [self.originals.get(p.problem_id, p) for p in problems]
 
 
 def verifier_metrics(verifier) -> dict[str, float]:

@@ -105,7 +105,8 @@ def test_debug_jsonl_trains_on_the_example_file_and_its_run_evaluates_and_decode
   lines = report_run(c, params_dir)
   assert lines[0].startswith("orl: 0/1 updates applied: no response verified (orl.min_reward=1)")
   assert lines[1] == f"rollout TPF: {TPF_COUNT}"
-  assert lines[2:] == [
+  assert lines[2].startswith("phase times (mean seconds per iteration): rollout ")
+  assert lines[3:] == [
       f"parameters: {params_dir}", f"Hugging Face export: {c.workdir}/hf",
       f"metrics: {c.workdir}/metrics.jsonl (TensorBoard: {c.workdir}/tensorboard)",
       f"training curves: {c.workdir}/curves.png"]

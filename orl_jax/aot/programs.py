@@ -53,7 +53,7 @@ class ProgramSet:
   programs: list[Program]
   mesh: jax.sharding.Mesh
   n_params: int
-  rollout_rows: int          # responses decoded together by a rollout (P x G)
+  rollout_rows: int          # responses decoded together by a rollout (P / chunks x G)
   gen_length: int            # response tokens
   block_size: int
   decode_rows: int           # rows the decode launcher decodes together
@@ -197,30 +197,32 @@ def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramS
   run = Run(graphdef, state, state_sh, optimizer, ckpt=None)
   o, p_len = config.orl, config.task.prompt_len
   rows, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
+  n_chunk = o.prompts_per_step // o.rollout_chunks   # prompts of one rollout chunk
   with target_platform(platform, gpu):
     steps = build_orl_steps(setup, run, prompt_iter=None)
-    prompts = _placed((o.prompts_per_step, p_len), jnp.int32, rows)
-    valid = _placed((o.prompts_per_step, p_len), jnp.bool_, rows)
+    prompts = _placed((n_chunk, p_len), jnp.int32, rows)
+    valid = _placed((n_chunk, p_len), jnp.bool_, rows)
     key = _placed((), jax.random.key(0).dtype, repl)
     traj = sharded_like(jax.eval_shape(steps.rollout, state.params, prompts, valid, key,
                                        state.step), mesh)
+    trajs = (traj,) * o.rollout_chunks
     plan = jax.tree.map(lambda x: _placed(x.shape, x.dtype, repl),
                         ReplayPlan.abstract(steps.replay_cfg))
-    batch = jax.eval_shape(steps.gather, traj, plan)
+    batch = jax.eval_shape(steps.gather, trajs, plan)
     batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
     batch = jax.tree.map(lambda x, s: _placed(x.shape, x.dtype, s), batch, batch_sh)
   state_bytes = _per_device_bytes(state)
   not_params = state_bytes - _per_device_bytes(state.params)
   programs = [
-      Program("rollout", f"{o.prompts_per_step} prompts x {o.group_size} responses, capture",
+      Program("rollout", f"{n_chunk} prompts x {o.group_size} responses, capture",
               PER_ITERATION, lambda: steps.rollout.lower(state.params, prompts, valid, key,
                                                           state.step), not_params),
       Program("rollout_metrics", "device-side rollout sums", PER_ITERATION,
               lambda: steps.sums.lower(traj), state_bytes),
       Program("replay_gather", "packed staircase rows from the capture", PER_ITERATION,
-              lambda: steps.gather.lower(traj, plan), state_bytes)]
+              lambda: steps.gather.lower(trajs, plan), state_bytes)]
   programs += _train_programs(steps, state, batch, key, 0)
-  n_rollout = o.prompts_per_step * o.group_size
+  n_rollout = n_chunk * o.group_size   # one rollout chunk's responses, decoded together
   decode_cfg = decode_build.sampler_of(config, model_cfg).forward_config(
       "rollout", mask_id=mask_id, eos_id=eos_id)
   if decode_cfg is not None:   # None: a sampler priced whole (its rollout above)

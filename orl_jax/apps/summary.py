@@ -44,7 +44,29 @@ def training_summary(metrics_path: str) -> dict:
     out["rkl_share"] = float(np.mean([r["loss_rkl_weighted"] / r["loss"] for r in terms]))
   if rows and "updates_skipped" in rows[-1]:
     out["updates_skipped"] = rows[-1]["updates_skipped"]
+  # the ORL loop's phase times (docs/training.md#verification-overlapped-with-decoding)
+  for key in PHASE_KEYS:
+    vals = [r[key] for r in rows if key in r]
+    if vals:
+      out[f"{key}_mean"] = float(np.mean(vals))
   return out
+
+
+PHASE_KEYS = ("sec_rollout", "sec_verify_exposed", "sec_verify_host", "sec_plan", "sec_gather",
+              "sec_update", "sec_checkpoint", "sec_iteration", "device_busy")
+
+
+def phase_line(summary: dict) -> str:
+  """'phase times (mean seconds per iteration): rollout 1.20, verify exposed 0.05 (host
+  0.80), ...; device busy 91%' from `training_summary`, or '' for a run without them."""
+  if "sec_iteration_mean" not in summary:
+    return ""
+  names = [(k, k.removeprefix("sec_").replace("_", " ")) for k in PHASE_KEYS[:-1]
+           if k != "sec_verify_host"]
+  parts = [f"{name} {summary[f'{k}_mean']:.2f}" for k, name in names]
+  parts[1] += f" (host {summary['sec_verify_host_mean']:.2f})"
+  return (f"phase times (mean seconds per iteration): {', '.join(parts)}; device busy "
+          f"{summary['device_busy_mean']:.0%}")
 
 
 def updates_line(config, summary: dict) -> str:
@@ -76,9 +98,12 @@ def report_run(config, params_dir: str) -> list[str]:
   workdir = config.workdir
   metrics = os.path.join(workdir, "metrics.jsonl")
   rows = read_jsonl(metrics)
-  lines = [updates_line(config, training_summary(metrics))] if rows else []
+  summary = training_summary(metrics) if rows else {}
+  lines = [updates_line(config, summary)] if rows else []
   if rows and any("rollout_tpf" in r for r in rows):
     lines.append(f"rollout TPF: {TPF_COUNT}")
+  if phase_line(summary):
+    lines.append(phase_line(summary))
   lines.append(f"parameters: {params_dir}")
   hf_dir = os.path.join(workdir, HF_EXPORT_DIR)
   if os.path.isdir(hf_dir):

@@ -12,12 +12,22 @@ policy lag (updates applied since the parameters the rollout was drawn with), wh
 One iteration, step by step (`orl_iteration`), with the module that owns each step:
 
     draw_prompts  data/pipeline.py    host -> device: this process's prompts  [hop: prompts]
-    rollout       rollout.py          jitted decode with capture -> Trajectories (device)
-    summarize     here                device-side metrics; small arrays to host [hop: verification]
-    verify        verify/, tasks.py   decoded responses -> rewards [P*G]       [hop: verification]
+    rollout       rollout.py          jitted decode with capture, `orl.rollout_chunks` chunks,
+                                      all dispatched at once -> Trajectories per chunk (device)
+    pull_chunk    here                per chunk, in order: device-side sums and the small
+                                      arrays to host (waits for that chunk) [hop: verification]
+    verify        verify/, tasks.py   a chunk's decoded responses -> rewards, started without
+                                      waiting (with `orl.verify_while_decoding`: while the
+                                      device decodes the later chunks)     [hop: verification]
+    combine       here                chunks -> RolloutSummary, rewards [P*G] in row order
     plan          replay/plan.py      host plan, then put on device            [hop: planning]
-    gather        replay/gather.py    jitted, out_shardings = the batch's      (device)
+    gather        replay/gather.py    jitted: chunks concatenated, rows gathered; out_shardings
+                                      = the batch's                            (device)
     update        train/state.py      jitted train step with losses.OrlObjective (device)
+
+Phase times (`phase_seconds`, docs/training.md#verification-overlapped-with-decoding) come from
+the loop's clock and a `phases.DeviceTimeline` of every device program's dispatch and
+completion.
 
 Everything but the named hops runs without host transfers (tested under
 `jax.transfer_guard("disallow")`): the capture buffers never leave the device.
@@ -29,9 +39,11 @@ skipped iterations.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import operator
 import os
 import sys
 import time
@@ -53,6 +65,7 @@ from orl_jax.tasks import verifier_metrics
 from orl_jax.decode.types import Trajectories
 from orl_jax.train.setup import Run, RunLog, Setup, finish_run, prepare_run, resume
 from orl_jax.train import interrupt
+from orl_jax.train.phases import DeviceTimeline, VerifyCalls, busy_seconds
 from orl_jax.train.state import make_train_step
 
 ENTROPY_STEPS = 8   # rollout_entropy_step{k} is logged for the first steps of every block
@@ -150,6 +163,24 @@ def rollout_metrics(sums: dict, n_rollouts: int) -> dict:
   return out
 
 
+def chunk_prompts(tokens, valid, key, n_chunks: int) -> tuple:
+  """The rollout's prompts in `n_chunks` chunks of P / n_chunks rows, in order:
+  ((tokens [P/n, Lp], valid [P/n, Lp], key), ...); chunk c samples with fold_in(key, c)."""
+  n = tokens.shape[0] // n_chunks
+  return tuple((tokens[c * n:(c + 1) * n], valid[c * n:(c + 1) * n], jax.random.fold_in(key, c))
+               for c in range(n_chunks))
+
+
+def concat_trajectories(trajs: tuple) -> Trajectories:
+  """The chunks' trajectories as one along the row axis (prompt rows [P, ...], response rows
+  [P*G, ...]: chunk order is row order); the scalar `rollout_step` is the same in every chunk.
+  Inside a jit this holds the chunks and their concatenation at once (the capture buffers
+  twice) until the chunks are freed."""
+  if len(trajs) == 1:
+    return trajs[0]
+  return jax.tree.map(lambda *xs: xs[0] if xs[0].ndim == 0 else jnp.concatenate(xs), *trajs)
+
+
 @dataclasses.dataclass
 class OrlSteps:
   """The pieces of one iteration, built once before the loop (the jitted ones from abstract
@@ -158,8 +189,10 @@ class OrlSteps:
   run: Run
   replay_cfg: ReplayConfig
   rollout: jax.stages.Wrapped   # (params, tokens, valid, key, rollout_step) -> Trajectories
+  chunk: jax.stages.Wrapped     # (tokens, valid, key) -> `chunk_prompts`, rows over data axes
+  concat: jax.stages.Wrapped    # (Trajectories, ...) -> Trajectories (the rollout snapshot)
   sums: jax.stages.Wrapped      # Trajectories -> rollout_sums, replicated
-  gather: jax.stages.Wrapped    # (Trajectories, ReplayPlan) -> ReplayBatch, rows over data axes
+  gather: jax.stages.Wrapped    # ((Trajectories, ...), ReplayPlan) -> ReplayBatch, rows over data
   update: Callable         # (TrainState, ReplayBatch, base_key) -> (TrainState, metrics)
   plan_sharding: Any       # the plan's device placement (replicated)
   prompt_iter: Any
@@ -167,6 +200,14 @@ class OrlSteps:
   rollout_key: jax.Array
   ledger: RolloutLedger
   snapshots: Checkpointer | None
+  verify_calls: VerifyCalls   # verification started without waiting (`VerifyCalls.submit`)
+  waiter: concurrent.futures.ThreadPoolExecutor   # observes device programs' completion
+
+  def close(self) -> None:
+    self.verify_calls.close()
+    self.waiter.shutdown(wait=True)
+    if self.snapshots is not None:
+      self.snapshots.close()
 
 
 def _abstract_batch(setup: Setup, run: Run, rollout_fn, replay_cfg: ReplayConfig, gather_fn):
@@ -176,6 +217,20 @@ def _abstract_batch(setup: Setup, run: Run, rollout_fn, replay_cfg: ReplayConfig
   traj = jax.eval_shape(rollout_fn, run.state.params, *prompts, jax.random.key(0),
                         run.state.step)
   return abstract_batch(traj, replay_cfg, gather_fn)
+
+
+def _chunk_programs(setup: Setup):
+  """The jitted prompt slicer (`chunk_prompts`) and trajectory concatenation, rows over the
+  data axes."""
+  rows, repl = sharding_lib.batch_sharding(setup.mesh), sharding_lib.replicated(setup.mesh)
+  n_chunks = setup.config.orl.rollout_chunks
+  chunk = jax.jit(lambda t, v, k: chunk_prompts(t, v, k, n_chunks),
+                  out_shardings=tuple((rows, rows, repl) for _ in range(n_chunks)))
+  concat = jax.jit(lambda *trajs: jax.lax.with_sharding_constraint(
+      concat_trajectories(trajs),
+      jax.tree.map(lambda x: rows if x.ndim else repl, jax.eval_shape(concat_trajectories,
+                                                                      trajs))))
+  return chunk, concat
 
 
 def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
@@ -201,14 +256,19 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
   snapshots = None
   if config.checkpoint.save_rollouts:
     snapshots = Checkpointer(os.path.join(config.workdir, "rollouts"), every=1, keep=1)
+  chunk, concat = _chunk_programs(setup)
   return OrlSteps(
-      setup=setup, run=run, replay_cfg=replay_cfg, rollout=rollout_fn,
+      setup=setup, run=run, replay_cfg=replay_cfg, rollout=rollout_fn, chunk=chunk,
+      concat=concat,
       sums=jax.jit(lambda traj: rollout_sums(traj, tok.mask_id, unresolved),
                    out_shardings=repl),
-      gather=jax.jit(gather_fn, out_shardings=batch_sh), update=update,
-      plan_sharding=repl, prompt_iter=prompt_iter, base_key=jax.random.key(config.seed),
+      gather=jax.jit(lambda trajs, plan: gather_fn(concat_trajectories(trajs), plan),
+                     out_shardings=batch_sh),
+      update=update, plan_sharding=repl, prompt_iter=prompt_iter,
+      base_key=jax.random.key(config.seed),
       rollout_key=jax.random.fold_in(jax.random.key(rollout_seed), 1),
-      ledger=RolloutLedger(), snapshots=snapshots)
+      ledger=RolloutLedger(), snapshots=snapshots, verify_calls=VerifyCalls(setup.task.verifier),
+      waiter=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orl-device-waiter"))
 
 
 def draw_prompts(steps: OrlSteps, it: int) -> Prompts:
@@ -226,25 +286,45 @@ def draw_prompts(steps: OrlSteps, it: int) -> Prompts:
   return Prompts(ids, tokens, valid, key, problems)
 
 
-def rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
-  """(trajectories, rewards or None): drawn with the current parameters (rollout_step = their
-  version, state.step), or the snapshot saved for this iteration with its rewards when the run
-  was killed between rollout and update."""
-  # a snapshot write still in flight is an earlier iteration's: it is never the one restored
-  if steps.snapshots is not None and steps.snapshots.latest_step() == it:
-    with host_hop("checkpoint"):
-      return _restore_rollout(steps, state, prompts, it)
-  return steps.rollout(state.params, prompts.tokens, prompts.valid, prompts.rollout_key,
-                       state.step), None
+def _chunks_of(steps: OrlSteps, prompts: Prompts, clock: DeviceTimeline) -> tuple:
+  """((tokens, valid, key), ...) per chunk; one chunk is the prompts themselves (today's
+  rollout: the same program and key)."""
+  if steps.setup.config.orl.rollout_chunks == 1:
+    return ((prompts.tokens, prompts.valid, prompts.rollout_key),)
+  return clock.run("chunk", steps.chunk, prompts.tokens, prompts.valid, prompts.rollout_key)
 
 
-def _restore_rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
+def dispatch_rollouts(steps: OrlSteps, state, prompts: Prompts, clock: DeviceTimeline):
+  """(trajectories, rollout sums) per chunk, every chunk dispatched before any is read: the
+  device decodes them one after another while the host goes on. Drawn with the current
+  parameters (rollout_step = their version, state.step)."""
+  trajs, sums = [], []
+  for c, (tokens, valid, key) in enumerate(_chunks_of(steps, prompts, clock)):
+    trajs.append(clock.run(f"rollout{c}", steps.rollout, state.params, tokens, valid, key,
+                           state.step))
+    sums.append(clock.run(f"sums{c}", steps.sums, trajs[-1]))
+  return tuple(trajs), sums
+
+
+def abstract_trajectories(steps: OrlSteps, state, prompts: Prompts) -> Trajectories:
+  """Shapes of the iteration's trajectories, the chunks concatenated (a rollout snapshot's)."""
+  n_chunks = steps.setup.config.orl.rollout_chunks
+
+  def rollout_all(params, tokens, valid, key, step):
+    parts = chunk_prompts(tokens, valid, key, n_chunks)
+    return concat_trajectories(tuple(steps.rollout(params, t, v, k, step) for t, v, k in parts))
+
+  return jax.eval_shape(rollout_all, state.params, prompts.tokens, prompts.valid,
+                        steps.rollout_key, state.step)
+
+
+def restore_rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
+  """(trajectories, rewards) of the snapshot saved for iteration `it` when the run was killed
+  between rollout and update."""
   o, mesh = steps.setup.config.orl, steps.setup.mesh
-  assert steps.snapshots is not None   # `rollout` restores only from a saved snapshot
-  abstract = jax.eval_shape(steps.rollout, state.params, prompts.tokens, prompts.valid,
-                            steps.rollout_key, state.step)
+  assert steps.snapshots is not None   # restores only from a saved snapshot
   saved, _ = steps.snapshots.restore(it, {
-      "traj": sharded_like(abstract, mesh),
+      "traj": sharded_like(abstract_trajectories(steps, state, prompts), mesh),
       "rewards": np.zeros((o.prompts_per_step * o.group_size,), np.float32),
       "prompt_ids": np.zeros((o.prompts_per_step,), np.int32)})
   if not np.array_equal(np.asarray(saved["prompt_ids"]), sharding_lib.to_host(prompts.ids)):
@@ -253,42 +333,116 @@ def _restore_rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
   return saved["traj"], np.asarray(saved["rewards"])
 
 
-def summarize(steps: OrlSteps, traj: Trajectories, prompts: Prompts) -> RolloutSummary:
-  """Every process gets the whole batch's small arrays, so all build the same replay plan."""
-  sums = steps.sums(traj)
+def pull_chunk(traj: Trajectories, sums: dict, prompt_ids: np.ndarray) -> RolloutSummary:
+  """A chunk's small arrays on the host (blocks until the chunk is decoded); `metrics` holds
+  its raw `rollout_sums` until the chunks are combined. Every process gets the whole chunk."""
   with host_hop("verification"):
-    host = sharding_lib.to_host({"ids": prompts.ids, "valid": traj.prompt_valid,
-                                 "responses": traj.responses, "cvalid": traj.capture.valid,
-                                 "cblock": traj.capture.block, "sums": sums})
-  return RolloutSummary(prompt_ids=host["ids"], prompt_valid=host["valid"],
+    host = sharding_lib.to_host({"valid": traj.prompt_valid, "responses": traj.responses,
+                                 "cvalid": traj.capture.valid, "cblock": traj.capture.block,
+                                 "sums": sums})
+  return RolloutSummary(prompt_ids=prompt_ids, prompt_valid=host["valid"],
                         responses=host["responses"], capture_valid=host["cvalid"],
-                        capture_block=host["cblock"],
-                        metrics=rollout_metrics(host["sums"], host["responses"].shape[0]))
+                        capture_block=host["cblock"], metrics=host["sums"])
 
 
-def verify(steps: OrlSteps, summary: RolloutSummary, known: dict | None = None) -> np.ndarray:
-  """[P*G] rewards of the decoded responses, the same on every process: each process decodes
-  and scores its share (`distributed.shared_scores`) and the shares are gathered. `known`: the
-  problems this process already built (`Prompts.problems`); others are read again."""
-  setup = steps.setup
+def combine_chunks(parts: list[RolloutSummary]) -> RolloutSummary:
+  """The iteration's summary: the chunks' arrays in row order, their rollout sums added (every
+  entry of `rollout_sums` is a sum) and turned into the rollout metrics."""
+  cat = lambda name: np.concatenate([getattr(p, name) for p in parts])
+  sums = {k: functools.reduce(operator.add, [p.metrics[k] for p in parts])
+          for k in parts[0].metrics}
+  responses = cat("responses")
+  return RolloutSummary(prompt_ids=cat("prompt_ids"), prompt_valid=cat("prompt_valid"),
+                        responses=responses, capture_valid=cat("capture_valid"),
+                        capture_block=cat("capture_block"),
+                        metrics=rollout_metrics(sums, responses.shape[0]))
+
+
+def verification_inputs(steps: OrlSteps, summary: RolloutSummary, known: dict,
+                        indices: list[int]):
+  """(problems, texts) of responses `indices` (of the summary's, prompt-major), a problem per
+  response. `known`: the problems this process already built (`Prompts.problems`); only the
+  other processes' prompts are read again."""
+  setup, g = steps.setup, steps.setup.config.orl.group_size
   with host_hop("verification"):
-    return distributed.shared_scores(
-        functools.partial(score_responses, setup, summary, dict(known or {})),
-        len(summary.responses))
+    texts = [setup.tokenizer.decode(summary.responses[i], stop_at_eos=True) for i in indices]
+    known, problems = dict(known), []
+    for i in indices:
+      pid = int(summary.prompt_ids[i // g])
+      if pid not in known:
+        known[pid] = setup.task.train_problem(pid)
+      problems.append(known[pid])
+    return problems, texts
 
 
-def score_responses(setup: Setup, summary: RolloutSummary, known: dict,
-                    indices: list[int]) -> list[float]:
-  """The verifier's scores of responses `indices` (of the [P*G], prompt-major)."""
-  g = setup.config.orl.group_size
-  texts = [setup.tokenizer.decode(summary.responses[i], stop_at_eos=True) for i in indices]
-  problems = []
-  for i in indices:
-    pid = int(summary.prompt_ids[i // g])
-    if pid not in known:
-      known[pid] = setup.task.train_problem(pid)
-    problems.append(known[pid])
-  return setup.task.verifier.score_batch(problems, texts)
+def start_verify(steps: OrlSteps, summary: RolloutSummary, known: dict):
+  """Future[(scores, seconds)] of this process's share (`distributed.my_share`) of a summary's
+  responses; the loop goes on meanwhile. `gather_rewards` puts the shares together."""
+  mine = distributed.my_share(len(summary.responses))
+  return steps.verify_calls.submit(*verification_inputs(steps, summary, known, mine))
+
+
+def gather_rewards(parts: list[RolloutSummary], results: list) -> np.ndarray:
+  """[P*G] rewards, the same on every process: each chunk's shares (`start_verify`'s scores)
+  all-gathered in chunk order (a collective: every process calls it at the same point)."""
+  with host_hop("verification"):
+    return np.concatenate([distributed.gather_shares(scores, len(part.responses))
+                           for part, (scores, _) in zip(parts, results)])
+
+
+@dataclasses.dataclass
+class RolledOut:
+  """An iteration's rollout and its verification, and their times."""
+  trajs: tuple                   # the chunks' Trajectories, in row order
+  summary: RolloutSummary
+  rewards: np.ndarray            # [P*G]
+  from_snapshot: bool
+  seconds: dict                  # sec_rollout, sec_verify_exposed, sec_verify_host
+
+
+def _pull_and_verify(steps: OrlSteps, trajs, sums, prompts: Prompts, t0: float):
+  """(summary, rewards, seconds since the first dispatch at `t0`): each chunk's arrays pulled
+  in order; with `orl.verify_while_decoding` its verification starts at once (while the device
+  decodes the later chunks), else only once every chunk is on the host, one at a time."""
+  overlap = steps.setup.config.orl.verify_while_decoding
+  with host_hop("verification"):
+    ids = sharding_lib.to_host(prompts.ids)
+  per = len(ids) // len(trajs)
+  parts, calls = [], []
+  for c, (traj, chunk_sums) in enumerate(zip(trajs, sums)):
+    parts.append(pull_chunk(traj, chunk_sums, ids[c * per:(c + 1) * per]))
+    if overlap:
+      calls.append(start_verify(steps, parts[-1], prompts.problems))
+  t1 = time.perf_counter()
+  if overlap:
+    results = [call.result() for call in calls]
+  else:
+    results = [start_verify(steps, part, prompts.problems).result() for part in parts]
+  rewards = gather_rewards(parts, results)
+  seconds = dict(sec_rollout=t1 - t0, sec_verify_exposed=time.perf_counter() - t1,
+                 sec_verify_host=sum(s for _, s in results))
+  return combine_chunks(parts), rewards, seconds
+
+
+def rollout_and_verify(steps: OrlSteps, state, prompts: Prompts, it: int,
+                       clock: DeviceTimeline) -> RolledOut:
+  """The rollout chunks and their rewards; or the snapshot saved for this iteration with its
+  rewards when the run was killed between rollout and update."""
+  t0 = time.perf_counter()
+  # a snapshot write still in flight is an earlier iteration's: it is never the one restored
+  if steps.snapshots is not None and steps.snapshots.latest_step() == it:
+    with host_hop("checkpoint"):
+      traj, rewards = restore_rollout(steps, state, prompts, it)
+    with host_hop("verification"):
+      ids = sharding_lib.to_host(prompts.ids)
+    summary = combine_chunks([pull_chunk(traj, clock.run("sums0", steps.sums, traj), ids)])
+    seconds = dict(sec_rollout=time.perf_counter() - t0, sec_verify_exposed=0.0,
+                   sec_verify_host=0.0)
+    return RolledOut((traj,), summary, rewards, True, seconds)
+  trajs, sums = dispatch_rollouts(steps, state, prompts, clock)
+  summary, rewards, seconds = _pull_and_verify(steps, trajs, sums, prompts, t0)
+  return RolledOut(trajs, summary, rewards, False, seconds)
+
 
 
 def plan(steps: OrlSteps, summary: RolloutSummary, verified: np.ndarray, it: int):
@@ -303,16 +457,17 @@ def plan(steps: OrlSteps, summary: RolloutSummary, verified: np.ndarray, it: int
     return jax.device_put(replay_plan, steps.plan_sharding), stats
 
 
-def snapshot(steps: OrlSteps, it: int, traj: Trajectories, rewards: np.ndarray,
-             summary: RolloutSummary) -> dict[str, float]:
-  """Saves iteration `it`'s rollout snapshot (`checkpoint.save_rollouts`) and returns while it
-  is written (planning, gather and the update go on; the next snapshot, a restore and the
-  loop's close wait for it): {sec_snapshot_wait, sec_snapshot_blocking} ({} when off)."""
-  if steps.snapshots is None:
+def snapshot(steps: OrlSteps, it: int, rolled: RolledOut) -> dict[str, float]:
+  """Saves iteration `it`'s rollout snapshot (`checkpoint.save_rollouts`: the chunks
+  concatenated, the rewards) and returns while it is written (planning, gather and the update
+  go on; the next snapshot, a restore and the loop's close wait for it):
+  {sec_snapshot_wait, sec_snapshot_blocking} ({} when off or restored from one)."""
+  if steps.snapshots is None or rolled.from_snapshot:
     return {}
   with host_hop("checkpoint"):
+    traj = rolled.trajs[0] if len(rolled.trajs) == 1 else steps.concat(*rolled.trajs)
     seconds = save_in_background(steps.snapshots, it, {
-        "traj": traj, "rewards": rewards, "prompt_ids": summary.prompt_ids})
+        "traj": traj, "rewards": rolled.rewards, "prompt_ids": rolled.summary.prompt_ids})
   return {f"sec_snapshot_{k[len('sec_'):]}": v for k, v in seconds.items()}
 
 
@@ -333,39 +488,60 @@ class IterationRecord:
   from_snapshot: bool
   metrics: dict                  # the train step's (empty when no update was taken)
   plan_stats: dict
-  seconds: dict
+  seconds: dict                  # `phase_seconds`
 
 
-def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=None):
-  """rollout -> verify -> plan -> gather -> update; returns (state, IterationRecord)."""
+def train_on(steps: OrlSteps, state, rolled: RolledOut, verified: np.ndarray, it: int,
+             clock: DeviceTimeline):
+  """(state, train-step metrics, packing stats, planning seconds): plan -> gather -> update on
+  the verified responses; no optimizer step (no moment change) when none verified."""
+  if not verified.any():
+    rolled.trajs = ()   # discard
+    return state, {}, {}, 0.0
   t0 = time.perf_counter()
+  replay_plan, stats = plan(steps, rolled.summary, verified, it)
+  plan_s = time.perf_counter() - t0
+  batch = clock.run("gather", steps.gather, rolled.trajs, replay_plan)
+  rolled.trajs = ()   # discard: nothing is kept across updates
+  state, metrics = clock.run("update", steps.update, state, batch, steps.base_key)
+  jax.block_until_ready(metrics)
+  return state, metrics, stats, plan_s
+
+
+def phase_seconds(rolled: RolledOut, clock: DeviceTimeline, window: tuple[float, float],
+                  plan_s: float, checkpoint_s: float) -> dict:
+  """The logged phase times (docs/training.md#verification-overlapped-with-decoding).
+  `window`: the iteration's [start, end] on the loop's thread; `checkpoint_s`: its time in
+  checkpoints (idle device), counted into the iteration."""
+  programs = {name: (a, b) for name, a, b in clock.intervals()}
+  gather, update = programs.get("gather"), programs.get("update")
+  iteration = window[1] - window[0] + checkpoint_s
+  busy = busy_seconds(programs.values(), *window)
+  return dict(rolled.seconds, sec_plan=plan_s,
+              sec_gather=gather[1] - gather[0] if gather else 0.0,
+              sec_update=update[1] - max(update[0], gather[1]) if update and gather else 0.0,
+              sec_checkpoint=checkpoint_s, sec_iteration=iteration,
+              device_busy=busy / iteration if iteration > 0 else 0.0)
+
+
+def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=None,
+                  checkpoint_s: float = 0.0):
+  """rollout (+ verify) -> plan -> gather -> update; returns (state, IterationRecord).
+  `checkpoint_s`: the loop's checkpoint time just before this iteration (logged with it)."""
+  clock, t0 = DeviceTimeline(steps.waiter), time.perf_counter()
   prompts = draw_prompts(steps, it)
-  traj, rewards = rollout(steps, state, prompts, it)
-  summary = summarize(steps, traj, prompts)
-  from_snapshot, t1 = rewards is not None, time.perf_counter()
-  snapshot_seconds = {}
-  if not from_snapshot:
-    rewards = verify(steps, summary, prompts.problems)
-    snapshot_seconds = snapshot(steps, it, traj, rewards, summary)
-  t2 = time.perf_counter()
+  rolled = rollout_and_verify(steps, state, prompts, it, clock)
+  rolled.seconds.update(snapshot(steps, it, rolled))
+  checkpoint_s += rolled.seconds.get("sec_snapshot_wait", 0.0)
+  checkpoint_s += rolled.seconds.get("sec_snapshot_blocking", 0.0)
   if crash_before_update_at == it:
     crash(steps, it)
-  verified = rewards >= steps.setup.config.orl.min_reward
-  metrics, stats, t3 = {}, {}, time.perf_counter()
+  verified = rolled.rewards >= steps.setup.config.orl.min_reward
   steps.ledger.consume(it)
-  if verified.any():
-    replay_plan, stats = plan(steps, summary, verified, it)
-    batch = steps.gather(traj, replay_plan)
-    del traj  # discard: nothing is kept across updates
-    t3 = time.perf_counter()
-    state, metrics = steps.update(state, batch, steps.base_key)
-    jax.block_until_ready(metrics)
-  else:   # nothing verified: no optimizer step, no moment change
-    del traj
-  seconds = dict(sec_rollout=t1 - t0, sec_verify=t2 - t1, sec_pack=t3 - t2,
-                 sec_update=time.perf_counter() - t3 if metrics else 0.0, **snapshot_seconds)
-  return state, IterationRecord(summary, rewards, verified, from_snapshot, metrics, stats,
-                                seconds)
+  state, metrics, stats, plan_s = train_on(steps, state, rolled, verified, it, clock)
+  seconds = phase_seconds(rolled, clock, (t0, time.perf_counter()), plan_s, checkpoint_s)
+  return state, IterationRecord(rolled.summary, rolled.rewards, verified, rolled.from_snapshot,
+                                metrics, stats, seconds)
 
 
 def log_iteration(steps: OrlSteps, log: RunLog, state, it: int, rec: IterationRecord) -> None:
@@ -383,11 +559,13 @@ def log_iteration(steps: OrlSteps, log: RunLog, state, it: int, rec: IterationRe
 
 def progress_text(scalars: dict, step_metrics: dict, updates: int, it: int) -> str:
   """The bar's postfix: reward, rollout TPF, the loss of this iteration's update -- or that it
-  took none because no response verified -- and the updates applied so far."""
+  took none because no response verified --, the updates applied so far and the share of the
+  iteration the device had no work queued (1 - device_busy)."""
   loss = (f"loss={scalars['loss']:.3f}" if step_metrics
           else "no response verified: update skipped")
+  idle = (f", idle={1 - scalars['device_busy']:.0%}" if "device_busy" in scalars else "")
   return (f"reward={scalars['reward']:.2f}, tpf={scalars['rollout_tpf']:.2f}, {loss}, "
-          f"updates applied={updates}/{it}")
+          f"updates applied={updates}/{it}{idle}")
 
 
 def prompt_stream(setup: Setup):
@@ -413,21 +591,23 @@ def train_orl(setup: Setup, *, progress=True, stop_after=None, crash_before_upda
 
   def close():
     log.close()
-    if steps.snapshots is not None:
-      steps.snapshots.close()
+    steps.close()
 
   with interrupt.training_loop(ckpt, start, log.last) as stops:
     it = start   # iterations done (= checkpoint step); state.step counts optimizer updates
+    checkpoint_s = 0.0   # the last checkpoint's time on this thread, logged with the next row
     while it < log.last:
       with host_hop("checkpoint"):   # a stop saves here; several processes agree on it
         stops.check(it, state, prompt_iter, close=close)
-      state, record = orl_iteration(steps, state, it,
+      state, record = orl_iteration(steps, state, it, checkpoint_s=checkpoint_s,
                                     crash_before_update_at=crash_before_update_at)
       it += 1
       if log.due(it):
         log_iteration(steps, log, state, it, record)
+      t_save, checkpoint_s = time.perf_counter(), 0.0
       if ckpt.should_save(it, final=it == log.last):
         with host_hop("checkpoint"):
           ckpt.save(it, state, prompt_iter)
+        checkpoint_s = time.perf_counter() - t_save
     close()
     return finish_run(setup, run, state, it)

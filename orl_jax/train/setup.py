@@ -308,8 +308,11 @@ def check_divisible_by_shards(config, n_shards: int) -> None:
   and so the device count, is known)."""
   sizes = {"train.batch_size": config.train.batch_size}
   if config.train.mode == "orl":
-    sizes.update({"orl.prompts_per_step": config.orl.prompts_per_step,
+    o = config.orl
+    sizes.update({"orl.prompts_per_step": o.prompts_per_step,
                   "replay.n_rows": config.replay.n_rows})
+    if o.rollout_chunks > 1:   # each chunk's prompts are split over the shards too
+      sizes["orl.prompts_per_step / orl.rollout_chunks"] = o.prompts_per_step // o.rollout_chunks
   if config.train.mode == "eval" or config.pipeline == "demo":
     sizes["eval.batch_size"] = config.eval.batch_size   # evaluation splits each batch too
   bad = [f"{k}={v}" for k, v in sizes.items() if v % n_shards]
