@@ -180,6 +180,10 @@ def base_config() -> ml_collections.ConfigDict:
   # The iteration's prompts are rolled out as this many chunks of P / rollout_chunks prompts
   # (docs/training.md#verification-overlapped-with-decoding); 1 = one rollout, as ever
   c.orl.rollout_chunks = 1
+  # what a chunk holds: "samples" = every prompt, group_size / rollout_chunks responses each
+  # (a prompt's samples are verified one after another, so this spreads them over the chunks);
+  # "prompts" = prompts_per_step / rollout_chunks prompts, group_size responses each
+  c.orl.chunk_by = "samples"
   # with rollout_chunks > 1: verify chunk i on the host while the device decodes the later
   # chunks (False: decode all, then verify; the same programs, keys and results)
   c.orl.verify_while_decoding = True

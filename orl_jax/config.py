@@ -25,8 +25,7 @@ from pallas_kernels.staircase_attention import IMPLS
 
 TRAIN_MODES = ("sft", "residual_warmup", "orl", "rcd_offline", "eval")
 ATTENTION_LAYOUTS = families.ATTENTION_LAYOUTS
-
-
+CHUNK_BY = ("samples", "prompts")   # orl.chunk_by: what a rollout chunk holds
 
 
 # decode.* fields a config may leave unset (None) for its family's generation defaults to fill
@@ -127,9 +126,13 @@ def _run_errors(config: RunConfig) -> list[str]:
     check(o.group_size > 0, f"orl.group_size={o.group_size} must be positive (rollouts per "
           "prompt)")
     check(o.prompts_per_step > 0, f"orl.prompts_per_step={o.prompts_per_step} must be positive")
-    check(o.rollout_chunks > 0 and o.prompts_per_step % o.rollout_chunks == 0,
-          f"orl.rollout_chunks={o.rollout_chunks} must be positive and divide "
-          f"orl.prompts_per_step={o.prompts_per_step} (each chunk rolls out as many prompts)")
+    check(o.chunk_by in CHUNK_BY, f"orl.chunk_by={o.chunk_by!r} must be one of {CHUNK_BY}")
+    split, size = (("group_size", o.group_size) if o.chunk_by == "samples" else
+                   ("prompts_per_step", o.prompts_per_step))
+    check(o.rollout_chunks > 0 and size % o.rollout_chunks == 0,
+          f"orl.rollout_chunks={o.rollout_chunks} must be positive and divide orl.{split}="
+          f"{size} (orl.chunk_by={o.chunk_by!r}: each chunk rolls out as many "
+          f"{'responses a prompt' if o.chunk_by == 'samples' else 'prompts'})")
   if t.mode == "residual_warmup":
     check(m.residual.mode == "adapter",
           f"train.mode='residual_warmup' trains the adapter: model.residual.mode must be "
@@ -250,7 +253,7 @@ def _schedule_errors(config: RunConfig) -> list[str]:
   if schedule not in SCHEDULES:
     errors.append(f"decode.schedule={schedule!r} must be one of {SCHEDULES}")
   chunks = o.rollout_chunks if o.rollout_chunks > 0 else 1
-  rows, n_responses = o.rollout_rows, o.prompts_per_step // chunks * o.group_size
+  rows, n_responses = o.rollout_rows, o.prompts_per_step * o.group_size // chunks
   of_chunk = f" / orl.rollout_chunks={chunks}" if chunks > 1 else ""
   if rows < 0:
     errors.append(f"orl.rollout_rows={rows} must be >= 0 (0 = one row per rollout response)")
@@ -260,8 +263,9 @@ def _schedule_errors(config: RunConfig) -> list[str]:
                   "orl.rollout_rows=0")
   elif rows > n_responses:
     errors.append(f"orl.rollout_rows={rows} exceeds the {n_responses} responses of a rollout "
-                  f"(orl.prompts_per_step={o.prompts_per_step}{of_chunk} x orl.group_size="
-                  f"{o.group_size}): set orl.rollout_rows <= {n_responses} (0 = one per response)")
+                  f"(orl.prompts_per_step={o.prompts_per_step} x orl.group_size="
+                  f"{o.group_size}{of_chunk}): set orl.rollout_rows <= {n_responses} "
+                  "(0 = one per response)")
   return errors
 
 

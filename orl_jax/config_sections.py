@@ -227,6 +227,7 @@ class Orl(Section):
   rollout_rows: int = 0
   capture_routes: bool = False
   rollout_chunks: int = 1
+  chunk_by: str = "samples"
   verify_while_decoding: bool = True
 
 

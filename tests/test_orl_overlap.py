@@ -22,16 +22,18 @@ PHASE_KEYS = ("sec_rollout", "sec_verify_exposed", "sec_verify_host", "sec_plan"
 TIMES = PHASE_KEYS   # wall times (and their ratio) differ between runs; nothing else may
 
 
-def _config(workdir, chunks: int, overlap: bool, steps: int = 3):
+def _config(workdir, chunks: int, overlap: bool, steps: int = 3, by: str = "prompts"):
   c = orl_smoke_config(workdir, steps=steps)
-  c.orl.prompts_per_step = 4          # 4 prompts x 3 responses: 2 chunks of 2 prompts
+  c.orl.prompts_per_step = 4          # 4 prompts x 4 responses: 2 chunks of 2 prompts (or of
+  c.orl.group_size = 4                # 2 responses of every prompt)
   c.orl.rollout_chunks, c.orl.verify_while_decoding = chunks, overlap
+  c.orl.chunk_by = by
   return c
 
 
-def _run(workdir, chunks: int, overlap: bool):
+def _run(workdir, chunks: int, overlap: bool, by: str = "prompts"):
   """(params, metrics rows) of a short ORL run."""
-  out = train(_config(workdir, chunks, overlap), progress=False)
+  out = train(_config(workdir, chunks, overlap, by=by), progress=False)
   return (load_file(os.path.join(out, "params.safetensors")),
           read_jsonl(os.path.join(workdir, "metrics.jsonl")))
 
@@ -45,10 +47,10 @@ def _same_run(a, b):
   assert [strip(r) for r in rows_a] == [strip(r) for r in rows_b]
 
 
-@pytest.fixture(scope="module")
-def chunked_runs(tmp_path_factory):
-  root = tmp_path_factory.mktemp("overlap")
-  runs: dict = {overlap: _run(root / f"overlap_{overlap}", 2, overlap)
+@pytest.fixture(scope="module", params=["samples", "prompts"])
+def chunked_runs(tmp_path_factory, request):
+  root = tmp_path_factory.mktemp(f"overlap_{request.param}")
+  runs: dict = {overlap: _run(root / f"overlap_{overlap}", 2, overlap, request.param)
                 for overlap in (True, False)}
   runs["metrics"] = str(root / "overlap_True" / "metrics.jsonl")
   return runs
@@ -75,6 +77,46 @@ def test_the_metrics_line_holds_the_phase_times(chunked_runs):
   assert phase_line(summary).startswith("phase times (mean seconds per iteration): rollout ")
   text = orl.progress_text(dict(reward=0.5, rollout_tpf=1.0, device_busy=0.75), {}, 0, 1)
   assert text.endswith(", idle=25%")
+
+
+def test_samples_chunks_are_put_back_in_prompt_major_order(tmp_path):
+  """chunk_by="samples": chunk c decodes every prompt with fold_in(key, c) and G/K responses
+  each; the concatenation, the host summary and the rewards hold prompt p's responses at rows
+  [p*G, (p+1)*G), chunk 0's first -- each reward that of the response on its row."""
+  s = build_setup(_config(tmp_path / "samples", 2, True, by="samples"))
+  r = prepare_run(s)
+  steps = orl.build_orl_steps(s, r, orl.prompt_stream(s))
+  prompts = orl.draw_prompts(steps, 0)
+  clock = DeviceTimeline(steps.waiter)
+  trajs, sums = orl.dispatch_rollouts(steps, r.state, prompts, clock)
+  p, g = 4, 2                          # prompts, responses a prompt in a chunk
+  for c, traj in enumerate(trajs):
+    direct = steps.rollout(r.state.params, prompts.tokens, prompts.valid,
+                           jax.random.fold_in(prompts.rollout_key, c), r.state.step)
+    np.testing.assert_array_equal(np.asarray(traj.responses), np.asarray(direct.responses))
+    assert traj.responses.shape[0] == p * g
+  whole = steps.concat(*trajs)
+  for c, traj in enumerate(trajs):
+    for name in ("responses", "n_generated"):
+      got = np.asarray(getattr(whole, name)).reshape((p, 2, g) + getattr(traj, name).shape[1:])
+      np.testing.assert_array_equal(got[:, c], np.asarray(getattr(traj, name)).reshape(
+          (p, g) + getattr(traj, name).shape[1:]), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(whole.capture.z).reshape(
+        (p, 2, g) + traj.capture.z.shape[1:])[:, c], np.asarray(traj.capture.z).reshape(
+            (p, g) + traj.capture.z.shape[1:]))
+  np.testing.assert_array_equal(np.asarray(whole.prompt_valid), np.asarray(prompts.valid))
+
+  class ByText:                        # a deterministic verifier: a reward per response text
+    def score_batch(self, problems, responses):
+      return [float(len(t) % 7) for t in responses]
+  steps.verify_calls = VerifyCalls(ByText())
+  summary, rewards, _ = orl._pull_and_verify(steps, trajs, sums, prompts, 0.0)
+  np.testing.assert_array_equal(summary.responses, np.asarray(whole.responses))
+  np.testing.assert_array_equal(summary.prompt_ids, np.asarray(prompts.ids))
+  texts = [s.tokenizer.decode(row, stop_at_eos=True) for row in summary.responses]
+  np.testing.assert_array_equal(rewards, [float(len(t) % 7) for t in texts])
+  steps.close()
+  r.ckpt.close()
 
 
 def test_one_chunk_is_the_plain_rollout(tmp_path):
@@ -148,7 +190,7 @@ def test_the_code_verifier_is_submitted_without_a_pool(tmp_path):
 
 
 def test_the_overlapped_loop_trains_on_a_code_task(tmp_path):
-  c = _config(tmp_path / "code", 2, True, steps=2)
+  c = _config(tmp_path / "code", 2, True, steps=2, by="samples")
   c.task.name, c.task.path, c.task.prompt_len = "jsonl", _code_task(tmp_path), 32
   c.model.vocab_size = 260            # the byte-level debug tokenizer
   train(c, progress=False)
@@ -163,19 +205,27 @@ def test_chunks_that_do_not_divide_are_config_errors():
   c = _config("unused", 3, True)
   with pytest.raises(ConfigError, match=r"orl.rollout_chunks=3 .*orl.prompts_per_step=4"):
     build(c)
+  c.orl.chunk_by = "samples"
+  with pytest.raises(ConfigError, match=r"orl.rollout_chunks=3 .*orl.group_size=4"):
+    build(c)
+  c.orl.chunk_by = "rows"
+  with pytest.raises(ConfigError, match=r"orl.chunk_by='rows' must be one of"):
+    build(c)
+  c.orl.chunk_by = "prompts"
   c.orl.rollout_chunks = 2            # 2 prompts per chunk do not split over 4 shards
   with pytest.raises(ConfigError, match=r"orl.prompts_per_step / orl.rollout_chunks=2 must be"):
     check_divisible_by_shards(build(c), 4)
   check_divisible_by_shards(build(c), 2)
 
 
-def test_a_chunked_run_resumes_from_its_rollout_snapshot(tmp_path):
+@pytest.mark.parametrize("by", ["samples", "prompts"])
+def test_a_chunked_run_resumes_from_its_rollout_snapshot(tmp_path, by):
   """The snapshot holds the chunks concatenated, restored with the unchunked shapes: a run
   killed between rollout and update resumes from it bit-identically."""
   from orl_jax.train.orl import SimulatedCrash
 
   def cfg(workdir):
-    c = _config(workdir, 2, True, steps=2)
+    c = _config(workdir, 2, True, steps=2, by=by)
     c.checkpoint.every, c.checkpoint.save_rollouts = 1, True
     return c
 

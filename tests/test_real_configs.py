@@ -33,11 +33,12 @@ def test_debug_config_runs_two_orl_iterations(tmp_path, name):
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
       timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  # the last lines: the updates applied, how TPF counts, and every file the run wrote
-  tail = out.stdout.strip().splitlines()[-6:]
+  # the last lines: the updates applied, how TPF counts, the phase times, every file written
+  tail = out.stdout.strip().splitlines()[-7:]
   assert tail[0].startswith("orl: 2/2 updates applied, reward "), out.stdout
   assert tail[1] == f"rollout TPF: {TPF_COUNT}"
-  assert tail[2:] == [f"parameters: {tmp_path}/params", f"Hugging Face export: {tmp_path}/hf",
+  assert tail[2].startswith("phase times (mean seconds per iteration): rollout "), out.stdout
+  assert tail[3:] == [f"parameters: {tmp_path}/params", f"Hugging Face export: {tmp_path}/hf",
                       f"metrics: {tmp_path}/metrics.jsonl (TensorBoard: {tmp_path}/tensorboard)",
                       f"training curves: {tmp_path}/curves.png"], out.stdout
   with open(tmp_path / "metrics.jsonl") as f:

@@ -27,7 +27,7 @@ from orl_jax import sharding as sharding_lib
 from orl_jax.replay import ReplayPlan
 from orl_jax.tasks import Task
 from orl_jax.train import state as state_lib
-from orl_jax.train.orl import build_orl_steps, sharded_like
+from orl_jax.train.orl import build_orl_steps, chunk_shape, sharded_like
 from orl_jax.train.setup import (Run, Setup, needs_reference, run_mesh, run_model_config,
                                  special_ids)
 from pallas_kernels.platform import GpuTarget, target_platform
@@ -69,6 +69,7 @@ class _Tokens:
 @dataclasses.dataclass(frozen=True)
 class _Task:
   tokenizer: _Tokens
+  verifier: None = None   # nothing is verified
 
 
 def _per_device_bytes(tree) -> int:
@@ -197,7 +198,7 @@ def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramS
   run = Run(graphdef, state, state_sh, optimizer, ckpt=None)
   o, p_len = config.orl, config.task.prompt_len
   rows, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
-  n_chunk = o.prompts_per_step // o.rollout_chunks   # prompts of one rollout chunk
+  n_chunk, group = chunk_shape(o)   # prompts of one rollout chunk, responses of each
   with target_platform(platform, gpu):
     steps = build_orl_steps(setup, run, prompt_iter=None)
     prompts = _placed((n_chunk, p_len), jnp.int32, rows)
@@ -214,7 +215,7 @@ def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramS
   state_bytes = _per_device_bytes(state)
   not_params = state_bytes - _per_device_bytes(state.params)
   programs = [
-      Program("rollout", f"{n_chunk} prompts x {o.group_size} responses, capture",
+      Program("rollout", f"{n_chunk} prompts x {group} responses, capture",
               PER_ITERATION, lambda: steps.rollout.lower(state.params, prompts, valid, key,
                                                           state.step), not_params),
       Program("rollout_metrics", "device-side rollout sums", PER_ITERATION,
@@ -222,7 +223,7 @@ def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramS
       Program("replay_gather", "packed staircase rows from the capture", PER_ITERATION,
               lambda: steps.gather.lower(trajs, plan), state_bytes)]
   programs += _train_programs(steps, state, batch, key, 0)
-  n_rollout = n_chunk * o.group_size   # one rollout chunk's responses, decoded together
+  n_rollout = n_chunk * group   # one rollout chunk's responses, decoded together
   decode_cfg = decode_build.sampler_of(config, model_cfg).forward_config(
       "rollout", mask_id=mask_id, eos_id=eos_id)
   if decode_cfg is not None:   # None: a sampler priced whole (its rollout above)

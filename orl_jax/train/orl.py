@@ -163,22 +163,63 @@ def rollout_metrics(sums: dict, n_rollouts: int) -> dict:
   return out
 
 
-def chunk_prompts(tokens, valid, key, n_chunks: int) -> tuple:
-  """The rollout's prompts in `n_chunks` chunks of P / n_chunks rows, in order:
-  ((tokens [P/n, Lp], valid [P/n, Lp], key), ...); chunk c samples with fold_in(key, c)."""
+def chunk_shape(o) -> tuple[int, int]:
+  """(prompts, responses a prompt) of one rollout chunk of the `orl` section `o`: with
+  `chunk_by="samples"` every chunk rolls out all P prompts, G / rollout_chunks responses each;
+  with "prompts", P / rollout_chunks prompts with all G responses each."""
+  k = o.rollout_chunks
+  return (o.prompts_per_step, o.group_size // k) if o.chunk_by == "samples" else (
+      o.prompts_per_step // k, o.group_size)
+
+
+def chunk_prompts(tokens, valid, key, n_chunks: int, by: str) -> tuple:
+  """The rollout's inputs in `n_chunks` chunks, in order: ((tokens, valid, key), ...); chunk c
+  samples with fold_in(key, c). `by="prompts"`: chunk c holds prompts [c*P/n, (c+1)*P/n);
+  "samples": every chunk holds all the prompts (and draws its share of their responses)."""
+  if by == "samples":
+    return tuple((tokens, valid, jax.random.fold_in(key, c)) for c in range(n_chunks))
   n = tokens.shape[0] // n_chunks
   return tuple((tokens[c * n:(c + 1) * n], valid[c * n:(c + 1) * n], jax.random.fold_in(key, c))
                for c in range(n_chunks))
 
 
-def concat_trajectories(trajs: tuple) -> Trajectories:
-  """The chunks' trajectories as one along the row axis (prompt rows [P, ...], response rows
-  [P*G, ...]: chunk order is row order); the scalar `rollout_step` is the same in every chunk.
-  Inside a jit this holds the chunks and their concatenation at once (the capture buffers
-  twice) until the chunks are freed."""
+def interleave_rows(parts, n_prompts: int, xp=jnp):
+  """Response rows of `chunk_by="samples"` chunks in prompt-major order: K arrays of [P*g, ...]
+  (chunk c: its g responses of each prompt) -> [P*K*g, ...], prompt p's rows being chunk 0's g,
+  then chunk 1's, ... (`xp`: jnp on the device, np on the host)."""
+  stacked = xp.stack(parts)                                         # [K, P*g, ...]
+  k, rows = stacked.shape[:2]
+  grouped = stacked.reshape((k, n_prompts, rows // n_prompts) + stacked.shape[2:])
+  return xp.swapaxes(grouped, 0, 1).reshape((k * rows,) + stacked.shape[2:])
+
+
+def concat_trajectories(trajs: tuple, by: str = "prompts") -> Trajectories:
+  """The chunks' trajectories as one, rows in the unchunked rollout's order (prompt rows
+  [P, ...], response rows [P*G, ...], row i of prompt i // G): "prompts" chunks concatenated
+  (chunk order is row order); "samples" chunks' prompt rows are chunk 0's (every chunk read the
+  same prompts) and their response rows interleaved (`interleave_rows`). The scalar
+  `rollout_step` is the same in every chunk. Inside a jit this holds the chunks and their
+  concatenation at once (the capture buffers twice) until the chunks are freed."""
   if len(trajs) == 1:
     return trajs[0]
-  return jax.tree.map(lambda *xs: xs[0] if xs[0].ndim == 0 else jnp.concatenate(xs), *trajs)
+  if by == "prompts":
+    return jax.tree.map(lambda *xs: xs[0] if xs[0].ndim == 0 else jnp.concatenate(xs), *trajs)
+  first, n_prompts = trajs[0], trajs[0].prompt_tokens.shape[0]
+  rows = [dataclasses.replace(t, prompt_tokens=None, prompt_valid=None) for t in trajs]
+  merged = jax.tree.map(lambda *xs: xs[0] if xs[0].ndim == 0 else interleave_rows(xs, n_prompts),
+                        *rows)
+  return dataclasses.replace(merged, prompt_tokens=first.prompt_tokens,
+                             prompt_valid=first.prompt_valid)
+
+
+def chunked_rollout(rollout_fn, n_chunks: int, by: str):
+  """(params, tokens [P, Lp], valid, key, step) -> the iteration's Trajectories, every chunk's
+  rollout concatenated: the shapes the gather and a rollout snapshot see (traced, never run:
+  the loop dispatches the chunks one by one)."""
+  def rollout_all(params, tokens, valid, key, step):
+    parts = chunk_prompts(tokens, valid, key, n_chunks, by)
+    return concat_trajectories(tuple(rollout_fn(params, t, v, k, step) for t, v, k in parts), by)
+  return rollout_all
 
 
 @dataclasses.dataclass
@@ -211,11 +252,12 @@ class OrlSteps:
 
 
 def _abstract_batch(setup: Setup, run: Run, rollout_fn, replay_cfg: ReplayConfig, gather_fn):
-  """Shapes of one replay batch, from the rollout's and the plan's abstract shapes."""
-  p, lp = setup.config.orl.prompts_per_step, setup.config.task.prompt_len
+  """Shapes of one replay batch, from the (chunked) rollout's and the plan's abstract shapes."""
+  o, lp = setup.config.orl, setup.config.task.prompt_len
+  p = o.prompts_per_step
   prompts = jax.ShapeDtypeStruct((p, lp), jnp.int32), jax.ShapeDtypeStruct((p, lp), jnp.bool_)
-  traj = jax.eval_shape(rollout_fn, run.state.params, *prompts, jax.random.key(0),
-                        run.state.step)
+  traj = jax.eval_shape(chunked_rollout(rollout_fn, o.rollout_chunks, o.chunk_by),
+                        run.state.params, *prompts, jax.random.key(0), run.state.step)
   return abstract_batch(traj, replay_cfg, gather_fn)
 
 
@@ -223,13 +265,13 @@ def _chunk_programs(setup: Setup):
   """The jitted prompt slicer (`chunk_prompts`) and trajectory concatenation, rows over the
   data axes."""
   rows, repl = sharding_lib.batch_sharding(setup.mesh), sharding_lib.replicated(setup.mesh)
-  n_chunks = setup.config.orl.rollout_chunks
-  chunk = jax.jit(lambda t, v, k: chunk_prompts(t, v, k, n_chunks),
+  n_chunks, by = setup.config.orl.rollout_chunks, setup.config.orl.chunk_by
+  chunk = jax.jit(lambda t, v, k: chunk_prompts(t, v, k, n_chunks, by),
                   out_shardings=tuple((rows, rows, repl) for _ in range(n_chunks)))
+  concat_fn = lambda trajs: concat_trajectories(trajs, by)
   concat = jax.jit(lambda *trajs: jax.lax.with_sharding_constraint(
-      concat_trajectories(trajs),
-      jax.tree.map(lambda x: rows if x.ndim else repl, jax.eval_shape(concat_trajectories,
-                                                                      trajs))))
+      concat_fn(trajs),
+      jax.tree.map(lambda x: rows if x.ndim else repl, jax.eval_shape(concat_fn, trajs))))
   return chunk, concat
 
 
@@ -240,7 +282,7 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
   sampler = decode_build.sampler_of(config, setup.model_cfg)
   rollout_fn = decode_build.make_decoder(config, setup.model_cfg, run.graphdef, "rollout",
                                      mask_id=tok.mask_id, eos_id=tok.eos_id,
-                                     group_size=o.group_size, mesh=setup.mesh)
+                                     group_size=chunk_shape(o)[1], mesh=setup.mesh)
   unresolved = sampler.unresolved
   replay_cfg = config_lib.replay_config(
       config, sharding_lib.n_batch_shards(setup.mesh.shape), sampler.replay_context)
@@ -262,7 +304,7 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
       concat=concat,
       sums=jax.jit(lambda traj: rollout_sums(traj, tok.mask_id, unresolved),
                    out_shardings=repl),
-      gather=jax.jit(lambda trajs, plan: gather_fn(concat_trajectories(trajs), plan),
+      gather=jax.jit(lambda trajs, plan: gather_fn(concat_trajectories(trajs, o.chunk_by), plan),
                      out_shardings=batch_sh),
       update=update, plan_sharding=repl, prompt_iter=prompt_iter,
       base_key=jax.random.key(config.seed),
@@ -308,14 +350,10 @@ def dispatch_rollouts(steps: OrlSteps, state, prompts: Prompts, clock: DeviceTim
 
 def abstract_trajectories(steps: OrlSteps, state, prompts: Prompts) -> Trajectories:
   """Shapes of the iteration's trajectories, the chunks concatenated (a rollout snapshot's)."""
-  n_chunks = steps.setup.config.orl.rollout_chunks
-
-  def rollout_all(params, tokens, valid, key, step):
-    parts = chunk_prompts(tokens, valid, key, n_chunks)
-    return concat_trajectories(tuple(steps.rollout(params, t, v, k, step) for t, v, k in parts))
-
-  return jax.eval_shape(rollout_all, state.params, prompts.tokens, prompts.valid,
-                        steps.rollout_key, state.step)
+  o = steps.setup.config.orl
+  return jax.eval_shape(chunked_rollout(steps.rollout, o.rollout_chunks, o.chunk_by),
+                        state.params, prompts.tokens, prompts.valid, steps.rollout_key,
+                        state.step)
 
 
 def restore_rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
@@ -345,16 +383,28 @@ def pull_chunk(traj: Trajectories, sums: dict, prompt_ids: np.ndarray) -> Rollou
                         capture_block=host["cblock"], metrics=host["sums"])
 
 
-def combine_chunks(parts: list[RolloutSummary]) -> RolloutSummary:
-  """The iteration's summary: the chunks' arrays in row order, their rollout sums added (every
-  entry of `rollout_sums` is a sum) and turned into the rollout metrics."""
-  cat = lambda name: np.concatenate([getattr(p, name) for p in parts])
+def combine_rows(parts: list, n_prompts: int, by: str) -> np.ndarray:
+  """The chunks' response rows (host arrays) in the unchunked rollout's prompt-major order."""
+  if by == "samples" and len(parts) > 1:
+    return interleave_rows(parts, n_prompts, xp=np)
+  return np.concatenate(parts)
+
+
+def combine_chunks(parts: list[RolloutSummary], by: str = "prompts") -> RolloutSummary:
+  """The iteration's summary: the chunks' arrays in the unchunked rollout's order (`by`: the
+  `orl.chunk_by` they were cut by), their rollout sums added (every entry of `rollout_sums` is
+  a sum) and turned into the rollout metrics."""
+  samples = by == "samples"
+  prompts = lambda name: getattr(parts[0], name) if samples else np.concatenate(
+      [getattr(p, name) for p in parts])
+  ids = prompts("prompt_ids")
+  rows = lambda name: combine_rows([getattr(p, name) for p in parts], len(ids), by)
   sums = {k: functools.reduce(operator.add, [p.metrics[k] for p in parts])
           for k in parts[0].metrics}
-  responses = cat("responses")
-  return RolloutSummary(prompt_ids=cat("prompt_ids"), prompt_valid=cat("prompt_valid"),
-                        responses=responses, capture_valid=cat("capture_valid"),
-                        capture_block=cat("capture_block"),
+  responses = rows("responses")
+  return RolloutSummary(prompt_ids=ids, prompt_valid=prompts("prompt_valid"),
+                        responses=responses, capture_valid=rows("capture_valid"),
+                        capture_block=rows("capture_block"),
                         metrics=rollout_metrics(sums, responses.shape[0]))
 
 
@@ -363,7 +413,7 @@ def verification_inputs(steps: OrlSteps, summary: RolloutSummary, known: dict,
   """(problems, texts) of responses `indices` (of the summary's, prompt-major), a problem per
   response. `known`: the problems this process already built (`Prompts.problems`); only the
   other processes' prompts are read again."""
-  setup, g = steps.setup, steps.setup.config.orl.group_size
+  setup, g = steps.setup, len(summary.responses) // len(summary.prompt_ids)
   with host_hop("verification"):
     texts = [setup.tokenizer.decode(summary.responses[i], stop_at_eos=True) for i in indices]
     known, problems = dict(known), []
@@ -382,12 +432,14 @@ def start_verify(steps: OrlSteps, summary: RolloutSummary, known: dict):
   return steps.verify_calls.submit(*verification_inputs(steps, summary, known, mine))
 
 
-def gather_rewards(parts: list[RolloutSummary], results: list) -> np.ndarray:
-  """[P*G] rewards, the same on every process: each chunk's shares (`start_verify`'s scores)
-  all-gathered in chunk order (a collective: every process calls it at the same point)."""
+def gather_rewards(parts: list[RolloutSummary], results: list, by: str) -> np.ndarray:
+  """[P*G] rewards in prompt-major order, the same on every process: each chunk's shares
+  (`start_verify`'s scores) all-gathered in chunk order (a collective: every process calls it
+  at the same point)."""
   with host_hop("verification"):
-    return np.concatenate([distributed.gather_shares(scores, len(part.responses))
-                           for part, (scores, _) in zip(parts, results)])
+    chunks = [distributed.gather_shares(scores, len(part.responses))
+              for part, (scores, _) in zip(parts, results)]
+  return combine_rows(chunks, len(parts[0].prompt_ids), by)
 
 
 @dataclasses.dataclass
@@ -403,25 +455,26 @@ class RolledOut:
 def _pull_and_verify(steps: OrlSteps, trajs, sums, prompts: Prompts, t0: float):
   """(summary, rewards, seconds since the first dispatch at `t0`): each chunk's arrays pulled
   in order; with `orl.verify_while_decoding` its verification starts at once (while the device
-  decodes the later chunks), else only once every chunk is on the host, one at a time."""
-  overlap = steps.setup.config.orl.verify_while_decoding
+  decodes the later chunks), else only once every chunk is on the host (all chunks submitted
+  together: the verifier may run them side by side)."""
+  o = steps.setup.config.orl
   with host_hop("verification"):
     ids = sharding_lib.to_host(prompts.ids)
-  per = len(ids) // len(trajs)
+  per = len(ids) if o.chunk_by == "samples" else len(ids) // len(trajs)
   parts, calls = [], []
   for c, (traj, chunk_sums) in enumerate(zip(trajs, sums)):
-    parts.append(pull_chunk(traj, chunk_sums, ids[c * per:(c + 1) * per]))
-    if overlap:
+    first = 0 if o.chunk_by == "samples" else c * per
+    parts.append(pull_chunk(traj, chunk_sums, ids[first:first + per]))
+    if o.verify_while_decoding:
       calls.append(start_verify(steps, parts[-1], prompts.problems))
   t1 = time.perf_counter()
-  if overlap:
-    results = [call.result() for call in calls]
-  else:
-    results = [start_verify(steps, part, prompts.problems).result() for part in parts]
-  rewards = gather_rewards(parts, results)
+  if not o.verify_while_decoding:
+    calls = [start_verify(steps, part, prompts.problems) for part in parts]
+  results = [call.result() for call in calls]
+  rewards = gather_rewards(parts, results, o.chunk_by)
   seconds = dict(sec_rollout=t1 - t0, sec_verify_exposed=time.perf_counter() - t1,
                  sec_verify_host=sum(s for _, s in results))
-  return combine_chunks(parts), rewards, seconds
+  return combine_chunks(parts, o.chunk_by), rewards, seconds
 
 
 def rollout_and_verify(steps: OrlSteps, state, prompts: Prompts, it: int,

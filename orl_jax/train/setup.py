@@ -311,7 +311,7 @@ def check_divisible_by_shards(config, n_shards: int) -> None:
     o = config.orl
     sizes.update({"orl.prompts_per_step": o.prompts_per_step,
                   "replay.n_rows": config.replay.n_rows})
-    if o.rollout_chunks > 1:   # each chunk's prompts are split over the shards too
+    if o.rollout_chunks > 1 and o.chunk_by == "prompts":   # each chunk's prompts are split too
       sizes["orl.prompts_per_step / orl.rollout_chunks"] = o.prompts_per_step // o.rollout_chunks
   if config.train.mode == "eval" or config.pipeline == "demo":
     sizes["eval.batch_size"] = config.eval.batch_size   # evaluation splits each batch too
