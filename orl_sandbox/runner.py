@@ -392,6 +392,7 @@ def _start_judge(spec: dict, judge_module, step):
 
 _JUDGE_COST = [0.0, -1]   # the judge children's CPU seconds and peak resident bytes
 _JUDGE_FDS: list[int] = []   # R's ends of the judges' pipes, closed in the supervisor
+_JUDGES_REAPED: set[int] = set()   # judge children already waited for
 
 
 def _finish_judge(spec: dict, judge, given) -> dict | None:
@@ -404,17 +405,37 @@ def _finish_judge(spec: dict, judge, given) -> dict | None:
   os.close(to_w)
   data = _read_all(from_r, int(spec["judge_memory_bytes"]))
   os.close(from_r)
-  try:
-    os.kill(pid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass
-  usage = os.wait4(pid, 0)[2]
-  _JUDGE_COST[0] += usage.ru_utime + usage.ru_stime
-  _JUDGE_COST[1] = max(_JUDGE_COST[1], usage.ru_maxrss * 1024)
+  _reap_judge(pid)
   try:
     return json.loads(data)
   except ValueError:
     return None
+
+
+def _reap_judge(pid: int) -> None:
+  """Kills and reaps a judge child (once), adding its CPU and memory to the judge's cost."""
+  if pid in _JUDGES_REAPED:   # its pid may belong to another process by now
+    return
+  try:
+    os.kill(pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  try:
+    usage = os.wait4(pid, 0)[2]
+  except ChildProcessError:   # not R's child (never expected): nothing to reap or count
+    return
+  finally:
+    _JUDGES_REAPED.add(pid)
+  _JUDGE_COST[0] += usage.ru_utime + usage.ru_stime
+  _JUDGE_COST[1] = max(_JUDGE_COST[1], usage.ru_maxrss * 1024)
+
+
+def _end_judges(judges) -> None:
+  """Reaps the judge children no step used (a candidate that did not load never reaches the
+  replay): R's exit would orphan them, and an orphan is reaped by the host's init, which may
+  take seconds while the launcher waits for the sample's uid to own no process."""
+  for pid, _, _ in judges or ():
+    _reap_judge(pid)
 
 
 # Layers the contained judge must reach (one of each), like the sample's essential layers.
@@ -567,6 +588,7 @@ def _runner_main(spec_path: str) -> int:
   elif ready:
     verdict = ("pass" if exit_code == 0 else "fail"), ""
   _end_sample(child)
+  _end_judges(judges)
   if verdict is not None:
     status.note(f"verdict:{verdict[0]}")
     status.note(f"detail:{verdict[1]}")
