@@ -176,6 +176,7 @@ class Task(Section):
   path: str = ""
   k_shot: int = 0
   verify_workers: int = 0   # sandboxed code samples verified at once; 0 = the host's usable cores
+  verify_cpu_s: int = 3     # a code sample's CPU seconds (its wall timeout stays 10 s)
 
 
 @dataclasses.dataclass(frozen=True)

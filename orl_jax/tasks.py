@@ -171,6 +171,19 @@ def _verify_workers(task_cfg) -> int | None:
   return workers or None
 
 
+def _verify_limits(task_cfg):
+  """The code verifier's sandbox limits: the default ones with `task.verify_cpu_s` as the
+  sample's CPU limit (a loop ends there, a timeout, instead of at the 10 s wall timeout)."""
+  from orl_jax.config import ConfigError
+  from orl_jax.config_sections import Task as TaskSection
+  from orl_sandbox import SandboxLimits
+  cpu_s = int(_task_field(task_cfg, "verify_cpu_s", TaskSection.verify_cpu_s))
+  if cpu_s <= 0:
+    raise ConfigError(f"task.verify_cpu_s={cpu_s} must be positive (a code sample's CPU "
+                      "seconds)")
+  return SandboxLimits(cpu_s=cpu_s)
+
+
 def get_task(task_cfg, tokenizer=None) -> Task:
   from orl_jax.config import ConfigError
   name = task_cfg.name
@@ -195,8 +208,9 @@ def get_task(task_cfg, tokenizer=None) -> Task:
     return Task("gsm8k", tokenizer, GSM8KVerifier(), _eval_only("gsm8k"), load)
   from orl_jax.verify.humaneval import HumanEvalVerifier
   workers = _verify_workers(task_cfg)
-  code_verifier = lambda originals: CodePromptVerifier(HumanEvalVerifier(parallelism=workers),
-                                                       originals)
+  limits = _verify_limits(task_cfg)
+  code_verifier = lambda originals: CodePromptVerifier(
+      HumanEvalVerifier(limits, parallelism=workers), originals)
   if name == "humaneval":
     from orl_jax.data.humaneval import load_humaneval
     path = _task_field(task_cfg, "path", "") or None

@@ -176,7 +176,7 @@ def _relay_supervisor(ctrl, note, judged: bool):
     if line is None:
       break
     key, _, value = line.partition(":")
-    if key in ("layer", "infra", "refused"):
+    if key in ("layer", "infra", "refused", "timeout"):
       note(line)
     elif key == "exit":
       exit_code = int(value)
@@ -534,12 +534,17 @@ def _judged_verdict(spec, judges, judge_module, child, ctrl, to_sample, from_sam
       note("timeout:exchanging the tests' calls ran past the judge's CPU limit")
       return None
   os.close(to_sample)   # end of input lets an honest sample flush its output and exit
-  while select.select([ctrl.fd], [], [], 0.2)[0]:
+  # A sample that is gone (it stopped mid-exchange, or never loaded) is reaped by I at once:
+  # wait for that line (and a CPU limit's timeout line before it) rather than 0.2 s.
+  gone = first is None or first != {"loaded": True} or stopped != ""
+  while select.select([ctrl.fd], [], [], 2.0 if gone else 0.2)[0]:
     line = ctrl.readline()
     if line is None:
       break
-    if line.startswith("exit:"):
+    if line.startswith(("exit:", "timeout:")):
       note(line)
+    if line.startswith("exit:"):
+      break
   _end_sample(child)   # the verdict exists only once every process of the sample is dead
   if first is None:
     return "fail", "the sample exited before defining the candidate"
@@ -670,31 +675,48 @@ def _supervisor_main(spec, layers, alive_r, ctrl_w, sample_out, sample_err, rpc_
   for fd in [out_w, err_w, rpc_in, rpc_out] + [fd for fd, _ in cgroup_fds]:
     if fd >= 0:
       os.close(fd)
-  status = _pump_until_exit(sample, {out_r: sample_out, err_r: sample_err},
-                            spec["max_output_bytes"], spec["max_file_bytes"])
+  status, cpu_s = _pump_until_exit(sample, {out_r: sample_out, err_r: sample_err},
+                                   spec["max_output_bytes"], spec["max_file_bytes"])
+  limit_line = cpu_limit_line(status, cpu_s, spec["cpu_s"])
+  if limit_line is not None:
+    _write_line(ctrl_w, limit_line)
   _write_line(ctrl_w, f"exit:{status}")
   # Exiting as PID 1 makes the kernel kill every process left in the namespace.
   os._exit(0)
 
 
-def _reap(sample: int) -> int | None:
+def _reap(sample: int) -> tuple[int, float] | None:
   """Reaps every exited child (orphans of the sample are re-parented to I, PID 1); the
-  sample's exit status once it is among them."""
+  sample's (exit status, CPU seconds) once it is among them."""
   while True:
     try:
-      pid, status = os.waitpid(-1, os.WNOHANG)
+      pid, status, usage = os.wait4(-1, os.WNOHANG)
     except ChildProcessError:
-      return -1
+      return -1, 0.0
     if pid == 0:
       return None
     if pid == sample:
-      return os.waitstatus_to_exitcode(status)
+      return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
 
 
-def _pump_until_exit(sample: int, pipes: dict[int, int], keep_bytes: int, max_bytes: int) -> int:
+def cpu_limit_line(exit_status: int, cpu_s: float, limit_s: float) -> str | None:
+  """The supervisor's `timeout:` line for a sample the kernel killed at its CPU limit
+  (`RLIMIT_CPU`, soft = hard: SIGKILL once its CPU time reaches the limit): a loop that burns
+  CPU ends at its CPU budget instead of the wall timeout, and is a timeout like one. None for
+  any other end (a SIGKILL with less CPU is the launcher's, the memory cgroup's, ...). The
+  kernel checks the limit against the scheduler's exact CPU time, while the user and system
+  times reported are sampled at ticks (measured: 0.94 s at a 1 s limit), hence the margin."""
+  if exit_status == -signal.SIGKILL and cpu_s >= 0.8 * limit_s:
+    return f"timeout:the sample ran past its CPU limit ({limit_s:g} s of CPU)"
+  return None
+
+
+def _pump_until_exit(sample: int, pipes: dict[int, int], keep_bytes: int,
+                     max_bytes: int) -> tuple[int, float]:
   """I's loop until the sample exits: copies the first `keep_bytes` of each of its output pipes
   to the matching host file, reads and drops the rest up to `max_bytes`, then closes the pipe
-  (the sample's next write fails with EPIPE). Returns the sample's exit status."""
+  (the sample's next write fails with EPIPE). Returns the sample's (exit status, CPU
+  seconds)."""
   wake_r, wake_w = os.pipe()
   for fd in (wake_r, wake_w, *pipes):
     os.set_blocking(fd, False)
