@@ -1,4 +1,5 @@
 """Small shared builders for tests."""
+import contextlib
 import dataclasses
 import glob
 import os
@@ -190,6 +191,32 @@ def orl_smoke_config(workdir, steps=4):
 
 
 KILLED_ORL_STEPS = 6   # the ORL run tests/test_checkpoint_recovery.py kills and resumes
+
+
+class SimulatedCrash(RuntimeError):
+  """A test's kill at a chosen point of an ORL iteration."""
+
+
+@contextlib.contextmanager
+def crash_before_update_at(iteration: int):
+  """ORL runs inside end iteration `iteration` (0-based) right after its rollout snapshot is
+  written, before its update: a kill between rollout and update (a kill during the write is a
+  real SIGKILL: tests/test_snapshot_kill.py). A seam outside the production loop: it wraps
+  `orl.snapshot`."""
+  from unittest import mock
+  from orl_jax.train import orl
+  save = orl.snapshot
+
+  def save_then_crash(steps, it, rolled):
+    seconds = save(steps, it, rolled)
+    if it == iteration:
+      if steps.snapshots is not None:
+        steps.snapshots.wait()
+      raise SimulatedCrash(f"simulated kill between rollout and update at iteration {it}")
+    return seconds
+
+  with mock.patch.object(orl, "snapshot", save_then_crash):
+    yield
 
 
 def killed_orl_config(workdir):

@@ -222,7 +222,7 @@ def test_chunks_that_do_not_divide_are_config_errors():
 def test_a_chunked_run_resumes_from_its_rollout_snapshot(tmp_path, by):
   """The snapshot holds the chunks concatenated, restored with the unchunked shapes: a run
   killed between rollout and update resumes from it bit-identically."""
-  from orl_jax.train.orl import SimulatedCrash
+  from tests.helpers import SimulatedCrash, crash_before_update_at
 
   def cfg(workdir):
     c = _config(workdir, 2, True, steps=2, by=by)
@@ -230,8 +230,8 @@ def test_a_chunked_run_resumes_from_its_rollout_snapshot(tmp_path, by):
     return c
 
   straight = train(cfg(tmp_path / "a"), progress=False)
-  with pytest.raises(SimulatedCrash):
-    train(cfg(tmp_path / "b"), progress=False, crash_before_update_at=1)
+  with pytest.raises(SimulatedCrash), crash_before_update_at(1):
+    train(cfg(tmp_path / "b"), progress=False)
   resumed = train(cfg(tmp_path / "b"), progress=False)
   a = load_file(os.path.join(straight, "params.safetensors"))
   b = load_file(os.path.join(resumed, "params.safetensors"))

@@ -190,7 +190,7 @@ def test_rcd_offline_trains_from_a_frozen_reference(tmp_path):
 
 def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_path):
   import json
-  from orl_jax.train.orl import SimulatedCrash
+  from tests.helpers import SimulatedCrash, crash_before_update_at
 
   def cfg(workdir):
     c = orl_smoke_config(workdir, steps=3)
@@ -199,8 +199,8 @@ def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_pat
     return c
 
   straight = train(cfg(tmp_path / "a"), progress=False)
-  with pytest.raises(SimulatedCrash):
-    train(cfg(tmp_path / "b"), progress=False, crash_before_update_at=2)
+  with pytest.raises(SimulatedCrash), crash_before_update_at(2):
+    train(cfg(tmp_path / "b"), progress=False)
   resumed = train(cfg(tmp_path / "b"), progress=False)
   a = load_file(os.path.join(straight, "params.safetensors"))
   b = load_file(os.path.join(resumed, "params.safetensors"))

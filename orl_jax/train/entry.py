@@ -11,12 +11,12 @@ from orl_jax.train import orl, sft
 from orl_jax.train.setup import build_setup
 from orl_jax.weights import require_weights
 
-# train.mode -> the loop that runs it: `loop(setup, progress=, stop_after=, **test_hooks)`
+# train.mode -> the loop that runs it: `loop(setup, progress=, stop_after=)`
 LOOPS = {"sft": sft.train_sft, "residual_warmup": sft.train_sft,
          "rcd_offline": sft.train_sft, "orl": orl.train_orl}
 
 
-def train(config, *, progress: bool = True, stop_after: int | None = None, **test_hooks) -> str:
+def train(config, *, progress: bool = True, stop_after: int | None = None) -> str:
   """Runs `config.train.mode` to `train.steps`, resuming from the work directory's latest
   checkpoint. Returns the folder of the exported final parameters.
 
@@ -30,4 +30,4 @@ def train(config, *, progress: bool = True, stop_after: int | None = None, **tes
     raise ValueError(f"train() runs train.mode 'sft', 'residual_warmup', 'rcd_offline' or "
                      f"'orl', got {config.train.mode!r}")
   with sharding.tracing_mesh(setup.mesh):
-    return loop(setup, progress=progress, stop_after=stop_after, **test_hooks)
+    return loop(setup, progress=progress, stop_after=stop_after)

@@ -83,10 +83,6 @@ class RolloutLedger:
     self.uses[rollout_id] += 1
 
 
-class SimulatedCrash(RuntimeError):
-  """Raised by tests to emulate a kill at a chosen point of an iteration."""
-
-
 def sharded_like(abstract, mesh):
   """Restore targets for a rollout snapshot: leading dimension over the data axes (as the
   rollout's prompts), scalars replicated."""
@@ -524,14 +520,6 @@ def snapshot(steps: OrlSteps, it: int, rolled: RolledOut) -> dict[str, float]:
   return {f"sec_snapshot_{k[len('sec_'):]}": v for k, v in seconds.items()}
 
 
-def crash(steps: OrlSteps, it: int):
-  """The tests' kill between rollout and update, after the snapshot is written (a kill
-  during its write is a real SIGKILL: tests/test_snapshot_kill.py)."""
-  if steps.snapshots is not None:
-    steps.snapshots.wait()
-  raise SimulatedCrash(f"simulated kill between rollout and update at iteration {it}")
-
-
 @dataclasses.dataclass
 class IterationRecord:
   """What an iteration leaves for its log line."""
@@ -577,8 +565,7 @@ def phase_seconds(rolled: RolledOut, clock: DeviceTimeline, window: tuple[float,
               device_busy=busy / iteration if iteration > 0 else 0.0)
 
 
-def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=None,
-                  checkpoint_s: float = 0.0):
+def orl_iteration(steps: OrlSteps, state, it: int, *, checkpoint_s: float = 0.0):
   """rollout (+ verify) -> plan -> gather -> update; returns (state, IterationRecord).
   `checkpoint_s`: the loop's checkpoint time just before this iteration (logged with it)."""
   clock, t0 = DeviceTimeline(steps.waiter), time.perf_counter()
@@ -587,8 +574,6 @@ def orl_iteration(steps: OrlSteps, state, it: int, *, crash_before_update_at=Non
   rolled.seconds.update(snapshot(steps, it, rolled))
   checkpoint_s += rolled.seconds.get("sec_snapshot_wait", 0.0)
   checkpoint_s += rolled.seconds.get("sec_snapshot_blocking", 0.0)
-  if crash_before_update_at == it:
-    crash(steps, it)
   verified = rolled.rewards >= steps.setup.config.orl.min_reward
   steps.ledger.consume(it)
   state, metrics, stats, plan_s = train_on(steps, state, rolled, verified, it, clock)
@@ -630,7 +615,7 @@ def prompt_stream(setup: Setup):
                              shuffle_seed=setup.config.train.shuffle_seed))
 
 
-def train_orl(setup: Setup, *, progress=True, stop_after=None, crash_before_update_at=None) -> str:
+def train_orl(setup: Setup, *, progress=True, stop_after=None) -> str:
   """Runs ORL to `train.steps` iterations, resuming from the work directory's checkpoint."""
   run = prepare_run(setup)
   assert run.ckpt is not None   # `prepare_run` opens it
@@ -652,8 +637,7 @@ def train_orl(setup: Setup, *, progress=True, stop_after=None, crash_before_upda
     while it < log.last:
       with host_hop("checkpoint"):   # a stop saves here; several processes agree on it
         stops.check(it, state, prompt_iter, close=close)
-      state, record = orl_iteration(steps, state, it, checkpoint_s=checkpoint_s,
-                                    crash_before_update_at=crash_before_update_at)
+      state, record = orl_iteration(steps, state, it, checkpoint_s=checkpoint_s)
       it += 1
       if log.due(it):
         log_iteration(steps, log, state, it, record)
