@@ -48,6 +48,7 @@ from orl_jax.decode import build as decode_build
 from orl_jax.aot import programs as aot_programs
 from orl_jax.aot import report as aot_report
 from orl_jax.aot import targets as aot_targets
+from orl_jax.config_sections import Loss
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.train.state import init_model_params, optimizer_of
 from orl_jax.unmasking import UnmaskRule
@@ -199,7 +200,8 @@ def orl_step(size: str) -> dict:
                                                residual_lr_scale=1.0), s_cfg)
   mesh = sharding_lib.make_mesh()
   # the KL anchor to the rollout policy: the benchmark's states carry no frozen reference copy
-  objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))
+  objective = OrlObjective(LossConfig.from_section(
+      Loss(gate_entropy=0.0, conf_entropy=0.9, kl_reference="rollout")))
   if size == "full":
     args = types.SimpleNamespace(responses_per_row=[1, 2], memory_gb=40.0, check_factor=1,
                                  repeats=3)

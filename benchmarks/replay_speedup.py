@@ -45,6 +45,7 @@ from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.decode.types import Capture, DecodeOutput, trajectories
+from orl_jax.config_sections import Loss
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.train.state import create_train_state, make_train_step, optimizer_of
@@ -101,8 +102,8 @@ def synthetic_trajectories(group: int, model_cfg, rng: np.random.Generator):
 
 def _plan(traj, group, layout, row_len, n_rows, micro_batches):
   cfg = ReplayConfig(row_len=row_len, n_rows=n_rows, max_states=group * STATES,
-                     max_responses=group, block_size=BLOCK, layout=layout,
-                     micro_batches=micro_batches)
+                     max_responses=group, block_size=BLOCK, states_per_response=0,
+                     layout=layout, micro_batches=micro_batches)
   return build_plan(prompt_valid=np.ones((1, PROMPT), bool),
                     capture_valid=np.ones((group, STATES), bool),
                     capture_block=np.asarray(traj.capture.block), eligible=np.ones((group,), bool),
@@ -287,7 +288,8 @@ def main():
   mesh = sharding_lib.make_mesh()
   optimizer = optimizer_of(dataclasses.replace(config_lib.optimizer_config(typed),
                                                residual_lr_scale=1.0), s_cfg)
-  objective = OrlObjective(LossConfig(conf_entropy=0.9, kl_reference="rollout"))
+  objective = OrlObjective(LossConfig.from_section(
+      Loss(gate_entropy=0.0, conf_entropy=0.9, kl_reference="rollout")))
   results = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
              "attention_impl": s_cfg.attention_impl, "prompt_len": PROMPT, "block": BLOCK,
              "blocks": N_BLOCKS, "steps_per_block": STEPS, "repeats": args.repeats,

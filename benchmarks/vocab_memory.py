@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from orl_jax.config_sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.models import ModelConfig, Transformer
 from orl_jax.data.pipeline import SftExample
@@ -76,7 +77,7 @@ def main():
   for loss_name in ("orl", "sft"):
     for chunk in (0, args.chunk):
       if loss_name == "orl":
-        lcfg = LossConfig(vocab_chunk=chunk)
+        lcfg = LossConfig.from_section(Loss(gate_entropy=0.0, vocab_chunk=chunk))
         fn = lambda prm, b, lcfg=lcfg: jax.value_and_grad(
             lambda q: orl_loss(nnx.merge(graphdef, q), b, lcfg), has_aux=True)(prm)
         mem = compiled_memory(fn, params, batch)

@@ -40,6 +40,7 @@ residual pathway, model.moe.impl ...).
 import ml_collections
 
 from configs import tiny
+from orl_jax import config_sections
 from orl_jax.models import families
 
 
@@ -57,13 +58,12 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   m.hub_id = hub_id
   m.vocab_size = 0
   m.tokenizer = ""
-  m.special_tokens = ml_collections.ConfigDict(dict(mask="", eos="", pad="", bos=""))
+  # the sections' fields with their defaults (orl_jax/config_sections.py), declared so that the
+  # command line can set them; an MoE runs the ragged expert kernels
+  m.special_tokens = ml_collections.ConfigDict(config_sections.SpecialTokens().to_dict())
   m.first_k_dense = 0
   m.norm_head = False
-  m.moe = ml_collections.ConfigDict(dict(
-      n_experts=0, top_k=0, expert_dim=0, n_group=1, topk_group=1, n_shared=0,
-      routed_scaling_factor=1.0, impl="ragged", freeze_router=False,
-      exchange="auto"))   # expert-parallel token exchange (orl_jax.models.moe.EXCHANGES)
+  m.moe = ml_collections.ConfigDict(config_sections.Moe(impl="ragged").to_dict())
   c.task.chat = family.chat
   c.decode.block_size = family.decode["block_size"]
   c.decode.rule, c.decode.rule_value = family.decode["rule"], family.decode["rule_value"]

@@ -8,9 +8,10 @@ settings in its folder: DiffusionGemma's `sampler_config`).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, TypeVar
 
-from orl_jax.config_sections import ConfigError, RunConfig
+from orl_jax.config_sections import ConfigError, RunConfig, TrainMode
 from orl_jax.data.tiny_task import TinyTaskConfig
 from orl_jax.losses import KL_REFERENCES, LossConfig
 from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, SCHEDULES, DecodeConfig
@@ -23,7 +24,7 @@ from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import COMMIT_COMPARES, RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
 
-TRAIN_MODES = ("sft", "residual_warmup", "orl", "rcd_offline", "eval")
+TRAIN_MODES: tuple[str, ...] = typing.get_args(TrainMode)
 ATTENTION_LAYOUTS = families.ATTENTION_LAYOUTS
 CHUNK_BY = ("samples", "prompts")   # orl.chunk_by: what a rollout chunk holds
 
@@ -399,7 +400,7 @@ def replay_config(config: RunConfig, n_shards: int, context: str = "block") -> R
 
 def loss_config(config: RunConfig) -> LossConfig:
   """The ORL loss settings of `loss.*`."""
-  return LossConfig(**config.loss.to_dict())
+  return LossConfig.from_section(config.loss)
 
 
 def optimizer_config(config: RunConfig) -> OptimizerConfig:

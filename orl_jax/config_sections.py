@@ -14,12 +14,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
+from orl_jax.decode.config import CacheMode, Schedule
+from orl_jax.losses import KlReference
 from orl_jax.models import families
+from orl_jax.replay.plan import ReplayLayout
+from orl_jax.residual import ResidualMode
+from orl_jax.unmasking import RuleName
 
 
 _EXTRA = "extra"
+
+# train.mode: what a run trains (docs/training.md)
+TrainMode = Literal["sft", "residual_warmup", "orl", "rcd_offline", "eval"]
 
 
 class ConfigError(ValueError):
@@ -105,7 +113,7 @@ def _section(cls):
 
 @dataclasses.dataclass(frozen=True)
 class Residual(Section):
-  mode: str = "none"                 # none | adapter | rcd
+  mode: ResidualMode = "none"        # none | adapter | rcd
   hidden: int = 128                  # adapter width (0 = d_model)
   scale: float = 1.0
   temperature: float = 1.0
@@ -183,15 +191,15 @@ class Task(Section):
 class Decode(Section):
   block_size: int = 32
   gen_length: int | None = 32        # None: the family's generation default
-  rule: str = "threshold"
+  rule: RuleName = "threshold"
   rule_value: float | None = 0.9
   temperature: float = 0.0
   max_steps_per_block: int | None = 0
   top_k: int = 16
   edit_threshold: float = 1.0
   max_post_edit_steps: int = 0
-  cache: str = "none"
-  schedule: str = "lockstep"
+  cache: CacheMode = "none"
+  schedule: Schedule = "lockstep"
   block_placement: str = "auto"
   commit_compare: str = "auto"
   eos_early_stop: bool = True
@@ -199,7 +207,7 @@ class Decode(Section):
 
 @dataclasses.dataclass(frozen=True)
 class Train(Section):
-  mode: str = "sft"
+  mode: TrainMode = "sft"
   steps: int = 4000
   batch_size: int = 64
   lr: float = 2e-3
@@ -220,7 +228,7 @@ class Orl(Section):
   prompts_per_step: int = 8
   group_size: int = 8
   rollout_temperature: float = 1.0
-  rollout_rule: str = "threshold"
+  rollout_rule: RuleName = "threshold"
   rollout_rule_value: float = 0.9
   min_reward: float = 1.0
   capture_states: int = 0
@@ -239,7 +247,7 @@ class Replay(Section):
   max_states: int = 320
   max_responses: int = 64
   states_per_response: int = 4
-  layout: str = "packed"
+  layout: ReplayLayout = "packed"
   micro_batches: int = 1
 
 
@@ -252,7 +260,7 @@ class Loss(Section):
   w_aec: float = 1.0
   w_kl: float = 1.0
   vocab_chunk: int = 0
-  kl_reference: str = "initial"
+  kl_reference: KlReference = "initial"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,8 +351,11 @@ class RunConfig(Section):
 
 def _type_error(value, hint) -> str | None:
   """Why `value` is not a `hint` (None when it is): bool, int, float (an int too), str,
-  `X | None`, `tuple[X, ...]`, Mapping."""
+  `X | None`, `tuple[X, ...]`, Mapping, a Literal (its values' type; which values, the rules
+  check)."""
   args = typing.get_args(hint)
+  if typing.get_origin(hint) is Literal:     # the allowed values: the rule's check (config.py)
+    return _type_error(value, type(args[0]))
   if type(None) in args:
     return None if value is None else _type_error(value, next(a for a in args
                                                               if a is not type(None)))

@@ -19,6 +19,9 @@ micro-batches take the earlier state's entropy from the carried `AecCarry`.
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -27,25 +30,30 @@ from orl_jax.packed_batch import ReplayBatch, layer_routes, sft_batch, split_row
 from orl_jax.vocab_chunks import token_stats
 
 # loss.kl_reference: the anchor's frozen reference (docs/method.md#the-losses)
-KL_REFERENCES = ("initial", "rollout")
+KlReference = Literal["initial", "rollout"]
+KL_REFERENCES: tuple[str, ...] = typing.get_args(KlReference)
 
 _EPS = 1e-6
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LossConfig:
-  gate_entropy: float = 0.0   # tau_gate: CE on masked positions with rollout entropy >= this
-  aec_rho: float = 0.25       # required relative contraction per step
-  conf_entropy: float = 0.1   # tau_conf: KL anchor where the rollout entropy is below this
-  kl_cap: float = 1.0         # c
-  w_aec: float = 1.0          # lambda_AEC
-  w_kl: float = 1.0           # lambda_KL
-  vocab_chunk: int = 0        # tokens per chunk of the head statistics (0 = all at once)
-  kl_reference: str = "initial"  # "initial" (frozen start model) | "rollout" (ablation)
+  """The ORL loss settings: the `loss` section's fields, with no defaults of their own (the
+  section, `orl_jax.config_sections.Loss`, holds them; `from_section` builds one from it)."""
+  gate_entropy: float   # tau_gate: CE on masked positions with rollout entropy >= this
+  aec_rho: float        # required relative contraction per step
+  conf_entropy: float   # tau_conf: KL anchor where the rollout entropy is below this
+  kl_cap: float         # c
+  w_aec: float          # lambda_AEC
+  w_kl: float           # lambda_KL
+  vocab_chunk: int      # tokens per chunk of the head statistics (0 = all at once)
+  kl_reference: KlReference  # "initial" (frozen start model) | "rollout" (ablation)
 
-  def __post_init__(self):
-    if self.kl_reference not in KL_REFERENCES:
-      raise ValueError(f"loss.kl_reference={self.kl_reference!r} must be one of {KL_REFERENCES}")
+  @classmethod
+  def from_section(cls, section) -> "LossConfig":
+    """The LossConfig of a `loss` section (`config_sections.Loss`: a run's, or
+    `Loss(**changes)` for the defaults with `changes`)."""
+    return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})
 
   @property
   def uses_reference(self) -> bool:

@@ -15,21 +15,21 @@ import optax
 from orl_jax import sharding as sharding_lib
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
   """What the optimizer of a run needs (`orl_jax.config.optimizer_config` reads it from the run
-  config); `errors` says what is wrong."""
+  config, whose `train` section holds the defaults; none here); `errors` says what is wrong."""
   lr: float                       # train.lr: the peak learning rate
   steps: int                      # train.steps: the cosine decay's length
-  warmup_steps: int = 0           # train.warmup_steps: linear warm-up from 0
-  final_lr_fraction: float = 0.0  # train.final_lr_fraction: the decay ends at lr x this
-  b1: float = 0.9
-  b2: float = 0.999
-  weight_decay: float = 0.0       # AdamW's decoupled weight decay
-  grad_clip: float = 1.0          # global-norm clipping (0 = off)
-  residual_lr_scale: float = 1.0  # model.residual.lr_scale: the residual pathway's learning
+  warmup_steps: int               # train.warmup_steps: linear warm-up from 0
+  final_lr_fraction: float        # train.final_lr_fraction: the decay ends at lr x this
+  b1: float
+  b2: float
+  weight_decay: float             # AdamW's decoupled weight decay
+  grad_clip: float                # global-norm clipping (0 = off)
+  residual_lr_scale: float        # model.residual.lr_scale: the residual pathway's learning
                                   # rate is lr x this (docs/method.md#the-residual-pathway)
-  freeze_base: bool = False       # train.freeze_base: only the residual pathway trains
+  freeze_base: bool               # train.freeze_base: only the residual pathway trains
 
   def errors(self) -> list[str]:
     """Every problem of the section, one sentence each naming the config field."""

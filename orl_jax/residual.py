@@ -12,13 +12,15 @@ E[x] + s * g(stop_gradient(z)) at masked positions, g zero-initialised at its ou
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import typing
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-MODES = ("none", "rcd", "adapter")
+ResidualMode = Literal["none", "rcd", "adapter"]
+MODES: tuple[str, ...] = typing.get_args(ResidualMode)
 
 
 class Residual(NamedTuple):

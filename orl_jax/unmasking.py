@@ -6,10 +6,13 @@ Shared by evaluation decoding and rollouts. All functions are pure and batched o
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 import jax.numpy as jnp
 
-RULES = ("threshold", "entropy_budget", "fixed_steps")
+RuleName = Literal["threshold", "entropy_budget", "fixed_steps"]
+RULES: tuple[str, ...] = typing.get_args(RuleName)
 # How the threshold rule compares a candidate's probability with tau: ">=" (Fast-dLLM, LLaDA-8B;
 # our tiny model) or ">" (LLaDA2.x, SDAR: `confidence > threshold` in their `generate`).
 COMMIT_COMPARES = (">=", ">")

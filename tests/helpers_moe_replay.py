@@ -54,7 +54,8 @@ def replay_batch(traj, valid):
       prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
       eligible=np.ones(traj.responses.shape[0], bool), group_size=G,
       cfg=ReplayConfig(row_len=160, n_rows=24, max_states=160, max_responses=8,
-                       block_size=B_SIZE),
+                       block_size=B_SIZE, states_per_response=0, layout="packed",
+                       micro_batches=1),
       rng=np.random.default_rng(0))
   assert stats["states_dropped"] == 0 and stats["states_packed"] == int(cap.valid.sum())
   return gather_batch(traj, plan, mask_id=CFG.mask_id), plan

@@ -324,7 +324,8 @@ def test_absolute_placement_rollouts_replay_exactly(schedule, edit):
   plan, stats = build_plan(
       prompt_valid=traj.prompt_valid, capture_valid=cap.valid, capture_block=cap.block,
       eligible=np.ones(6, bool), group_size=3,
-      cfg=ReplayConfig(row_len=160, n_rows=40, max_states=160, max_responses=8, block_size=4),
+      cfg=ReplayConfig(row_len=160, n_rows=40, max_states=160, max_responses=8, block_size=4,
+                       states_per_response=0, layout="packed", micro_batches=1),
       rng=np.random.default_rng(0))
   assert stats["states_dropped"] == 0 and stats["states_packed"] == int(cap.valid.sum())
   replayed, captured, _ = replayed_vs_captured(graphdef, params, traj, plan)

@@ -9,6 +9,7 @@ from flax import nnx
 
 from orl_jax.data.pipeline import SftExample
 from orl_jax.decode.config import DecodeConfig
+from orl_jax.config_sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout
@@ -62,7 +63,8 @@ def replay_batch():
   plan, _ = build_plan(prompt_valid=np.asarray(valid), capture_valid=cap.valid,
                        capture_block=cap.block, eligible=np.ones(4, bool), group_size=2,
                        cfg=ReplayConfig(row_len=64, n_rows=6, max_states=32, max_responses=4,
-                                        block_size=4),
+                                        block_size=4, states_per_response=0,
+                                        layout="packed", micro_batches=1),
                        rng=np.random.default_rng(0))
   return (graphdef, params, reference,
           gather_batch(traj, plan, mask_id=TINY.mask_id))
@@ -71,7 +73,8 @@ def replay_batch():
 @pytest.mark.parametrize("kl_reference", ["initial", "rollout"])
 def test_orl_loss_chunked_equals_unchunked_values_and_grads(replay_batch, kl_reference):
   graphdef, params, reference, batch = replay_batch
-  base = LossConfig(conf_entropy=0.99, kl_reference=kl_reference)
+  base = LossConfig.from_section(Loss(gate_entropy=0.0, conf_entropy=0.99,
+                                     kl_reference=kl_reference))
 
   def run(chunk):
     cfg = dataclasses.replace(base, vocab_chunk=chunk)

@@ -39,6 +39,7 @@ def rollout_and_replay():
       params, prompt, valid, jax.random.key(3), 0)
   cap = traj.capture
   rcfg = ReplayConfig(row_len=256, n_rows=2, max_states=48, max_responses=4, block_size=CANVAS,
+                      states_per_response=0, layout="packed", micro_batches=1,
                       context="token")
   plan, stats = build_plan(prompt_valid=np.asarray(valid), capture_valid=np.asarray(cap.valid),
                            capture_block=np.asarray(cap.block), eligible=np.ones(4, bool),

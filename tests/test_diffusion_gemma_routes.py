@@ -48,6 +48,7 @@ def _rollout(capture_routes: bool):
 def _packed(traj):
   cap = jax.device_get(traj.capture)
   rcfg = ReplayConfig(row_len=256, n_rows=2, max_states=48, max_responses=4, block_size=CANVAS,
+                      states_per_response=0, layout="packed", micro_batches=1,
                       context="token")
   plan, stats = build_plan(prompt_valid=np.asarray(traj.prompt_valid), capture_valid=cap.valid,
                            capture_block=cap.block, eligible=np.ones(4, bool),

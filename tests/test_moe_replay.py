@@ -14,6 +14,7 @@ from flax import nnx
 
 from orl_jax.decode.types import token_major_routes
 from orl_jax.decode.config import DecodeConfig
+from orl_jax.config_sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.rollout import make_rollout, route_capture_bytes
 from pallas_kernels.staircase_attention import KIND_PAD
@@ -120,7 +121,7 @@ def test_orl_loss_replays_with_the_captured_routes():
   graphdef, params, traj, valid, _ = moe_rollout("float32", True)
   batch, _ = replay_batch(traj, valid)
   model = nnx.merge(graphdef, params)
-  cfg = LossConfig(kl_reference="rollout")
+  cfg = LossConfig.from_section(Loss(gate_entropy=0.0, kl_reference="rollout"))
   loss_fn = jax.jit(lambda b: orl_loss(model, b, cfg)[0])
   with_routes, rerouted = float(loss_fn(batch)), float(loss_fn(batch.replace(routes=None)))
   assert abs(with_routes - rerouted) <= 1e-5 * abs(rerouted)

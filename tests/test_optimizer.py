@@ -12,7 +12,8 @@ from orl_jax import run_config
 from orl_jax import config as config_lib
 from orl_jax.optimizer import OptimizerConfig, make_optimizer, param_labels
 
-BASE = OptimizerConfig(lr=1e-2, steps=10, warmup_steps=1, b1=0.9, b2=0.99)
+BASE = OptimizerConfig(lr=1e-2, steps=10, warmup_steps=1, final_lr_fraction=0.0, b1=0.9, b2=0.99,
+                       weight_decay=0.0, grad_clip=1.0, residual_lr_scale=1.0, freeze_base=False)
 
 
 def _params():

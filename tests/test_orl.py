@@ -9,6 +9,7 @@ from flax import nnx
 
 from orl_jax import losses
 from orl_jax.decode.config import DecodeConfig
+from orl_jax.config_sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.rollout import make_rollout
@@ -56,7 +57,8 @@ def reference(rolled_out):
   return _perturbed(params)
 
 
-KL_CFG = LossConfig(conf_entropy=0.99)   # a random reference is never confident below 0.1
+# a random reference is never confident below 0.1
+KL_CFG = LossConfig.from_section(Loss(gate_entropy=0.0, conf_entropy=0.99))
 LR_SGD = 0.5
 
 
@@ -69,7 +71,8 @@ def _close(a, b, rtol=1e-5):
 
 def _plan(traj, valid, **kw):
   defaults = dict(row_len=160, n_rows=40, max_states=96, max_responses=8, block_size=B_SIZE,
-                  response_blocks=GEN // B_SIZE)
+                  response_blocks=GEN // B_SIZE, states_per_response=0, layout="packed",
+                  micro_batches=1)
   defaults.update(kw)
   cap = jax.device_get(traj.capture)
   return build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
@@ -259,7 +262,8 @@ def test_the_plans_block_size_must_be_the_captured_states_width(rolled_out):
   _, _, traj, _ = rolled_out
   abstract = jax.eval_shape(lambda t: t, traj)
   cfg = dict(row_len=160, n_rows=40, max_states=96, max_responses=8,
-             response_blocks=GEN // B_SIZE)
+             response_blocks=GEN // B_SIZE, states_per_response=0, layout="packed",
+             micro_batches=1)
   batch = abstract_batch(abstract, ReplayConfig(block_size=B_SIZE, **cfg), mask_id=TINY.mask_id)
   assert batch.tokens.shape == (40, 160)
   with pytest.raises(ValueError, match=f"block size \\({2 * B_SIZE}.*width \\({B_SIZE}\\)"):
@@ -283,7 +287,8 @@ def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
   from orl_jax.train.state import create_train_state, make_train_step
   _, params, traj, valid = rolled_out
   train = OptimizerConfig(lr=1e-3, warmup_steps=2, steps=10, final_lr_fraction=0.1, b1=0.9,
-                          b2=0.98, weight_decay=0.01, grad_clip=1.0, residual_lr_scale=1.0)
+                          b2=0.98, weight_decay=0.01, grad_clip=1.0, residual_lr_scale=1.0,
+                          freeze_base=False)
   optimizer, mesh = make_optimizer(train, residual_modules=("adapter",)), sharding.make_mesh()
   rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   metrics = {}

@@ -218,6 +218,7 @@ _SHARDED_REPLAY = textwrap.dedent("""
   from flax import nnx
   from orl_jax import sharding
   from orl_jax.decode.config import DecodeConfig
+  from orl_jax.config_sections import Loss
   from orl_jax.losses import LossConfig, orl_loss
   from orl_jax.replay import ReplayConfig, build_plan, gather_batch
   from orl_jax.rollout import make_rollout
@@ -240,7 +241,8 @@ _SHARDED_REPLAY = textwrap.dedent("""
                              eligible=np.ones(6, bool), group_size=3,
                              cfg=ReplayConfig(row_len=48, n_rows=8, max_states=48,
                                               max_responses=6, block_size=4,
-                                              n_shards=len(devices)),
+                                              states_per_response=0, layout="packed",
+                                              micro_batches=1, n_shards=len(devices)),
                              rng=np.random.default_rng(0))
     assert stats["states_dropped"] == 0
     batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
@@ -248,7 +250,8 @@ _SHARDED_REPLAY = textwrap.dedent("""
     batch = jax.device_put(batch, jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
     assert len(batch.tokens.sharding.device_set) == len(devices)
     fn = jax.jit(jax.value_and_grad(lambda p: orl_loss(
-        nnx.merge(graphdef, p), batch, LossConfig(conf_entropy=0.99),
+        nnx.merge(graphdef, p), batch,
+        LossConfig.from_section(Loss(gate_entropy=0.0, conf_entropy=0.99)),
         reference=nnx.merge(graphdef, reference))[0]))
     loss, grads = fn(params)
     results.append((float(loss), jax.tree.leaves(jax.device_get(grads))))
@@ -262,11 +265,12 @@ _SHARDED_REPLAY = textwrap.dedent("""
   plan, _ = build_plan(prompt_valid=valid, capture_valid=cap.valid, capture_block=cap.block,
                        eligible=np.ones(6, bool), group_size=3,
                        cfg=ReplayConfig(row_len=48, n_rows=8, max_states=48, max_responses=6,
-                                        block_size=4, n_shards=4, micro_batches=2),
+                                        block_size=4, states_per_response=0,
+                                        layout="packed", n_shards=4, micro_batches=2),
                        rng=np.random.default_rng(0))
   batch = jax.device_put(gather_batch(traj, plan, mask_id=TINY.mask_id),
                          jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
-  objective = OrlObjective(LossConfig(conf_entropy=0.99))
+  objective = OrlObjective(LossConfig.from_section(Loss(gate_entropy=0.0, conf_entropy=0.99)))
   (loss, _), grads = loss_and_grads(graphdef, objective, params, batch, jax.random.key(0),
                                     micro_batches=2, n_shards=4, reference=reference)
   np.testing.assert_allclose(float(loss), results[0][0], rtol=1e-5)

@@ -4,13 +4,16 @@ fields are checked when it is made, and the allowed values of its cache and plac
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 from orl_jax.unmasking import COMMIT_COMPARES, UnmaskRule
 
 
 # Bidirectional canvases (decode.cache): "none" forwards the whole canvas every step (exact);
 # "prefix" and "dual" are Fast-dLLM's approximate caches, refreshed at every block start.
-CACHE_MODES = ("none", "prefix", "dual")
+CacheMode = Literal["none", "prefix", "dual"]
+CACHE_MODES: tuple[str, ...] = typing.get_args(CacheMode)
 
 
 # Where the blocks sit (module docstring): at the prompt's end, or at absolute positions.
@@ -19,7 +22,8 @@ PLACEMENTS = ("prompt_end", "absolute")
 
 # How rows of a batch step (decode.schedule): together (`orl_jax.decode.lockstep`), or each
 # refilled from a queue as it finishes (`orl_jax.decode.per_row`).
-SCHEDULES = ("lockstep", "per_row")
+Schedule = Literal["lockstep", "per_row"]
+SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
 
 @dataclasses.dataclass(frozen=True)

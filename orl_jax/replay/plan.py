@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Any, Callable
+import typing
+from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -49,30 +50,32 @@ from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMP
                                                 TokenMeta)
 
 SRC_PAD, SRC_PROMPT, SRC_CLEAN, SRC_STATE, SRC_MASK = 0, 1, 2, 3, 4
-LAYOUTS = ("packed", "naive", "canvas")   # replay.layout
+ReplayLayout = Literal["packed", "naive", "canvas"]   # replay.layout
+LAYOUTS: tuple[str, ...] = typing.get_args(ReplayLayout)
 CONTEXTS = ("block", "token")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ReplayConfig:
+  """The replay plan's settings; the fields named as the `replay` section's have no defaults
+  of their own (the section, `orl_jax.config_sections.Replay`, holds them;
+  `orl_jax.config.replay_config` builds one from a run)."""
   row_len: int                  # T, tokens per packed row
   n_rows: int                   # R, rows per update (static shape)
   max_states: int               # selected-state slots per update
   max_responses: int            # response slots per update
   block_size: int               # b, tokens of a decoded block (a captured state's width)
-  states_per_response: int = 0  # 0 = all captured states; else a random contiguous window
-  layout: str = "packed"        # packed | naive | canvas (bidirectional families)
+  states_per_response: int      # 0 = all captured states; else a random contiguous window
+  layout: ReplayLayout          # packed | naive | canvas (bidirectional families)
   response_blocks: int = 0      # canvas layout: blocks per response (future blocks are masks)
   context: str = "block"        # block: block-causal context | token: token-causal context
                                 # (DiffusionGemma's commit stream; metadata block = position)
   n_shards: int = 1             # data-parallel shards rows are balanced over
-  micro_batches: int = 1        # row micro-batches per update (gradient accumulation)
+  micro_batches: int            # row micro-batches per update (gradient accumulation)
 
   def __post_init__(self):
     if self.block_size <= 0:
       raise ValueError(f"the replay block size must be positive, got {self.block_size}")
-    if self.layout not in LAYOUTS:
-      raise ValueError(f"replay.layout must be one of {LAYOUTS}, got {self.layout!r}")
     if self.context not in CONTEXTS:
       raise ValueError(f"replay context must be one of {CONTEXTS}, got {self.context!r}")
     if self.context == "token" and self.layout != "packed":
