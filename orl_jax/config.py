@@ -11,7 +11,7 @@ import dataclasses
 import typing
 from typing import Any, TypeVar
 
-from orl_jax.config_sections import ConfigError, RunConfig, TrainMode
+from orl_jax.config_sections import ChunkBy, ConfigError, RunConfig, TrainMode
 from orl_jax.data.tiny_task import TinyTaskConfig
 from orl_jax.losses import KL_REFERENCES, LossConfig
 from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, SCHEDULES, DecodeConfig
@@ -26,7 +26,7 @@ from pallas_kernels.staircase_attention import IMPLS
 
 TRAIN_MODES: tuple[str, ...] = typing.get_args(TrainMode)
 ATTENTION_LAYOUTS = families.ATTENTION_LAYOUTS
-CHUNK_BY = ("samples", "prompts")   # orl.chunk_by: what a rollout chunk holds
+CHUNK_BY: tuple[str, ...] = typing.get_args(ChunkBy)
 
 
 # decode.* fields a config may leave unset (None) for its family's generation defaults to fill

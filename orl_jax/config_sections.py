@@ -28,6 +28,8 @@ _EXTRA = "extra"
 
 # train.mode: what a run trains (docs/training.md)
 TrainMode = Literal["sft", "residual_warmup", "orl", "rcd_offline", "eval"]
+# orl.chunk_by: what a rollout chunk holds (docs/training.md#verification-overlapped-with-decoding)
+ChunkBy = Literal["samples", "prompts"]
 
 
 class ConfigError(ValueError):
@@ -236,7 +238,7 @@ class Orl(Section):
   rollout_rows: int = 0
   capture_routes: bool = False
   rollout_chunks: int = 1
-  chunk_by: str = "samples"
+  chunk_by: ChunkBy = "samples"
   verify_while_decoding: bool = True
 
 
