@@ -1,13 +1,34 @@
 """The host-path model of benchmarks/iteration_overlap.py, on hand-computed cases."""
-import importlib
+import importlib.util
 import os
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-bench = importlib.import_module("iteration_overlap")
+
+
+def _load_benchmark():
+  """benchmarks/iteration_overlap.py as a module, without leaving benchmarks/ on sys.path or
+  its `_common` in sys.modules (the launchers have a `_common` of their own)."""
+  folder = os.path.join(ROOT, "benchmarks")
+  before = sys.modules.pop("_common", None)
+  sys.path.insert(0, folder)
+  try:
+    spec = importlib.util.spec_from_file_location(
+        "iteration_overlap_benchmark", os.path.join(folder, "iteration_overlap.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+  finally:
+    sys.path.remove(folder)
+    sys.modules.pop("_common", None)
+    if before is not None:
+      sys.modules["_common"] = before
+  return module
+
+
+bench = _load_benchmark()
 
 COST = bench.VerifyCost(cpu_s=0.05, held_s=0.25, loop_cpu_s=3.0, loop_held_s=4.0)
 
