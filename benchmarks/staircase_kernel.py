@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import _common  # noqa: F401  (puts the repository on sys.path)
 from pallas_kernels.staircase_attention import (TokenMeta, attention, build_tile_map,
                                                 staircase_visible)
 from pallas_kernels.staircase_attention.testing import prompt_group, stack_rows
