@@ -627,7 +627,7 @@ def part_b(args) -> float:
   _common.write_json(args.out, {
       "host": host, "verify_cost": dataclasses.asdict(cost), "rows": rows, "floors": met,
       "assumption": scaling_assumption(args), "disk_gbps": args.disk_gbps,
-      "host_from": args.host_from,
+      "host_from": os.path.basename(args.host_from) if args.host_from else None,
       "targets": [dataclasses.asdict(t) for t in TARGETS], "host_cpus": os.cpu_count(),
       "load_average": os.getloadavg(), "worst_idle_fraction_overlapped": worst})
   print(f"wrote {args.out}")
