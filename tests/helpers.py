@@ -219,6 +219,25 @@ def crash_before_update_at(iteration: int):
     yield
 
 
+def resumes_bit_exactly_after_a_crash(cfg, tmp_path, iteration: int) -> list[dict]:
+  """Runs `cfg(workdir)` straight through, and again killed between rollout and update of
+  `iteration` then resumed; asserts both end with identical parameters and returns the resumed
+  run's metrics rows."""
+  import pytest
+  from safetensors.numpy import load_file
+  from orl_jax.metrics import read_jsonl
+  from orl_jax.train.entry import train
+  straight = train(cfg(tmp_path / "a"), progress=False)
+  with pytest.raises(SimulatedCrash), crash_before_update_at(iteration):
+    train(cfg(tmp_path / "b"), progress=False)
+  resumed = train(cfg(tmp_path / "b"), progress=False)
+  a = load_file(os.path.join(straight, "params.safetensors"))
+  b = load_file(os.path.join(resumed, "params.safetensors"))
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  return read_jsonl(str(tmp_path / "b" / "metrics.jsonl"))
+
+
 def killed_orl_config(workdir):
   c = orl_smoke_config(workdir, steps=KILLED_ORL_STEPS)     # logs every step, checkpoints every 2
   c.checkpoint.save_rollouts = True

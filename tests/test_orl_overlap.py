@@ -222,20 +222,12 @@ def test_chunks_that_do_not_divide_are_config_errors():
 def test_a_chunked_run_resumes_from_its_rollout_snapshot(tmp_path, by):
   """The snapshot holds the chunks concatenated, restored with the unchunked shapes: a run
   killed between rollout and update resumes from it bit-identically."""
-  from tests.helpers import SimulatedCrash, crash_before_update_at
+  from tests.helpers import resumes_bit_exactly_after_a_crash
 
   def cfg(workdir):
     c = _config(workdir, 2, True, steps=2, by=by)
     c.checkpoint.every, c.checkpoint.save_rollouts = 1, True
     return c
 
-  straight = train(cfg(tmp_path / "a"), progress=False)
-  with pytest.raises(SimulatedCrash), crash_before_update_at(1):
-    train(cfg(tmp_path / "b"), progress=False)
-  resumed = train(cfg(tmp_path / "b"), progress=False)
-  a = load_file(os.path.join(straight, "params.safetensors"))
-  b = load_file(os.path.join(resumed, "params.safetensors"))
-  for k in a:
-    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-  rows = read_jsonl(str(tmp_path / "b" / "metrics.jsonl"))
+  rows = resumes_bit_exactly_after_a_crash(cfg, tmp_path, 1)
   assert [(r["step"], r["rollout_from_snapshot"]) for r in rows] == [(1, 0.0), (2, 1.0)]

@@ -189,8 +189,7 @@ def test_rcd_offline_trains_from_a_frozen_reference(tmp_path):
 
 
 def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_path):
-  import json
-  from tests.helpers import SimulatedCrash, crash_before_update_at
+  from tests.helpers import resumes_bit_exactly_after_a_crash
 
   def cfg(workdir):
     c = orl_smoke_config(workdir, steps=3)
@@ -198,16 +197,7 @@ def test_orl_killed_between_rollout_and_update_resumes_from_the_snapshot(tmp_pat
     c.checkpoint.save_rollouts = True
     return c
 
-  straight = train(cfg(tmp_path / "a"), progress=False)
-  with pytest.raises(SimulatedCrash), crash_before_update_at(2):
-    train(cfg(tmp_path / "b"), progress=False)
-  resumed = train(cfg(tmp_path / "b"), progress=False)
-  a = load_file(os.path.join(straight, "params.safetensors"))
-  b = load_file(os.path.join(resumed, "params.safetensors"))
-  for k in a:
-    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-  with open(tmp_path / "b" / "metrics.jsonl") as f:
-    rows = [json.loads(line) for line in f]
+  rows = resumes_bit_exactly_after_a_crash(cfg, tmp_path, 2)
   assert [(r["step"], r["rollout_from_snapshot"]) for r in rows] == [(1, 0.0), (2, 0.0), (3, 1.0)]
 
 
