@@ -456,11 +456,11 @@ def _pull_and_verify(steps: OrlSteps, trajs, sums, prompts: Prompts, t0: float):
   o = steps.setup.config.orl
   with host_hop("verification"):
     ids = sharding_lib.to_host(prompts.ids)
-  per = len(ids) if o.chunk_by == "samples" else len(ids) // len(trajs)
+  per = len(ids) // len(trajs)   # a "prompts" chunk's; a "samples" chunk holds them all
   parts, calls = [], []
   for c, (traj, chunk_sums) in enumerate(zip(trajs, sums)):
-    first = 0 if o.chunk_by == "samples" else c * per
-    parts.append(pull_chunk(traj, chunk_sums, ids[first:first + per]))
+    chunk_ids = ids if o.chunk_by == "samples" else ids[c * per:(c + 1) * per]
+    parts.append(pull_chunk(traj, chunk_sums, chunk_ids))
     if o.verify_while_decoding:
       calls.append(start_verify(steps, parts[-1], prompts.problems))
   t1 = time.perf_counter()
