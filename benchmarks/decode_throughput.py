@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import tiny
-from orl_jax import params_io, residual as residual_lib
+from orl_jax import residual as residual_lib
+from orl_jax.models import params_io
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decode import block_sampler
 from orl_jax.decode import build as decode_build

@@ -39,8 +39,8 @@ import numpy as np
 import replay_speedup
 import staircase_kernel
 from configs import tiny
-from orl_jax import run_config
-from orl_jax import config as config_lib
+from orl_jax.config import build as run_config
+from orl_jax.config import derive as config_lib
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.tiny_task import tiny_tokenizer
 from orl_jax.decode import block_sampler
@@ -48,7 +48,7 @@ from orl_jax.decode import build as decode_build
 from orl_jax.aot import programs as aot_programs
 from orl_jax.aot import report as aot_report
 from orl_jax.aot import targets as aot_targets
-from orl_jax.config_sections import Loss
+from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.train.state import init_model_params, optimizer_of
 from orl_jax.unmasking import UnmaskRule

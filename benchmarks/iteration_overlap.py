@@ -386,7 +386,7 @@ def compile_result(stem: str, target: TargetHost, results_dir: str = RESULTS) ->
 
 def real_config(module: str, arg: str | None):
   """(RunConfig, model config, sampler) of a real-model config, built without weights."""
-  from orl_jax import run_config
+  from orl_jax.config import build as run_config
   from orl_jax.decode import build as decode_build
   from orl_jax.train.setup import sizing_model_config
   get_config = importlib.import_module(f"configs.{module}").get_config
@@ -398,7 +398,7 @@ def real_config(module: str, arg: str | None):
 def snapshot_bytes(config, model_cfg, sampler) -> int:
   """The rollout's capture buffers as the dry-run counts them (the bulk of a snapshot)."""
   import jax.numpy as jnp
-  from orl_jax.rollout import block_final_bytes, capture_bytes, route_capture_bytes
+  from orl_jax.decode.trajectories import block_final_bytes, capture_bytes, route_capture_bytes
   from orl_jax.train.setup import special_ids
   mask_id, eos_id = special_ids(config, model_cfg)
   decode_cfg = sampler.forward_config("rollout", mask_id=mask_id, eos_id=eos_id)
@@ -433,7 +433,7 @@ def synthetic_capture(n_prompts: int, group: int, prompt_len: int, gen_length: i
 def time_planning(config, sampler, model_cfg, n_shards: int, repeats: int) -> dict:
   """Median seconds of `build_plan` on one synthetic rollout of the config's shape."""
   import numpy as np
-  from orl_jax import config as config_lib
+  from orl_jax.config import derive as config_lib
   from orl_jax.replay.plan import build_plan
   from orl_jax.train.setup import special_ids
   cfg = config_lib.replay_config(config, n_shards, sampler.replay_context)
@@ -802,7 +802,7 @@ def main(argv=None) -> None:
   if "a" in args.part or args.part == "all":
     set_device_threads(args.a_device_threads)
   if args.cpu_s is None:
-    from orl_jax.config_sections import Task
+    from orl_jax.config.sections import Task
     args.cpu_s = Task.verify_cpu_s
   wanted = ("a", "b") if args.part == "all" else (args.part,)
   figures = {part: PARTS[part](args) for part in wanted}

@@ -41,11 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import tiny
-from orl_jax import run_config
-from orl_jax import config as config_lib
+from orl_jax.config import build as run_config
+from orl_jax.config import derive as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.decode.types import Capture, DecodeOutput, trajectories
-from orl_jax.config_sections import Loss
+from orl_jax.models.decoded import Capture, DecodeOutput, trajectories
+from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.train.state import create_train_state, make_train_step, optimizer_of

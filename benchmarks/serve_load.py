@@ -42,7 +42,7 @@ from _loadgen import Connection, Reply, closed_loop, percentile
 from configs import tiny
 from orl_jax.data.pipeline import encode_prompt
 from orl_jax.decode import per_row
-from orl_jax.run_config import build
+from orl_jax.config.build import build
 from orl_jax.serve.load import engine_parts
 from orl_jax.serve.process import ServerProcess
 from orl_jax.tasks import get_task

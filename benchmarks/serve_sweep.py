@@ -25,7 +25,7 @@ import jax
 
 from _loadgen import closed_loop
 from configs import tiny
-from orl_jax.run_config import build
+from orl_jax.config.build import build
 from orl_jax.serve.process import ServerProcess
 from orl_jax.tasks import get_task
 

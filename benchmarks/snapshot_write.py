@@ -19,7 +19,7 @@ import _common
 import jax
 import jax.numpy as jnp
 
-from orl_jax.checkpoint import Checkpointer, save_in_background
+from orl_jax.storage.checkpoint import Checkpointer, save_in_background
 
 OUT = os.path.join(_common.ROOT, "benchmarks", "results", "snapshot_write.json")
 

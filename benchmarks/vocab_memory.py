@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax.config_sections import Loss
+from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.models import ModelConfig, Transformer
 from orl_jax.data.pipeline import SftExample

@@ -40,7 +40,7 @@ residual pathway, model.moe.impl ...).
 import ml_collections
 
 from configs import tiny
-from orl_jax import config_sections
+from orl_jax.config import sections as config_sections
 from orl_jax.models import families
 
 
@@ -58,7 +58,7 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   m.hub_id = hub_id
   m.vocab_size = 0
   m.tokenizer = ""
-  # the sections' fields with their defaults (orl_jax/config_sections.py), declared so that the
+  # the sections' fields with their defaults (orl_jax/config/sections.py), declared so that the
   # command line can set them; an MoE runs the ragged expert kernels
   m.special_tokens = ml_collections.ConfigDict(config_sections.SpecialTokens().to_dict())
   m.first_k_dense = 0

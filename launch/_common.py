@@ -16,13 +16,13 @@ def user_errors() -> tuple[type, ...]:
   """Exceptions whose message is written for the person who launched the run (it names the
   field or file and what to do): printed alone, without a traceback."""
   from orl_jax.aot.targets import TargetError
-  from orl_jax.checkpoint import CheckpointRestoreError
-  from orl_jax.config import ConfigError
+  from orl_jax.storage.checkpoint import CheckpointRestoreError
+  from orl_jax.errors import ConfigError
   from orl_jax.data.hf_tokenizer import TokenizerError
   from orl_jax.data.jsonl import DatasetError, MissingTaskPackage
   from orl_jax.models.hf_read import CheckpointError
-  from orl_jax.params_io import ParamsFileError
-  from orl_jax.run_settings import ChangedSettingsError
+  from orl_jax.models.params_io import ParamsFileError
+  from orl_jax.storage.run_settings import ChangedSettingsError
   return (ConfigError, TokenizerError, DatasetError, MissingTaskPackage, CheckpointError,
           ParamsFileError, CheckpointRestoreError, ChangedSettingsError, TargetError)
 

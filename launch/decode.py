@@ -26,9 +26,9 @@ import _common  # repo on sys.path; run()
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from orl_jax import config as config_lib
-from orl_jax import trained_run
-from orl_jax import weights as weights_lib
+from orl_jax.config import derive as config_lib
+from orl_jax.storage import trained_run
+from orl_jax.storage import weights as weights_lib
 from orl_jax.apps import outputs
 from orl_jax.apps.trajectory_view import decode_model, write_page
 

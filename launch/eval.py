@@ -21,8 +21,10 @@ import _common  # repo on sys.path; run()
 from absl import app, logging
 from ml_collections import config_flags
 
-from orl_jax import distributed, trained_run
-from orl_jax import weights as weights_lib
+from orl_jax import distributed
+
+from orl_jax.storage import trained_run
+from orl_jax.storage import weights as weights_lib
 from orl_jax import evaluate as eval_lib
 from orl_jax.apps import outputs
 from orl_jax.apps.summary import write_report

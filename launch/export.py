@@ -21,9 +21,11 @@ import _common  # repo on sys.path; run()
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from orl_jax import params_io, trained_run
-from orl_jax import weights as weights_lib
-from orl_jax.config import ConfigError
+from orl_jax.models import params_io
+
+from orl_jax.storage import trained_run
+from orl_jax.storage import weights as weights_lib
+from orl_jax.errors import ConfigError
 from orl_jax.train.setup import build_setup, check_compatible, export_hf_dir
 from orl_jax.train.state import init_model_params
 

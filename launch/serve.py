@@ -22,7 +22,7 @@ import _common  # repo on sys.path; run()
 from absl import flags, logging
 from ml_collections import config_flags
 
-from orl_jax import trained_run
+from orl_jax.storage import trained_run
 from orl_jax.serve.load import served_model, start_watcher
 from orl_jax.serve.server import serve_forever
 

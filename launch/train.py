@@ -15,7 +15,9 @@ _common.stop_on_signals()   # first: Ctrl-C while JAX imports ends in one line t
 from absl import logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from orl_jax import distributed, trained_run  # noqa: E402
+from orl_jax import distributed  # noqa: E402
+
+from orl_jax.storage import trained_run  # noqa: E402
 from orl_jax.apps import outputs  # noqa: E402
 from orl_jax.apps import demo  # noqa: E402
 from orl_jax.apps.summary import report_run  # noqa: E402

@@ -25,7 +25,11 @@ import jax
 import numpy as np
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
-from orl_jax import distributed, run_config, trained_run
+from orl_jax import distributed
+
+from orl_jax.config import build as run_config
+
+from orl_jax.storage import trained_run
 from orl_jax import sharding as sharding_lib
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.decode import build as decode_build
@@ -200,7 +204,7 @@ def n_evaluated(config, n_available: int) -> int:
   n = config.eval.n_problems
   if n <= n_available:
     return n or n_available
-  from orl_jax.config import ConfigError
+  from orl_jax.errors import ConfigError
   task = config.task
   hint = {"tiny": "raise task.tiny.n_eval",
           "jsonl": f"add problems to task.path={task.path!r}"}.get(
@@ -341,7 +345,7 @@ def format_table(all_results: dict, reference: str = "base") -> str:
 def parse_compare(spec: str) -> list[tuple[str, str]]:
   """'DIR:name,DIR:name' -> [(DIR, name)]; a DIR without ':name' is named by what it is
   (`weights.display_name`: a run's name, or the folder's)."""
-  from orl_jax.weights import display_name
+  from orl_jax.storage.weights import display_name
   out = []
   for item in filter(None, (s.strip() for s in spec.split(","))):
     path, _, name = item.rpartition(":") if ":" in item else (item, "", "")

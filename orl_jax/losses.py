@@ -39,7 +39,7 @@ _EPS = 1e-6
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LossConfig:
   """The ORL loss settings: the `loss` section's fields, with no defaults of their own (the
-  section, `orl_jax.config_sections.Loss`, holds them; `from_section` builds one from it)."""
+  section, `orl_jax.config.sections.Loss`, holds them; `from_section` builds one from it)."""
   gate_entropy: float   # tau_gate: CE on masked positions with rollout entropy >= this
   aec_rho: float        # required relative contraction per step
   conf_entropy: float   # tau_conf: KL anchor where the rollout entropy is below this
@@ -51,7 +51,7 @@ class LossConfig:
 
   @classmethod
   def from_section(cls, section) -> "LossConfig":
-    """The LossConfig of a `loss` section (`config_sections.Loss`: a run's, or
+    """The LossConfig of a `loss` section (`orl_jax.config.sections.Loss`: a run's, or
     `Loss(**changes)` for the defaults with `changes`)."""
     return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})
 

@@ -1,5 +1,5 @@
 """The optimizer section of a run: `OptimizerConfig` (built once from `config.train` and the
-residual pathway's learning-rate scale by `orl_jax.config.optimizer_config`, validating
+residual pathway's learning-rate scale by `orl_jax.config.derive.optimizer_config`, validating
 itself) and `make_optimizer` (AdamW with linear warm-up and cosine decay, global-norm
 clipping, a learning rate of its own for the residual pathway, frozen parameters left
 alone)."""
@@ -17,8 +17,9 @@ from orl_jax import sharding as sharding_lib
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-  """What the optimizer of a run needs (`orl_jax.config.optimizer_config` reads it from the run
-  config, whose `train` section holds the defaults; none here); `errors` says what is wrong."""
+  """What the optimizer of a run needs (`orl_jax.config.derive.optimizer_config` reads it from
+  the run config, whose `train` section holds the defaults; none here); `errors` says what is
+  wrong."""
   lr: float                       # train.lr: the peak learning rate
   steps: int                      # train.steps: the cosine decay's length
   warmup_steps: int               # train.warmup_steps: linear warm-up from 0

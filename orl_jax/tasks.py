@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from orl_jax.errors import ConfigError
 from orl_jax.problem import Problem
 
 TASKS = ("tiny", "gsm8k", "humaneval", "jsonl")
@@ -87,7 +88,6 @@ def _task_field(task_cfg, name, default):
 
 def _eval_only(name: str):
   def fail(_):
-    from orl_jax.config import ConfigError
     raise ConfigError(f"task.name={name!r} has test problems only (no offline train split): "
                       "train on your own data with task.name='jsonl' and task.path=FILE")
   return fail
@@ -128,7 +128,6 @@ def _check_tiny_words(texts: Sequence[str], tokenizer) -> None:
   """ConfigError naming the words of `texts` the tiny task's word tokenizer has no id for."""
   if not hasattr(tokenizer, "vocab"):
     return
-  from orl_jax.config import ConfigError
   from orl_jax.data import tiny_task
   from orl_jax.data.tokenizer import pretokenize
   known = set(tokenizer.vocab)
@@ -153,7 +152,6 @@ def prompt_task(task_cfg, texts: Sequence[str], tokenizer=None) -> Task:
     tokenizer, chat = tokenizer or byte_level_tokenizer(), _task_field(task_cfg, "chat", "none")
   blank = [i for i, t in enumerate(texts) if not t.strip()]
   if blank:
-    from orl_jax.config import ConfigError
     raise ConfigError(f"prompt {blank[0]} to decode is empty or only whitespace: give the text "
                       "to decode")
   from orl_jax.data.prompts import apply_chat
@@ -163,7 +161,6 @@ def prompt_task(task_cfg, texts: Sequence[str], tokenizer=None) -> Task:
 
 def _verify_workers(task_cfg) -> int | None:
   """`task.verify_workers` as the code verifier's parallelism (None: the host's usable cores)."""
-  from orl_jax.config import ConfigError
   workers = int(_task_field(task_cfg, "verify_workers", 0))
   if workers < 0:
     raise ConfigError(f"task.verify_workers={workers} must be >= 0 (0: the host's usable "
@@ -174,8 +171,7 @@ def _verify_workers(task_cfg) -> int | None:
 def _verify_limits(task_cfg):
   """The code verifier's sandbox limits: the default ones with `task.verify_cpu_s` as the
   sample's CPU limit (a loop ends there, a timeout, instead of at the 10 s wall timeout)."""
-  from orl_jax.config import ConfigError
-  from orl_jax.config_sections import Task as TaskSection
+  from orl_jax.config.sections import Task as TaskSection
   from orl_sandbox import SandboxLimits
   cpu_s = int(_task_field(task_cfg, "verify_cpu_s", TaskSection.verify_cpu_s))
   if cpu_s <= 0:
@@ -185,7 +181,6 @@ def _verify_limits(task_cfg):
 
 
 def get_task(task_cfg, tokenizer=None) -> Task:
-  from orl_jax.config import ConfigError
   name = task_cfg.name
   if name == "tiny":
     from orl_jax.data import tiny_task

@@ -28,7 +28,7 @@ from orl_jax.models.diffusion_gemma import family
 from orl_jax.models.diffusion_gemma.config import DiffusionGemmaConfig
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma
 from orl_jax.models.hf_read import CheckpointError
-from orl_jax.params_io import open_safetensors, read_json
+from orl_jax.models.params_io import open_safetensors, read_json
 from orl_jax.sharding import path_name
 
 CONFIG_FILE, SINGLE_FILE, INDEX_FILE = ("config.json", "model.safetensors",

@@ -14,7 +14,7 @@ from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.packed_batch import layer_routes
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import make_rollout, per_row_rollout
+from orl_jax.decode.trajectories import make_trajectories, per_row_trajectories
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers_llada2 import build_model, random_flat_params
 
@@ -41,9 +41,9 @@ def moe_rollout(dtype: str, capture_routes: bool, edit_threshold: float = 1.0, p
                       max_post_edit_steps=post)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, CFG.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
-  rollout_fn = (functools.partial(per_row_rollout, n_rows=PER_ROW_ROWS)
+  rollout_fn = (functools.partial(per_row_trajectories, n_rows=PER_ROW_ROWS)
                 if schedule == "per_row" else None)
-  traj = make_rollout(graphdef, dcfg, G, rollout_fn=rollout_fn)(params, prompts, valid,
+  traj = make_trajectories(graphdef, dcfg, G, rollout_fn=rollout_fn)(params, prompts, valid,
                                                                 jax.random.key(5), 0)
   return graphdef, params, traj, np.asarray(valid), dcfg
 

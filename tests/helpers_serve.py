@@ -10,7 +10,7 @@ from configs import tiny
 from orl_jax.data.pipeline import encode_prompt
 from orl_jax.decode import per_row
 from orl_jax.problem import Problem
-from orl_jax.run_config import build
+from orl_jax.config.build import build
 from orl_jax.serve.load import engine_parts
 from orl_jax.tasks import get_task
 from orl_jax.unmasking import UnmaskRule

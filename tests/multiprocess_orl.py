@@ -117,8 +117,9 @@ def check_checkpoint_roundtrip(config) -> dict:
   """Restores the run's last checkpoint (every process), compares it with the exported final
   parameters, saves it again and restores that: both must be bit-exact."""
   from safetensors.numpy import load_file
-  from orl_jax import params_io, sharding
-  from orl_jax.checkpoint import Checkpointer, abstract_like
+  from orl_jax import sharding
+  from orl_jax.models import params_io
+  from orl_jax.storage.checkpoint import Checkpointer, abstract_like
   from orl_jax.data.pipeline import prompt_dataset
   from orl_jax.train.setup import build_setup, prepare_run, resume
   s = build_setup(config)
@@ -155,7 +156,8 @@ def evaluate_trained(config) -> dict:
   nothing across devices, so the tokens are the single process's exactly."""
   import numpy as np
   from orl_jax import evaluate as eval_lib
-  from orl_jax import sharding, trained_run
+  from orl_jax import sharding
+  from orl_jax.storage import trained_run
   from orl_jax.train.setup import build_setup, initial_params
   from orl_jax.unmasking import UnmaskRule
   s = build_setup(trained_run.model_config_for(config, trained_run.RANDOM_INIT))

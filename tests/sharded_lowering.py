@@ -23,13 +23,13 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from configs import llada, sdar  # noqa: E402
-from orl_jax import config as config_lib  # noqa: E402
+from orl_jax.config import derive as config_lib  # noqa: E402
 from orl_jax import sharding as sharding_lib  # noqa: E402
 from orl_jax.decode.canvas import prompt_layout  # noqa: E402
 from orl_jax.apps.dry_run import abstract_replay_batch  # noqa: E402
 from orl_jax.losses import OrlObjective  # noqa: E402
 from orl_jax.models.transformer import Transformer  # noqa: E402
-from orl_jax.rollout import make_rollout  # noqa: E402
+from orl_jax.decode.trajectories import make_trajectories  # noqa: E402
 from orl_jax.train.setup import build_setup, needs_reference  # noqa: E402
 from orl_jax.decode.block_sampler import block_decode_config  # noqa: E402
 from orl_jax.train.state import create_train_state, make_train_step, optimizer_of  # noqa: E402
@@ -92,7 +92,7 @@ def lowered_steps(name: str, platform: str) -> dict:
   prompts = jax.ShapeDtypeStruct((n_prompts, c.task.prompt_len), jnp.int32, sharding=rows)
   valid = jax.ShapeDtypeStruct((n_prompts, c.task.prompt_len), jnp.bool_, sharding=rows)
   params = abstract(state.params, state_sh.params)
-  rollout_fn = make_rollout(graphdef, dcfg, group, s.mesh)
+  rollout_fn = make_trajectories(graphdef, dcfg, group, s.mesh)
   key = jax.random.key(0)
   decode_step = lambda params, prompts, valid: rollout_fn(params, prompts, valid, key, 0)
   traj = jax.eval_shape(decode_step, params, prompts, valid)

@@ -2,6 +2,10 @@
 
 * the import graph of `orl_jax/`, `pallas_kernels/` and `orl_sandbox/` — every import
   statement, the function-local ones included — has no cycle;
+* neither has the graph of its folders: with every module of a package of `orl_jax/` (config,
+  decode, models, replay, ...) taken as its package and every module at the root as itself, no
+  package reaches back into itself through another (a loop between folders is a program whose
+  first import decides whether it starts);
 * the models (`orl_jax/models/`) sit below decoding, rollouts, replay, losses and training: no
   module under `models/` reaches one of those, directly or through the modules it imports;
 * no module outside `orl_jax/models/` imports a family folder (`orl_jax.models.<family>`): the
@@ -35,10 +39,10 @@ MAX_FUNCTION_LINES = 80
 
 # What the models must never reach: decoding, sampling, rollouts, replay, losses, training and
 # evaluation (modules by name, packages by prefix; any module named for a sampler or rollout),
-# except the plain types every decoder returns, which a family's own sampler builds.
-ABOVE_MODELS = ("orl_jax.rollout", "orl_jax.losses", "orl_jax.evaluate")
+# (the plain types every decoder returns, which a family's own sampler builds too, sit in
+# models/: `orl_jax.models.decoded`).
+ABOVE_MODELS = ("orl_jax.losses", "orl_jax.evaluate")
 ABOVE_MODELS_PACKAGES = ("orl_jax.decode", "orl_jax.replay", "orl_jax.train")
-SHARED_WITH_MODELS = ("orl_jax.decode.types",)
 ABOVE_MODELS_WORDS = ("sampler", "rollout")
 
 # The applications: only they, the launchers, the benchmarks and the tests import them.
@@ -47,7 +51,8 @@ APPS = "orl_jax.apps"
 # The library modules that may hold the command line's ConfigDict: its conversion to the typed
 # run config, the build every run calls, and the settings a trained run's weights bring (applied
 # to the command line's config before it is built). The applications (`apps/`) sit above it.
-CONFIG_DICT_ENTRY = ("orl_jax.config_sections", "orl_jax.run_config", "orl_jax.trained_run")
+CONFIG_DICT_ENTRY = ("orl_jax.config.sections", "orl_jax.config.build",
+                     "orl_jax.storage.trained_run")
 CONFIG_NAMES = ("config", "cfg")        # what a run config is called where it is read
 
 
@@ -168,12 +173,36 @@ def reach_path(graph, start: str, is_target) -> list[str] | None:
 
 def is_above_models(module: str) -> bool:
   last = module.rpartition(".")[2]
-  if module in SHARED_WITH_MODELS:
-    return False
   return (module in ABOVE_MODELS
           or any(module == p or module.startswith(p + ".") for p in ABOVE_MODELS_PACKAGES)
           or (not module.startswith("orl_jax.models")
               and any(w in last for w in ABOVE_MODELS_WORDS)))
+
+
+def folder_of(module: str) -> str:
+  """The node of the folder graph `module` belongs to: its package under `orl_jax/`
+  (`orl_jax.decode` for `orl_jax.decode.lockstep`), or itself for a module at the root."""
+  parts = module.split(".")
+  if parts[0] == "orl_jax" and len(parts) > 2:
+    return ".".join(parts[:2])
+  if parts[0] == "orl_jax" and len(parts) == 2 and os.path.isdir(os.path.join(ROOT, *parts)):
+    return module
+  return module if parts[0] == "orl_jax" else parts[0]
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+  """The import graph of `orl_jax/`'s folders (`folder_of`), self-edges left out."""
+  out: dict[str, set[str]] = {}
+  for module, deps in graph.items():
+    node = folder_of(module)
+    out.setdefault(node, set()).update(folder_of(d) for d in deps if folder_of(d) != node)
+  return out
+
+
+def folder_cycle_edges(graph, cycle: list[str]) -> list[str]:
+  """'module -> module' for the imports that make each step of a folder cycle."""
+  return [f"{m} -> {d}" for a, b in zip(cycle, cycle[1:]) for m in sorted(graph)
+          if folder_of(m) == a for d in sorted(graph[m]) if folder_of(d) == b]
 
 
 def family_folders() -> list[str]:
@@ -254,6 +283,33 @@ def test_the_import_graph_has_no_cycle_counting_function_local_imports():
   assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_the_folders_have_no_import_loop():
+  graph = import_graph(module_files(("orl_jax",)))
+  cycle = find_cycle(folder_graph(graph))
+  assert cycle is None, ("import loop between folders: " + " -> ".join(cycle) + "\n"
+                         + "\n".join(folder_cycle_edges(graph, cycle)))
+
+
+def test_a_loop_between_folders_is_caught():
+  """The decoders reading the run config's checks (`orl_jax.config.derive`, which imports the
+  decoders' own config) make a loop no module-level cycle shows; it is reported with the
+  imports that make it. `models/` stays below `decode/`: a model module importing a decoder
+  is a loop too."""
+  graph = import_graph(module_files(("orl_jax",)))
+  assert find_cycle(folder_graph(graph)) is None
+  assert "orl_jax.decode.config" in graph["orl_jax.config.sections"]
+  looped = dict(graph, **{"orl_jax.decode.block_sampler":
+                          graph["orl_jax.decode.block_sampler"] | {"orl_jax.config.derive"}})
+  assert find_cycle(looped) is None          # no module-level cycle
+  cycle = find_cycle(folder_graph(looped))
+  assert cycle is not None and set(cycle) == {"orl_jax.config", "orl_jax.decode"}
+  assert ("orl_jax.decode.block_sampler -> orl_jax.config.derive"
+          in folder_cycle_edges(looped, cycle))
+  below = dict(graph, **{"orl_jax.models.transformer":
+                         graph["orl_jax.models.transformer"] | {"orl_jax.decode.placement"}})
+  assert set(find_cycle(folder_graph(below)) or ()) >= {"orl_jax.models", "orl_jax.decode"}
+
+
 def test_no_model_module_reaches_decoding_rollout_replay_losses_or_training():
   graph = import_graph(module_files())
   bad = [" -> ".join(chain) for module in sorted(graph) if module.startswith("orl_jax.models")
@@ -275,9 +331,9 @@ def test_a_family_folder_import_from_outside_models_is_caught():
   folders = family_folders()
   assert "orl_jax.models.diffusion_gemma" in graph["orl_jax.models.families"]
   assert not family_folder_imports(graph, folders)
-  graph["orl_jax.decode.build"] |= {"orl_jax.models.diffusion_gemma.rollout"}
+  graph["orl_jax.decode.build"] |= {"orl_jax.models.diffusion_gemma.trajectories"}
   assert family_folder_imports(graph, folders) == [
-      "orl_jax.decode.build -> orl_jax.models.diffusion_gemma.rollout"]
+      "orl_jax.decode.build -> orl_jax.models.diffusion_gemma.trajectories"]
 
 
 def test_no_function_is_longer_than_80_lines():
@@ -288,13 +344,13 @@ def test_no_function_is_longer_than_80_lines():
 def test_a_family_folder_importing_a_decoder_is_caught():
   """The rule above covers the family folders (`orl_jax/models/<family>/`, their samplers and
   rollout glue included): one import of the decoders from a family module is reported, while
-  the shared output types (`orl_jax.decode.types`) they build stay allowed."""
+  the shared output types (`orl_jax.models.decoded`) they build stay allowed."""
   graph = import_graph(module_files())
   sampler = "orl_jax.models.diffusion_gemma.sampler"
-  types = "orl_jax.decode.types"
+  types = "orl_jax.models.decoded"
   assert types in graph[sampler] and not is_above_models(types)
   graph[sampler] = graph[sampler] | {"orl_jax.decode.lockstep"}
-  rollout = "orl_jax.models.diffusion_gemma.rollout"
+  rollout = "orl_jax.models.diffusion_gemma.trajectories"
   assert reach_path(graph, sampler, is_above_models) == [sampler, "orl_jax.decode.lockstep"]
   assert reach_path(graph, rollout, is_above_models) == [rollout, sampler,
                                                          "orl_jax.decode.lockstep"]
@@ -351,7 +407,7 @@ def config_dict_reads(modules: dict[str, str]) -> list[str]:
 def test_no_config_dict_below_the_run_config_entry():
   bad = config_dict_reads(module_files())
   assert not bad, ("ConfigDict uses below the run config's entry (read the built RunConfig, "
-                   "orl_jax/run_config.py):\n" + "\n".join(bad))
+                   "orl_jax/config/build.py):\n" + "\n".join(bad))
 
 
 def test_a_config_dict_read_below_the_entry_is_caught(tmp_path):
@@ -364,7 +420,7 @@ def test_a_config_dict_read_below_the_entry_is_caught(tmp_path):
          "  return config.loss.get('vocab_chunk', 0), config.task.tiny.get('n_eval')\n")
   path = tmp_path / "m.py"
   path.write_text(src)
-  files = {"orl_jax.somewhere": str(path), "orl_jax.run_config": str(path),
+  files = {"orl_jax.somewhere": str(path), "orl_jax.config.build": str(path),
            "orl_jax.apps.demo": str(path)}
   assert config_dict_reads(files) == [
       "orl_jax.somewhere:1 imports ml_collections", "orl_jax.somewhere:3 unlocks a config",

@@ -15,8 +15,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from configs import llada, sdar, tiny
-from orl_jax import params_io
-from orl_jax.run_config import ConfigError, build
+from orl_jax.models import params_io
+from orl_jax.config.build import ConfigError, build
 from orl_jax.data.hf_tokenizer import HFTokenizer, TokenizerError, byte_level_tokenizer
 from orl_jax.data.jsonl import DatasetError, load_jsonl_problems
 from orl_jax.models import families, hf_read
@@ -362,7 +362,7 @@ def test_export_eval_and_decode_of_a_folder_that_is_not_a_trained_run(tmp_path):
                    f"--out={tmp_path / 'o'}")
   assert line.startswith(f"export.py: --params={str(other)!r} holds neither a Hugging Face "
                          "model directory"), line
-  from orl_jax.trained_run import model_config_for
+  from orl_jax.storage.trained_run import model_config_for
   from tests.helpers_hf import decode_launcher
   config = llada.get_config("debug")
   with pytest.raises(ConfigError, match="a run that has not finished") as e:

@@ -9,7 +9,7 @@ from safetensors.numpy import load_file
 from configs import tiny
 from orl_jax.apps import base_model
 from orl_jax import evaluate as eval_lib
-from orl_jax import params_io
+from orl_jax.models import params_io
 from orl_jax.train.setup import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule
 

@@ -287,7 +287,7 @@ def _tiny_rollout(schedule: str, edit_threshold: float = 1.0, post: int = 0):
   prompts of 7 and 4 tokens (block 4: the first shares its last block with one generated
   token), 3 responses each."""
   from flax import nnx
-  from orl_jax.rollout import make_rollout, per_row_rollout
+  from orl_jax.decode.trajectories import make_trajectories, per_row_trajectories
   from tests.helpers import live_adapter, tiny_model
   graphdef, params = nnx.split(live_adapter(tiny_model(7, residual_mode="adapter"), 0.1, 3))
   dcfg = DecodeConfig(gen_length=12, block_size=4, mask_id=TINY.mask_id, eos_id=2,
@@ -296,8 +296,8 @@ def _tiny_rollout(schedule: str, edit_threshold: float = 1.0, post: int = 0):
                       edit_threshold=edit_threshold, max_post_edit_steps=post)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
-  fn = per_row_rollout if schedule == "per_row" else None
-  traj = make_rollout(graphdef, dcfg, 3, rollout_fn=fn)(params, prompts, valid,
+  fn = per_row_trajectories if schedule == "per_row" else None
+  traj = make_trajectories(graphdef, dcfg, 3, rollout_fn=fn)(params, prompts, valid,
                                                         jax.random.key(5), 0)
   return graphdef, params, jax.device_get(traj), np.asarray(prompts)
 
@@ -337,7 +337,7 @@ def test_absolute_placement_moe_replay_with_captured_routes():
   complete blocks, the shared block (state and clean) and every later block replay with the
   routes they were decoded with, to 1e-4."""
   from flax import nnx
-  from orl_jax.rollout import make_rollout
+  from orl_jax.decode.trajectories import make_trajectories
   from tests import helpers_moe_replay as moe
   from tests.helpers_llada2 import build_model, random_flat_params
   graphdef, params = nnx.split(build_model(moe.CFG, random_flat_params(moe.CFG, seed=4)))
@@ -346,7 +346,7 @@ def test_absolute_placement_moe_replay_with_captured_routes():
                       capture_routes=True, block_placement="absolute", commit_compare=">")
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, moe.CFG.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
-  traj = make_rollout(graphdef, dcfg, moe.G)(params, prompts, valid, jax.random.key(5), 0)
+  traj = make_trajectories(graphdef, dcfg, moe.G)(params, prompts, valid, jax.random.key(5), 0)
   assert traj.capture.routes.clean.shape[1] == 16            # 4 blocks of 4
   batch, plan = moe.replay_batch(traj, np.asarray(traj.prompt_valid))
   err, _ = moe.replay_error(graphdef, params, batch, plan, with_routes=True)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from orl_jax.checkpoint import Checkpointer, CheckpointRestoreError, abstract_like
+from orl_jax.storage.checkpoint import Checkpointer, CheckpointRestoreError, abstract_like
 from orl_jax.metrics import MetricsWriter, read_jsonl
 from orl_jax.train.entry import train
 from tests.helpers import (CHECKPOINT_FILE_KINDS, KILLED_ORL_STEPS, killed_orl_config,

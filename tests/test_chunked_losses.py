@@ -9,10 +9,10 @@ from flax import nnx
 
 from orl_jax.data.pipeline import SftExample
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.config_sections import Loss
+from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import make_rollout
+from orl_jax.decode.trajectories import make_trajectories
 from orl_jax.losses import sft_loss
 from orl_jax.unmasking import UnmaskRule
 from orl_jax.vocab_chunks import token_stats
@@ -53,7 +53,7 @@ def replay_batch():
                      rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=8)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
-  traj = make_rollout(graphdef, cfg, 2)(params, prompts, valid, jax.random.key(5), 0)
+  traj = make_trajectories(graphdef, cfg, 2)(params, prompts, valid, jax.random.key(5), 0)
   # a frozen reference the policy has moved away from, so the anchor is a live term
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(11), len(leaves))

@@ -1,4 +1,4 @@
-"""Every setting's default is written once, in its run-config section (orl_jax/config_sections.py).
+"""Every setting's default is written once, in its run-config section (orl_jax/config/sections.py).
 
 configs/tiny.py restates every default with a comment per line: its base config must equal the
 sections' defaults field by field (a line changed in one place only fails here). The runtime
@@ -12,9 +12,9 @@ import typing
 import pytest
 
 from configs import tiny
-from orl_jax import config as config_lib
-from orl_jax import config_sections as cs
-from orl_jax import run_config
+from orl_jax.config import derive as config_lib
+from orl_jax.config import sections as cs
+from orl_jax.config import build as run_config
 from orl_jax.decode import config as decode_config
 from orl_jax.losses import KL_REFERENCES, LossConfig
 from orl_jax.replay import plan
@@ -36,7 +36,7 @@ NOT_SETTINGS = {
     ("orl_jax/unmasking.py", "UnmaskRule", "name"),
 }
 # Runtime classes that still restate a section's default (built from the section in
-# orl_jax/config.py, but also constructed directly by the model loaders and many tests): the
+# orl_jax/config/derive.py, but also constructed directly by the model loaders and many tests): the
 # next to convert. The list may only shrink: a new restated default fails the scan.
 STILL_RESTATED = {
     "orl_jax/decode/config.py:DecodeConfig", "orl_jax/models/moe.py:MoEConfig",
@@ -95,7 +95,7 @@ def _restated_defaults(root: pathlib.Path = ROOT) -> set[tuple[str, str, str]]:
   names, out = _section_field_names(), set()
   for path in sorted((root / "orl_jax").rglob("*.py")):
     rel = path.relative_to(root).as_posix()
-    if rel == "orl_jax/config_sections.py":
+    if rel == "orl_jax/config/sections.py":
       continue
     for node in ast.walk(ast.parse(path.read_text())):
       if not isinstance(node, ast.ClassDef):

@@ -12,7 +12,7 @@ from flax import nnx
 
 from configs import tiny
 from orl_jax import residual as residual_lib
-from orl_jax.run_config import ConfigError, build
+from orl_jax.config.build import ConfigError, build
 from orl_jax.decode.canvas import Canvas
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import lockstep_decoder

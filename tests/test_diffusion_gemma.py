@@ -374,7 +374,7 @@ def test_no_canvas_is_generated_after_every_row_finished(hf_dirs, case):
   tokens and forwards, no decoder or commit forward after the last row finished (the rest of
   the output is padding), and TPF's tokens counted as transformers counts them."""
   pytest.importorskip("transformers")
-  from orl_jax.models.diffusion_gemma import rollout as dg_rollout
+  from orl_jax.models.diffusion_gemma import trajectories as dg_trajectories
   eos, seed, ends = EARLY_ENDS[case]
   cfg = sampler.SamplerConfig(n_canvases=3, max_steps=4, eos_ids=eos, pad_id=0)
   out, rec, ours, trace, p = _run_both(hf_dirs[512], cfg, seed=seed)
@@ -389,7 +389,7 @@ def test_no_canvas_is_generated_after_every_row_finished(hf_dirs, case):
   assert rec.canvas_idx + 1 == generated
   np.testing.assert_array_equal(np.asarray(ours.commit_forwards), generated)
   assert (np.asarray(ours.tokens)[:, generated * CANVAS:] == cfg.pad_id).all()
-  counts = dg_rollout.forward_counts(ours, cfg)
+  counts = dg_trajectories.forward_counts(ours, cfg)
   np.testing.assert_array_equal(np.asarray(counts.n_generated),
                                 (hf_tokens != cfg.pad_id).sum(-1))
   np.testing.assert_array_equal(np.asarray(counts.nfe_denoise),

@@ -16,7 +16,7 @@ import pytest
 from configs import diffusion_gemma as dg_configs
 from orl_jax.models.diffusion_gemma import sampler
 from orl_jax import evaluate as eval_lib
-from orl_jax import trained_run
+from orl_jax.storage import trained_run
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.models import families
 from orl_jax.train.setup import build_setup, initial_params

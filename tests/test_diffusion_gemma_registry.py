@@ -9,14 +9,14 @@ import pytest
 from flax import nnx
 
 from configs import diffusion_gemma as dg_configs
-from orl_jax import run_config
+from orl_jax.config import build as run_config
 from orl_jax import sharding
 from orl_jax.apps import dry_run
 from orl_jax.models import families
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma
 from orl_jax.models.diffusion_gemma.config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
 from orl_jax.models import family_base as base
-from orl_jax.rollout import capture_bytes, route_capture_bytes
+from orl_jax.decode.trajectories import capture_bytes, route_capture_bytes
 from orl_jax.train.state import frozen_params
 
 TINY = DiffusionGemmaConfig(

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.models.diffusion_gemma import rollout as dg_rollout
+from orl_jax.models.diffusion_gemma import trajectories as dg_trajectories
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma
 from orl_jax.models.diffusion_gemma.decoding import not_accepted
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.replay.plan import SRC_STATE
-from orl_jax.rollout import make_rollout
+from orl_jax.decode.trajectories import make_trajectories
 from tests.helpers_diffusion_gemma import (CANVAS, CFG, GROUP, RTOL, SAMPLER, STEPS,
                                            perturbed_model, rollout_logits, rollout_prompts,
                                            state_tokens)
@@ -35,7 +35,8 @@ def rollout_and_replay():
   model = perturbed_model()
   graphdef, params = nnx.split(model, nnx.Param)
   prompt, valid = rollout_prompts()
-  traj = make_rollout(graphdef, SAMPLER, GROUP, rollout_fn=dg_rollout.rollout)(
+  traj = make_trajectories(graphdef, SAMPLER, GROUP,
+                           rollout_fn=dg_trajectories.sampler_trajectories)(
       params, prompt, valid, jax.random.key(3), 0)
   cap = traj.capture
   rcfg = ReplayConfig(row_len=256, n_rows=2, max_states=48, max_responses=4, block_size=CANVAS,

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.models.diffusion_gemma import rollout as dg_rollout
+from orl_jax.models.diffusion_gemma import trajectories as dg_trajectories
 from orl_jax.packed_batch import layer_routes
 from orl_jax.models.diffusion_gemma.decoding import not_accepted
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import make_rollout
+from orl_jax.decode.trajectories import make_trajectories
 from pallas_kernels.staircase_attention import KIND_PAD
 from tests.helpers_diffusion_gemma import (CANVAS, CFG, GROUP, N_CANVASES, PROMPT, RTOL,
                                            SAMPLER, STEPS, perturbed_model, rollout_logits,
@@ -40,7 +40,7 @@ def _rollout(capture_routes: bool):
   graphdef, params = nnx.split(model, nnx.Param)
   prompt, valid = rollout_prompts()
   scfg = dataclasses.replace(SAMPLER, capture_routes=capture_routes)
-  traj = make_rollout(graphdef, scfg, GROUP, rollout_fn=dg_rollout.rollout)(
+  traj = make_trajectories(graphdef, scfg, GROUP, rollout_fn=dg_trajectories.sampler_trajectories)(
       params, prompt, valid, jax.random.key(3), 0)
   return model, traj
 

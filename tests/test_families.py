@@ -20,15 +20,16 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 from configs import llada
-from orl_jax import run_config
-from orl_jax import config as config_lib
+from orl_jax.config import build as run_config
+from orl_jax.config import derive as config_lib
+from orl_jax.decode import from_run
 from orl_jax import sharding
 from orl_jax.apps import dry_run
-from orl_jax.decode.types import ROUTE_DTYPE
+from orl_jax.models.decoded import ROUTE_DTYPE
 from orl_jax.models import families, hf_read
 from orl_jax.models import family_base as base
 from orl_jax.models.transformer import ModelConfig, Transformer
-from orl_jax.rollout import capture_bytes
+from orl_jax.decode.trajectories import capture_bytes
 from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
 from orl_jax.decode.block_sampler import block_decode_config
 from orl_jax.train.state import frozen_params, optimizer_of
@@ -191,7 +192,7 @@ def test_llada2_loader_names_missing_and_misshaped_official_tensors(tmp_path):
 
 
 def test_weights_path_errors_are_one_sentence(tmp_path):
-  from orl_jax.weights import kind_of, require_weights
+  from orl_jax.storage.weights import kind_of, require_weights
   with pytest.raises(config_lib.ConfigError, match=r"model.path='.*nowhere' does not exist"):
     kind_of(str(tmp_path / "nowhere"))
   c = llada.get_config()
@@ -305,7 +306,7 @@ def test_each_family_decodes_by_its_authors_rules():
   """Block placement and the threshold comparison follow the weights' family (its registry
   entry; a decode.* setting overrides); whether a row stops after its EOS block is the
   config's, set per variant as the official `generate` / serving stack does."""
-  rules = lambda c, family=None: config_lib.family_rules(run_config.convert(c), family)
+  rules = lambda c, family=None: from_run.family_rules(run_config.convert(c), family)
   c = llada.get_config()                                  # LLaDA2.1-mini
   assert rules(c) == {"block_placement": "absolute", "commit_compare": ">"}
   assert rules(c, "llada") == {"block_placement": "prompt_end", "commit_compare": ">="}
@@ -321,7 +322,7 @@ def test_each_family_decodes_by_its_authors_rules():
   sglang = llada.get_config("2.1-mini-sglang").decode
   assert (dllm.rule_value, dllm.edit_threshold, dllm.max_post_edit_steps) == (0.95, 0.9, 16)
   assert (sglang.rule_value, sglang.edit_threshold, sglang.max_post_edit_steps) == (0.5, 0.0, 16)
-  dcfg = config_lib.decode_config(run_config.convert(llada.get_config("8b-instruct")), mask_id=0,
+  dcfg = from_run.decode_config(run_config.convert(llada.get_config("8b-instruct")), mask_id=0,
                                   eos_id=1)
   assert (dcfg.block_placement, dcfg.commit_compare, dcfg.eos_early_stop) == (
       "prompt_end", ">=", False)

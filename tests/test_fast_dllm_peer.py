@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks.peers import llada_dir
-from orl_jax import config as config_lib
+from orl_jax.decode import from_run
 from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
@@ -87,7 +87,7 @@ def test_peer_plain_decoder_gives_our_tokens_and_nfe(tiny_dir, prompts):
   no CPU's rounding, decides the comparison."""
   ids, valid = prompts
   graphdef, params, s = llada_dir.load_ours(tiny_dir, gen_length=N, block_size=B)
-  dcfg = config_lib.decode_config(s.config, mask_id=llada_dir.MASK_ID, eos_id=llada_dir.EOS_ID,
+  dcfg = from_run.decode_config(s.config, mask_id=llada_dir.MASK_ID, eos_id=llada_dir.EOS_ID,
                                   rule=UnmaskRule("threshold", 0.9), temperature=0.0)
   dcfg = dataclasses.replace(dcfg, capture_states=N)          # every step: one per token at most
   run = lockstep_decoder(graphdef, dcfg)

@@ -11,8 +11,9 @@ import pytest
 from flax import nnx
 
 from configs import tiny as tiny_config
-from orl_jax import run_config
-from orl_jax import config as config_lib
+from orl_jax.config import build as run_config
+from orl_jax.config import derive as config_lib
+from orl_jax.decode import from_run
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import decode, lockstep_decoder
 from orl_jax.decode.step import propose
@@ -224,7 +225,7 @@ def test_validate_accepts_the_presets_and_rejects_routes_without_block_causal():
     config.decode.rule_value = rule_value
     config.decode.edit_threshold, config.decode.max_post_edit_steps = edit_threshold, post
     run_config.build(config)
-    dcfg = config_lib.decode_config(run_config.convert(config), mask_id=M, eos_id=EOS)
+    dcfg = from_run.decode_config(run_config.convert(config), mask_id=M, eos_id=EOS)
     assert dcfg.editing and dcfg.steps_bound == config.decode.block_size + post
   config = tiny_config.get_config("smoke")
   config.orl.capture_routes = True

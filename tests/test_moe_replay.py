@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orl_jax.decode.types import token_major_routes
+from orl_jax.models.decoded import token_major_routes
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.config_sections import Loss
+from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
-from orl_jax.rollout import make_rollout, route_capture_bytes
+from orl_jax.decode.trajectories import make_trajectories, route_capture_bytes
 from pallas_kernels.staircase_attention import KIND_PAD
 from tests.helpers_moe_replay import (B_SIZE, CFG, EOS, G, GEN, MOE, moe_rollout, replay_batch,
                                       replay_error)
@@ -151,6 +151,6 @@ def test_route_capture_needs_an_moe_block_causal_model():
                       capture_states=4, capture_routes=True)
   prompts, valid = jnp.full((1, 4), 5, jnp.int32), jnp.ones((1, 4), bool)
   with pytest.raises(ValueError, match="orl.capture_routes.*no MoE layer"):
-    make_rollout(graphdef, dcfg, 1)(params, prompts, valid, jax.random.key(0), 0)
+    make_trajectories(graphdef, dcfg, 1)(params, prompts, valid, jax.random.key(0), 0)
   with pytest.raises(ValueError, match="capture_states"):
     DecodeConfig(gen_length=8, block_size=4, mask_id=1, eos_id=EOS, capture_routes=True)

@@ -8,8 +8,8 @@ import optax
 import pytest
 
 from configs import tiny
-from orl_jax import run_config
-from orl_jax import config as config_lib
+from orl_jax.config import build as run_config
+from orl_jax.config import derive as config_lib
 from orl_jax.optimizer import OptimizerConfig, make_optimizer, param_labels
 
 BASE = OptimizerConfig(lr=1e-2, steps=10, warmup_steps=1, final_lr_fraction=0.0, b1=0.9, b2=0.99,

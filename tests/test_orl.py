@@ -9,10 +9,10 @@ from flax import nnx
 
 from orl_jax import losses
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.config_sections import Loss
+from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.rollout import make_rollout
+from orl_jax.decode.trajectories import make_trajectories
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, replayed_vs_captured, tiny_model
 
@@ -34,7 +34,7 @@ def _rollout(attention, residual_mode="adapter"):
                      rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=16)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
-  traj = make_rollout(graphdef, cfg, G)(params, prompts, valid, jax.random.key(5), 0)
+  traj = make_trajectories(graphdef, cfg, G)(params, prompts, valid, jax.random.key(5), 0)
   return graphdef, params, traj, np.asarray(valid)
 
 

@@ -200,7 +200,7 @@ def test_the_overlapped_loop_trains_on_a_code_task(tmp_path):
 
 
 def test_chunks_that_do_not_divide_are_config_errors():
-  from orl_jax.run_config import ConfigError, build
+  from orl_jax.config.build import ConfigError, build
   from orl_jax.train.setup import check_divisible_by_shards
   c = _config("unused", 3, True)
   with pytest.raises(ConfigError, match=r"orl.rollout_chunks=3 .*orl.prompts_per_step=4"):

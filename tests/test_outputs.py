@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from configs import llada
-from orl_jax import params_io, trained_run
+from orl_jax.models import params_io
+from orl_jax.storage import trained_run
 from orl_jax.apps import outputs
 from orl_jax.evaluate import SETUP_FILE
 from orl_jax.train.setup import build_setup, export_model_type, params_meta

@@ -177,7 +177,7 @@ def test_rows_advance_independently_without_refill():
 
 def test_schedule_is_validated():
   from configs import tiny
-  from orl_jax.run_config import ConfigError, build
+  from orl_jax.config.build import ConfigError, build
   config = tiny.get_config("eval")
   config.decode.schedule = "per_block"
   with pytest.raises(ConfigError, match="decode.schedule='per_block' must be one of"):
@@ -191,14 +191,14 @@ def test_schedule_is_validated():
 def test_per_row_rollout_has_the_lockstep_rollouts_shapes():
   """The training loop sizes its replay batch from the rollout's abstract shapes: the per-row
   rollout's Trajectories must be the lock-step one's, field for field."""
-  from orl_jax.rollout import make_rollout, per_row_rollout
+  from orl_jax.decode.trajectories import make_trajectories, per_row_trajectories
   graphdef, params = _model("block_causal")
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                      rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=16)
   prompts, valid = _queue()
   args = (params, prompts[:2], valid[:2], jax.random.key(5), 0)
-  shapes = [jax.eval_shape(make_rollout(graphdef, cfg, 3, rollout_fn=fn), *args)
-            for fn in (None, per_row_rollout)]
+  shapes = [jax.eval_shape(make_trajectories(graphdef, cfg, 3, rollout_fn=fn), *args)
+            for fn in (None, per_row_trajectories)]
   assert jax.tree.structure(shapes[0]) == jax.tree.structure(shapes[1])
   for a, b in zip(jax.tree.leaves(shapes[0]), jax.tree.leaves(shapes[1])):
     assert (a.shape, a.dtype) == (b.shape, b.dtype)

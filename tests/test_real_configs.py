@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import llada, qwendlm, sdar
-from orl_jax import run_config
+from orl_jax.config import build as run_config
 from orl_jax.evaluate import evaluate_models
 from orl_jax.train.entry import train
 from orl_jax.apps.summary import report_run

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from orl_jax.checkpoint import Checkpointer, abstract_like
-from orl_jax.run_settings import ChangedSettingsError
+from orl_jax.storage.checkpoint import Checkpointer, abstract_like
+from orl_jax.storage.run_settings import ChangedSettingsError
 from orl_jax.train.setup import build_setup, prepare_run, resume, run_settings
 from tests.helpers import orl_smoke_config
 

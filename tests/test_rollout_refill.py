@@ -12,7 +12,7 @@ from flax import nnx
 from orl_jax.decode import per_row
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import lockstep_decoder
-from orl_jax.rollout import make_rollout, per_row_rollout
+from orl_jax.decode.trajectories import make_trajectories, per_row_trajectories
 from orl_jax.unmasking import UnmaskRule
 from tests.helpers import TINY, TINY_BLOCK, live_adapter, orl_smoke_config, tiny_model
 
@@ -66,8 +66,8 @@ def engine_calls(monkeypatch):
 
 
 def _rollout(graphdef, params, cfg, n_rows, key):
-  fn = functools.partial(per_row_rollout, n_rows=n_rows)
-  run = make_rollout(graphdef, cfg, GROUP, rollout_fn=fn)
+  fn = functools.partial(per_row_trajectories, n_rows=n_rows)
+  run = make_trajectories(graphdef, cfg, GROUP, rollout_fn=fn)
   return jax.device_get(run(params, *_prompts(), key, 0))
 
 
@@ -112,7 +112,7 @@ def test_fewer_rows_greedy_equal_the_lockstep_rollout(engine_calls):
                      rule=UnmaskRule("threshold", 0.3), temperature=0.0, capture_states=3 * GEN)
   key = jax.random.key(4)
   few = _rollout(graphdef, params, cfg, 3, key)
-  lock = jax.device_get(make_rollout(graphdef, cfg, GROUP)(params, *_prompts(), key, 0))
+  lock = jax.device_get(make_trajectories(graphdef, cfg, GROUP)(params, *_prompts(), key, 0))
   assert engine_calls[0][0] == 3
   np.testing.assert_array_equal(few.responses, lock.responses)
   for name in COUNTS:
@@ -128,7 +128,7 @@ def test_fewer_rows_greedy_equal_the_lockstep_rollout(engine_calls):
     (dict(rollout_rows=7), r"exceeds the 6 responses .* set orl.rollout_rows <= 6"),
 ])
 def test_rollout_rows_is_validated(overrides, match):
-  from orl_jax.run_config import ConfigError, build
+  from orl_jax.config.build import ConfigError, build
   c = orl_smoke_config("unused")                       # 2 prompts x 3 responses
   c.decode.schedule = overrides.pop("schedule", "per_row")
   c.orl.rollout_rows = overrides["rollout_rows"]
@@ -162,15 +162,15 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
   more than one batch shard (the queue is one device-side array)."""
   import types
   from orl_jax.decode.build import sampler_of
-  from orl_jax.rollout import rollout
-  from orl_jax import run_config
+  from orl_jax.decode.trajectories import lockstep_trajectories
+  from orl_jax.config import build as run_config
   c = run_config.convert(orl_smoke_config("unused"))
   one, two = types.SimpleNamespace(shape={"data": 1}), types.SimpleNamespace(shape={"data": 2})
   rollout_fn = lambda mesh: sampler_of(c).rollout(mask_id=0, eos_id=1, mesh=mesh)[0]
-  assert rollout_fn(one) is rollout
+  assert rollout_fn(one) is lockstep_trajectories
   c = c.replace(**{"decode.schedule": "per_row", "orl.rollout_rows": 4})
   fn = rollout_fn(one)
-  assert fn.func is per_row_rollout and fn.keywords == {"n_rows": 4}
+  assert fn.func is per_row_trajectories and fn.keywords == {"n_rows": 4}
   with pytest.raises(ValueError, match="orl.rollout_rows=4 decodes the rollout queue on one "
                      "batch shard: set mesh.data = mesh.fsdp = mesh.expert = 1"):
     rollout_fn(two)

@@ -1,4 +1,4 @@
-"""The typed run config (orl_jax/config_sections.py, orl_jax/run_config.py): every shipped config
+"""The typed run config (orl_jax/config/sections.py, orl_jax/config/build.py): every shipped config
 converts without losing or changing a value, what a config leaves out takes the one default,
 unknown fields and wrong types are named together, a family's own settings join the sections,
 and `build` resolves the decode defaults once, leaving the command line's config untouched."""
@@ -13,8 +13,8 @@ import pytest
 
 from configs import diffusion_gemma as dg_configs
 from configs import llada, qwendlm, sdar, tiny
-from orl_jax import run_config
-from orl_jax.config_sections import ConfigError, RunConfig, Section
+from orl_jax.config import build as run_config
+from orl_jax.config.sections import ConfigError, RunConfig, Section
 
 VARIANTS = [(tiny, v) for v in ("demo", "sft", "eval", "smoke", "ablations", "orl", "warmup")] + [
     (llada, v) for v in llada.VARIANTS] + [(sdar, v) for v in ("4b", "8b", "debug")] + [

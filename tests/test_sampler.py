@@ -4,7 +4,7 @@ line and a config — no edit of the decoders, the rollouts, replay or training.
 
 The toy family below is registered the way a new folder would be (one entry in
 `families.FAMILIES`); its sampler is defined here. `make_decoder` hands every purpose to it,
-the rollout included (jitted data-parallel by the shared `make_rollout`), and what replay and
+the rollout included (jitted data-parallel by the shared `make_trajectories`), and what replay and
 the SFT layout read comes from it too."""
 import dataclasses
 import types

@@ -63,7 +63,7 @@ def test_the_verifier_counts_and_caches_a_cpu_limit_like_a_timeout():
 def test_training_verifies_code_with_the_task_cpu_limit(tmp_path):
   import json
   from configs import tiny
-  from orl_jax.config import ConfigError
+  from orl_jax.errors import ConfigError
   from orl_jax.tasks import get_task
   path = tmp_path / "code.jsonl"
   path.write_text(json.dumps({"id": "add", "prompt": PRELUDE, "entry_point": "add",

@@ -17,7 +17,7 @@ import openai
 import pytest
 from safetensors.numpy import save_file
 
-from orl_jax.params_io import read_safetensors
+from orl_jax.models.params_io import read_safetensors
 
 from orl_jax.serve.process import ServerProcess
 from tests.helpers_serve import MODEL, README_SERVE, alone, offline, tiny_problems

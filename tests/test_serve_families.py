@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import diffusion_gemma, llada, qwendlm, sdar
-from orl_jax import trained_run
+from orl_jax.storage import trained_run
 from orl_jax.data.pipeline import encode_prompt
 from orl_jax.decode import build as decode_build
 from orl_jax.decode import per_row

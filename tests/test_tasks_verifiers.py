@@ -273,7 +273,7 @@ def test_code_verifier_parallelism_comes_from_task_verify_workers():
   """`task.verify_workers` sets how many sandboxed samples run at once; 0 (the default) is the
   host's usable cores (`host_workers`, the CPU affinity); a negative count is a config error."""
   import ml_collections
-  from orl_jax.config import ConfigError
+  from orl_jax.errors import ConfigError
   from orl_jax.tasks import get_task
   from orl_jax.verify.humaneval import host_workers
   example = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",

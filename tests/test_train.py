@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from configs import tiny
-from orl_jax.run_config import ConfigError, build
+from orl_jax.config.build import ConfigError, build
 from orl_jax.metrics import read_jsonl
 from orl_jax.train import entry
 from orl_jax.train.entry import train
@@ -78,7 +78,7 @@ _SHARDED = textwrap.dedent("""
   from orl_jax.data.pipeline import train_dataset
   from orl_jax.losses import sft_loss
   from orl_jax.train.setup import build_setup
-  from orl_jax import config as config_lib
+  from orl_jax.config import derive as config_lib
   from orl_jax.train.state import create_train_state, make_train_step, optimizer_of
   assert len(jax.devices()) == 4
   c = tiny.get_config("smoke")
@@ -208,10 +208,10 @@ _SHARDED_REPLAY = textwrap.dedent("""
   from flax import nnx
   from orl_jax import sharding
   from orl_jax.decode.config import DecodeConfig
-  from orl_jax.config_sections import Loss
+  from orl_jax.config.sections import Loss
   from orl_jax.losses import LossConfig, orl_loss
   from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-  from orl_jax.rollout import make_rollout
+  from orl_jax.decode.trajectories import make_trajectories
   from orl_jax.unmasking import UnmaskRule
   from tests.helpers import TINY, tiny_model
   model = tiny_model(7, residual_mode="adapter")
@@ -220,7 +220,7 @@ _SHARDED_REPLAY = textwrap.dedent("""
                      rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=8)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = np.ones((2, 8), bool)
-  traj = make_rollout(graphdef, cfg, 3)(params, prompts, valid, jax.random.key(5), 0)
+  traj = make_trajectories(graphdef, cfg, 3)(params, prompts, valid, jax.random.key(5), 0)
   cap = jax.device_get(traj.capture)
   # the KL anchor's frozen reference: a model the policy has moved away from
   reference = jax.tree.map(lambda x: x * 1.05 + 0.01, params)
@@ -286,7 +286,7 @@ _SHARDED_ROLLOUT = textwrap.dedent("""
   from flax import nnx
   from orl_jax import sharding
   from orl_jax.decode.config import DecodeConfig
-  from orl_jax.rollout import make_rollout
+  from orl_jax.decode.trajectories import make_trajectories
   from orl_jax.unmasking import UnmaskRule
   from tests.helpers import TINY, tiny_model
   graphdef, params = nnx.split(tiny_model(3, residual_mode="adapter"))
@@ -295,8 +295,8 @@ _SHARDED_ROLLOUT = textwrap.dedent("""
   prompts = np.asarray(jax.random.randint(jax.random.key(0), (4, 8), 3, TINY.vocab_size))
   valid = np.ones((4, 8), bool)
   mesh = sharding.make_mesh()
-  single = make_rollout(graphdef, cfg, 2)(params, prompts, valid, jax.random.key(1), 0)
-  parallel = make_rollout(graphdef, cfg, 2, mesh)(params, prompts, valid, jax.random.key(1), 0)
+  single = make_trajectories(graphdef, cfg, 2)(params, prompts, valid, jax.random.key(1), 0)
+  parallel = make_trajectories(graphdef, cfg, 2, mesh)(params, prompts, valid, jax.random.key(1), 0)
   assert len(parallel.responses.sharding.device_set) == 4, parallel.responses.sharding
   single, parallel = jax.device_get(single), jax.device_get(parallel)
   # sampled tokens, commits and counters: identical; floats: to rounding of their magnitude
@@ -382,7 +382,7 @@ def test_orl_trains_only_on_verified_responses(tmp_path, monkeypatch):
 
 def test_orl_iteration_without_verified_responses_takes_no_step(tmp_path, monkeypatch):
   import json
-  from orl_jax import params_io
+  from orl_jax.models import params_io
   out, plans = _orl_with_verifier(monkeypatch, tmp_path, _EveryOtherResponse(none=True),
                                   steps=3)
   assert plans == []

@@ -1,5 +1,5 @@
-"""A trained run carries what it was trained with (orl_jax/trained_run.py): its params folder
-records the model, tokenizer, special tokens and chat template, and export, evaluation and
+"""A trained run carries what it was trained with (orl_jax/storage/trained_run.py): its params
+folder records the model, tokenizer, special tokens and chat template, and export, evaluation and
 decoding given the run's folder rebuild exactly that model and tokenizer from any config of the
 family, command-line overrides still winning; folders that are not a finished run are refused
 in one sentence."""
@@ -10,9 +10,10 @@ import os
 import pytest
 
 from configs import llada, tiny
-from orl_jax import params_io, trained_run
-from orl_jax import weights as weights_lib
-from orl_jax.config import ConfigError
+from orl_jax.models import params_io
+from orl_jax.storage import trained_run
+from orl_jax.storage import weights as weights_lib
+from orl_jax.errors import ConfigError
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
 from orl_jax.train.setup import build_setup, export_model_type, params_meta
 from orl_jax.train.state import init_model_params

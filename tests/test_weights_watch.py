@@ -17,11 +17,11 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from orl_jax import config as config_lib
+from orl_jax.config import derive as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.checkpoint import Checkpointer
+from orl_jax.storage.checkpoint import Checkpointer
 from orl_jax.models import families
-from orl_jax.params_io import flatten
+from orl_jax.models.params_io import flatten
 from orl_jax.serve import weights_watch as ww
 from orl_jax.train.entry import train
 from orl_jax.train.setup import build_setup, needs_reference

@@ -1,7 +1,7 @@
 """A random LLaDA checkpoint under the official tensor names, and our decoder's view of it.
 
 Both sides of the Fast-dLLM comparison read the same directory: the peer through
-`fast_dllm.LLaDA.from_dir`, ours the way a run does (`config.model.path`, `orl_jax.weights`,
+`fast_dllm.LLaDA.from_dir`, ours the way a run does (`config.model.path`, `orl_jax.storage.weights`,
 the `llada` family's loader), so the comparison is on identical weights.
 """
 from __future__ import annotations

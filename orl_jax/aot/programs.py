@@ -20,7 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax import config as config_lib, run_config
+from orl_jax.config import derive as config_lib
+
+from orl_jax.config import build as run_config
 from orl_jax.decode import build as decode_build
 from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib

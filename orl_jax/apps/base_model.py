@@ -20,7 +20,7 @@ import time
 import jax
 
 from orl_jax import evaluate as eval_lib
-from orl_jax import params_io
+from orl_jax.models import params_io
 from orl_jax.train.entry import train
 from orl_jax.train.setup import build_setup, initial_params
 

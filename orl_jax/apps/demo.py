@@ -11,7 +11,9 @@ import os
 from typing import Any
 
 from orl_jax import evaluate as eval_lib
-from orl_jax import distributed, params_io, run_config
+from orl_jax import distributed
+from orl_jax.models import params_io
+from orl_jax.config import build as run_config
 from orl_jax.apps import plots
 from orl_jax.apps.summary import CURVE_KEYS, WARMUP_CURVE_KEYS, training_summary, write_report
 from orl_jax.train.entry import train

@@ -18,15 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from orl_jax import run_config
-from orl_jax import config as config_lib
+from orl_jax.config import build as run_config
+from orl_jax.config import derive as config_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax import weights as weights_lib
+from orl_jax.storage import weights as weights_lib
 from orl_jax.decode import build as decode_build
 from orl_jax.models import families
 from orl_jax.models.transformer import Transformer
 from orl_jax.replay import abstract_batch
-from orl_jax.rollout import block_final_bytes, capture_bytes, route_capture_bytes
+from orl_jax.decode.trajectories import block_final_bytes, capture_bytes, route_capture_bytes
 from orl_jax.train.setup import (needs_reference, own_model_config, resolve_model,
                                  sizing_model_config, special_ids)
 from orl_jax.train.state import optimizer_of

@@ -22,9 +22,9 @@ import os
 import re
 from typing import Iterable, Sequence
 
-from orl_jax import params_io
-from orl_jax import trained_run
-from orl_jax import weights as weights_lib
+from orl_jax.models import params_io
+from orl_jax.storage import trained_run
+from orl_jax.storage import weights as weights_lib
 
 OUTPUTS = "work_dirs"    # where folders of outputs that belong to no run go
 EVAL_DIR = "eval"        # <run>/eval: a run's evaluations

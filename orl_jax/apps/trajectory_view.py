@@ -84,7 +84,8 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   every shape (its config.json); a params folder (or a run's work directory) gives what it was
   trained with (`trained_run`), except the fields in `overridden`."""
   import jax
-  from orl_jax import sharding, trained_run
+  from orl_jax import sharding
+  from orl_jax.storage import trained_run
   from orl_jax.decode import build as decode_build
   from orl_jax.train.setup import build_setup, initial_params
   from orl_jax.unmasking import UnmaskRule
@@ -113,7 +114,7 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
 
 
 def _encode(problems, tokenizer, prompt_len: int):
-  from orl_jax import config as config_lib
+  from orl_jax.config import derive as config_lib
   from orl_jax.data.pipeline import encode_prompts
   try:
     return encode_prompts(problems, tokenizer, prompt_len)

@@ -10,17 +10,16 @@ another.
   state captured for the trajectory page) stays the lock-step decoder.
 
 Both read the block rules (`block_placement`, `commit_compare`) of the weights' registry family
-(`config.family_rules`).
+(`decode.from_run.family_rules`).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 
-from orl_jax import config as config_lib
-from orl_jax import rollout as rollout_lib
 from orl_jax import sharding as sharding_lib
-from orl_jax.decode import lockstep, per_row, placement
+from orl_jax.decode import from_run, lockstep, per_row, placement
+from orl_jax.decode import trajectories
 from orl_jax.decode.capture import masked_positions
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.unmasking import UnmaskRule
@@ -44,14 +43,14 @@ def block_decode_config(config, model_cfg, purpose: str, *, mask_id: int, eos_id
   family = _registry_family(model_cfg)
   if purpose == "rollout":
     o = config.orl
-    decode_cfg = config_lib.decode_config(config, mask_id=mask_id, eos_id=eos_id,
+    decode_cfg = from_run.decode_config(config, mask_id=mask_id, eos_id=eos_id,
                                           rule=UnmaskRule(o.rollout_rule, o.rollout_rule_value),
                                           temperature=o.rollout_temperature, capture_states=1,
                                           family=family)
     steps = decode_cfg.max_blocks * decode_cfg.steps_bound
     return dataclasses.replace(decode_cfg, capture_states=o.capture_states or steps,
                                capture_routes=o.capture_routes, eos_early_stop=True)
-  decode_cfg = config_lib.decode_config(config, mask_id=mask_id, eos_id=eos_id, rule=rule,
+  decode_cfg = from_run.decode_config(config, mask_id=mask_id, eos_id=eos_id, rule=rule,
                                         temperature=temperature, family=family)
   if purpose == "decode":
     decode_cfg = dataclasses.replace(
@@ -71,7 +70,7 @@ class LockstepSampler:
 
   @property
   def block_placement(self) -> str:
-    return config_lib.family_rules(self.config,
+    return from_run.family_rules(self.config,
                                    _registry_family(self.model_cfg))["block_placement"]
 
   def forward_config(self, purpose: str, *, mask_id: int, eos_id: int,
@@ -88,7 +87,8 @@ class LockstepSampler:
     return lockstep.lockstep_decoder(graphdef, cfg)
 
   def rollout(self, *, mask_id: int, eos_id: int, mesh=None):
-    return rollout_lib.rollout, self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id)
+    return (trajectories.lockstep_trajectories,
+            self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id))
 
   unresolved = staticmethod(masked_positions)
 
@@ -119,7 +119,7 @@ class PerRowSampler(LockstepSampler):
     if rows and mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
       raise ValueError(f"orl.rollout_rows={rows} decodes the rollout queue on one batch shard: "
                        "set mesh.data = mesh.fsdp = mesh.expert = 1, or orl.rollout_rows=0")
-    return (functools.partial(rollout_lib.per_row_rollout, n_rows=rows),
+    return (functools.partial(trajectories.per_row_trajectories, n_rows=rows),
             self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id))
 
 

@@ -10,16 +10,17 @@ interface is `orl_jax.decode.sampler.Sampler`; nothing here knows which family i
 A purpose says what the decoder is for:
 
 * "evaluate": jitted `(params, prompt_tokens [B, P], prompt_valid [B, P], key) ->
-  decode.types.DecodeOutput` without capture (a `queued` sampler: the same signature over a
+  models.decoded.DecodeOutput` without capture (a `queued` sampler: the same signature over a
   queue of B prompts decoded on `n_rows` rows, with `DecodeOutput.iterations` set);
 * "decode": the same with every state captured (the launcher's trajectory page);
 * "rollout": jitted `(params, prompt_tokens [P, Lp], prompt_valid, key, rollout_step) ->
-  decode.types.Trajectories`, `group_size` responses per prompt with exact state capture, the
-  sampler's per-shard rollout run data-parallel over `mesh` (`orl_jax.rollout.make_rollout`).
+  models.decoded.Trajectories`, `group_size` responses per prompt with exact state capture, the
+  sampler's per-shard rollout run data-parallel over `mesh`
+  (`orl_jax.decode.trajectories.make_trajectories`).
 """
 from __future__ import annotations
 
-from orl_jax import rollout as rollout_lib
+from orl_jax.decode import trajectories
 from orl_jax.decode.block_sampler import block_sampler
 from orl_jax.decode.sampler import PURPOSES, Sampler
 from orl_jax.models import families
@@ -46,6 +47,6 @@ def make_decoder(config, model_cfg, graphdef, purpose: str, *, mask_id: int, eos
   sampler = sampler_of(config, model_cfg)
   if purpose == "rollout":
     rollout_fn, cfg = sampler.rollout(mask_id=mask_id, eos_id=eos_id, mesh=mesh)
-    return rollout_lib.make_rollout(graphdef, cfg, group_size, mesh, rollout_fn=rollout_fn)
+    return trajectories.make_trajectories(graphdef, cfg, group_size, mesh, rollout_fn=rollout_fn)
   return sampler.decoder(graphdef, purpose, mask_id=mask_id, eos_id=eos_id, rule=rule,
                          temperature=temperature, n_rows=n_rows)

@@ -1,7 +1,7 @@
 """Exact state capture (docs/method.md#rollout-with-exact-state-capture): the fixed-size device
-buffers a decode records into (`Capture` and `RouteCapture`, `orl_jax.decode.types`), the state each
-denoising step consumed (`capture_step`, `record_state`), and the check that route capture can be
-exact."""
+buffers a decode records into (`Capture` and `RouteCapture`, `orl_jax.models.decoded`), the state
+each denoising step consumed (`capture_step`, `record_state`), and the check that route capture
+can be exact."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from orl_jax import residual as residual_lib
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.types import ROUTE_DTYPE, Capture, RouteCapture, token_major_routes
+from orl_jax.models.decoded import ROUTE_DTYPE, Capture, RouteCapture, token_major_routes
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.residual import Residual
 

@@ -41,7 +41,7 @@ from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.placement import (Placed, final_blocks, finished_response, fixed_positions,
                                       place_for_decoder, row_blocks)
 from orl_jax.decode.step import needs_step, step_key, take_step
-from orl_jax.decode.types import ROUTE_DTYPE, Capture, DecodeOutput, token_major_routes
+from orl_jax.models.decoded import ROUTE_DTYPE, Capture, DecodeOutput, token_major_routes
 from orl_jax.models.transformer import Transformer, init_cache
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import KIND_CLEAN, KIND_PAD, KIND_PROMPT, make_meta

@@ -36,7 +36,7 @@ from flax import nnx
 from jax.typing import ArrayLike
 
 from orl_jax import residual as residual_lib
-from orl_jax.decode.types import Capture, DecodeOutput, token_major_routes
+from orl_jax.models.decoded import Capture, DecodeOutput, token_major_routes
 from orl_jax.decode.canvas import Canvas
 from orl_jax.decode.capture import check_route_capture, new_capture
 from orl_jax.decode.compile_options import StepSizedJit, step_compiler_options

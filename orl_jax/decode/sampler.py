@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 PURPOSES = ("evaluate", "decode", "rollout")
 
 # (model, prompt_tokens [P, Lp], prompt_valid, key, cfg, group_size, rollout_step) ->
-# decode.types.Trajectories: one shard's rollout, `orl_jax.rollout.rollout`'s signature
+# models.decoded.Trajectories: one shard's rollout (the signature of
+# `orl_jax.decode.trajectories.lockstep_trajectories`)
 RolloutFn = Callable[..., object]
 
 
@@ -67,7 +68,7 @@ class Sampler(Protocol):
               rule: UnmaskRule | None = None, temperature: float | None = None,
               n_rows: int = 0) -> Callable:
     """Jitted `(params, prompt_tokens [B, P], prompt_valid [B, P], key) ->
-    decode.types.DecodeOutput` for "evaluate" (no capture; `queued`: over a queue decoded on
+    models.decoded.DecodeOutput` for "evaluate" (no capture; `queued`: over a queue decoded on
     `n_rows` rows) or "decode" (every state captured)."""
     ...
 

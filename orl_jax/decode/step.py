@@ -17,7 +17,7 @@ from orl_jax import residual as residual_lib
 from orl_jax.decode.canvas import Canvas
 from orl_jax.decode.capture import capture_step
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.types import Capture
+from orl_jax.models.decoded import Capture
 from orl_jax.residual import Residual
 from orl_jax.unmasking import select_commits, select_commits_per_row, select_edits
 

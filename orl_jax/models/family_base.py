@@ -129,7 +129,7 @@ class Family(Generic[ConfigT]):
   # not the block decoder, DiffusionGemma); None: the block-diffusion samplers
   # (`orl_jax.decode.block_sampler`)
   sampler: Callable[..., Sampler] | None = None
-  # run-config section path -> frozen dataclass (`orl_jax.run_config`): the settings only this
+  # run-config section path -> frozen dataclass (`orl_jax.config.build`): the settings only this
   # family reads. A path naming an existing section ("decode") adds the dataclass's fields to
   # it; another path ("model.diffusion_gemma") adds a subsection of that name.
   config_sections: dict = dataclasses.field(default_factory=dict)

@@ -34,7 +34,7 @@ from orl_jax.models import family_base
 from orl_jax.models.family_base import AnyModelConfig, TensorRule
 from orl_jax.models.moe import RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
-from orl_jax.params_io import open_safetensors, read_json
+from orl_jax.models.params_io import open_safetensors, read_json
 from orl_jax.sharding import path_name
 
 CONFIG_FILE = "config.json"

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from orl_jax import params_io
+from orl_jax.models import params_io
 from orl_jax.models import family_base
 from orl_jax.models.family_base import AnyModelConfig
 from orl_jax.models.hf_read import (ADAPTER_FILE, ADAPTER_PREFIX, CONFIG_FILE, INDEX_FILE,

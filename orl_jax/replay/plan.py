@@ -58,8 +58,8 @@ CONTEXTS = ("block", "token")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReplayConfig:
   """The replay plan's settings; the fields named as the `replay` section's have no defaults
-  of their own (the section, `orl_jax.config_sections.Replay`, holds them;
-  `orl_jax.config.replay_config` builds one from a run)."""
+  of their own (the section, `orl_jax.config.sections.Replay`, holds them;
+  `orl_jax.config.derive.replay_config` builds one from a run)."""
   row_len: int                  # T, tokens per packed row
   n_rows: int                   # R, rows per update (static shape)
   max_states: int               # selected-state slots per update

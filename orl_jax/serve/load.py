@@ -1,7 +1,7 @@
 """A served model from a run config and its weights: what `launch/serve.py` builds.
 
 The weights may be a Hugging Face directory, a finished run's work directory or its `params/`
-folder (`orl_jax.weights`), as for decoding and evaluation: a trained run brings its
+folder (`orl_jax.storage.weights`), as for decoding and evaluation: a trained run brings its
 tokenizer, special tokens and chat template (`trained_run`), the config file the run-time
 choices (decoder rule, block size, lengths). The engine is the per-row block decoder
 (`engine.BlockEngine`) for every mask-diffusion family; the prompt length is `task.prompt_len`,
@@ -16,9 +16,9 @@ import threading
 
 import jax
 
-from orl_jax import trained_run
-from orl_jax import weights as weights_lib
-from orl_jax.config import ConfigError
+from orl_jax.storage import trained_run
+from orl_jax.storage import weights as weights_lib
+from orl_jax.errors import ConfigError
 from orl_jax.decode import build as decode_build
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.serve.app import Served

@@ -1,11 +1,12 @@
 """The weights of a training run as they land, for a server that follows the run.
 
 A run leaves two kinds of weights in its work directory: Orbax checkpoints of its `TrainState`
-(`<workdir>/checkpoints/<step>/state`, every `checkpoint.every` updates, `orl_jax.checkpoint`)
-and, once it finishes, the exported `params/` folder (`params_io`). A server that serves the run
-while it trains reads the newest complete checkpoint, and only its parameters: the optimizer
-moments are twice the model's size and of no use to a server, so they are never read (Orbax's
-partial restore). When the run has finished, its `params/` folder is the newest weights.
+(`<workdir>/checkpoints/<step>/state`, every `checkpoint.every` updates,
+`orl_jax.storage.checkpoint`) and, once it finishes, the exported `params/` folder (`params_io`).
+A server that serves the run while it trains reads the newest complete checkpoint, and only its
+parameters: the optimizer moments are twice the model's size and of no use to a server, so they
+are never read (Orbax's partial restore). When the run has finished, its `params/` folder is the
+newest weights.
 
 Only complete checkpoints are read. Orbax writes a step into `<step>.orbax-checkpoint-tmp-*`
 and renames it to `<step>` when done (on file systems without an atomic rename it writes into
@@ -26,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from orl_jax import params_io
+from orl_jax.models import params_io
 
 CHECKPOINT = "checkpoint"   # WeightsVersion.kind: a checkpoint of the run (version: its step)
 PARAMS = "params"           # a params folder (version: its meta.json's mtime in nanoseconds)

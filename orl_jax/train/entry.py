@@ -6,10 +6,12 @@ optimizer, the jitted step).
 """
 from __future__ import annotations
 
-from orl_jax import run_config, sharding
+from orl_jax import sharding
+
+from orl_jax.config import build as run_config
 from orl_jax.train import orl, sft
 from orl_jax.train.setup import build_setup
-from orl_jax.weights import require_weights
+from orl_jax.storage.weights import require_weights
 
 # train.mode -> the loop that runs it: `loop(setup, progress=, stop_after=)`
 LOOPS = {"sft": sft.train_sft, "residual_warmup": sft.train_sft,

@@ -12,7 +12,7 @@ policy lag (updates applied since the parameters the rollout was drawn with), wh
 One iteration, step by step (`orl_iteration`), with the module that owns each step:
 
     draw_prompts  data/pipeline.py    host -> device: this process's prompts  [hop: prompts]
-    rollout       rollout.py          jitted decode with capture, `orl.rollout_chunks` chunks,
+    rollout       decode/trajectories jitted decode with capture, `orl.rollout_chunks` chunks,
                                       all dispatched at once -> Trajectories per chunk (device)
     pull_chunk    here                per chunk, in order: device-side sums and the small
                                       arrays to host (waits for that chunk) [hop: verification]
@@ -55,14 +55,15 @@ import numpy as np
 
 from orl_jax.decode import build as decode_build
 from orl_jax.decode.capture import masked_positions
-from orl_jax import config as config_lib, distributed, sharding as sharding_lib
-from orl_jax.checkpoint import Checkpointer, save_in_background
+from orl_jax import distributed, sharding as sharding_lib
+from orl_jax.config import derive as config_lib
+from orl_jax.storage.checkpoint import Checkpointer, save_in_background
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
 from orl_jax.metrics import TPF_COUNT
 from orl_jax.tasks import verifier_metrics
-from orl_jax.decode.types import Trajectories
+from orl_jax.models.decoded import Trajectories
 from orl_jax.train.setup import Run, RunLog, Setup, finish_run, prepare_run, resume
 from orl_jax.train import interrupt
 from orl_jax.train.phases import DeviceTimeline, VerifyCalls, busy_seconds

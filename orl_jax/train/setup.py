@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING, Sequence, cast
 import jax
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
-from orl_jax import config as config_lib
-from orl_jax import distributed, params_io, run_settings as run_settings_lib, trained_run
-from orl_jax import weights as weights_lib
-from orl_jax import run_config
-from orl_jax.run_config import RunConfig
+from orl_jax.config import derive as config_lib
+from orl_jax import distributed
+from orl_jax.models import params_io
+from orl_jax.storage import run_settings as run_settings_lib
+from orl_jax.storage import trained_run
+from orl_jax.storage import weights as weights_lib
+from orl_jax.config import build as run_config
+from orl_jax.config.build import RunConfig
 from orl_jax import sharding as sharding_lib
-from orl_jax.checkpoint import Checkpointer, abstract_like
-from orl_jax.decode import build as decode_build
+from orl_jax.storage.checkpoint import Checkpointer, abstract_like
+from orl_jax.decode import build as decode_build, from_run
 from orl_jax.metrics import MetricsWriter
 from orl_jax.models import build, families
 from orl_jax.models.family_base import AnyModelConfig
@@ -437,7 +440,7 @@ def _family_decode_settings(config: RunConfig, family: str) -> dict:
 def run_settings(setup: Setup) -> dict:
   """{field: resolved value} of every setting that decides what the run's rollouts are and how
   they are replayed and scored, the one table of them: each checkpoint records it and a resume
-  compares it (`orl_jax/run_settings.py`). Values are resolved: the weights' family, the
+  compares it (`orl_jax/storage/run_settings.py`). Values are resolved: the weights' family, the
   tokenizer's special ids, the family's block rules, the decode defaults `build_setup` filled
   in. Step counts, logging, checkpointing, batch sizes and the work directory are left out:
   they may change between a run and its resume; so are the ORL sections for the other modes."""
@@ -502,10 +505,10 @@ _ORL_ONLY = ("orl.", "replay.", "loss.")   # settings only an ORL run reads
 
 
 def _block_rules(config, family: str) -> dict:
-  """The block decoder's resolved rules (`config.family_rules`); {} for a family that decodes
-  with its own sampler."""
+  """The block decoder's resolved rules (`decode.from_run.family_rules`); {} for a family that
+  decodes with its own sampler."""
   try:
-    return config_lib.family_rules(config, family)
+    return from_run.family_rules(config, family)
   except config_lib.ConfigError:
     return {}
 

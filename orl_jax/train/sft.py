@@ -59,7 +59,7 @@ def residual_source(setup: Setup):
 
 def sft_placement(setup: Setup) -> str:
   """Where the SFT layout places the blocks: as the model's sampler decodes them
-  (`Sampler.block_placement`: the block samplers' `config.family_rules`)."""
+  (`Sampler.block_placement`: the block samplers' `from_run.family_rules`)."""
   return decode_build.sampler_of(setup.config, setup.model_cfg).block_placement
 
 

@@ -42,7 +42,7 @@ def frozen_params(model_cfg: AnyModelConfig) -> Callable[[str], bool] | None:
 
 
 def optimizer_of(cfg: OptimizerConfig, model_cfg: AnyModelConfig):
-  """The optimizer of `cfg` (`orl_jax.config.optimizer_config` of a run) for a model of
+  """The optimizer of `cfg` (`orl_jax.config.derive.optimizer_config` of a run) for a model of
   `model_cfg`: its family's frozen parameters and residual-pathway modules."""
   return make_optimizer(cfg, frozen_params(model_cfg),
                         residual_modules=families.of_model(model_cfg).residual_modules)

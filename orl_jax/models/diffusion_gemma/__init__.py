@@ -5,7 +5,7 @@
 * `family.py`: its registry entry (`FAMILY`: name map, partition rules, run config -> model
   config, generation defaults);
 * `sampler.py`: transformers' uniform-noise sampler, run config -> `SamplerConfig`;
-* `rollout.py`: the sampler's trace as the shared `Capture`, `Trajectories` and forward counts;
+* `trajectories.py`: the sampler's trace as the shared `Capture`, `Trajectories` and forward counts;
 * `decoding.py`: `UniformNoiseSampler`, the family's `Sampler` (`FAMILY.sampler`): the decoder
   of each purpose, what replay reads of its capture, its prompt lead.
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from orl_jax.models.diffusion_gemma import rollout as dg_rollout
+from orl_jax.models.diffusion_gemma import trajectories as dg_trajectories
 from orl_jax.models.diffusion_gemma import sampler as dg_sampler
 from orl_jax.unmasking import UnmaskRule
 
@@ -56,7 +56,7 @@ class UniformNoiseSampler:
                        "accepts by an entropy bound: use 'entropy_budget_<nats>' "
                        "(transformers' default 0.1)")
     cfg = self._sampler_config(rollout=False, entropy_bound=rule.value)
-    return dg_rollout.sampler_decoder(graphdef, cfg, capture=purpose == "decode")
+    return dg_trajectories.sampler_decoder(graphdef, cfg, capture=purpose == "decode")
 
   def rollout(self, *, mask_id: int, eos_id: int, mesh=None):
     """With capture and the rollout rule's bound (`orl.rollout_rule_value`)."""
@@ -65,7 +65,7 @@ class UniformNoiseSampler:
       raise ValueError(f"orl.rollout_rows={rows} sets the per-row engine's rows, but "
                        "diffusion_gemma models roll out with their family's own sampler: set "
                        "orl.rollout_rows=0")
-    return dg_rollout.rollout, self._sampler_config()
+    return dg_trajectories.sampler_trajectories, self._sampler_config()
 
   unresolved = staticmethod(not_accepted)
 

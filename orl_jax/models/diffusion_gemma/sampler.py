@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax.decode.types import ROUTE_DTYPE, token_major_routes
+from orl_jax.models.decoded import ROUTE_DTYPE, token_major_routes
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma, KVCache, init_cache
 
 
@@ -96,7 +96,7 @@ class SamplerNoise(NamedTuple):
 
 class StepTrace(NamedTuple):
   """What each denoising step consumed and decided, [N, S, B, ...] (N canvases, S steps): the
-  rollout capture of this family (`rollout.py` beside this module)."""
+  rollout capture of this family (`trajectories.py` beside this module)."""
   canvas: jax.Array     # [N, S, B, C] int32 canvas fed to the step (noise tokens included)
   z: jax.Array          # [N, S, B, C, D] self-conditioning soft embedding consumed
   accepted: jax.Array   # [N, S, B, C] bool positions the step accepted

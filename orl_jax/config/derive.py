@@ -1,5 +1,5 @@
 """The run config's rules and conversions: `validate(run)` checks a `RunConfig` (the rules that
-span fields and sections; `orl_jax.run_config.build` calls it), with one message per problem
+span fields and sections; `orl_jax.config.build.build` calls it), with one message per problem
 naming the fields; `model_config`, `moe_config`, `decode_config` (with `family_rules`),
 `replay_config`, `loss_config` and `optimizer_config` turn its sections into the frozen
 dataclasses used in jit, each in one place (a family with its own sampler converts its own
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, TypeVar
+from typing import Any
 
-from orl_jax.config_sections import ChunkBy, ConfigError, RunConfig, TrainMode
+from orl_jax.config.sections import ChunkBy, RunConfig, TrainMode
 from orl_jax.data.tiny_task import TinyTaskConfig
 from orl_jax.losses import KL_REFERENCES, LossConfig
-from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, SCHEDULES, DecodeConfig
+from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, SCHEDULES
+from orl_jax.decode.from_run import family_rules
+from orl_jax.errors import ConfigError, required
 from orl_jax.models import families
 from orl_jax.models.moe import MoEConfig, RUNTIME_FIELDS
 from orl_jax.models.transformer import ModelConfig
@@ -30,17 +32,8 @@ CHUNK_BY: tuple[str, ...] = typing.get_args(ChunkBy)
 
 
 # decode.* fields a config may leave unset (None) for its family's generation defaults to fill
-# (`run_config.build`); every block decoder reads them
+# (`orl_jax.config.build.build`); every block decoder reads them
 FILLED_BY_FAMILY = ("gen_length", "rule_value", "max_steps_per_block")
-T = TypeVar("T")
-
-
-def required(value: T | None, field: str) -> T:
-  """A `FILLED_BY_FAMILY` field's value; ConfigError when it is still unset."""
-  if value is None:
-    raise ConfigError(f"invalid config: {field} is unset and the model's family has no "
-                      f"generation default for it: set --config.{field}")
-  return value
 
 
 def validate(config: RunConfig) -> None:
@@ -335,51 +328,6 @@ def model_config(config: RunConfig, *, vocab_size: int, mask_id: int,
     fields.update(arch)
     fields["moe"] = _with_moe_runtime(arch.get("moe"), config)
   return ModelConfig(**fields)
-
-
-# The block decoder's rules a family sets (`Family.decode`) and `decode.*` may override
-BLOCK_RULES = ("block_placement", "commit_compare")
-
-
-def family_rules(config: RunConfig, family: str | None = None) -> dict:
-  """{block_placement, commit_compare} of a run: `decode.*` where set, else ("auto") the
-  authors' rules of registry family `family` (None: `model.hf_family`; '' = ours, whose
-  default family records the rules the tiny model is trained with). Pass the weights' family
-  (`Setup.model_cfg.hf_family`): a config written for one family may load another's
-  checkpoint."""
-  family = config.model.hf_family if family is None else family
-  entry = families.get(family)
-  missing = [k for k in BLOCK_RULES if k not in entry.decode]
-  if missing:
-    raise ConfigError(f"the {family!r} family does not decode with the block decoder (its "
-                      f"registry entry has no {missing}): it decodes with its own sampler")
-  rules = {k: entry.decode[k] for k in BLOCK_RULES}
-  d = config.decode
-  for k in BLOCK_RULES:
-    if getattr(d, k) != "auto":
-      rules[k] = getattr(d, k)
-  return rules
-
-
-def decode_config(config: RunConfig, *, mask_id: int, eos_id: int,
-                  rule: UnmaskRule | None = None, temperature: float | None = None,
-                  capture_states: int = 0, family: str | None = None) -> DecodeConfig:
-  """The block decoder's config of a run; `family`: the weights' registry family (decides
-  the "auto" rules, `family_rules`; None: `model.hf_family`)."""
-  d = config.decode
-  if rule is None:
-    rule = UnmaskRule(d.rule, required(d.rule_value, "decode.rule_value"))
-  return DecodeConfig(gen_length=required(d.gen_length, "decode.gen_length"),
-                      block_size=d.block_size, mask_id=mask_id,
-                      eos_id=eos_id, rule=rule,
-                      temperature=d.temperature if temperature is None else temperature,
-                      max_steps_per_block=required(d.max_steps_per_block,
-                                                   "decode.max_steps_per_block"),
-                      capture_states=capture_states,
-                      top_k=d.top_k, edit_threshold=d.edit_threshold,
-                      max_post_edit_steps=d.max_post_edit_steps, cache=d.cache,
-                      eos_early_stop=d.eos_early_stop,
-                      **family_rules(config, family))
 
 
 def replay_config(config: RunConfig, n_shards: int, context: str = "block") -> ReplayConfig:

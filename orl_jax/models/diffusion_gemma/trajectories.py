@@ -18,11 +18,11 @@ adds the commit forwards the sampler really ran (none after the last canvas, non
 finished). The tokens of TPF are counted as transformers counts them: the response's non-padding
 tokens (`generated_tokens`). Rollouts and evaluation (`sampler_decoder`) count with the one function
 `forward_counts`. The family's `Sampler` (`decoding.py`) hands both to
-`orl_jax.decode.build.make_decoder`, which jits `rollout` data-parallel
-(`orl_jax.rollout.make_rollout`).
+`orl_jax.decode.build.make_decoder`, which jits `sampler_trajectories` data-parallel
+(`orl_jax.decode.trajectories.make_trajectories`).
 
 With `orl.capture_routes` the capture also holds the expert ids of every forward the rollout
-ran (`decode.types.RouteCapture`: each step's canvas, the prompt prefill, each commit
+ran (`models.decoded.RouteCapture`: each step's canvas, the prompt prefill, each commit
 forward), which the replay gather places token by token, as for LLaDA2.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orl_jax.decode.types import (Capture, DecodeOutput, RouteCapture, Trajectories,
+from orl_jax.models.decoded import (Capture, DecodeOutput, RouteCapture, Trajectories,
                                    trajectories)
 from orl_jax.models.diffusion_gemma import sampler
 
@@ -67,7 +67,7 @@ def generated_tokens(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig) ->
 
 def forward_counts(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig,
                    capture: bool = False) -> DecodeOutput:
-  """The decoders' output (`decode.types.DecodeOutput`) of `sampler.generate`'s: tokens [B, N·C]
+  """The decoders' output (`models.decoded.DecodeOutput`) of `sampler.generate`'s: tokens [B, N·C]
   (argmax canvases, padding after EOS) and the forwards counted both ways
   (docs/decoding.md#two-forward-counts, docs/method.md#metrics) — a canvas is decoded by a row when
   any of its steps counted for the row (every canvas up to the one holding its EOS); `n_generated`
@@ -83,7 +83,7 @@ def forward_counts(out: sampler.GenerateOutput, cfg: sampler.SamplerConfig,
                if capture else None))
 
 
-def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
+def sampler_trajectories(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
             group_size: int, rollout_step) -> Trajectories:
   """Samples `group_size` responses per prompt (rows of a group adjacent) with capture."""
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
@@ -93,7 +93,7 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: sampler.SamplerConfig,
 
 
 def sampler_decoder(graphdef, cfg: sampler.SamplerConfig, capture: bool = False):
-  """Jitted `(params, prompt_tokens, prompt_valid, key) -> decode.types.DecodeOutput`: the
+  """Jitted `(params, prompt_tokens, prompt_valid, key) -> models.decoded.DecodeOutput`: the
   sampler of evaluation and of the decode launcher (`decoding.UniformNoiseSampler`), with its
   trace as a `Capture` when `capture`."""
 

@@ -26,7 +26,9 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from orl_jax import distributed, run_settings
+from orl_jax import distributed
+
+from orl_jax.storage import run_settings
 
 
 class CheckpointRestoreError(RuntimeError):

@@ -2,8 +2,8 @@
 `convert`, which turns the command line's `ml_collections.ConfigDict` into a `RunConfig`
 (unknown fields and values of the wrong type gathered into one `ConfigError`).
 
-`orl_jax.run_config.build` is what a run calls: it converts, resolves the weights' family and
-its decode defaults, and checks every rule (`orl_jax.config.validate`). Sections read as the
+`orl_jax.config.build.build` is what a run calls: it converts, resolves the weights' family and
+its decode defaults, and checks every rule (`orl_jax.config.derive.validate`). Sections read as the
 ConfigDict did (`run.decode.block_size`); a changed copy is
 `run.replace(**{"decode.rule": "threshold"})`; `run.to_dict()` is the plain nested dict. A
 registry family adds the settings only it reads (`Family.config_sections`: DiffusionGemma's
@@ -17,6 +17,7 @@ import typing
 from typing import Any, Literal, Mapping
 
 from orl_jax.decode.config import CacheMode, Schedule
+from orl_jax.errors import ConfigError
 from orl_jax.losses import KlReference
 from orl_jax.models import families
 from orl_jax.replay.plan import ReplayLayout
@@ -30,10 +31,6 @@ _EXTRA = "extra"
 TrainMode = Literal["sft", "residual_warmup", "orl", "rcd_offline", "eval"]
 # orl.chunk_by: what a rollout chunk holds (docs/training.md#verification-overlapped-with-decoding)
 ChunkBy = Literal["samples", "prompts"]
-
-
-class ConfigError(ValueError):
-  """A config that cannot run; the message names the fields."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -456,7 +453,7 @@ def _family_sections(mapping: Mapping, other_family: str = "") -> dict[str, type
 def convert(config, *, other_family: str = "") -> RunConfig:
   """`config` (a ConfigDict or a nested mapping) as a RunConfig, with the defaults for what it
   leaves out and the settings of its family and of `other_family` (the weights' family, when
-  it is another); no family resolution, no rule checks (`orl_jax.run_config.build` does both).
+  it is another); no family resolution, no rule checks (`orl_jax.config.build.build` does both).
   ConfigError listing every unknown field and every value of the wrong type."""
   if isinstance(config, RunConfig):
     return config

@@ -3,22 +3,22 @@ reads the command line's `ml_collections.ConfigDict`.
 
 `configs/*.py` and `--config.a.b=v` stay the surface a user writes; `build`
 
-1. turns each section into its frozen dataclass (`orl_jax.config_sections`: `Model`, `Decode`,
+1. turns each section into its frozen dataclass (`orl_jax.config.sections`: `Model`, `Decode`,
    `Train`, `Orl`, `Replay`, `Loss`, `Task`, `Eval`, `Checkpoint`, `Mesh`, `Distributed`), a
    field the config leaves out taking the default written there, a field no section has refused
    with the nearest names, a registry family's own settings added (`Family.config_sections`);
 2. resolves the weights' family (a Hugging Face `model.path`'s config.json names it) and fills
    the `decode.*` fields its generation defaults cover and the config leaves unset (None), from
    the directory's generation_config.json, else the official defaults (logged);
-3. checks every rule (`orl_jax.config.validate`), all problems in one `ConfigError`.
+3. checks every rule (`orl_jax.config.derive.validate`), all problems in one `ConfigError`.
 """
 from __future__ import annotations
 
 import logging
 
-from orl_jax import config as config_lib
-from orl_jax import weights as weights_lib
-from orl_jax.config_sections import ConfigError, RunConfig, convert
+from orl_jax.config import derive as config_lib
+from orl_jax.storage import weights as weights_lib
+from orl_jax.config.sections import ConfigError, RunConfig, convert
 from orl_jax.models import families, hf_read
 
 __all__ = ["ConfigError", "RunConfig", "build", "convert", "fill_decode_defaults"]
@@ -27,7 +27,7 @@ __all__ = ["ConfigError", "RunConfig", "build", "convert", "fill_decode_defaults
 def build(config, *, rules: bool = True) -> RunConfig:
   """The run config of `config`, resolved once: converted (`convert`), the weights' family's
   sections added and its generation defaults filled into `decode` (logged), and with `rules`
-  every rule checked (`orl_jax.config.validate`; the dry run and the compile command size a
+  every rule checked (`orl_jax.config.derive.validate`; the dry run and the compile command size a
   layout whose batch does not divide yet without them). A RunConfig is not resolved again."""
   if isinstance(config, RunConfig):
     if rules:

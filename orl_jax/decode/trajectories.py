@@ -1,4 +1,5 @@
-"""On-policy rollouts with exact state capture (docs/method.md#rollout-with-exact-state-capture).
+"""The block decoders' trajectories: the ORL stage's rollout with exact state capture
+(docs/method.md#rollout-with-exact-state-capture).
 
 `G` sampled responses per prompt are decoded with the current parameters by the same jitted
 block decoder that evaluation uses, with capture switched on: every forward step records the
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orl_jax.decode import per_row
-from orl_jax.decode.types import ROUTE_DTYPE, Trajectories, trajectories
+from orl_jax.models.decoded import ROUTE_DTYPE, Trajectories, trajectories
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import decode
 from orl_jax.decode.placement import place_for_decoder
@@ -26,8 +27,8 @@ def _check_capture(cfg: DecodeConfig):
     raise ValueError("rollouts need decode capture: set capture_states > 0")
 
 
-def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_size: int,
-            rollout_step) -> Trajectories:
+def lockstep_trajectories(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
+                          group_size: int, rollout_step) -> Trajectories:
   """Decodes `group_size` responses per prompt (rows of a group are adjacent)."""
   _check_capture(cfg)
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
@@ -36,12 +37,13 @@ def rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig, group_si
   return trajectories(out, placed.tokens, placed.valid, rollout_step)
 
 
-def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
-                    group_size: int, rollout_step, n_rows: int = 0) -> Trajectories:
-  """`rollout` on the per-row engine (`decode.schedule = "per_row"`): the P*G responses are
-  one queue decoded on `n_rows` rows (`orl.rollout_rows`; 0 = P*G, one row per response), a
-  row whose response ended taking the next response of the queue. Response i samples with
-  fold_in(key, i) and its states land in capture row i, as in `rollout`, whatever `n_rows`."""
+def per_row_trajectories(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
+                         group_size: int, rollout_step, n_rows: int = 0) -> Trajectories:
+  """`lockstep_trajectories` on the per-row engine (`decode.schedule = "per_row"`): the P*G
+  responses are one queue decoded on `n_rows` rows (`orl.rollout_rows`; 0 = P*G, one row per
+  response), a row whose response ended taking the next response of the queue. Response i
+  samples with fold_in(key, i) and its states land in capture row i, as in
+  `lockstep_trajectories`, whatever `n_rows`."""
   _check_capture(cfg)
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   n_queue = prompt_tokens.shape[0] * group_size
@@ -51,14 +53,15 @@ def per_row_rollout(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
   return trajectories(out, placed.tokens, placed.valid, rollout_step)
 
 
-def make_rollout(graphdef, cfg, group_size: int, mesh=None, rollout_fn=None):
+def make_trajectories(graphdef, cfg, group_size: int, mesh=None, rollout_fn=None):
   """Jitted `(params, prompt_tokens, prompt_valid, key, rollout_step) -> Trajectories`.
 
   With a mesh, prompts are split over the data axes and the rollout runs data-parallel (each
   shard decodes its prompts' groups; parameters keep their own shardings). `rollout_fn`: a
-  family's own rollout with `rollout`'s signature (default: `rollout`, the mask decoder).
+  family's own rollout with `lockstep_trajectories`' signature (default: `lockstep_trajectories`,
+  the mask decoder).
   """
-  rollout_fn = rollout_fn or rollout
+  rollout_fn = rollout_fn or lockstep_trajectories
 
   def run(params, prompt_tokens, prompt_valid, key, rollout_step):
     return rollout_fn(nnx.merge(graphdef, params), prompt_tokens, prompt_valid, key, cfg,
@@ -89,7 +92,7 @@ def route_capture_bytes(n_rows: int, cfg: DecodeConfig, prompt_len: int, n_moe_l
                         top_k: int, blocks: int | None = None) -> int:
   """Bytes of the route buffers `capture_routes` adds to `capture_bytes` (the dry-run's
   capture row): K expert ids per MoE layer for every token of every captured state, of the
-  prompt prefill and of the commit forwards of `blocks` blocks (`decode.types.RouteCapture`;
+  prompt prefill and of the commit forwards of `blocks` blocks (`models.decoded.RouteCapture`;
   None: N / b, the block decoder's `max_blocks` with absolute placement)."""
   if not cfg.capture_routes:
     return 0

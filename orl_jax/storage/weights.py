@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from orl_jax.config import ConfigError
+from orl_jax.errors import ConfigError
 
 HF = "hf"              # a Hugging Face model directory
 PARAMS = "params"      # an orl_jax params folder

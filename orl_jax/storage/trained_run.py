@@ -21,7 +21,7 @@ from typing import Iterable, Mapping
 
 import ml_collections
 
-from orl_jax import params_io
+from orl_jax.models import params_io
 
 RUN_KEY = "run"                 # meta.json: what the model was trained with (run_record)
 TOKENIZER_FILE = "tokenizer.json"
@@ -142,7 +142,7 @@ def model_config_for(config, path: str, overridden: frozenset = frozenset(),
   with (`trained_settings`: a params folder's architecture, residual pathway,
   tokenizer, special tokens and chat template) replace the config's, except the fields in
   `overridden` (those the command line set)."""
-  from orl_jax import weights as weights_lib
+  from orl_jax.storage import weights as weights_lib
   cfg = copy.deepcopy(config)
   with cfg.unlocked():
     cfg.train.mode = "eval"        # evaluation only: the training modes' checks do not apply
