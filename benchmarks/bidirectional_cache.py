@@ -25,7 +25,7 @@ from flax import nnx
 from configs import tiny
 from orl_jax.data.pipeline import encode_example
 from orl_jax.evaluate import decode_problems
-from orl_jax.train.setup import build_setup, initial_params
+from orl_jax.setup.build import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
 

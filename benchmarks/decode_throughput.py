@@ -46,7 +46,7 @@ from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.step import propose
 from orl_jax.models import build
 from orl_jax.models.transformer import init_cache
-from orl_jax.train.setup import build_setup, initial_params
+from orl_jax.setup.build import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule, select_commits
 from pallas_kernels.staircase_attention import KIND_CLEAN, KIND_STATE
 from flax import nnx

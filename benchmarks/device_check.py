@@ -50,7 +50,8 @@ from orl_jax.aot import report as aot_report
 from orl_jax.aot import targets as aot_targets
 from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, OrlObjective
-from orl_jax.train.state import init_model_params, optimizer_of
+from orl_jax.models.build import init_model_params
+from orl_jax.optimizer import optimizer_of
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import (KERNELS, TokenMeta, attention, current_platform,
                                                 staircase_attention_reference, testing)

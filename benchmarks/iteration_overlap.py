@@ -388,7 +388,7 @@ def real_config(module: str, arg: str | None):
   """(RunConfig, model config, sampler) of a real-model config, built without weights."""
   from orl_jax.config import build as run_config
   from orl_jax.decode import build as decode_build
-  from orl_jax.train.setup import sizing_model_config
+  from orl_jax.setup.build import sizing_model_config
   get_config = importlib.import_module(f"configs.{module}").get_config
   config = run_config.build(get_config(arg) if arg else get_config())
   model_cfg = sizing_model_config(config)
@@ -399,7 +399,7 @@ def snapshot_bytes(config, model_cfg, sampler) -> int:
   """The rollout's capture buffers as the dry-run counts them (the bulk of a snapshot)."""
   import jax.numpy as jnp
   from orl_jax.decode.trajectories import block_final_bytes, capture_bytes, route_capture_bytes
-  from orl_jax.train.setup import special_ids
+  from orl_jax.setup.resolve import special_ids
   mask_id, eos_id = special_ids(config, model_cfg)
   decode_cfg = sampler.forward_config("rollout", mask_id=mask_id, eos_id=eos_id)
   n = config.orl.prompts_per_step * config.orl.group_size
@@ -435,7 +435,7 @@ def time_planning(config, sampler, model_cfg, n_shards: int, repeats: int) -> di
   import numpy as np
   from orl_jax.config import derive as config_lib
   from orl_jax.replay.plan import build_plan
-  from orl_jax.train.setup import special_ids
+  from orl_jax.setup.resolve import special_ids
   cfg = config_lib.replay_config(config, n_shards, sampler.replay_context)
   mask_id, eos_id = special_ids(config, model_cfg)
   decode_cfg = sampler.forward_config("rollout", mask_id=mask_id, eos_id=eos_id)

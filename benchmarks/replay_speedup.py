@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import tiny
+from orl_jax.decode.capture import masked_positions
 from orl_jax.config import build as run_config
 from orl_jax.config import derive as config_lib
 from orl_jax import sharding as sharding_lib
@@ -48,7 +49,8 @@ from orl_jax.models.decoded import Capture, DecodeOutput, trajectories
 from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, OrlObjective
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
-from orl_jax.train.state import create_train_state, make_train_step, optimizer_of
+from orl_jax.train.state import create_train_state, make_train_step
+from orl_jax.optimizer import optimizer_of
 from pallas_kernels.staircase_attention import staircase_visible
 
 PROMPT, BLOCK, N_BLOCKS, STEPS = 512, 32, 4, 4
@@ -149,7 +151,7 @@ class Runner:
 
   def __init__(self, traj, group, layout, row_len, rows, m, s_cfg, optimizer, mesh, objective):
     plan, _ = _plan(traj, group, layout, row_len, rows, m)
-    self.batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id)
+    self.batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id, unresolved=masked_positions)
     graphdef, state, state_sh = create_train_state(s_cfg, optimizer, mesh, 0)
     repl = sharding_lib.replicated(mesh)
     self.step = make_train_step(graphdef, optimizer, objective, mesh, state_sh,
@@ -182,7 +184,7 @@ def prepare_layout(traj, group, layout, row_len, args, s_cfg, optimizer, mesh, o
   out = {"row_len": row_len, "rows": rows, "tokens": rows * row_len,
          "attention_pairs_dense": rows * row_len ** 2, "attention_pairs_visible":
          visible_pairs(plan), "micro_batch_trials": []}
-  batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id)
+  batch = gather_batch(traj, plan, mask_id=s_cfg.mask_id, unresolved=masked_positions)
   make = lambda m: Runner(traj, group, layout, row_len, rows, m, s_cfg, optimizer, mesh,
                           objective)
   for m in [d for d in range(1, rows + 1) if rows % d == 0]:

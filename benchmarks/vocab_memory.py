@@ -60,7 +60,8 @@ def main():
   args = parser.parse_args()
   cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=1, n_heads=4,
                     n_kv_heads=4, head_dim=args.d_model // 4, mlp_dim=2 * args.d_model,
-                    mask_id=args.vocab - 1, residual_mode="adapter", attention_impl="xla")
+                    mask_id=args.vocab - 1, qk_norm=False, residual_mode="adapter",
+                    attention_impl="xla")
   graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))),
                                nnx.Param)
   rows, row_len = 4, args.tokens // 4

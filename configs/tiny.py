@@ -245,7 +245,7 @@ def base_config() -> ml_collections.ConfigDict:
   # True: snapshot each rollout (a kill between rollout and update resumes it)
   c.checkpoint.save_rollouts = False
   # Each checkpoint records the settings that decide the run's rollouts, replay and loss
-  # (orl_jax/train/setup.py run_settings); a resume under other values stops, naming them. The
+  # (orl_jax/setup/recorded.py); a resume under other values stops, naming them. The
   # fields (separated by commas) a resume may find changed, e.g. "orl.rollout_rule_value,loss.w_kl"
   c.checkpoint.allow_changed = ""
 

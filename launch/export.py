@@ -26,8 +26,9 @@ from orl_jax.models import params_io
 from orl_jax.storage import trained_run
 from orl_jax.storage import weights as weights_lib
 from orl_jax.errors import ConfigError
-from orl_jax.train.setup import build_setup, check_compatible, export_hf_dir
-from orl_jax.train.state import init_model_params
+from orl_jax.setup.build import build_setup, check_compatible
+from orl_jax.storage.hf_export import export_hf_dir
+from orl_jax.models.build import init_model_params
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).",
                                           lock_config=True)

@@ -365,14 +365,14 @@ def evaluate_models(config, models: Sequence[tuple[str, str]], *, progress=True,
   processes: this call's). `overridden`: the fields the command line set
   (`trained_run.model_config_for`).
   With `progress`, says how many of the task's problems each model is scored on."""
-  from orl_jax.train.setup import build_setup, initial_params
+  from orl_jax.setup.build import build_setup, initial_params
   path = os.path.join(config.workdir, "results.json")
   all_results = {}
   for weights, name in models:
     setup = build_setup(trained_run.model_config_for(config, weights, overridden,
                                          "eval.compare" if config.eval.compare else "model.path"))
     cfg = setup.config
-    # build_setup's task is a tasks.Task; train.setup.Setup annotates it `object`
+    # build_setup's task is a tasks.Task; setup.build.Setup annotates it `object`
     n_available = len(cast("Task", setup.task).eval_problems())
     n = n_evaluated(cfg, n_available)          # before the weights load: a wrong size stops here
     if progress and distributed.is_lead_process():

@@ -2,17 +2,22 @@
 residual pathway's learning-rate scale by `orl_jax.config.derive.optimizer_config`, validating
 itself) and `make_optimizer` (AdamW with linear warm-up and cosine decay, global-norm
 clipping, a learning rate of its own for the residual pathway, frozen parameters left
-alone)."""
+alone), with `optimizer_of`, the optimizer of a model: its family's frozen parameters
+(`frozen_params`) and residual-pathway modules."""
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import jax
 import optax
 
 from orl_jax import sharding as sharding_lib
+from orl_jax.models import families
+from orl_jax.models.family_base import AnyModelConfig
+from orl_jax.models.moe import frozen_param
+from orl_jax.models.transformer import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,7 +74,7 @@ def make_optimizer(cfg: OptimizerConfig, frozen: Callable[[str], bool] | None = 
                    residual_modules: Sequence[str]):
   """AdamW with linear warmup and cosine decay, global-norm clipping (`grad_clip` > 0), and
   the residual pathway (the modules `residual_modules` names: `Family.residual_modules`,
-  `train.state.optimizer_of`) at `lr * residual_lr_scale`. Parameters `frozen(name)` marks get
+  `optimizer_of`) at `lr * residual_lr_scale`. Parameters `frozen(name)` marks get
   no update and no optimizer state (`train.state.frozen_params`); with `freeze_base`, only the
   residual pathway is updated."""
   def schedule(scale):
@@ -89,3 +94,23 @@ def make_optimizer(cfg: OptimizerConfig, frozen: Callable[[str], bool] | None = 
   if cfg.grad_clip <= 0:
     return update
   return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), update)
+
+
+def frozen_params(model_cfg: AnyModelConfig) -> Callable[[str], bool] | None:
+  """The predicate on parameter names the optimizer must leave alone (an MoE router's
+  `expert_bias`, a frozen router; a family's own, such as DiffusionGemma's `layer_scalar`
+  buffers), or None when the model has none."""
+  family = families.of_model(model_cfg)
+  if family.frozen is not None:
+    return family.frozen
+  model_cfg = cast(ModelConfig, model_cfg)   # a family with its own model names its `frozen`
+  if model_cfg.moe is None:
+    return None
+  return functools.partial(frozen_param, cfg=model_cfg.moe)
+
+
+def optimizer_of(cfg: OptimizerConfig, model_cfg: AnyModelConfig):
+  """The optimizer of `cfg` (`orl_jax.config.derive.optimizer_config` of a run) for a model of
+  `model_cfg`: its family's frozen parameters and residual-pathway modules."""
+  return make_optimizer(cfg, frozen_params(model_cfg),
+                        residual_modules=families.of_model(model_cfg).residual_modules)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from orl_jax.decode.capture import masked_positions
 from orl_jax.models import ModelConfig, Transformer
 from orl_jax.replay import gather_batch
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
@@ -51,7 +52,7 @@ def live_adapter(model, scale: float, seed: int):
 
 def replayed_vs_captured(graphdef, params, traj, plan):
   """(replayed log-probs at the captured top-K ids, captured log-probs, batch) at state tokens."""
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
   model = nnx.merge(graphdef, params)
   logits = model(batch.tokens, batch.positions, batch.meta, residual=batch.residual).logits
   logp = jax.nn.log_softmax(logits, -1)

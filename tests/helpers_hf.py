@@ -46,7 +46,8 @@ def write_llada_hf_dir(path: str, *, d_model: int, n_layers: int, seed: int) -> 
   model.safetensors (the official torch [out, in] names), tokenizer.json."""
   cfg = ModelConfig(vocab_size=LLADA_VOCAB, d_model=d_model, n_layers=n_layers, n_heads=4,
                     n_kv_heads=4, head_dim=d_model // 4, mlp_dim=2 * d_model, mask_id=126336,
-                    rope_theta=5e5, norm_eps=1e-5, attention="bidirectional", hf_family="llada")
+                    qk_norm=False, rope_theta=5e5, norm_eps=1e-5, attention="bidirectional",
+                    hf_family="llada")
   rng = np.random.default_rng(seed)
   w = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)
   d, f = d_model, cfg.mlp_dim
@@ -120,8 +121,9 @@ SPECIALS = {BOS: "<|startoftext|>", MASK: "<|mdm_mask|>", EOS: "<|eot_id|>",
             PAD: "<|endoftext|>"}
 CONFIGS = {   # family -> (a small model of it, the config that decodes it)
     "llada": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2, n_kv_heads=2,
-                          head_dim=8, mlp_dim=24, mask_id=MASK, rope_theta=5e5, norm_eps=1e-5,
-                          attention="bidirectional", hf_family="llada"), "llada:8b-instruct"),
+                          head_dim=8, mlp_dim=24, mask_id=MASK, qk_norm=False, rope_theta=5e5,
+                          norm_eps=1e-5, attention="bidirectional", hf_family="llada"),
+               "llada:8b-instruct"),
     "llada2_moe": (ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2,
                                n_kv_heads=1, head_dim=8, mlp_dim=24, mask_id=MASK,
                                rope_theta=6e5, rope_fraction=0.5, qk_norm=True, moe=TINY_MOE,

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from orl_jax.decode.capture import masked_positions
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.models.moe import MoEConfig
 from orl_jax.models.transformer import ModelConfig
@@ -38,7 +39,7 @@ def moe_rollout(dtype: str, capture_routes: bool, edit_threshold: float = 1.0, p
   dcfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=CFG.mask_id, eos_id=EOS,
                       rule=UnmaskRule("threshold", 0.5), temperature=1.0, capture_states=24,
                       capture_routes=capture_routes, edit_threshold=edit_threshold,
-                      max_post_edit_steps=post)
+                      max_post_edit_steps=post, block_placement="prompt_end", commit_compare=">=")
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, CFG.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
   rollout_fn = (functools.partial(per_row_trajectories, n_rows=PER_ROW_ROWS)
@@ -58,7 +59,7 @@ def replay_batch(traj, valid):
                        micro_batches=1),
       rng=np.random.default_rng(0))
   assert stats["states_dropped"] == 0 and stats["states_packed"] == int(cap.valid.sum())
-  return gather_batch(traj, plan, mask_id=CFG.mask_id), plan
+  return gather_batch(traj, plan, mask_id=CFG.mask_id, unresolved=masked_positions), plan
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))

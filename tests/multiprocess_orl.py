@@ -121,7 +121,8 @@ def check_checkpoint_roundtrip(config) -> dict:
   from orl_jax.models import params_io
   from orl_jax.storage.checkpoint import Checkpointer, abstract_like
   from orl_jax.data.pipeline import prompt_dataset
-  from orl_jax.train.setup import build_setup, prepare_run, resume
+  from orl_jax.setup.build import build_setup
+  from orl_jax.train.run import prepare_run, resume
   s = build_setup(config)
   run = prepare_run(s)
   n = config.orl.prompts_per_step
@@ -158,7 +159,7 @@ def evaluate_trained(config) -> dict:
   from orl_jax import evaluate as eval_lib
   from orl_jax import sharding
   from orl_jax.storage import trained_run
-  from orl_jax.train.setup import build_setup, initial_params
+  from orl_jax.setup.build import build_setup, initial_params
   from orl_jax.unmasking import UnmaskRule
   s = build_setup(trained_run.model_config_for(config, trained_run.RANDOM_INIT))
   cfg = s.config
@@ -179,9 +180,9 @@ def evaluate_trained(config) -> dict:
 def main():
   args = parse_args()
   info = start_runtime(args)
-  from orl_jax.train import entry, setup as setup_lib
+  from orl_jax.train import entry, run as run_lib
   config = run_config(args)
-  setup_lib.MetricsWriter = RecordingWriter
+  run_lib.MetricsWriter = RecordingWriter
   entry.build_setup = counting_setup(entry.build_setup)
   entry.train(config, progress=False)
   result = dict(info, losses=[r["loss"] for r in RecordingWriter.rows],

@@ -30,9 +30,11 @@ from orl_jax.apps.dry_run import abstract_replay_batch  # noqa: E402
 from orl_jax.losses import OrlObjective  # noqa: E402
 from orl_jax.models.transformer import Transformer  # noqa: E402
 from orl_jax.decode.trajectories import make_trajectories  # noqa: E402
-from orl_jax.train.setup import build_setup, needs_reference  # noqa: E402
+from orl_jax.setup.build import build_setup  # noqa: E402
+from orl_jax.setup.resolve import needs_reference  # noqa: E402
 from orl_jax.decode.block_sampler import block_decode_config  # noqa: E402
-from orl_jax.train.state import create_train_state, make_train_step, optimizer_of  # noqa: E402
+from orl_jax.train.state import create_train_state, make_train_step  # noqa: E402
+from orl_jax.optimizer import optimizer_of  # noqa: E402
 from pallas_kernels.staircase_attention import target_platform  # noqa: E402
 from pallas_kernels.staircase_attention.lowering import (KERNEL_CALLS, custom_calls,  # noqa: E402
                                                          lowered_text)
@@ -96,7 +98,7 @@ def lowered_steps(name: str, platform: str) -> dict:
   key = jax.random.key(0)
   decode_step = lambda params, prompts, valid: rollout_fn(params, prompts, valid, key, 0)
   traj = jax.eval_shape(decode_step, params, prompts, valid)
-  batch = abstract_replay_batch(c, traj, mask_id=s.model_cfg.mask_id)
+  batch = abstract_replay_batch(c, s.model_cfg, traj, mask_id=s.model_cfg.mask_id)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
   objective = OrlObjective(config_lib.loss_config(s.config))
   step_fn = make_train_step(graphdef, optimizer, objective, s.mesh, state_sh, batch_sh)

@@ -12,6 +12,9 @@
   rest of the code reaches a family through the registry (`orl_jax.models.families`) and its
   sampler (`orl_jax.decode.build.sampler_of`), so a new family is its folder, a registry line
   and a config;
+* the set-up of a run (`orl_jax/setup/`) sits below training: the dry run reaches no module of
+  `orl_jax/train/`, and the compile path (`orl_jax/aot/`) imports from it only the loop's step
+  builders (`STEP_BUILDERS`);
 * the applications (`orl_jax/apps/`: the demo, the base model's pipeline, the dry run, the
   reports) sit on top of the library: no module outside `apps/` imports one;
 * the command line's `ml_collections.ConfigDict` stops at the run config's entry
@@ -44,6 +47,10 @@ MAX_FUNCTION_LINES = 80
 ABOVE_MODELS = ("orl_jax.losses", "orl_jax.evaluate")
 ABOVE_MODELS_PACKAGES = ("orl_jax.decode", "orl_jax.replay", "orl_jax.train")
 ABOVE_MODELS_WORDS = ("sampler", "rollout")
+
+# What the compile path (`orl_jax/aot/`) may import of the training package: the ORL loop's
+# step builders and the train state they step.
+STEP_BUILDERS = ("orl_jax.train.orl", "orl_jax.train.state")
 
 # The applications: only they, the launchers, the benchmarks and the tests import them.
 APPS = "orl_jax.apps"
@@ -354,6 +361,29 @@ def test_a_family_folder_importing_a_decoder_is_caught():
   assert reach_path(graph, sampler, is_above_models) == [sampler, "orl_jax.decode.lockstep"]
   assert reach_path(graph, rollout, is_above_models) == [rollout, sampler,
                                                          "orl_jax.decode.lockstep"]
+
+
+def training_imports(graph, module_prefix: str) -> set[str]:
+  """The modules of `orl_jax/train/` that modules under `module_prefix` import directly."""
+  return {d for m in graph if m.startswith(module_prefix) for d in graph[m]
+          if d.startswith("orl_jax.train")}
+
+
+def test_the_dry_run_and_the_compile_path_stay_off_the_training_package():
+  graph = import_graph(module_files())
+  chain = reach_path(graph, "orl_jax.apps.dry_run", lambda m: m.startswith("orl_jax.train"))
+  assert chain is None, "the dry run reaches training: " + " -> ".join(chain or [])
+  extra = training_imports(graph, "orl_jax.aot") - set(STEP_BUILDERS)
+  assert not extra, f"orl_jax/aot/ imports more of orl_jax/train/ than its step builders: {extra}"
+
+
+def test_a_dry_run_reaching_training_is_caught():
+  graph = import_graph(module_files())
+  graph["orl_jax.setup.resolve"] = graph["orl_jax.setup.resolve"] | {"orl_jax.train.run"}
+  assert reach_path(graph, "orl_jax.apps.dry_run",
+                    lambda m: m.startswith("orl_jax.train"))[-1] == "orl_jax.train.run"
+  graph["orl_jax.aot.programs"] = graph["orl_jax.aot.programs"] | {"orl_jax.train.run"}
+  assert training_imports(graph, "orl_jax.aot") - set(STEP_BUILDERS) == {"orl_jax.train.run"}
 
 
 def test_nothing_in_the_library_imports_the_applications():

@@ -20,8 +20,8 @@ from orl_jax.config.build import ConfigError, build
 from orl_jax.data.hf_tokenizer import HFTokenizer, TokenizerError, byte_level_tokenizer
 from orl_jax.data.jsonl import DatasetError, load_jsonl_problems
 from orl_jax.models import families, hf_read
-from orl_jax.train.setup import build_setup, initial_params, params_meta
-from orl_jax.train.state import init_model_params
+from orl_jax.setup.build import build_setup, initial_params, params_meta
+from orl_jax.models.build import init_model_params
 from tests.helpers import orl_smoke_config, truncate_half
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -282,7 +282,7 @@ def test_launcher_reports_bad_input_in_one_line(tmp_path, params_dir):
 def test_an_evaluation_batch_the_mesh_cannot_split_is_refused_before_any_work():
   """The demo and evaluation decode each batch split over the mesh's batch shards: a batch size
   that does not divide is refused when the mesh is known, naming the field."""
-  from orl_jax.train.setup import check_divisible_by_shards
+  from orl_jax.setup.resolve import check_divisible_by_shards
   c = tiny.get_config("demo")
   c.eval.batch_size = 6
   with pytest.raises(ConfigError, match="eval.batch_size=6"):

@@ -10,7 +10,7 @@ from configs import tiny
 from orl_jax.apps import base_model
 from orl_jax import evaluate as eval_lib
 from orl_jax.models import params_io
-from orl_jax.train.setup import build_setup, initial_params
+from orl_jax.setup.build import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

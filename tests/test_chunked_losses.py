@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from orl_jax.decode.capture import masked_positions
 from orl_jax.data.pipeline import SftExample
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.config.sections import Loss
@@ -50,7 +51,8 @@ def replay_batch():
   nnx.update(model, st)
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=8, block_size=4, mask_id=TINY.mask_id, eos_id=2,
-                     rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=8)
+                     rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=8,
+                     block_placement="prompt_end", commit_compare=">=")
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
   traj = make_trajectories(graphdef, cfg, 2)(params, prompts, valid, jax.random.key(5), 0)
@@ -67,7 +69,7 @@ def replay_batch():
                                         layout="packed", micro_batches=1),
                        rng=np.random.default_rng(0))
   return (graphdef, params, reference,
-          gather_batch(traj, plan, mask_id=TINY.mask_id))
+          gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions))
 
 
 @pytest.mark.parametrize("kl_reference", ["initial", "rollout"])

@@ -3,9 +3,14 @@
 configs/tiny.py restates every default with a comment per line: its base config must equal the
 sections' defaults field by field (a line changed in one place only fails here). The runtime
 dataclasses built from a section (`LossConfig`, `ReplayConfig`, `OptimizerConfig`) carry no
-default of their own for a section's field: the source scan below fails when one appears."""
+default of their own for a section's field: the source scan below fails when one appears. The
+model's and the decoders' own config classes, which loaders and tests build directly, may keep a
+default for a section's field only with the section's value (`STILL_RESTATED`: a different one
+fails), and none for a field whose section value the run resolves (the commit rule, the block
+rules, `model.qk_norm`)."""
 import ast
 import dataclasses
+import importlib
 import pathlib
 import typing
 
@@ -36,8 +41,12 @@ NOT_SETTINGS = {
     ("orl_jax/unmasking.py", "UnmaskRule", "name"),
 }
 # Runtime classes that still restate a section's default (built from the section in
-# orl_jax/config/derive.py, but also constructed directly by the model loaders and many tests): the
-# next to convert. The list may only shrink: a new restated default fails the scan.
+# orl_jax/config/derive.py, but also constructed directly by the model loaders and many tests),
+# each with the sections it is built from: a restated default must equal that section's. The list
+# may only shrink: a new restated default fails the scan.
+BUILT_FROM = {"ModelConfig": (cs.Model,), "MoEConfig": (cs.Moe,), "AttentionSpec": (cs.Model,),
+              "DiffusionGemmaConfig": (cs.Model,), "DecodeConfig": (cs.Decode, cs.Orl),
+              "SamplerConfig": (cs.Decode, cs.Orl)}
 STILL_RESTATED = {
     "orl_jax/decode/config.py:DecodeConfig", "orl_jax/models/moe.py:MoEConfig",
     "orl_jax/models/transformer.py:ModelConfig",
@@ -105,9 +114,24 @@ def _restated_defaults(root: pathlib.Path = ROOT) -> set[tuple[str, str, str]]:
         continue
       for st in node.body:
         if (isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
-            and st.value is not None and st.target.id in names):
+            and st.value is not None and st.target.id in names and _has_default(st.value)):
           out.add((rel, node.name, st.target.id))
   return out
+
+
+def _has_default(value: ast.expr) -> bool:
+  """A field's right-hand side gives a default: anything but `dataclasses.field(...)` without
+  `default` / `default_factory` (a required keyword-only field)."""
+  if isinstance(value, ast.Call) and ast.unparse(value.func) in ("dataclasses.field", "field"):
+    return any(k.arg in ("default", "default_factory") for k in value.keywords)
+  return True
+
+
+def _default(cls, name: str):
+  field = {f.name: f for f in dataclasses.fields(cls)}[name]
+  if field.default_factory is not dataclasses.MISSING:
+    return field.default_factory()
+  return field.default
 
 
 def test_no_runtime_class_writes_a_section_default_again():
@@ -116,6 +140,31 @@ def test_no_runtime_class_writes_a_section_default_again():
   assert not new, f"defaults written outside their section (build from the section): {new}"
   stale = STILL_RESTATED - {f"{f[0]}:{f[1]}" for f in found}
   assert not stale, f"no longer restating a default: remove from STILL_RESTATED {stale}"
+
+
+def test_a_restated_default_is_the_sections_value():
+  """Where a model or decoder config class still writes a section field's default, it writes the
+  section's value: nothing built without the run config runs another method."""
+  differ = []
+  for path, name, field in sorted(_restated_defaults() - NOT_SETTINGS):
+    module = importlib.import_module(path[:-3].replace("/", "."))
+    sections = [s for s in BUILT_FROM[name] if field in {f.name for f in dataclasses.fields(s)}]
+    assert sections, f"{name}.{field}: no section of {BUILT_FROM[name]} has the field"
+    ours, theirs = _default(getattr(module, name), field), _default(sections[0], field)
+    if ours != theirs:
+      differ.append(f"{name}.{field} = {ours!r}, {sections[0].__name__}.{field} = {theirs!r}")
+  assert not differ, "defaults written twice with different values:\n" + "\n".join(differ)
+
+
+def test_the_resolved_fields_have_no_runtime_default():
+  """The commit rule, the block rules and `qk_norm` are the run's resolved values (the family's
+  rules and layout): their config classes take them, never assume them."""
+  from orl_jax.decode.config import DecodeConfig
+  from orl_jax.models.transformer import ModelConfig
+  for cls, names in ((DecodeConfig, ("rule", "block_placement", "commit_compare")),
+                     (ModelConfig, ("qk_norm",))):
+    for name in names:
+      assert _default(cls, name) is dataclasses.MISSING, f"{cls.__name__}.{name} has a default"
 
 
 def test_the_scan_sees_a_restated_default(tmp_path):
@@ -145,7 +194,7 @@ def _literal(cls, name: str) -> tuple:
 def test_allowed_values_come_from_the_sections_literals():
   assert KL_REFERENCES == _literal(cs.Loss, "kl_reference")
   assert plan.LAYOUTS == _literal(cs.Replay, "layout")
-  assert config_lib.TRAIN_MODES == _literal(cs.Train, "mode")
+  assert config_lib.MODES == _literal(cs.Train, "mode") == config_lib.TRAIN_MODES + ("eval",)
   assert residual.MODES == _literal(cs.Residual, "mode")
   assert unmasking.RULES == _literal(cs.Decode, "rule") == _literal(cs.Orl, "rollout_rule")
   assert decode_config.CACHE_MODES == _literal(cs.Decode, "cache")
@@ -161,3 +210,15 @@ def test_a_literal_field_is_checked_once_with_its_sentence():
     run_config.build(config)
   assert str(e.value).count("loss.kl_reference='frozen' must be one of ('initial', "
                             "'rollout')") == 1
+
+
+def test_train_runs_every_train_mode_and_refuses_the_rest():
+  """`TRAIN_MODES` is what `train()` runs, loop for loop; an "eval" config (a valid `train.mode`,
+  for evaluation) is refused with the command that evaluates it."""
+  from orl_jax.train.entry import LOOPS, train
+  assert set(LOOPS) == set(config_lib.TRAIN_MODES)
+  assert "eval" in config_lib.MODES and "eval" not in config_lib.TRAIN_MODES
+  with pytest.raises(ValueError, match=r"train\(\) runs train.mode sft \| residual_warmup \| "
+                     r"orl \| rcd_offline, got 'eval' \(an 'eval' config evaluates: "
+                     r"python launch/eval.py\)"):
+    train(tiny.get_config("eval"), progress=False)

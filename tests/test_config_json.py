@@ -175,7 +175,7 @@ def _edit(path: str, fname: str, **fields) -> None:
 def _run_error(family: str, path: str) -> Exception:
   """The error the launchers meet: decode.py's decode path for the mask families, the run
   set-up (training, evaluation) for DiffusionGemma (decode.py refuses that family)."""
-  from orl_jax.train.setup import build_setup
+  from orl_jax.setup.build import build_setup
   config = config_of(family, path)
   with pytest.raises(Exception) as e:
     if family == "diffusion_gemma":
@@ -291,7 +291,7 @@ def _count_parses(monkeypatch) -> list[str]:
 def test_set_up_parses_each_json_file_of_a_directory_once(tmp_path, monkeypatch):
   """Set-up asks config.json five times (family, special tokens, architecture, ignored keys,
   the mask check) and generation_config.json twice: each file is parsed once."""
-  from orl_jax.train.setup import build_setup
+  from orl_jax.setup.build import build_setup
   path = family_dir(tmp_path, "llada2_moe")
   _edit(path, "generation_config.json", eos_token_id=EOS)
   _settled(path, "config.json", "generation_config.json")
@@ -331,7 +331,7 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
   generates them; what the config sets (max_steps_per_block in :debug) and a special-token
   override still win."""
   from orl_jax.models.diffusion_gemma import sampler
-  from orl_jax.train.setup import build_setup
+  from orl_jax.setup.build import build_setup
   path = family_dir(tmp_path, "diffusion_gemma")          # config.json: eos 298, pad 299
   _edit(path, "generation_config.json", eos_token_id=[EOS, MASK], pad_token_id=BOS,
         max_new_tokens=20, max_denoising_steps=7, t_min=0.3, t_max=0.9, stability_threshold=2,
@@ -357,4 +357,4 @@ def test_diffusion_gemma_reads_generation_config_json(tmp_path):
     c.decode.gen_length, c.replay.row_len = None, 512
   s = build_setup(c, prompts=[PROMPT])
   assert (s.model_cfg.eos_ids, s.model_cfg.pad_id, s.config.decode.gen_length,
-          s.config.decode.t_max) == ((EOS,), PAD, 256, 0.8)
+          s.config.decode.extra["t_max"]) == ((EOS,), PAD, 256, 0.8)

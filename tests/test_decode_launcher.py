@@ -198,7 +198,7 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
   page colours a token by the last step of its canvas that accepted it (-1: none did; the
   canvas's output is its argmax)."""
   from orl_jax.models.diffusion_gemma import sampler
-  from orl_jax.train.setup import build_setup, initial_params
+  from orl_jax.setup.build import build_setup, initial_params
   from orl_jax.models.diffusion_gemma.config import (FULL, SLIDING, AttentionSpec,
                                                      release_26b_a4b)
   layers = (AttentionSpec(SLIDING, 8, 1), AttentionSpec(FULL, 16, 1, "proportional", 1e6, 0.25))
@@ -236,7 +236,7 @@ def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_
 def test_default_llada_config_reads_a_llada_8b_directory_with_its_special_tokens(llada_dirs):
   """configs/llada.py is written for LLaDA2 (mask 156895); given a LLaDA-8B directory the
   directory's family supplies the special tokens, while a user's own override still wins."""
-  from orl_jax.train.setup import load_tokenizer
+  from orl_jax.setup.resolve import load_tokenizer
   config = llada.get_config()
   tok = load_tokenizer(config, llada_dirs[0], "llada")
   assert (tok.mask_id, tok.eos_id) == (126336, 126348)
@@ -277,7 +277,7 @@ def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_pa
   (over config.json's 295). launch/decode.py decodes it with no override, prints where each id
   came from, and decodes as the library does with those ids given by hand; an override still
   wins."""
-  from orl_jax.train.setup import load_tokenizer
+  from orl_jax.setup.resolve import load_tokenizer
   _, cfg, _ = OTHER_FAMILIES["llada"]
   cfg = dataclasses.replace(cfg, vocab_size=300, mask_id=299)
   path = str(tmp_path / "own_ids")

@@ -19,7 +19,7 @@ from orl_jax import evaluate as eval_lib
 from orl_jax.storage import trained_run
 from orl_jax.data.pipeline import encode_prompts
 from orl_jax.models import families
-from orl_jax.train.setup import build_setup, initial_params
+from orl_jax.setup.build import build_setup, initial_params
 from orl_jax.unmasking import UnmaskRule
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)

@@ -15,9 +15,10 @@ from orl_jax.apps import dry_run
 from orl_jax.models import families
 from orl_jax.models.diffusion_gemma.model import DiffusionGemma
 from orl_jax.models.diffusion_gemma.config import FULL, SLIDING, AttentionSpec, DiffusionGemmaConfig
+from orl_jax.models.diffusion_gemma.sampler import SamplerSettings
 from orl_jax.models import family_base as base
 from orl_jax.decode.trajectories import capture_bytes, route_capture_bytes
-from orl_jax.train.state import frozen_params
+from orl_jax.optimizer import frozen_params
 
 TINY = DiffusionGemmaConfig(
     vocab_size=50, d_model=16, n_heads=2, mlp_dim=24, n_experts=4, top_k=2, expert_dim=6,
@@ -101,8 +102,9 @@ def test_variants():
   c = dg_configs.get_config()
   assert c.decode.gen_length is None
   c = run_config.build(c)
-  assert (c.decode.gen_length, c.decode.max_steps_per_block, c.decode.rule_value, c.decode.t_min,
-          c.decode.t_max, c.decode.stability_threshold, c.decode.confidence_threshold) == (
+  own = c.decode.family_settings(SamplerSettings)
+  assert (c.decode.gen_length, c.decode.max_steps_per_block, c.decode.rule_value, own.t_min,
+          own.t_max, own.stability_threshold, own.confidence_threshold) == (
               256, 48, 0.1, 0.4, 0.8, 1, 0.005)
   with pytest.raises(ValueError, match="26b-a4b"):
     dg_configs.get_config("2b")

@@ -16,7 +16,8 @@ import pytest
 
 from configs import llada
 from orl_jax.models import families, hf_write
-from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
+from orl_jax.setup.build import build_setup, initial_params
+from orl_jax.storage.hf_export import export_hf_dir
 from tests.helpers_hf import write_llada_hf_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +130,7 @@ def test_config_json_declares_the_authors_classes_as_the_released_files_do(famil
   from orl_jax.models.transformer import ModelConfig
   moe = MoEConfig(n_experts=4, top_k=2, expert_dim=8) if family == "llada2_moe" else None
   cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
-                    head_dim=8, mlp_dim=24, mask_id=60, moe=moe, hf_family=family)
+                    head_dim=8, mlp_dim=24, mask_id=60, qk_norm=False, moe=moe, hf_family=family)
   written = hf_write.hf_config_json(cfg, family, model_type=model_type)
   architectures, auto_map = OFFICIAL[model_type]
   assert (written["model_type"], written["architectures"], written["auto_map"]) == (

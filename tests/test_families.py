@@ -30,16 +30,17 @@ from orl_jax.models import families, hf_read
 from orl_jax.models import family_base as base
 from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.decode.trajectories import capture_bytes
-from orl_jax.train.setup import build_setup, export_hf_dir, initial_params
+from orl_jax.setup.build import build_setup, initial_params
+from orl_jax.storage.hf_export import export_hf_dir
 from orl_jax.decode.block_sampler import block_decode_config
-from orl_jax.train.state import frozen_params, optimizer_of
+from orl_jax.optimizer import frozen_params, optimizer_of
 from tests.helpers_llada2 import LLADA2, LLADA2_MOE, write_llada2_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = dict(
     llada=ModelConfig(vocab_size=80, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4,
-                      head_dim=12, mlp_dim=96, mask_id=79, rope_theta=5e5, norm_eps=1e-5,
-                      attention="bidirectional", hf_family="llada"),
+                      head_dim=12, mlp_dim=96, mask_id=79, qk_norm=False, rope_theta=5e5,
+                      norm_eps=1e-5, attention="bidirectional", hf_family="llada"),
     qwen3=ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                       head_dim=16, mlp_dim=128, mask_id=95, rope_theta=1e6, qk_norm=True,
                       tie_embeddings=True, hf_family="qwen3"),

@@ -94,7 +94,7 @@ def test_an_invalid_value_is_still_refused(tmp_path, key, value, message):
 def test_a_diffusion_gemma_directory_saved_by_transformers_sets_up(tmp_path):
   """The run's set-up on a directory whose generation_config.json has null fields: the nulls
   take transformers' defaults, the ids come from config.json, the set fields are taken."""
-  from orl_jax.train.setup import build_setup
+  from orl_jax.setup.build import build_setup
   from tests.helpers_hf import EOS, PAD, PROMPT, config_of, family_dir
   path = family_dir(tmp_path, "diffusion_gemma")        # canvases of 16; eos 298, pad 299
   _write(path, SAVED)

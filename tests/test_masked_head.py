@@ -45,7 +45,8 @@ def test_masked_proposal_equals_the_whole_block_head(counts, temperature):
   masked = jnp.asarray(masked)
   hidden = jax.random.normal(jax.random.key(2), (rows, B_SIZE, TINY.d_model)) * 3.0
   base = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
-                      temperature=temperature)
+                      temperature=temperature,
+                      rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
   cv = lambda cfg: Canvas(model, cfg, rows, P, None, None, None, model.embedding_table)
   key = jax.random.key(7)
   got = propose_masked(cv(base), hidden, masked, key)
@@ -64,7 +65,7 @@ def _decode(model, masked_head, temperature, cache="none"):
   graphdef, state = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
                      rule=UnmaskRule("threshold", 0.3), temperature=temperature, cache=cache,
-                     masked_head=masked_head)
+                     masked_head=masked_head, block_placement="prompt_end", commit_compare=">=")
   tokens = jax.random.randint(jax.random.key(0), (3, P), 3, TINY.vocab_size)
   valid = jnp.arange(P)[None] >= jnp.array([0, 2, 5])[:, None]
   run = lockstep.lockstep_decoder(graphdef, cfg)
@@ -116,7 +117,8 @@ def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
   assert compile_options.step_compiler_options(compile_options.SMALL_STEP_TOKENS + 1) is None
   model = tiny_model(3)
   graphdef, state = nnx.split(model)
-  cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2)
+  cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
+                     rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
   run = lockstep.lockstep_decoder(graphdef, cfg)
   rows = compile_options.SMALL_STEP_TOKENS // B_SIZE + 1            # just above the threshold
   tokens = jax.random.randint(jax.random.key(0), (rows, P), 3, TINY.vocab_size)

@@ -105,7 +105,8 @@ def test_kv_cache_decoding_equals_full_recompute(mode, rule, temperature):
     nnx.update(model, st)
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=12, block_size=4, mask_id=TINY.mask_id, eos_id=2, rule=rule,
-                     temperature=temperature, capture_states=40)
+                     temperature=temperature, capture_states=40,
+                     block_placement="prompt_end", commit_compare=">=")
   prompts = jax.random.randint(jax.random.key(0), (3, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([0, 3, 6])[:, None]
   key = jax.random.key(4)

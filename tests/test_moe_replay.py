@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from orl_jax.unmasking import UnmaskRule
 from orl_jax.models.decoded import token_major_routes
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.config.sections import Loss
@@ -148,9 +149,11 @@ def test_route_capture_needs_an_moe_block_causal_model():
   from tests.helpers import TINY, tiny_model
   graphdef, params = nnx.split(tiny_model(0))
   dcfg = DecodeConfig(gen_length=8, block_size=4, mask_id=TINY.mask_id, eos_id=EOS,
-                      capture_states=4, capture_routes=True)
+                      capture_states=4, capture_routes=True,
+                      rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
   prompts, valid = jnp.full((1, 4), 5, jnp.int32), jnp.ones((1, 4), bool)
   with pytest.raises(ValueError, match="orl.capture_routes.*no MoE layer"):
     make_trajectories(graphdef, dcfg, 1)(params, prompts, valid, jax.random.key(0), 0)
   with pytest.raises(ValueError, match="capture_states"):
-    DecodeConfig(gen_length=8, block_size=4, mask_id=1, eos_id=EOS, capture_routes=True)
+    DecodeConfig(gen_length=8, block_size=4, mask_id=1, eos_id=EOS, capture_routes=True,
+                 rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")

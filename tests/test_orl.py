@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from orl_jax.decode.capture import masked_positions
 from orl_jax import losses
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.config.sections import Loss
@@ -31,7 +32,8 @@ def _rollout(attention, residual_mode="adapter"):
     nnx.update(model, st)
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
-                     rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=16)
+                     rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=16,
+                     block_placement="prompt_end", commit_compare=">=")
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
   traj = make_trajectories(graphdef, cfg, G)(params, prompts, valid, jax.random.key(5), 0)
@@ -122,7 +124,7 @@ def test_packing_does_not_change_the_loss(rolled_out, reference):
   for kw in (dict(layout="naive"), dict(row_len=64), dict(row_len=160), dict(row_len=400)):
     plan, stats = _plan(traj, valid, **kw)
     assert stats["states_dropped"] == 0
-    batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
     loss, m = orl_loss(model, batch, KL_CFG, reference=ref)
     values.append([float(m[k]) for k in ("loss_ce", "loss_aec", "loss_rkl")] + [float(loss)])
     assert m["responses_aec"] > 0 and m["responses_kl"] > 0
@@ -189,7 +191,7 @@ def test_capped_reverse_kl_cap_reached_and_not():
 
 def _loss_and_grads(graphdef, params, traj, plan, micro_batches, n_shards=1, reference=None):
   from orl_jax.train.state import loss_and_grads
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
   cfg = KL_CFG if reference is not None else dataclasses.replace(KL_CFG, kl_reference="rollout")
   objective = losses.OrlObjective(cfg)
   fn = lambda p, b, r: loss_and_grads(graphdef, objective, p, b, jax.random.key(0),
@@ -244,7 +246,7 @@ def test_replay_row_fields_are_the_fields_with_a_row_axis(rolled_out):
   from orl_jax.packed_batch import PackedBatch, ReplayBatch
   _, _, traj, valid = rolled_out
   plan, _ = _plan(traj, valid, n_rows=40)
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
   assert type(batch) is ReplayBatch and isinstance(batch, PackedBatch)
   rows = batch.tokens.shape
   with_rows = {f.name for f in dc.fields(batch) if getattr(batch, f.name) is not None
@@ -264,10 +266,11 @@ def test_the_plans_block_size_must_be_the_captured_states_width(rolled_out):
   cfg = dict(row_len=160, n_rows=40, max_states=96, max_responses=8,
              response_blocks=GEN // B_SIZE, states_per_response=0, layout="packed",
              micro_batches=1)
-  batch = abstract_batch(abstract, ReplayConfig(block_size=B_SIZE, **cfg), mask_id=TINY.mask_id)
+  gather = lambda t, p: gather_batch(t, p, mask_id=TINY.mask_id, unresolved=masked_positions)
+  batch = abstract_batch(abstract, ReplayConfig(block_size=B_SIZE, **cfg), gather)
   assert batch.tokens.shape == (40, 160)
   with pytest.raises(ValueError, match=f"block size \\({2 * B_SIZE}.*width \\({B_SIZE}\\)"):
-    abstract_batch(abstract, ReplayConfig(block_size=2 * B_SIZE, **cfg), mask_id=TINY.mask_id)
+    abstract_batch(abstract, ReplayConfig(block_size=2 * B_SIZE, **cfg), gather)
 
 
 def test_micro_batches_must_divide_the_rows(rolled_out):
@@ -276,7 +279,7 @@ def test_micro_batches_must_divide_the_rows(rolled_out):
     _plan(traj, valid, micro_batches=3, n_rows=40)
   from orl_jax.packed_batch import split_rows
   plan, _ = _plan(traj, valid, n_rows=40)
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
   with pytest.raises(ValueError, match="micro-batches"):
     split_rows(batch, 3)
 
@@ -294,7 +297,7 @@ def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
   metrics = {}
   for m in (1, 4):
     plan, _ = _plan(traj, valid, layout="naive", row_len=20, n_rows=40, micro_batches=m)
-    batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
     graphdef, state, state_sh = create_train_state(
         dataclasses.replace(TINY, residual_mode="adapter"), optimizer, mesh, 0, params=params,
         with_reference=True)
@@ -320,7 +323,7 @@ def _kl_loss(graphdef, batch, cfg=KL_CFG):
 def kl_batch(rolled_out):
   graphdef, params, traj, valid = rolled_out
   plan, _ = _plan(traj, valid)
-  return gather_batch(traj, plan, mask_id=TINY.mask_id)
+  return gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
 
 
 def test_kl_to_reference_is_zero_at_start_and_live_after_a_change(rolled_out, reference,
@@ -379,7 +382,7 @@ def test_anchor_weight_changes_the_second_update_not_the_first(rolled_out):
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(LR_SGD))
   mesh = sharding.make_mesh()
   plan, _ = _plan(traj, valid)
-  batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
   rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   batch_sh = jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch)
   history = {}   # w_kl -> [(params after update i+1, loss_rkl at the params before it)]

@@ -14,7 +14,8 @@ from orl_jax.metrics import read_jsonl
 from orl_jax.train import orl
 from orl_jax.train.entry import train
 from orl_jax.train.phases import DeviceTimeline, VerifyCalls, busy_seconds
-from orl_jax.train.setup import build_setup, prepare_run
+from orl_jax.setup.build import build_setup
+from orl_jax.train.run import prepare_run
 from tests.helpers import orl_smoke_config
 
 PHASE_KEYS = ("sec_rollout", "sec_verify_exposed", "sec_verify_host", "sec_plan", "sec_gather",
@@ -201,7 +202,7 @@ def test_the_overlapped_loop_trains_on_a_code_task(tmp_path):
 
 def test_chunks_that_do_not_divide_are_config_errors():
   from orl_jax.config.build import ConfigError, build
-  from orl_jax.train.setup import check_divisible_by_shards
+  from orl_jax.setup.resolve import check_divisible_by_shards
   c = _config("unused", 3, True)
   with pytest.raises(ConfigError, match=r"orl.rollout_chunks=3 .*orl.prompts_per_step=4"):
     build(c)

@@ -15,8 +15,9 @@ from orl_jax.models import params_io
 from orl_jax.storage import trained_run
 from orl_jax.apps import outputs
 from orl_jax.evaluate import SETUP_FILE
-from orl_jax.train.setup import build_setup, export_model_type, params_meta
-from orl_jax.train.state import init_model_params
+from orl_jax.setup.build import build_setup, params_meta
+from orl_jax.storage.hf_export import export_model_type
+from orl_jax.models.build import init_model_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MINE = ('{"id": "m1", "prompt": "What is 2 + 2? Answer with the number after ####.", '

@@ -154,7 +154,8 @@ def test_rows_advance_independently_without_refill():
   slowest row of every block."""
   graphdef, params = _model("block_causal")
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=0,
-                     rule=UnmaskRule("threshold", 0.15), capture_states=3 * GEN)
+                     rule=UnmaskRule("threshold", 0.15), capture_states=3 * GEN,
+                     block_placement="prompt_end", commit_compare=">=")
   prompts, valid = _queue()
   valid = jnp.ones_like(valid)                     # every row prefills P / b blocks
   key = jax.random.key(4)
@@ -194,7 +195,8 @@ def test_per_row_rollout_has_the_lockstep_rollouts_shapes():
   from orl_jax.decode.trajectories import make_trajectories, per_row_trajectories
   graphdef, params = _model("block_causal")
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
-                     rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=16)
+                     rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=16,
+                     block_placement="prompt_end", commit_compare=">=")
   prompts, valid = _queue()
   args = (params, prompts[:2], valid[:2], jax.random.key(5), 0)
   shapes = [jax.eval_shape(make_trajectories(graphdef, cfg, 3, rollout_fn=fn), *args)
@@ -210,7 +212,7 @@ def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
   import os
   from configs import tiny
   from orl_jax import evaluate as eval_lib
-  from orl_jax.train.setup import build_setup, initial_params
+  from orl_jax.setup.build import build_setup, initial_params
   config = tiny.get_config("eval")
   config.model.init_from = os.path.join(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))), "assets", "tiny_base")
@@ -236,7 +238,8 @@ def test_the_engine_steps_with_the_masked_head(attention):
   from orl_jax.decode.step import head_widths
   graphdef, params = _model(attention)
   base = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
-                      rule=UnmaskRule("entropy_budget", 0.4), temperature=1.0)
+                      rule=UnmaskRule("entropy_budget", 0.4), temperature=1.0,
+                      block_placement="prompt_end", commit_compare=">=")
   captured = dataclasses.replace(base, capture_states=3 * GEN)
   prompts, valid = _queue()
   key = jax.random.key(4)

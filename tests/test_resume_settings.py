@@ -14,7 +14,9 @@ import pytest
 from configs import tiny
 from orl_jax.storage.checkpoint import Checkpointer, abstract_like
 from orl_jax.storage.run_settings import ChangedSettingsError
-from orl_jax.train.setup import build_setup, prepare_run, resume, run_settings
+from orl_jax.setup.build import build_setup
+from orl_jax.train.run import prepare_run, resume
+from orl_jax.setup.recorded import recorded_settings as run_settings
 from tests.helpers import orl_smoke_config
 
 SETTINGS = {"decode.block_size": 8, "orl.rollout_rule_value": 0.9, "loss.w_aec": 1.0,

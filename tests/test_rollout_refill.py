@@ -80,7 +80,8 @@ def test_fewer_rows_decode_each_response_as_alone(engine_calls, attention, tempe
   rows and each response decoded alone with the lock-step decoder and fold_in(key, i)."""
   graphdef, params = _model(attention)
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
-                     rule=rule, temperature=temperature, capture_states=3 * GEN)
+                     rule=rule, temperature=temperature, capture_states=3 * GEN,
+                     block_placement="prompt_end", commit_compare=">=")
   key = jax.random.key(4)
   few = _rollout(graphdef, params, cfg, 3, key)
   full = _rollout(graphdef, params, cfg, 0, key)        # 0: one row per response
@@ -109,7 +110,8 @@ def test_fewer_rows_greedy_equal_the_lockstep_rollout(engine_calls):
   lock-step `rollout`'s responses, counts and captured states."""
   graphdef, params = _model("block_causal")
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
-                     rule=UnmaskRule("threshold", 0.3), temperature=0.0, capture_states=3 * GEN)
+                     rule=UnmaskRule("threshold", 0.3), temperature=0.0, capture_states=3 * GEN,
+                     block_placement="prompt_end", commit_compare=">=")
   key = jax.random.key(4)
   few = _rollout(graphdef, params, cfg, 3, key)
   lock = jax.device_get(make_trajectories(graphdef, cfg, GROUP)(params, *_prompts(), key, 0))

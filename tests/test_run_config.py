@@ -15,6 +15,8 @@ from configs import diffusion_gemma as dg_configs
 from configs import llada, qwendlm, sdar, tiny
 from orl_jax.config import build as run_config
 from orl_jax.config.sections import ConfigError, RunConfig, Section
+from orl_jax.models.diffusion_gemma.family import ArchitectureSettings
+from orl_jax.models.diffusion_gemma.sampler import SamplerSettings
 
 VARIANTS = [(tiny, v) for v in ("demo", "sft", "eval", "smoke", "ablations", "orl", "warmup")] + [
     (llada, v) for v in llada.VARIANTS] + [(sdar, v) for v in ("4b", "8b", "debug")] + [
@@ -77,12 +79,18 @@ def test_unknown_fields_and_wrong_types_are_named_together():
 
 def test_a_family_adds_its_own_settings_and_no_other_config_has_them():
   run = run_config.convert(dg_configs.get_config("debug"))
-  assert run.model.diffusion_gemma.sliding_window == 8          # the debug config's
-  assert run.model.diffusion_gemma.full_every == 6              # the release's default
-  assert run.decode.t_min is None and "t_min" in run.decode.to_dict()
+  arch = run.model.family_settings(ArchitectureSettings, "diffusion_gemma")
+  assert arch.sliding_window == 8                               # the debug config's
+  assert arch.full_every == 6                                   # the release's default
+  assert run.decode.family_settings(SamplerSettings).t_min is None
+  assert "t_min" in run.decode.to_dict()
   plain = run_config.convert(tiny.get_config("smoke"))
-  with pytest.raises(AttributeError, match="t_min"):
+  with pytest.raises(KeyError, match="t_min"):
+    plain.decode.family_settings(SamplerSettings)
+  with pytest.raises(AttributeError):                           # no attribute lookup of extras
     plain.decode.t_min                                          # noqa: B018
+  with pytest.raises(TypeError, match="diffusion_gemma is a ArchitectureSettings"):
+    run.model.family_settings(SamplerSettings, "diffusion_gemma")
   bad = tiny.get_config("smoke").to_dict()
   bad["decode"]["t_min"] = 0.3                                  # a DiffusionGemma setting
   with pytest.raises(ConfigError, match=r"decode\.t_min is not a setting"):
@@ -95,9 +103,10 @@ def test_replace_copies_and_the_run_config_is_frozen():
   run = run_config.convert(dg_configs.get_config("debug"))
   new = run.replace(**{"decode.rule": "threshold", "decode.t_min": 0.3, "seed": 5,
                        "model.diffusion_gemma.full_every": 2})
-  assert (new.decode.rule, new.decode.t_min, new.seed, new.model.diffusion_gemma.full_every) == (
-      "threshold", 0.3, 5, 2)
-  assert (run.decode.rule, run.decode.t_min, run.seed) == ("entropy_budget", None, 0)
+  t_min = lambda r: r.decode.family_settings(SamplerSettings).t_min
+  full_every = lambda r: r.model.family_settings(ArchitectureSettings, "diffusion_gemma").full_every
+  assert (new.decode.rule, t_min(new), new.seed, full_every(new)) == ("threshold", 0.3, 5, 2)
+  assert (run.decode.rule, t_min(run), run.seed) == ("entropy_budget", None, 0)
   with pytest.raises(dataclasses.FrozenInstanceError):
     run.decode.rule = "x"                                       # type: ignore[misc]
   with pytest.raises(ConfigError, match="no field 'rulez'"):
@@ -110,7 +119,8 @@ def test_build_fills_the_decode_defaults_once_and_leaves_the_command_line_config
   config = dg_configs.get_config("debug")
   assert config.decode.rule_value is None
   run = run_config.build(config)
-  assert run.decode.rule_value == 0.1 and run.decode.t_max == 0.8   # transformers' defaults
+  assert run.decode.rule_value == 0.1                               # transformers' defaults
+  assert run.decode.family_settings(SamplerSettings).t_max == 0.8
   assert config.decode.rule_value is None                          # not written back
   assert run_config.build(run) is run
   bad = tiny.get_config("smoke")

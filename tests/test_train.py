@@ -14,7 +14,8 @@ from orl_jax.config.build import ConfigError, build
 from orl_jax.metrics import read_jsonl
 from orl_jax.train import entry
 from orl_jax.train.entry import train
-from orl_jax.train.setup import build_setup, prepare_run, resume
+from orl_jax.setup.build import build_setup
+from orl_jax.train.run import prepare_run, resume
 from tests.helpers import (CHECKPOINT_FILE_KINDS, orl_smoke_config, tensorboard_scalars,
                            truncate_half)
 
@@ -77,9 +78,10 @@ _SHARDED = textwrap.dedent("""
   from orl_jax import sharding
   from orl_jax.data.pipeline import train_dataset
   from orl_jax.losses import sft_loss
-  from orl_jax.train.setup import build_setup
+  from orl_jax.setup.build import build_setup
   from orl_jax.config import derive as config_lib
-  from orl_jax.train.state import create_train_state, make_train_step, optimizer_of
+  from orl_jax.train.state import create_train_state, make_train_step
+  from orl_jax.optimizer import optimizer_of
   assert len(jax.devices()) == 4
   c = tiny.get_config("smoke")
   c.train.batch_size = 8
@@ -210,6 +212,7 @@ _SHARDED_REPLAY = textwrap.dedent("""
   from orl_jax.decode.config import DecodeConfig
   from orl_jax.config.sections import Loss
   from orl_jax.losses import LossConfig, orl_loss
+  from orl_jax.decode.capture import masked_positions
   from orl_jax.replay import ReplayConfig, build_plan, gather_batch
   from orl_jax.decode.trajectories import make_trajectories
   from orl_jax.unmasking import UnmaskRule
@@ -235,7 +238,7 @@ _SHARDED_REPLAY = textwrap.dedent("""
                                               micro_batches=1, n_shards=len(devices)),
                              rng=np.random.default_rng(0))
     assert stats["states_dropped"] == 0
-    batch = gather_batch(traj, plan, mask_id=TINY.mask_id)
+    batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
     rows, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     batch = jax.device_put(batch, jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
     assert len(batch.tokens.sharding.device_set) == len(devices)
@@ -258,8 +261,9 @@ _SHARDED_REPLAY = textwrap.dedent("""
                                         block_size=4, states_per_response=0,
                                         layout="packed", n_shards=4, micro_batches=2),
                        rng=np.random.default_rng(0))
-  batch = jax.device_put(gather_batch(traj, plan, mask_id=TINY.mask_id),
-                         jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
+  batch = jax.device_put(
+      gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions),
+      jax.tree.map(lambda x: rows if x.ndim >= 2 else repl, batch))
   objective = OrlObjective(LossConfig.from_section(Loss(gate_entropy=0.0, conf_entropy=0.99)))
   (loss, _), grads = loss_and_grads(graphdef, objective, params, batch, jax.random.key(0),
                                     micro_batches=2, n_shards=4, reference=reference)

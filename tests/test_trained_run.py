@@ -15,8 +15,9 @@ from orl_jax.storage import trained_run
 from orl_jax.storage import weights as weights_lib
 from orl_jax.errors import ConfigError
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
-from orl_jax.train.setup import build_setup, export_model_type, params_meta
-from orl_jax.train.state import init_model_params
+from orl_jax.setup.build import build_setup, params_meta
+from orl_jax.storage.hf_export import export_model_type
+from orl_jax.models.build import init_model_params
 
 
 def _write_run(workdir, config):
@@ -125,8 +126,8 @@ def test_folders_that_are_not_a_finished_run_are_refused_in_one_sentence(tmp_pat
 def test_every_file_of_a_run_export_has_the_usual_modes(jsonl_run, tmp_path):
   """The params folder and the Hugging Face export read alike: 0666/0777 less the umask, as a
   plain open/mkdir gives (safetensors' writer and mkdtemp would leave theirs private)."""
-  from orl_jax.train.setup import export_hf_dir
-  from orl_jax.train.state import init_model_params
+  from orl_jax.storage.hf_export import export_hf_dir
+  from orl_jax.models.build import init_model_params
   workdir, trained = jsonl_run
   _, params = init_model_params(trained.model_cfg, 0)
   hf = tmp_path / "hf"

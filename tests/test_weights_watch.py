@@ -24,8 +24,11 @@ from orl_jax.models import families
 from orl_jax.models.params_io import flatten
 from orl_jax.serve import weights_watch as ww
 from orl_jax.train.entry import train
-from orl_jax.train.setup import build_setup, needs_reference
-from orl_jax.train.state import abstract_train_state, init_model_params, optimizer_of
+from orl_jax.setup.build import build_setup
+from orl_jax.setup.resolve import needs_reference
+from orl_jax.train.state import abstract_train_state
+from orl_jax.models.build import init_model_params
+from orl_jax.optimizer import optimizer_of
 from tests.helpers import orl_smoke_config, tiny_model
 
 STEPS = 3

@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 
 from configs import llada as llada_configs
 from orl_jax.data.hf_tokenizer import BYTE_SPECIALS
-from orl_jax.train.setup import build_setup, initial_params
+from orl_jax.setup.build import build_setup, initial_params
 
 # The byte-level tokenizer (`model.tokenizer="byte"`) supplies the special ids; its 260 tokens
 # fit in any vocabulary this module writes.

@@ -28,10 +28,11 @@ from orl_jax.decode import lockstep
 from orl_jax import sharding as sharding_lib
 from orl_jax.replay import ReplayPlan
 from orl_jax.tasks import Task
+from orl_jax.optimizer import optimizer_of
 from orl_jax.train import state as state_lib
 from orl_jax.train.orl import build_orl_steps, chunk_shape, sharded_like
-from orl_jax.train.setup import (Run, Setup, needs_reference, run_mesh, run_model_config,
-                                 special_ids)
+from orl_jax.setup.build import Setup, run_model_config
+from orl_jax.setup.resolve import needs_reference, run_mesh, special_ids
 from pallas_kernels.platform import GpuTarget, target_platform
 
 # How often a program runs: once per ORL iteration, once per decoded forward of a rollout,
@@ -191,13 +192,13 @@ def orl_programs(config, devices, platform: str, gpu: GpuTarget | None = None) -
 
 def _programs_on(config, mesh, platform: str, gpu: GpuTarget | None) -> ProgramSet:
   model_cfg = run_model_config(config)
-  optimizer = state_lib.optimizer_of(config_lib.optimizer_config(config), model_cfg)
+  optimizer = optimizer_of(config_lib.optimizer_config(config), model_cfg)
   graphdef, state, state_sh = state_lib.abstract_train_state(
       model_cfg, optimizer, mesh, config.seed, with_reference=needs_reference(config))
   mask_id, eos_id = special_ids(config, model_cfg)
   # a stand-in for the task: the programs read only its tokenizer's special ids
   setup = Setup(config, cast(Task, _Task(_Tokens(mask_id, eos_id))), model_cfg, mesh)
-  run = Run(graphdef, state, state_sh, optimizer, ckpt=None)
+  run = state_lib.Run(graphdef, state, state_sh, optimizer, ckpt=None)
   o, p_len = config.orl, config.task.prompt_len
   rows, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
   n_chunk, group = chunk_shape(o)   # prompts of one rollout chunk, responses of each

@@ -22,7 +22,7 @@ import jax
 from orl_jax import evaluate as eval_lib
 from orl_jax.models import params_io
 from orl_jax.train.entry import train
-from orl_jax.train.setup import build_setup, initial_params
+from orl_jax.setup.build import build_setup, initial_params
 
 # The settings the README reports (accuracy at one token per forward, and the default decoder).
 SETTINGS = ("fixed_steps_1", "threshold_0.9")

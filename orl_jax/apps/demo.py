@@ -17,7 +17,7 @@ from orl_jax.config import build as run_config
 from orl_jax.apps import plots
 from orl_jax.apps.summary import CURVE_KEYS, WARMUP_CURVE_KEYS, training_summary, write_report
 from orl_jax.train.entry import train
-from orl_jax.train.setup import build_setup, check_compatible
+from orl_jax.setup.build import build_setup, check_compatible
 
 
 

@@ -25,11 +25,11 @@ from orl_jax.storage import weights as weights_lib
 from orl_jax.decode import build as decode_build
 from orl_jax.models import families
 from orl_jax.models.transformer import Transformer
-from orl_jax.replay import abstract_batch
+from orl_jax.replay import abstract_batch, gather_batch
 from orl_jax.decode.trajectories import block_final_bytes, capture_bytes, route_capture_bytes
-from orl_jax.train.setup import (needs_reference, own_model_config, resolve_model,
-                                 sizing_model_config, special_ids)
-from orl_jax.train.state import optimizer_of
+from orl_jax.setup.resolve import needs_reference, own_model_config, resolve_model, special_ids
+from orl_jax.setup.build import sizing_model_config
+from orl_jax.optimizer import optimizer_of
 
 
 @dataclasses.dataclass
@@ -67,10 +67,13 @@ def _tree_bytes(tree) -> int:
   return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def abstract_replay_batch(config, traj, *, mask_id: int):
+def abstract_replay_batch(config, model_cfg, traj, *, mask_id: int):
   """The ShapeDtypeStructs of one replay batch (`config.replay` rows, the run's
-  `config.replay_config`) gathered from `traj`."""
-  return abstract_batch(traj, config_lib.replay_config(config, n_shards=1), mask_id=mask_id)
+  `config.replay_config`) gathered from `traj`, at the positions the model's sampler leaves
+  unresolved (`Sampler.unresolved`)."""
+  unresolved = decode_build.sampler_of(config, model_cfg).unresolved
+  gather = lambda t, p: gather_batch(t, p, mask_id=mask_id, unresolved=unresolved)
+  return abstract_batch(traj, config_lib.replay_config(config, n_shards=1), gather)
 
 
 def _gradient_row(total: int, per: int, dtype) -> SizingRow:
@@ -121,7 +124,7 @@ def own_model_sizing_rows(config, family, n_devices: int | None = None):
   if traj.capture.routes is not None:       # expert ids of every step, the prefill, the commits
     note += f" + routes ({cfg.n_layers} MoE layers x top-{cfg.top_k})"
   rows.append(SizingRow("rollout capture buffers", cap, cap // data_par, note))
-  batch = abstract_replay_batch(config, traj, mask_id=-1)
+  batch = abstract_replay_batch(config, cfg, traj, mask_id=-1)
   r = config.replay
   replay = _tree_bytes(batch)
   rows.append(SizingRow("replay batch", replay, replay // data_par,
@@ -182,7 +185,7 @@ def sizing_rows(config, n_devices: int | None = None) -> tuple[list[SizingRow], 
   traj = traced_rollout(config, cfg, graphdef, params, mask_id=mask_id, eos_id=eos_id)
 
   # One replay batch: R rows x T tokens.
-  batch = abstract_replay_batch(config, traj, mask_id=cfg.mask_id)
+  batch = abstract_replay_batch(config, cfg, traj, mask_id=cfg.mask_id)
   r = config.replay
   replay = _tree_bytes(batch)
   rows.append(SizingRow("replay batch", replay, replay // data_par,

@@ -94,7 +94,7 @@ def report_run(config, params_dir: str) -> list[str]:
   """The lines a finished training run ends with: `updates_line` and the path of every file
   it wrote; draws WORKDIR/curves.png from metrics.jsonl (process 0 calls this)."""
   from orl_jax.apps import plots
-  from orl_jax.train.setup import HF_EXPORT_DIR
+  from orl_jax.storage.hf_export import HF_EXPORT_DIR
   workdir = config.workdir
   metrics = os.path.join(workdir, "metrics.jsonl")
   rows = read_jsonl(metrics)

@@ -87,7 +87,7 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   from orl_jax import sharding
   from orl_jax.storage import trained_run
   from orl_jax.decode import build as decode_build
-  from orl_jax.train.setup import build_setup, initial_params
+  from orl_jax.setup.build import build_setup, initial_params
   from orl_jax.unmasking import UnmaskRule
   s = build_setup(trained_run.model_config_for(config, path, overridden), prompts=prompts)
   cfg = s.config

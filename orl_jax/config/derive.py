@@ -11,7 +11,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from orl_jax.config.sections import ChunkBy, RunConfig, TrainMode
+from orl_jax.config.sections import ChunkBy, Mode, RunConfig, TrainMode
 from orl_jax.data.tiny_task import TinyTaskConfig
 from orl_jax.losses import KL_REFERENCES, LossConfig
 from orl_jax.decode.config import CACHE_MODES, PLACEMENTS, SCHEDULES
@@ -26,7 +26,8 @@ from orl_jax.residual import MODES as RESIDUAL_MODES
 from orl_jax.unmasking import COMMIT_COMPARES, RULES, UnmaskRule
 from pallas_kernels.staircase_attention import IMPLS
 
-TRAIN_MODES: tuple[str, ...] = typing.get_args(TrainMode)
+TRAIN_MODES: tuple[str, ...] = typing.get_args(TrainMode)   # what `train()` runs
+MODES: tuple[str, ...] = typing.get_args(Mode)               # and "eval"
 ATTENTION_LAYOUTS = families.ATTENTION_LAYOUTS
 CHUNK_BY: tuple[str, ...] = typing.get_args(ChunkBy)
 
@@ -44,7 +45,7 @@ def validate(config: RunConfig) -> None:
     required(getattr(d, field), f"decode.{field}")
   gen_length = required(d.gen_length, "decode.gen_length")
   check = lambda cond, msg: None if cond else errors.append(msg)
-  check(t.mode in TRAIN_MODES, f"train.mode={t.mode!r} must be one of {TRAIN_MODES}")
+  check(t.mode in MODES, f"train.mode={t.mode!r} must be one of {MODES}")
   check(m.attention in ATTENTION_LAYOUTS,
         f"model.attention={m.attention!r} must be one of {ATTENTION_LAYOUTS}")
   check(m.residual.mode in RESIDUAL_MODES,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, TypeVar, cast
 
 from orl_jax.decode.config import CacheMode, Schedule
 from orl_jax.errors import ConfigError
@@ -27,24 +27,38 @@ from orl_jax.unmasking import RuleName
 
 _EXTRA = "extra"
 
-# train.mode: what a run trains (docs/training.md)
-TrainMode = Literal["sft", "residual_warmup", "orl", "rcd_offline", "eval"]
+# train.mode: what a run trains (docs/training.md), one of the modes `train()` runs, or "eval":
+# a config that only evaluates (launch/eval.py, a trained run's settings), which `train()` refuses
+TrainMode = Literal["sft", "residual_warmup", "orl", "rcd_offline"]
+Mode = Literal[TrainMode, "eval"]
 # orl.chunk_by: what a rollout chunk holds (docs/training.md#verification-overlapped-with-decoding)
 ChunkBy = Literal["samples", "prompts"]
+
+
+S = TypeVar("S")
 
 
 @dataclasses.dataclass(frozen=True)
 class Section:
   """A frozen config section; `extra` holds the fields and subsections a family declares
-  (`Family.config_sections`), read as attributes like the section's own."""
+  (`Family.config_sections`), which the family reads back typed with `family_settings`."""
   extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, kw_only=True, repr=False,
                                                 hash=False, compare=True)
 
-  def __getattr__(self, name: str):
-    extra = self.__dict__.get(_EXTRA)
-    if extra is not None and name in extra:
-      return extra[name]
-    raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+  def family_settings(self, cls: type[S], name: str | None = None) -> S:
+    """A family's settings of this section as its own frozen dataclass `cls`: the subsection
+    `name` (`config.model.family_settings(ArchitectureSettings, "diffusion_gemma")`), or,
+    without a name, `cls`'s fields declared flat in this section
+    (`config.decode.family_settings(SamplerSettings)` for `decode.t_min` ...). A KeyError
+    names what the section does not hold: the family's settings exist only in a run config
+    built for that family."""
+    if name is not None:
+      value = self.extra[name]
+      if not isinstance(value, cls):
+        raise TypeError(f"{type(self).__name__}.{name} is a {type(value).__name__}, not {cls}")
+      return value
+    fields = dataclasses.fields(cast(Any, cls))
+    return cls(**{f.name: self.extra[f.name] for f in fields})
 
   def to_dict(self) -> dict:
     """The section as a plain nested dict (a family's fields included), as the ConfigDict's
@@ -206,7 +220,7 @@ class Decode(Section):
 
 @dataclasses.dataclass(frozen=True)
 class Train(Section):
-  mode: TrainMode = "sft"
+  mode: Mode = "sft"
   steps: int = 4000
   batch_size: int = 64
   lr: float = 2e-3

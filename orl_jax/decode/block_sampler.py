@@ -22,6 +22,7 @@ from orl_jax.decode import from_run, lockstep, per_row, placement
 from orl_jax.decode import trajectories
 from orl_jax.decode.capture import masked_positions
 from orl_jax.decode.config import DecodeConfig
+from orl_jax.decode.sampler import DecodeFn, RolloutFn
 from orl_jax.unmasking import UnmaskRule
 
 PER_ROW = "per_row"
@@ -81,12 +82,13 @@ class LockstepSampler:
 
   def decoder(self, graphdef, purpose: str, *, mask_id: int, eos_id: int,
               rule: UnmaskRule | None = None, temperature: float | None = None,
-              n_rows: int = 0):
+              n_rows: int = 0) -> DecodeFn:
     cfg = self.forward_config(purpose, mask_id=mask_id, eos_id=eos_id, rule=rule,
                               temperature=temperature)
     return lockstep.lockstep_decoder(graphdef, cfg)
 
-  def rollout(self, *, mask_id: int, eos_id: int, mesh=None):
+  def rollout(self, *, mask_id: int, eos_id: int,
+              mesh=None) -> tuple[RolloutFn, DecodeConfig]:
     return (trajectories.lockstep_trajectories,
             self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id))
 
@@ -106,7 +108,7 @@ class PerRowSampler(LockstepSampler):
 
   def decoder(self, graphdef, purpose: str, *, mask_id: int, eos_id: int,
               rule: UnmaskRule | None = None, temperature: float | None = None,
-              n_rows: int = 0):
+              n_rows: int = 0) -> DecodeFn:
     if purpose != "evaluate":
       return super().decoder(graphdef, purpose, mask_id=mask_id, eos_id=eos_id, rule=rule,
                              temperature=temperature)
@@ -114,7 +116,8 @@ class PerRowSampler(LockstepSampler):
                               temperature=temperature)
     return per_row.make_engine(graphdef, cfg, n_rows)
 
-  def rollout(self, *, mask_id: int, eos_id: int, mesh=None):
+  def rollout(self, *, mask_id: int, eos_id: int,
+              mesh=None) -> tuple[RolloutFn, DecodeConfig]:
     rows = self.config.orl.rollout_rows
     if rows and mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
       raise ValueError(f"orl.rollout_rows={rows} decodes the rollout queue on one batch shard: "

@@ -32,7 +32,9 @@ class DecodeConfig:
   block_size: int                 # b
   mask_id: int
   eos_id: int
-  rule: UnmaskRule = UnmaskRule()
+  # the commit rule: the run config's `decode.rule` + `decode.rule_value` (the family fills the
+  # value), or a rollout's / an evaluation setting's own
+  rule: UnmaskRule = dataclasses.field(kw_only=True)
   temperature: float = 0.0        # 0 = greedy; > 0 = Gumbel sampling at this temperature
   max_steps_per_block: int = 0    # safety bound; 0 -> block_size (every step commits >= 1)
   capture_states: int = 0         # > 0: record up to this many states per row (rollouts)
@@ -59,8 +61,9 @@ class DecodeConfig:
   # row stops after the block in which it committed EOS (False: it decodes all its blocks, as
   # LLaDA2.1's and Fast-dLLM's `generate` do by default; the response is cut at the first EOS either
   # way).
-  block_placement: str = "prompt_end"
-  commit_compare: str = ">="
+  # ("auto" in the run config: the family's; resolved by `decode.from_run.family_rules`)
+  block_placement: str = dataclasses.field(kw_only=True)
+  commit_compare: str = dataclasses.field(kw_only=True)
   eos_early_stop: bool = True
 
   def __post_init__(self):

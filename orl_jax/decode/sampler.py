@@ -23,20 +23,35 @@ the protocol is structural, so a family's class needs no import of this module.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
   import jax
 
   from orl_jax.decode.config import DecodeConfig
+  from orl_jax.models.decoded import DecodeOutput, Trajectories
   from orl_jax.unmasking import UnmaskRule
 
 PURPOSES = ("evaluate", "decode", "rollout")
 
-# (model, prompt_tokens [P, Lp], prompt_valid, key, cfg, group_size, rollout_step) ->
-# models.decoded.Trajectories: one shard's rollout (the signature of
-# `orl_jax.decode.trajectories.lockstep_trajectories`)
-RolloutFn = Callable[..., object]
+
+class RolloutFn(Protocol):
+  """One shard's rollout (`orl_jax.decode.trajectories.lockstep_trajectories`' signature): the
+  `group_size` responses of each prompt, decoded with `cfg` (the config `Sampler.rollout` returns
+  with it) by `model`, every state captured."""
+
+  def __call__(self, model: Any, prompt_tokens: jax.Array, prompt_valid: jax.Array,
+               key: jax.Array, cfg: Any, group_size: int,
+               rollout_step: jax.Array | int) -> Trajectories:
+    ...
+
+
+class DecodeFn(Protocol):
+  """A jitted decoder: `(params, prompt_tokens [B, P], prompt_valid [B, P], key)`."""
+
+  def __call__(self, params: Any, prompt_tokens: jax.Array, prompt_valid: jax.Array,
+               key: jax.Array) -> DecodeOutput:
+    ...
 
 
 class Sampler(Protocol):
@@ -66,7 +81,7 @@ class Sampler(Protocol):
 
   def decoder(self, graphdef, purpose: str, *, mask_id: int, eos_id: int,
               rule: UnmaskRule | None = None, temperature: float | None = None,
-              n_rows: int = 0) -> Callable:
+              n_rows: int = 0) -> DecodeFn:
     """Jitted `(params, prompt_tokens [B, P], prompt_valid [B, P], key) ->
     models.decoded.DecodeOutput` for "evaluate" (no capture; `queued`: over a queue decoded on
     `n_rows` rows) or "decode" (every state captured)."""

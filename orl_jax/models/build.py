@@ -24,3 +24,9 @@ def build_model(cfg, seed: int = 0, mesh=None) -> nnx.Module:
 def abstract_params(cfg, seed: int = 0):
   """(graphdef, params State of ShapeDtypeStructs) without allocating the model."""
   return nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed)), nnx.Param)
+
+
+def init_model_params(model_cfg, seed: int):
+  """(graphdef, params) of a freshly initialised model."""
+  graphdef, params = nnx.split(build_model(model_cfg, seed), nnx.Param)
+  return graphdef, params

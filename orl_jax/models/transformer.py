@@ -42,10 +42,11 @@ class ModelConfig:
   head_dim: int
   mlp_dim: int
   mask_id: int
+  qk_norm: bool                     # RMSNorm on each query and key head (the run config's
+                                    # `model.qk_norm`, or config.json's family layout)
   rope_theta: float = 10000.0
   rope_fraction: float = 1.0        # share of head_dim that is rotated (LLaDA2: 0.5)
   norm_eps: float = 1e-6
-  qk_norm: bool = False
   tie_embeddings: bool = False
   embed_scale: float = 1.0
   attention: str = "block_causal"   # attention layout: block_causal | bidirectional

@@ -6,7 +6,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from orl_jax.decode.capture import masked_positions
 from orl_jax.packed_batch import ReplayBatch
 from orl_jax.replay.plan import (SRC_CLEAN, SRC_MASK, SRC_PROMPT, SRC_STATE, ReplayConfig,
                                  ReplayPlan)
@@ -14,15 +13,14 @@ from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import TokenMeta
 
 
-def gather_batch(traj, plan: ReplayPlan, *, mask_id: int,
-                 unresolved=masked_positions) -> ReplayBatch:
+def gather_batch(traj, plan: ReplayPlan, *, mask_id: int, unresolved) -> ReplayBatch:
   """Device-side gather of a packed batch from trajectories (call under jit). The block size
   is the captured states' width (`Capture.block_tokens` [B, S, b]), the plan's
   `ReplayConfig.block_size`.
 
   `unresolved(state_tokens, commit, mask_id)` says which state positions the losses train
-  (`ReplayBatch.masked`): the rollout sampler's `Sampler.unresolved` (default: the mask tokens
-  of the captured block, the block samplers')."""
+  (`ReplayBatch.masked`): the rollout sampler's `Sampler.unresolved` (the block samplers': the
+  mask tokens of the captured block; replay asks, it does not assume)."""
   cap = traj.capture
   block_size = cap.block_tokens.shape[2]
   st = plan.src_type
@@ -72,11 +70,11 @@ def check_block_width(cfg: ReplayConfig, traj) -> None:
                      "replay must be built from the same decode.block_size")
 
 
-def abstract_batch(traj, cfg: ReplayConfig, gather_fn=None, *, mask_id: int = -1):
+def abstract_batch(traj, cfg: ReplayConfig, gather_fn):
   """Shapes of one replay batch gathered from (abstract) `traj` by any plan of `cfg`
-  (`gather_fn(traj, plan)`, default `gather_batch`), after `check_block_width`."""
+  (`gather_fn(traj, plan)`: `gather_batch` with the sampler's `unresolved`), after
+  `check_block_width`."""
   check_block_width(cfg, traj)
-  gather_fn = gather_fn or (lambda t, p: gather_batch(t, p, mask_id=mask_id))
   return jax.eval_shape(gather_fn, traj, ReplayPlan.abstract(cfg))
 
 

@@ -193,7 +193,8 @@ class WholeEngine:
     n = probe.tokens.shape[1]
     # what the scheduler reads: the response's length and its blocks (no mask token)
     self.cfg = DecodeConfig(gen_length=n, block_size=block_size if n % block_size == 0 else n,
-                            mask_id=-1, eos_id=eos_id)
+                            mask_id=-1, eos_id=eos_id,
+                            rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
 
   @property
   def block_size(self) -> int:

@@ -26,7 +26,7 @@ from orl_jax.serve.engine import BlockEngine, EngineShape, WholeEngine
 from orl_jax.serve.metrics import ServerMetrics
 from orl_jax.serve import weights_watch
 from orl_jax.serve.scheduler import Scheduler
-from orl_jax.train.setup import Setup, build_setup, initial_params
+from orl_jax.setup.build import Setup, build_setup, initial_params
 from orl_jax.unmasking import RULES, UnmaskRule
 
 

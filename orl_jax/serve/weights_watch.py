@@ -32,7 +32,7 @@ from orl_jax.models import params_io
 CHECKPOINT = "checkpoint"   # WeightsVersion.kind: a checkpoint of the run (version: its step)
 PARAMS = "params"           # a params folder (version: its meta.json's mtime in nanoseconds)
 
-CHECKPOINTS_DIR = "checkpoints"   # <workdir>/checkpoints/<step>/state: `train.setup.prepare_run`
+CHECKPOINTS_DIR = "checkpoints"   # <workdir>/checkpoints/<step>/state: `train.run.prepare_run`
 STATE_ITEM = "state"              # the TrainState item of a checkpoint (`Checkpointer.save`)
 RUN_PARAMS = "params"             # <workdir>/params: a finished run's export (`weights.RUN_PARAMS`)
 COMMIT_FILE = "commit_success.txt"   # Orbax writes it into a step before the step is final

@@ -1,7 +1,7 @@
 """The settings a run's checkpoints were written under, and the check a resume makes.
 
 A run's settings are {field: resolved value} of what decides its rollouts and how they are
-replayed and scored (the table: `train/setup.py: run_settings`). Each checkpoint records them as
+replayed and scored (the table: `orl_jax/setup/recorded.py`). Each checkpoint records them as
 readable JSON (its step's `_CHECKPOINT_METADATA`, under `custom_metadata.run_settings`), so a
 resume under other values stops and names every field that differs, with the recorded and the
 new value. `checkpoint.allow_changed` (fields separated by commas) accepts the changes a user

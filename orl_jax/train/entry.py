@@ -1,16 +1,17 @@
 """The training entry point `train(config)`: the run's `train.mode` picks its loop from `LOOPS`.
 
-Where things live: `setup.py` (set-up, resume, export; shared by every loop), `sft.py` (SFT, the
-residual warm-up and offline RCD), `orl.py` (the on-policy loop), `state.py` (train state,
-optimizer, the jitted step).
+Where things live: `orl_jax/setup/` (a run's set-up, shared with evaluation and serving),
+`run.py` (a training run's life: prepare, resume, finish; shared by every loop), `sft.py` (SFT,
+the residual warm-up and offline RCD), `orl.py` (the on-policy loop), `state.py` (train state,
+the jitted step).
 """
 from __future__ import annotations
 
 from orl_jax import sharding
-
 from orl_jax.config import build as run_config
+from orl_jax.config.derive import TRAIN_MODES
 from orl_jax.train import orl, sft
-from orl_jax.train.setup import build_setup
+from orl_jax.setup.build import build_setup
 from orl_jax.storage.weights import require_weights
 
 # train.mode -> the loop that runs it: `loop(setup, progress=, stop_after=)`
@@ -29,7 +30,7 @@ def train(config, *, progress: bool = True, stop_after: int | None = None) -> st
   setup = build_setup(config)
   loop = LOOPS.get(config.train.mode)
   if loop is None:
-    raise ValueError(f"train() runs train.mode 'sft', 'residual_warmup', 'rcd_offline' or "
-                     f"'orl', got {config.train.mode!r}")
+    raise ValueError(f"train() runs train.mode {' | '.join(TRAIN_MODES)}, got "
+                     f"{config.train.mode!r} (an 'eval' config evaluates: python launch/eval.py)")
   with sharding.tracing_mesh(setup.mesh):
     return loop(setup, progress=progress, stop_after=stop_after)

@@ -54,7 +54,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from orl_jax.decode import build as decode_build
-from orl_jax.decode.capture import masked_positions
 from orl_jax import distributed, sharding as sharding_lib
 from orl_jax.config import derive as config_lib
 from orl_jax.storage.checkpoint import Checkpointer, save_in_background
@@ -64,10 +63,11 @@ from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batc
 from orl_jax.metrics import TPF_COUNT
 from orl_jax.tasks import verifier_metrics
 from orl_jax.models.decoded import Trajectories
-from orl_jax.train.setup import Run, RunLog, Setup, finish_run, prepare_run, resume
+from orl_jax.train.run import RunLog, finish_run, prepare_run, resume
+from orl_jax.setup.build import Setup
 from orl_jax.train import interrupt
 from orl_jax.train.phases import DeviceTimeline, VerifyCalls, busy_seconds
-from orl_jax.train.state import make_train_step
+from orl_jax.train.state import Run, make_train_step
 
 ENTROPY_STEPS = 8   # rollout_entropy_step{k} is logged for the first steps of every block
 
@@ -127,7 +127,7 @@ class RolloutSummary:
   metrics: dict              # rollout_* and capture_overflow scalars
 
 
-def rollout_sums(traj: Trajectories, mask_id: int, unresolved=masked_positions) -> dict:
+def rollout_sums(traj: Trajectories, mask_id: int, unresolved) -> dict:
   """Device-side reductions behind the rollout metrics (exact integer sums; entropy sums and
   counts over the unresolved positions — `Sampler.unresolved`: masked, or not accepted by the
   step — of the states of step k of a block, k < ENTROPY_STEPS)."""

@@ -17,7 +17,7 @@ from orl_jax.models import params_io
 from orl_jax.storage import weights as weights_lib
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.packed_batch import masked_state_tokens
-from orl_jax.train.state import init_model_params
+from orl_jax.models.build import init_model_params
 
 
 def reference_residual_fn(setup):

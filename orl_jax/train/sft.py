@@ -24,7 +24,8 @@ from orl_jax.losses import sft_loss
 from orl_jax.models.transformer import ModelConfig
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.train import interrupt, rcd
-from orl_jax.train.setup import RunLog, Setup, finish_run, prepare_run, resume
+from orl_jax.train.run import RunLog, finish_run, prepare_run, resume
+from orl_jax.setup.build import Setup
 from orl_jax.train.state import make_train_step
 
 

@@ -3,20 +3,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from orl_jax.models.build import build_model
+from orl_jax.models.build import build_model, init_model_params
 from orl_jax.models import families
 from orl_jax.models.family_base import AnyModelConfig
-from orl_jax.models.moe import frozen_param
-from orl_jax.models.transformer import ModelConfig
-from orl_jax.optimizer import OptimizerConfig, make_optimizer
 from orl_jax import sharding as sharding_lib
+
+if TYPE_CHECKING:
+  from orl_jax.storage.checkpoint import Checkpointer
 
 
 @struct.dataclass
@@ -28,30 +28,16 @@ class TrainState:
                          # sharded like params, checkpointed with the state, never updated
 
 
-def frozen_params(model_cfg: AnyModelConfig) -> Callable[[str], bool] | None:
-  """The predicate on parameter names the optimizer must leave alone (an MoE router's
-  `expert_bias`, a frozen router; a family's own, such as DiffusionGemma's `layer_scalar`
-  buffers), or None when the model has none."""
-  family = families.of_model(model_cfg)
-  if family.frozen is not None:
-    return family.frozen
-  model_cfg = cast(ModelConfig, model_cfg)   # a family with its own model names its `frozen`
-  if model_cfg.moe is None:
-    return None
-  return functools.partial(frozen_param, cfg=model_cfg.moe)
-
-
-def optimizer_of(cfg: OptimizerConfig, model_cfg: AnyModelConfig):
-  """The optimizer of `cfg` (`orl_jax.config.derive.optimizer_config` of a run) for a model of
-  `model_cfg`: its family's frozen parameters and residual-pathway modules."""
-  return make_optimizer(cfg, frozen_params(model_cfg),
-                        residual_modules=families.of_model(model_cfg).residual_modules)
-
-
-def init_model_params(model_cfg: AnyModelConfig, seed: int):
-  """(graphdef, params) of a freshly initialised model."""
-  graphdef, params = nnx.split(build_model(model_cfg, seed), nnx.Param)
-  return graphdef, params
+@dataclasses.dataclass
+class Run:
+  """What every training loop starts from (`train.run.prepare_run`; the compile command builds
+  one on abstract state)."""
+  graphdef: nnx.GraphDef
+  state: TrainState
+  state_shardings: TrainState     # the state's NamedShardings, leaf for leaf
+  optimizer: optax.GradientTransformation
+  ckpt: Checkpointer | None       # None: a run that saves nothing (the compile command's)
+  found: tuple[str, ...] = ()     # what the work directory held before the run wrote to it
 
 
 def _state_init(model_cfg: AnyModelConfig, optimizer, seed: int, with_reference: bool):

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 from orl_jax import sharding
 from orl_jax.models.family_base import Family, linear, plain, TensorRule
 from orl_jax.models.diffusion_gemma.decoding import make_sampler
+from orl_jax.models.diffusion_gemma.sampler import SamplerSettings
 from orl_jax.models.diffusion_gemma.config import (FULL, MODEL_TYPE, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig)
 
@@ -120,7 +121,7 @@ def config_from_run(m, *, vocab_size: int, canvas_length: int, eos_ids=(1,), pad
                     hf_passthrough: str = json.dumps(MINIMAL_VISION)) -> DiffusionGemmaConfig:
   """The `DiffusionGemmaConfig` of a run's `config.model` (no model.path: random init or
   sizing); `canvas_length` is `decode.block_size`."""
-  dg = m.diffusion_gemma
+  dg = m.family_settings(ArchitectureSettings, "diffusion_gemma")
   layers = layer_specs(m.n_layers, head_dim=m.head_dim, n_kv_heads=m.n_kv_heads,
                        global_head_dim=dg.global_head_dim, n_global_kv_heads=dg.n_global_kv_heads,
                        full_every=dg.full_every, rope_theta=m.rope_theta,
@@ -177,16 +178,6 @@ class ArchitectureSettings:
   full_every: int = 6                 # every n-th layer (and the last) is full attention
   global_rope_theta: float = 1e6      # proportional RoPE of the full-attention layers
   global_rope_fraction: float = 0.25
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplerSettings:
-  """The sampler's `decode.*` fields (None: generation_config.json's, else transformers'
-  default, `GENERATION_DEFAULTS`)."""
-  t_min: float | None = None
-  t_max: float | None = None
-  stability_threshold: int | None = None
-  confidence_threshold: float | None = None
 
 
 PARTITION_RULES: tuple[tuple[str, P], ...] = (

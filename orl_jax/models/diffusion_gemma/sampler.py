@@ -71,18 +71,30 @@ class SamplerConfig:
                        f"{self.t_max}")
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplerSettings:
+  """The sampler's `decode.*` fields (None: generation_config.json's, else transformers'
+  default, `GENERATION_DEFAULTS`)."""
+  t_min: float | None = None
+  t_max: float | None = None
+  stability_threshold: int | None = None
+  confidence_threshold: float | None = None
+
+
 def sampler_config(config, *, eos_ids=(1,), pad_id: int = 0, rollout: bool = True,
                    entropy_bound: float | None = None) -> SamplerConfig:
   """The sampler of a run: canvases of `decode.block_size`, `decode.gen_length` tokens, the
   entropy bound (nats) of the rollout rule (`orl.rollout_rule_value`), of `decode.rule_value`
   (rollout=False) or `entropy_bound`; rollouts record routes with `orl.capture_routes`."""
   d = config.decode
+  own = d.family_settings(SamplerSettings)
   bound = config.orl.rollout_rule_value if rollout else d.rule_value
   bound = bound if entropy_bound is None else entropy_bound
   return SamplerConfig(
       n_canvases=d.gen_length // d.block_size, max_steps=d.max_steps_per_block,
-      entropy_bound=float(bound), t_min=d.t_min, t_max=d.t_max,
-      stability_threshold=d.stability_threshold, confidence_threshold=d.confidence_threshold,
+      entropy_bound=float(bound), t_min=own.t_min, t_max=own.t_max,
+      stability_threshold=own.stability_threshold,
+      confidence_threshold=own.confidence_threshold,
       pad_id=pad_id, eos_ids=tuple(eos_ids), top_k=d.top_k,
       capture_routes=rollout and bool(config.orl.capture_routes))
 
