@@ -58,8 +58,8 @@ test: venv compilers lint
 
 # The suite again under other floating-point numerics, so that no test depends on one machine's
 # rounding: XLA's CPU code generator capped (XLA_FLAGS=--xla_cpu_max_isa=CAP) at each cap of
-# OTHER_CPU_ISAS whose results differ from this host's (tests/other_cpu_isas.py probes them; a
-# cap that changes nothing is skipped). The first such cap runs the whole default suite; the
+# OTHER_CPU_ISAS whose results differ from this host's (tests/scripts/other_cpu_isas.py probes
+# them; a cap that changes nothing is skipped). The first such cap runs the whole default suite; the
 # next ones run the tests that compare token ids, forward counts or signs (marker `numerics`),
 # which keeps `make test` + `make test-other-cpu` within about an hour on 2 cores. Tests that
 # compile for a TPU or GPU (marker `accelerator_compile`) do not depend on this host's numerics
@@ -67,7 +67,7 @@ test: venv compilers lint
 # `make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"`.
 OTHER_CPU_ISAS ?= SSE4_2 AVX2
 test-other-cpu: venv compilers
-	@caps="$$($(PY) tests/other_cpu_isas.py $(OTHER_CPU_ISAS))" || exit 1; \
+	@caps="$$($(PY) tests/scripts/other_cpu_isas.py $(OTHER_CPU_ISAS))" || exit 1; \
 	if [ -z "$$caps" ]; then \
 	  echo "test-other-cpu: none of $(OTHER_CPU_ISAS) changes XLA's CPU results here; nothing to run"; \
 	  exit 0; fi; \

@@ -7,8 +7,8 @@ Responses, each scored against its gold by both:
   number after its own `####`: every one is right;
 * `tiny`: `--tiny-problems` tiny-task targets (`tiny_task.train_problem`) against their gold:
   every one is right;
-* `tables`: every response of tests/test_math_answers.py's reference table and of
-  tests/test_math_attacks.py's attack and honest classes, with the verdict the tests require.
+* `tables`: every response of tests/verify/test_math_answers.py's reference table and of
+  tests/verify/test_math_attacks.py's attack and honest classes, with the verdict the tests require.
 
 Each disagreement gets a class: `ours right` (the response does not state the gold as its one
 answer, or states it in a form math-verify does not read), `math-verify right` (our rule is
@@ -41,7 +41,7 @@ from math_verify import parse, verify  # test-only reference: pip install math-v
 
 from orl_jax.data import tiny_task
 from orl_jax.verify import math_answer
-from tests import test_math_answers, test_math_attacks
+from tests.verify import test_math_answers, test_math_attacks
 
 OUT = os.path.join(_common.ROOT, "benchmarks", "results", "math_rule_vs_math_verify.json")
 GSM8K = os.path.join(_common.ROOT, "orl_jax", "data", "gsm8k_test.jsonl.gz")
@@ -119,7 +119,7 @@ def table_cases() -> list[tuple[str, str, int, str]]:
     for name, responses in classes.items():
       for case in responses:
         response, gold = (case, "30") if isinstance(case, str) else case
-        cases.append((response, gold, verdict, f"{name} (tests/test_math_attacks.py)"))
+        cases.append((response, gold, verdict, f"{name} (tests/verify/test_math_attacks.py)"))
   return cases
 
 

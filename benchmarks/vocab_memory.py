@@ -3,7 +3,7 @@ without chunking the head statistics over tokens (`loss.vocab_chunk`).
 
 Nothing is executed: each step is lowered from abstract inputs and compiled, and XLA's
 `memory_analysis()` reports its temporary (activation) and argument bytes. Values are equal
-either way (tests/test_chunked_losses.py); only the peak changes.
+either way (tests/replay/test_chunked_losses.py); only the peak changes.
 
   python benchmarks/vocab_memory.py [--tokens 4096] [--vocab 126464] [--chunk 512]
 """

@@ -33,7 +33,7 @@ Both runs of the tests start from the same `random` seed, so tests that draw ran
 when an answer is false or empty (a loop that stops on a result), only when the candidate
 raised (a call in an `except` block), or on an argument they changed after the candidate
 answered, are unsupported; every HumanEval problem's tests collect completely (the canonical
-solutions all pass, tests/test_tasks_verifiers.py). docs/verifier.md lists where the verdict
+solutions all pass, tests/verify/test_tasks_verifiers.py). docs/verifier.md lists where the verdict
 still differs from running the tests in-process.
 """
 from __future__ import annotations

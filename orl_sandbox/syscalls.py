@@ -32,8 +32,9 @@ reach beyond the sample, grouped by what they would reach:
 * **the network**: every socket call (the sample has no network namespace anyway).
 
 `clone3` and the futex2 calls fail with ENOSYS, which the C library answers with `clone` and
-`futex`. The numbers are those of the kernel's `unistd` tables (`tests/test_sandbox.py` checks
-them against the C headers where those are installed); calls newer than these tables get ENOSYS.
+`futex`. The numbers are those of the kernel's `unistd` tables (`tests/verify/test_sandbox.py`
+checks them against the C headers where those are installed); calls newer than these tables get
+ENOSYS.
 """
 from __future__ import annotations
 

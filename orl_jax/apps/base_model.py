@@ -157,7 +157,8 @@ def readme(meta: dict) -> str:
            accuracy {fixed['accuracy']:.3f} with `fixed_steps_1` ({fixed['nfe_mean']:.0f} forwards
            per response); {thr['accuracy']:.3f} with `threshold_0.9` at pooled TPF
            {thr['tpf_pooled']:.2f} ({thr['nfe_mean']:.1f} forwards).
-           `tests/test_base_checkpoint.py` loads it and checks its accuracy on 64 problems."""),
+           `tests/storage/test_base_checkpoint.py` loads it and checks its accuracy on 64
+           problems."""),
       "## What reproduces",
       bullet("""**Same machine** (the CPU, core count, JAX/jaxlib and XLA flags recorded in
              `meta.json`'s `machine`): `make base` writes the same `params.safetensors`, bit for
@@ -171,7 +172,7 @@ def readme(meta: dict) -> str:
              `threshold_0.9`; TPF can move more (the one comparison so far, another 2-core
              machine against an earlier base: 0.949 / 0.947 at TPF 3.91 against 0.961 / 0.963
              at 3.67). The slow test
-             `tests/test_base_checkpoint.py::test_make_base_reproduces_the_committed_base`
+             `tests/storage/test_base_checkpoint.py::test_make_base_reproduces_the_committed_base`
              re-runs the recipe and checks both: identical parameters when the machine record
              matches, accuracy within 2 points otherwise."""),
   ]) + "\n"

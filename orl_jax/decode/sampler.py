@@ -18,7 +18,7 @@ says:
 * whether its undecided positions hold a mask token (`needs_mask_token`: the tokenizer must
   have one) and whether its evaluation decodes a queue (`queued`).
 
-A family folder implements it without importing the decoders (`tests/test_architecture.py`):
+A family folder implements it without importing the decoders (`tests/project/test_architecture.py`):
 the protocol is structural, so a family's class needs no import of this module.
 """
 from __future__ import annotations

@@ -109,7 +109,7 @@ def install() -> None:
   thread, between bytecodes): a request stops the running training loop at its next step
   boundary (`Interrupted`), or, outside one (imports, set-up, the demo's evaluations: nothing
   to save), the process at once, with the same kind of line. The project resumes from
-  anything a SIGKILL leaves (tests/test_checkpoint_recovery.py), so stopping there at once is
+  anything a SIGKILL leaves (tests/train/test_checkpoint_recovery.py), so stopping there at once is
   safe."""
   for signum in SIGNALS:
     signal.signal(signum, _on_signal)

@@ -42,7 +42,7 @@ import unicodedata
 _MAX_EXPONENT = 100
 _DIGITS = frozenset("0123456789")
 # Dashes (category Pd) but the wave dashes, and the characters named MINUS that are signs rather
-# than operators (tests/test_math_answers.py re-derives the set from the Unicode database).
+# than operators (tests/verify/test_math_answers.py re-derives the set from the Unicode database).
 MINUS_SIGNS = frozenset(
     "-\u058a\u05be\u1400\u1806\u2010\u2011\u2012\u2013\u2014\u2015\u2e17\u2e1a\u2e3a\u2e3b"
     "\u2e40\u2e5d\u30a0\ufe31\ufe32\ufe58\ufe63\uff0d\U00010ead"
@@ -57,8 +57,8 @@ DASH_LOOKALIKES = frozenset(
     "\u2500\u2501\u2504\u2505\u2508\u2509\u254c\u254d\u2550\u2574\u2576\u2578\u257a\u257c"
     "\u257e\u23ba\u23bb\u23bc\u23bd\u30fc\uff70\u3161\uffda\u1173\u1428\u31d0\u2f00\u1680")
 # Hedge and operator marks outside category Sm (every Sm character but `=` and the signs is one):
-# every question mark, interrobang, tilde and ellipsis (tests/test_math_answers.py surveys them
-# by name), the wave dashes, `^`.
+# every question mark, interrobang, tilde and ellipsis (tests/verify/test_math_answers.py surveys
+# them by name), the wave dashes, `^`.
 _HEDGE_MARKS = frozenset(
     "?¿\u037e\u055e\u061f\u1367\u1945\u2047\u2048\u2049\u2753\u2754\u2cfa\u2cfb\u2e2e"
     "\u2e54\ua60f\ua6f7\ufe16\ufe56\uff1f\U00011143\U0001e95f\U0001fbc4"

@@ -1,0 +1,329 @@
+"""The server as the README starts it (`python launch/serve.py --config=configs/tiny.py:eval
+--config.model.path=assets/tiny_base`, on a free port), through independent clients: the
+`openai` package (completions, chat, streaming, errors), raw HTTP (bad requests, disconnects),
+lm-evaluation-harness's OpenAI-compatible completions model on a local task; concurrent
+responses equal decoding alone; new weights without a restart; SIGTERM drains."""
+import concurrent.futures
+import json
+import os
+import random
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from safetensors.numpy import save_file
+
+from orl_jax.models.params_io import read_safetensors
+
+from orl_jax.serve.process import ServerProcess
+from tests.support.serve import MODEL, README_SERVE, alone, offline, tiny_problems
+
+# compares token ids and forward counts with an offline decode: rerun under other numerics
+pytestmark = pytest.mark.numerics
+
+
+@pytest.fixture(scope="module")
+def server():
+  with ServerProcess(README_SERVE) as s:
+    yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+  return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _post(url: str, body, path: str = "/v1/completions"):
+  """(status, JSON body) of a raw POST (bytes are sent as they are)."""
+  data = body if isinstance(body, bytes) else json.dumps(body).encode()
+  req = urllib.request.Request(url + path, data=data, method="POST",
+                               headers={"Content-Type": "application/json"})
+  try:
+    with urllib.request.urlopen(req, timeout=120) as r:
+      return r.status, json.load(r)
+  except urllib.error.HTTPError as e:
+    return e.code, json.load(e)
+
+
+def _get(url: str, path: str):
+  try:
+    with urllib.request.urlopen(url + path, timeout=60) as r:
+      return r.status, r.read().decode()
+  except urllib.error.HTTPError as e:
+    return e.code, e.read().decode()
+
+
+def test_openai_completions_equal_the_offline_decode_with_forward_counts(server, client):
+  assert [m.id for m in client.models.list()] == [MODEL]
+  parts = offline()
+  for problem in tiny_problems()[:3]:
+    out = client.completions.create(model=MODEL, prompt=problem.prompt, max_tokens=32)
+    text, nfe, denoise = alone(parts, problem.prompt)
+    assert out.choices[0].text == text and out.choices[0].finish_reason == "stop"
+    usage = out.usage.model_dump()
+    assert (usage["forwards"], usage["forwards_denoise"]) == (nfe, denoise)
+    assert usage["tpf"] == pytest.approx(usage["generated_tokens"] / nfe, rel=1e-3)
+    assert usage["completion_tokens"] == usage["generated_tokens"] - 1     # EOS not in the text
+
+
+def test_chat_and_streams_give_the_same_text(client):
+  prompt = tiny_problems()[3].prompt
+  whole = client.completions.create(model=MODEL, prompt=prompt).choices[0].text
+  chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user",
+                                                                "content": prompt}])
+  assert chat.choices[0].message.content == whole     # the tiny model has no chat template
+  chunks = list(client.completions.create(model=MODEL, prompt=prompt, stream=True))
+  assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+  assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.forwards > 0
+  deltas = list(client.chat.completions.create(
+      model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True))
+  assert deltas[0].choices[0].delta.role == "assistant"
+  assert "".join(d.choices[0].delta.content or "" for d in deltas) == whole
+  assert deltas[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_repeats_and_n_choices_differ(client):
+  prompt = tiny_problems()[4].prompt
+  ask = lambda seed: client.completions.create(model=MODEL, prompt=prompt, n=3, seed=seed,
+                                               temperature=1.5, extra_body={"decoder":
+                                                                            "fixed_steps_2"})
+  first, again = ask(7), ask(7)
+  texts = [c.text for c in first.choices]
+  assert texts == [c.text for c in again.choices]
+  parts = offline()
+  for c in first.choices:
+    assert c.text == alone(parts, prompt, seed=7, choice=c.index, decoder="fixed_steps_2",
+                           temperature=1.5)[0]
+  assert first.usage.forwards == 3 * 17            # 16 steps of 2 tokens + 1 commit, each
+
+
+def test_stop_strings_cut_the_text(client):
+  prompt = tiny_problems()[5].prompt
+  whole = client.completions.create(model=MODEL, prompt=prompt).choices[0].text
+  out = client.completions.create(model=MODEL, prompt=prompt, stop=["="])
+  assert out.choices[0].text == whole[:whole.index("=")]
+  assert out.choices[0].finish_reason == "stop"
+
+
+BAD = [
+    (b"{not json", 400, "not valid JSON"),
+    ({"model": MODEL, "prompt": "bob", "colour": "red"}, 400, "unknown field 'colour'"),
+    ({"model": MODEL, "prompt": "bob", "n": "2"}, 400, "field 'n'"),
+    ({"model": MODEL, "prompt": "bob", "max_tokens": 33}, 400, "max_tokens=33 is more than"),
+    ({"model": MODEL, "prompt": "bob " * 40}, 400, "longer than this engine's context"),
+    ({"model": MODEL, "prompt": "hello"}, 400, "not in the tiny-task lexicon"),
+    ({"model": MODEL, "prompt": "bob", "decoder": "greedy"}, 400, "cannot parse decoder"),
+    ({"model": MODEL, "prompt": "bob", "logprobs": 5}, 400, "logprobs are not supported"),
+    ({"model": MODEL}, 400, "missing field 'prompt'"),
+    ({"model": "gpt-4", "prompt": "bob"}, 404, "GET /v1/models lists 'tiny_base'"),
+]
+
+
+@pytest.mark.parametrize("body,status,words", BAD)
+def test_a_bad_request_gets_a_4xx_sentence_and_the_server_keeps_serving(server, body, status,
+                                                                        words):
+  got, reply = _post(server.url, body)
+  assert got == status and words in reply["error"]["message"], reply
+  assert reply["error"]["type"] and "\n" not in reply["error"]["message"]
+  ok, good = _post(server.url, {"model": MODEL, "prompt": tiny_problems()[0].prompt})
+  assert ok == 200 and good["choices"][0]["text"]
+
+
+def test_the_openai_client_reports_errors_with_their_status(client):
+  with pytest.raises(openai.BadRequestError, match="max_tokens"):
+    client.completions.create(model=MODEL, prompt="bob", max_tokens=1000)
+  with pytest.raises(openai.NotFoundError):
+    client.completions.create(model="nope", prompt="bob")
+  with pytest.raises(openai.BadRequestError, match="no chat template"):
+    client.chat.completions.create(model=MODEL, messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "bob"}])
+
+
+def test_routes_and_methods_that_do_not_exist_get_json_errors(server):
+  status, body = _get(server.url, "/v1/engines")
+  assert status == 404 and "no route GET /v1/engines" in json.loads(body)["error"]["message"]
+  status, body = _get(server.url, "/v1/completions")
+  assert status == 405
+
+
+def test_concurrent_mixed_requests_equal_decoding_each_alone(server, client):
+  """24 requests from 24 threads in a shuffled order, greedy and sampled, several rules and
+  lengths, streamed or not: each response's text and forward counts equal the offline engine
+  decoding its prompt alone with the request's key."""
+  rng = random.Random(3)
+  gen = offline().cfg.gen_length
+  bodies = [dict(prompt=p.prompt, seed=rng.randrange(2**40),
+                 temperature=rng.choice([0.0, 0.8]),
+                 decoder=rng.choice(["threshold_0.9", "threshold_0.5", "entropy_budget_0.5"]),
+                 max_tokens=rng.choice([gen, 20]), stream=rng.random() < 0.5)
+            for p in tiny_problems()[:24]]
+  rng.shuffle(bodies)
+
+  def ask(b):
+    kw = dict(model=MODEL, prompt=b["prompt"], seed=b["seed"], temperature=b["temperature"],
+              max_tokens=b["max_tokens"], extra_body={"decoder": b["decoder"]})
+    if not b["stream"]:
+      out = client.completions.create(**kw)
+      return out.choices[0].text, out.usage.forwards, out.usage.forwards_denoise
+    chunks = list(client.completions.create(stream=True, **kw))
+    u = chunks[-1].usage
+    return "".join(c.choices[0].text for c in chunks), u.forwards, u.forwards_denoise
+
+  with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+    got = list(pool.map(ask, bodies))
+  parts = offline()
+  for b, g in zip(bodies, got):
+    assert g == alone(parts, b["prompt"], seed=b["seed"], decoder=b["decoder"],
+                      temperature=b["temperature"], max_tokens=b["max_tokens"]), b
+
+
+def test_clients_that_disconnect_free_their_requests(server):
+  """64 requests whose clients hang up at once: the ones not yet decoded are cancelled, the
+  engine is idle again, the cancellations are counted, and the server answers the next one."""
+  host, port = server.url.split("//")[1].split(":")
+  body = json.dumps({"model": MODEL, "prompt": tiny_problems()[0].prompt}).encode()
+  for _ in range(64):
+    s = socket.create_connection((host, int(port)))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    s.close()
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    health = json.loads(_get(server.url, "/health")[1])
+    if health["waiting"] == health["active"] == 0:
+      break
+    time.sleep(0.1)
+  assert health["waiting"] == health["active"] == 0, health
+  metrics = _get(server.url, "/metrics")[1]
+  cancelled = [line for line in metrics.splitlines()
+               if line.startswith('orl_requests_total{outcome="cancelled"}')]
+  assert cancelled and float(cancelled[0].split()[-1]) > 0, metrics[:2000]
+  assert _post(server.url, {"model": MODEL, "prompt": tiny_problems()[0].prompt})[0] == 200
+
+
+def test_health_and_prometheus_metrics(server):
+  status, body = _get(server.url, "/health")
+  assert status == 200 and json.loads(body)["status"] == "ok"
+  metrics = _get(server.url, "/metrics")[1]
+  for name in ("orl_requests_total", "orl_prompt_tokens_total", "orl_generated_tokens_total",
+               'orl_forwards_total{count="paper"}', "orl_tpf", "orl_queue_depth",
+               "orl_busy_rows", "orl_time_to_first_block_seconds_bucket",
+               "orl_request_latency_seconds_bucket", "orl_queue_wait_seconds_bucket"):
+    assert name in metrics, name
+
+
+def test_lm_evaluation_harness_scores_the_served_model_on_a_local_task(server, tmp_path):
+  """lm-eval's `local-completions` model against the server on a task written from a local
+  file (nothing downloaded): its exact-match score equals the tiny verifier's on our own
+  decodes of the same problems."""
+  import lm_eval
+  from lm_eval.tasks import TaskManager
+  problems = tiny_problems()[:12]
+  task_dir = tmp_path / "task"
+  task_dir.mkdir()
+  with open(task_dir / "tiny.jsonl", "w") as f:
+    for p in problems:
+      f.write(json.dumps({"question": p.prompt, "answer": p.target.split("####")[-1].strip()})
+              + "\n")
+  (task_dir / "orl_tiny_served.yaml").write_text(
+      "task: orl_tiny_served\ndataset_path: json\n"
+      f"dataset_kwargs:\n  data_files:\n    test: {task_dir / 'tiny.jsonl'}\n"
+      "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{question}}'\n"
+      "doc_to_target: '{{answer}}'\ngeneration_kwargs:\n  until: []\n  max_gen_toks: 32\n"
+      "  do_sample: false\n  temperature: 0.0\nfilter_list:\n  - name: answer\n    filter:\n"
+      "      - function: regex\n        regex_pattern: '#### (\\d+)'\n"
+      "      - function: take_first\nmetric_list:\n  - metric: exact_match\n")
+  os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+                    HF_HOME=str(tmp_path / "hf"))
+  out = lm_eval.simple_evaluate(
+      model="local-completions", tasks=["orl_tiny_served"],
+      task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+      model_args={"model": MODEL, "base_url": server.url + "/v1/completions",
+                  "tokenizer_backend": None, "num_concurrent": 4})
+  score = out["results"]["orl_tiny_served"]["exact_match,answer"]
+  parts = offline()
+  from orl_jax.verify.tiny import TinyVerifier
+  ours = TinyVerifier().score_batch(list(problems), [alone(parts, p.prompt)[0] for p in problems])
+  assert score == pytest.approx(sum(ours) / len(problems))
+
+
+def _other_weights(folder) -> str:
+  """A copy of the tiny base model with every weight scaled by 0.98 (other weights, the same
+  tensors)."""
+  shutil.copytree("assets/tiny_base", folder)
+  path = os.path.join(folder, "params.safetensors")
+  tensors = {k: (v * 0.98).astype(v.dtype) for k, v in read_safetensors(path).items()}
+  save_file(tensors, path)
+  return str(folder)
+
+
+def test_new_weights_serve_without_a_restart(server, client, tmp_path):
+  other = _other_weights(tmp_path / "other")
+  prompts = [p.prompt for p in tiny_problems()[6:12]]
+  status, body = _post(server.url, {"path": other}, "/v1/admin/reload")
+  assert status == 200 and body["model_version"] == 2, body
+  outs = [client.completions.create(model=MODEL, prompt=p) for p in prompts]
+  assert [o.choices[0].text for o in outs] == [alone(offline(other), p)[0] for p in prompts]
+  assert outs[0].system_fingerprint.endswith("-v2")
+  assert [o.choices[0].text for o in outs] != [alone(offline(), p)[0] for p in prompts]
+  status, body = _post(server.url, {"path": "assets/tiny_warmup"}, "/v1/admin/reload")
+  assert status == 400 and "another model's parameters" in body["error"]["message"]
+  assert _post(server.url, {"path": "assets/tiny_base"}, "/v1/admin/reload")[0] == 200
+
+
+def test_serve_watch_serves_the_newest_weights_of_a_folder_as_they_land(tmp_path):
+  """`serve.watch` on a params folder: weights that land there are served after the next poll
+  (in this process: the library's served model and its follower, no HTTP)."""
+  import threading
+
+  from configs import tiny
+  from orl_jax.serve.load import served_model, start_watcher
+  from orl_jax.serve.scheduler import Request
+  config = tiny.get_config("eval")
+  config.model.path = "assets/tiny_base"
+  config.serve.rows, config.serve.watch_seconds = 4, 0.2
+  config.serve.watch = str(tmp_path / "run")
+  os.makedirs(config.serve.watch)
+  served = served_model(config)
+  follower = start_watcher(served, config)
+  try:
+    _other_weights(tmp_path / "run" / "params")        # a finished run's params/ lands
+    deadline = time.monotonic() + 60
+    while served.scheduler.model_version < 1 and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert served.scheduler.model_version == 1
+    prompt = tiny_problems()[7].prompt
+    done, got = threading.Event(), []
+    served.scheduler.submit(Request(served.tokenizer.encode(prompt), served.gen_length,
+                                    served.rule, 0.0, 0, lambda e: (got.append(e), done.set())
+                                    if e.kind == "done" else None, stream=False))
+    assert done.wait(60)
+    assert got[0].text == alone(offline(str(tmp_path / "run" / "params")), prompt)[0]
+  finally:
+    follower.stop()
+    served.scheduler.stop(timeout=60)
+
+
+def test_sigterm_drains_the_requests_in_flight_then_exits_0(server):
+  """Requests in flight when SIGTERM arrives are answered; later ones get 503 (or find the
+  port closed once the server is gone); the process exits 0. Runs last: it stops the
+  module's server."""
+  body = {"model": MODEL, "prompt": tiny_problems()[0].prompt}
+  with concurrent.futures.ThreadPoolExecutor(32) as pool:
+    flight = [pool.submit(_post, server.url, body) for _ in range(32)]
+    time.sleep(0.3)
+    server._proc.send_signal(15)
+    time.sleep(0.1)
+    try:
+      late = _post(server.url, body)[0]
+    except OSError:
+      late = "refused"
+    statuses = [f.result()[0] for f in flight]
+  assert late in (503, "refused")
+  assert statuses == [200] * 32
+  assert server.wait_exit(60) == 0
+  assert "drained: every request answered" in server.output()
