@@ -25,7 +25,6 @@ cache on and off, per_row without and with refill).
       --peer_modes=dual    # one cache mode a side (the first mode run is the "exact" reference)
 """
 import argparse
-import copy
 import dataclasses
 import os
 import tempfile
@@ -295,11 +294,7 @@ def interleaved_times(runs: dict, repeats: int) -> dict:
 
 def config_for(s, mode: dict):
   """The run config of the benchmark in one of OUR_MODES (its decode.cache / decode.schedule)."""
-  config = copy.deepcopy(s.config)
-  with config.unlocked():
-    for k in ("cache", "schedule"):
-      config.decode[k] = mode[k]
-  return config
+  return s.config.replace(**{f"decode.{k}": mode[k] for k in ("cache", "schedule")})
 
 
 def _figure(seconds, runs, tokens: int, nfe_row: float, bound: dict, agree=None) -> dict:
