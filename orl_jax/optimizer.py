@@ -75,7 +75,7 @@ def make_optimizer(cfg: OptimizerConfig, frozen: Callable[[str], bool] | None = 
   """AdamW with linear warmup and cosine decay, global-norm clipping (`grad_clip` > 0), and
   the residual pathway (the modules `residual_modules` names: `Family.residual_modules`,
   `optimizer_of`) at `lr * residual_lr_scale`. Parameters `frozen(name)` marks get
-  no update and no optimizer state (`train.state.frozen_params`); with `freeze_base`, only the
+  no update and no optimizer state (`frozen_params`); with `freeze_base`, only the
   residual pathway is updated."""
   def schedule(scale):
     return optax.warmup_cosine_decay_schedule(

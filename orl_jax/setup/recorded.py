@@ -7,14 +7,12 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-
 from orl_jax.config import derive as config_lib
 from orl_jax.config.sections import RunConfig
 from orl_jax.decode import from_run
 from orl_jax.models import families
 
 if TYPE_CHECKING:
-
   from orl_jax.setup.build import Setup
 
 

@@ -1,10 +1,11 @@
 """What a config resolves to before anything is allocated: the weights directory and registry
 family (`resolve_model`), the tokenizer and special tokens (`load_tokenizer`,
-`special_tokens`), the model config (`own_model_config`, `run_model_config` without a
-tokenizer, `sizing_model_config` for the dry run), the mesh (`run_mesh`, the batch dimensions
-checked against its data shards) and the checks of prompt lengths. Resolved once here, for the
-set-up of every run (`orl_jax.setup.build`), the dry run (`orl_jax/apps/dry_run.py`) and the
-compile command (`orl_jax/aot/programs.py`)."""
+`special_tokens`), the model config (`hf_model_config`, `own_model_config`; without a tokenizer
+`orl_jax.setup.build.run_model_config` and `sizing_model_config` build on these), the special
+ids without a tokenizer (`special_ids`), the mesh (`run_mesh`, the batch dimensions checked
+against its data shards) and the checks of prompt lengths. Resolved once here, for the set-up of
+every run (`orl_jax.setup.build`), the dry run (`orl_jax/apps/dry_run.py`) and the compile
+command (`orl_jax/aot/programs.py`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,6 @@ from orl_jax.decode import build as decode_build
 from orl_jax.models import families
 from orl_jax.storage import trained_run
 from orl_jax.storage import weights as weights_lib
-
 
 
 def model_family(config, hf_dir: str = "") -> str:

@@ -14,7 +14,6 @@ from orl_jax.storage import trained_run
 from orl_jax.storage import weights as weights_lib
 
 if TYPE_CHECKING:
-
   from orl_jax.setup.build import Setup
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
@@ -25,9 +24,6 @@ from orl_jax.setup.resolve import needs_reference
 from orl_jax.storage.hf_export import HF_EXPORT_DIR, export_hf_dir, export_model_type
 from orl_jax.train.state import Run, create_train_state
 from orl_jax.optimizer import optimizer_of
-
-if TYPE_CHECKING:
-  pass
 
 
 def prepare_run(setup: Setup) -> Run:
