@@ -20,7 +20,7 @@ from orl_jax.models.transformer import apply_rope
 from orl_jax.residual import Residual
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
-from tests.support.helpers import TINY, live_adapter, tiny_model
+from tests.support.helpers import TINY, TINY_RULES, live_adapter, tiny_model
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -45,7 +45,7 @@ def _prompts(rows=3):
 def _decode(model, cache, rule, eos_id=UNUSED_EOS):
   graphdef, state = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=eos_id,
-                     rule=rule, cache=cache, block_placement="prompt_end", commit_compare=">=")
+                     rule=rule, cache=cache, **TINY_RULES)
   tokens, valid = _prompts()
   return jax.device_get(lockstep_decoder(graphdef, cfg)(state, tokens, valid, jax.random.key(1)))
 
@@ -57,7 +57,7 @@ def _canvas(model, cache, rows=3):
   """A `Canvas` over prompts + GEN, and a canvas whose block 0 is committed (block 1 active)."""
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
                      cache=cache,
-                     rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
+                     rule=UnmaskRule(), **TINY_RULES)
   tokens, valid = _prompts(rows)
   width = P + GEN
   canvas_valid = jnp.concatenate([valid, jnp.ones((rows, GEN), bool)], axis=1)
@@ -278,10 +278,10 @@ def test_decoder_rejects_cache_with_capture_or_block_causal_model():
   with pytest.raises(ValueError, match="decode.cache='dual' is approximate"):
     DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=1, eos_id=2, cache="dual",
                  capture_states=8,
-                 rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
+                 rule=UnmaskRule(), **TINY_RULES)
   graphdef, state = nnx.split(tiny_model(0))
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=1, eos_id=2, cache="prefix",
-                     rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
+                     rule=UnmaskRule(), **TINY_RULES)
   tokens, valid = _prompts()
   with pytest.raises(ValueError, match="model.attention='block_causal'"):
     lockstep_decoder(graphdef, cfg)(state, tokens, valid, jax.random.key(0))

@@ -171,7 +171,7 @@ def test_default_off_decoding_is_unchanged(name):
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=12, block_size=4, mask_id=M, eos_id=EOS, rule=UnmaskRule(*rule),
                      temperature=temperature, capture_states=40,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   assert not cfg.editing and cfg.steps_bound == 4
   prompts = jax.random.randint(jax.random.key(0), (3, 8), 3, V)
   valid = jnp.arange(8)[None] >= jnp.array([0, 3, 6])[:, None]
@@ -218,7 +218,7 @@ def test_validate_rejects_inconsistent_editing(overrides, field):
     DecodeConfig(gen_length=8, block_size=4, mask_id=M, eos_id=EOS,
                  edit_threshold=config.decode.edit_threshold,
                  max_post_edit_steps=config.decode.max_post_edit_steps,
-                 rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
+                 rule=UnmaskRule(), **TINY_RULES)
 
 
 def test_validate_accepts_the_presets_and_rejects_routes_without_block_causal():

@@ -46,7 +46,7 @@ def test_masked_proposal_equals_the_whole_block_head(counts, temperature):
   hidden = jax.random.normal(jax.random.key(2), (rows, B_SIZE, TINY.d_model)) * 3.0
   base = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
                       temperature=temperature,
-                      rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
+                      rule=UnmaskRule(), **TINY_RULES)
   cv = lambda cfg: Canvas(model, cfg, rows, P, None, None, None, model.embedding_table)
   key = jax.random.key(7)
   got = propose_masked(cv(base), hidden, masked, key)
@@ -65,7 +65,7 @@ def _decode(model, masked_head, temperature, cache="none"):
   graphdef, state = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
                      rule=UnmaskRule("threshold", 0.3), temperature=temperature, cache=cache,
-                     masked_head=masked_head, block_placement="prompt_end", commit_compare=">=")
+                     masked_head=masked_head, **TINY_RULES)
   tokens = jax.random.randint(jax.random.key(0), (3, P), 3, TINY.vocab_size)
   valid = jnp.arange(P)[None] >= jnp.array([0, 2, 5])[:, None]
   run = lockstep.lockstep_decoder(graphdef, cfg)
@@ -119,7 +119,7 @@ def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
   model = tiny_model(3)
   graphdef, state = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
-                     rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
+                     rule=UnmaskRule(), **TINY_RULES)
   run = lockstep.lockstep_decoder(graphdef, cfg)
   rows = compile_options.SMALL_STEP_TOKENS // B_SIZE + 1            # just above the threshold
   tokens = jax.random.randint(jax.random.key(0), (rows, P), 3, TINY.vocab_size)

@@ -155,7 +155,7 @@ def test_rows_advance_independently_without_refill():
   graphdef, params = _model("block_causal")
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=0,
                      rule=UnmaskRule("threshold", 0.15), capture_states=3 * GEN,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   prompts, valid = _queue()
   valid = jnp.ones_like(valid)                     # every row prefills P / b blocks
   key = jax.random.key(4)
@@ -197,7 +197,7 @@ def test_per_row_rollout_has_the_lockstep_rollouts_shapes():
   graphdef, params = _model("block_causal")
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                      rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=16,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   prompts, valid = _queue()
   args = (params, prompts[:2], valid[:2], jax.random.key(5), 0)
   shapes = [jax.eval_shape(make_trajectories(graphdef, cfg, 3, rollout_fn=fn), *args)
@@ -240,7 +240,7 @@ def test_the_engine_steps_with_the_masked_head(attention):
   graphdef, params = _model(attention)
   base = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                       rule=UnmaskRule("entropy_budget", 0.4), temperature=1.0,
-                      block_placement="prompt_end", commit_compare=">=")
+                      **TINY_RULES)
   captured = dataclasses.replace(base, capture_states=3 * GEN)
   prompts, valid = _queue()
   key = jax.random.key(4)

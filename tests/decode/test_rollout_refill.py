@@ -14,7 +14,8 @@ from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.decode.trajectories import make_trajectories, per_row_trajectories
 from orl_jax.unmasking import UnmaskRule
-from tests.support.helpers import TINY, TINY_BLOCK, live_adapter, orl_smoke_config, tiny_model
+from tests.support.helpers import (TINY, TINY_BLOCK, TINY_RULES, live_adapter, orl_smoke_config,
+                                   tiny_model)
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -81,7 +82,7 @@ def test_fewer_rows_decode_each_response_as_alone(engine_calls, attention, tempe
   graphdef, params = _model(attention)
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                      rule=rule, temperature=temperature, capture_states=3 * GEN,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   key = jax.random.key(4)
   few = _rollout(graphdef, params, cfg, 3, key)
   full = _rollout(graphdef, params, cfg, 0, key)        # 0: one row per response
@@ -111,7 +112,7 @@ def test_fewer_rows_greedy_equal_the_lockstep_rollout(engine_calls):
   graphdef, params = _model("block_causal")
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                      rule=UnmaskRule("threshold", 0.3), temperature=0.0, capture_states=3 * GEN,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   key = jax.random.key(4)
   few = _rollout(graphdef, params, cfg, 3, key)
   lock = jax.device_get(make_trajectories(graphdef, cfg, GROUP)(params, *_prompts(), key, 0))

@@ -12,7 +12,7 @@ from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
-from tests.support.helpers import TINY, TINY_BLOCK, tiny_model
+from tests.support.helpers import TINY, TINY_RULES, TINY_BLOCK, tiny_model
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -106,7 +106,7 @@ def test_kv_cache_decoding_equals_full_recompute(mode, rule, temperature):
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=12, block_size=4, mask_id=TINY.mask_id, eos_id=2, rule=rule,
                      temperature=temperature, capture_states=40,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   prompts = jax.random.randint(jax.random.key(0), (3, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([0, 3, 6])[:, None]
   key = jax.random.key(4)

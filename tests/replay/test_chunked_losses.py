@@ -17,7 +17,7 @@ from orl_jax.decode.trajectories import make_trajectories
 from orl_jax.losses import sft_loss
 from orl_jax.unmasking import UnmaskRule
 from orl_jax.vocab_chunks import token_stats
-from tests.support.helpers import TINY, tiny_model
+from tests.support.helpers import TINY, TINY_RULES, tiny_model
 
 
 def _close_trees(a, b, rtol):
@@ -52,7 +52,7 @@ def replay_batch():
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=8, block_size=4, mask_id=TINY.mask_id, eos_id=2,
                      rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=8,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
   traj = make_trajectories(graphdef, cfg, 2)(params, prompts, valid, jax.random.key(5), 0)

@@ -19,6 +19,7 @@ from orl_jax.config.sections import Loss
 from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.decode.trajectories import make_trajectories, route_capture_bytes
 from pallas_kernels.staircase_attention import KIND_PAD
+from tests.support.helpers import TINY_RULES
 from tests.support.moe_replay import (B_SIZE, CFG, EOS, G, GEN, MOE, moe_rollout, replay_batch,
                                       replay_error)
 
@@ -150,10 +151,10 @@ def test_route_capture_needs_an_moe_block_causal_model():
   graphdef, params = nnx.split(tiny_model(0))
   dcfg = DecodeConfig(gen_length=8, block_size=4, mask_id=TINY.mask_id, eos_id=EOS,
                       capture_states=4, capture_routes=True,
-                      rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
+                      rule=UnmaskRule(), **TINY_RULES)
   prompts, valid = jnp.full((1, 4), 5, jnp.int32), jnp.ones((1, 4), bool)
   with pytest.raises(ValueError, match="orl.capture_routes.*no MoE layer"):
     make_trajectories(graphdef, dcfg, 1)(params, prompts, valid, jax.random.key(0), 0)
   with pytest.raises(ValueError, match="capture_states"):
     DecodeConfig(gen_length=8, block_size=4, mask_id=1, eos_id=EOS, capture_routes=True,
-                 rule=UnmaskRule(), block_placement="prompt_end", commit_compare=">=")
+                 rule=UnmaskRule(), **TINY_RULES)

@@ -17,6 +17,7 @@ from orl_jax.packed_batch import layer_routes
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.decode.trajectories import make_trajectories, per_row_trajectories
 from orl_jax.unmasking import UnmaskRule
+from tests.support.helpers import TINY_RULES
 from tests.support.llada2 import build_model, random_flat_params
 
 MOE = MoEConfig(n_experts=8, top_k=2, expert_dim=12, n_group=4, topk_group=2, n_shared=1,
@@ -39,7 +40,7 @@ def moe_rollout(dtype: str, capture_routes: bool, edit_threshold: float = 1.0, p
   dcfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=CFG.mask_id, eos_id=EOS,
                       rule=UnmaskRule("threshold", 0.5), temperature=1.0, capture_states=24,
                       capture_routes=capture_routes, edit_threshold=edit_threshold,
-                      max_post_edit_steps=post, block_placement="prompt_end", commit_compare=">=")
+                      max_post_edit_steps=post, **TINY_RULES)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, CFG.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
   rollout_fn = (functools.partial(per_row_trajectories, n_rows=PER_ROW_ROWS)

@@ -15,7 +15,7 @@ from orl_jax.losses import LossConfig, orl_loss
 from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.decode.trajectories import make_trajectories
 from orl_jax.unmasking import UnmaskRule
-from tests.support.helpers import TINY, replayed_vs_captured, tiny_model
+from tests.support.helpers import TINY, TINY_RULES, replayed_vs_captured, tiny_model
 
 # compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
 pytestmark = pytest.mark.numerics
@@ -33,7 +33,7 @@ def _rollout(attention, residual_mode="adapter"):
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=GEN, block_size=B_SIZE, mask_id=TINY.mask_id, eos_id=2,
                      rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=16,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = jnp.arange(8)[None] >= jnp.array([1, 4])[:, None]
   traj = make_trajectories(graphdef, cfg, G)(params, prompts, valid, jax.random.key(5), 0)

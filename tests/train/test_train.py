@@ -216,12 +216,12 @@ _SHARDED_REPLAY = textwrap.dedent("""
   from orl_jax.replay import ReplayConfig, build_plan, gather_batch
   from orl_jax.decode.trajectories import make_trajectories
   from orl_jax.unmasking import UnmaskRule
-  from tests.support.helpers import TINY, tiny_model
+  from tests.support.helpers import TINY, TINY_RULES, tiny_model
   model = tiny_model(7, residual_mode="adapter")
   graphdef, params = nnx.split(model)
   cfg = DecodeConfig(gen_length=8, block_size=4, mask_id=TINY.mask_id, eos_id=2,
                      rule=UnmaskRule("threshold", 0.2), temperature=1.0, capture_states=8,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   prompts = jax.random.randint(jax.random.key(0), (2, 8), 3, TINY.vocab_size)
   valid = np.ones((2, 8), bool)
   traj = make_trajectories(graphdef, cfg, 3)(params, prompts, valid, jax.random.key(5), 0)
@@ -293,11 +293,11 @@ _SHARDED_ROLLOUT = textwrap.dedent("""
   from orl_jax.decode.config import DecodeConfig
   from orl_jax.decode.trajectories import make_trajectories
   from orl_jax.unmasking import UnmaskRule
-  from tests.support.helpers import TINY, tiny_model
+  from tests.support.helpers import TINY, TINY_RULES, tiny_model
   graphdef, params = nnx.split(tiny_model(3, residual_mode="adapter"))
   cfg = DecodeConfig(gen_length=8, block_size=4, mask_id=TINY.mask_id, eos_id=2,
                      rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=8,
-                     block_placement="prompt_end", commit_compare=">=")
+                     **TINY_RULES)
   prompts = np.asarray(jax.random.randint(jax.random.key(0), (4, 8), 3, TINY.vocab_size))
   valid = np.ones((4, 8), bool)
   mesh = sharding.make_mesh()
