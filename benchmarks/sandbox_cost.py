@@ -1,18 +1,25 @@
 """Where one sandboxed sample's CPU goes (docs/verifier.md#verifier-throughput).
 
 Runs `orl_sandbox.run_judged` on the canonical solutions of HumanEval/0 to /N-1 (honest samples
-that pass), one at a time, and measures the CPU of the processes each run starts: the children's
-rusage (user + system) of this process, whose child R reaps its judge children and the
-supervisor, which reaps the sample; median over `--repeats` rounds. The stages it can isolate:
+that pass), one at a time, and measures the CPU of the processes each run starts (user +
+system): R's rusage, which covers the judge children and the supervisor it reaps (which reaps
+the sample). An R forked by the runner fork server F is F's child, so its CPU is read from the
+run (`SandboxResult.runner_cpu_s`, from F's reaping) and F's own CPU (its forks and reaps, from
+/proc in clock ticks) is added as its mean per sample; an R started as a fresh interpreter (a
+revision without F) is this process's child, read from the children's rusage. Median over
+`--repeats` rounds. The stages it can isolate:
 
-* `interpreter`: `python -I -S -c pass`, spawned as the launcher spawns R;
+* `interpreter`: `python -I -S -c pass`, spawned as a launcher without F spawns R;
 * `runner_imports`: the same interpreter loading `runner.py` with its siblings (`wire`,
-  `syscalls`, `judge`) and `ctypes`, minus `interpreter`;
+  `syscalls`, `judge`) and `ctypes`, minus `interpreter` (F pays both once per process);
 * `judge_children`: the two contained judge children (collection, replay) with R's own CPU,
   as each run reports it (`SandboxResult.judge_cpu_s`);
+* `fork_server_self`: F's own CPU per run (0 without F);
 * `run_python_tree`: `run_python("pass")` (R, supervisor, sample; namespaces, private root,
-  Landlock, seccomp, no judge), minus the interpreter and imports: the contained tree's set-up;
-* `launcher_self`: this process's own CPU per judged run (cgroups, files, teardown).
+  Landlock, seccomp, no judge), minus the interpreter and imports where R was not forked: the
+  contained tree's set-up;
+* `launcher_self`: this process's own CPU per judged run (cgroups, files, teardown; not in
+  `total`).
 
 `--baseline REF` measures the sandbox of a git revision (`orl_sandbox/` as of REF, extracted to a
 temporary directory) beside the working tree's, alternating rounds, each in its own process.
@@ -52,11 +59,36 @@ def _cpu(who: int) -> float:
   return usage.ru_utime + usage.ru_stime
 
 
+def _forked(limits) -> bool:
+  """Whether runs start R from the fork server (a revision without one never does)."""
+  try:
+    from orl_sandbox import forkserver  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return False
+  return bool(getattr(limits, "fork_server", False)) and forkserver.available()
+
+
+def _fork_server_cpu() -> float:
+  """CPU seconds the fork servers of this process used themselves (not their children)."""
+  from orl_sandbox import forkserver  # pylint: disable=import-outside-toplevel
+  total = 0.0
+  for server in list(forkserver._SERVERS.values()):  # pylint: disable=protected-access
+    with open(f"/proc/{server.pid}/stat", "rb") as f:
+      fields = f.read().rsplit(b")", 1)[1].split()
+    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+  return total
+
+
 def _measured(fn, *args):
-  """(children's CPU s, own CPU s, fn's result) of one call."""
+  """(the started processes' CPU s, own CPU s, fn's result) of one call: the children's rusage
+  of this process, plus the runner tree's when the fork server reaped it (R is then F's child,
+  and its CPU is not in this process's children's rusage)."""
   children, own = _cpu(resource.RUSAGE_CHILDREN), _cpu(resource.RUSAGE_SELF)
   result = fn(*args)
-  return (_cpu(resource.RUSAGE_CHILDREN) - children, _cpu(resource.RUSAGE_SELF) - own, result)
+  started = _cpu(resource.RUSAGE_CHILDREN) - children
+  if isinstance(result, sandbox.SandboxResult) and _forked(args[-1]):
+    started += result.runner_cpu_s or 0.0
+  return (started, _cpu(resource.RUSAGE_SELF) - own, result)
 
 
 def _spawn(*args: str) -> None:
@@ -64,8 +96,10 @@ def _spawn(*args: str) -> None:
 
 
 def _judged_round(problems, limits) -> dict[str, float]:
-  """Per-sample medians over one pass of `problems` (ms)."""
+  """Per-sample medians over one pass of `problems` (ms); the fork server's own CPU (its forks
+  and reaps) is added to the total as its mean per sample (it is read in clock ticks)."""
   rows = []
+  server_before = _fork_server_cpu() if _forked(limits) else 0.0
   for problem in problems:
     children, own, result = _measured(
         sandbox.run_judged, problem.prompt + problem.target + "\n",
@@ -74,8 +108,12 @@ def _judged_round(problems, limits) -> dict[str, float]:
       raise RuntimeError(f"{problem.problem_id}: canonical solution did not pass: "
                          f"{result.verdict} {result.detail} {result.infra_error}")
     rows.append((children, own, result.judge_cpu_s or 0.0))
-  return {name: 1000 * statistics.median(row[i] for row in rows)
-          for i, name in enumerate(("total", "launcher_self", "judge_children"))}
+  server = (_fork_server_cpu() - server_before) / len(problems) if _forked(limits) else 0.0
+  medians = {name: 1000 * statistics.median(row[i] for row in rows)
+             for i, name in enumerate(("total", "launcher_self", "judge_children"))}
+  medians["total"] += 1000 * server
+  medians["fork_server_self"] = 1000 * server
+  return medians
 
 
 def _stage_round(count: int, limits) -> dict[str, float]:
@@ -85,7 +123,7 @@ def _stage_round(count: int, limits) -> dict[str, float]:
   imports = take(_spawn, "-c", _IMPORTS, launcher.RUNNER_PATH)
   tree = take(sandbox.run_python, "pass\n", limits)
   return {"interpreter": interpreter, "runner_imports": imports - interpreter,
-          "run_python_tree": tree - imports}
+          "run_python_tree": tree - (0.0 if _forked(limits) else imports)}
 
 
 def _median_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:

@@ -1,9 +1,11 @@
 """Run untrusted Python in a contained process tree (docs/verifier.md#threat-model).
 
 Model completions are untrusted code. Nothing here executes them in the calling (JAX) process or
-forks it: every run starts a *fresh interpreter* with `subprocess` (fork+exec in C, no Python
-`preexec_fn`) running `runner.py` as its `__main__` (from its cached bytecode); this module is
-the launcher.
+forks it: every run's R (the runner, below) is forked by a *fork server* F, a fresh interpreter
+that this module starts once per process with `subprocess` (fork+exec in C, no Python
+`preexec_fn`) running `runner.py` as its `__main__` (from its cached bytecode) and that only
+imports and forks (`forkserver.py`); with `SandboxLimits(fork_server=False)` R itself is started
+that way, per run. This module is the launcher.
 
 Two entry points:
 
@@ -26,13 +28,16 @@ Two entry points:
 * `run_python(source)` — runs a whole program; `passed` is "exited with status 0", which the
   program itself controls. Use it for containment, never to score untrusted code.
 
-Process tree (R, I and P run `runner.py`; the launcher is the calling process):
+Process tree (F, R, I and P run `runner.py`; the launcher is the calling process):
 
-  launcher ── R: runner (root, host namespaces; moves bytes, writes the status file)
-                ├─ J1, J2: the judge's collection and replay (run's uid, private root and
-                │          namespaces, limits, Landlock, seccomp; run the tests, answer on a pipe)
-                └─ I: supervisor, PID 1 of a new PID namespace (stays root inside the sandbox)
-                     └─ P: the sample (per-sample uid, limits, Landlock, seccomp)
+  launcher ── F: fork server (one per process; forks R, reaps it when the launcher asks)
+               └─ R: runner (root, host namespaces; moves bytes, writes the status file)
+                   ├─ J1, J2: the judge's collection and replay (run's uid, private root and
+                   │          namespaces, limits, Landlock, seccomp; run the tests, answer on
+                   │          a pipe)
+                   └─ I: supervisor, PID 1 of a new PID namespace (stays root inside the
+                        │ sandbox)
+                        └─ P: the sample (per-sample uid, limits, Landlock, seccomp)
 
 Layers, each named in `SandboxResult.isolation` when it took effect on this machine:
 
@@ -40,10 +45,12 @@ Layers, each named in `SandboxResult.isolation` when it took effect on this mach
 * `pidns` — I is PID 1 of a new PID namespace and is never the sample. When I exits or is killed
   the kernel kills every process of the namespace (`setsid`, double forks, ignored signals
   included). I dies with R (parent-death signal, set by a process that never changes uid, and a
-  liveness pipe for the start-up race); R dies with the launcher and on its own alarm. At the
-  end of every run the launcher kills R's group, then every process left in the sample's cgroup,
-  of the sample's uid, or whose command line names the run (R, I), and returns only when none
-  is left (a uid that keeps a process is retired, never reused).
+  liveness pipe for the start-up race); R dies with its parent (F, which exits as soon as
+  the launcher process has: its stdin ends) and on its own alarm. At the end of every run the
+  launcher kills R's group, then every process left in the sample's cgroup, of the sample's
+  uid, or whose command line names the run (R, I: a forked R writes the run's spec path over
+  F's slot argument), and returns only when none is left (a uid that keeps a process is
+  retired, never reused).
 * `mountns`, `tmpfs-disk` — I builds a new root on a small tmpfs: read-only, nosuid bind mounts of
   `/usr`, `/lib*` and the interpreter's standard library only (its `site-packages` masked unless
   `site_packages=True`), `/dev/{null,full,random,urandom}` and `/tmp` (the working directory,
@@ -110,7 +117,7 @@ import tempfile
 import threading
 import time
 
-from orl_sandbox import runner, system_image
+from orl_sandbox import forkserver, runner, system_image
 from orl_sandbox.runner import ESSENTIAL_LAYERS, missing_essentials  # noqa: F401
 
 ALLOW_WEAK_ENV = "ORL_SANDBOX_ALLOW_WEAK_ISOLATION"
@@ -163,6 +170,9 @@ class SandboxLimits:
     skip_layers: layers not to set up, to exercise the fallbacks and the refusal: any of
       "pidns", "mountns", "netns", "ipcns", "utsns", "cgroup", "uid", "landlock", "seccomp",
       "image" (the memory-resident copy of the system files, `system_image.py`).
+    fork_server: start R by forking this process's runner fork server (`forkserver.py`:
+      no interpreter start-up or imports per sample) rather than as a fresh interpreter; the
+      sandbox below R is the same either way.
   """
   timeout_s: float = 10.0
   memory_bytes: int = 1 << 30
@@ -182,6 +192,7 @@ class SandboxLimits:
   site_packages: bool = False
   require_isolation: bool = True
   skip_layers: tuple[str, ...] = ()
+  fork_server: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +217,8 @@ class SandboxResult:
     judge_cpu_s: CPU seconds the runner and judge process used (None if it reported nothing).
     judge_peak_rss_bytes: its peak resident memory since its exec (None where /proc is not
       readable).
+    runner_cpu_s: CPU seconds of R and every process it waited for (the judge children, the
+      supervisor and so the sample), from R's own reaping; None if it was not reaped.
   """
   passed: bool
   timed_out: bool
@@ -219,6 +232,7 @@ class SandboxResult:
   infra_error: str | None = None
   judge_cpu_s: float | None = None
   judge_peak_rss_bytes: int | None = None
+  runner_cpu_s: float | None = None
 
 
 def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
@@ -342,12 +356,7 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
       if judge is not None:
         _write_private(paths["judge.json"], json.dumps(judge))
       _write_private(paths["status"], "")
-      command = [sys.executable, "-I"] + ([] if limits.site_packages else ["-S"])
-      command += ["-c", _BOOT, RUNNER_PATH, paths["spec.json"]]
-      with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
-        proc = subprocess.Popen(command, cwd=base_dir, env=_scrubbed_env(paths["work"]),
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                close_fds=True, start_new_session=True)
+      proc = _start_runner(paths, base_dir, limits)
       timed_out = not _wait_unreaped(proc.pid, start + limits.timeout_s - time.monotonic())
     except OSError as error:   # spawn or set-up failed: the machine's fault, not the sample's
       infra = f"launch failed: {error!r}"
@@ -379,7 +388,27 @@ def _launch(spec: dict, judge: dict | None, limits: SandboxLimits) -> SandboxRes
                        isolation=tuple(status["layers"]), wall_s=time.monotonic() - start,
                        verdict=verdict, detail=status["detail"], infra_error=infra,
                        judge_cpu_s=status["judge_cpu_s"],
-                       judge_peak_rss_bytes=status["judge_peak_rss_bytes"])
+                       judge_peak_rss_bytes=status["judge_peak_rss_bytes"],
+                       runner_cpu_s=getattr(proc, "cpu_s", None))
+
+
+def _start_runner(paths: dict, base_dir: str, limits: SandboxLimits):
+  """Starts R on the run's spec: forked by this process's fork server (`forkserver.py`), or as
+  a fresh interpreter (`fork_server=False`, or a machine without pidfds)."""
+  command = [sys.executable, "-I"] + ([] if limits.site_packages else ["-S"])
+  command += ["-c", _BOOT, RUNNER_PATH]
+  env = _scrubbed_env(paths["work"])
+  if (limits.fork_server and forkserver.available()
+      and len(paths["spec.json"].encode()) < runner.FORK_SERVER_SLOT):
+    for name in ("stdout", "stderr"):
+      with open(paths[name], "wb"):
+        pass
+    server = forkserver.server_for(command, _scrubbed_env("/"))
+    return server.start(paths["spec.json"], base_dir, env, paths["stdout"], paths["stderr"])
+  with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
+    return subprocess.Popen(command + [paths["spec.json"]], cwd=base_dir, env=env,
+                            stdin=subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True,
+                            start_new_session=True)
 
 
 def _runner_failure(status: dict, proc, judge_cpu_s, runner_log: str) -> str | None:
@@ -476,12 +505,20 @@ def _teardown(proc, uid, cgroups, token: str) -> int:
         os.killpg(proc.pid, signal.SIGKILL)
       except (ProcessLookupError, PermissionError):
         pass
-      try:   # reaps R with its CPU time (see `_runner_failure`)
-        _, wait_status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(wait_status)
-        proc.cpu_s = usage.ru_utime + usage.ru_stime
-      except ChildProcessError:
-        proc.wait()
+      if isinstance(proc, forkserver.ForkedRunner):   # F's child: F reaps it once it is dead
+        try:   # (R itself too, in case it had not yet made its own session)
+          os.kill(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
+        _wait_unreaped(proc.pid, 60.0)
+        proc.reap()
+      else:
+        try:   # reaps R with its CPU time (see `_runner_failure`)
+          _, wait_status, usage = os.wait4(proc.pid, 0)
+          proc.returncode = os.waitstatus_to_exitcode(wait_status)
+          proc.cpu_s = usage.ru_utime + usage.ru_stime
+        except ChildProcessError:
+          proc.wait()
     deadline = time.monotonic() + 10.0
     while True:
       left = _kill_cmdline(token.encode()) if proc is not None else []

@@ -1,7 +1,9 @@
-"""The sandbox's own processes: runner (R), judge children (J1, J2), supervisor (I), sample (P).
+"""The sandbox's own processes: fork server (F), runner (R), judge children (J1, J2), supervisor
+(I), sample (P).
 
-Run as `__main__` by the launcher (`launcher.py`: `python -I [-S] -c BOOT runner.py SPEC`), in a
-fresh interpreter; see `launcher.py` for the design and the layers. Only light standard-library
+Run as `__main__` by the launcher (`launcher.py`: `python -I [-S] -c BOOT runner.py SPEC`, or
+`... runner.py --fork-server SLOT` for F, which then forks R per run), in a fresh interpreter;
+see `launcher.py` for the design and the layers. Only light standard-library
 modules are imported (start-up time is paid per sample) and the sibling `wire` codec is loaded
 by path, so the script runs without the package on `sys.path`.
 """
@@ -213,7 +215,7 @@ def _start_supervisor(spec, layers, judged: bool):
   ctrl_r, ctrl_w = os.pipe()
   to_sample = os.pipe() if judged else (-1, -1)
   from_sample = os.pipe() if judged else (-1, -1)
-  child = os.fork()   # safe: this fresh interpreter has a single thread
+  child = os.fork()   # safe: R has a single thread (as F has)
   if child == 0:
     for fd in _JUDGE_FDS:
       os.close(fd)   # the judges see end of input when R, and only R, closes its end
@@ -318,7 +320,10 @@ def _contain_judge(spec: dict) -> list[str]:
                _landlock_layers(ctypes, libc, work_dir, spec["site_packages"], private)]
   if "seccomp" not in spec["skip_layers"]:
     layers += ["judge-" + layer for layer in _seccomp_filter(ctypes, libc)]
-  os.chdir(work_dir)
+  # Without a private root the judge never enters the host work directory, the sample's: the
+  # supervisor hands it to the sample's uid while the judge starts (a race), and it is not the
+  # judge's to share.
+  os.chdir(work_dir if private else "/")
   return layers
 
 
@@ -494,7 +499,10 @@ def _collect(spec, collector, note):
     # (counted and cached as one), not a failure of the machine.
     note("timeout:collecting the tests' calls ran past the judge's CPU limit")
     return None
-  if _judge_refused(spec, reply, note) or "result" not in reply:
+  if _judge_refused(spec, reply, note):
+    return None
+  if "result" not in reply:
+    note(f"infra:the judge failed collecting the tests' calls: {reply.get('error', '')}")
     return None
   return [call.encode("latin-1") for call in reply["result"]]
 
@@ -1301,7 +1309,96 @@ def _describe(error: BaseException) -> str:
     return type(error).__name__
 
 
+# The fork server (F): `runner.py --fork-server SLOT` in a fresh interpreter, started once per
+# launcher process (`forkserver.py`). It imports what R needs, then forks one R per request, so
+# a sample pays neither the interpreter's start nor these imports. It never runs a sample's code
+# or reads a sample's bytes: its requests come from the launcher alone (its stdin), its replies
+# go to the launcher alone (its stdout). R is single-threaded as before (F has one thread).
+FORK_SERVER_FLAG = "--fork-server"
+FORK_SERVER_SLOT = 1024   # bytes of F's command line that a forked R overwrites with its spec
+
+
+def _fork_server_main() -> int:
+  """F: answers `start` (forks an R, replies its pid) and `reap` (waits for an R, replies its
+  exit code and CPU seconds) requests, one JSON line each, until its stdin ends."""
+  _libc()
+  _sibling("judge") if not __package__ else _package_judge()
+  _before_forks()
+  requests = _Lines(0)
+  while True:
+    line = requests.readline()
+    if line is None:
+      return 0
+    request = json.loads(line)
+    try:
+      if request["op"] == "start":
+        reply = {"pid": _fork_runner(request)}
+      else:   # reap: R was killed or has exited; the launcher saw it through a pidfd
+        _, wait_status, usage = os.wait4(int(request["pid"]), 0)
+        reply = {"returncode": os.waitstatus_to_exitcode(wait_status),
+                 "cpu_s": usage.ru_utime + usage.ru_stime}
+    except OSError as error:
+      reply = {"error": repr(error)}
+    if not _write_line(1, json.dumps(reply)):
+      return 3
+
+
+def _fork_runner(request: dict) -> int:
+  """Forks an R that starts as `python runner.py SPEC` would: its own session, the run's
+  directory and environment, stdin /dev/null, stdout and stderr the run's files, no other
+  descriptor, and the spec path in its command line (the launcher's teardown finds R and I by
+  it)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  pid = os.fork()   # safe: F has a single thread
+  if pid:
+    return pid
+  code = 70
+  try:
+    os.setsid()
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
+                            (2, request["stderr"], os.O_WRONLY)):
+      opened = os.open(path, flags)
+      os.dup2(opened, fd)
+      os.close(opened)
+    _close_fds_except({0, 1, 2})
+    _name_in_command_line(request["spec"])
+    sys.argv = [sys.argv[0], request["spec"]]
+    code = _runner_main(request["spec"])
+  except BaseException as error:  # pylint: disable=broad-except
+    _write_line(2, f"forked runner failed: {error!r}")
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except BaseException:  # pylint: disable=broad-except
+      pass
+  os._exit(code)
+
+
+def _name_in_command_line(text: str) -> None:
+  """Writes `text` over F's slot argument in this process's memory, where the kernel reads
+  `/proc/PID/cmdline` (between `arg_start` and `arg_end` of `/proc/self/stat`)."""
+  ctypes, _ = _libc()
+  data = text.encode()
+  if len(data) >= FORK_SERVER_SLOT:
+    raise ValueError(f"a spec path of {len(data)} bytes does not fit the command-line slot")
+  with open("/proc/self/stat", "rb") as f:
+    fields = f.read().rsplit(b")", 1)[1].split()
+  arg_start = int(fields[47 - 2])   # field 48 of proc(5); `fields` starts at field 3
+  with open("/proc/self/cmdline", "rb") as f:
+    cmdline = f.read()
+  slot = b"\0" + b"." * FORK_SERVER_SLOT + b"\0"
+  offset = cmdline.rindex(slot) + 1
+  ctypes.memmove(arg_start + offset, data + b"\0" * (FORK_SERVER_SLOT - len(data)),
+                 FORK_SERVER_SLOT)
+
+
 if __name__ == "__main__":
+  if sys.argv[1] == FORK_SERVER_FLAG:
+    os._exit(_fork_server_main())
   _exit_code = _runner_main(sys.argv[1])
   for _stream in (sys.stdout, sys.stderr):
     _stream.flush()

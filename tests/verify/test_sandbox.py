@@ -27,6 +27,7 @@ from orl_sandbox import launcher as sandbox
 from orl_sandbox import syscalls, wire
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import HumanEvalVerifier
+from tests.support.sandbox import sandbox_processes
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
@@ -54,39 +55,6 @@ def canary(tmp_path):
   path = tmp_path / "canary.txt"
   path.write_text("still here")
   return path
-
-
-@pytest.fixture
-def private_tmp(monkeypatch, tmp_path_factory):
-  """A temporary root of this test's own (mode 0755, so a sandbox's unprivileged user can
-  traverse it): the sandbox directories a test counts are then its own, whatever else on the
-  machine (another test worker, another run) creates sandboxes in the shared temp directory."""
-  tmp_path_factory.getbasetemp()   # pytest's own temp root is fixed before TMPDIR moves
-  root = tempfile.mkdtemp(prefix="orl_test_tmp_")
-  os.chmod(root, 0o755)
-  monkeypatch.setenv("TMPDIR", root)
-  monkeypatch.setattr(tempfile, "tempdir", root)
-  yield pathlib.Path(root)
-  monkeypatch.undo()
-  sandbox.remove_tree(root)
-
-
-def _sandbox_processes(root: pathlib.Path) -> list[int]:
-  """Pids of live (non-zombie) processes running the sandbox runner on a spec under `root` (a
-  test's private temp root: other processes' sandboxes are not counted)."""
-  runner = pathlib.Path(sandbox.RUNNER_PATH).resolve().as_posix().encode()
-  pids = []
-  for entry in pathlib.Path("/proc").iterdir():
-    if not entry.name.isdigit():
-      continue
-    try:
-      cmdline = (entry / "cmdline").read_bytes()
-      if runner in cmdline and str(root).encode() in cmdline and b"\nState:\tZ" not in (
-          entry / "status").read_bytes():
-        pids.append(int(entry.name))
-    except OSError:
-      continue
-  return pids
 
 
 def _score_alone(verifier, completion: str) -> tuple[float, float]:
@@ -125,9 +93,9 @@ def test_fork_bomb_is_contained(private_tmp, verifier):
   score, seconds = _score_alone(verifier, bomb)
   assert score == 0.0 and seconds < TIMEOUT_S + SLACK_S
   deadline = time.monotonic() + 5.0
-  while _sandbox_processes(private_tmp) and time.monotonic() < deadline:
+  while sandbox_processes(private_tmp) and time.monotonic() < deadline:
     time.sleep(0.1)
-  assert _sandbox_processes(private_tmp) == []
+  assert sandbox_processes(private_tmp) == []
 
 
 def test_fork_bomb_does_not_starve_concurrent_samples(verifier):
@@ -605,8 +573,9 @@ def test_a_run_that_records_no_verdict_is_an_infrastructure_failure(monkeypatch,
   silent = tmp_path / "silent_runner.py"
   silent.write_text("import sys\nsys.exit(0)\n")
   monkeypatch.setattr(sandbox, "RUNNER_PATH", str(silent))
-  result = sandbox.run_judged("def add(a, b):\n  return a + b\n", "add", ADD.tests,
-                              limits=sandbox.SandboxLimits(timeout_s=TIMEOUT_S))
+  result = sandbox.run_judged(   # R started as this script (a fork server would run it as F)
+      "def add(a, b):\n  return a + b\n", "add", ADD.tests,
+      limits=sandbox.SandboxLimits(timeout_s=TIMEOUT_S, fork_server=False))
   assert not result.passed and result.verdict == ""
   assert result.infra_error and "no verdict" in result.infra_error
 

@@ -1529,7 +1529,7 @@ def test_samples_of_one_prompt_never_run_at_the_same_time(verifier, tracker, mon
 # phase. With samples run back to back, the receiver starts a set-up time (0.07 to 0.2 s here)
 # after the sender ended. The phase is taken modulo the scheduling slot (0.25 s), which is what
 # slots hide; which slot length a run fell in is the bounded channel left (docs/verifier.md).
-_CYCLE_S, _SYMBOL_S, _SET_UP_S = 0.25, 0.125, 0.05   # two symbols
+_CYCLE_S, _SYMBOL_S, _SET_UP_S = 0.25, 0.125, 0.01   # two symbols; a start takes 10-130 ms
 
 
 def _secret_problem(tag: str, secret: int, trial: int, copy: int = 0) -> Problem:
