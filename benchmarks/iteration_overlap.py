@@ -200,8 +200,11 @@ def code_batch(tasks: list[CodeTask], group: int, looping: bool, tag: str) -> tu
 
 
 def children_cpu_s() -> float:
+  """CPU seconds of the processes this one started and reaped, with the sandboxes the runner
+  fork server started for it (an R forked by F is F's child, not this process's)."""
+  from orl_sandbox import forkserver
   usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return usage.ru_utime + usage.ru_stime
+  return usage.ru_utime + usage.ru_stime + forkserver.cpu_s()
 
 
 def score_once(problems, responses, parallelism: int | None, timeout_s: float,

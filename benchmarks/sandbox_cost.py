@@ -71,12 +71,7 @@ def _forked(limits) -> bool:
 def _fork_server_cpu() -> float:
   """CPU seconds the fork servers of this process used themselves (not their children)."""
   from orl_sandbox import forkserver  # pylint: disable=import-outside-toplevel
-  total = 0.0
-  for server in list(forkserver._SERVERS.values()):  # pylint: disable=protected-access
-    with open(f"/proc/{server.pid}/stat", "rb") as f:
-      fields = f.read().rsplit(b")", 1)[1].split()
-    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
-  return total
+  return forkserver.cpu_s(runners=False)
 
 
 def _measured(fn, *args):

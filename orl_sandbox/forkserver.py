@@ -146,6 +146,26 @@ def server_for(command: list[str], env: dict[str, str]) -> ForkServer:
     return server
 
 
+def cpu_s(*, runners: bool = True) -> float:
+  """CPU seconds this process's fork servers have used: their own (forks, reaps) and, with
+  `runners`, that of every R they reaped with all R waited for (the whole sandbox of each
+  finished run). Read from /proc in clock ticks; a server that died took its count with it.
+  For benchmarks: an R forked by F is not this process's child, so its CPU is not in this
+  process's `RUSAGE_CHILDREN`."""
+  total = 0.0
+  with _SERVERS_LOCK:
+    pids = [server.pid for server in _SERVERS.values()]
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+      continue
+    ticks = fields[11:15] if runners else fields[11:13]   # utime stime [cutime cstime]
+    total += sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
+  return total
+
+
 def available() -> bool:
   """Whether the launcher can watch a process that is not its child (a pidfd: Linux >= 5.3)."""
   if not hasattr(os, "pidfd_open") or sys.platform != "linux":
