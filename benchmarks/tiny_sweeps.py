@@ -57,8 +57,9 @@ def run_config(name: str, overrides: dict, seed: int, workdir: str):
   overrides = dict(overrides)
   stage = overrides.pop("stage", "orl")
   config = tiny.get_config("demo")
-  start = config.stage_start[stage]
-  init = demo._repo_path(config.base_checkpoint if start == "base" else config.warmup_checkpoint)
+  start = config.demo.stage_start[stage]
+  init = demo._repo_path(config.demo.base_checkpoint if start == "base"
+                         else config.demo.warmup_checkpoint)
   cfg = demo.stage_config(config, stage, init, seed)
   with cfg.unlocked():
     cfg.workdir = os.path.join(workdir, name, f"seed{seed}")

@@ -49,7 +49,7 @@ def real_base(hf_family: str, hub_id: str = "") -> ml_collections.ConfigDict:
   decoder defaults and chat template; special tokens come from the model directory)."""
   family = families.get(hf_family)
   c = tiny.base_config()
-  c.base_checkpoint = ""
+  c.demo.base_checkpoint = ""
   m = c.model
   m.attention = family.attention
   m.hf_family = hf_family

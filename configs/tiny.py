@@ -261,13 +261,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed = ml_collections.ConfigDict(dict(mode="auto", coordinator="", num_processes=0,
                                                  process_id=-1))
 
-  # Stages of the demo, each a set of overrides merged into this config (`config.update`),
-  # started from the model `stage_start` names: "base" (the SFT base model) or "warmup" (the
-  # base after the residual warm-up stage, docs/method.md#the-residual-pathway; trained once and
-  # shared). The demo runs base -> warmup -> "orl" (+ "rcd_offline" with compare_offline, + each of
+  # The demo pipeline's own settings (orl_jax/apps/demo.py): `demo.stages`, each a set of
+  # overrides merged into this config (`config.update`), started from the model
+  # `demo.stage_start` names: "base" (the SFT base model) or "warmup" (the base after the
+  # residual warm-up stage, docs/method.md#the-residual-pathway; trained once and shared). The
+  # demo runs base -> warmup -> "orl" (+ "rcd_offline" with compare_offline, + each of
   # `ablations`); `--config=configs/tiny.py:STAGE` runs one stage alone from `model.init_from`.
-  c.compare_offline = False
-  c.ablations = ()                  # e.g. ("no_aec", "no_kl", "no_residual"); see ABLATIONS
+  c.demo = ml_collections.ConfigDict()
+  c.demo.compare_offline = False  # also train "rcd_offline" (offline RCD, the same budget)
+  c.demo.ablations = ()             # e.g. ("no_aec", "no_kl", "no_residual"); see ABLATIONS
   # Residual warm-up: masked-diffusion training where half the rows consume the model's own
   # first-pass prediction through the adapter (self-conditioning); the adapter (zero-initialised
   # output) learns at the full learning rate here, so the pathway carries signal when ORL starts.
@@ -281,7 +283,7 @@ def base_config() -> ml_collections.ConfigDict:
                    log_every=5)
   orl = dict(train=orl_train, model=dict(residual=dict(mode="adapter")),
              checkpoint=dict(every=50), eval=dict(name="orl"))
-  c.stages = ml_collections.ConfigDict(dict(
+  c.demo.stages = ml_collections.ConfigDict(dict(
       warmup=warmup,
       orl=orl,
       no_aec=_merge(orl, dict(loss=dict(w_aec=0.0), eval=dict(name="orl_no_aec"))),
@@ -302,18 +304,18 @@ def base_config() -> ml_collections.ConfigDict:
                        model=dict(residual=dict(mode="rcd")), checkpoint=dict(every=50),
                        eval=dict(name="rcd_offline")),
   ))
-  c.stage_start = ml_collections.ConfigDict(dict(
+  c.demo.stage_start = ml_collections.ConfigDict(dict(
       warmup="base", orl="warmup", no_aec="warmup", no_kl="warmup", kl_rollout="warmup",
       no_residual="base", no_warmup="base", lr_scale_1="warmup", rcd_offline="base"))
-  c.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` reproduces it)
+  c.demo.base_checkpoint = "assets/tiny_base"   # committed base model (`make base` makes it)
   # committed residual warm-up of that base (`make warmup` reproduces it; "" = train it)
-  c.warmup_checkpoint = "assets/tiny_warmup"
-  # demo: seeds of every ORL stage (() = `seed` only); a seed sets the rollout noise and the
-  # order of the ORL prompts (train.shuffle_seed)
-  c.seeds = ()
-  # demo: >= 0 retrains the warm-up with this seed and runs every stage that starts from the
-  # warm-up once more from it (results key `<name>@warmup<k>`, beside the seed means)
-  c.warmup_seed = -1
+  c.demo.warmup_checkpoint = "assets/tiny_warmup"
+  # seeds of every ORL stage (() = `seed` only); a seed sets the rollout noise and the order of
+  # the ORL prompts (train.shuffle_seed)
+  c.demo.seeds = ()
+  # >= 0 retrains the warm-up with this seed and runs every stage that starts from the warm-up
+  # once more from it (results key `<name>@warmup<k>`, beside the seed means)
+  c.demo.warmup_seed = -1
   return c
 
 
@@ -329,18 +331,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg == "ablations":
     c.pipeline = "demo"
     c.workdir = "work_dirs/tiny_ablations"
-    c.ablations = ABLATIONS
-    c.seeds = (0, 1, 2)
-    c.warmup_seed = 3
+    c.demo.ablations = ABLATIONS
+    c.demo.seeds = (0, 1, 2)
+    c.demo.warmup_seed = 3
     # One shared budget for every run of the study: 150 updates (the demo's ORL runs 300). The
     # rollout TPF of the demo's ORL run is within 10% of its final value by update 100-150, and
     # 21 runs of 300 updates do not fit a working day on 2 CPU cores.
     for stage in ("orl",) + ABLATIONS:
-      c.stages[stage].train.steps = ABLATION_STEPS
+      c.demo.stages[stage].train.steps = ABLATION_STEPS
   elif arg in STAGES:
-    c.update(c.stages[arg].to_dict())
-    start = c.stage_start[arg]
-    c.model.init_from = c.base_checkpoint if start == "base" else c.warmup_checkpoint
+    c.update(c.demo.stages[arg].to_dict())
+    start = c.demo.stage_start[arg]
+    c.model.init_from = c.demo.base_checkpoint if start == "base" else c.demo.warmup_checkpoint
     c.workdir = f"work_dirs/tiny_{arg}"
   elif arg == "eval":
     c.train.mode = "eval"

@@ -38,6 +38,9 @@ def _innermost_text(error: BaseException) -> str:
 REPLACED_FIELDS = {
     "model.hf_dir": "--config.model.path=DIR (a Hugging Face model directory or an orl_jax "
                     "params folder; its config.json gives the family and every shape)",
+    **{name: f"--config.demo.{name} (the demo pipeline's own section)"
+       for name in ("compare_offline", "ablations", "stages", "stage_start", "base_checkpoint",
+                    "warmup_checkpoint", "seeds", "warmup_seed")},
 }
 
 

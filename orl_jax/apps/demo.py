@@ -35,7 +35,7 @@ def stage_config(config, stage: str, init_from: str, seed: int | None = None):
   `seed{k}` folder."""
   cfg = copy.deepcopy(config)
   with cfg.unlocked():
-    cfg.update(config.stages[stage].to_dict())
+    cfg.update(config.demo.stages[stage].to_dict())
     cfg.model.init_from = init_from
     cfg.workdir = os.path.join(config.workdir, stage)
     cfg.pipeline = "train"
@@ -53,7 +53,7 @@ def base_params_dir(config, *, progress=True) -> str:
   """The committed base model if it matches the config, else one trained (and cached) in the
   work directory by the `sft` stage."""
   setup = build_setup(config)
-  committed = _repo_path(config.base_checkpoint) if config.base_checkpoint else ""
+  committed = _repo_path(config.demo.base_checkpoint) if config.demo.base_checkpoint else ""
   if committed and os.path.exists(os.path.join(committed, params_io.META_FILE)):
     try:
       check_compatible(committed, setup)
@@ -73,12 +73,12 @@ def base_params_dir(config, *, progress=True) -> str:
 
 
 def warmup_params_dir(config, base: str, curves: list, *, progress=True) -> str:
-  """The committed warm-up (`config.warmup_checkpoint`, `make warmup`) when the base is the
+  """The committed warm-up (`config.demo.warmup_checkpoint`, `make warmup`) when the base is the
   committed one and the vocabulary matches; else the warm-up stage trained (and cached) in the
   work directory."""
   warmup_checkpoint = _pipeline(config).warmup_checkpoint
   committed = _repo_path(warmup_checkpoint) if warmup_checkpoint else ""
-  committed_base = _repo_path(config.base_checkpoint) if config.base_checkpoint else ""
+  committed_base = _repo_path(config.demo.base_checkpoint) if config.demo.base_checkpoint else ""
   if (committed and os.path.exists(os.path.join(committed, params_io.META_FILE))
       and os.path.abspath(base) == os.path.abspath(committed_base)):
     try:
@@ -134,9 +134,9 @@ def results_path(config) -> str:
 
 
 def _pipeline(config):
-  """The demo's config typed (`RunConfig`'s pipeline fields: seeds, ablations, checkpoints);
-  the stages themselves are trained from `config` (a ConfigDict each stage edits a copy of)."""
-  return run_config.convert(config)
+  """The demo's own section typed (`RunConfig.demo`: seeds, ablations, checkpoints); the stages
+  themselves are trained from `config` (a ConfigDict each stage edits a copy of)."""
+  return run_config.convert(config).demo
 
 
 def demo_stages(config) -> list[str]:
@@ -145,9 +145,10 @@ def demo_stages(config) -> list[str]:
   if pipe.compare_offline:
     stages.append("rcd_offline")
   stages += [a for a in pipe.ablations if a not in stages]
-  unknown = [s for s in stages if s not in config.stages]
+  unknown = [s for s in stages if s not in config.demo.stages]
   if unknown:
-    raise ValueError(f"unknown demo stages {unknown}; config.stages has {list(config.stages)}")
+    raise ValueError(f"unknown demo stages {unknown}; config.demo.stages has "
+                     f"{list(config.demo.stages)}")
   return stages
 
 
@@ -329,11 +330,11 @@ def _other_warmup_runs(config, base: str, stages, progress: bool, curves: list) 
   that seed; kept beside the seed means (`warmup_seed_name`), not merged into them."""
   pipe = _pipeline(config)
   seed = pipe.warmup_seed
-  from_warmup = [st for st in stages if config.stage_start[st] == "warmup"]
+  from_warmup = [st for st in stages if config.demo.stage_start[st] == "warmup"]
   if seed < 0 or not from_warmup:
     return None
   if seed in pipe.seeds:
-    raise ValueError(f"warmup_seed={seed} is also one of seeds={pipe.seeds}: pick "
+    raise ValueError(f"demo.warmup_seed={seed} is also one of demo.seeds={pipe.seeds}: pick "
                      "another, the two runs would share a work directory")
   warmup = _train_stage(config, "warmup", base, seed, progress, curves)[1]
   all_results = None
@@ -345,7 +346,7 @@ def _other_warmup_runs(config, base: str, stages, progress: bool, curves: list) 
 
 
 def run_demo(config, *, progress=True) -> str:
-  """Base -> warm-up -> stages (each over `config.seeds`) -> evaluation, each stage with a
+  """Base -> warm-up -> stages (each over `config.demo.seeds`) -> evaluation, each stage with a
   progress bar. Ends by printing the training summaries, the results table and the paths of the
   plots and of results.json, which it returns."""
   os.makedirs(config.workdir, exist_ok=True)
@@ -355,10 +356,10 @@ def run_demo(config, *, progress=True) -> str:
   starts = {"base": base}
   curves: list = []   # (label, mode, metrics file, curves plot) of each trained stage
   stages = demo_stages(config)
-  if any(config.stage_start[st] == "warmup" for st in stages):
+  if any(config.demo.stage_start[st] == "warmup" for st in stages):
     starts["warmup"] = warmup_params_dir(config, base, curves, progress=progress)
     print(f"warmed-up model: {starts['warmup']}")
-    trained[config.stages.warmup.eval.name] = starts["warmup"]
+    trained[config.demo.stages.warmup.eval.name] = starts["warmup"]
   for name, params_dir in trained.items():
     evaluate_params(config, params_dir, name, progress=progress)
   # Seeds outermost and each model evaluated as soon as it is trained: a run stopped part-way
@@ -368,7 +369,7 @@ def run_demo(config, *, progress=True) -> str:
   seed_groups, all_results = {}, {}
   for seed in seeds:
     for stage in stages:
-      name, params_dir, run = _train_stage(config, stage, starts[config.stage_start[stage]],
+      name, params_dir, run = _train_stage(config, stage, starts[config.demo.stage_start[stage]],
                                            seed, progress, curves)
       key = name if seed is None else eval_lib.seed_name(name, seed)
       all_results = evaluate_params(config, params_dir, key, run=run, progress=progress)

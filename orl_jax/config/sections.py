@@ -331,6 +331,20 @@ class Distributed(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class Demo(Section):
+  """The demo pipeline's own settings (orl_jax/apps/demo.py, docs/method.md): the stages it
+  trains, the model each starts from, the committed checkpoints it reuses, its seeds."""
+  compare_offline: bool = False
+  ablations: tuple[str, ...] = ()
+  stages: Mapping[str, Any] = _frozen({})
+  stage_start: Mapping[str, Any] = _frozen({})
+  base_checkpoint: str = ""
+  warmup_checkpoint: str = ""
+  seeds: tuple[int, ...] = ()
+  warmup_seed: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig(Section):
   """A whole run: what `launch/train.py --config=...` describes, resolved and checked."""
   seed: int = 0
@@ -349,15 +363,7 @@ class RunConfig(Section):
   checkpoint: Checkpoint = _section(Checkpoint)
   mesh: Mesh = _section(Mesh)
   distributed: Distributed = _section(Distributed)
-  # the demo pipeline's own settings (orl_jax/apps/demo.py)
-  compare_offline: bool = False
-  ablations: tuple[str, ...] = ()
-  stages: Mapping[str, Any] = _frozen({})
-  stage_start: Mapping[str, Any] = _frozen({})
-  base_checkpoint: str = ""
-  warmup_checkpoint: str = ""
-  seeds: tuple[int, ...] = ()
-  warmup_seed: int = -1
+  demo: Demo = _section(Demo)
 
 
 # ------------------------------------------------------------------------------ conversion

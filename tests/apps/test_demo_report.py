@@ -94,13 +94,13 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
   from tests.support.helpers import orl_smoke_config
   c = orl_smoke_config(tmp_path / "demo", steps=2)
   c.pipeline = "demo"
-  c.base_checkpoint, c.warmup_checkpoint = "", ""
-  c.seeds, c.ablations, c.warmup_seed = (0, 1), ("no_kl",), 2
+  c.demo.base_checkpoint, c.demo.warmup_checkpoint = "", ""
+  c.demo.seeds, c.demo.ablations, c.demo.warmup_seed = (0, 1), ("no_kl",), 2
   c.eval.n_problems, c.eval.batch_size, c.eval.settings = 8, 8, ("threshold_0.9",)
-  for stage in c.stages:
-    c.stages[stage].train.steps, c.stages[stage].train.warmup_steps = 2, 1
-    c.stages[stage].checkpoint.every = 2
-  c.stages.warmup.train.log_every = 1
+  for stage in c.demo.stages:
+    c.demo.stages[stage].train.steps, c.demo.stages[stage].train.warmup_steps = 2, 1
+    c.demo.stages[stage].checkpoint.every = 2
+  c.demo.stages.warmup.train.log_every = 1
   c.train.mode, c.model.residual.mode = "sft", "none"
   path = demo.run_demo(c, progress=False)
   results = json.load(open(path))

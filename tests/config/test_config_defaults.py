@@ -30,7 +30,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The fields tiny's base sets on purpose to other values than the sections' defaults: the demo
 # pipeline's own settings (its committed checkpoints and its stages) and the tiny task's knobs
 # (TinyTaskConfig's fields, not a section's).
-TINY_OWN = {"base_checkpoint", "warmup_checkpoint", "stages", "stage_start", "task.tiny"}
+TINY_OWN = {"demo.base_checkpoint", "demo.warmup_checkpoint", "demo.stages", "demo.stage_start",
+            "task.tiny"}
 
 # Dataclass fields in orl_jax/ that share a name with a section field but are another thing.
 NOT_SETTINGS = {

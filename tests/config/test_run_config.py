@@ -58,6 +58,19 @@ def test_what_a_config_leaves_out_takes_the_sections_default():
                                                                                   1, 0)
 
 
+def test_the_demos_settings_are_its_own_section():
+  """The demo pipeline's settings sit in `demo` only: a run config's top level has none of
+  them, and the ablations variant sets them there."""
+  from orl_jax.config.sections import Demo
+  demo_fields = {f.name for f in dataclasses.fields(Demo)} - {"extra"}   # Section's own
+  assert len(demo_fields) == 8
+  assert not demo_fields & {f.name for f in dataclasses.fields(RunConfig)}
+  typed = run_config.convert(tiny.get_config("ablations"))
+  assert typed.demo.seeds == (0, 1, 2) and typed.demo.warmup_seed == 3
+  assert set(typed.demo.ablations) == set(tiny.ABLATIONS)
+  assert typed.demo.stage_start["orl"] == "warmup"
+
+
 def test_unknown_fields_and_wrong_types_are_named_together():
   config = tiny.get_config("smoke").to_dict()
   config["decode"]["blok_size"] = 8

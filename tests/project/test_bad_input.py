@@ -258,6 +258,15 @@ def _launch(*args):
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
+def test_a_demo_setting_set_at_the_top_level_names_its_section():
+  """The demo's settings moved into `config.demo`: the old key names the new one."""
+  out = _launch("--config.seeds=(0,1)")
+  assert out.returncode == 2
+  assert out.stderr.strip() == ("train.py: --config.seeds: config has no field 'seeds'; set "
+                                "--config.demo.seeds (the demo pipeline's own section) instead"
+                                ), out.stderr
+
+
 def test_misspelled_override_prints_one_line_with_the_suggestion():
   out = _launch("--config.train.lrr=1e-3")
   assert out.returncode == 2

@@ -52,11 +52,11 @@ EXERCISED = {
     # ablation; the offline baseline stage alone: test_train.py::test_rcd_offline_...
     "make demo": (_DEMO, ("demo.run_demo", 'pipeline = "demo"')),
     "python launch/train.py --config=configs/tiny.py": (_DEMO, ("demo.run_demo",)),
-    "python launch/train.py --config=configs/tiny.py --config.compare_offline=True "
-    "--config.ablations=\"('no_aec','no_kl','no_residual')\" --config.seeds=\"(0,1,2)\"":
-        (_DEMO, ("c.seeds", "c.ablations")),
+    "python launch/train.py --config=configs/tiny.py --config.demo.compare_offline=True "
+    "--config.demo.ablations=\"('no_aec','no_kl','no_residual')\" --config.demo.seeds=\"(0,1,2)\"":
+        (_DEMO, ("c.demo.seeds", "c.demo.ablations")),
     "python launch/train.py --config=configs/tiny.py:ablations":
-        (_DEMO, ("c.seeds", "c.ablations")),
+        (_DEMO, ("c.demo.seeds", "c.demo.ablations")),
     # on a hand-written study directory stopped part-way
     "python launch/report.py --workdir=work_dirs/tiny_ablations":
         ("tests/apps/test_demo_report.py::test_study_report_reads_a_study_stopped_part_way",
@@ -100,7 +100,7 @@ EXERCISED = {
         (_ORL, ("train(orl_smoke_config",)),
     "python launch/train.py --config=configs/tiny.py:rcd_offline":
         ("tests/train/test_train.py::test_rcd_offline_trains_from_a_frozen_reference",
-         ("stages.rcd_offline", "train(")),
+         ("demo.stages.rcd_offline", "train(")),
     # evaluation of the committed base with the tiny eval config (one setting, 64 problems)
     "python launch/eval.py --config=configs/tiny.py:eval --config.model.init_from=assets/tiny_base "
     "--config.eval.settings=\"('threshold_0.7','threshold_0.9','entropy_budget_0.5')\"":
@@ -459,8 +459,8 @@ WITH_PATHS = {
 TOO_LONG = {
     "make demo": "the demo: about 22 minutes",
     "python launch/train.py --config=configs/tiny.py": "the demo: about 22 minutes",
-    "python launch/train.py --config=configs/tiny.py --config.compare_offline=True "
-    "--config.ablations=\"('no_aec','no_kl','no_residual')\" --config.seeds=\"(0,1,2)\"":
+    "python launch/train.py --config=configs/tiny.py --config.demo.compare_offline=True "
+    "--config.demo.ablations=\"('no_aec','no_kl','no_residual')\" --config.demo.seeds=\"(0,1,2)\"":
         "the demo with three ablations over three seeds: hours",
     "python launch/train.py --config=configs/tiny.py:ablations": "21 ORL runs: a working day",
     "python launch/report.py --workdir=work_dirs/tiny_ablations": "reads the ablation study's",

@@ -182,7 +182,7 @@ def orl_smoke_config(workdir, steps=4):
   trains), logging every step and checkpointing every 2."""
   from configs import tiny
   c = tiny.get_config("smoke")
-  c.update(c.stages.orl.to_dict())
+  c.update(c.demo.stages.orl.to_dict())
   c.workdir = str(workdir)
   c.model.init_from = ""                 # a random model: every response is trained on below
   c.orl.min_reward = 0.0

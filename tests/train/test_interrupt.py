@@ -158,8 +158,9 @@ def test_an_interrupted_demo_resumes_the_stage_it_stopped_in(tmp_path):
   args = _train_args("--config=configs/tiny.py", f"--config.workdir={workdir}",
                      "--config.eval.n_problems=4", "--config.eval.batch_size=4",
                      "--config.eval.settings=('threshold_0.9',)",
-                     "--config.stages.orl.train.steps=6", "--config.stages.orl.train.log_every=1",
-                     "--config.stages.orl.train.warmup_steps=2")
+                     "--config.demo.stages.orl.train.steps=6",
+                     "--config.demo.stages.orl.train.log_every=1",
+                     "--config.demo.stages.orl.train.warmup_steps=2")
   stage = workdir / "orl"
   code, _, err = _interrupt(args, tmp_path, stage / "metrics.jsonl", 2, signal.SIGINT,
                             group=True)

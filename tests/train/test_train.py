@@ -177,7 +177,7 @@ def test_ledger_refuses_reuse():
 def test_rcd_offline_trains_from_a_frozen_reference(tmp_path):
   base = train(_smoke(tmp_path / "base", steps=2, warmup_steps=1), progress=False)
   c = _smoke(tmp_path / "rcd", steps=2, warmup_steps=1)
-  c.update(c.stages.rcd_offline.to_dict())
+  c.update(c.demo.stages.rcd_offline.to_dict())
   c.train.steps, c.train.warmup_steps = 2, 1
   c.model.init_from = base
   out = train(c, progress=False)
