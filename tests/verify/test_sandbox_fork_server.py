@@ -7,7 +7,9 @@ infrastructure error at worst, never a verdict.
 """
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -21,6 +23,7 @@ pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux"),
     pytest.mark.skipif(not forkserver.available(), reason="no pidfds: R is never forked")]
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRELUDE = "def add(a, b):\n"
 TESTS = "def check(candidate):\n  assert candidate(2, 3) == 5\n"
 BODIES = {"pass": "  return a + b\n", "fail": "  return a - b\n",
@@ -87,28 +90,47 @@ def test_a_fork_server_that_dies_costs_an_infrastructure_error_and_is_restarted(
   assert [s.pid for s in _servers()] != [server.pid]
 
 
+# Run in a process of its own (a pytest worker may hold JAX's threads, which fork does not copy):
+# one judged run, a fork whose child runs two more and reports its server's pid, then one more
+# run in the parent. Prints "<child ok> <child's F> <parent's F before> <parent's F after> <ok>".
+_FORKED_LAUNCHER = textwrap.dedent("""
+    import os
+    from orl_sandbox import forkserver
+    from orl_sandbox import launcher as sandbox
+    PRELUDE, TESTS = {prelude!r}, {tests!r}
+    judged = lambda body: sandbox.run_judged(PRELUDE + body, "add", TESTS, PRELUDE,
+                                             sandbox.SandboxLimits(timeout_s=3.0))
+    server = lambda: list(forkserver._SERVERS.values())[0].pid
+    assert judged("  return a + b\\n").passed
+    before = server()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+      code = 1
+      try:
+        ok = judged("  return a + b\\n").passed and judged("  return a - b\\n").verdict == "fail"
+        os.write(write, f"{{int(ok)}} {{server()}}".encode())
+        code = 0
+      finally:
+        os._exit(code)
+    os.close(write)
+    child = os.read(read, 100).decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    print(child, before, server(), int(judged("  return a + b\\n").passed))
+    """)
+
+
 def test_a_forked_launcher_starts_its_own_fork_server():
   """A child forked from a launcher process does not share the parent's server (their requests
   would interleave on one pipe): it starts its own, and the parent's keeps working."""
-  assert _judged(BODIES["pass"]).passed
-  parent_server = _servers()[0].pid
-  read, write = os.pipe()
-  pid = os.fork()
-  if pid == 0:   # the child: one judged run, then report
-    code = 1
-    try:
-      ok = _judged(BODIES["pass"]).passed and _judged(BODIES["fail"]).verdict == "fail"
-      os.write(write, f"{int(ok)} {_servers()[0].pid}".encode())
-      code = 0
-    finally:
-      os._exit(code)
-  os.close(write)
-  report = os.read(read, 100).decode().split()
-  os.close(read)
-  _, status = os.waitpid(pid, 0)
-  assert os.waitstatus_to_exitcode(status) == 0
-  assert report[0] == "1" and int(report[1]) != parent_server
-  assert _judged(BODIES["pass"]).passed and _servers()[0].pid == parent_server
+  script = _FORKED_LAUNCHER.format(prelude=PRELUDE, tests=TESTS)
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  child_ok, child_server, before, after, parent_ok = out.stdout.split()
+  assert child_ok == "1" and parent_ok == "1"
+  assert child_server != before and after == before
 
 
 def test_a_spec_path_longer_than_the_slot_starts_a_fresh_runner(monkeypatch, private_tmp):
