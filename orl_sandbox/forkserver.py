@@ -71,6 +71,8 @@ class ForkServer:
     data = json.dumps(message).encode() + b"\n"
     with self._lock:
       try:
+        if self._requests < 0:
+          raise ForkServerError("the runner fork server was closed")
         if os.write(self._requests, data) != len(data):
           raise ForkServerError("a request to the runner fork server was cut short")
         reply = json.loads(self._readline())
@@ -102,14 +104,16 @@ class ForkServer:
       self._proc.wait()
 
   def drop(self) -> None:
-    """Closes this process's ends of F's pipes (idempotent)."""
-    for fd in (self._requests, self._replies):
-      if fd >= 0:
-        try:
-          os.close(fd)
-        except OSError:
-          pass
-    self._requests = self._replies = -1
+    """Closes this process's ends of F's pipes (idempotent), once no request is in flight (a
+    request on a dead F ends at once, at the end of its replies)."""
+    with self._lock:
+      for fd in (self._requests, self._replies):
+        if fd >= 0:
+          try:
+            os.close(fd)
+          except OSError:
+            pass
+      self._requests = self._replies = -1
 
 
 class ForkedRunner:
@@ -193,7 +197,8 @@ def _forget_in_child() -> None:
   global _SERVERS_LOCK  # pylint: disable=global-statement
   _SERVERS_LOCK = threading.Lock()
   for server in _SERVERS.values():
-    server.drop()
+    server._lock = threading.Lock()  # pylint: disable=protected-access   # (a thread that held
+    server.drop()                    # it was not copied into this child)
   _SERVERS.clear()
 
 
