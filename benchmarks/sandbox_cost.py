@@ -74,14 +74,14 @@ def _fork_server_cpu() -> float:
   return forkserver.cpu_s(runners=False)
 
 
-def _measured(fn, *args):
+def _measured(forked: bool, fn, *args):
   """(the started processes' CPU s, own CPU s, fn's result) of one call: the children's rusage
-  of this process, plus the runner tree's when the fork server reaped it (R is then F's child,
-  and its CPU is not in this process's children's rusage)."""
+  of this process, plus the runner tree's when the fork server reaped it (`forked`: R is then
+  F's child, and its CPU is not in this process's children's rusage)."""
   children, own = _cpu(resource.RUSAGE_CHILDREN), _cpu(resource.RUSAGE_SELF)
   result = fn(*args)
   started = _cpu(resource.RUSAGE_CHILDREN) - children
-  if isinstance(result, sandbox.SandboxResult) and _forked(args[-1]):
+  if forked and isinstance(result, sandbox.SandboxResult):
     started += result.runner_cpu_s or 0.0
   return (started, _cpu(resource.RUSAGE_SELF) - own, result)
 
@@ -94,16 +94,17 @@ def _judged_round(problems, limits) -> dict[str, float]:
   """Per-sample medians over one pass of `problems` (ms); the fork server's own CPU (its forks
   and reaps) is added to the total as its mean per sample (it is read in clock ticks)."""
   rows = []
-  server_before = _fork_server_cpu() if _forked(limits) else 0.0
+  forked = _forked(limits)
+  server_before = _fork_server_cpu() if forked else 0.0
   for problem in problems:
     children, own, result = _measured(
-        sandbox.run_judged, problem.prompt + problem.target + "\n",
+        forked, sandbox.run_judged, problem.prompt + problem.target + "\n",
         problem.entry_point, problem.tests, problem.prompt, limits)
     if not result.passed:
       raise RuntimeError(f"{problem.problem_id}: canonical solution did not pass: "
                          f"{result.verdict} {result.detail} {result.infra_error}")
     rows.append((children, own, result.judge_cpu_s or 0.0))
-  server = (_fork_server_cpu() - server_before) / len(problems) if _forked(limits) else 0.0
+  server = (_fork_server_cpu() - server_before) / len(problems) if forked else 0.0
   medians = {name: 1000 * statistics.median(row[i] for row in rows)
              for i, name in enumerate(("total", "launcher_self", "judge_children"))}
   medians["total"] += 1000 * server
@@ -113,12 +114,14 @@ def _judged_round(problems, limits) -> dict[str, float]:
 
 def _stage_round(count: int, limits) -> dict[str, float]:
   """Per-start medians (ms) of the bare interpreter, the runner's imports, run_python."""
-  take = lambda fn, *a: 1000 * statistics.median(_measured(fn, *a)[0] for _ in range(count))
+  forked = _forked(limits)
+  take = lambda fn, *a: 1000 * statistics.median(_measured(forked, fn, *a)[0]
+                                                 for _ in range(count))
   interpreter = take(_spawn, "-c", "pass")
   imports = take(_spawn, "-c", _IMPORTS, launcher.RUNNER_PATH)
   tree = take(sandbox.run_python, "pass\n", limits)
   return {"interpreter": interpreter, "runner_imports": imports - interpreter,
-          "run_python_tree": tree - (0.0 if _forked(limits) else imports)}
+          "run_python_tree": tree - (0.0 if forked else imports)}
 
 
 def _median_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:

@@ -17,6 +17,7 @@ signal). A launcher process that forks drops its servers in the child (`os.regis
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -161,8 +162,7 @@ def cpu_s(*, runners: bool = True) -> float:
     pids = [server.pid for server in _SERVERS.values()]
   for pid in pids:
     try:
-      with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
+      fields = runner.stat_fields(pid)
     except OSError:
       continue
     ticks = fields[11:15] if runners else fields[11:13]   # utime stime [cutime cstime]
@@ -170,8 +170,10 @@ def cpu_s(*, runners: bool = True) -> float:
   return total
 
 
+@functools.cache
 def available() -> bool:
-  """Whether the launcher can watch a process that is not its child (a pidfd: Linux >= 5.3)."""
+  """Whether the launcher can watch a process that is not its child (a pidfd: Linux >= 5.3);
+  asked once per process (every run asks)."""
   if not hasattr(os, "pidfd_open") or sys.platform != "linux":
     return False
   try:

@@ -1378,6 +1378,13 @@ def _fork_runner(request: dict) -> int:
   os._exit(code)
 
 
+def stat_fields(pid) -> list[bytes]:
+  """The fields of `/proc/PID/stat` after the command name: field 3 of proc(5) (the state)
+  first, so field N is at index N - 3."""
+  with open(f"/proc/{pid}/stat", "rb") as f:
+    return f.read().rsplit(b")", 1)[1].split()
+
+
 def _name_in_command_line(text: str) -> None:
   """Writes `text` over F's slot argument in this process's memory, where the kernel reads
   `/proc/PID/cmdline` (between `arg_start` and `arg_end` of `/proc/self/stat`)."""
@@ -1385,9 +1392,7 @@ def _name_in_command_line(text: str) -> None:
   data = text.encode()
   if len(data) >= FORK_SERVER_SLOT:
     raise ValueError(f"a spec path of {len(data)} bytes does not fit the command-line slot")
-  with open("/proc/self/stat", "rb") as f:
-    fields = f.read().rsplit(b")", 1)[1].split()
-  arg_start = int(fields[47 - 2])   # field 48 of proc(5); `fields` starts at field 3
+  arg_start = int(stat_fields("self")[47 - 2])   # field 48 of proc(5)
   with open("/proc/self/cmdline", "rb") as f:
     cmdline = f.read()
   slot = b"\0" + b"." * FORK_SERVER_SLOT + b"\0"
