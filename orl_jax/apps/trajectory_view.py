@@ -86,7 +86,7 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   import jax
   from orl_jax import sharding
   from orl_jax.storage import trained_run
-  from orl_jax.decode import build as decode_build
+  from orl_jax.decode import build as decode_build, placement
   from orl_jax.setup.build import build_setup, initial_params
   from orl_jax.unmasking import UnmaskRule
   s = build_setup(trained_run.model_config_for(config, path, overridden), prompts=prompts)
@@ -101,7 +101,8 @@ def decode_model(config, name: str, path: str, prompts: Sequence[str] | None = N
   with sharding.tracing_mesh(s.mesh):
     out = jax.device_get(run(params, tokens, valid, jax.random.key(0)))
   texts = [tok.decode(t, stop_at_eos=True) for t in out.tokens]
-  lead = np.asarray(decode_build.sampler_of(cfg, s.model_cfg).prompt_lead(valid, **ids))
+  lead = np.asarray(placement.prompt_lead(
+      valid, cfg.decode.block_size, decode_build.sampler_of(cfg, s.model_cfg).block_placement))
   return Decoded(
       name=name, path=path, rule_label=rule.label, prompts=[p.prompt for p in problems],
       texts=texts, tokens=np.asarray(out.tokens),

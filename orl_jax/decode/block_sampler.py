@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Final
 
 from orl_jax import sharding as sharding_lib
-from orl_jax.decode import from_run, lockstep, per_row, placement
+from orl_jax.decode import from_run, lockstep, per_row
 from orl_jax.decode import trajectories
 from orl_jax.decode.capture import masked_positions
 from orl_jax.decode.config import DecodeConfig
-from orl_jax.decode.sampler import DecodeFn, RolloutFn
+from orl_jax.decode.sampler import BlockPlacement, DecodeFn, RolloutFn
 from orl_jax.unmasking import UnmaskRule
 
 PER_ROW = "per_row"
@@ -64,13 +65,13 @@ class LockstepSampler:
 
   needs_mask_token = True
   queued = False
-  replay_context = "block"   # block-causal context: a state sees the clean blocks before it
+  replay_context: Final = "block"   # block-causal context: a state sees the clean blocks before it
 
   def __init__(self, config, model_cfg=None):
     self.config, self.model_cfg = config, model_cfg
 
   @property
-  def block_placement(self) -> str:
+  def block_placement(self) -> BlockPlacement:
     return from_run.family_rules(self.config,
                                    _registry_family(self.model_cfg))["block_placement"]
 
@@ -93,11 +94,6 @@ class LockstepSampler:
             self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id))
 
   unresolved = staticmethod(masked_positions)
-
-  def prompt_lead(self, prompt_valid, *, mask_id: int, eos_id: int):
-    """n mod b with absolute placement, else 0 (`placement.prompt_lead`)."""
-    cfg = self.forward_config("decode", mask_id=mask_id, eos_id=eos_id)
-    return placement.prompt_lead(prompt_valid, cfg.block_size, cfg.block_placement)
 
 
 class PerRowSampler(LockstepSampler):

@@ -5,25 +5,27 @@ interface every decoder sits behind.
 A model family's registry entry names its sampler factory (`Family.sampler`, called with the
 run config and the model config; None: the block-diffusion samplers of
 `orl_jax.decode.block_sampler`), and `orl_jax.decode.build.make_decoder` builds every decoder
-through it, so callers never ask which family or which kind of sampler they hold. A sampler
-says:
+through it, so callers never ask which family or which kind of sampler they hold. A `Sampler`
+is three narrower roles, each what one kind of caller reads:
 
-* which decoder serves each purpose (`decoder`: "evaluate", "decode"; `rollout`: the
-  per-shard rollout that `make_decoder` jits data-parallel);
-* what its capture records, as replay reads it: the state positions a captured step left
-  unresolved (`unresolved`: the losses train there) and the context stream of packed replay
-  rows (`replay_context`, one of `orl_jax.replay.plan.CONTEXTS`);
-* where a response's first block starts (`prompt_lead`, `block_placement`);
-* what the dry run and the compile command size (`forward_config`);
-* whether its undecided positions hold a mask token (`needs_mask_token`: the tokenizer must
-  have one) and whether its evaluation decodes a queue (`queued`).
+* `Decoders` (evaluation, the decode launcher, the ORL rollout, the tokenizer's set-up): which
+  decoder serves each purpose (`decoder`: "evaluate", "decode"; `rollout`: the per-shard
+  rollout that `make_decoder` jits data-parallel), whether evaluation decodes a queue
+  (`queued`) and whether undecided positions hold a mask token (`needs_mask_token`: the
+  tokenizer must have one);
+* `CaptureLayout` (replay, SFT, the trajectory page): what a captured state means — the
+  positions a step left unresolved (`unresolved`: the losses train there), the context stream
+  of packed replay rows (`replay_context`) and where a response's first block starts
+  (`block_placement`; its prompt lead is `orl_jax.decode.placement.prompt_lead`);
+* `Sizing` (the dry run, the compile command): the block decoder's config whose one forward is
+  sized and priced (`forward_config`).
 
 A family folder implements it without importing the decoders (`tests/project/test_architecture.py`):
-the protocol is structural, so a family's class needs no import of this module.
+the protocols are structural, so a family's class needs no import of this module.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
   import jax
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
   from orl_jax.unmasking import UnmaskRule
 
 PURPOSES = ("evaluate", "decode", "rollout")
+# The context stream of packed replay rows (`orl_jax.replay.plan.CONTEXTS`) and where a
+# response's first block sits (`orl_jax.decode.config.PLACEMENTS`)
+ReplayContext = Literal["block", "token"]
+BlockPlacement = Literal["prompt_end", "absolute"]
 
 
 class RolloutFn(Protocol):
@@ -54,9 +60,8 @@ class DecodeFn(Protocol):
     ...
 
 
-class Sampler(Protocol):
-  """The decoders of one model (module docstring); built by `Family.sampler(config, model_cfg)`
-  (`model_cfg` may be None where no model config exists yet: the tokenizer's set-up)."""
+class Decoders(Protocol):
+  """The decoders of one model: what evaluation, the decode launcher and the rollout build."""
 
   @property
   def needs_mask_token(self) -> bool:
@@ -66,17 +71,6 @@ class Sampler(Protocol):
   @property
   def queued(self) -> bool:
     """"evaluate" decodes a queue of prompts on `n_rows` rows (the per-row engine)."""
-    ...
-
-  @property
-  def replay_context(self) -> str:
-    """The context stream of packed replay rows ("block" | "token", `ReplayConfig.context`)."""
-    ...
-
-  @property
-  def block_placement(self) -> str:
-    """Where the first block sits ("prompt_end" | "absolute"); the SFT layout trains what the
-    sampler decodes."""
     ...
 
   def decoder(self, graphdef, purpose: str, *, mask_id: int, eos_id: int,
@@ -91,17 +85,39 @@ class Sampler(Protocol):
     """(one shard's rollout with exact state capture, the config it decodes with)."""
     ...
 
+
+class CaptureLayout(Protocol):
+  """What a captured state means: what replay, the SFT layout and the trajectory page read."""
+
+  @property
+  def replay_context(self) -> ReplayContext:
+    """The context stream of packed replay rows (`ReplayConfig.context`)."""
+    ...
+
+  @property
+  def block_placement(self) -> BlockPlacement:
+    """Where the first block sits; the SFT layout trains what the sampler decodes, and the
+    prompt tokens that open a row's first block follow from it
+    (`orl_jax.decode.placement.prompt_lead`)."""
+    ...
+
   def unresolved(self, state_tokens: jax.Array, commit: jax.Array, mask_id: int) -> jax.Array:
     """[...] bool: the positions of captured states (`Capture.block_tokens`, `Capture.commit`)
     that the step left undecided — the positions the losses train (`ReplayBatch.masked`)."""
     ...
 
-  def prompt_lead(self, prompt_valid: jax.Array, *, mask_id: int, eos_id: int) -> jax.Array:
-    """[B] int32 prompt tokens that open each row's first decoded block."""
-    ...
+
+class Sizing(Protocol):
+  """What the dry run sizes and the compile command prices."""
 
   def forward_config(self, purpose: str, *, mask_id: int, eos_id: int) -> DecodeConfig | None:
     """The block decoder's config for `purpose`, whose capture the dry run sizes and whose one
     forward the compile command prices; None: a sampler sized and priced whole (its rollout
     traced abstractly)."""
     ...
+
+
+class Sampler(Decoders, CaptureLayout, Sizing, Protocol):
+  """The decoders of one model and what their captures mean (module docstring); built by
+  `Family.sampler(config, model_cfg)` (`model_cfg` may be None where no model config exists
+  yet: the tokenizer's set-up)."""

@@ -8,6 +8,7 @@ the rollout included (jitted data-parallel by the shared `make_trajectories`), a
 the SFT layout read comes from it too."""
 import dataclasses
 import types
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +18,12 @@ from flax import nnx
 
 from configs import tiny
 from orl_jax.decode import build as decode_build
+from orl_jax.decode.config import PLACEMENTS
+from orl_jax.decode.sampler import BlockPlacement, ReplayContext
 from orl_jax.decode.block_sampler import LockstepSampler, PerRowSampler
 from orl_jax.models import families
 from orl_jax.models.diffusion_gemma.decoding import UniformNoiseSampler
+from orl_jax.replay.plan import CONTEXTS
 
 
 @dataclasses.dataclass
@@ -43,9 +47,6 @@ class ToySampler:
 
   def unresolved(self, state_tokens, commit, mask_id):
     return commit
-
-  def prompt_lead(self, prompt_valid, *, mask_id, eos_id):
-    return jnp.full(prompt_valid.shape[:1], 7, jnp.int32)
 
   def forward_config(self, purpose, *, mask_id, eos_id):
     return None
@@ -73,7 +74,6 @@ def test_a_new_family_decodes_and_rolls_out_with_its_own_sampler(toy_family):
   sampler = decode_build.sampler_of(config, toy_family)
   assert isinstance(sampler, ToySampler) and sampler.replay_context == "token"
   assert not decode_build.sampler_of(config, family="toy").needs_mask_token
-  np.testing.assert_array_equal(sampler.prompt_lead(valid, **ids), [7, 7])
 
 
 def test_each_family_gets_its_sampler_and_the_schedule_picks_the_block_one():
@@ -89,3 +89,9 @@ def test_each_family_gets_its_sampler_and_the_schedule_picks_the_block_one():
   np.testing.assert_array_equal(per_row.unresolved(tokens, commit, 0), [[False, True, False]])
   np.testing.assert_array_equal(dg.unresolved(tokens, commit, 0), [[False, True, True]])
   assert dg.forward_config("rollout", mask_id=-1, eos_id=1) is None
+
+
+def test_the_protocols_literals_are_the_checked_values():
+  """The values the type checker allows are the ones the configs check at run time."""
+  assert typing.get_args(ReplayContext) == CONTEXTS
+  assert typing.get_args(BlockPlacement) == PLACEMENTS

@@ -11,7 +11,7 @@ is taken, and accepts by an entropy bound only.
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
+from typing import Final
 
 from orl_jax.models.diffusion_gemma import trajectories as dg_trajectories
 from orl_jax.models.diffusion_gemma import sampler as dg_sampler
@@ -28,8 +28,8 @@ class UniformNoiseSampler:
 
   needs_mask_token = False
   queued = False
-  replay_context = "token"
-  block_placement = "prompt_end"
+  replay_context: Final = "token"
+  block_placement: Final = "prompt_end"
 
   def __init__(self, config, model_cfg=None):
     self.config, self.model_cfg = config, model_cfg
@@ -68,9 +68,6 @@ class UniformNoiseSampler:
     return dg_trajectories.sampler_trajectories, self._sampler_config()
 
   unresolved = staticmethod(not_accepted)
-
-  def prompt_lead(self, prompt_valid, *, mask_id: int, eos_id: int):
-    return jnp.zeros(prompt_valid.shape[:1], jnp.int32)
 
   def forward_config(self, purpose: str, *, mask_id: int, eos_id: int):
     return None
