@@ -11,13 +11,8 @@ import sys
 import pytest
 
 from configs import llada
-from orl_jax.models import params_io
-from orl_jax.storage import trained_run
 from orl_jax.apps import outputs
 from orl_jax.evaluate import SETUP_FILE
-from orl_jax.setup.build import build_setup, params_meta
-from orl_jax.storage.hf_export import export_model_type
-from orl_jax.models.build import init_model_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MINE = ('{"id": "m1", "prompt": "What is 2 + 2? Answer with the number after ####.", '
@@ -28,28 +23,18 @@ MINE = ('{"id": "m1", "prompt": "What is 2 + 2? Answer with the number after ###
         '"answer": 6}\n')
 
 
-def _finished_run(workdir, task_path):
-  """A finished configs/llada.py:debug-jsonl run's work directory trained on `task_path`
-  (untrained parameters, as finish_run writes them)."""
-  config = llada.get_config("debug-jsonl")
-  config.task.path = str(task_path)
-  config.workdir = str(workdir)
-  s = build_setup(config)
-  _, params = init_model_params(s.model_cfg, 0)
-  record = trained_run.run_record(s.config, s.tokenizer, "", export_model_type(s.config))
-  params_io.save_params(os.path.join(workdir, "params"), params,
-                        params_meta(s, {trained_run.RUN_KEY: record}),
-                        lambda folder: trained_run.save_tokenizer(s.tokenizer, folder))
-  (workdir / "metrics.jsonl").write_text("")
-  os.makedirs(workdir / "hf")
-  return workdir
-
-
 @pytest.fixture(scope="module")
-def my_run(tmp_path_factory):
+def my_run(tmp_path_factory, finished_run):
+  """A finished configs/llada.py:debug-jsonl run trained on a task file of its own, and that
+  file."""
   data = tmp_path_factory.mktemp("data") / "my_train.jsonl"
   data.write_text(MINE)
-  return _finished_run(tmp_path_factory.mktemp("runs") / "mine", data), data
+  workdir = tmp_path_factory.mktemp("runs") / "mine"
+  config = llada.get_config("debug-jsonl")
+  config.task.path, config.workdir = str(data), str(workdir)
+  finished_run(workdir, config)
+  os.makedirs(workdir / "hf")
+  return workdir, data
 
 
 def test_a_run_on_another_task_file_gets_its_own_work_directory():

@@ -11,29 +11,16 @@ import pytest
 
 from configs import llada, tiny
 from orl_jax.models import params_io
+from orl_jax.models.build import init_model_params
+from orl_jax.setup.build import build_setup
 from orl_jax.storage import trained_run
 from orl_jax.storage import weights as weights_lib
 from orl_jax.errors import ConfigError
 from orl_jax.data.hf_tokenizer import byte_level_tokenizer
-from orl_jax.setup.build import build_setup, params_meta
-from orl_jax.storage.hf_export import export_model_type
-from orl_jax.models.build import init_model_params
-
-
-def _write_run(workdir, config):
-  """A finished run's work directory as finish_run writes it (untrained parameters)."""
-  s = build_setup(config)
-  _, params = init_model_params(s.model_cfg, 0)
-  record = trained_run.run_record(s.config, s.tokenizer, "", export_model_type(s.config))
-  params_io.save_params(os.path.join(workdir, "params"), params,
-                        params_meta(s, {trained_run.RUN_KEY: record}),
-                        lambda folder: trained_run.save_tokenizer(s.tokenizer, folder))
-  (workdir / "metrics.jsonl").write_text("")
-  return s
 
 
 @pytest.fixture(scope="module")
-def jsonl_run(tmp_path_factory):
+def jsonl_run(tmp_path_factory, finished_run):
   """A run of configs/llada.py:debug-jsonl with a tokenizer.json of its own (the byte-level
   one, written to a file) and special tokens set at training time (EOS = <|bos|>, id 3)."""
   workdir = tmp_path_factory.mktemp("run")
@@ -44,7 +31,7 @@ def jsonl_run(tmp_path_factory):
                                   "examples", "math_and_code.jsonl")
   config.model.tokenizer = tok_file
   config.model.special_tokens.update(dict(mask="<|mask|>", eos="<|bos|>", pad="<|pad|>"))
-  return workdir, _write_run(workdir, config)
+  return workdir, finished_run(workdir, config)
 
 
 def _architecture(model_cfg):
@@ -92,11 +79,11 @@ def test_run_record_is_readable_json(jsonl_run):
   assert os.path.isfile(workdir / "params" / trained_run.TOKENIZER_FILE)
 
 
-def test_a_tiny_task_run_keeps_its_word_tokenizer(tmp_path):
+def test_a_tiny_task_run_keeps_its_word_tokenizer(tmp_path, finished_run):
   """A tiny-task run records the task's word tokenizer (no file): a config of another task
   given the run builds that tokenizer and the run's model."""
   config = tiny.get_config("smoke")
-  trained = _write_run(tmp_path, config)
+  trained = finished_run(tmp_path, config)
   settings = trained_run.trained_settings(weights_lib.PARAMS, str(tmp_path / "params"))
   assert settings["model.tokenizer"] == trained_run.TINY and settings["task.chat"] == "none"
   assert settings["model.d_model"] == trained.model_cfg.d_model == 32
@@ -127,7 +114,6 @@ def test_every_file_of_a_run_export_has_the_usual_modes(jsonl_run, tmp_path):
   """The params folder and the Hugging Face export read alike: 0666/0777 less the umask, as a
   plain open/mkdir gives (safetensors' writer and mkdtemp would leave theirs private)."""
   from orl_jax.storage.hf_export import export_hf_dir
-  from orl_jax.models.build import init_model_params
   workdir, trained = jsonl_run
   _, params = init_model_params(trained.model_cfg, 0)
   hf = tmp_path / "hf"
