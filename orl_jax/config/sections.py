@@ -7,7 +7,9 @@ its decode defaults, and checks every rule (`orl_jax.config.derive.validate`). S
 ConfigDict did (`run.decode.block_size`); a changed copy is
 `run.replace(**{"decode.rule": "threshold"})`; `run.to_dict()` is the plain nested dict. A
 registry family adds the settings only it reads (`Family.config_sections`: DiffusionGemma's
-`model.diffusion_gemma` and its sampler's `decode.t_min` ...), so no family is named here.
+`model.diffusion_gemma` and its sampler's `decode.t_min` ...), so no family is named here. A
+default written `recorded(...)` marks a setting that decides what a run's rollouts are and how
+they are replayed and scored: checkpoints record it (`orl_jax.setup.recorded`).
 """
 from __future__ import annotations
 
@@ -112,6 +114,29 @@ def _replace(section, changes: Mapping[str, Any]):
   return dataclasses.replace(section, **own)
 
 
+RECORDED = "recorded"
+
+
+def recorded(default: Any) -> Any:
+  """The default of a setting that decides what a run's rollouts are and how they are replayed
+  and scored: a run's checkpoints record its resolved value and a resume compares it
+  (`orl_jax.setup.recorded`, docs/training.md#resume-and-changed-settings)."""
+  return dataclasses.field(default=default, metadata={RECORDED: True})
+
+
+def recorded_fields(section: Section, prefix: str = "") -> dict[str, Any]:
+  """{dotted name: value} of the fields of `section` and its subsections marked `recorded`, in
+  their declaration order."""
+  out: dict[str, Any] = {}
+  for f in dataclasses.fields(section):
+    value = getattr(section, f.name)
+    if f.metadata.get(RECORDED):
+      out[prefix + f.name] = value
+    elif isinstance(value, Section):
+      out.update(recorded_fields(value, f"{prefix}{f.name}."))
+  return out
+
+
 def _frozen(default):
   return dataclasses.field(default_factory=lambda: dict(dict(default)))
 
@@ -126,10 +151,10 @@ def _section(cls):
 
 @dataclasses.dataclass(frozen=True)
 class Residual(Section):
-  mode: ResidualMode = "none"        # none | adapter | rcd
+  mode: ResidualMode = recorded("none")  # none | adapter | rcd
   hidden: int = 128                  # adapter width (0 = d_model)
-  scale: float = 1.0
-  temperature: float = 1.0
+  scale: float = recorded(1.0)
+  temperature: float = recorded(1.0)
   lr_scale: float = 0.1
 
 
@@ -149,8 +174,8 @@ class Moe(Section):
 
 @dataclasses.dataclass(frozen=True)
 class SpecialTokens(Section):
-  mask: str = ""                     # a token, an id, or ids separated by commas ("" = unset)
-  eos: str = ""
+  mask: str = recorded("")           # a token, an id, or ids separated by commas ("" = unset)
+  eos: str = recorded("")
   pad: str = ""
   bos: str = ""
 
@@ -174,14 +199,14 @@ class Model(Section):
   param_dtype: str = "float32"
   attention_impl: str = "auto"
   remat: bool = False
-  path: str = ""
+  path: str = recorded("")
   init_from: str = ""
   residual: Residual = _section(Residual)
-  hf_family: str = ""                # the registry family the config is written for
+  hf_family: str = recorded("")      # the registry family the config is written for
   hf_model_type: str = ""
   hub_id: str = ""
-  vocab_size: int = 0                # 0 = the tokenizer's
-  tokenizer: str = ""
+  vocab_size: int = recorded(0)      # 0 = the tokenizer's
+  tokenizer: str = recorded("")
   special_tokens: SpecialTokens = _section(SpecialTokens)
   first_k_dense: int = 0
   norm_head: bool = False
@@ -190,11 +215,11 @@ class Model(Section):
 
 @dataclasses.dataclass(frozen=True)
 class Task(Section):
-  name: str = "tiny"
-  prompt_len: int = 32
+  name: str = recorded("tiny")
+  prompt_len: int = recorded(32)
   tiny: Mapping[str, Any] = _frozen({})   # data/tiny_task.py TinyTaskConfig fields
-  chat: str = "none"
-  path: str = ""
+  chat: str = recorded("none")
+  path: str = recorded("")
   k_shot: int = 0
   verify_workers: int = 0   # sandboxed code samples verified at once; 0 = the host's usable cores
   verify_cpu_s: int = 3     # a code sample's CPU seconds (its wall timeout stays 10 s)
@@ -202,25 +227,25 @@ class Task(Section):
 
 @dataclasses.dataclass(frozen=True)
 class Decode(Section):
-  block_size: int = 32
-  gen_length: int | None = 32        # None: the family's generation default
+  block_size: int = recorded(32)
+  gen_length: int | None = recorded(32)  # None: the family's generation default
   rule: RuleName = "threshold"
   rule_value: float | None = 0.9
   temperature: float = 0.0
-  max_steps_per_block: int | None = 0
-  top_k: int = 16
-  edit_threshold: float = 1.0
-  max_post_edit_steps: int = 0
+  max_steps_per_block: int | None = recorded(0)
+  top_k: int = recorded(16)
+  edit_threshold: float = recorded(1.0)
+  max_post_edit_steps: int = recorded(0)
   cache: CacheMode = "none"
   schedule: Schedule = "lockstep"
-  block_placement: str = "auto"
-  commit_compare: str = "auto"
+  block_placement: str = recorded("auto")
+  commit_compare: str = recorded("auto")
   eos_early_stop: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
 class Train(Section):
-  mode: Mode = "sft"
+  mode: Mode = recorded("sft")
   steps: int = 4000
   batch_size: int = 64
   lr: float = 2e-3
@@ -239,15 +264,15 @@ class Train(Section):
 @dataclasses.dataclass(frozen=True)
 class Orl(Section):
   prompts_per_step: int = 8
-  group_size: int = 8
-  rollout_temperature: float = 1.0
-  rollout_rule: RuleName = "threshold"
-  rollout_rule_value: float = 0.9
-  min_reward: float = 1.0
-  capture_states: int = 0
+  group_size: int = recorded(8)
+  rollout_temperature: float = recorded(1.0)
+  rollout_rule: RuleName = recorded("threshold")
+  rollout_rule_value: float = recorded(0.9)
+  min_reward: float = recorded(1.0)
+  capture_states: int = recorded(0)
   rollout_seed: int = -1
   rollout_rows: int = 0
-  capture_routes: bool = False
+  capture_routes: bool = recorded(False)
   rollout_chunks: int = 1
   chunk_by: ChunkBy = "samples"
   verify_while_decoding: bool = True
@@ -259,21 +284,21 @@ class Replay(Section):
   n_rows: int = 16
   max_states: int = 320
   max_responses: int = 64
-  states_per_response: int = 4
-  layout: ReplayLayout = "packed"
+  states_per_response: int = recorded(4)
+  layout: ReplayLayout = recorded("packed")
   micro_batches: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Loss(Section):
-  gate_entropy: float = 0.05
-  aec_rho: float = 0.25
-  conf_entropy: float = 0.1
-  kl_cap: float = 1.0
-  w_aec: float = 1.0
-  w_kl: float = 1.0
+  gate_entropy: float = recorded(0.05)
+  aec_rho: float = recorded(0.25)
+  conf_entropy: float = recorded(0.1)
+  kl_cap: float = recorded(1.0)
+  w_aec: float = recorded(1.0)
+  w_kl: float = recorded(1.0)
   vocab_chunk: int = 0
-  kl_reference: KlReference = "initial"
+  kl_reference: KlReference = recorded("initial")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,8 @@ from orl_jax.storage.checkpoint import Checkpointer, abstract_like
 from orl_jax.storage.run_settings import ChangedSettingsError
 from orl_jax.setup.build import build_setup
 from orl_jax.train.run import prepare_run, resume
+from orl_jax.config import sections
+from orl_jax.setup import recorded
 from orl_jax.setup.recorded import recorded_settings as run_settings
 from tests.support.helpers import orl_smoke_config
 
@@ -138,6 +140,19 @@ def test_the_table_holds_resolved_values(tmp_path):
   assert settings["model.special_tokens.eos"] == [tok.eos_id]
   assert settings["orl.rollout_rule_value"] == 0.9 and settings["loss.w_aec"] == 1.0
   json.dumps(settings)                                                # all JSON
+
+
+def test_the_table_is_what_the_sections_mark_recorded(tmp_path, monkeypatch):
+  """The recorded fields come from the sections (`sections.recorded`), plus the vocabulary's
+  hash; a resolved value for a field no section marks is refused, not silently recorded."""
+  setup = build_setup(orl_smoke_config(tmp_path))
+  marked = sections.recorded_fields(setup.config)
+  assert set(run_settings(setup)) == set(marked) | {"tokenizer.vocab_hash"}
+  assert "orl.group_size" in marked and "train.steps" not in marked
+  unmarked = {k: v for k, v in marked.items() if k != "model.vocab_size"}
+  monkeypatch.setattr(recorded, "recorded_fields", lambda config: dict(unmarked))
+  with pytest.raises(ValueError, match="model.vocab_size"):
+    run_settings(setup)
 
 
 def test_an_sft_run_records_no_orl_settings(tmp_path):
