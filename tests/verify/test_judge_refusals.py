@@ -256,9 +256,12 @@ def test_a_loop_the_check_cannot_see_is_the_samples_timeout(stage):
       assert result.infra_error is None and not result.timed_out
       return
     assert result.timed_out and result.infra_error is None
-    # the judge's CPU limit, or on a loaded machine the run's wall timeout first
-    assert result.detail == f"{stage} the tests' calls ran past the judge's CPU limit".replace(
-        "collection", "collecting").replace("exchange", "exchanging") or (
+    # the judge's CPU limit, or on a loaded machine the run's wall timeout first; the exchange
+    # stage's loop first makes its calls against the stand-in while they are collected, which on
+    # a loaded machine can reach the limit before the exchange does (the same timeout)
+    stages = {"collection": ("collecting",), "exchange": ("exchanging", "collecting")}[stage]
+    assert result.detail in [f"{s} the tests' calls ran past the judge's CPU limit"
+                             for s in stages] or (
         "timed out" in result.detail or "timeout" in result.detail), result.detail
     second = verifier.score_batch([looping], [_RIGHT])
     if stage == "exchange" and second == [1.0]:   # at the border, as above
