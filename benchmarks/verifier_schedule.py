@@ -1,11 +1,14 @@
-"""What the HumanEval verifier's scheduling slots cost and what they leave (docs/verifier.md,
-"Threat model").
+"""What the HumanEval verifier's isolation modes and scheduling slots cost and what they leave
+(docs/verifier.md, "Threat model").
 
 `throughput`: `HumanEvalVerifier.score_batch` on HumanEval/0 to /7 × 16 canonical samples (a
-fresh verifier per run, 10 s timeout), at each `--parallelism`, with `slot_s` 0 (each sample
-starts when the previous one of its prompt ended) and `--slot-s`, the settings alternating in
-one process, median of `--repeats` runs. The machine may be shared: only the ratio within one
-run means much.
+fresh verifier per run, 10 s timeout), at each `--parallelism`, with `isolation="sample"` (a
+prompt's samples side by side, the default), `isolation="prompt"` with `slot_s` 0 (each sample
+starts when the previous one of its prompt ended) and with `--slot-s`, the settings alternating
+in one process, median of `--repeats` runs. The machine may be shared: only the ratio within
+one run means much. JSON: benchmarks/results/verifier_schedule.json; last line
+`verifier_schedule_prompt_over_sample: X` (the slotted "prompt" schedule's time over the
+"sample" schedule's, at the largest parallelism).
 
 `steering`: the channel slots leave. A sender knows the answer (a secret of four values) and
 when it started; it picks the slot length its run falls in (at a 4 s timeout: 0.25, 0.5, 1, 2,
@@ -17,6 +20,7 @@ how many of `--trials` receivers were right (chance: a quarter).
   python benchmarks/verifier_schedule.py steering [--trials 12]
 """
 import argparse
+import json
 import os
 import random
 import statistics
@@ -49,27 +53,42 @@ _RECEIVER = ("    return DECODED\n\n\nimport time\n"
 
 def throughput(parallelisms: list[int], slot_s: float, repeats: int) -> None:
   problems = load_humaneval()[:8]
-  times: dict[tuple[int, float], list[float]] = {}
+  settings = (("sample", None), ("prompt", 0.0), ("prompt", slot_s))
+  times: dict[tuple[int, str], list[float]] = {}
   for repeat in range(repeats):
     for parallelism in parallelisms:
-      for slot in (0.0, slot_s):
+      for isolation, slot in settings:
         batch = [p for _ in range(16) for p in problems]
         responses = [p.target + f"\n# {repeat} {i}\n" for i, p in enumerate(batch)]
         with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=10.0), parallelism=parallelism,
-                               slot_s=slot) as verifier:
+                               isolation=isolation, slot_s=slot) as verifier:
           verifier.score_batch(problems[:1], [problems[0].target])   # the smoke run, untimed
           start = time.perf_counter()
           scores = verifier.score_batch(batch, responses)
-          times.setdefault((parallelism, slot), []).append(time.perf_counter() - start)
+          name = isolation if slot is None else f"{isolation} slot_s {slot}"
+          times.setdefault((parallelism, name), []).append(time.perf_counter() - start)
         assert scores == [1.0] * len(batch), scores
-  for (parallelism, slot), runs in sorted(times.items()):
-    print(f"parallelism {parallelism} slot_s {slot}: median {statistics.median(runs):.2f} s "
+  medians = {}
+  for (parallelism, name), runs in sorted(times.items()):
+    medians[f"{parallelism} {name}"] = statistics.median(runs)
+    print(f"parallelism {parallelism} {name}: median {statistics.median(runs):.2f} s "
           f"(runs {', '.join(f'{r:.2f}' for r in runs)})")
+  top = max(parallelisms)
+  ratio = medians[f"{top} prompt slot_s {slot_s}"] / medians[f"{top} sample"]
+  out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                     "verifier_schedule.json")
+  with open(out, "w") as f:
+    json.dump({"median_s": medians, "runs_s": {f"{p} {n}": r for (p, n), r in times.items()},
+               "samples": 128, "repeats": repeats, "host_cpus": os.cpu_count(),
+               "load_average": os.getloadavg()}, f, indent=1)
+  print(f"wrote {out}")
+  print(f"verifier_schedule_prompt_over_sample: {ratio:.2f}")
 
 
 def steering(trials: int) -> None:
   right = 0
-  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=4.0), parallelism=3) as verifier:
+  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=4.0), parallelism=3,
+                         isolation="prompt") as verifier:
     for trial in range(trials):
       secret, nonce = random.randrange(4), f"steering {trial} {random.random()}"
       problem = Problem(f"secret {nonce}", "def secret() -> int:\n", entry_point="secret",

@@ -168,6 +168,16 @@ def _verify_workers(task_cfg) -> int | None:
   return workers or None
 
 
+def _verify_isolation(task_cfg) -> str:
+  """`task.verify_isolation`: how a prompt's code samples share the machine (docs/verifier.md)."""
+  from orl_jax.verify.humaneval import ISOLATIONS
+  isolation = _task_field(task_cfg, "verify_isolation", "sample")
+  if isolation not in ISOLATIONS:
+    raise ConfigError(f"task.verify_isolation={isolation!r} must be one of {ISOLATIONS} "
+                      "(\"sample\": a prompt's samples side by side; \"prompt\": one at a time)")
+  return isolation
+
+
 def _verify_limits(task_cfg):
   """The code verifier's sandbox limits: the default ones with `task.verify_cpu_s` as the
   sample's CPU limit (a loop ends there, a timeout, instead of at the 10 s wall timeout)."""
@@ -202,10 +212,10 @@ def get_task(task_cfg, tokenizer=None) -> Task:
     load = lambda: load_gsm8k_test(path, prompt_fn=lambda q: prompts.gsm8k_prompt(q, k_shot, chat))
     return Task("gsm8k", tokenizer, GSM8KVerifier(), _eval_only("gsm8k"), load)
   from orl_jax.verify.humaneval import HumanEvalVerifier
-  workers = _verify_workers(task_cfg)
+  workers, isolation = _verify_workers(task_cfg), _verify_isolation(task_cfg)
   limits = _verify_limits(task_cfg)
   code_verifier = lambda originals: CodePromptVerifier(
-      HumanEvalVerifier(limits, parallelism=workers), originals)
+      HumanEvalVerifier(limits, parallelism=workers, isolation=isolation), originals)
   if name == "humaneval":
     from orl_jax.data.humaneval import load_humaneval
     path = _task_field(task_cfg, "path", "") or None

@@ -35,6 +35,9 @@ TrainMode = Literal["sft", "residual_warmup", "orl", "rcd_offline"]
 Mode = Literal[TrainMode, "eval"]
 # orl.chunk_by: what a rollout chunk holds (docs/training.md#verification-overlapped-with-decoding)
 ChunkBy = Literal["samples", "prompts"]
+# task.verify_isolation: what a code sample shares with the other samples of its prompt
+# (docs/verifier.md#threat-model); orl_jax/verify/humaneval.py ISOLATIONS holds the same values
+VerifyIsolation = Literal["sample", "prompt"]
 
 
 S = TypeVar("S")
@@ -223,6 +226,8 @@ class Task(Section):
   k_shot: int = 0
   verify_workers: int = 0   # sandboxed code samples verified at once; 0 = the host's usable cores
   verify_cpu_s: int = 3     # a code sample's CPU seconds (its wall timeout stays 10 s)
+  # "sample": a prompt's samples verified side by side; "prompt": one at a time, in slots
+  verify_isolation: VerifyIsolation = "sample"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,13 +19,16 @@ class the completion defines) scores 0; tests whose calls the judge cannot know 
 the judge still differs from running the tests in-process.
 
 Runs happen on `PromptScheduler` threads (each waits on one sandbox), results are cached by the
-sha256 of the inputs, and `submit` lets the loop overlap verification with other work. A
-batch's samples start prompt by prompt in turn, and two samples of one prompt never run at the
-same time (they could talk through what the machine shares); one prompt is tests that compute
-the same (`prompt_key`), and a sample holds its slot for one of a few fixed lengths, so that
-when the next sample of its prompt starts does not say when it ended (docs/verifier.md,
-"Threat model"). Only verdicts are cached: a run the sandbox infrastructure failed is retried
-once and never cached; a timeout is cached as 0 once the same completion timed out twice.
+sha256 of the inputs, and `submit` lets the loop overlap verification with other work. How
+samples of one prompt share the machine is the verifier's `isolation` (docs/verifier.md,
+"Threat model"): "sample" (the default) runs them side by side, each in its own fresh sandbox,
+as many at once as there are workers; "prompt" starts a batch's samples prompt by prompt in
+turn and never runs two samples of one prompt at the same time (they could talk through the
+CPU and caches they share), one prompt being tests that compute the same (`prompt_key`), and a
+sample holds its slot for one of a few fixed lengths, so that when the next sample of its
+prompt starts does not say when it ended. Only verdicts are cached: a run the sandbox
+infrastructure failed is retried once and never cached; a timeout is cached as 0 once the same
+completion timed out twice.
 `stats` counts runs, timeouts, infrastructure failures, unsupported tests and the judge
 processes' cost (`verify_*` metrics in training logs).
 """
@@ -331,12 +334,19 @@ def slot_length(elapsed: float, slot_s: float, longest_s: float = float("inf")) 
   return held
 
 
+# `HumanEvalVerifier(isolation=...)`, `task.verify_isolation` (orl_jax/config/sections.py
+# VerifyIsolation): "sample" runs a prompt's samples side by side, "prompt" one at a time in slots.
+ISOLATIONS = ("sample", "prompt")
+
+
 class PromptScheduler:
-  """Runs jobs `parallelism` at a time, never two of one prompt at once: not in this process
-  (all schedulers share the set of running prompts) and not on this machine
-  (`orl_sandbox.claim_exclusive`). Samples of one prompt could otherwise talk through what
-  the machine shares (timing, machine-wide counters); samples of different prompts answer
+  """Runs jobs `parallelism` at a time. With `exclusive` (the "prompt" isolation), never two of
+  one prompt at once: not in this process (all schedulers share the set of running prompts)
+  and not on this machine (`orl_sandbox.claim_exclusive`), since samples of one prompt could
+  otherwise talk through the CPU and caches they share; samples of different prompts answer
   different questions. Jobs start in the order given, skipping those whose prompt is busy.
+  Without `exclusive` (the "sample" isolation) jobs start in the order given as workers free
+  up, and a worker is free again when its run ends (`slot_s` must be 0).
 
   A job holds its worker and its prompt for a slot (`slot_length`), not until it ends: a slot
   ends at a time fixed by when it started and which power-of-two multiple of `slot_s` its run
@@ -348,8 +358,11 @@ class PromptScheduler:
   _changed = threading.Condition()
 
   def __init__(self, parallelism: int, name: str = "humaneval-sandbox", slot_s: float = 0.25,
-               longest_s: float = float("inf")):
-    self.slot_s, self.longest_s = slot_s, longest_s
+               longest_s: float = float("inf"), exclusive: bool = True):
+    if slot_s and not exclusive:
+      raise ValueError(f"slot_s={slot_s} hides when a sample of a prompt ended from the next "
+                       "one, which only exclusive scheduling has; pass slot_s=0")
+    self.slot_s, self.longest_s, self.exclusive = slot_s, longest_s, exclusive
     self._queue: list[_Job] = []
     self._closed = False
     self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
@@ -376,6 +389,8 @@ class PromptScheduler:
   def _take(self) -> _Job | None:
     """The first queued job whose prompt nobody runs (called holding `_changed`)."""
     while True:
+      if self._queue and not self.exclusive:
+        return self._queue.pop(0)
       for index, job in enumerate(self._queue):
         if job.prompt in self._running:
           continue
@@ -404,10 +419,11 @@ class PromptScheduler:
         elapsed = time.monotonic() - start
         time.sleep(max(0.0, start + slot_length(elapsed, self.slot_s, self.longest_s)
                             - time.monotonic()))
-        sandbox.release_exclusive(job.lock)
-        with self._changed:
-          self._running.discard(job.prompt)
-          self._changed.notify_all()
+        if self.exclusive:
+          sandbox.release_exclusive(job.lock)
+          with self._changed:
+            self._running.discard(job.prompt)
+            self._changed.notify_all()
 
 
 def host_workers() -> int:
@@ -425,20 +441,32 @@ class HumanEvalVerifier:
   Args:
     limits: sandbox limits per sample (timeout, memory, processes, file size).
     parallelism: concurrent sandbox processes; None → the host's usable cores
-      (`host_workers`). Samples of one prompt never run at the same time (`PromptScheduler`),
-      so one batch of P prompts keeps at most P of them busy.
+      (`host_workers`). With `isolation="prompt"` samples of one prompt never run at the same
+      time (`PromptScheduler`), so one batch of P prompts keeps at most P of them busy.
     stop_sequences: the completion is cut at the first of these outside a string literal
       before running (a model that closes its code block with a fence must not be scored on
       the prose after it; a fence inside a string is part of the code: `cut_completion`).
     cache_size: how many results to remember (least recently used are dropped).
-    slot_s: the shortest time a sample holds its worker and prompt (`PromptScheduler`), so
-      that when a prompt's next sample starts carries nothing about when this one ended; set
-      it above an honest sample's run time (longer runs hold a power-of-two multiple of it).
+    isolation: "sample" (default): a prompt's samples run side by side, each in a fresh
+      sandbox, in the order given; "prompt": never two samples of one prompt at once, a
+      batch's prompts in turn, each sample holding a slot (docs/verifier.md#threat-model says
+      what each closes).
+    slot_s: with `isolation="prompt"`, the shortest time a sample holds its worker and prompt
+      (`PromptScheduler`; default 0.25 s), so that when a prompt's next sample starts carries
+      nothing about when this one ended; set it above an honest sample's run time (longer runs
+      hold a power-of-two multiple of it). "sample" isolation has no slots (None or 0).
   """
 
   def __init__(self, limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
                parallelism: int | None = None, stop_sequences: Sequence[str] = ("\n```",),
-               cache_size: int = 100_000, slot_s: float = 0.25):
+               cache_size: int = 100_000, isolation: str = "sample",
+               slot_s: float | None = None):
+    if isolation not in ISOLATIONS:
+      raise ValueError(f"isolation={isolation!r} must be one of {ISOLATIONS}")
+    if isolation == "sample" and slot_s:
+      raise ValueError(f"slot_s={slot_s} applies to isolation='prompt' only (a sample's slot "
+                       "hides its exit time from the next sample of its prompt)")
+    self.isolation = isolation
     self.limits = limits
     self.parallelism = parallelism or host_workers()
     self.stop_sequences = tuple(stop_sequences)
@@ -450,8 +478,10 @@ class HumanEvalVerifier:
     self.stats = VerifierStats()
     self.unsupported: dict[str, str] = {}   # problem id -> why its tests could not be judged
     # A timed-out run (the timeout, then the kill and the judge) holds its slot this long.
-    self._scheduler = PromptScheduler(self.parallelism, slot_s=slot_s,
-                                      longest_s=limits.timeout_s + _TEARDOWN_S)
+    exclusive = isolation == "prompt"
+    self._scheduler = PromptScheduler(
+        self.parallelism, slot_s=(0.25 if slot_s is None else slot_s) if exclusive else 0.0,
+        longest_s=limits.timeout_s + _TEARDOWN_S, exclusive=exclusive)
     self._gather = concurrent.futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="humaneval-gather")
 
@@ -477,7 +507,8 @@ class HumanEvalVerifier:
     prompts = [prompt_key(p) for p in problems]
     known: dict[str, float] = {}
     pending: dict[str, concurrent.futures.Future[tuple[float, bool]]] = {}
-    for i in interleaved(prompts):
+    order = interleaved(prompts) if self.isolation == "prompt" else range(len(keys))
+    for i in order:
       key = keys[i]
       if key in known or key in pending:
         continue

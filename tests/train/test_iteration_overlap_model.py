@@ -2,6 +2,7 @@
 import importlib.util
 import os
 import sys
+import types
 
 import pytest
 
@@ -89,3 +90,36 @@ def test_only_the_last_chunk_holds_the_loops():
   # decoding shorter than a chunk's verification: each earlier chunk overruns by 0.15 s
   paths = bench.host_paths(COST, 0.0, 8, 16, 96, 16, True, decode_chunk_s=0.1)
   assert paths["overlapped_s"] == pytest.approx(4.0 + 15 * 0.15)
+
+
+SIDE_BY_SIDE = bench.VerifyCost(cpu_s=0.025, held_s=0.05, loop_cpu_s=3.0, loop_held_s=3.5)
+
+
+def test_side_by_side_samples_are_bound_by_the_cores_or_one_sample():
+  # "sample" isolation: 128 x 0.025 s of CPU over 96 cores = 0.033 s, one sample holds 0.05 s
+  assert bench.verification_seconds(SIDE_BY_SIDE, 8, 16, 96, False, "sample") == \
+      pytest.approx(0.05)
+  # on 2 cores the CPU binds: 128 x 0.025 / 2 = 1.6 s
+  assert bench.verification_seconds(SIDE_BY_SIDE, 8, 16, 2, False, "sample") == \
+      pytest.approx(1.6)
+  # a looping sample a prompt: the eight loops run at once, the path is one loop's 3.5 s
+  # (CPU 8 x 3 + 120 x 0.025 = 27 s over 96 cores = 0.28 s)
+  assert bench.verification_seconds(SIDE_BY_SIDE, 8, 16, 96, True, "sample") == \
+      pytest.approx(3.5)
+  # the same costs with "prompt" isolation: 16 samples of a prompt in a row
+  assert bench.verification_seconds(SIDE_BY_SIDE, 8, 16, 96, False, "prompt") == \
+      pytest.approx(0.8)
+
+
+def test_staleness_one_exposes_what_outlasts_the_next_rollout():
+  assert bench.stale_path(host_s=1.0, rollout_s=3.0) == 0.0
+  assert bench.stale_path(host_s=4.0, rollout_s=3.0) == pytest.approx(1.0)
+  device = {"seconds": 1.0, "forwards": 256.0, "n_params": 8_000_000_000, "n_devices": 4,
+            "chip": "TPU v5p", "mesh": {"data": 1, "fsdp": 4, "tensor": 1, "expert": 1}}
+  args = types.SimpleNamespace(group=16, prompts=8)
+  row = bench.model_row(SIDE_BY_SIDE, {"seconds": 0.01, "block_size": 32}, device, 96, False,
+                        args, "sample")
+  rollout = row["by_chunks"][1]["device"]["rollout_s"]
+  # verification 0.05 s + planning 0.01 s hide behind the rollout; a loop's 3.5 s does not
+  assert row["stale"]["clean"]["host_s"] == 0.0
+  assert row["stale"]["looping"]["host_s"] == pytest.approx(max(0.0, 3.5 + 0.01 - rollout))

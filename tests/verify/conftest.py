@@ -2,6 +2,7 @@
 import os
 import pathlib
 import tempfile
+import time
 
 import pytest
 
@@ -21,3 +22,20 @@ def private_tmp(monkeypatch, tmp_path_factory):
   yield pathlib.Path(root)
   monkeypatch.undo()
   sandbox.remove_tree(root)
+
+
+@pytest.fixture
+def judged_spans(monkeypatch):
+  """(problem id, start, end) of every sandboxed run the HumanEval verifier makes while the test
+  runs (`humaneval.judge_run` wrapped), in the order the runs end."""
+  from orl_jax.verify import humaneval
+  spans, real = [], humaneval.judge_run
+
+  def recorded(problem, completion, limits):
+    start = time.monotonic()
+    result = real(problem, completion, limits)
+    spans.append((problem.problem_id, start, time.monotonic()))
+    return result
+
+  monkeypatch.setattr(humaneval, "judge_run", recorded)
+  return spans

@@ -28,7 +28,7 @@ from orl_jax.tasks import CodePromptVerifier
 from orl_sandbox import launcher as sandbox
 from orl_sandbox import syscalls
 from orl_jax.problem import Problem
-from orl_jax.verify.humaneval import HumanEvalVerifier
+from orl_jax.verify.humaneval import ISOLATIONS, HumanEvalVerifier
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
@@ -146,12 +146,24 @@ def tracker(monkeypatch):
   seen.assert_clean()
 
 
-@pytest.fixture(scope="module")
-def verifier():
+def _verifier_stack(isolation: str):
   """The training loop's verifier stack: CodePromptVerifier over HumanEvalVerifier."""
-  inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=3)
+  inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=3,
+                            isolation=isolation)
   with inner:
     yield CodePromptVerifier(inner, {p.problem_id: p for p in PROBLEMS})
+
+
+@pytest.fixture(scope="module", params=ISOLATIONS)
+def verifier(request):
+  """The verifier stack in each isolation mode: every attack must fail in both."""
+  yield from _verifier_stack(request.param)
+
+
+@pytest.fixture(scope="module")
+def prompt_verifier():
+  """The verifier stack with `isolation="prompt"`, for the tests of its schedule."""
+  yield from _verifier_stack("prompt")
 
 
 def _honest(tag: str) -> str:
@@ -401,7 +413,10 @@ def test_setsid_survivors_of_a_timeout_are_killed(verifier, tracker):
   start = time.monotonic()
   hostile, honest = _score_beside_honest(verifier, daemon, "timeout daemon")
   assert (hostile, honest) == (0.0, [1.0])
-  assert time.monotonic() - start < TIMEOUT_S + 6.0
+  # Not held by the daemon: the timeout and the teardown, and with "prompt" isolation the
+  # honest sample of the same prompt after the hostile one's slot (the timeout + 2 s).
+  held = TIMEOUT_S + 2.0 if verifier.inner.isolation == "prompt" else 0.0
+  assert time.monotonic() - start < TIMEOUT_S + 6.0 + held
 
 
 def _socket_client(family: str, address) -> str:
@@ -1503,24 +1518,16 @@ def test_a_sleeping_completion_costs_the_timeout_twice_then_is_cached(tracker):
   assert (metrics["verify_timeouts"], metrics["verify_timeouts_cached"]) == (2.0, 1.0)
 
 
-def test_samples_of_one_prompt_never_run_at_the_same_time(verifier, tracker, monkeypatch):
+def test_samples_of_one_prompt_never_run_at_the_same_time(prompt_verifier, tracker,
+                                                          judged_spans):
   """Five samples of one prompt and two of another at parallelism 3: a prompt's samples run one
   after the other (start and end recorded around each run); the two prompts do overlap."""
-  from orl_jax.verify import humaneval
-  spans, real = [], humaneval.judge_run
-
-  def recorded(problem, completion, limits):
-    start = time.monotonic()
-    result = real(problem, completion, limits)
-    spans.append((problem.problem_id, start, time.monotonic()))
-    return result
-
-  monkeypatch.setattr(humaneval, "judge_run", recorded)
+  spans = judged_spans
   other = PROBLEMS[1]
   overlapped = False
   for attempt in range(3):   # a test in another process may hold a prompt's lock a while
     spans.clear()
-    scores = verifier.score_batch(
+    scores = prompt_verifier.score_batch(
         [TRUNCATE] * 5 + [other] * 2,
         [_honest(f"serial {attempt} {i}") for i in range(5)]
         + [other.target + f"# serial {attempt} {i}\n" for i in range(2)])
@@ -1598,11 +1605,11 @@ def _exit_time_trials(verifier, trials: int, tag: str) -> int:
   return right
 
 
-def test_start_times_carry_no_exit_time(verifier, tracker):
+def test_start_times_carry_no_exit_time(prompt_verifier, tracker):
   """Twelve receivers each decode one of two symbols from when they start: with slots, they are
   right by chance (half the time); more than ten right happens by chance with probability
   0.003."""
-  right = _exit_time_trials(verifier, trials=12, tag="slotted")
+  right = _exit_time_trials(prompt_verifier, trials=12, tag="slotted")
   assert right <= 10, f"{right} of 12 receivers decoded their sender's exit time"
 
 
@@ -1610,7 +1617,8 @@ def test_start_times_carry_no_exit_time(verifier, tracker):
 def test_exit_time_channel_is_real_without_slots(tracker):
   """Control: with slots off (each sample starts when the previous one of its prompt ended),
   the same receivers decode their senders' secrets."""
-  inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=3, slot_s=0)
+  inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=3,
+                            isolation="prompt", slot_s=0)
   with inner:
     right = _exit_time_trials(CodePromptVerifier(inner, {}), trials=12, tag="unslotted")
   assert right >= 10, f"only {right} of 12 receivers decoded their sender's exit time"
@@ -1626,7 +1634,7 @@ def test_slot_lengths_are_a_few_fixed_values():
       [4.0, 6.0, 6.0, 12.0, 24.0]
 
 
-def test_a_sample_holds_its_slot_whenever_it_ends(verifier, tracker, monkeypatch):
+def test_a_sample_holds_its_slot_whenever_it_ends(tracker, monkeypatch):
   """A prompt's next sample starts a slot after the previous one started, whether that one
   ended at once or took most of its slot."""
   from orl_jax.verify import humaneval
@@ -1640,7 +1648,7 @@ def test_a_sample_holds_its_slot_whenever_it_ends(verifier, tracker, monkeypatch
   quick = _honest("slot quick")
   slow = f"    return {CORRECT}\n\n\nimport time\ntime.sleep(0.6)  # slot slow\n"
   inner = HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=2,
-                            slot_s=1.5)
+                            isolation="prompt", slot_s=1.5)
   with inner:
     assert inner.score_batch([TRUNCATE] * 3, [quick, slow, _honest("slot last")]) == [1.0] * 3
   gaps = [b - a for a, b in zip(starts, starts[1:])]
@@ -1674,25 +1682,15 @@ def test_copies_of_a_task_share_its_prompt_key():
   assert prompt_key(Problem("x", copies[0].prompt, tests=other_input)) != prompt_key(copies[0])
 
 
-def test_copies_of_a_task_never_run_at_the_same_time(verifier, tracker, monkeypatch):
+def test_copies_of_a_task_never_run_at_the_same_time(prompt_verifier, tracker, judged_spans):
   """Two honest samples of HumanEval/0 and of each of its copies at parallelism 3: no two of
   them run at the same time (as different tasks, they would; CPU pinning then carried a
   message from one to the other)."""
-  from orl_jax.verify import humaneval
-  spans, real = [], humaneval.judge_run
-
-  def recorded(problem, completion, limits):
-    start = time.monotonic()
-    result = real(problem, completion, limits)
-    spans.append((start, time.monotonic()))
-    return result
-
-  monkeypatch.setattr(humaneval, "judge_run", recorded)
   copies = _copies_of_has_close_elements()
-  scores = verifier.score_batch(copies * 2, [c.target + f"# copy {c.problem_id} {i}\n"
+  scores = prompt_verifier.score_batch(copies * 2, [c.target + f"# copy {c.problem_id} {i}\n"
                                              for i in range(2) for c in copies])
-  assert scores == [1.0] * 8 and len(spans) == 8
-  ordered = sorted(spans)
+  assert scores == [1.0] * 8 and len(judged_spans) == 8
+  ordered = sorted((start, end) for _, start, end in judged_spans)
   assert all(end <= next_start for (_, end), (next_start, _) in zip(ordered, ordered[1:]))
 
 
