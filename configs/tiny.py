@@ -187,6 +187,10 @@ def base_config() -> ml_collections.ConfigDict:
   # with rollout_chunks > 1: verify chunk i on the host while the device decodes the later
   # chunks (False: decode all, then verify; the same programs, keys and results)
   c.orl.verify_while_decoding = True
+  # per-row rollouts (decode.schedule="per_row") with verify_while_decoding: the engine runs in
+  # segments of this many loop iterations and the host verifies the responses whose rows retired
+  # after each (the same rollout, bit for bit); 0 = one program, verified when it ends
+  c.orl.rollout_segment_iterations = 16
 
   c.replay = ml_collections.ConfigDict()
   c.replay.row_len = 544           # a prompt (32) + 16 states of 32

@@ -122,6 +122,9 @@ def _run_errors(config: RunConfig) -> list[str]:
           "prompt)")
     check(o.prompts_per_step > 0, f"orl.prompts_per_step={o.prompts_per_step} must be positive")
     check(o.chunk_by in CHUNK_BY, f"orl.chunk_by={o.chunk_by!r} must be one of {CHUNK_BY}")
+    check(o.rollout_segment_iterations >= 0,
+          f"orl.rollout_segment_iterations={o.rollout_segment_iterations} must be >= 0 (0 = the "
+          "per-row rollout in one program)")
     split, size = (("group_size", o.group_size) if o.chunk_by == "samples" else
                    ("prompts_per_step", o.prompts_per_step))
     check(o.rollout_chunks > 0 and size % o.rollout_chunks == 0,

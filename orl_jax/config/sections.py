@@ -281,6 +281,7 @@ class Orl(Section):
   rollout_chunks: int = 1
   chunk_by: ChunkBy = "samples"
   verify_while_decoding: bool = True
+  rollout_segment_iterations: int = 16
 
 
 @dataclasses.dataclass(frozen=True)

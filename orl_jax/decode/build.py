@@ -21,7 +21,7 @@ A purpose says what the decoder is for:
 from __future__ import annotations
 
 from orl_jax.decode import trajectories
-from orl_jax.decode.block_sampler import block_sampler
+from orl_jax.decode.block_sampler import PerRowSampler, block_sampler
 from orl_jax.decode.sampler import PURPOSES, Sampler
 from orl_jax.models import families
 from orl_jax.unmasking import UnmaskRule
@@ -50,3 +50,17 @@ def make_decoder(config, model_cfg, graphdef, purpose: str, *, mask_id: int, eos
     return trajectories.make_trajectories(graphdef, cfg, group_size, mesh, rollout_fn=rollout_fn)
   return sampler.decoder(graphdef, purpose, mask_id=mask_id, eos_id=eos_id, rule=rule,
                          temperature=temperature, n_rows=n_rows)
+
+
+def segmented_rollout(config, model_cfg, graphdef, *, mask_id: int, eos_id: int,
+                      group_size: int, mesh, iterations: int):
+  """The rollout of `model_cfg`'s sampler in segments of `iterations` loop iterations
+  (`trajectories.SegmentedRollout`: the host sees responses as their rows retire), or None
+  where the rollout is not the per-row engine's (the lock-step and DiffusionGemma rollouts
+  finish every row together)."""
+  sampler = sampler_of(config, model_cfg)
+  if not isinstance(sampler, PerRowSampler):
+    return None
+  _, cfg = sampler.rollout(mask_id=mask_id, eos_id=eos_id, mesh=mesh)   # checks rows and mesh
+  return trajectories.SegmentedRollout(graphdef, cfg, group_size, config.orl.rollout_rows,
+                                       iterations, mesh)

@@ -379,33 +379,87 @@ def prompt_keys(key, n_queue: int):
   return jax.vmap(lambda q: jax.random.fold_in(key, q))(jnp.arange(n_queue))
 
 
-def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
-                 n_rows: int) -> DecodeOutput:
-  """Decodes Q left-padded prompts [Q, P] on `n_rows` rows, each row refilled from the queue
-  as soon as its response ends. key: one key (prompt q samples with `fold_in(key, q)`,
-  `prompt_keys`) or [Q] keys, one per prompt. Call under `jax.jit` (see `make_engine`)."""
+def _queue_engine(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
+                  n_rows: int) -> _Engine:
+  """The engine of a queue of Q left-padded prompts [Q, P] on `n_rows` rows (a pure function
+  of its inputs: the segments of a segmented decode rebuild it)."""
   n_queue, p = queue_tokens.shape
   _check(model.cfg, cfg, p, n_rows)
   check_route_capture(model, cfg)
   cv = Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
   keys = key if key.shape == (n_queue,) else prompt_keys(key, n_queue)
   queue = new_queue(queue_tokens, queue_valid, keys, cfg)
-  eng = _Engine(cv, queue, jnp.arange(n_queue, dtype=jnp.int32), jnp.int32(n_queue))
-  cap = new_capture(model, cfg, n_queue, p)
+  return _Engine(cv, queue, jnp.arange(n_queue, dtype=jnp.int32), jnp.int32(n_queue))
+
+
+def _start(model: Transformer, eng: _Engine, n_rows: int) -> _Carry:
+  """The loop's first carry: the rows take the queue's first prompts."""
+  cfg, n_queue = eng.cfg, eng.n_queue
+  cap = new_capture(model, cfg, n_queue, eng.p)
   rows = _initial_rows(cfg, model.cfg, n_rows, n_queue)
-  rows, cache, cursor = _refill(eng, rows, _new_cache(model.cfg, cfg, n_rows, p), jnp.int32(0),
-                                jnp.ones((n_rows,), bool))
-  out = jax.lax.while_loop(lambda c: jnp.any(c.rows.phase != IDLE),
-                           lambda c: _iteration(eng, c),
-                           _Carry(rows, cache, cursor, _empty_results(cfg, n_queue), cap,
-                                  jnp.int32(0)))
-  r, cap = out.results, out.cap
-  tokens, n_generated, finished = finished_response(r.blocks, queue.lead, cfg)
+  rows, cache, cursor = _refill(eng, rows, _new_cache(model.cfg, cfg, n_rows, eng.p),
+                                jnp.int32(0), jnp.ones((n_rows,), bool))
+  return _Carry(rows, cache, cursor, _empty_results(cfg, n_queue), cap, jnp.int32(0))
+
+
+def _run(eng: _Engine, carry: _Carry, iterations: int | None = None) -> _Carry:
+  """Iterates until every row is idle, or at most `iterations` more times (a segment)."""
+  if iterations is None:
+    cond = lambda c: jnp.any(c.rows.phase != IDLE)
+  else:
+    stop = carry.iterations + iterations
+    cond = lambda c: jnp.any(c.rows.phase != IDLE) & (c.iterations < stop)
+  return jax.lax.while_loop(cond, lambda c: _iteration(eng, c), carry)
+
+
+def _output(eng: _Engine, out: _Carry) -> DecodeOutput:
+  r, cap, cfg = out.results, out.cap, eng.cfg
+  tokens, n_generated, finished = finished_response(r.blocks, eng.queue.lead, cfg)
   if cap is not None:
-    cap = cap._replace(block_final=final_blocks(r.blocks, queue.lead, n_generated, finished,
+    cap = cap._replace(block_final=final_blocks(r.blocks, eng.queue.lead, n_generated, finished,
                                                 cfg))
   return DecodeOutput(tokens, r.nfe, r.nfe_engine, r.nfe_denoise, n_generated, finished, cap,
                       out.iterations)
+
+
+def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
+                 n_rows: int) -> DecodeOutput:
+  """Decodes Q left-padded prompts [Q, P] on `n_rows` rows, each row refilled from the queue
+  as soon as its response ends. key: one key (prompt q samples with `fold_in(key, q)`,
+  `prompt_keys`) or [Q] keys, one per prompt. Call under `jax.jit` (see `make_engine`)."""
+  eng = _queue_engine(model, queue_tokens, queue_valid, key, cfg, n_rows)
+  return _output(eng, _run(eng, _start(model, eng, n_rows)))
+
+
+class Retired(NamedTuple):
+  """What a segment of a segmented decode tells the host: the responses whose rows retired."""
+  done: jax.Array       # [Q] bool the prompt's row retired (its response is final)
+  responses: jax.Array  # [Q, N] int32 the responses as `DecodeOutput.tokens` (final where done)
+  active: jax.Array     # scalar bool some row is still decoding
+
+
+def start_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
+                n_rows: int) -> _Carry:
+  """A segmented `decode_queue`: its first carry (then `advance_queue`, then `finish_queue`,
+  each called with the same queue, key, config and rows; the result is `decode_queue`'s)."""
+  eng = _queue_engine(model, queue_tokens, queue_valid, key, cfg, n_rows)
+  return _start(model, eng, n_rows)
+
+
+def advance_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
+                  n_rows: int, carry: _Carry, iterations: int) -> tuple[_Carry, Retired]:
+  """At most `iterations` more iterations of the loop, and the responses retired so far."""
+  eng = _queue_engine(model, queue_tokens, queue_valid, key, cfg, n_rows)
+  carry = _run(eng, carry, iterations)
+  responses, _, _ = finished_response(carry.results.blocks, eng.queue.lead, cfg)
+  return carry, Retired(carry.results.done, responses, jnp.any(carry.rows.phase != IDLE))
+
+
+def finish_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
+                 n_rows: int, carry: _Carry) -> DecodeOutput:
+  """`decode_queue`'s output from the carry of a segmented decode whose rows are all idle."""
+  eng = _queue_engine(model, queue_tokens, queue_valid, key, cfg, n_rows)
+  return _output(eng, _run(eng, carry))
 
 
 def make_engine(graphdef, cfg: DecodeConfig, n_rows: int):

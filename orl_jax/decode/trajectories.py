@@ -11,6 +11,8 @@ rollout routed exactly as it did. Everything stays in fixed-size device buffers.
 """
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -51,6 +53,61 @@ def per_row_trajectories(model, prompt_tokens, prompt_valid, key, cfg: DecodeCon
                             n_rows or n_queue)
   placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
   return trajectories(out, placed.tokens, placed.valid, rollout_step)
+
+
+class SegmentedRollout:
+  """`per_row_trajectories` as a sequence of jitted programs, so that the host sees responses
+  as their rows retire (the ORL loop verifies them while the rest decode): `start` -> carry;
+  `advance` -> (carry, `per_row.Retired`) runs at most `iterations` loop iterations; `finish`
+  -> the Trajectories `per_row_trajectories` returns for the same inputs (the same loop body,
+  cut between iterations). Every program takes the iteration's (params, prompt_tokens,
+  prompt_valid, key) and rebuilds the queue from them; the carry (rows, cache, capture) stays
+  on the device and is donated from one program to the next."""
+
+  def __init__(self, graphdef, cfg: DecodeConfig, group_size: int, n_rows: int,
+               iterations: int, mesh=None):
+    _check_capture(cfg)
+    if iterations < 1:
+      raise ValueError(f"a segment runs at least one iteration, got {iterations}")
+    self.iterations = iterations
+
+    def queue(params, prompt_tokens, prompt_valid):
+      reps = lambda x: jnp.repeat(x, group_size, axis=0)
+      n_queue = prompt_tokens.shape[0] * group_size
+      return (nnx.merge(graphdef, params), reps(prompt_tokens), reps(prompt_valid),
+              n_rows or n_queue)
+
+    def start(params, prompt_tokens, prompt_valid, key):
+      model, tokens, valid, rows = queue(params, prompt_tokens, prompt_valid)
+      return per_row.start_queue(model, tokens, valid, key, cfg, rows)
+
+    def advance(params, prompt_tokens, prompt_valid, key, carry):
+      model, tokens, valid, rows = queue(params, prompt_tokens, prompt_valid)
+      return per_row.advance_queue(model, tokens, valid, key, cfg, rows, carry, iterations)
+
+    def finish(params, prompt_tokens, prompt_valid, key, carry, rollout_step):
+      model, tokens, valid, rows = queue(params, prompt_tokens, prompt_valid)
+      out = per_row.finish_queue(model, tokens, valid, key, cfg, rows, carry)
+      placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
+      return trajectories(out, placed.tokens, placed.valid, rollout_step)
+
+    def jit(fn, n_args: int, **kwargs):
+      if mesh is None:
+        return jax.jit(fn, **kwargs)
+      from orl_jax import sharding as sharding_lib
+      rows = sharding_lib.batch_sharding(mesh)   # prompts split as make_trajectories splits them
+      return jax.jit(fn, in_shardings=(None, rows, rows) + (None,) * (n_args - 3), **kwargs)
+
+    self.start = jit(start, 4)
+    self.advance = jit(advance, 5, donate_argnums=(4,))
+    self._finish = jit(finish, 6, donate_argnums=(4,))
+
+  def finish(self, params, prompt_tokens, prompt_valid, key, carry, rollout_step):
+    """The Trajectories; the carry is donated (its capture buffers become the output's, the
+    rows' state is dropped: JAX's warning that those buffers went unused is expected)."""
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+      return self._finish(params, prompt_tokens, prompt_valid, key, carry, rollout_step)
 
 
 def make_trajectories(graphdef, cfg, group_size: int, mesh=None, rollout_fn=None):

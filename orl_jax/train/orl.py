@@ -13,12 +13,16 @@ One iteration, step by step (`orl_iteration`), with the module that owns each st
 
     draw_prompts  data/pipeline.py    host -> device: this process's prompts  [hop: prompts]
     rollout       decode/trajectories jitted decode with capture, `orl.rollout_chunks` chunks,
-                                      all dispatched at once -> Trajectories per chunk (device)
+                                      all dispatched at once -> Trajectories per chunk (device);
+                                      the per-row engine with `orl.verify_while_decoding`: in
+                                      segments of `orl.rollout_segment_iterations` iterations,
+                                      each chunk's in turn
     pull_chunk    here                per chunk, in order: device-side sums and the small
                                       arrays to host (waits for that chunk) [hop: verification]
     verify        verify/, tasks.py   a chunk's decoded responses -> rewards, started without
                                       waiting (with `orl.verify_while_decoding`: while the
-                                      device decodes the later chunks)     [hop: verification]
+                                      device decodes the later chunks; per-row segments: each
+                                      response as its row retires)     [hop: verification]
     combine       here                chunks -> RolloutSummary, rewards [P*G] in row order
     plan          replay/plan.py      host plan, then put on device            [hop: planning]
     gather        replay/gather.py    jitted: chunks concatenated, rows gathered; out_shardings
@@ -63,6 +67,7 @@ from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batc
 from orl_jax.metrics import TPF_COUNT
 from orl_jax.tasks import verifier_metrics
 from orl_jax.models.decoded import Trajectories
+from orl_jax.decode.trajectories import SegmentedRollout
 from orl_jax.train.run import RunLog, finish_run, prepare_run, resume
 from orl_jax.setup.build import Setup
 from orl_jax.train import interrupt
@@ -239,6 +244,8 @@ class OrlSteps:
   ledger: RolloutLedger
   snapshots: Checkpointer | None
   verify_calls: VerifyCalls   # verification started without waiting (`VerifyCalls.submit`)
+  segmented: SegmentedRollout | None   # the per-row rollout in segments (responses verified as
+  #                                      their rows retire), or None: `rollout` in one program
   waiter: concurrent.futures.ThreadPoolExecutor   # observes device programs' completion
 
   def close(self) -> None:
@@ -296,6 +303,11 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
   if config.checkpoint.save_rollouts:
     snapshots = Checkpointer(os.path.join(config.workdir, "rollouts"), every=1, keep=1)
   chunk, concat = _chunk_programs(setup)
+  segmented = None
+  if o.verify_while_decoding and o.rollout_segment_iterations:
+    segmented = decode_build.segmented_rollout(
+        config, setup.model_cfg, run.graphdef, mask_id=tok.mask_id, eos_id=tok.eos_id,
+        group_size=chunk_shape(o)[1], mesh=setup.mesh, iterations=o.rollout_segment_iterations)
   return OrlSteps(
       setup=setup, run=run, replay_cfg=replay_cfg, rollout=rollout_fn, chunk=chunk,
       concat=concat,
@@ -307,6 +319,7 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
       base_key=jax.random.key(config.seed),
       rollout_key=jax.random.fold_in(jax.random.key(rollout_seed), 1),
       ledger=RolloutLedger(), snapshots=snapshots, verify_calls=VerifyCalls(setup.task.verifier),
+      segmented=segmented,
       waiter=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orl-device-waiter"))
 
 
@@ -410,16 +423,96 @@ def verification_inputs(steps: OrlSteps, summary: RolloutSummary, known: dict,
   """(problems, texts) of responses `indices` (of the summary's, prompt-major), a problem per
   response. `known`: the problems this process already built (`Prompts.problems`); only the
   other processes' prompts are read again."""
-  setup, g = steps.setup, len(summary.responses) // len(summary.prompt_ids)
+  g = len(summary.responses) // len(summary.prompt_ids)
   with host_hop("verification"):
-    texts = [setup.tokenizer.decode(summary.responses[i], stop_at_eos=True) for i in indices]
-    known, problems = dict(known), []
-    for i in indices:
-      pid = int(summary.prompt_ids[i // g])
-      if pid not in known:
-        known[pid] = setup.task.train_problem(pid)
-      problems.append(known[pid])
-    return problems, texts
+    return _texts_and_problems(steps, summary.responses, np.repeat(summary.prompt_ids, g),
+                               known, indices)
+
+
+def chunk_problem_ids(o, ids: np.ndarray, c: int) -> np.ndarray:
+  """The problem id of each response row of chunk `c` (`orl` section `o`; `ids` the
+  iteration's prompts): "samples" chunks hold every prompt's G / K responses, "prompts" chunks
+  P / K prompts' G each; a prompt's rows are adjacent."""
+  n_prompts, group = chunk_shape(o)
+  chunk_ids = ids if o.chunk_by == "samples" else ids[c * n_prompts:(c + 1) * n_prompts]
+  return np.repeat(np.asarray(chunk_ids), group)
+
+
+def _segmented_chunk(steps: OrlSteps, state, prompts: Prompts, ids: np.ndarray, c: int,
+                     inputs: tuple, clock: DeviceTimeline):
+  """Chunk `c`'s rollout in segments, each response going to the verifier (this process's
+  share) as soon as a segment shows its row retired; the host reads a segment while the next
+  one decodes. Returns (Trajectories, rollout sums, future of (scores in share order,
+  seconds))."""
+  seg = steps.segmented
+  assert seg is not None
+  tokens, valid, key = inputs
+  rows_pid = chunk_problem_ids(steps.setup.config.orl, ids, c)
+  mine = distributed.my_share(len(rows_pid))
+  submitted = np.zeros(len(rows_pid), bool)
+  calls: list = []   # (response indices, future of (scores, seconds))
+  # The carry is donated to the next program: the timeline watches each segment's `Retired`
+  # (the start program's time falls in the first segment's interval).
+  carry = seg.start(state.params, tokens, valid, key)
+  pending, i = None, 0
+  while True:
+    carry, retired = clock.run(f"rollout{c}_segment{i}", seg.advance, state.params, tokens,
+                               valid, key, carry, watch=lambda out: out[1])
+    if pending is not None:   # the segment before: read while this one decodes
+      with host_hop("verification"):
+        view = sharding_lib.to_host(pending)
+      new = [j for j in mine if view.done[j] and not submitted[j]]
+      if new:
+        submitted[new] = True
+        calls.append((new, steps.verify_calls.submit(
+            *_texts_and_problems(steps, view.responses, rows_pid, prompts.problems, new))))
+      if not view.active:
+        break
+    pending, i = retired, i + 1
+  traj = clock.run(f"rollout{c}", seg.finish, state.params, tokens, valid, key, carry,
+                   state.step)
+  return traj, clock.run(f"sums{c}", steps.sums, traj), _joined(calls, mine)
+
+
+def _texts_and_problems(steps: OrlSteps, responses: np.ndarray, rows_pid: np.ndarray,
+                        known: dict, indices: list[int]):
+  """(problems, texts) of response rows `indices` (host arrays), a problem per response."""
+  setup, known, problems = steps.setup, dict(known), []
+  texts = [setup.tokenizer.decode(responses[i], stop_at_eos=True) for i in indices]
+  for i in indices:
+    pid = int(rows_pid[i])
+    if pid not in known:
+      known[pid] = setup.task.train_problem(pid)
+    problems.append(known[pid])
+  return problems, texts
+
+
+def _joined(calls: list, mine: list[int]) -> concurrent.futures.Future:
+  """Future[(scores of `mine` in order, summed seconds)] of verification calls made on parts
+  of `mine` ((indices, Future[(scores, seconds)]) each)."""
+  out: concurrent.futures.Future = concurrent.futures.Future()
+  if not calls:
+    out.set_result(([], 0.0))
+    return out
+  left = [len(calls)]
+
+  def done(_):
+    left[0] -= 1
+    if left[0]:
+      return
+    try:
+      scores, seconds = {}, 0.0
+      for indices, call in calls:
+        part, took = call.result()
+        scores.update(zip(indices, part))
+        seconds += took
+      out.set_result(([scores[j] for j in mine], seconds))
+    except BaseException as error:  # pylint: disable=broad-except
+      out.set_exception(error)
+
+  for _, call in calls:
+    call.add_done_callback(done)
+  return out
 
 
 def start_verify(steps: OrlSteps, summary: RolloutSummary, known: dict):
@@ -489,9 +582,35 @@ def rollout_and_verify(steps: OrlSteps, state, prompts: Prompts, it: int,
     seconds = dict(sec_rollout=time.perf_counter() - t0, sec_verify_exposed=0.0,
                    sec_verify_host=0.0)
     return RolledOut((traj,), summary, rewards, True, seconds)
-  trajs, sums = dispatch_rollouts(steps, state, prompts, clock)
-  summary, rewards, seconds = _pull_and_verify(steps, trajs, sums, prompts, t0)
+  if steps.segmented is not None:
+    summary, rewards, trajs, seconds = _segmented_rollout(steps, state, prompts, clock, t0)
+  else:
+    trajs, sums = dispatch_rollouts(steps, state, prompts, clock)
+    summary, rewards, seconds = _pull_and_verify(steps, trajs, sums, prompts, t0)
   return RolledOut(trajs, summary, rewards, False, seconds)
+
+
+def _segmented_rollout(steps: OrlSteps, state, prompts: Prompts, clock: DeviceTimeline,
+                       t0: float):
+  """(summary, rewards, trajectories, seconds) of the per-row rollout in segments: each chunk's
+  segments in turn, its responses verified as their rows retire."""
+  o = steps.setup.config.orl
+  with host_hop("verification"):
+    ids = sharding_lib.to_host(prompts.ids)
+  per = len(ids) // o.rollout_chunks   # a "prompts" chunk's; a "samples" chunk holds them all
+  trajs, parts, calls = [], [], []
+  for c, inputs in enumerate(_chunks_of(steps, prompts, clock)):
+    traj, chunk_sums, call = _segmented_chunk(steps, state, prompts, ids, c, inputs, clock)
+    trajs.append(traj)
+    calls.append(call)
+    parts.append(pull_chunk(traj, chunk_sums,
+                            ids if o.chunk_by == "samples" else ids[c * per:(c + 1) * per]))
+  t1 = time.perf_counter()
+  results = [call.result() for call in calls]
+  rewards = gather_rewards(parts, results, o.chunk_by)
+  seconds = dict(sec_rollout=t1 - t0, sec_verify_exposed=time.perf_counter() - t1,
+                 sec_verify_host=sum(s for _, s in results))
+  return combine_chunks(parts, o.chunk_by), rewards, tuple(trajs), seconds
 
 
 

@@ -45,11 +45,12 @@ class DeviceTimeline:
     self.waiter = waiter
     self.pending: list[tuple[str, float, concurrent.futures.Future]] = []
 
-  def run(self, name: str, fn: Callable, *args):
-    """fn(*args), its dispatch time recorded and its output watched for completion."""
+  def run(self, name: str, fn: Callable, *args, watch: Callable = lambda out: out):
+    """fn(*args), its dispatch time recorded and its output (`watch(out)`: the part that is not
+    donated to a later program) watched for completion."""
     start = time.perf_counter()
     out = fn(*args)
-    self.pending.append((name, start, self.waiter.submit(_completed_at, out)))
+    self.pending.append((name, start, self.waiter.submit(_completed_at, watch(out))))
     return out
 
   def intervals(self) -> list[tuple[str, float, float]]:

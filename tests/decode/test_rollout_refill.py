@@ -177,3 +177,43 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
   with pytest.raises(ValueError, match="orl.rollout_rows=4 decodes the rollout queue on one "
                      "batch shard: set mesh.data = mesh.fsdp = mesh.expert = 1"):
     rollout_fn(two)
+
+
+@pytest.mark.parametrize("attention,n_rows,iterations", [
+    ("block_causal", 3, 4), ("bidirectional", 0, 5), ("block_causal", 0, 1000)])
+def test_a_segmented_rollout_is_the_rollout(attention, n_rows, iterations):
+  """The per-row rollout cut into segments of `iterations` loop iterations (the ORL loop
+  verifies the responses retired after each): the same Trajectories, bit for bit, and each
+  segment's retired responses are final (equal to the rollout's) and only grow."""
+  from orl_jax.decode.trajectories import SegmentedRollout
+  graphdef, params = _model(attention)
+  cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
+                     rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=3 * GEN,
+                     **TINY_RULES)
+  key = jax.random.key(4)
+  whole = _rollout(graphdef, params, cfg, n_rows, key)
+  seg = SegmentedRollout(graphdef, cfg, GROUP, n_rows, iterations)
+  tokens, valid = _prompts()
+  carry = seg.start(params, tokens, valid, key)
+  seen, segments = np.zeros(N_PROMPTS * GROUP, bool), 0
+  while True:
+    carry, retired = seg.advance(params, tokens, valid, key, carry)
+    retired = jax.device_get(retired)
+    segments += 1
+    assert np.all(retired.done[seen]), "a retired response went back to decoding"
+    seen = retired.done
+    np.testing.assert_array_equal(retired.responses[seen], whole.responses[seen])
+    if not retired.active:
+      break
+  assert seen.all() and (segments > 2) == (iterations < 100)
+  out = jax.device_get(seg.finish(params, tokens, valid, key, carry, 0))
+  for path, a in jax.tree_util.tree_leaves_with_path(out):
+    b = _leaf(whole, path)
+    np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+
+
+def _leaf(tree, path):
+  for entry in path:
+    tree = (getattr(tree, entry.name) if hasattr(entry, "name") else tree[entry.idx]
+            if hasattr(entry, "idx") else tree[entry.key])
+  return tree

@@ -217,6 +217,9 @@ def test_chunks_that_do_not_divide_are_config_errors():
   with pytest.raises(ConfigError, match=r"orl.prompts_per_step / orl.rollout_chunks=2 must be"):
     check_divisible_by_shards(build(c), 4)
   check_divisible_by_shards(build(c), 2)
+  c.orl.rollout_segment_iterations = -1
+  with pytest.raises(ConfigError, match=r"orl.rollout_segment_iterations=-1 must be >= 0"):
+    build(c)
 
 
 @pytest.mark.parametrize("by", ["samples", "prompts"])
@@ -232,3 +235,30 @@ def test_a_chunked_run_resumes_from_its_rollout_snapshot(tmp_path, by):
 
   rows = resumes_bit_exactly_after_a_crash(cfg, tmp_path, 1)
   assert [(r["step"], r["rollout_from_snapshot"]) for r in rows] == [(1, 0.0), (2, 1.0)]
+
+
+def test_per_row_responses_are_verified_as_their_rows_retire(tmp_path, monkeypatch):
+  """The per-row rollout in segments (`orl.rollout_segment_iterations`), each response verified
+  once a segment shows its row retired, trains exactly as the rollout in one program verified
+  when it ends: 8 responses a chunk on 2 rows, so rows retire (and are refilled) segment after
+  segment and the verifier gets several submissions a chunk."""
+  submits = []
+  real_submit = VerifyCalls.submit
+
+  def counted(self, problems, responses):
+    submits.append(len(responses))
+    return real_submit(self, problems, responses)
+
+  monkeypatch.setattr(VerifyCalls, "submit", counted)
+  runs = {}
+  for segments in (True, False):
+    c = _config(tmp_path / f"segments_{segments}", 2, segments, steps=2, by="samples")
+    c.decode.schedule, c.orl.rollout_rows, c.orl.rollout_segment_iterations = "per_row", 2, 4
+    submits.clear()
+    out = train(c, progress=False)
+    runs[segments] = (load_file(os.path.join(out, "params.safetensors")),
+                      read_jsonl(str(tmp_path / f"segments_{segments}" / "metrics.jsonl")))
+    if segments:
+      assert sum(submits) == 2 * 16 and len(submits) > 2 * 2, submits   # 2 iterations, 2 chunks
+  assert len(submits) == 2 * 2          # one call a chunk without segments
+  _same_run(runs[True], runs[False])

@@ -214,3 +214,24 @@ def test_the_cpu_channel_between_side_by_side_samples_is_measured(record_propert
   record_property("bytes_decoded_of_6", right)
   print(f"cpu channel, sample isolation: {right} of 6 bytes decoded (8 bits a pair each)")
   assert 0 <= right <= 6
+
+
+def test_training_verifies_code_with_the_task_isolation(tmp_path):
+  import json
+  from configs import tiny
+  from orl_jax.errors import ConfigError
+  from orl_jax.tasks import get_task
+  path = tmp_path / "code.jsonl"
+  path.write_text(json.dumps({"id": "answer", "prompt": PROBLEM.prompt, "entry_point": "answer",
+                              "tests": PROBLEM.tests}) + "\n")
+  c = tiny.get_config("smoke")
+  c.task.name, c.task.path = "jsonl", str(path)
+  for isolation in (None, "prompt"):
+    if isolation is not None:
+      c.task.verify_isolation = isolation
+    task = get_task(c.task)
+    assert task.verifier.code.inner.isolation == (isolation or "sample")   # the default
+    task.verifier.code.inner.close()
+  c.task.verify_isolation = "none"
+  with pytest.raises(ConfigError, match=r"task.verify_isolation='none' must be one of"):
+    get_task(c.task)
