@@ -180,7 +180,7 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
 
 
 @pytest.mark.parametrize("attention,n_rows,iterations", [
-    ("block_causal", 3, 4), ("bidirectional", 0, 5), ("block_causal", 0, 1000)])
+    ("block_causal", 3, 4), ("bidirectional", 0, 5)])
 def test_a_segmented_rollout_is_the_rollout(attention, n_rows, iterations):
   """The per-row rollout cut into segments of `iterations` loop iterations (the ORL loop
   verifies the responses retired after each): the same Trajectories, bit for bit, and each
@@ -205,7 +205,7 @@ def test_a_segmented_rollout_is_the_rollout(attention, n_rows, iterations):
     np.testing.assert_array_equal(retired.responses[seen], whole.responses[seen])
     if not retired.active:
       break
-  assert seen.all() and (segments > 2) == (iterations < 100)
+  assert seen.all() and segments > 2
   out = jax.device_get(seg.finish(params, tokens, valid, key, carry, 0))
   for path, a in jax.tree_util.tree_leaves_with_path(out):
     b = _leaf(whole, path)
