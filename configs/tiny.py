@@ -100,6 +100,14 @@ def base_config() -> ml_collections.ConfigDict:
                                                max_product_operand=5, max_value=99,
                                                fixed_width=True, commute_probability=0.3,
                                                n_eval=2048))
+  # code tasks (humaneval, jsonl): the sandboxed verifier (docs/verifier.md)
+  c.task.verify_workers = 0         # samples verified at once; 0 = the host's usable cores
+  c.task.verify_cpu_s = 3           # a sample's CPU seconds (wall timeout 10 s)
+  # a problem with a reference solution: max(floor, factor x its measured CPU s) instead
+  c.task.verify_time_factor = 4.0   # EvalPlus's factor; 0: every problem gets verify_cpu_s
+  c.task.verify_time_floor_s = 1.0  # the fewest CPU seconds such a problem's samples get
+  # "sample": a prompt's samples verified side by side; "prompt": never two at once, in slots
+  c.task.verify_isolation = "sample"  # (docs/verifier.md#threat-model: what each leaves open)
 
   c.decode = ml_collections.ConfigDict()
   c.decode.block_size = 32          # b: tokens decoded together in one block

@@ -16,6 +16,10 @@ class Problem:
   answer: str | None = None        # gold final answer (arithmetic, GSM8K)
   tests: str | None = None         # unit tests (HumanEval-style code tasks)
   entry_point: str | None = None   # function under test (code tasks)
+  solution: str | None = None      # a reference completion of `prompt` that passes `tests`
+  # a sample's CPU seconds, from the reference's measured time (verify/time_limits.py); None:
+  # the task's configured limits
+  time_limit_s: float | None = None
 
 
 class Verifier(Protocol):

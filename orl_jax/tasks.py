@@ -7,12 +7,17 @@
 * ``jsonl``     — a user file (`task.path`, schema in `data/jsonl.py`): train and eval; answer
                   problems are wrapped in `task.chat`, code problems are verified by their tests.
 
+A code problem with a reference solution (HumanEval's canonical one, a JSONL `solution`) gets
+its samples' time limits from the reference's time, measured here when the task loads
+(`verify/time_limits.py`).
+
 Real-text tasks take the model's tokenizer (`model.path` / `model.tokenizer`); without one they
 use the 260-token byte-level debug tokenizer, which is what the `:debug` configs run.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Sequence
 
 from orl_jax.errors import ConfigError
@@ -190,6 +195,22 @@ def _verify_limits(task_cfg):
   return SandboxLimits(cpu_s=cpu_s)
 
 
+def _time_rule(task_cfg):
+  """`task.verify_time_factor` and `task.verify_time_floor_s` as the rule that makes a code
+  problem's time limit from its reference solution (`verify.time_limits.TimeRule`)."""
+  from orl_jax.config.sections import Task as TaskSection
+  from orl_jax.verify.time_limits import TimeRule
+  factor = float(_task_field(task_cfg, "verify_time_factor", TaskSection.verify_time_factor))
+  floor_s = float(_task_field(task_cfg, "verify_time_floor_s", TaskSection.verify_time_floor_s))
+  if not (math.isfinite(factor) and factor >= 0):
+    raise ConfigError(f"task.verify_time_factor={factor} must be >= 0 (the multiple of a "
+                      "reference solution's time a sample gets; 0: task.verify_cpu_s for all)")
+  if not (math.isfinite(floor_s) and floor_s > 0):
+    raise ConfigError(f"task.verify_time_floor_s={floor_s} must be positive (the fewest CPU "
+                      "seconds a sample of a problem with a reference solution gets)")
+  return TimeRule(factor, floor_s)
+
+
 def get_task(task_cfg, tokenizer=None) -> Task:
   name = task_cfg.name
   if name == "tiny":
@@ -211,15 +232,21 @@ def get_task(task_cfg, tokenizer=None) -> Task:
     path = _task_field(task_cfg, "path", "") or None
     load = lambda: load_gsm8k_test(path, prompt_fn=lambda q: prompts.gsm8k_prompt(q, k_shot, chat))
     return Task("gsm8k", tokenizer, GSM8KVerifier(), _eval_only("gsm8k"), load)
-  from orl_jax.verify.humaneval import HumanEvalVerifier
+  from orl_jax.verify.humaneval import HumanEvalVerifier, host_workers
+  from orl_jax.verify.time_limits import with_time_limits
   workers, isolation = _verify_workers(task_cfg), _verify_isolation(task_cfg)
   limits = _verify_limits(task_cfg)
+  rule = _time_rule(task_cfg)
   code_verifier = lambda originals: CodePromptVerifier(
       HumanEvalVerifier(limits, parallelism=workers, isolation=isolation), originals)
+  # code problems with a reference solution get their time limits now (its measured time)
+  timed = lambda problems, source: with_time_limits(problems, rule, limits,
+                                                    workers or host_workers(), source)
   if name == "humaneval":
-    from orl_jax.data.humaneval import load_humaneval
+    from orl_jax.data.humaneval import humaneval_path, load_humaneval
     path = _task_field(task_cfg, "path", "") or None
-    problems, originals = _wrap_code(load_humaneval(path), chat)
+    problems, originals = _wrap_code(timed(load_humaneval(path), str(path or humaneval_path())),
+                                     chat)
     return Task("humaneval", tokenizer, code_verifier(originals),
                 _eval_only("humaneval"), lambda: problems)
   # jsonl
@@ -229,7 +256,7 @@ def get_task(task_cfg, tokenizer=None) -> Task:
     raise ConfigError("task.name='jsonl' needs task.path=FILE (one JSON object per line: "
                       "{prompt, answer} or {prompt, tests, entry_point}; an example: "
                       "examples/math_and_code.jsonl)")
-  raw = load_jsonl_problems(path)
+  raw = timed(load_jsonl_problems(path), path)
   answers = [dataclasses.replace(p, prompt=prompts.apply_chat(p.prompt, chat))
              for p in raw if p.tests is None]
   code, originals = _wrap_code([p for p in raw if p.tests is not None], chat)

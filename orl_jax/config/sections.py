@@ -226,6 +226,14 @@ class Task(Section):
   k_shot: int = 0
   verify_workers: int = 0   # sandboxed code samples verified at once; 0 = the host's usable cores
   verify_cpu_s: int = 3     # a code sample's CPU seconds (its wall timeout stays 10 s)
+  # A problem with a reference solution: its samples' CPU seconds are max(floor, factor × the
+  # reference's measured CPU seconds), the wall timeout 7 s above (docs/verifier.md); factor 0:
+  # every problem keeps verify_cpu_s. EvalPlus's factor 4. A floor of 1 s: the HumanEval
+  # canonical solutions measure 0.035-0.14 s (the sandbox's, judge's and sample's CPU; idle or
+  # beside two busy loops on 2 cores), so get 7x or more, except HumanEval/75 (0.31-0.41 s),
+  # whose 4x rounds up to 2 s; every one scores 1 under its limit on that loaded machine.
+  verify_time_factor: float = 4.0
+  verify_time_floor_s: float = 1.0
   # "sample": a prompt's samples verified side by side; "prompt": one at a time, in slots
   verify_isolation: VerifyIsolation = "sample"
 

@@ -38,7 +38,8 @@ def load_humaneval(path: str | pathlib.Path | None = None) -> list[Problem]:
 
   Returns:
     Problems with `problem_id` = task_id ('HumanEval/0'), `tests`, `entry_point`, and
-    `target` = the canonical solution (the function body that completes the prompt).
+    `target` = `solution` = the canonical solution (the function body that completes the
+    prompt; `solution` sets the problem's time limits, `verify/time_limits.py`).
   """
   path = pathlib.Path(path) if path is not None else humaneval_path()
   problems = []
@@ -48,7 +49,7 @@ def load_humaneval(path: str | pathlib.Path | None = None) -> list[Problem]:
       raise DatasetError(f"{path}:{line_number}: missing or non-string field(s) {missing}.")
     problem = Problem(problem_id=record["task_id"], prompt=record["prompt"],
                       target=record["canonical_solution"], tests=record["test"],
-                      entry_point=record["entry_point"])
+                      entry_point=record["entry_point"], solution=record["canonical_solution"])
     require_judgeable(problem, f"{path}:{line_number}")
     problems.append(problem)
   return problems

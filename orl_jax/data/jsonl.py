@@ -3,11 +3,13 @@
 A user dataset has one JSON object per line (blank lines are skipped), either
 * an answer task:  {"prompt": str, "answer": str | number, "target": str?, "id": str | int?}
 * a code task:     {"prompt": str, "tests": str, "entry_point": str, "target": str?,
-                    "id": str | int?}
+                    "solution": str?, "id": str | int?}
 `answer` tasks are scored by exact match (GSM8K-style numbers), code tasks by running `tests`
 in the sandbox; tests the judge cannot judge as in-process Python are refused at load
-(docs/verifier.md#what-the-judge-supports). Every error names the file, the 1-based line and
-what is wrong.
+(docs/verifier.md#what-the-judge-supports). A code task's `solution` (a completion of `prompt`
+that passes `tests`) sets its samples' time limits
+(docs/verifier.md#time-limits-from-a-reference-solution). Every error names the file, the
+1-based line and what is wrong.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from orl_jax.verify import math_answer, test_support
 _ANSWER_KEYS = {"prompt", "answer"}
 _CODE_KEYS = {"prompt", "tests", "entry_point"}
 _OPTIONAL_KEYS = {"target", "id"}
+_CODE_OPTIONAL_KEYS = {"solution"}
 
 
 class DatasetError(ValueError):
@@ -109,11 +112,12 @@ def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> 
     kind = "a code task (has 'tests'/'entry_point')" if is_code else "an answer task"
     raise DatasetError(f"{where}: missing key(s) {missing} for {kind}; a line is either "
                        "{prompt, answer} or {prompt, tests, entry_point}.")
-  unknown = sorted(record.keys() - required - _OPTIONAL_KEYS)
+  optional = _OPTIONAL_KEYS | (_CODE_OPTIONAL_KEYS if is_code else set())
+  unknown = sorted(record.keys() - required - optional)
   if unknown:
     raise DatasetError(f"{where}: unknown key(s) {unknown}; allowed: "
-                       f"{sorted(required | _OPTIONAL_KEYS)}.")
-  for key in sorted(required - {"answer"}) + [k for k in ("target",) if k in record]:
+                       f"{sorted(required | optional)}.")
+  for key in sorted(required - {"answer"}) + [k for k in ("target", "solution") if k in record]:
     _require_type(record, key, str, where)
   if not record["prompt"].strip():
     raise DatasetError(f"{where}: 'prompt' is empty.")
@@ -133,7 +137,8 @@ def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> 
                        f"{type(problem_id).__name__}.")
   problem = Problem(problem_id=str(problem_id), prompt=record["prompt"],
                     target=record.get("target", ""), answer=answer,
-                    tests=record.get("tests"), entry_point=record.get("entry_point"))
+                    tests=record.get("tests"), entry_point=record.get("entry_point"),
+                    solution=record.get("solution"))
   require_judgeable(problem, where)
   return problem
 

@@ -44,6 +44,7 @@ import hashlib
 import io
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -51,6 +52,7 @@ import tokenize
 from typing import Callable, Iterator, Sequence
 
 import orl_sandbox as sandbox
+from orl_sandbox import launcher as sandbox_launcher
 from orl_jax.problem import Problem, truncate_completion  # noqa: F401  (re-exported)
 
 _log = logging.getLogger(__name__)
@@ -80,6 +82,26 @@ def judge_run(problem: Problem, completion: str,
   entry_point, tests = _require_tests(problem)
   return sandbox.run_judged(problem.prompt + completion + "\n", entry_point,
                             tests=tests, prelude=problem.prompt, limits=limits)
+
+
+# A sample's wall timeout over its CPU limit where the limit comes from the problem's reference
+# (`limits_for`): the head room the configured limits keep (the 10 s timeout over the 3 s of
+# `task.verify_cpu_s`), for the sandbox's start-up (up to 3.2 s measured for the first runs of a
+# cold fork server on 2 cores), the judge's work and a sample waiting for a core, so that a loop
+# ends at its CPU limit.
+WALL_MARGIN_S = 7.0
+
+
+def limits_for(problem: Problem, limits: sandbox.SandboxLimits) -> sandbox.SandboxLimits:
+  """The limits `problem`'s samples run under: `limits` (the task's configured ones) unless the
+  problem has a measured time limit (`Problem.time_limit_s`, verify/time_limits.py); then that
+  as the CPU limit (whole seconds, `RLIMIT_CPU`), the wall timeout `WALL_MARGIN_S` above it, and
+  the judge's CPU limit of `limits` (the judge's cost stays what the task configured)."""
+  if problem.time_limit_s is None:
+    return limits
+  cpu_s = max(1, math.ceil(problem.time_limit_s))
+  return dataclasses.replace(limits, cpu_s=cpu_s, timeout_s=cpu_s + WALL_MARGIN_S,
+                             judge_cpu_s=sandbox_launcher.judge_cpu_s(limits))
 
 
 def _string_spans(text: str) -> Iterator[tuple[int, int]]:
@@ -146,9 +168,11 @@ def _occurrences(text: str, stop: str) -> Iterator[int]:
 
 
 def cache_key(problem: Problem, completion: str) -> str:
-  """sha256 over everything the program depends on (length-prefixed, so fields cannot blur)."""
+  """sha256 over everything the program and its limits depend on (length-prefixed, so fields
+  cannot blur)."""
   digest = hashlib.sha256()
-  for field in (problem.prompt, completion, problem.tests or "", problem.entry_point or ""):
+  for field in (problem.prompt, completion, problem.tests or "", problem.entry_point or "",
+                repr(problem.time_limit_s)):
     data = field.encode("utf-8", errors="surrogatepass")
     digest.update(len(data).to_bytes(8, "little"))
     digest.update(data)
@@ -439,7 +463,8 @@ class HumanEvalVerifier:
   """Runs unit tests in the sandbox, `parallelism` at a time, with a result cache.
 
   Args:
-    limits: sandbox limits per sample (timeout, memory, processes, file size).
+    limits: sandbox limits per sample (timeout, memory, processes, file size); a problem with a
+      measured time limit runs with its own CPU and wall limits (`limits_for`).
     parallelism: concurrent sandbox processes; None → the host's usable cores
       (`host_workers`). With `isolation="prompt"` samples of one prompt never run at the same
       time (`PromptScheduler`), so one batch of P prompts keeps at most P of them busy.
@@ -488,7 +513,7 @@ class HumanEvalVerifier:
   def run(self, problem: Problem, response: str) -> sandbox.SandboxResult:
     """Runs one sample (uncached) and returns the full sandbox record, for debugging."""
     completion = cut_completion(problem.prompt, response, self.stop_sequences)
-    return judge_run(problem, completion, self.limits)
+    return judge_run(problem, completion, limits_for(problem, self.limits))
 
   def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[float]:
     return self.submit(problems, responses).result()
@@ -536,7 +561,7 @@ class HumanEvalVerifier:
     that learns to sleep must not cost a slot for the whole timeout on every submission)."""
     for attempt in range(2):
       try:
-        result = judge_run(problem, completion, self.limits)
+        result = judge_run(problem, completion, limits_for(problem, self.limits))
       except OSError as error:   # e.g. no memory or pids left to start the sandbox
         infra = repr(error)
       else:
