@@ -149,6 +149,7 @@ def test_orl_trains_on_refilled_rollouts(tmp_path, engine_calls):
   from orl_jax.train.entry import train
   c = orl_smoke_config(tmp_path, steps=2)
   c.decode.schedule, c.orl.rollout_rows = "per_row", 4
+  c.orl.rollout_segment_iterations = 0   # the engine in one program (segments: test_orl_overlap)
   train(c, progress=False)
   assert [rows for rows, _ in engine_calls if rows == 4] == [4, 4], engine_calls  # 2 rollouts
   with open(tmp_path / "metrics.jsonl") as f:
