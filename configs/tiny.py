@@ -187,6 +187,11 @@ def base_config() -> ml_collections.ConfigDict:
   # with rollout_chunks > 1: verify chunk i on the host while the device decodes the later
   # chunks (False: decode all, then verify; the same programs, keys and results)
   c.orl.verify_while_decoding = True
+  # policy lag (docs/training.md#one-step-of-lag): 0 = every rollout is drawn with the parameters
+  # it updates; 1 = the next iteration's rollout is dispatched before this one's verification and
+  # update (the device decodes while the host verifies), so each update replays states drawn one
+  # update earlier
+  c.orl.max_staleness = 0
 
   c.replay = ml_collections.ConfigDict()
   c.replay.row_len = 544           # a prompt (32) + 16 states of 32

@@ -276,6 +276,7 @@ class Orl(Section):
   rollout_chunks: int = 1
   chunk_by: ChunkBy = "samples"
   verify_while_decoding: bool = True
+  max_staleness: int = recorded(0)
 
 
 @dataclasses.dataclass(frozen=True)
