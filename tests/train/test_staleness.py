@@ -144,3 +144,23 @@ def test_max_staleness_is_0_or_1():
   c.orl.max_staleness = 2
   with pytest.raises(ConfigError, match=r"orl.max_staleness=2 must be 0 \(on-policy\) or 1"):
     build(c)
+
+
+def test_lagged_iterations_move_data_only_at_their_named_host_hops(tmp_path):
+  """Two lagged iterations under `jax.transfer_guard("disallow")`: the parameter copy and the
+  rollout dispatched ahead make no host transfer of their own."""
+  import jax
+  from orl_jax.setup.build import build_setup
+  from orl_jax.train.run import prepare_run
+  s = build_setup(_config(tmp_path, 1))
+  r = prepare_run(s)
+  steps = orl.build_orl_steps(s, r, orl.prompt_stream(s))
+  with jax.transfer_guard("disallow"):
+    state, first = orl.lagged_iteration(steps, r.state, 0)
+    state, second = orl.lagged_iteration(steps, state, 1)
+  assert (first.staleness, second.staleness) == (0, 1)
+  assert steps.ahead is not None and steps.ahead.it == 2
+  with jax.transfer_guard("allow"):
+    assert int(state.step) == 2 and int(second.metrics["policy_lag"]) == 1
+  steps.close()
+  r.ckpt.close()
