@@ -199,6 +199,11 @@ def base_config() -> ml_collections.ConfigDict:
   # segments of this many loop iterations and the host verifies the responses whose rows retired
   # after each (the same rollout, bit for bit); 0 = one program, verified when it ends
   c.orl.rollout_segment_iterations = 16
+  # policy lag (docs/training.md#one-step-of-lag): 0 = every rollout is drawn with the parameters
+  # it updates; 1 = the next iteration's rollout is dispatched before this one's verification and
+  # update (the device decodes while the host verifies), so each update replays states drawn one
+  # update earlier
+  c.orl.max_staleness = 0
 
   c.replay = ml_collections.ConfigDict()
   c.replay.row_len = 544           # a prompt (32) + 16 states of 32

@@ -131,6 +131,9 @@ def _run_errors(config: RunConfig) -> list[str]:
           f"orl.rollout_chunks={o.rollout_chunks} must be positive and divide orl.{split}="
           f"{size} (orl.chunk_by={o.chunk_by!r}: each chunk rolls out as many "
           f"{'responses a prompt' if o.chunk_by == 'samples' else 'prompts'})")
+    check(o.max_staleness in (0, 1),
+          f"orl.max_staleness={o.max_staleness} must be 0 (on-policy) or 1 (the next rollout "
+          "drawn before the update: docs/training.md#one-step-of-lag)")
   if t.mode == "residual_warmup":
     check(m.residual.mode == "adapter",
           f"train.mode='residual_warmup' trains the adapter: model.residual.mode must be "

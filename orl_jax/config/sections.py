@@ -290,6 +290,7 @@ class Orl(Section):
   chunk_by: ChunkBy = "samples"
   verify_while_decoding: bool = True
   rollout_segment_iterations: int = 16
+  max_staleness: int = recorded(0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,15 +88,17 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state, data_iter=None, abstract_extra=None):
     """Returns (state, extra); `data_iter` is restored in place (after this process's writes
-    in flight have finished)."""
+    in flight have finished). `extra` is None when the checkpoint was saved without one."""
     self.wait()
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-    if abstract_extra is not None:
+    with_extra = abstract_extra is not None and os.path.isdir(
+        os.path.join(self.step_dir(step), "extra"))
+    if with_extra:
       items["extra"] = ocp.args.StandardRestore(abstract_extra)
     out = self.manager.restore(step, args=ocp.args.Composite(**items))
-    return out["state"], (out["extra"] if abstract_extra is not None else None)
+    return out["state"], (out["extra"] if with_extra else None)
 
   def restore_latest(self, abstract_state, data_iter=None, abstract_extra=None):
     """(step, state, extra) from the newest checkpoint that restores; (0, None, None) when there

@@ -147,21 +147,26 @@ class StopPoints:
   def __init__(self, ckpt, start: int, last: int):
     self.ckpt, self.start, self.last = ckpt, start, last
 
-  def check(self, step: int, state, data_iter, close: Callable[[], None]) -> None:
+  def check(self, step: int, state, data_iter, close: Callable[[], None],
+            save: Callable[[int], None] | None = None) -> None:
     """At the boundary after `step` (`state` holds `step` steps, `data_iter` is where they left
-    it): when a stop was requested, saves checkpoint `step` unless it is saved already (or no
-    step was taken), waits for every save, calls `close` (the loop's progress bar and metrics)
-    and raises Interrupted."""
+    it): when a stop was requested, saves checkpoint `step` (`save(step)` when the loop saves
+    its own way, else the state and `data_iter`) unless it is saved already (or no step was
+    taken), waits for every save, calls `close` (the loop's progress bar and metrics) and
+    raises Interrupted."""
     signum = requested()
     if signum is None:
       return
-    save = step > self.start and self.ckpt.last_saved != step
-    if save:
-      self.ckpt.save(step, state, data_iter)
+    save_now = step > self.start and self.ckpt.last_saved != step
+    if save_now:
+      if save is not None:
+        save(step)
+      else:
+        self.ckpt.save(step, state, data_iter)
     self.ckpt.close()
     close()
     raise Interrupted(signum, step, self.last, step if step > 0 else None, self.ckpt.directory,
-                      saved=save or self.ckpt.last_saved == step)
+                      saved=save_now or self.ckpt.last_saved == step)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,10 @@ states into staircase rows and takes exactly one optimizer step on them (accumul
 `replay.micro_batches` row micro-batches). An iteration with no verified response takes no
 step (no moment changes either) and is counted in `updates_skipped`. Trajectories are never
 reused: a ledger counts how many updates consumed each rollout, and the jitted step reports the
-policy lag (updates applied since the parameters the rollout was drawn with), which must be 0.
+policy lag (updates applied since the parameters the rollout was drawn with): 0, or with
+`orl.max_staleness=1` (`lagged_iteration`, docs/training.md#one-step-of-lag: the next
+iteration's rollout is dispatched before this one's verification and update) 1 -- the
+iteration's logged `staleness`.
 
 One iteration, step by step (`orl_iteration`), with the module that owns each step:
 
@@ -60,7 +63,7 @@ import numpy as np
 from orl_jax.decode import build as decode_build
 from orl_jax import distributed, sharding as sharding_lib
 from orl_jax.config import derive as config_lib
-from orl_jax.storage.checkpoint import Checkpointer, save_in_background
+from orl_jax.storage.checkpoint import Checkpointer, abstract_like, save_in_background
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
@@ -68,7 +71,7 @@ from orl_jax.metrics import TPF_COUNT
 from orl_jax.tasks import verifier_metrics
 from orl_jax.models.decoded import Trajectories
 from orl_jax.decode.trajectories import SegmentedRollout
-from orl_jax.train.run import RunLog, finish_run, prepare_run, resume
+from orl_jax.train.run import RunLog, finish_run, prepare_run, resume_with_extra
 from orl_jax.setup.build import Setup
 from orl_jax.train import interrupt
 from orl_jax.train.phases import DeviceTimeline, VerifyCalls, busy_seconds
@@ -247,6 +250,9 @@ class OrlSteps:
   segmented: SegmentedRollout | None   # the per-row rollout in segments (responses verified as
   #                                      their rows retire), or None: `rollout` in one program
   waiter: concurrent.futures.ThreadPoolExecutor   # observes device programs' completion
+  copy_policy: jax.stages.Wrapped   # (params, step) -> a copy, sharded like the state's
+  # orl.max_staleness=1: the next iteration's rollout, dispatched before this one's update
+  ahead: InFlight | None = None
 
   def close(self) -> None:
     self.verify_calls.close()
@@ -304,7 +310,9 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
     snapshots = Checkpointer(os.path.join(config.workdir, "rollouts"), every=1, keep=1)
   chunk, concat = _chunk_programs(setup)
   segmented = None
-  if o.verify_while_decoding and o.rollout_segment_iterations:
+  # With orl.max_staleness=1 a rollout is dispatched ahead in one program (its verification
+  # hides behind the next rollout's decoding instead).
+  if o.verify_while_decoding and o.rollout_segment_iterations and not o.max_staleness:
     segmented = decode_build.segmented_rollout(
         config, setup.model_cfg, run.graphdef, mask_id=tok.mask_id, eos_id=tok.eos_id,
         group_size=chunk_shape(o)[1], mesh=setup.mesh, iterations=o.rollout_segment_iterations)
@@ -320,7 +328,9 @@ def build_orl_steps(setup: Setup, run: Run, prompt_iter) -> OrlSteps:
       rollout_key=jax.random.fold_in(jax.random.key(rollout_seed), 1),
       ledger=RolloutLedger(), snapshots=snapshots, verify_calls=VerifyCalls(setup.task.verifier),
       segmented=segmented,
-      waiter=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orl-device-waiter"))
+      waiter=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orl-device-waiter"),
+      copy_policy=jax.jit(lambda params, step: jax.tree.map(jnp.copy, (params, step)),
+                          out_shardings=(run.state_shardings.params, repl)))
 
 
 def draw_prompts(steps: OrlSteps, it: int) -> Prompts:
@@ -346,33 +356,34 @@ def _chunks_of(steps: OrlSteps, prompts: Prompts, clock: DeviceTimeline) -> tupl
   return clock.run("chunk", steps.chunk, prompts.tokens, prompts.valid, prompts.rollout_key)
 
 
-def dispatch_rollouts(steps: OrlSteps, state, prompts: Prompts, clock: DeviceTimeline):
+def dispatch_rollouts(steps: OrlSteps, policy, prompts: Prompts, clock: DeviceTimeline):
   """(trajectories, rollout sums) per chunk, every chunk dispatched before any is read: the
-  device decodes them one after another while the host goes on. Drawn with the current
-  parameters (rollout_step = their version, state.step)."""
+  device decodes them one after another while the host goes on. Drawn with `policy.params`
+  (the train state's: the current parameters; or a `Policy`), rollout_step = their version,
+  `policy.step`."""
   trajs, sums = [], []
   for c, (tokens, valid, key) in enumerate(_chunks_of(steps, prompts, clock)):
-    trajs.append(clock.run(f"rollout{c}", steps.rollout, state.params, tokens, valid, key,
-                           state.step))
+    trajs.append(clock.run(f"rollout{c}", steps.rollout, policy.params, tokens, valid, key,
+                           policy.step))
     sums.append(clock.run(f"sums{c}", steps.sums, trajs[-1]))
   return tuple(trajs), sums
 
 
-def abstract_trajectories(steps: OrlSteps, state, prompts: Prompts) -> Trajectories:
+def abstract_trajectories(steps: OrlSteps, policy, prompts: Prompts) -> Trajectories:
   """Shapes of the iteration's trajectories, the chunks concatenated (a rollout snapshot's)."""
   o = steps.setup.config.orl
   return jax.eval_shape(chunked_rollout(steps.rollout, o.rollout_chunks, o.chunk_by),
-                        state.params, prompts.tokens, prompts.valid, steps.rollout_key,
-                        state.step)
+                        policy.params, prompts.tokens, prompts.valid, steps.rollout_key,
+                        policy.step)
 
 
-def restore_rollout(steps: OrlSteps, state, prompts: Prompts, it: int):
+def restore_rollout(steps: OrlSteps, policy, prompts: Prompts, it: int):
   """(trajectories, rewards) of the snapshot saved for iteration `it` when the run was killed
-  between rollout and update."""
+  between rollout and update (`policy`: parameters of the rollout's shapes)."""
   o, mesh = steps.setup.config.orl, steps.setup.mesh
   assert steps.snapshots is not None   # restores only from a saved snapshot
   saved, _ = steps.snapshots.restore(it, {
-      "traj": sharded_like(abstract_trajectories(steps, state, prompts), mesh),
+      "traj": sharded_like(abstract_trajectories(steps, policy, prompts), mesh),
       "rewards": np.zeros((o.prompts_per_step * o.group_size,), np.float32),
       "prompt_ids": np.zeros((o.prompts_per_step,), np.int32)})
   if not np.array_equal(np.asarray(saved["prompt_ids"]), sharding_lib.to_host(prompts.ids)):
@@ -542,6 +553,29 @@ class RolledOut:
   seconds: dict                  # sec_rollout, sec_verify_exposed, sec_verify_host
 
 
+@dataclasses.dataclass
+class Policy:
+  """The parameters a rollout is drawn with and their version (the optimizer updates applied
+  to them; the rollout's `rollout_step`)."""
+  params: Any
+  step: jax.Array   # scalar int32
+
+
+@dataclasses.dataclass
+class InFlight:
+  """With `orl.max_staleness=1`: iteration `it`'s rollout, dispatched during iteration `it - 1`
+  before that iteration's update (docs/training.md#one-step-of-lag). A checkpoint taken
+  meanwhile saves `policy` and the prompt stream at `stream_state`, so a resume draws the same
+  rollout again (`save_checkpoint`)."""
+  it: int
+  policy: Policy       # a copy of the parameters it is drawn with (the update donates the state)
+  stream_state: Any    # the prompt stream's position before its prompts were drawn
+  lag: int             # optimizer updates applied since `policy` (its staleness)
+  prompts: Prompts | None = None        # None with `started`: not dispatched yet (a resume's)
+  started: Dispatched | None = None
+  timeline: list = dataclasses.field(default_factory=list)   # its `DeviceTimeline` entries
+
+
 def _pull_and_verify(steps: OrlSteps, trajs, sums, prompts: Prompts, t0: float):
   """(summary, rewards, seconds since the first dispatch at `t0`): each chunk's arrays pulled
   in order; with `orl.verify_while_decoding` its verification starts at once (while the device
@@ -567,27 +601,54 @@ def _pull_and_verify(steps: OrlSteps, trajs, sums, prompts: Prompts, t0: float):
   return combine_chunks(parts, o.chunk_by), rewards, seconds
 
 
-def rollout_and_verify(steps: OrlSteps, state, prompts: Prompts, it: int,
-                       clock: DeviceTimeline) -> RolledOut:
-  """The rollout chunks and their rewards; or the snapshot saved for this iteration with its
-  rewards when the run was killed between rollout and update."""
+@dataclasses.dataclass
+class Dispatched:
+  """A rollout on its way: the chunks' trajectories and rollout sums (device), dispatched from
+  `t0` on (the loop's clock)."""
+  trajs: tuple
+  sums: list
+  t0: float
+
+
+def start_rollout(steps: OrlSteps, policy, prompts: Prompts, it: int,
+                  clock: DeviceTimeline) -> Dispatched | RolledOut:
+  """Iteration `it`'s rollout drawn with `policy` (`.params`, and `.step`: their version)
+  dispatched; or, when the run was killed between rollout and update, the snapshot saved for
+  this iteration with its rewards."""
   t0 = time.perf_counter()
   # a snapshot write still in flight is an earlier iteration's: it is never the one restored
   if steps.snapshots is not None and steps.snapshots.latest_step() == it:
     with host_hop("checkpoint"):
-      traj, rewards = restore_rollout(steps, state, prompts, it)
+      traj, rewards = restore_rollout(steps, policy, prompts, it)
     with host_hop("verification"):
       ids = sharding_lib.to_host(prompts.ids)
     summary = combine_chunks([pull_chunk(traj, clock.run("sums0", steps.sums, traj), ids)])
     seconds = dict(sec_rollout=time.perf_counter() - t0, sec_verify_exposed=0.0,
                    sec_verify_host=0.0)
     return RolledOut((traj,), summary, rewards, True, seconds)
-  if steps.segmented is not None:
-    summary, rewards, trajs, seconds = _segmented_rollout(steps, state, prompts, clock, t0)
-  else:
-    trajs, sums = dispatch_rollouts(steps, state, prompts, clock)
-    summary, rewards, seconds = _pull_and_verify(steps, trajs, sums, prompts, t0)
-  return RolledOut(trajs, summary, rewards, False, seconds)
+  if steps.segmented is not None:   # verified as rows retire: done once this returns
+    summary, rewards, trajs, seconds = _segmented_rollout(steps, policy, prompts, clock, t0)
+    return RolledOut(trajs, summary, rewards, False, seconds)
+  trajs, sums = dispatch_rollouts(steps, policy, prompts, clock)
+  return Dispatched(trajs, sums, t0)
+
+
+def finish_rollout(steps: OrlSteps, started: Dispatched | RolledOut,
+                   prompts: Prompts) -> RolledOut:
+  """A started rollout's chunks pulled and verified (`_pull_and_verify`)."""
+  if isinstance(started, RolledOut):
+    return started
+  summary, rewards, seconds = _pull_and_verify(steps, started.trajs, started.sums, prompts,
+                                               started.t0)
+  return RolledOut(started.trajs, summary, rewards, False, seconds)
+
+
+def rollout_and_verify(steps: OrlSteps, state, prompts: Prompts, it: int,
+                       clock: DeviceTimeline) -> RolledOut:
+  """The rollout chunks drawn with the current parameters and their rewards; or the snapshot
+  saved for this iteration with its rewards when the run was killed between rollout and
+  update."""
+  return finish_rollout(steps, start_rollout(steps, state, prompts, it, clock), prompts)
 
 
 def _segmented_rollout(steps: OrlSteps, state, prompts: Prompts, clock: DeviceTimeline,
@@ -650,6 +711,8 @@ class IterationRecord:
   metrics: dict                  # the train step's (empty when no update was taken)
   plan_stats: dict
   seconds: dict                  # `phase_seconds`
+  staleness: int | None = None   # updates between the rollout's parameters and the update's
+                                 # (logged with orl.max_staleness=1; 0 by construction else)
 
 
 def train_on(steps: OrlSteps, state, rolled: RolledOut, verified: np.ndarray, it: int,
@@ -691,6 +754,13 @@ def orl_iteration(steps: OrlSteps, state, it: int, *, checkpoint_s: float = 0.0)
   clock, t0 = DeviceTimeline(steps.waiter), time.perf_counter()
   prompts = draw_prompts(steps, it)
   rolled = rollout_and_verify(steps, state, prompts, it, clock)
+  return update_on(steps, state, it, rolled, clock, t0, checkpoint_s)
+
+
+def update_on(steps: OrlSteps, state, it: int, rolled: RolledOut, clock: DeviceTimeline,
+              t0: float, checkpoint_s: float):
+  """The rest of iteration `it` (begun at `t0`) once its rollout is verified: snapshot ->
+  ledger -> plan -> gather -> update; returns (state, IterationRecord)."""
   rolled.seconds.update(snapshot(steps, it, rolled))
   checkpoint_s += rolled.seconds.get("sec_snapshot_wait", 0.0)
   checkpoint_s += rolled.seconds.get("sec_snapshot_blocking", 0.0)
@@ -702,11 +772,86 @@ def orl_iteration(steps: OrlSteps, state, it: int, *, checkpoint_s: float = 0.0)
                                 metrics, stats, seconds)
 
 
+def dispatch_ahead(steps: OrlSteps, state, it: int, clock: DeviceTimeline) -> InFlight:
+  """Iteration `it`'s rollout dispatched now, drawn with a copy of the current parameters (the
+  coming update donates them): the device decodes it while the host verifies the rollout before
+  it. Its programs are also entered in `clock` (as `next_*`), the iteration they run in."""
+  t0, stream_state = time.perf_counter(), steps.prompt_iter.get_state()
+  prompts = draw_prompts(steps, it)
+  own = DeviceTimeline(steps.waiter)
+  policy = Policy(*own.run("policy_copy", steps.copy_policy, state.params, state.step))
+  trajs, sums = dispatch_rollouts(steps, policy, prompts, own)
+  started = Dispatched(trajs, sums, t0)
+  clock.pending.extend((f"next_{name}", a, done) for name, a, done in own.pending)
+  return InFlight(it, policy, stream_state, 0, prompts, started, own.pending)
+
+
+def lagged_iteration(steps: OrlSteps, state, it: int, *, checkpoint_s: float = 0.0):
+  """`orl_iteration` with `orl.max_staleness=1` (docs/training.md#one-step-of-lag): the
+  rollout of `it` (in flight since the iteration before; dispatched now on a run's first
+  iteration and after a resume) -> the rollout of `it + 1` dispatched with the current
+  parameters -> verify -> plan -> gather -> update. The update replays states drawn one update
+  earlier (0 on the first iteration, or after one that took no update); returns (state,
+  IterationRecord)."""
+  clock, t0 = DeviceTimeline(steps.waiter), time.perf_counter()
+  current = steps.ahead or InFlight(it, Policy(state.params, state.step), None, 0)
+  assert current.it == it, f"the rollout in flight is iteration {current.it}'s, not {it}'s"
+  started: Dispatched | RolledOut
+  if current.started is None:
+    current.prompts = draw_prompts(steps, it)
+    started = start_rollout(steps, current.policy, current.prompts, it, clock)
+  else:
+    started = current.started
+    clock.pending.extend(current.timeline)
+  assert current.prompts is not None
+  steps.ahead = None   # the next is dispatched before this one is verified; not after the last
+  if it + 1 < steps.setup.config.train.steps:
+    steps.ahead = dispatch_ahead(steps, state, it + 1, clock)
+  rolled = finish_rollout(steps, started, current.prompts)
+  state, record = update_on(steps, state, it, rolled, clock, t0, checkpoint_s)
+  if record.metrics and steps.ahead is not None:
+    steps.ahead.lag += 1
+  record.staleness = current.lag
+  return state, record
+
+
+def save_checkpoint(ckpt: Checkpointer, steps: OrlSteps, it: int, state) -> None:
+  """Checkpoint `it`: the state and the prompt stream; with a rollout in flight
+  (`orl.max_staleness=1`) also the parameters it is drawn with (the `extra` item), the stream
+  put back before its prompts: a resume draws it again (`resumed_in_flight`), the same bits."""
+  ahead = steps.ahead
+  if ahead is None:
+    ckpt.save(it, state, steps.prompt_iter)
+    return
+  now = steps.prompt_iter.get_state()
+  steps.prompt_iter.set_state(ahead.stream_state)
+  try:
+    ckpt.save(it, state, steps.prompt_iter, {"params": ahead.policy.params,
+                                             "step": ahead.policy.step})
+  finally:
+    steps.prompt_iter.set_state(now)
+
+
+def abstract_in_flight(run: Run) -> dict:
+  """Restore targets of a checkpoint's `extra` item (`save_checkpoint`)."""
+  return {"params": abstract_like(run.state.params), "step": abstract_like(run.state.step)}
+
+
+def resumed_in_flight(steps: OrlSteps, state, start: int, extra: dict) -> InFlight:
+  """The rollout in flight when checkpoint `start` was saved, to be dispatched again with the
+  parameters it saved (`extra`); the prompt stream is already at its prompts."""
+  with host_hop("checkpoint"):
+    lag = int(state.step) - int(extra["step"])
+  return InFlight(start, Policy(extra["params"], extra["step"]),
+                  steps.prompt_iter.get_state(), lag)
+
+
 def log_iteration(steps: OrlSteps, log: RunLog, state, it: int, rec: IterationRecord) -> None:
   """Writes the metrics of iteration `it` (1-based: the iterations done)."""
   with host_hop("logging"):
     updates = int(state.step)
-    extra = dict(rollout_id=it - 1, rollout_from_snapshot=float(rec.from_snapshot),
+    lag = {} if rec.staleness is None else {"staleness": rec.staleness}
+    extra = dict(rollout_id=it - 1, rollout_from_snapshot=float(rec.from_snapshot), **lag,
                  rollout_uses=steps.ledger.uses[it - 1], reward=rec.rewards.mean(),
                  responses_verified=rec.verified.sum(), updates=updates,
                  updates_skipped=it - updates, **rec.summary.metrics, **rec.seconds,
@@ -740,8 +885,13 @@ def train_orl(setup: Setup, *, progress=True, stop_after=None) -> str:
   run = prepare_run(setup)
   assert run.ckpt is not None   # `prepare_run` opens it
   prompt_iter = prompt_stream(setup)
-  state, start = resume(run, prompt_iter)
+  lagged = setup.config.orl.max_staleness > 0
+  state, start, in_flight = resume_with_extra(run, prompt_iter,
+                                              abstract_in_flight(run) if lagged else None)
   steps = build_orl_steps(setup, run, prompt_iter)
+  if in_flight is not None:
+    steps.ahead = resumed_in_flight(steps, state, start, in_flight)
+  iteration = lagged_iteration if lagged else orl_iteration
   log = RunLog(setup, start, "orl", progress=progress, stop_after=stop_after)
   if not log.bar.disable:
     log.bar.write(f"orl: the bar's tpf is the rollout's; {TPF_COUNT}", file=sys.stderr)
@@ -756,15 +906,16 @@ def train_orl(setup: Setup, *, progress=True, stop_after=None) -> str:
     checkpoint_s = 0.0   # the last checkpoint's time on this thread, logged with the next row
     while it < log.last:
       with host_hop("checkpoint"):   # a stop saves here; several processes agree on it
-        stops.check(it, state, prompt_iter, close=close)
-      state, record = orl_iteration(steps, state, it, checkpoint_s=checkpoint_s)
+        stops.check(it, state, prompt_iter, close=close,
+                    save=functools.partial(save_checkpoint, ckpt, steps, state=state))
+      state, record = iteration(steps, state, it, checkpoint_s=checkpoint_s)
       it += 1
       if log.due(it):
         log_iteration(steps, log, state, it, record)
       t_save, checkpoint_s = time.perf_counter(), 0.0
       if ckpt.should_save(it, final=it == log.last):
         with host_hop("checkpoint"):
-          ckpt.save(it, state, prompt_iter)
+          save_checkpoint(ckpt, steps, it, state)
         checkpoint_s = time.perf_counter() - t_save
     close()
     return finish_run(setup, run, state, it)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from tqdm import tqdm   # text bars: also in notebooks, where widgets may not render
 
@@ -54,18 +55,26 @@ def resume(run: Run, data_iter) -> tuple[object, int]:
   when there is none. Either is said in one line: `resumed from step K`, or, when the work
   directory held files but no checkpoint (a run stopped before it saved one), that the run
   starts over there."""
+  state, start, _ = resume_with_extra(run, data_iter, None)
+  return state, start
+
+
+def resume_with_extra(run: Run, data_iter, abstract_extra) -> tuple[Any, int, Any]:
+  """`resume`, and the checkpoint's `extra` item restored to `abstract_extra` (None when the
+  checkpoint has none, or when there is no checkpoint)."""
   assert run.ckpt is not None   # `prepare_run` opens it
-  start, state, _ = run.ckpt.restore_latest(abstract_like(run.state), data_iter)
+  start, state, extra = run.ckpt.restore_latest(abstract_like(run.state), data_iter,
+                                                abstract_extra)
   if not start:
     if run.found and distributed.is_lead_process():
       workdir = os.path.dirname(run.ckpt.directory)
       shown = ", ".join(run.found[:4]) + (", ..." if len(run.found) > 4 else "")
       print(f"fresh start at step 0 in a non-empty work directory: {workdir} holds {shown} "
             "but no checkpoint to resume, so the run starts over and replaces them", flush=True)
-    return run.state, 0
+    return run.state, 0, None
   if distributed.is_lead_process():
     print(f"resumed from step {start} ({run.ckpt.directory})", flush=True)
-  return state, start
+  return state, start, extra
 
 
 def finish_run(setup: Setup, run: Run, state, step: int) -> str:

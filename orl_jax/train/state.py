@@ -166,8 +166,10 @@ def _apply_update(optimizer, state: TrainState, loss, metrics, grads):
 
 
 def _lag_metrics(state: TrainState, batch) -> dict:
-  """Policy lag of an on-policy batch: updates applied since its rollout was drawn (must be
-  0); computed from the parameter version the batch carries, inside the step."""
+  """Policy lag of an on-policy batch: updates applied since its rollout was drawn; computed
+  from the parameter version the batch carries, inside the step. It is the ORL loop's
+  `orl.max_staleness` at most, and equals the iteration's logged `staleness`: 0 on-policy, 1
+  when the rollout was dispatched before the previous update (docs/training.md#one-step-of-lag)."""
   if not hasattr(batch, "rollout_step"):
     return {}
   return {"policy_lag": state.step - batch.rollout_step}

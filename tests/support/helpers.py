@@ -222,15 +222,17 @@ def crash_before_update_at(iteration: int):
     yield
 
 
-def resumes_bit_exactly_after_a_crash(cfg, tmp_path, iteration: int) -> list[dict]:
-  """Runs `cfg(workdir)` straight through, and again killed between rollout and update of
-  `iteration` then resumed; asserts both end with identical parameters and returns the resumed
-  run's metrics rows."""
+def resumes_bit_exactly_after_a_crash(cfg, tmp_path, iteration: int,
+                                      straight: str | None = None) -> list[dict]:
+  """Runs `cfg(workdir)` straight through (unless `straight` names the params folder of such a
+  run already made), and again killed between rollout and update of `iteration` then resumed;
+  asserts both end with identical parameters and returns the resumed run's metrics rows."""
   import pytest
   from safetensors.numpy import load_file
   from orl_jax.metrics import read_jsonl
   from orl_jax.train.entry import train
-  straight = train(cfg(tmp_path / "a"), progress=False)
+  if straight is None:
+    straight = train(cfg(tmp_path / "a"), progress=False)
   with pytest.raises(SimulatedCrash), crash_before_update_at(iteration):
     train(cfg(tmp_path / "b"), progress=False)
   resumed = train(cfg(tmp_path / "b"), progress=False)
