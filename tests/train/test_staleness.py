@@ -86,6 +86,7 @@ def test_killed_between_checkpoints_it_resumes_the_rollout_in_flight(runs, tmp_p
       (1, 0, 0), (2, 1, 1), (3, 1, 1), (4, 1, 1)]
 
 
+@pytest.mark.slow  # ~32 s: the kill-and-resume case stays in the default run
 def test_a_stop_request_saves_the_rollout_in_flight(runs, tmp_path):
   """SIGTERM during iteration 1 (no periodic checkpoint: `checkpoint.every=0`): the stop at the
   next boundary saves checkpoint 2 with the rollout in flight; the rerun resumes exactly."""
@@ -111,6 +112,7 @@ def test_a_stop_request_saves_the_rollout_in_flight(runs, tmp_path):
   assert [r["staleness"] for r in rows] == [0, 1, 1, 1]
 
 
+@pytest.mark.slow  # ~43 s: the kill-and-resume case stays in the default run
 def test_snapshots_and_chunks_resume_exactly_with_a_lag(tmp_path):
   """Rollout snapshots and two chunks verified while the next decodes: killed between the
   rollout and the update of iteration 2, the resume takes that rollout from its snapshot."""
@@ -125,6 +127,7 @@ def test_snapshots_and_chunks_resume_exactly_with_a_lag(tmp_path):
           for r in rows] == [(1, 0.0, 0, 0), (2, 0.0, 1, 1), (3, 1.0, 1, 1)]
 
 
+@pytest.mark.slow  # ~32 s: the kill-and-resume case stays in the default run
 def test_a_resume_under_another_staleness_is_refused_unless_allowed(tmp_path, caplog):
   """The setting is recorded: a run checkpointed on-policy resumes with a lag only when
   `checkpoint.allow_changed` names it, and then starts with nothing in flight (lag 0)."""
