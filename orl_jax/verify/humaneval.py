@@ -167,16 +167,20 @@ def _occurrences(text: str, stop: str) -> Iterator[int]:
     index = text.find(stop, index + 1)
 
 
-def cache_key(problem: Problem, completion: str) -> str:
-  """sha256 over everything the program and its limits depend on (length-prefixed, so fields
-  cannot blur)."""
+def fields_digest(fields: Sequence[str]) -> str:
+  """sha256 over `fields`, each length-prefixed so that fields cannot blur into each other."""
   digest = hashlib.sha256()
-  for field in (problem.prompt, completion, problem.tests or "", problem.entry_point or "",
-                repr(problem.time_limit_s)):
+  for field in fields:
     data = field.encode("utf-8", errors="surrogatepass")
     digest.update(len(data).to_bytes(8, "little"))
     digest.update(data)
   return digest.hexdigest()
+
+
+def cache_key(problem: Problem, completion: str) -> str:
+  """The digest of everything the program and its limits depend on."""
+  return fields_digest((problem.prompt, completion, problem.tests or "",
+                        problem.entry_point or "", repr(problem.time_limit_s)))
 
 
 @dataclasses.dataclass

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import logging
 import statistics
 import threading
@@ -28,7 +27,7 @@ from typing import Sequence
 import orl_sandbox as sandbox
 from orl_jax.errors import ConfigError
 from orl_jax.problem import Problem
-from orl_jax.verify.humaneval import WALL_MARGIN_S, judge_run
+from orl_jax.verify.humaneval import WALL_MARGIN_S, fields_digest, judge_run
 from orl_sandbox import launcher as sandbox_launcher
 
 _log = logging.getLogger(__name__)
@@ -66,14 +65,9 @@ _measured_lock = threading.Lock()
 
 
 def reference_key(problem: Problem) -> str:
-  """sha256 over what a reference's run depends on (length-prefixed, so fields cannot blur)."""
-  digest = hashlib.sha256()
-  for field in (problem.prompt, problem.solution or "", problem.tests or "",
-                problem.entry_point or ""):
-    data = field.encode("utf-8", errors="surrogatepass")
-    digest.update(len(data).to_bytes(8, "little"))
-    digest.update(data)
-  return digest.hexdigest()
+  """The digest of what a reference's run depends on."""
+  return fields_digest((problem.prompt, problem.solution or "", problem.tests or "",
+                        problem.entry_point or ""))
 
 
 def measured_runs(problem: Problem) -> list[float]:
