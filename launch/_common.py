@@ -124,13 +124,28 @@ def _innermost(error: BaseException) -> BaseException:
     error = inner
 
 
+# what Python's conversions say of a value of the wrong type -> the type the field takes
+_WRONG_TYPE = (
+    (re.compile(r"invalid literal for int\(\) with base 10: (.*)$"), "an integer"),
+    (re.compile(r"could not convert string to float: (.*)$"), "a number"),
+    (re.compile(r"\('Non-boolean argument to boolean flag', (.*)\)$"), "True or False"),
+)
+
+
 def flag_error_message(error: BaseException) -> str:
   """One line for a flag absl could not parse: for a config file whose `get_config` refused
-  its argument (an unknown variant), the config's own message (which lists the variants);
-  else absl's message."""
+  its argument (an unknown variant), the config's own message (which lists the variants); for
+  an override of the wrong type, the type the field takes; else absl's message."""
   if "Error whilst parsing config file" in str(error):
     error = _innermost(error)
-  return " ".join(str(error).split())
+  text = " ".join(str(error).split())
+  override = re.match(r"flag (--config\.[\w.]+)=.*?: ", text)
+  if override:
+    for pattern, wanted in _WRONG_TYPE:
+      value = pattern.search(text[override.end():])
+      if value:
+        return f"{override.group(1)}: {override.group(1)[2:]} takes {wanted}, not {value.group(1)}"
+  return text
 
 
 _HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "h", "?")

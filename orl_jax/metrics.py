@@ -53,6 +53,16 @@ class MetricsWriter:
 TPF_COUNT = ("TPF = generated tokens / forwards, the paper's count: every denoising forward "
              "plus one commit forward per decoded block, so a block that commits one token "
              "per forward has TPF below 1 (block size / (steps + 1))")
+_tpf_explained = [False]   # TPF_COUNT printed by this process already
+
+
+def tpf_explanation_once(prefix: str) -> str | None:
+  """`prefix` + TPF_COUNT the first time a process asks, None after: the progress bars of a
+  demo's several runs explain the count once."""
+  if _tpf_explained[0]:
+    return None
+  _tpf_explained[0] = True
+  return prefix + TPF_COUNT
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -15,7 +15,8 @@ from orl_jax import distributed
 from orl_jax.models import params_io
 from orl_jax.config import build as run_config
 from orl_jax.apps import plots
-from orl_jax.apps.summary import CURVE_KEYS, WARMUP_CURVE_KEYS, training_summary, write_report
+from orl_jax.apps.summary import (
+    CURVE_KEYS, WARMUP_CURVE_KEYS, stage_line, training_summary, write_report)
 from orl_jax.train.entry import train
 from orl_jax.setup.build import build_setup, check_compatible
 
@@ -194,8 +195,8 @@ def _report_training(config, curves: list) -> None:
     plots.plot_curves_side_by_side(orl_runs, os.path.join(config.workdir, "reward_curves.png"),
                                    title="ORL runs side by side")
   for label, s in summary.items():
-    print(f"training {label}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
-                                            f"{k}={v}" for k, v in s.items()))
+    print(stage_line(label, s))
+  print(f"training summaries: {os.path.join(config.workdir, 'training_summary.json')}")
 
 
 # The paper's Table 3(a): what removing each term does to ORL (accuracy in points, TPF in %).
@@ -372,6 +373,7 @@ def run_demo(config, *, progress=True) -> str:
       name, params_dir, run = _train_stage(config, stage, starts[config.demo.stage_start[stage]],
                                            seed, progress, curves)
       key = name if seed is None else eval_lib.seed_name(name, seed)
+      print(f"{key} model: {params_dir}")
       all_results = evaluate_params(config, params_dir, key, run=run, progress=progress)
       if seed is not None:
         seed_groups.setdefault(name, []).append(key)

@@ -90,6 +90,25 @@ def updates_line(config, summary: dict) -> str:
   return f"orl: {applied}/{done} updates applied{why}{trend}"
 
 
+# a trained stage's line: (training_summary key prefix, name, format), when recorded
+_STAGE_TRENDS = (("reward", "reward", ".2f"), ("rollout_tpf", "rollout TPF", ".2f"),
+                 ("residual_norm_ratio", "residual norm ratio", ".3f"), ("loss_ce", "CE", ".3f"))
+
+
+def stage_line(label: str, summary: dict) -> str:
+  """'training orl: 300 iterations, reward 0.91 -> 0.97, rollout TPF 3.53 -> 5.20, ...' from
+  `training_summary` (the trends start -> end, the AEC term's share of the loss); the whole
+  record stays in training_summary.json."""
+  parts = [f"{int(summary.get('iterations', 0))} iterations"]
+  parts += [f"{name} {summary[f'{key}_start']:{spec}} -> {summary[f'{key}_end']:{spec}}"
+            for key, name, spec in _STAGE_TRENDS if f"{key}_start" in summary]
+  if "aec_share" in summary:
+    parts.append(f"AEC {summary['aec_share']:.1%} of the loss")
+  if summary.get("updates_skipped"):
+    parts.append(f"{int(summary['updates_skipped'])} updates skipped")
+  return f"training {label}: {', '.join(parts)}"
+
+
 def report_run(config, params_dir: str) -> list[str]:
   """The lines a finished training run ends with: `updates_line` and the path of every file
   it wrote; draws WORKDIR/curves.png from metrics.jsonl (process 0 calls this)."""

@@ -8,6 +8,7 @@ settings in its folder: DiffusionGemma's `sampler_config`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any
 
@@ -39,7 +40,10 @@ FILLED_BY_FAMILY = ("gen_length", "rule_value", "max_steps_per_block")
 
 def validate(config: RunConfig) -> None:
   """Raises ConfigError listing every inconsistency found."""
-  errors: list[str] = []
+  errors: list[str] = [f"{name}={value} must be a finite number"   # before rules comparing them
+                       for name, value in _non_finite(config.to_dict())]
+  if errors:
+    raise ConfigError(f"invalid config: {'; '.join(errors)}")
   m, d, t = config.model, config.decode, config.train
   for field in FILLED_BY_FAMILY:
     required(getattr(d, field), f"decode.{field}")
@@ -95,6 +99,18 @@ def validate(config: RunConfig) -> None:
     raise ConfigError(f"invalid config: {errors[0]}")
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _non_finite(tree: Any, prefix: str = "") -> list[tuple[str, float]]:
+  """(dotted name, value) of every float in a config's nested dict that is NaN or infinite
+  (`--config.train.lr=1e400` reads as inf): no setting means anything there."""
+  if isinstance(tree, dict):
+    return [found for key, value in tree.items() for found in _non_finite(value, f"{prefix}{key}.")]
+  if isinstance(tree, (list, tuple)):
+    return [found for i, value in enumerate(tree) for found in _non_finite(value, f"{prefix}{i}.")]
+  if isinstance(tree, float) and not math.isfinite(tree):
+    return [(prefix[:-1], tree)]
+  return []
 
 
 def _run_errors(config: RunConfig) -> list[str]:
@@ -165,6 +181,10 @@ def _moe_errors(config: RunConfig) -> list[str]:
   errors = []
   try:
     moe = moe_config(config)
+    if moe is not None and moe.expert_parallel and moe.impl != "ragged":   # names the mesh
+      raise ValueError(f"mesh.expert={config.mesh.expert} splits the MoE experts, which needs "
+                       f"the ragged (dropless) expert compute: set model.moe.impl='ragged' "
+                       f"(got {moe.impl!r}), or mesh.expert=1 to keep the experts whole")
     if moe is not None:
       moe.validate()
   except (TypeError, ValueError) as e:

@@ -10,6 +10,7 @@ name for a params folder and still works (the tiny demo's stages set it).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 from orl_jax.errors import ConfigError
@@ -53,9 +54,22 @@ def resolve(path: str, field: str = "model.path") -> tuple[str, str]:
 
 
 def _is_work_dir(path: str) -> bool:
-  """A training run's work directory (its checkpoints or metrics), finished or not."""
-  return any(os.path.exists(os.path.join(path, name))
-             for name in ("checkpoints", "metrics.jsonl"))
+  """A training run's work directory (its checkpoints or metrics, or only the config a run
+  records when it starts), finished or not."""
+  return (any(os.path.exists(os.path.join(path, name))
+              for name in ("checkpoints", "metrics.jsonl"))
+          or _is_run_config(os.path.join(path, _HF_FILE)))
+
+
+def _is_run_config(file: str) -> bool:
+  """`file` is the config.json a training run writes into its work directory (a config with
+  `workdir` and `train` sections), not a Hugging Face model's."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      head = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(head, dict) and "workdir" in head and isinstance(head.get("train"), dict)
 
 
 def kind_of(path: str, field: str = "model.path") -> str:

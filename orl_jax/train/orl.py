@@ -67,7 +67,7 @@ from orl_jax.storage.checkpoint import Checkpointer, abstract_like, save_in_back
 from orl_jax.data.pipeline import encode_prompts, prompt_dataset
 from orl_jax.losses import OrlObjective
 from orl_jax.replay import ReplayConfig, abstract_batch, build_plan, gather_batch
-from orl_jax.metrics import TPF_COUNT
+from orl_jax.metrics import tpf_explanation_once
 from orl_jax.tasks import verifier_metrics
 from orl_jax.models.decoded import Trajectories
 from orl_jax.decode.trajectories import SegmentedRollout
@@ -584,21 +584,33 @@ def _pull_and_verify(steps: OrlSteps, trajs, sums, prompts: Prompts, t0: float):
   o = steps.setup.config.orl
   with host_hop("verification"):
     ids = sharding_lib.to_host(prompts.ids)
-  per = len(ids) // len(trajs)   # a "prompts" chunk's; a "samples" chunk holds them all
   parts, calls = [], []
   for c, (traj, chunk_sums) in enumerate(zip(trajs, sums)):
-    chunk_ids = ids if o.chunk_by == "samples" else ids[c * per:(c + 1) * per]
-    parts.append(pull_chunk(traj, chunk_sums, chunk_ids))
+    parts.append(pull_chunk(traj, chunk_sums, _chunk_prompt_ids(o, ids, c, len(trajs))))
     if o.verify_while_decoding:
       calls.append(start_verify(steps, parts[-1], prompts.problems))
   t1 = time.perf_counter()
   if not o.verify_while_decoding:
     calls = [start_verify(steps, part, prompts.problems) for part in parts]
+  return _rewarded(parts, calls, o.chunk_by, t0, t1)
+
+
+def _chunk_prompt_ids(o, ids: np.ndarray, c: int, chunks: int) -> np.ndarray:
+  """The prompt ids of chunk `c` of `chunks`: a "samples" chunk holds every prompt, a
+  "prompts" chunk its share of them."""
+  per = len(ids) // chunks
+  return ids if o.chunk_by == "samples" else ids[c * per:(c + 1) * per]
+
+
+def _rewarded(parts: list[RolloutSummary], calls: list, by: str, t0: float, t1: float):
+  """(summary, rewards, seconds) once the chunks' verification `calls` (futures of (scores,
+  seconds)) are done: the rollout ran from `t0` to `t1`, the rest is verification the loop
+  waited for."""
   results = [call.result() for call in calls]
-  rewards = gather_rewards(parts, results, o.chunk_by)
+  rewards = gather_rewards(parts, results, by)
   seconds = dict(sec_rollout=t1 - t0, sec_verify_exposed=time.perf_counter() - t1,
                  sec_verify_host=sum(s for _, s in results))
-  return combine_chunks(parts, o.chunk_by), rewards, seconds
+  return combine_chunks(parts, by), rewards, seconds
 
 
 @dataclasses.dataclass
@@ -658,21 +670,14 @@ def _segmented_rollout(steps: OrlSteps, state, prompts: Prompts, clock: DeviceTi
   o = steps.setup.config.orl
   with host_hop("verification"):
     ids = sharding_lib.to_host(prompts.ids)
-  per = len(ids) // o.rollout_chunks   # a "prompts" chunk's; a "samples" chunk holds them all
   trajs, parts, calls = [], [], []
   for c, inputs in enumerate(_chunks_of(steps, prompts, clock)):
     traj, chunk_sums, call = _segmented_chunk(steps, state, prompts, ids, c, inputs, clock)
     trajs.append(traj)
     calls.append(call)
-    parts.append(pull_chunk(traj, chunk_sums,
-                            ids if o.chunk_by == "samples" else ids[c * per:(c + 1) * per]))
-  t1 = time.perf_counter()
-  results = [call.result() for call in calls]
-  rewards = gather_rewards(parts, results, o.chunk_by)
-  seconds = dict(sec_rollout=t1 - t0, sec_verify_exposed=time.perf_counter() - t1,
-                 sec_verify_host=sum(s for _, s in results))
-  return combine_chunks(parts, o.chunk_by), rewards, tuple(trajs), seconds
-
+    parts.append(pull_chunk(traj, chunk_sums, _chunk_prompt_ids(o, ids, c, o.rollout_chunks)))
+  summary, rewards, seconds = _rewarded(parts, calls, o.chunk_by, t0, time.perf_counter())
+  return summary, rewards, tuple(trajs), seconds
 
 
 def plan(steps: OrlSteps, summary: RolloutSummary, verified: np.ndarray, it: int):
@@ -893,8 +898,10 @@ def train_orl(setup: Setup, *, progress=True, stop_after=None) -> str:
     steps.ahead = resumed_in_flight(steps, state, start, in_flight)
   iteration = lagged_iteration if lagged else orl_iteration
   log = RunLog(setup, start, "orl", progress=progress, stop_after=stop_after)
-  if not log.bar.disable:
-    log.bar.write(f"orl: the bar's tpf is the rollout's; {TPF_COUNT}", file=sys.stderr)
+  explained = None if log.bar.disable else tpf_explanation_once("orl: the bar's tpf is the "
+                                                                 "rollout's; ")
+  if explained:
+    log.bar.write(explained, file=sys.stderr)
   ckpt = run.ckpt
 
   def close():

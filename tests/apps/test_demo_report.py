@@ -82,6 +82,23 @@ def test_a_run_says_how_many_updates_it_applied_and_why_none():
       "sft: 10 updates, loss 2.000 -> 1.000")
 
 
+def test_a_demo_stage_is_summarised_in_one_short_line():
+  """The demo's line per trained stage holds the trends a reader checks first; the whole
+  record is training_summary.json's."""
+  from orl_jax.apps.summary import stage_line
+  summary = {"iterations": 300, "reward_start": 0.91, "reward_end": 0.972,
+             "rollout_tpf_start": 3.53, "rollout_tpf_end": 5.2, "residual_norm_ratio_start": 0.1,
+             "residual_norm_ratio_end": 0.35, "loss_aec_start": 0.2, "loss_aec_end": 0.1,
+             "aec_share": 0.031, "aec_to_ce": 0.05, "sec_rollout_mean": 1.0,
+             "updates_skipped": 2.0, "mode": "orl"}
+  line = stage_line("orl_seed0", summary)
+  assert line == ("training orl_seed0: 300 iterations, reward 0.91 -> 0.97, rollout TPF 3.53 -> "
+                  "5.20, residual norm ratio 0.100 -> 0.350, AEC 3.1% of the loss, 2 updates "
+                  "skipped")
+  assert stage_line("warmup", {"iterations": 4, "mode": "residual_warmup"}) == (
+      "training warmup: 4 iterations")
+
+
 @pytest.mark.slow
 def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_path, monkeypatch,
                                                                         capsys):
@@ -109,6 +126,8 @@ def test_demo_over_seeds_merges_them_and_a_rerun_evaluates_nothing_again(tmp_pat
   assert lines[-1] == f"results: {os.path.abspath(path)}" and lines[-2].startswith("plot: ")
   table = next(i for i, line in enumerate(lines) if line.startswith("model "))
   assert any(line.startswith("training orl") for line in lines[:table])   # summaries first
+  assert max(len(line) for line in lines if line.startswith("training ")) < 200
+  assert f"orl@seed0 model: {tmp_path / 'demo'}" in "\n".join(lines)   # where its weights are
   assert not any(line.startswith("training ") and not line.startswith("training curves: ")
                  for line in lines[table:])
   assert set(results) == {"base", "warmup", "orl", "orl_no_kl", "orl@warmup2",

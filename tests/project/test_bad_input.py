@@ -437,9 +437,31 @@ def test_other_command_line_mistakes_are_one_line():
       "the config files are configs/diffusion_gemma.py, ")
   assert _command_line_mistake("train.py", "--config=configs/tiny.py:smoke",
                                "--config.train.steps=abc") == (
-      "train.py: flag --config.train.steps=abc: invalid literal for int() with base 10: 'abc'")
+      "train.py: --config.train.steps: config.train.steps takes an integer, not 'abc'")
   assert _command_line_mistake("decode.py", "--config=configs/llada.py:debug").startswith(
       "decode.py: give weights: --config.model.path=DIR")
+
+
+def test_settings_no_run_can_use_are_one_sentence_naming_the_way_out():
+  """A float that reads as infinite or NaN (`--config.train.lr=1e400`) is refused, not trained
+  with; an expert-split mesh on the dense expert compute names both ways out."""
+  for field, value in (("train.lr", float("inf")), ("decode.temperature", float("nan"))):
+    c = tiny.get_config("smoke")
+    section, name = field.split(".")
+    with c.unlocked():
+      c[section][name] = value
+    with pytest.raises(ConfigError) as e:
+      build(c)
+    assert str(e.value) == f"invalid config: {field}={value} must be a finite number"
+  c = llada.get_config("debug")
+  with c.unlocked():
+    c.mesh.expert = 8
+  with pytest.raises(ConfigError) as e:
+    build(c)
+  assert str(e.value) == (
+      "invalid config: mesh.expert=8 splits the MoE experts, which needs the ragged (dropless) "
+      "expert compute: set model.moe.impl='ragged' (got 'dense'), or mesh.expert=1 to keep the "
+      "experts whole")
 
 
 def test_a_mesh_that_does_not_fit_the_devices_names_the_settings_that_do(tmp_path):

@@ -101,9 +101,13 @@ def test_folders_that_are_not_a_finished_run_are_refused_in_one_sentence(tmp_pat
   unfinished = tmp_path / "unfinished"
   (unfinished / "checkpoints").mkdir(parents=True)
   (unfinished / "config.json").write_text("{}")          # the run's config, not a model's
+  started = tmp_path / "started"   # only the config.json a run writes when it starts
+  started.mkdir()
+  (started / "config.json").write_text((workdir / "config.json").read_text())
   other = tmp_path / "other"
   other.mkdir()
   for path, phrase in ((unfinished, "a run that has not finished"),
+                       (started, "a run that has not finished"),
                        (other, "holds neither"), (tmp_path / "nowhere", "does not exist")):
     with pytest.raises(ConfigError, match=phrase) as e:
       weights_lib.resolve(str(path), "--params")
