@@ -12,6 +12,7 @@ import pytest
 from configs import llada, tiny
 from orl_jax.models import params_io
 from orl_jax.models.build import init_model_params
+from orl_jax.config.build import build
 from orl_jax.setup.build import build_setup
 from orl_jax.storage import trained_run
 from orl_jax.storage import weights as weights_lib
@@ -103,7 +104,7 @@ def test_folders_that_are_not_a_finished_run_are_refused_in_one_sentence(tmp_pat
   (unfinished / "config.json").write_text("{}")          # the run's config, not a model's
   started = tmp_path / "started"   # only the config.json a run writes when it starts
   started.mkdir()
-  (started / "config.json").write_text((workdir / "config.json").read_text())
+  (started / "config.json").write_text(json.dumps(build(tiny.get_config("smoke")).to_dict()))
   other = tmp_path / "other"
   other.mkdir()
   for path, phrase in ((unfinished, "a run that has not finished"),
