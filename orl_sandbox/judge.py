@@ -57,7 +57,9 @@ class ProtocolViolation(BaseException):
 
 
 class JudgeOverloaded(BaseException):
-  """The judge ran out of its CPU time (raised by the SIGXCPU handler)."""
+  """The runner ran out of its CPU time while it moved the sample's bytes (raised by its
+  SIGXCPU handler; never inside the tests: the phases that run them are killed by the kernel
+  at their CPU limit)."""
 
 
 class _Opaque:
@@ -317,8 +319,6 @@ def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes
   replay = _Replay(calls, replies, stopped)
   try:
     _run_tests(prelude, compile(tests, "tests.py", "exec"), entry_point, replay)
-  except JudgeOverloaded:
-    return "fail", "the judge's CPU limit ran out while checking the sample's answers"
   except MemoryError:
     return "fail", "the judge's memory limit ran out while checking the sample's answers"
   except BaseException as error:  # pylint: disable=broad-except

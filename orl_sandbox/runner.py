@@ -302,13 +302,16 @@ def _contain_judge(spec: dict) -> list[str]:
           f.write(text)
     _build_root(spec, libc)
     layers += ["judge-mountns", "judge-netns", "judge-ipcns", "judge-utsns"]
-  cpu = int(spec["judge_cpu_s"])   # each phase its own process, so its own CPU budget
+  # Each phase is its own process, so it has its own CPU budget. Soft = hard: the kernel kills
+  # the phase at its limit (SIGKILL), so no exception is raised inside the tests' frames, where
+  # a bare `except:` could swallow it and let the tests go on (`_finish_judge` reads the kill).
+  cpu = int(spec["judge_cpu_s"])
   for limit, value in ((resource.RLIMIT_AS, spec["judge_memory_bytes"]),
                        (resource.RLIMIT_FSIZE, spec["max_file_bytes"]),
                        (resource.RLIMIT_NOFILE, spec["max_open_files"]),
-                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_MEMLOCK, 0)):
+                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_MEMLOCK, 0),
+                       (resource.RLIMIT_CPU, cpu)):
     resource.setrlimit(limit, (value, value))
-  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
   layers.append("judge-rlimits")
   layers += _judge_identity(spec, ctypes, libc, as_root)
   _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
@@ -371,20 +374,12 @@ def _start_judge(spec: dict, judge_module, step):
       _close_fds_except({0, 1, 2, to_r, from_w})   # no status file, no pipes to the sample
       with open(spec["judge_file"], encoding="utf-8") as f:
         judge = json.load(f)
-
-      def overloaded(signum, frame):
-        raise judge_module.JudgeOverloaded()
-
-      signal.signal(signal.SIGXCPU, overloaded)
       message["layers"] = _contain_judge(spec)
       _libc()[1].prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # reset by the uid change
       given = json.loads(_read_all(to_r, int(spec["judge_memory_bytes"])) or b"null")
       message["result"] = step(judge, given)
     except BaseException as error:  # pylint: disable=broad-except
-      if isinstance(error, judge_module.JudgeOverloaded):
-        message["overloaded"] = True
-      else:
-        message["error"] = repr(error)[:300]
+      message["error"] = repr(error)[:300]
     try:
       wire.write_all(from_w, json.dumps(message).encode())
     finally:
@@ -401,7 +396,9 @@ _JUDGES_REAPED: set[int] = set()   # judge children already waited for
 
 
 def _finish_judge(spec: dict, judge, given) -> dict | None:
-  """Sends the judge child its input, reads its answer, ends it; None if it said nothing."""
+  """Sends the judge child its input, reads its answer, ends it; {"overloaded": True} if the
+  kernel killed it at its CPU limit before it answered (`cpu_limit_line`), None if it said
+  nothing otherwise."""
   pid, to_w, from_r = judge
   try:
     wire.write_all(to_w, json.dumps(given).encode())
@@ -410,29 +407,34 @@ def _finish_judge(spec: dict, judge, given) -> dict | None:
   os.close(to_w)
   data = _read_all(from_r, int(spec["judge_memory_bytes"]))
   os.close(from_r)
-  _reap_judge(pid)
+  ended = _reap_judge(pid)
   try:
     return json.loads(data)
   except ValueError:
+    if ended is not None and cpu_limit_line(*ended, spec["judge_cpu_s"]) is not None:
+      return {"overloaded": True}
     return None
 
 
-def _reap_judge(pid: int) -> None:
-  """Kills and reaps a judge child (once), adding its CPU and memory to the judge's cost."""
+def _reap_judge(pid: int) -> tuple[int, float] | None:
+  """Kills and reaps a judge child (once), adding its CPU and memory to the judge's cost.
+  Returns its (exit status, CPU seconds), None if it was reaped before."""
   if pid in _JUDGES_REAPED:   # its pid may belong to another process by now
-    return
+    return None
   try:
     os.kill(pid, signal.SIGKILL)
   except ProcessLookupError:
     pass
   try:
-    usage = os.wait4(pid, 0)[2]
+    _, status, usage = os.wait4(pid, 0)
   except ChildProcessError:   # not R's child (never expected): nothing to reap or count
-    return
+    return None
   finally:
     _JUDGES_REAPED.add(pid)
-  _JUDGE_COST[0] += usage.ru_utime + usage.ru_stime
+  cpu_s = usage.ru_utime + usage.ru_stime
+  _JUDGE_COST[0] += cpu_s
   _JUDGE_COST[1] = max(_JUDGE_COST[1], usage.ru_maxrss * 1024)
+  return os.waitstatus_to_exitcode(status), cpu_s
 
 
 def _end_judges(judges) -> None:
@@ -507,12 +509,17 @@ def _collect(spec, collector, note):
   return [call.encode("latin-1") for call in reply["result"]]
 
 
-def _replay(spec, replayer, calls, replies, stopped):
-  """Step 3 in the other contained judge, with its own CPU budget."""
+def _replay(spec, replayer, calls, replies, stopped, note):
+  """Step 3 in the other contained judge, with its own CPU budget. Answers that cost the judge
+  its CPU limit (costly to decode or to compare) are the sample's timeout: no verdict, and the
+  tests' code never saw the limit (the kernel ends the phase)."""
   given = {"calls": [c.decode("latin-1") for c in calls],
            "replies": [r.decode("latin-1") for r in replies], "stopped": stopped}
   reply = _finish_judge(spec, replayer, given)
-  if reply is None or reply.get("overloaded"):
+  if reply is not None and reply.get("overloaded"):
+    note("timeout:checking the sample's answers ran past the judge's CPU limit")
+    return None
+  if reply is None:
     return "fail", "the judge's limits ran out while checking the sample's answers"
   if "result" not in reply:
     return "fail", f"the judge failed checking the answers: {reply.get('error', '')}"
@@ -559,7 +566,7 @@ def _judged_verdict(spec, judges, judge_module, child, ctrl, to_sample, from_sam
   if first != {"loaded": True}:
     return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
   note("judging")
-  return _replay(spec, judges[1], calls, replies, stopped)
+  return _replay(spec, judges[1], calls, replies, stopped, note)
 
 
 def _runner_main(spec_path: str) -> int:

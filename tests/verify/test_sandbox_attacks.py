@@ -1487,8 +1487,8 @@ def test_tests_that_hash_a_reply_cannot_be_flooded(verifier, tracker):
 
 def test_judge_cpu_is_capped_whatever_the_tests_do_with_a_reply(tracker):
   """A 16-million-bit answer that the tests cube (half a minute of multiplication in C, where no
-  signal handler runs): the judge's CPU limit ends it before the wall timeout, as a failed
-  sample; the cost is reported."""
+  signal handler runs): the judge's CPU limit ends it before the wall timeout, as the sample's
+  timeout; the cost is reported."""
   huge = "    return int.from_bytes(bytes(range(1, 256)) * 8000, 'big')\n"
   limits = sandbox.SandboxLimits(timeout_s=15.0, judge_cpu_s=1)
   with HumanEvalVerifier(limits, parallelism=2) as inner:
@@ -1496,7 +1496,7 @@ def test_judge_cpu_is_capped_whatever_the_tests_do_with_a_reply(tracker):
     scores = stack.score_batch([CUBE, CUBE], [huge, "    return round(n ** (1 / 3))\n"])
     result = inner.run(CUBE, huge)
   assert scores == [0.0, 1.0]
-  assert not result.timed_out and "CPU limit" in result.detail, result.detail
+  assert result.timed_out and "CPU limit" in result.detail, result.detail
   assert 0.5 < result.judge_cpu_s < 3.0
 
 
@@ -1713,6 +1713,75 @@ def test_judge_overload(verifier, tracker, name, inflated_launcher_peak):
   limits = verifier.inner.limits
   assert 0 < result.judge_cpu_s <= (limits.judge_cpu_s or limits.timeout_s + 2)
   assert 0 < result.judge_peak_rss_bytes < 256 << 20
+
+
+# ------------------------------------------------------- limits the tests cannot catch
+
+# A "must raise" test that catches everything: in-process, only an exception raised by the
+# candidate reaches its `except:`. An exception the judge raised inside the call (a limit of its
+# own) must not: each hostile sample below answers "42" right and answers "x" with a reply that
+# hits one of the judge's limits, while the honest neighbour raises ValueError.
+MUST_RAISE = Problem(
+    "attack/must_raise", 'def parse_age(text: str) -> int:\n    """The number in `text`; '
+    'ValueError when it holds none."""\n',
+    tests="def check(candidate):\n    assert candidate('42') == 42\n    try:\n"
+          "        candidate('x')\n    except:\n        pass\n    else:\n"
+          "        assert False, 'no error'\n", entry_point="parse_age")
+
+
+def _second_reply(payload: str) -> str:
+  """A completion that answers digits right and replaces its reply to anything else by the
+  JSON text `payload` (built when it loads), written into the runner's codec."""
+  return f"""\
+    return int(text) if text.isdigit() else "REPLACE ME"
+
+
+import json, math, struct, sys
+_wire = sys.modules["__main__"].wire
+_payload = ({payload}).encode()
+_plain = _wire.dumps
+def _dumps(message):
+    data = _plain(message)
+    if b"REPLACE ME" not in data:
+        return data
+    return struct.pack(">I", len(_payload)) + _payload
+_wire.dumps = _dumps
+"""
+
+
+# 40 fractions, 4 MB on the wire: reducing each (a gcd of two 190,000-bit integers) costs the
+# judge about 50 ms, 2 s in all, past its CPU limit, inside the call that the `except:` wraps;
+# a limit raised as an exception between two of them reached that `except:` and passed.
+_FRACTIONS = ("json.dumps({'return': {'objs': [[1, ['list', [{'$fraction': [{'$int': "
+              "hex(3 ** 120_000)}, {'$int': hex((1 << 190_000) + 1)}]}] * 40]]], "
+              "'vals': [{'$ref': 1}]}})")
+
+LIMITS_IN_A_CALL = {
+    "cpu_limit_while_decoding": (_second_reply(_FRACTIONS), "CPU limit"),
+    "message_past_its_size_limit": (
+        _second_reply("'{\"return\": {\"objs\": [], \"vals\": [0]}}' + ' ' * (9 << 20)"),
+        "exceeds"),
+    "malformed_reply": (_second_reply("'{\"return\": {\"objs\": 5, \"vals\": []}}'"),
+                        "not data"),
+    "hash_flood": (_second_reply(
+        "json.dumps({'return': {'objs': [[1, ['list', [{'$int': hex(k * %d)} for k in "
+        "range(1, 200_001)]]]], 'vals': [{'$ref': 1}]}})" % _MERSENNE), "hash flooding"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIMITS_IN_A_CALL))
+def test_a_limit_of_the_judge_is_not_an_exception_of_the_candidate(verifier, tracker, name):
+  """Each limit the judge applies while it reads an answer ends the sample's judging from
+  outside the tests (the kernel's CPU limit kills the phase; a reply past a cap is recorded
+  and fails the sample whatever the tests do next): the hostile sample scores 0 beside an
+  honest one that scores 1, and the record names the limit."""
+  hostile, why = LIMITS_IN_A_CALL[name]
+  honest = "    if not text.isdigit():\n        raise ValueError(text)\n    return int(text)\n"
+  scores = verifier.score_batch([MUST_RAISE, MUST_RAISE], [hostile, honest + f"# {name}\n"])
+  assert scores == [0.0, 1.0]
+  result = verifier.inner.run(MUST_RAISE, hostile)
+  assert not result.passed and why in result.detail, result.detail
+  assert result.timed_out == (name == "cpu_limit_while_decoding"), result.detail
 
 
 # ------------------------------------------------------------------------------ hedged math
