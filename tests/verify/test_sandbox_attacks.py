@@ -10,8 +10,10 @@ import concurrent.futures
 import ctypes
 import errno
 import fcntl
+import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +31,7 @@ from orl_sandbox import launcher as sandbox
 from orl_sandbox import syscalls
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import ISOLATIONS, HumanEvalVerifier
+from orl_jax.verify.test_support import refusal
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
@@ -1855,23 +1858,34 @@ SIDE_EFFECTS = {
     # a set whose iteration order a fresh set with its items does not have
     "set_order": (_HOLES, "    s = set(range(5))\n    s.discard(1)\n    s.discard(3)\n"
                   "    s.add(225)\n    return s\n", "    return {0, 2, 4, 225}\n"),
-    "prints": (_QUIET, "    print('working on', x)\n    return x\n", "    return x\n"),
-    "writes_to_stderr": (_QUIET, "    import sys\n    sys.stderr.write('!')\n    return x\n",
-                         "    return x\n"),
-    "warns": (_QUIET, "    import warnings\n    warnings.warn('slow path')\n    return x\n",
-              "    return x\n"),
-    "logs": (_QUIET, "    import logging\n    logging.getLogger('q').error('x=%s', x)\n"
-             "    return x\n", "    return x\n"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SIDE_EFFECTS))
 def test_side_effects_the_tests_inspect_are_judged(verifier, tracker, name):
   """A wrong program whose fault is something other than its return value (a later change to an
-  earlier argument or to a cache it returned, a default factory's next value, a set's order,
-  printing, warning or logging) scores 0; the right one beside it scores 1."""
+  earlier argument or to a cache it returned, a default factory's next value, a set's order)
+  scores 0; the right one beside it scores 1."""
   problem, hostile, honest = SIDE_EFFECTS[name]
   assert verifier.score_batch([problem, problem], [hostile, honest]) == [0.0, 1.0]
+
+
+def test_tests_that_watch_what_a_call_prints_are_refused_at_load(tmp_path):
+  """Tests that watch what the candidate prints, warns or logs observe more than its values and
+  exceptions: the task loader refuses them with one sentence (the contract's allowlist), and
+  the same task without the watching loads."""
+  from orl_jax.data import jsonl
+  path = tmp_path / "quiet.jsonl"
+  record = {"id": "quiet", "prompt": _QUIET.prompt, "entry_point": "quiet"}
+  path.write_text(json.dumps({**record, "tests": _QUIET_TESTS}) + "\n")
+  with pytest.raises(jsonl.DatasetError, match=re.escape(
+      "task 'quiet': its tests use the contextlib module (line 1 of the tests), and a test may "
+      "observe the candidate only through the values its calls return and the exceptions they "
+      "raise")):
+    jsonl.load_jsonl_problems(path)
+  path.write_text(json.dumps({**record, "tests": "def check(candidate):\n"
+                              "    assert candidate(3) == 3\n"}) + "\n")
+  assert [p.problem_id for p in jsonl.load_jsonl_problems(path)] == ["quiet"]
 
 
 # ------------------------------------------------------------- the judge runs contained
@@ -1889,6 +1903,11 @@ JUDGE_OPERATIONS = {
     "os_remove": ("import os\n    open('scratch', 'w').close()\n"
                   "    os.remove(candidate('scratch'))", "P"),
 }
+# What the task loader names when it refuses each of those checks (they are outside the
+# contract); the judge's containment below is for a problem given to the verifier directly.
+_JUDGE_OPERATION_REFUSALS = {"eval": "the name eval", "exec": "the name exec",
+                             "pickle": "the pickle module", "open_write": "a with statement",
+                             "os_remove": "the os module"}
 
 
 @pytest.mark.parametrize("operation", sorted(JUDGE_OPERATIONS))
@@ -1904,6 +1923,8 @@ def test_a_check_that_runs_the_answer_cannot_touch_a_host_file(operation, tmp_pa
   problem = Problem(f"Custom/{operation}", "def echo(text):\n    \"\"\"Returns text.\"\"\"\n",
                     target="    return text\n", tests=f"def check(candidate):\n    {check}\n",
                     entry_point="echo")
+  assert refusal(problem.tests, "echo", problem.prompt).construct == (
+      _JUDGE_OPERATION_REFUSALS[operation])
   hostile = f"    P = {str(target)!r}\n    return {returned}  # {operation}\n"
   with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=2) as inner:
     stack = CodePromptVerifier(inner, {problem.problem_id: problem})
