@@ -160,11 +160,18 @@ def _encode_call(session, args, kwargs) -> bytes:
 
 
 class _Recorder:
-  def __init__(self):
+  """Stands for the candidate in step 1: records each call's message bytes. With `alone`, each
+  call is encoded in a fresh session, so its bytes are its arguments' values alone (not which
+  containers an earlier call sent): the form `call_set_digest` compares."""
+
+  def __init__(self, alone: bool = False):
     self.calls: list[bytes] = []
+    self.alone = alone
     self.session = wire.Session(0, watch_received=False)
 
   def __call__(self, *args, **kwargs):
+    if self.alone:
+      self.session = wire.Session(0, watch_received=False)
     try:
       self.calls.append(_encode_call(self.session, args, kwargs))
     except (wire.WireError, wire.Unsupported, RecursionError, ValueError, TypeError):
@@ -193,14 +200,27 @@ def _run_tests(prelude: str, tests, entry_point: str, candidate) -> None:
   namespace["check"](candidate)
 
 
-def collect_calls(prelude: str, tests: str, entry_point: str) -> list[bytes]:
-  """Step 1: the calls the tests make on the path of a passing candidate, in order."""
-  recorder = _Recorder()
+def collect_calls(prelude: str, tests: str, entry_point: str, alone: bool = False) -> list[bytes]:
+  """Step 1: the calls the tests make on the path of a passing candidate, in order (`alone`:
+  each encoded on its own, see `_Recorder`)."""
+  recorder = _Recorder(alone)
   try:
     _run_tests(prelude, _keep_going(tests, "tests.py"), entry_point, recorder)
   except (Exception, ProtocolViolation):  # pylint: disable=broad-except
     pass   # e.g. `check` missing, too many calls: step 3 reports it
   return recorder.calls
+
+
+def call_set_digest(prelude: str, tests: str, entry_point: str) -> str:
+  """sha256 over the distinct calls the tests make, each encoded on its own, in sorted order:
+  what the tests ask the candidate, whatever their wording, the order of their asserts or how
+  often they repeat a call (the "prompt" isolation's key, orl_jax/verify/humaneval.py
+  `prompt_key`)."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  digest = hashlib.sha256()
+  for call in sorted(set(collect_calls(prelude, tests, entry_point, alone=True))):
+    digest.update(len(call).to_bytes(8, "little") + call)
+  return digest.hexdigest()
 
 
 def exchange(calls: list[bytes], to_sample: int, from_sample: int, max_message_bytes: int,

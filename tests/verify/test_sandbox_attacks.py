@@ -6,6 +6,7 @@ that it scores 1 if it works (it forges a verdict, or it computes the right answ
 got out). Each test asserts: the attack scores 0, the honest sample beside it scores 1, nothing
 leaked, no process of either run survives, and no sandbox directory or cgroup is left behind.
 """
+import ast
 import concurrent.futures
 import ctypes
 import errno
@@ -32,6 +33,7 @@ from orl_sandbox import syscalls
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import ISOLATIONS, HumanEvalVerifier
 from orl_jax.verify.test_support import refusal
+from tests.verify.test_judge_semantics import check_program, in_process
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
@@ -1667,22 +1669,39 @@ def _copies_of_has_close_elements() -> list[Problem]:
   lines = [line.strip() for line in tests.splitlines() if line.strip().startswith("assert")]
   messages = "def check(f):\n" + "".join(
       f"    {line.replace('candidate', 'f')}, 'case {i}'\n" for i, line in enumerate(lines))
-  reordered = ("# has_close_elements\ndef check(candidate):\n    '''All cases.'''\n"
+  reordered = ("# has_close_elements\ndef check(candidate):\n    '\'\'All cases.'\'\'\n"
                + "".join(f"    {line}  # case\n" for line in reversed(lines)))
+  # The same calls from a table, with the expected values written otherwise (`is`, `not`), each
+  # call made twice and through a helper of the tests.
+  cases = [ast.parse(line).body[0].test for line in lines]
+  table = ("CASES = [\n" + "".join(
+      f"    (({', '.join(ast.unparse(a) for a in case.left.args)}), "
+      f"{ast.unparse(case.comparators[0])}),\n" for case in cases) + "]\n\n\n"
+      "def ask(f, args):\n    return f(*args)\n\n\n"
+      "def check(g):\n    for args, want in CASES:\n        assert ask(g, args) is want\n"
+      "        assert not ask(g, args) is not want\n")
   return [original] + [Problem(f"HumanEval/0 {kind}", original.prompt, target=original.target,
                                tests=copy, entry_point=original.entry_point)
                        for kind, copy in (("bare", no_metadata), ("messages", messages),
-                                          ("reordered", reordered))]
+                                          ("reordered", reordered), ("table", table))]
 
 
 def test_copies_of_a_task_share_its_prompt_key():
+  """Copies that ask the candidate the same (other wording, names, messages, metadata, order,
+  a table of cases, repeated calls) share a key; another argument gives another key; the keys
+  agree with `task.verify_isolation` (under "sample" isolation no key groups samples)."""
   from orl_jax.verify.humaneval import prompt_key
   copies = _copies_of_has_close_elements()
   assert len({c.tests for c in copies}) == len(copies)
+  assert all(refusal(c.tests, c.entry_point, c.prompt) is None for c in copies)
+  assert in_process([check_program(c.prompt, c.target, c.tests, c.entry_point)
+                     for c in copies]) == ["pass"] * len(copies)
   assert len({prompt_key(c) for c in copies}) == 1
   other_input = copies[0].tests.replace("0.3)", "0.31)", 1)
   assert other_input != copies[0].tests
   assert prompt_key(Problem("x", copies[0].prompt, tests=other_input)) != prompt_key(copies[0])
+  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=1) as inner:
+    assert inner._prompt_keys(copies) == [c.problem_id for c in copies]
 
 
 def test_copies_of_a_task_never_run_at_the_same_time(prompt_verifier, tracker, judged_spans):
@@ -1692,7 +1711,7 @@ def test_copies_of_a_task_never_run_at_the_same_time(prompt_verifier, tracker, j
   copies = _copies_of_has_close_elements()
   scores = prompt_verifier.score_batch(copies * 2, [c.target + f"# copy {c.problem_id} {i}\n"
                                              for i in range(2) for c in copies])
-  assert scores == [1.0] * 8 and len(judged_spans) == 8
+  assert scores == [1.0] * 2 * len(copies) and len(judged_spans) == 2 * len(copies)
   ordered = sorted((start, end) for _, start, end in judged_spans)
   assert all(end <= next_start for (_, end), (next_start, _) in zip(ordered, ordered[1:]))
 
