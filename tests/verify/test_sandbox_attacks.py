@@ -1559,16 +1559,16 @@ _CYCLE_S, _SYMBOL_S, _SET_UP_S = 0.25, 0.125, 0.01   # two symbols; a start take
 def _secret_problem(tag: str, secret: int, trial: int, copy: int = 0) -> Problem:
   """A task whose answer only the sender knows; `copy` 1 and 2 are copies of it with an assert
   message, or with metadata, a docstring and another parameter name. Each trial's task is
-  another prompt (its second assert): trials with equal secrets would otherwise share a prompt,
-  and the schedule of one trial would carry the previous trial's phase into the next."""
+  another prompt (its calls pass the trial's number): trials with equal calls would share a
+  prompt, and the schedule of one trial would carry the previous trial's phase into the next."""
   other = -2 - trial
-  tests = [f"def check(candidate):\n    assert candidate() == {secret}\n"
-           f"    assert candidate() != {other}\n",
-           f"def check(candidate):\n    assert candidate() == {secret}, 'the secret'\n"
-           f"    assert candidate() != {other}, 'not this'\n",
+  tests = [f"def check(candidate):\n    assert candidate({trial}) == {secret}\n"
+           f"    assert candidate({trial}) != {other}\n",
+           f"def check(candidate):\n    assert candidate({trial}) == {secret}, 'the secret'\n"
+           f"    assert candidate({trial}) != {other}, 'not this'\n",
            f"METADATA = {{'copy': True}}\n\n\ndef check(f):\n    \"Copied.\"\n"
-           f"    assert f() == {secret}\n    assert f() != {other}\n"][copy]
-  return Problem(f"secret {tag} {copy}", "def secret() -> int:\n", tests=tests,
+           f"    assert f({trial}) == {secret}\n    assert f({trial}) != {other}\n"][copy]
+  return Problem(f"secret {tag} {copy}", "def secret(trial: int) -> int:\n", tests=tests,
                  entry_point="secret")
 
 
