@@ -28,8 +28,10 @@ _EVERY = None   # every public name of the module (pure functions and constants 
 
 # Module -> the names a test may take from it (`_EVERY`: all its public names).
 MODULES: dict[str, frozenset[str] | None] = {
-    "math": _EVERY, "cmath": _EVERY, "string": _EVERY, "itertools": _EVERY, "heapq": _EVERY,
-    "bisect": _EVERY, "statistics": _EVERY,
+    "math": _EVERY, "cmath": _EVERY, "itertools": _EVERY, "heapq": _EVERY, "bisect": _EVERY,
+    "statistics": _EVERY,
+    "string": frozenset(n for n in dir(string) if not n.startswith("_")
+                        and n != "Formatter"),   # (its get_field reads attributes by name)
     "operator": frozenset(n for n in dir(__import__("operator")) if not n.startswith("_")
                           and n not in ("attrgetter", "methodcaller")),   # names as strings
     "collections": frozenset(("Counter", "OrderedDict", "defaultdict", "deque", "namedtuple",
@@ -211,15 +213,19 @@ class _Allowlist(ast.NodeVisitor):
     elif isinstance(base, ast.Name) and base.id in self.candidates:
       self._refuse(node, f"an attribute of the candidate ({base.id}.{node.attr})")
     elif isinstance(base, ast.Name) and base.id not in self.known and self.names.get(
-        base.id, ("", "x"))[1] == "" and not _allowed(self.names[base.id][0], node.attr):
-      self._refuse(node, f"{self.names[base.id][0]}.{node.attr}")
+        base.id, ("", "x"))[1] == "":
+      module = self.names[base.id][0]
+      if not _allowed(module, node.attr):
+        self._refuse(node, f"{module}.{node.attr}")
+      elif not isinstance(node.ctx, ast.Load):   # in-process the candidate would see it
+        self._refuse(node, f"an assignment to {module}.{node.attr}")
     self.generic_visit(node)
 
   def visit_Call(self, node: ast.Call) -> None:
     func = node.func
-    if (isinstance(func, ast.Attribute) and func.attr in ("format", "format_map")
-        and isinstance(func.value, ast.Constant) and _reaches_attributes(func.value.value)):
-      self._refuse(node, "a format string that reads attributes or items")
+    if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map") and not (
+        isinstance(func.value, ast.Constant) and not _reaches_attributes(func.value.value)):
+      self._refuse(node, "a format string that reads attributes or items, or is not a literal")
     self.generic_visit(node)
 
 

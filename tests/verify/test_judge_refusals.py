@@ -94,7 +94,16 @@ REFUSED = {
     "candidate_attribute": (_CHECK + "  assert candidate.session is not None\n",
                             "an attribute of the candidate (candidate.session)", 2),
     "format_reads_attributes": (_CHECK + "  assert '{0.real}'.format(candidate(1)) == '2'\n",
-                                "a format string that reads attributes or items", 2),
+                                "a format string that reads attributes or items, or is not a "
+                                "literal", 2),
+    "format_template_in_a_name": (_CHECK + "  t = '{0.real}'\n"
+                                  "  assert t.format(candidate(1)) == '2'\n",
+                                  "a format string that reads attributes or items, or is not a "
+                                  "literal", 3),
+    "string_formatter": ("import string\n" + _CHECK + "  f = string.Formatter()\n",
+                         "string.Formatter", 3),
+    "module_attribute_assigned": ("import math\n" + _CHECK + "  math.pi = 3\n"
+                                  "  assert candidate(1) == 2\n", "an assignment to math.pi", 3),
     "attrgetter": ("from operator import attrgetter\n" + _CHECK
                    + "  assert attrgetter('real')(candidate(1)) == 2\n",
                    "operator.attrgetter", 1),
@@ -173,7 +182,8 @@ SUPPORTED = {
     "names_like_refused_ones": (_CHECK + "  time, seed, environ = 1, 2, {'open': 3}\n"
                                 "  assert candidate(time) == 2 and candidate(seed) == 4\n"
                                 "  assert candidate(environ['open']) == 6\n"
-                                "  assert 'os.system(eval)'.count('s') == 3\n"),
+                                "  assert 'os.system(eval)'.count('s') == 3\n"
+                                "  assert '{}-{:>3}'.format(candidate(1), 'x') == '2-  x'\n"),
     "bare_except_and_raise": (_CHECK + "  try:\n    assert candidate(-1) == -2\n  except:\n"
                               "    raise AssertionError('negative')\n"),
     # MBPP's own form: asserts on the entry point by name, with math and set comparisons
