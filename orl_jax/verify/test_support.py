@@ -174,7 +174,7 @@ class _Allowlist(ast.NodeVisitor):
   def __init__(self, tree: ast.Module, entry_point: str, names: dict[str, tuple[str, str]],
                prompt_names: set[str]):
     self.names = names
-    self.candidates = {entry_point} | _check_parameter(tree)
+    self.candidates = _candidate_names(tree, {entry_point} | _check_parameter(tree))
     self.known = (BUILTINS | set(prompt_names) | {entry_point} | _bound_names(tree)) - set(names)
     self.parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
     self.refusals: list[Refusal] = []
@@ -242,6 +242,34 @@ def _check_parameter(tree: ast.Module) -> set[str]:
   """The name of `check`'s first parameter (the candidate), if the tests define `check`."""
   return {node.args.args[0].arg for node in tree.body
           if isinstance(node, ast.FunctionDef) and node.name == "check" and node.args.args}
+
+
+def _candidate_names(tree: ast.Module, names: set[str]) -> set[str]:
+  """`names` and every name that ever holds one of them (by name, whatever the scope): an
+  assignment of one, a parameter given one as its default or as an argument of a call of the
+  tests' own function. Their attributes would be the judge's stand-in's, not the candidate's."""
+  functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+  names = set(names)
+  while True:
+    found = set(names)
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Assign) and _is_one_of(node.value, found):
+        found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+      elif isinstance(node, ast.arguments):
+        params = node.posonlyargs + node.args
+        found |= {p.arg for p, d in zip(params[len(params) - len(node.defaults):], node.defaults)
+                  if _is_one_of(d, found)}
+      elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+          node.func.id in functions):
+        params = functions[node.func.id].args.posonlyargs + functions[node.func.id].args.args
+        found |= {p.arg for p, a in zip(params, node.args) if _is_one_of(a, found)}
+    if found == names:
+      return names
+    names = found
+
+
+def _is_one_of(node: ast.AST, names: set[str]) -> bool:
+  return isinstance(node, ast.Name) and node.id in names
 
 
 def _bound_names(tree: ast.Module) -> set[str]:

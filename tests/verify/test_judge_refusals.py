@@ -93,6 +93,9 @@ REFUSED = {
                          "the attribute __class__", 2),
     "candidate_attribute": (_CHECK + "  assert candidate.session is not None\n",
                             "an attribute of the candidate (candidate.session)", 2),
+    "attribute_of_the_candidate_by_another_name": (
+        "def peek(g):\n  return g.session\n\n\n" + _CHECK + "  c = candidate\n  peek(c)\n",
+        "an attribute of the candidate (g.session)", 2),
     "format_reads_attributes": (_CHECK + "  assert '{0.real}'.format(candidate(1)) == '2'\n",
                                 "a format string that reads attributes or items, or is not a "
                                 "literal", 2),
