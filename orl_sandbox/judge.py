@@ -19,8 +19,7 @@ after its processes are dead, in three steps:
    (matched through the class hierarchy, never by name), and what the candidate did to its
    arguments is done to the tests' own objects when its answer arrives (`wire.Session` on both
    sides; an argument passed again is the sample's same object), as is what it did meanwhile to
-   any container that crossed earlier; what it printed, warned and logged during the call is
-   shown to the tests at that moment (`_show`). A value the judge cannot reproduce exactly (a
+   any container that crossed earlier. A value the judge cannot reproduce exactly (a
    set's order, a stateful default factory: `wire.Unsupported`) leaves the sample not judged,
    as below. A call that step 1 could not
    know in advance (its arguments depend on an earlier answer, `candidate(candidate(x))`, or on
@@ -276,13 +275,13 @@ class _Replay:
 
   def _answer(self, payload: bytes):
     how = value = None
-    shown: list = []
     try:
       reply = wire.loads(payload)
       how = next((k for k in ("return", "raise") if k in reply), None)
-      if how is not None and set(reply) <= {how, *_SHOWN}:
+      if how is not None and set(reply) == {how}:
         values = self.session.decode(reply[how])
-        value, shown = values[0], values[1:]
+        value = values[0] if len(values) == 1 else None
+        how = how if len(values) == 1 else None
     except wire.Unsupported:
       self._violate(self.session.unsupported, unsupported=True)
     except (wire.WireError, RecursionError, MemoryError, IndexError) as error:
@@ -291,43 +290,12 @@ class _Replay:
       self._violate(str(reply["unsupported"])[:1000], unsupported=True)
     if set(reply) == {"abort"}:
       self._violate(str(reply["abort"])[:1000])
-    if how is None or not set(reply) <= {how, *_SHOWN} or (
-        how == "raise" and not isinstance(value, Exception)) or len(shown) != reply.get(
-            "warned", 0) or not _show(reply, shown):
+    if how is None or set(reply) != {how} or (
+        how == "raise" and not isinstance(value, Exception)):
       self._violate("malformed reply")
     if how == "raise":
       raise value   # (outside the `try`: the candidate's own RecursionError or MemoryError)
     return value
-
-
-_SHOWN = ("out", "err", "warned", "log")
-
-
-def _show(reply: dict, warned: list) -> bool:
-  """Shows the tests, as the answer arrives, what the candidate printed, warned and logged
-  during the call (runner's `_Seen`): text to the tests' sys.stdout and sys.stderr, each warning
-  issued again with its class and message under the tests' filters, each record logged again
-  under the tests' logging configuration. False if the reply is malformed."""
-  out, err, log = reply.get("out", ""), reply.get("err", ""), reply.get("log", [])
-  if type(out) is not str or type(err) is not str or type(log) is not list or not all(
-      isinstance(w, Warning) for w in warned) or not all(
-          type(r) is list and len(r) == 3 and type(r[0]) is str and type(r[1]) is int
-          and type(r[2]) is str for r in log):
-    return False
-  if out:
-    sys.stdout.write(out)
-  if err:
-    sys.stderr.write(err)
-  if warned:
-    import warnings  # pylint: disable=import-outside-toplevel
-    for warning in warned:
-      warnings.warn(warning, stacklevel=4)   # the tests' line that called the candidate
-  if log:
-    import logging  # pylint: disable=import-outside-toplevel
-    for name, level, message in log:
-      logger = logging.getLogger() if name == "root" else logging.getLogger(name)
-      logger.log(level, message)
-  return True
 
 
 def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes],

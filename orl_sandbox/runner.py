@@ -1114,7 +1114,6 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
   # "builtins" and an `if __name__ == "__main__":` block does not run.
   namespace = {"__builtins__": __builtins__}
   try:
-    _observe(spec["program"])
     exec(compile(spec["program"], "candidate.py", "exec"), namespace)  # pylint: disable=exec-used
     function = namespace.get(spec["entry_point"])
     if not callable(function):
@@ -1156,150 +1155,27 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
 
 def _answer(session, function, args, kwargs, values) -> dict:
   """The reply to one call: its result or the exception it raised, with every container that
-  crossed and changed, and what the candidate printed, warned and logged meanwhile (`_Seen`);
-  "abort" when that is not data, "unsupported" when a value cannot be reproduced exactly."""
+  crossed and changed; "abort" when that is not data, "unsupported" when a value cannot be
+  reproduced exactly. What the call prints, warns or logs is not sent: no test inside the
+  judge's contract can watch it (docs/verifier.md#what-a-test-may-use)."""
   if isinstance(values, wire.Unsupported):
     return {"unsupported": _message(values)}
-  seen = _Seen()
   try:
     try:
-      with seen:
-        result = function(*args, **kwargs)
+      result = function(*args, **kwargs)
       how = "return"
     except Exception as error:  # pylint: disable=broad-except
       how, result = "raise", error
       error.__traceback__ = None   # (its frames would keep the arguments watched)
-    if session.unsupported or seen.overflowed():
-      return {"unsupported": session.unsupported or seen.overflowed()}
-    reply = {how: session.encode([result, *seen.warnings], also=values, watch=True)}
-    reply.update(seen.report())
-    return reply
+    if session.unsupported:
+      return {"unsupported": session.unsupported}
+    return {how: session.encode([result], also=values, watch=True)}
   except wire.Unsupported:
     return {"unsupported": session.unsupported}
   except (wire.WireError, RecursionError) as error:
     return {"abort": f"the answer is not data: {_message(error)}"}
   except BaseException as error:  # pylint: disable=broad-except
     return {"abort": f"{type(error).__name__} escaped the candidate"}
-
-
-def _observe(program: str) -> None:
-  """Loads `warnings` and `logging` before a program that names them runs, so that `_Seen`
-  sees its warnings and records from the first call (they are not loaded otherwise: start-up
-  time is paid per sample)."""
-  for name in ("warnings", "logging"):
-    if name in program:
-      __import__(name)
-
-
-class _Seen:
-  """What a call shows besides its value, for the judge to show the tests when the answer
-  arrives: its writes to sys.stdout and sys.stderr (up to `MAX_TEXT` characters each), the
-  warnings it issued (up to `MAX_EVENTS`, when `warnings` is loaded) and the log records it
-  emitted (the same, when `logging` is loaded; every level reaches the judge, whose logging
-  configuration is the tests'). Past a bound the call is not judged: tests that count what
-  was shown would see too little."""
-  MAX_TEXT = 1 << 20
-  MAX_EVENTS = 4096
-  MAX_RECORD = 1 << 16
-
-  def __init__(self):
-    self.out, self.err = _Text(sys.stdout, self.MAX_TEXT), _Text(sys.stderr, self.MAX_TEXT)
-    self.warnings: list = []
-    self.records: list = []
-    self._saved: tuple = ()
-    self._catcher = self._handler = None
-    self.too_many = False
-    self._level = 0
-
-  def __enter__(self):
-    self._saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = self.out, self.err
-    warnings = sys.modules.get("warnings")
-    if warnings is not None:
-      self._catcher = warnings.catch_warnings()
-      self._catcher.__enter__()
-      warnings.simplefilter("always")
-      warnings.showwarning = self._warned
-    logging = sys.modules.get("logging")
-    if logging is not None:
-      self._handler = _record_handler(logging, self)
-      root = logging.getLogger()
-      self._level = root.level
-      root.addHandler(self._handler)
-      root.setLevel(1)
-    return self
-
-  def __exit__(self, *exc):
-    sys.stdout, sys.stderr = self._saved
-    if self._catcher is not None:
-      self._catcher.__exit__(*exc)
-    if self._handler is not None:
-      root = sys.modules["logging"].getLogger()
-      root.removeHandler(self._handler)
-      root.setLevel(self._level)
-    return False
-
-  def _warned(self, message, *_):
-    """`warnings.showwarning` during the call: keeps the warning (an instance of its
-    category)."""
-    if len(self.warnings) < self.MAX_EVENTS:
-      self.warnings.append(message)
-    else:
-      self.too_many = True
-
-  def overflowed(self) -> str:
-    """Why what the call showed is too much to show the tests, or ""."""
-    if self.too_many or self.out.left < 0 or self.err.left < 0:
-      return (f"a call wrote more than {self.MAX_TEXT} characters to an output stream, issued "
-              f"more than {self.MAX_EVENTS} warnings or log records, or a log message longer "
-              f"than {self.MAX_RECORD} characters")
-    return ""
-
-  def report(self) -> dict:
-    """The reply's extra keys (none when the call showed nothing)."""
-    shown = {"out": self.out.text(), "err": self.err.text(), "warned": len(self.warnings),
-             "log": self.records}
-    return {key: value for key, value in shown.items() if value}
-
-
-class _Text:
-  """A write-only text stream that keeps its first `limit` characters and passes everything on
-  to `stream` (the sample's own output, kept in `SandboxResult`)."""
-
-  def __init__(self, stream, limit: int):
-    self.stream = stream
-    self.parts: list[str] = []
-    self.left = limit
-
-  def write(self, text) -> int:
-    text = str(text)
-    if len(text) > self.left:
-      self.left = -1
-    elif text:
-      self.parts.append(text)
-      self.left -= len(text)
-    return self.stream.write(text)
-
-  def flush(self) -> None:
-    self.stream.flush()
-
-  def text(self) -> str:
-    return "".join(self.parts)
-
-
-def _record_handler(logging, seen: _Seen):
-  """A handler that keeps [logger name, level, message] of each record in `seen.records`."""
-  class Keep(logging.Handler):
-    def emit(self, record):
-      try:
-        message = str(record.getMessage())
-      except Exception:  # pylint: disable=broad-except
-        message = "(a log message that could not be formatted)"
-      if len(seen.records) >= seen.MAX_EVENTS or len(message) > seen.MAX_RECORD:
-        seen.too_many = True
-      else:
-        seen.records.append([str(record.name), int(record.levelno), message])
-  return Keep(0)
 
 
 def _message(error: BaseException) -> str:

@@ -52,6 +52,7 @@ from typing import Callable, Iterator, Sequence
 import orl_sandbox as sandbox
 from orl_sandbox import launcher as sandbox_launcher
 from orl_jax.problem import Problem, truncate_completion  # noqa: F401  (re-exported)
+from orl_jax.verify import test_support
 
 _log = logging.getLogger(__name__)
 
@@ -74,10 +75,22 @@ def _require_tests(problem: Problem) -> tuple[str, str]:
   return problem.entry_point, problem.tests
 
 
+@functools.lru_cache(maxsize=4096)
+def _refusal(tests: str, entry_point: str, prompt: str) -> test_support.Refusal | None:
+  return test_support.refusal(tests, entry_point, prompt)
+
+
 def judge_run(problem: Problem, completion: str,
               limits: sandbox.SandboxLimits) -> sandbox.SandboxResult:
-  """Scores one completion: the candidate in the sandbox, the tests in the judge process."""
+  """Scores one completion: the candidate in the sandbox, the tests in the judge process.
+  Tests outside the judge's contract (the task loader refuses them; a problem built by hand
+  is not loaded) are not judged: "unsupported", with the loader's sentence, nothing run."""
   entry_point, tests = _require_tests(problem)
+  found = _refusal(tests, entry_point, problem.prompt)
+  if found is not None:
+    return sandbox.SandboxResult(passed=False, timed_out=False, returncode=None, stdout="",
+                                 stderr="", isolation=(), wall_s=0.0, verdict="unsupported",
+                                 detail=f"not judged: {found.sentence()}")
   return sandbox.run_judged(problem.prompt + completion + "\n", entry_point,
                             tests=tests, prelude=problem.prompt, limits=limits)
 

@@ -1217,8 +1217,8 @@ def test_output_flood_is_capped_and_kept_in_part(verifier, tracker):
   flood = "    import sys\n    for _ in range(64):\n        sys.stdout.write('x' * (1 << 20))\n" \
           f"    return {CORRECT}\n"
   result = verifier.inner.run(TRUNCATE, flood)
-  # Past 1 MiB in one call, what it printed is more than the judge shows the tests: not judged.
-  assert result.verdict == "unsupported" and "more than 1048576 characters" in result.detail
+  # The output pipe is closed past the file cap: the candidate's next write raises, so it fails.
+  assert result.verdict == "fail" and result.infra_error is None, result.detail
   assert result.stdout == "x" * verifier.inner.limits.max_output_bytes
 
 
@@ -1931,10 +1931,11 @@ _JUDGE_OPERATION_REFUSALS = {"eval": "the name eval", "exec": "the name exec",
 
 @pytest.mark.parametrize("operation", sorted(JUDGE_OPERATIONS))
 def test_a_check_that_runs_the_answer_cannot_touch_a_host_file(operation, tmp_path, tracker):
-  """The check runs the sample's string, bytes or path against a root-owned 0600 host file: the
-  judge runs it as the sample's uid in the sample's kind of root, where the file does not exist
-  (as in-process inside the sandbox), so the file stays and the attack scores 0; the honest
-  neighbour, whose check does the same with a harmless value, scores 1."""
+  """Such a check is outside the contract: the task loader refuses it, and the verifier does
+  not judge it (a problem built by hand). Run by the sandbox itself, against a root-owned 0600
+  host file: the judge runs it as the sample's uid in the sample's kind of root, where the file
+  does not exist (as in-process inside the sandbox), so the file stays and the attack fails;
+  the honest neighbour, whose check does the same with a harmless value, passes."""
   check, returned = JUDGE_OPERATIONS[operation]
   target = tmp_path / "secret"
   target.write_text("keep")
@@ -1945,12 +1946,15 @@ def test_a_check_that_runs_the_answer_cannot_touch_a_host_file(operation, tmp_pa
   assert refusal(problem.tests, "echo", problem.prompt).construct == (
       _JUDGE_OPERATION_REFUSALS[operation])
   hostile = f"    P = {str(target)!r}\n    return {returned}  # {operation}\n"
-  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=2) as inner:
-    stack = CodePromptVerifier(inner, {problem.problem_id: problem})
-    scores = stack.score_batch([problem, problem],
-                               [hostile, f"    return text  # honest {operation}\n"])
-    result = inner.run(problem, hostile)
-  assert scores == [0.0, 1.0]
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S)
+  with HumanEvalVerifier(limits, parallelism=2) as inner:
+    refused = inner.run(problem, hostile)
+  assert refused.verdict == "unsupported" and _JUDGE_OPERATION_REFUSALS[operation] in (
+      refused.detail), refused.detail
+  result, honest = (sandbox.run_judged(problem.prompt + body + "\n", "echo", problem.tests,
+                                       prelude=problem.prompt, limits=limits)
+                    for body in (hostile, f"    return text  # honest {operation}\n"))
+  assert (result.passed, honest.passed) == (False, True), (result.detail, honest.detail)
   assert target.read_text() == "keep" and (target.stat().st_mode & 0o777) == 0o600
   assert target.stat().st_uid == os.getuid() and os.listdir(tmp_path) == ["secret"]
   assert {"judge-mountns", "judge-netns", "judge-no-new-privs"} <= set(result.isolation)
