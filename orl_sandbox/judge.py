@@ -19,8 +19,7 @@ after its processes are dead, in three steps:
    (matched through the class hierarchy, never by name), and what the candidate did to its
    arguments is done to the tests' own objects when its answer arrives (`wire.Session` on both
    sides; an argument passed again is the sample's same object), as is what it did meanwhile to
-   any container that crossed earlier; what it printed, warned and logged during the call is
-   shown to the tests at that moment (`_show`). A value the judge cannot reproduce exactly (a
+   any container that crossed earlier. A value the judge cannot reproduce exactly (a
    set's order, a stateful default factory: `wire.Unsupported`) leaves the sample not judged,
    as below. A call that step 1 could not
    know in advance (its arguments depend on an earlier answer, `candidate(candidate(x))`, or on
@@ -57,7 +56,9 @@ class ProtocolViolation(BaseException):
 
 
 class JudgeOverloaded(BaseException):
-  """The judge ran out of its CPU time (raised by the SIGXCPU handler)."""
+  """The runner ran out of its CPU time while it moved the sample's bytes (raised by its
+  SIGXCPU handler; never inside the tests: the phases that run them are killed by the kernel
+  at their CPU limit)."""
 
 
 class _Opaque:
@@ -158,11 +159,18 @@ def _encode_call(session, args, kwargs) -> bytes:
 
 
 class _Recorder:
-  def __init__(self):
+  """Stands for the candidate in step 1: records each call's message bytes. With `alone`, each
+  call is encoded in a fresh session, so its bytes are its arguments' values alone (not which
+  containers an earlier call sent): the form `call_set_digest` compares."""
+
+  def __init__(self, alone: bool = False):
     self.calls: list[bytes] = []
+    self.alone = alone
     self.session = wire.Session(0, watch_received=False)
 
   def __call__(self, *args, **kwargs):
+    if self.alone:
+      self.session = wire.Session(0, watch_received=False)
     try:
       self.calls.append(_encode_call(self.session, args, kwargs))
     except (wire.WireError, wire.Unsupported, RecursionError, ValueError, TypeError):
@@ -191,14 +199,27 @@ def _run_tests(prelude: str, tests, entry_point: str, candidate) -> None:
   namespace["check"](candidate)
 
 
-def collect_calls(prelude: str, tests: str, entry_point: str) -> list[bytes]:
-  """Step 1: the calls the tests make on the path of a passing candidate, in order."""
-  recorder = _Recorder()
+def collect_calls(prelude: str, tests: str, entry_point: str, alone: bool = False) -> list[bytes]:
+  """Step 1: the calls the tests make on the path of a passing candidate, in order (`alone`:
+  each encoded on its own, see `_Recorder`)."""
+  recorder = _Recorder(alone)
   try:
     _run_tests(prelude, _keep_going(tests, "tests.py"), entry_point, recorder)
   except (Exception, ProtocolViolation):  # pylint: disable=broad-except
     pass   # e.g. `check` missing, too many calls: step 3 reports it
   return recorder.calls
+
+
+def call_set_digest(prelude: str, tests: str, entry_point: str) -> str:
+  """sha256 over the distinct calls the tests make, each encoded on its own, in sorted order:
+  what the tests ask the candidate, whatever their wording, the order of their asserts or how
+  often they repeat a call (the "prompt" isolation's key, orl_jax/verify/humaneval.py
+  `prompt_key`)."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  digest = hashlib.sha256()
+  for call in sorted(set(collect_calls(prelude, tests, entry_point, alone=True))):
+    digest.update(len(call).to_bytes(8, "little") + call)
+  return digest.hexdigest()
 
 
 def exchange(calls: list[bytes], to_sample: int, from_sample: int, max_message_bytes: int,
@@ -254,13 +275,13 @@ class _Replay:
 
   def _answer(self, payload: bytes):
     how = value = None
-    shown: list = []
     try:
       reply = wire.loads(payload)
       how = next((k for k in ("return", "raise") if k in reply), None)
-      if how is not None and set(reply) <= {how, *_SHOWN}:
+      if how is not None and set(reply) == {how}:
         values = self.session.decode(reply[how])
-        value, shown = values[0], values[1:]
+        value = values[0] if len(values) == 1 else None
+        how = how if len(values) == 1 else None
     except wire.Unsupported:
       self._violate(self.session.unsupported, unsupported=True)
     except (wire.WireError, RecursionError, MemoryError, IndexError) as error:
@@ -269,43 +290,12 @@ class _Replay:
       self._violate(str(reply["unsupported"])[:1000], unsupported=True)
     if set(reply) == {"abort"}:
       self._violate(str(reply["abort"])[:1000])
-    if how is None or not set(reply) <= {how, *_SHOWN} or (
-        how == "raise" and not isinstance(value, Exception)) or len(shown) != reply.get(
-            "warned", 0) or not _show(reply, shown):
+    if how is None or set(reply) != {how} or (
+        how == "raise" and not isinstance(value, Exception)):
       self._violate("malformed reply")
     if how == "raise":
       raise value   # (outside the `try`: the candidate's own RecursionError or MemoryError)
     return value
-
-
-_SHOWN = ("out", "err", "warned", "log")
-
-
-def _show(reply: dict, warned: list) -> bool:
-  """Shows the tests, as the answer arrives, what the candidate printed, warned and logged
-  during the call (runner's `_Seen`): text to the tests' sys.stdout and sys.stderr, each warning
-  issued again with its class and message under the tests' filters, each record logged again
-  under the tests' logging configuration. False if the reply is malformed."""
-  out, err, log = reply.get("out", ""), reply.get("err", ""), reply.get("log", [])
-  if type(out) is not str or type(err) is not str or type(log) is not list or not all(
-      isinstance(w, Warning) for w in warned) or not all(
-          type(r) is list and len(r) == 3 and type(r[0]) is str and type(r[1]) is int
-          and type(r[2]) is str for r in log):
-    return False
-  if out:
-    sys.stdout.write(out)
-  if err:
-    sys.stderr.write(err)
-  if warned:
-    import warnings  # pylint: disable=import-outside-toplevel
-    for warning in warned:
-      warnings.warn(warning, stacklevel=4)   # the tests' line that called the candidate
-  if log:
-    import logging  # pylint: disable=import-outside-toplevel
-    for name, level, message in log:
-      logger = logging.getLogger() if name == "root" else logging.getLogger(name)
-      logger.log(level, message)
-  return True
 
 
 def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes],
@@ -317,8 +307,6 @@ def replay_verdict(prelude: str, tests: str, entry_point: str, calls: list[bytes
   replay = _Replay(calls, replies, stopped)
   try:
     _run_tests(prelude, compile(tests, "tests.py", "exec"), entry_point, replay)
-  except JudgeOverloaded:
-    return "fail", "the judge's CPU limit ran out while checking the sample's answers"
   except MemoryError:
     return "fail", "the judge's memory limit ran out while checking the sample's answers"
   except BaseException as error:  # pylint: disable=broad-except

@@ -201,9 +201,9 @@ class SandboxResult:
 
   Attributes:
     passed: run_judged: the judge's tests passed; run_python: the program exited with status 0.
-    timed_out: the wall-clock timeout fired and the process tree was killed, or collecting
-      the tests' calls ran past the judge's CPU limit (tests that loop on an answer; `detail`
-      says so).
+    timed_out: the wall-clock timeout fired and the process tree was killed, or a phase of
+      the judge ran past its CPU limit (collecting the calls of tests that loop on an answer,
+      or checking answers costly to decode or compare; `detail` says so).
     returncode: exit status of the sample process (negative = killed by that signal); None if
       unknown (timed out, or stopped by the judge).
     stdout: the first `max_output_bytes` of the sample's stdout, decoded with replacement.

@@ -302,13 +302,16 @@ def _contain_judge(spec: dict) -> list[str]:
           f.write(text)
     _build_root(spec, libc)
     layers += ["judge-mountns", "judge-netns", "judge-ipcns", "judge-utsns"]
-  cpu = int(spec["judge_cpu_s"])   # each phase its own process, so its own CPU budget
+  # Each phase is its own process, so it has its own CPU budget. Soft = hard: the kernel kills
+  # the phase at its limit (SIGKILL), so no exception is raised inside the tests' frames, where
+  # a bare `except:` could swallow it and let the tests go on (`_finish_judge` reads the kill).
+  cpu = int(spec["judge_cpu_s"])
   for limit, value in ((resource.RLIMIT_AS, spec["judge_memory_bytes"]),
                        (resource.RLIMIT_FSIZE, spec["max_file_bytes"]),
                        (resource.RLIMIT_NOFILE, spec["max_open_files"]),
-                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_MEMLOCK, 0)):
+                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_MEMLOCK, 0),
+                       (resource.RLIMIT_CPU, cpu)):
     resource.setrlimit(limit, (value, value))
-  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
   layers.append("judge-rlimits")
   layers += _judge_identity(spec, ctypes, libc, as_root)
   _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
@@ -371,20 +374,12 @@ def _start_judge(spec: dict, judge_module, step):
       _close_fds_except({0, 1, 2, to_r, from_w})   # no status file, no pipes to the sample
       with open(spec["judge_file"], encoding="utf-8") as f:
         judge = json.load(f)
-
-      def overloaded(signum, frame):
-        raise judge_module.JudgeOverloaded()
-
-      signal.signal(signal.SIGXCPU, overloaded)
       message["layers"] = _contain_judge(spec)
       _libc()[1].prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # reset by the uid change
       given = json.loads(_read_all(to_r, int(spec["judge_memory_bytes"])) or b"null")
       message["result"] = step(judge, given)
     except BaseException as error:  # pylint: disable=broad-except
-      if isinstance(error, judge_module.JudgeOverloaded):
-        message["overloaded"] = True
-      else:
-        message["error"] = repr(error)[:300]
+      message["error"] = repr(error)[:300]
     try:
       wire.write_all(from_w, json.dumps(message).encode())
     finally:
@@ -401,7 +396,9 @@ _JUDGES_REAPED: set[int] = set()   # judge children already waited for
 
 
 def _finish_judge(spec: dict, judge, given) -> dict | None:
-  """Sends the judge child its input, reads its answer, ends it; None if it said nothing."""
+  """Sends the judge child its input, reads its answer, ends it; {"overloaded": True} if the
+  kernel killed it at its CPU limit before it answered (`cpu_limit_line`), None if it said
+  nothing otherwise."""
   pid, to_w, from_r = judge
   try:
     wire.write_all(to_w, json.dumps(given).encode())
@@ -410,29 +407,34 @@ def _finish_judge(spec: dict, judge, given) -> dict | None:
   os.close(to_w)
   data = _read_all(from_r, int(spec["judge_memory_bytes"]))
   os.close(from_r)
-  _reap_judge(pid)
+  ended = _reap_judge(pid)
   try:
     return json.loads(data)
   except ValueError:
+    if ended is not None and cpu_limit_line(*ended, spec["judge_cpu_s"]) is not None:
+      return {"overloaded": True}
     return None
 
 
-def _reap_judge(pid: int) -> None:
-  """Kills and reaps a judge child (once), adding its CPU and memory to the judge's cost."""
+def _reap_judge(pid: int) -> tuple[int, float] | None:
+  """Kills and reaps a judge child (once), adding its CPU and memory to the judge's cost.
+  Returns its (exit status, CPU seconds), None if it was reaped before."""
   if pid in _JUDGES_REAPED:   # its pid may belong to another process by now
-    return
+    return None
   try:
     os.kill(pid, signal.SIGKILL)
   except ProcessLookupError:
     pass
   try:
-    usage = os.wait4(pid, 0)[2]
+    _, status, usage = os.wait4(pid, 0)
   except ChildProcessError:   # not R's child (never expected): nothing to reap or count
-    return
+    return None
   finally:
     _JUDGES_REAPED.add(pid)
-  _JUDGE_COST[0] += usage.ru_utime + usage.ru_stime
+  cpu_s = usage.ru_utime + usage.ru_stime
+  _JUDGE_COST[0] += cpu_s
   _JUDGE_COST[1] = max(_JUDGE_COST[1], usage.ru_maxrss * 1024)
+  return os.waitstatus_to_exitcode(status), cpu_s
 
 
 def _end_judges(judges) -> None:
@@ -507,12 +509,17 @@ def _collect(spec, collector, note):
   return [call.encode("latin-1") for call in reply["result"]]
 
 
-def _replay(spec, replayer, calls, replies, stopped):
-  """Step 3 in the other contained judge, with its own CPU budget."""
+def _replay(spec, replayer, calls, replies, stopped, note):
+  """Step 3 in the other contained judge, with its own CPU budget. Answers that cost the judge
+  its CPU limit (costly to decode or to compare) are the sample's timeout: no verdict, and the
+  tests' code never saw the limit (the kernel ends the phase)."""
   given = {"calls": [c.decode("latin-1") for c in calls],
            "replies": [r.decode("latin-1") for r in replies], "stopped": stopped}
   reply = _finish_judge(spec, replayer, given)
-  if reply is None or reply.get("overloaded"):
+  if reply is not None and reply.get("overloaded"):
+    note("timeout:checking the sample's answers ran past the judge's CPU limit")
+    return None
+  if reply is None:
     return "fail", "the judge's limits ran out while checking the sample's answers"
   if "result" not in reply:
     return "fail", f"the judge failed checking the answers: {reply.get('error', '')}"
@@ -559,7 +566,7 @@ def _judged_verdict(spec, judges, judge_module, child, ctrl, to_sample, from_sam
   if first != {"loaded": True}:
     return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
   note("judging")
-  return _replay(spec, judges[1], calls, replies, stopped)
+  return _replay(spec, judges[1], calls, replies, stopped, note)
 
 
 def _runner_main(spec_path: str) -> int:
@@ -1107,7 +1114,6 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
   # "builtins" and an `if __name__ == "__main__":` block does not run.
   namespace = {"__builtins__": __builtins__}
   try:
-    _observe(spec["program"])
     exec(compile(spec["program"], "candidate.py", "exec"), namespace)  # pylint: disable=exec-used
     function = namespace.get(spec["entry_point"])
     if not callable(function):
@@ -1149,150 +1155,27 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
 
 def _answer(session, function, args, kwargs, values) -> dict:
   """The reply to one call: its result or the exception it raised, with every container that
-  crossed and changed, and what the candidate printed, warned and logged meanwhile (`_Seen`);
-  "abort" when that is not data, "unsupported" when a value cannot be reproduced exactly."""
+  crossed and changed; "abort" when that is not data, "unsupported" when a value cannot be
+  reproduced exactly. What the call prints, warns or logs is not sent: no test inside the
+  judge's contract can watch it (docs/verifier.md#what-a-test-may-use)."""
   if isinstance(values, wire.Unsupported):
     return {"unsupported": _message(values)}
-  seen = _Seen()
   try:
     try:
-      with seen:
-        result = function(*args, **kwargs)
+      result = function(*args, **kwargs)
       how = "return"
     except Exception as error:  # pylint: disable=broad-except
       how, result = "raise", error
       error.__traceback__ = None   # (its frames would keep the arguments watched)
-    if session.unsupported or seen.overflowed():
-      return {"unsupported": session.unsupported or seen.overflowed()}
-    reply = {how: session.encode([result, *seen.warnings], also=values, watch=True)}
-    reply.update(seen.report())
-    return reply
+    if session.unsupported:
+      return {"unsupported": session.unsupported}
+    return {how: session.encode([result], also=values, watch=True)}
   except wire.Unsupported:
     return {"unsupported": session.unsupported}
   except (wire.WireError, RecursionError) as error:
     return {"abort": f"the answer is not data: {_message(error)}"}
   except BaseException as error:  # pylint: disable=broad-except
     return {"abort": f"{type(error).__name__} escaped the candidate"}
-
-
-def _observe(program: str) -> None:
-  """Loads `warnings` and `logging` before a program that names them runs, so that `_Seen`
-  sees its warnings and records from the first call (they are not loaded otherwise: start-up
-  time is paid per sample)."""
-  for name in ("warnings", "logging"):
-    if name in program:
-      __import__(name)
-
-
-class _Seen:
-  """What a call shows besides its value, for the judge to show the tests when the answer
-  arrives: its writes to sys.stdout and sys.stderr (up to `MAX_TEXT` characters each), the
-  warnings it issued (up to `MAX_EVENTS`, when `warnings` is loaded) and the log records it
-  emitted (the same, when `logging` is loaded; every level reaches the judge, whose logging
-  configuration is the tests'). Past a bound the call is not judged: tests that count what
-  was shown would see too little."""
-  MAX_TEXT = 1 << 20
-  MAX_EVENTS = 4096
-  MAX_RECORD = 1 << 16
-
-  def __init__(self):
-    self.out, self.err = _Text(sys.stdout, self.MAX_TEXT), _Text(sys.stderr, self.MAX_TEXT)
-    self.warnings: list = []
-    self.records: list = []
-    self._saved: tuple = ()
-    self._catcher = self._handler = None
-    self.too_many = False
-    self._level = 0
-
-  def __enter__(self):
-    self._saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = self.out, self.err
-    warnings = sys.modules.get("warnings")
-    if warnings is not None:
-      self._catcher = warnings.catch_warnings()
-      self._catcher.__enter__()
-      warnings.simplefilter("always")
-      warnings.showwarning = self._warned
-    logging = sys.modules.get("logging")
-    if logging is not None:
-      self._handler = _record_handler(logging, self)
-      root = logging.getLogger()
-      self._level = root.level
-      root.addHandler(self._handler)
-      root.setLevel(1)
-    return self
-
-  def __exit__(self, *exc):
-    sys.stdout, sys.stderr = self._saved
-    if self._catcher is not None:
-      self._catcher.__exit__(*exc)
-    if self._handler is not None:
-      root = sys.modules["logging"].getLogger()
-      root.removeHandler(self._handler)
-      root.setLevel(self._level)
-    return False
-
-  def _warned(self, message, *_):
-    """`warnings.showwarning` during the call: keeps the warning (an instance of its
-    category)."""
-    if len(self.warnings) < self.MAX_EVENTS:
-      self.warnings.append(message)
-    else:
-      self.too_many = True
-
-  def overflowed(self) -> str:
-    """Why what the call showed is too much to show the tests, or ""."""
-    if self.too_many or self.out.left < 0 or self.err.left < 0:
-      return (f"a call wrote more than {self.MAX_TEXT} characters to an output stream, issued "
-              f"more than {self.MAX_EVENTS} warnings or log records, or a log message longer "
-              f"than {self.MAX_RECORD} characters")
-    return ""
-
-  def report(self) -> dict:
-    """The reply's extra keys (none when the call showed nothing)."""
-    shown = {"out": self.out.text(), "err": self.err.text(), "warned": len(self.warnings),
-             "log": self.records}
-    return {key: value for key, value in shown.items() if value}
-
-
-class _Text:
-  """A write-only text stream that keeps its first `limit` characters and passes everything on
-  to `stream` (the sample's own output, kept in `SandboxResult`)."""
-
-  def __init__(self, stream, limit: int):
-    self.stream = stream
-    self.parts: list[str] = []
-    self.left = limit
-
-  def write(self, text) -> int:
-    text = str(text)
-    if len(text) > self.left:
-      self.left = -1
-    elif text:
-      self.parts.append(text)
-      self.left -= len(text)
-    return self.stream.write(text)
-
-  def flush(self) -> None:
-    self.stream.flush()
-
-  def text(self) -> str:
-    return "".join(self.parts)
-
-
-def _record_handler(logging, seen: _Seen):
-  """A handler that keeps [logger name, level, message] of each record in `seen.records`."""
-  class Keep(logging.Handler):
-    def emit(self, record):
-      try:
-        message = str(record.getMessage())
-      except Exception:  # pylint: disable=broad-except
-        message = "(a log message that could not be formatted)"
-      if len(seen.records) >= seen.MAX_EVENTS or len(message) > seen.MAX_RECORD:
-        seen.too_many = True
-      else:
-        seen.records.append([str(record.name), int(record.levelno), message])
-  return Keep(0)
 
 
 def _message(error: BaseException) -> str:

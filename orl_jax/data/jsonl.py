@@ -6,7 +6,7 @@ A user dataset has one JSON object per line (blank lines are skipped), either
                     "solution": str?, "id": str | int?}
 `answer` tasks are scored by exact match (GSM8K-style numbers), code tasks by running `tests`
 in the sandbox; tests the judge cannot judge as in-process Python are refused at load
-(docs/verifier.md#what-the-judge-supports). A code task's `solution` (a completion of `prompt`
+(docs/verifier.md#what-a-test-may-use). A code task's `solution` (a completion of `prompt`
 that passes `tests`) sets its samples' time limits
 (docs/verifier.md#time-limits-from-a-reference-solution). Every error names the file, the
 1-based line and what is wrong.
@@ -144,11 +144,12 @@ def problem_from_record(record: dict[str, Any], where: str, default_id: str) -> 
 
 
 def require_judgeable(problem: Problem, where: str) -> None:
-  """A DatasetError when the judge cannot judge a code task's tests as in-process Python
-  would (`verify.test_support`: clocks, threads, interpreter settings, loops on an answer)."""
+  """A DatasetError when a code task's tests are outside the judge's contract
+  (`verify.test_support`: the allowlist of modules, builtins and constructs; loops on an
+  answer)."""
   if problem.tests is None or problem.entry_point is None:
     return
-  found = test_support.refusal(problem.tests, problem.entry_point)
+  found = test_support.refusal(problem.tests, problem.entry_point, problem.prompt)
   if found is not None:
     raise DatasetError(f"{where}: task {problem.problem_id!r}: {found.sentence()} or drop the "
                        "item.")

@@ -34,10 +34,8 @@ processes' cost (`verify_*` metrics in training logs).
 """
 from __future__ import annotations
 
-import ast
 import collections
 import concurrent.futures
-import copy
 import dataclasses
 import functools
 import hashlib
@@ -54,6 +52,7 @@ from typing import Callable, Iterator, Sequence
 import orl_sandbox as sandbox
 from orl_sandbox import launcher as sandbox_launcher
 from orl_jax.problem import Problem, truncate_completion  # noqa: F401  (re-exported)
+from orl_jax.verify import test_support
 
 _log = logging.getLogger(__name__)
 
@@ -76,10 +75,22 @@ def _require_tests(problem: Problem) -> tuple[str, str]:
   return problem.entry_point, problem.tests
 
 
+@functools.lru_cache(maxsize=4096)
+def _refusal(tests: str, entry_point: str, prompt: str) -> test_support.Refusal | None:
+  return test_support.refusal(tests, entry_point, prompt)
+
+
 def judge_run(problem: Problem, completion: str,
               limits: sandbox.SandboxLimits) -> sandbox.SandboxResult:
-  """Scores one completion: the candidate in the sandbox, the tests in the judge process."""
+  """Scores one completion: the candidate in the sandbox, the tests in the judge process.
+  Tests outside the judge's contract (the task loader refuses them; a problem built by hand
+  is not loaded) are not judged: "unsupported", with the loader's sentence, nothing run."""
   entry_point, tests = _require_tests(problem)
+  found = _refusal(tests, entry_point, problem.prompt)
+  if found is not None:
+    return sandbox.SandboxResult(passed=False, timed_out=False, returncode=None, stdout="",
+                                 stderr="", isolation=(), wall_s=0.0, verdict="unsupported",
+                                 detail=f"not judged: {found.sentence()}")
   return sandbox.run_judged(problem.prompt + completion + "\n", entry_point,
                             tests=tests, prelude=problem.prompt, limits=limits)
 
@@ -219,110 +230,51 @@ class VerifierStats:
     return {f"verify_{f.name}": float(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
-def _unused_globals(module: ast.Module) -> set[str]:
-  """Module-level names assigned but never read in the tests (`METADATA = {...}`)."""
-  loaded = {node.id for node in ast.walk(module)
-            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store)}
-  assigned = {target.id for stmt in module.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
-              for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
-              if isinstance(target, ast.Name)}
-  return assigned - loaded
+# The program that computes a task's prompt key in the sandbox: the judge's own modules, loaded
+# from their text (the sandbox hides the installed packages), then `judge.call_set_digest`.
+_KEY_PROGRAM = """\
+import json, sys, types
+def _load(name, source):
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, name, "exec"), module.__dict__)
+    return module
+_load("_orl_sandbox_script_wire", {wire!r})
+judge = _load("_orl_sandbox_script_judge", {judge!r})
+task = json.loads({task!r})
+print("prompt key", judge.call_set_digest(task["prompt"], task["tests"], task["entry_point"]))
+"""
 
 
-def _is_inert(stmt: ast.stmt, unused: set[str]) -> bool:
-  """A statement that cannot change a call or a verdict: a docstring or bare string, or an
-  assignment only to module names nothing reads."""
-  if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-    return isinstance(stmt.value.value, str)
-  if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-    return all(isinstance(t, ast.Name) and t.id in unused for t in targets)
-  return False
-
-
-class _Normalise(ast.NodeTransformer):
-  """The tests without what does not change what they compute: assert messages, docstrings,
-  unread metadata, the names the tests choose, the order of consecutive asserts."""
-
-  def __init__(self, unused: set[str]):
-    self.unused = unused
-
-  def visit_Assert(self, node: ast.Assert) -> ast.AST:
-    node.msg = None
-    return self.generic_visit(node)
-
-  def generic_visit(self, node: ast.AST) -> ast.AST:
-    super().generic_visit(node)
-    for field in ("body", "orelse", "finalbody"):
-      stmts = getattr(node, field, None)
-      if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
-        kept = [s for s in stmts if not _is_inert(s, self.unused)] or [ast.Pass()]
-        setattr(node, field, _sorted_assert_runs(kept))
-    return node
-
-
-class _Rename(ast.NodeTransformer):
-  """Renames every identifier the tests bind or read to `n` and its order of first appearance
-  (`blank`: all to `_`)."""
-
-  def __init__(self, blank: bool = False):
-    self.names: dict[str, str] = {}
-    self.blank = blank
-
-  def _new(self, name: str) -> str:
-    return "_" if self.blank else self.names.setdefault(name, f"n{len(self.names)}")
-
-  def visit_Name(self, node: ast.Name) -> ast.Name:
-    node.id = self._new(node.id)
-    return node
-
-  def visit_arg(self, node: ast.arg) -> ast.AST:
-    node.arg = self._new(node.arg)
-    return self.generic_visit(node)
-
-  def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
-    node.name = self._new(node.name)
-    return self.generic_visit(node)
-
-  def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
-    node.name = self._new(node.name)
-    return self.generic_visit(node)
-
-
-def _nameless(node: ast.AST) -> str:
-  """`ast.dump` with every identifier blanked (an order key that renaming cannot change)."""
-  return ast.dump(_Rename(blank=True).visit(copy.deepcopy(node)))
-
-
-def _sorted_assert_runs(stmts: list[ast.stmt]) -> list[ast.stmt]:
-  out: list[ast.stmt] = []
-  run: list[ast.stmt] = []
-  for stmt in stmts + [ast.Pass()]:
-    if isinstance(stmt, ast.Assert):
-      run.append(stmt)
-      continue
-    out += sorted(run, key=_nameless) + [stmt]
-    run = []
-  return out[:-1]
-
-
-def prompt_key(problem: Problem) -> str:
-  """What makes two samples "of one prompt": tests that compute the same thing. The key is the
-  tests' syntax tree without assert messages, docstrings and bare strings, module names nothing
-  reads (metadata), comments and layout, with runs of consecutive asserts in a fixed order and
-  every identifier renamed by first appearance, so that copies of a task that differ only there
-  share a key (and their samples never run at once). Computed without running the tests."""
-  return _tests_key(problem.tests or "")
+def prompt_key(problem: Problem, limits: sandbox.SandboxLimits = sandbox.SandboxLimits()) -> str:
+  """What makes two samples "of one prompt" (the "prompt" isolation's exclusive slots and
+  interleaving): what the tests ask the candidate, not how they are written. The key is the
+  sha256 of the distinct calls the tests make (`judge.call_set_digest`: each call's arguments
+  as the judge sends them, sorted), collected by the judge's own recorder inside the sandbox
+  (the tests and the prompt are task code), so copies of a task that differ in wording, names,
+  messages, metadata, the order of their asserts or repeated calls share a key, and their
+  samples never run at once. Expected values are left out: two ways to write one expected value
+  (`0.5`, `1 / 2`, a tolerance) must not part two copies. Computed once per task (cached); where
+  the sandbox run fails the key is the tests' text (and a warning says so)."""
+  return _calls_key(problem.prompt, problem.tests or "", problem.entry_point or "", limits)
 
 
 @functools.lru_cache(maxsize=4096)
-def _tests_key(tests: str) -> str:
-  try:
-    module = ast.parse(tests)
-    tests = ast.dump(_Rename().visit(_Normalise(_unused_globals(module)).visit(module)))
-  except (SyntaxError, ValueError, RecursionError, MemoryError):
-    pass
-  return hashlib.sha256(tests.encode("utf-8", errors="surrogatepass")).hexdigest()
+def _calls_key(prompt: str, tests: str, entry_point: str, limits: sandbox.SandboxLimits) -> str:
+  import json  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+  from orl_sandbox import judge as judge_module, wire   # pylint: disable=import-outside-toplevel
+  sources = {name: pathlib.Path(str(module.__file__)).read_text(encoding="utf-8")
+             for name, module in (("wire", wire), ("judge", judge_module))}
+  task = json.dumps({"prompt": prompt, "tests": tests, "entry_point": entry_point})
+  result = sandbox.run_python(_KEY_PROGRAM.format(task=task, **sources), limits)
+  found = [line.split()[-1] for line in result.stdout.splitlines()
+           if line.startswith("prompt key ")]
+  if result.passed and len(found) == 1:
+    return found[0]
+  _log.warning("The prompt key of a task could not be computed in the sandbox (%s); its key is "
+               "its tests' text.", result.infra_error or result.stderr[-300:] or result.returncode)
+  return "text:" + hashlib.sha256(tests.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def interleaved(keys: Sequence[str]) -> list[int]:
@@ -533,7 +485,7 @@ class HumanEvalVerifier:
     completions = [cut_completion(p.prompt, r, self.stop_sequences)
                    for p, r in zip(problems, responses)]
     keys = [cache_key(p, c) for p, c in zip(problems, completions)]
-    prompts = [prompt_key(p) for p in problems]
+    prompts = self._prompt_keys(problems)
     known: dict[str, float] = {}
     pending: dict[str, concurrent.futures.Future[tuple[float, bool]]] = {}
     order = interleaved(prompts) if self.isolation == "prompt" else range(len(keys))
@@ -548,6 +500,17 @@ class HumanEvalVerifier:
       else:
         known[key] = score
     return self._gather.submit(self._collect, keys, known, pending)
+
+  def _prompt_keys(self, problems: Sequence[Problem]) -> list[str]:
+    """`prompt_key` of each problem under "prompt" isolation (new tasks' keys computed side by
+    side); under "sample" isolation no two samples share anything, so the problem id stands."""
+    if self.isolation != "prompt":
+      return [p.problem_id for p in problems]
+    distinct = list({(p.prompt, p.tests, p.entry_point): p for p in problems}.values())
+    with concurrent.futures.ThreadPoolExecutor(self.parallelism) as pool:
+      keys = dict(zip([(p.prompt, p.tests, p.entry_point) for p in distinct], pool.map(
+          functools.partial(prompt_key, limits=self.limits), distinct)))
+    return [keys[(p.prompt, p.tests, p.entry_point)] for p in problems]
 
   def close(self) -> None:
     self._gather.shutdown(wait=True)

@@ -1,61 +1,84 @@
-"""Which code-task tests the judge can judge as in-process Python; the rest are refused at load
-(docs/verifier.md#what-the-judge-supports).
+"""Which code-task tests are inside the judge's contract; the rest are refused at load
+(docs/verifier.md#what-a-test-may-use).
 
-The judge runs a task's tests in its own process and the candidate in the sandbox, the tests
-twice (collecting the calls, then replaying the answers). Tests that time the candidate, run
-threads or processes beside it, change an interpreter setting it would see in-process, or loop
-until an answer ends the loop cannot be judged there with in-process Python's verdict, so the
-task loader refuses them with one sentence (`refusal`) naming the construct and its line, rather
-than have every sample of the task scored wrong. Only the tests' text is read (`ast`); names are
-resolved through the tests' imports (`import time as t`, `from time import perf_counter as pc`).
+The contract: a test observes the candidate only through the values its calls return and the
+exceptions they raise, and computes with plain data. The judge runs the tests in its own
+process and the candidate in the sandbox, the tests twice (collecting the calls, then replaying
+the answers), so a test that reads a clock, a file, the environment or an interpreter setting,
+runs threads, inspects the candidate object, or reaches a name through `__import__`, `getattr`,
+`importlib`, `sys.modules` or an alias could see something in-process Python would not show it
+the same way. `refusal` reads the tests' text (`ast`) against an **allowlist**: the syntax a
+test may use (`_CONSTRUCTS`), the builtins (`BUILTINS`), the modules and, per module, the names
+(`MODULES`), and any public attribute of a value (never one that starts with `_`). Whatever the
+list does not name is refused with one sentence naming it and its line, so a construct the rule
+has not seen is refused, never misjudged. Loops that end on an answer are refused too: their
+calls cannot be known before the sample answers (`_answer_loops`).
 """
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
+import string
 
-_CLOCK = "the judge cannot time the candidate where it runs; remove the timing"
-_CONCURRENT = ("the judge cannot run threads, processes, signals or event loops beside the "
-               "candidate; call the candidate directly")
-_SETTING = ("in-process the candidate would run under it, but the judge cannot apply it where "
-            "the candidate runs; remove it")
-_PATCH = ("in-process the candidate would see the patched name, but the candidate runs in "
-          "another process; pass the input as an argument")
+_REASON = ("a test may observe the candidate only through the values its calls return and the "
+           "exceptions they raise, with the modules, builtins and constructs that "
+           "docs/verifier.md#what-a-test-may-use lists; remove it")
+_EVERY = None   # every public name of the module (pure functions and constants only)
 
-# Modules whose import alone is refused (what they are for cannot run beside the candidate).
-_MODULES = {"threading": _CONCURRENT, "_thread": _CONCURRENT, "concurrent": _CONCURRENT,
-            "multiprocessing": _CONCURRENT, "subprocess": _CONCURRENT, "asyncio": _CONCURRENT,
-            "signal": _CONCURRENT, "pty": _CONCURRENT, "timeit": _CLOCK}
-_CLOCKS = ("time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns",
-           "time.monotonic", "time.monotonic_ns", "time.process_time", "time.process_time_ns",
-           "time.thread_time", "time.thread_time_ns", "time.clock_gettime",
-           "time.clock_gettime_ns", "datetime.datetime.now", "datetime.datetime.utcnow",
-           "datetime.datetime.today", "datetime.date.today", "os.times", "resource.getrusage")
-# Clock readings only when called without the time they format.
-_CLOCKS_WITHOUT_ARGUMENT = {"time.localtime": 0, "time.gmtime": 0, "time.ctime": 0,
-                            "time.asctime": 0, "time.strftime": 1}
-_PROCESSES = ("os.fork", "os.forkpty", "os.system", "os.popen", "os.posix_spawn",
-              "os.posix_spawnp", "os.kill", "os.killpg", "os.execv", "os.execve", "os.execl",
-              "os.execle", "os.execlp", "os.execlpe", "os.execvp", "os.execvpe", "os.spawnl",
-              "os.spawnle", "os.spawnlp", "os.spawnlpe", "os.spawnv", "os.spawnve",
-              "os.spawnvp", "os.spawnvpe")
-_SETTINGS = ("sys.setrecursionlimit", "sys.set_int_max_str_digits", "sys.settrace",
-             "sys.setprofile", "sys.setswitchinterval", "decimal.setcontext",
-             "decimal.localcontext", "random.seed", "random.setstate", "locale.setlocale",
-             "os.chdir", "os.putenv", "os.unsetenv", "os.umask")
-_ENVIRONMENT = ("os.environ.update", "os.environ.pop", "os.environ.popitem",
-                "os.environ.setdefault", "os.environ.clear")
-_PATCHES = ("unittest.mock.patch", "unittest.mock.patch.object", "unittest.mock.patch.dict",
-            "unittest.mock.patch.multiple")
-_REFUSED = {**{name: _CLOCK for name in _CLOCKS}, **{name: _CONCURRENT for name in _PROCESSES},
-            **{name: _SETTING for name in _SETTINGS + _ENVIRONMENT},
-            **{name: _PATCH for name in _PATCHES}}
-# `decimal.getcontext()` is refused unless only one of these is read from it.
-_CONTEXT_READS = {"prec", "rounding", "Emin", "Emax", "capitals", "clamp"}
-# Attributes whose assignment the candidate would see in-process.
-_STORED = {"sys.stdin": _PATCH, "os.environ": _SETTING}
-_STAR_NAMES = [*_REFUSED, *_CLOCKS_WITHOUT_ARGUMENT, "decimal.getcontext"]
-_UNBOUNDED = {"itertools.count", "itertools.cycle", "iter"}
+# Module -> the names a test may take from it (`_EVERY`: all its public names).
+MODULES: dict[str, frozenset[str] | None] = {
+    "math": _EVERY, "cmath": _EVERY, "itertools": _EVERY, "heapq": _EVERY, "bisect": _EVERY,
+    "statistics": _EVERY,
+    "string": frozenset(n for n in dir(string) if not n.startswith("_")
+                        and n != "Formatter"),   # (its get_field reads attributes by name)
+    "operator": frozenset(n for n in dir(__import__("operator")) if not n.startswith("_")
+                          and n not in ("attrgetter", "methodcaller")),   # names as strings
+    "collections": frozenset(("Counter", "OrderedDict", "defaultdict", "deque", "namedtuple",
+                              "ChainMap")),
+    "functools": frozenset(("reduce", "cmp_to_key", "partial")),
+    "copy": frozenset(("copy", "deepcopy")),
+    "fractions": frozenset(("Fraction",)),
+    "decimal": frozenset(("Decimal", "InvalidOperation", "DivisionByZero", "ROUND_UP",
+                          "ROUND_DOWN", "ROUND_CEILING", "ROUND_FLOOR", "ROUND_HALF_UP",
+                          "ROUND_HALF_DOWN", "ROUND_HALF_EVEN", "ROUND_05UP")),
+    "random": frozenset(("Random", "random", "randint", "randrange", "choice", "choices",
+                         "shuffle", "sample", "uniform", "gauss")),
+    "re": frozenset(("compile", "match", "search", "fullmatch", "findall", "finditer", "sub",
+                     "subn", "split", "escape", "error", "IGNORECASE", "I", "MULTILINE", "M",
+                     "DOTALL", "S", "VERBOSE", "X", "ASCII", "A")),
+    "json": frozenset(("loads", "dumps")),
+    "typing": frozenset(("Any", "Callable", "Dict", "FrozenSet", "Iterable", "Iterator", "List",
+                         "Mapping", "Optional", "Sequence", "Set", "Tuple", "Union")),
+    "time": frozenset(("sleep",)),
+    "sys": frozenset(("maxsize", "float_info")),
+}
+_EXCEPTIONS = frozenset(name for name in dir(builtins) if isinstance(getattr(builtins, name), type)
+                        and issubclass(getattr(builtins, name), BaseException))
+# The builtins a test may name: data, arithmetic, iteration, output to its own streams, and the
+# exception classes (not `getattr`, `vars`, `globals`, `eval`, `exec`, `open`, `__import__`,
+# `id`, `hasattr`, `input`, ...).
+BUILTINS = frozenset((
+    "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
+    "complex", "dict", "divmod", "enumerate", "filter", "float", "format", "frozenset", "hash",
+    "hex", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next",
+    "object", "oct", "ord", "pow", "print", "range", "repr", "reversed", "round", "set", "slice",
+    "sorted", "str", "sum", "tuple", "type", "zip", "Ellipsis", "NotImplemented")) | _EXCEPTIONS
+
+# Syntax a test may use; every other node type is refused (with its `_NAMES` wording).
+_CONSTRUCTS = tuple(getattr(ast, name) for name in (
+    "Module", "FunctionDef", "Return", "Delete", "Assign", "AugAssign", "AnnAssign", "For",
+    "While", "If", "Raise", "Try", "Assert", "Import", "ImportFrom", "Expr", "Pass", "Break",
+    "Continue", "BoolOp", "NamedExpr", "BinOp", "UnaryOp", "Lambda", "IfExp", "Dict", "Set",
+    "ListComp", "SetComp", "DictComp", "GeneratorExp", "Compare", "Call", "FormattedValue",
+    "JoinedStr", "Constant", "Attribute", "Subscript", "Starred", "Name", "List", "Tuple",
+    "Slice", "arguments", "arg", "keyword", "comprehension", "ExceptHandler", "alias",
+    "expr_context", "boolop", "operator", "unaryop", "cmpop"))
+_NAMES = {"ClassDef": "a class definition", "With": "a with statement", "Global": "a global "
+          "statement", "Nonlocal": "a nonlocal statement", "Yield": "a generator (yield)",
+          "YieldFrom": "a generator (yield from)", "AsyncFunctionDef": "an async function",
+          "Await": "await", "AsyncFor": "an async for loop", "AsyncWith": "an async with "
+          "statement", "Match": "a match statement", "TryStar": "an except* clause"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,106 +93,224 @@ class Refusal:
             f"{self.reason}")
 
 
-def refusal(tests: str, entry_point: str) -> Refusal | None:
-  """The first construct of `tests` the judge cannot judge exactly, or None (tests that do not
-  parse are left to the judge, which fails every sample of them)."""
+def refusal(tests: str, entry_point: str, prompt: str = "") -> Refusal | None:
+  """The first construct of `tests` outside the contract, or None. `prompt` (the task's prompt,
+  which the judge runs first) adds the names it defines and imports. Tests that do not parse
+  are left to the judge, which fails every sample of them."""
   try:
     tree = ast.parse(tests)
   except (SyntaxError, ValueError):
     return None
-  parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-  names = _imported_names(tree)
-  found = [r for node in ast.walk(tree) for r in [_construct(node, names, parents)] if r]
+  names = _imported_names(_prompt_tree(prompt))
+  names.update(_imported_names(tree))
+  found = [r for r in (_import_refusal(n) for n in ast.walk(tree)) if r]
+  found += _Allowlist(tree, entry_point, names, _prompt_names(prompt)).refusals
   found += _answer_loops(tree, entry_point, names)
   return min(found, key=lambda r: r.line) if found else None
 
 
-def _imported_names(tree: ast.Module) -> dict[str, str]:
-  """Local name -> the dotted name it stands for, from every import in the tests."""
-  names: dict[str, str] = {}
+def _prompt_tree(prompt: str) -> ast.Module:
+  """The prompt's syntax tree; a prompt that ends at a signature (`def f(x):`, the body left to
+  the completion) is read with a `pass` body, as the completion would give it one."""
+  for ending in ("", "    pass\n", "  pass\n", "\tpass\n", " pass\n"):
+    try:
+      return ast.parse(prompt + ending)
+    except (SyntaxError, ValueError):
+      continue
+  return ast.Module(body=[], type_ignores=[])
+
+
+def _prompt_names(prompt: str) -> set[str]:
+  """Names the prompt binds at its top level (its helpers, constants and classes)."""
+  tree = _prompt_tree(prompt)
+  bound = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+  for statement in tree.body:
+    if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+      bound |= {n.id for n in ast.walk(statement) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Store)}
+  return bound
+
+
+def _imported_names(tree: ast.Module) -> dict[str, tuple[str, str]]:
+  """Local name -> (module, name taken from it; "" for the module itself), from every import
+  in `tree` (`import a.b` binds `a`)."""
+  names: dict[str, tuple[str, str]] = {}
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       for alias in node.names:
-        if alias.asname:
-          names[alias.asname] = alias.name
-        else:
-          top = alias.name.split(".")[0]
-          names[top] = top
-    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        names[alias.asname or alias.name.split(".")[0]] = (
+            alias.name if alias.asname else alias.name.split(".")[0], "")
+    elif isinstance(node, ast.ImportFrom):
       for alias in node.names:
-        if alias.name == "*":
-          names.update({q.rsplit(".", 1)[1]: q for q in _STAR_NAMES
-                        if q.rsplit(".", 1)[0] == node.module})
-        else:
-          names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        names[alias.asname or alias.name] = ("." * node.level + (node.module or ""), alias.name)
   return names
 
 
-def dotted(node: ast.AST, names: dict[str, str]) -> str | None:
-  """The dotted name an expression stands for through the tests' imports (`t.perf_counter` ->
-  'time.perf_counter' after `import time as t`), or None."""
+def _import_refusal(node: ast.AST) -> Refusal | None:
+  """An import of a module, or of a name from one, that `MODULES` does not list."""
+  if isinstance(node, ast.Import):
+    for alias in node.names:
+      if alias.name not in MODULES:
+        return Refusal(f"the {alias.name} module", node.lineno, _REASON)
+  elif isinstance(node, ast.ImportFrom):
+    if node.level or node.module not in MODULES:
+      return Refusal(f"the {node.module or '.'} module", node.lineno, _REASON)
+    for alias in node.names:
+      if not _allowed(node.module, alias.name):
+        construct = "import *" if alias.name == "*" else f"{node.module}.{alias.name}"
+        return Refusal(construct, node.lineno, _REASON)
+  return None
+
+
+def _allowed(module: str, name: str) -> bool:
+  listed = MODULES.get(module, frozenset())
+  return not name.startswith("_") and name != "*" and (listed is _EVERY or name in listed)
+
+
+class _Allowlist(ast.NodeVisitor):
+  """Walks the tests and records, as `Refusal`s, every node type, name and attribute the
+  allowlist does not name."""
+
+  def __init__(self, tree: ast.Module, entry_point: str, names: dict[str, tuple[str, str]],
+               prompt_names: set[str]):
+    self.names = names
+    self.candidates = _candidate_names(tree, {entry_point} | _check_parameter(tree))
+    self.known = (BUILTINS | set(prompt_names) | {entry_point} | _bound_names(tree)) - set(names)
+    self.parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    self.refusals: list[Refusal] = []
+    self.visit(tree)
+
+  def _refuse(self, node: ast.AST, construct: str) -> None:
+    self.refusals.append(Refusal(construct, getattr(node, "lineno", 1), _REASON))
+
+  def generic_visit(self, node: ast.AST) -> None:
+    if not isinstance(node, _CONSTRUCTS):
+      kind = type(node).__name__
+      self._refuse(node, _NAMES.get(kind, f"Python's {kind} syntax"))
+    elif getattr(node, "decorator_list", None):
+      self._refuse(node, "a decorator")
+    elif isinstance(node, ast.comprehension) and node.is_async:
+      self._refuse(node.target, "an async comprehension")
+    else:
+      super().generic_visit(node)
+
+  def visit_Name(self, node: ast.Name) -> None:
+    if not isinstance(node.ctx, ast.Load) or node.id in self.known:
+      return
+    parent = self.parents.get(node)
+    module, name = self.names.get(node.id, ("", ""))
+    if not module:
+      self._refuse(node, f"the name {node.id}")
+    elif name and not _allowed(module, name):
+      self._refuse(node, f"{module}.{name}")
+    elif not name and not (isinstance(parent, ast.Attribute) and parent.value is node):
+      self._refuse(node, f"the {module} module as a value")
+
+  def visit_Attribute(self, node: ast.Attribute) -> None:
+    base = node.value
+    if node.attr.startswith("_"):
+      self._refuse(node, f"the attribute {node.attr}")
+    elif isinstance(base, ast.Name) and base.id in self.candidates:
+      self._refuse(node, f"an attribute of the candidate ({base.id}.{node.attr})")
+    elif isinstance(base, ast.Name) and base.id not in self.known and self.names.get(
+        base.id, ("", "x"))[1] == "":
+      module = self.names[base.id][0]
+      if not _allowed(module, node.attr):
+        self._refuse(node, f"{module}.{node.attr}")
+      elif not isinstance(node.ctx, ast.Load):   # in-process the candidate would see it
+        self._refuse(node, f"an assignment to {module}.{node.attr}")
+    self.generic_visit(node)
+
+  def visit_Call(self, node: ast.Call) -> None:
+    func = node.func
+    if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map") and not (
+        isinstance(func.value, ast.Constant) and not _reaches_attributes(func.value.value)):
+      self._refuse(node, "a format string that reads attributes or items, or is not a literal")
+    self.generic_visit(node)
+
+
+def _reaches_attributes(text) -> bool:
+  """Whether a `str.format` template reads an attribute or an item of an argument."""
+  try:
+    fields = [f for _, f, _, _ in string.Formatter().parse(text) if f]
+  except (ValueError, TypeError):
+    return True
+  return any("." in f or "[" in f for f in fields)
+
+
+def _check_parameter(tree: ast.Module) -> set[str]:
+  """The name of `check`'s first parameter (the candidate), if the tests define `check`."""
+  return {node.args.args[0].arg for node in tree.body
+          if isinstance(node, ast.FunctionDef) and node.name == "check" and node.args.args}
+
+
+def _candidate_names(tree: ast.Module, names: set[str]) -> set[str]:
+  """`names` and every name that ever holds one of them (by name, whatever the scope): an
+  assignment of one, a parameter given one as its default or as an argument of a call of the
+  tests' own function. Their attributes would be the judge's stand-in's, not the candidate's."""
+  functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+  names = set(names)
+  while True:
+    found = set(names)
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Assign) and _is_one_of(node.value, found):
+        found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+      elif isinstance(node, ast.arguments):
+        params = node.posonlyargs + node.args
+        found |= {p.arg for p, d in zip(params[len(params) - len(node.defaults):], node.defaults)
+                  if _is_one_of(d, found)}
+      elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+          node.func.id in functions):
+        params = functions[node.func.id].args.posonlyargs + functions[node.func.id].args.args
+        found |= {p.arg for p, a in zip(params, node.args) if _is_one_of(a, found)}
+    if found == names:
+      return names
+    names = found
+
+
+def _is_one_of(node: ast.AST, names: set[str]) -> bool:
+  return isinstance(node, ast.Name) and node.id in names
+
+
+def _bound_names(tree: ast.Module) -> set[str]:
+  """Every name the tests bind: assignments, loop and comprehension targets, functions and
+  their parameters, `except ... as` names (imports are `_imported_names`)."""
+  bound: set[str] = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+      bound.add(node.id)
+    elif isinstance(node, ast.FunctionDef):
+      bound.add(node.name)
+    elif isinstance(node, ast.arg):
+      bound.add(node.arg)
+    elif isinstance(node, ast.ExceptHandler) and node.name:
+      bound.add(node.name)
+  return bound
+
+
+def dotted(node: ast.AST, names: dict[str, tuple[str, str]]) -> str | None:
+  """The dotted name an expression stands for through the tests' imports (`it.count` ->
+  'itertools.count' after `import itertools as it`), or None."""
   if isinstance(node, ast.Name):
-    return names.get(node.id, "iter" if node.id == "iter" else None)
+    if node.id in names:
+      module, name = names[node.id]
+      return f"{module}.{name}" if name else module
+    return "iter" if node.id == "iter" else None
   if isinstance(node, ast.Attribute):
     base = dotted(node.value, names)
     return f"{base}.{node.attr}" if base else None
   return None
 
 
-def _construct(node: ast.AST, names: dict[str, str], parents: dict) -> Refusal | None:
-  """A refused import, call, reference or assignment at `node`, or None."""
-  if isinstance(node, (ast.Import, ast.ImportFrom)):
-    modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
-               else [node.module or ""])
-    for module in modules:
-      top = module.split(".")[0]
-      if top in _MODULES:
-        return Refusal(f"the {module} module", node.lineno, _MODULES[top])
-    return None
-  if isinstance(node, (ast.Name, ast.Attribute)) and not isinstance(parents.get(node),
-                                                                    ast.Attribute):
-    return _name_refusal(node, names, parents)   # (the outermost name of a dotted chain)
-  return None
-
-
-def _name_refusal(node: ast.Name | ast.Attribute, names: dict[str, str],
-                  parents: dict) -> Refusal | None:
-  name = dotted(node, names)
-  if name is None:
-    return None
-  if isinstance(node.ctx, ast.Store) or _stored_into(node, parents):
-    reason = _STORED.get(name) or (_PATCH if name.startswith("builtins.") else None)
-    return Refusal(f"an assignment to {name}", node.lineno, reason) if reason else None
-  parent = parents.get(node)
-  call = parent if isinstance(parent, ast.Call) and parent.func is node else None
-  if name in _REFUSED:
-    return Refusal(name, node.lineno, _REFUSED[name])
-  if name in _CLOCKS_WITHOUT_ARGUMENT and call is not None and len(
-      call.args) <= _CLOCKS_WITHOUT_ARGUMENT[name]:
-    return Refusal(f"{name} without a time", node.lineno, _CLOCK)
-  if name == "decimal.getcontext" and not (call is not None and _reads_context(call, parents)):
-    return Refusal("decimal.getcontext() to change the context", node.lineno, _SETTING)
-  return None
-
-
-def _stored_into(node: ast.AST, parents: dict) -> bool:
-  """Whether an item of `node` is assigned or deleted (`os.environ[k] = v`)."""
-  parent = parents.get(node)
-  return isinstance(parent, ast.Subscript) and not isinstance(parent.ctx, ast.Load)
-
-
-def _reads_context(call: ast.Call, parents: dict) -> bool:
-  """Whether `getcontext()` only has one scalar setting read (`getcontext().prec`)."""
-  parent = parents.get(call)
-  return (isinstance(parent, ast.Attribute) and isinstance(parent.ctx, ast.Load)
-          and parent.attr in _CONTEXT_READS)
+_UNBOUNDED = {"itertools.count", "itertools.cycle", "iter"}
 
 
 _LOOP = ("its calls would depend on the candidate's answers, so the judge cannot replay them; "
          "bound the loop by a count")
 
 
-def _answer_loops(tree: ast.Module, entry_point: str, names: dict[str, str]) -> list[Refusal]:
+def _answer_loops(tree: ast.Module, entry_point: str,
+                  names: dict[str, tuple[str, str]]) -> list[Refusal]:
   """Loops that end on a candidate answer: a `while` whose condition, or a `while`/unbounded
   `for` whose `break`/`return`, depends on an answer (`_Answers`)."""
   answers = _Answers(tree, entry_point)

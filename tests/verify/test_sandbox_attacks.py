@@ -6,12 +6,15 @@ that it scores 1 if it works (it forges a verdict, or it computes the right answ
 got out). Each test asserts: the attack scores 0, the honest sample beside it scores 1, nothing
 leaked, no process of either run survives, and no sandbox directory or cgroup is left behind.
 """
+import ast
 import concurrent.futures
 import ctypes
 import errno
 import fcntl
+import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +32,8 @@ from orl_sandbox import launcher as sandbox
 from orl_sandbox import syscalls
 from orl_jax.problem import Problem
 from orl_jax.verify.humaneval import ISOLATIONS, HumanEvalVerifier
+from orl_jax.verify.test_support import refusal
+from tests.verify.test_judge_semantics import check_program, in_process
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
@@ -1212,8 +1217,8 @@ def test_output_flood_is_capped_and_kept_in_part(verifier, tracker):
   flood = "    import sys\n    for _ in range(64):\n        sys.stdout.write('x' * (1 << 20))\n" \
           f"    return {CORRECT}\n"
   result = verifier.inner.run(TRUNCATE, flood)
-  # Past 1 MiB in one call, what it printed is more than the judge shows the tests: not judged.
-  assert result.verdict == "unsupported" and "more than 1048576 characters" in result.detail
+  # The output pipe is closed past the file cap: the candidate's next write raises, so it fails.
+  assert result.verdict == "fail" and result.infra_error is None, result.detail
   assert result.stdout == "x" * verifier.inner.limits.max_output_bytes
 
 
@@ -1487,8 +1492,8 @@ def test_tests_that_hash_a_reply_cannot_be_flooded(verifier, tracker):
 
 def test_judge_cpu_is_capped_whatever_the_tests_do_with_a_reply(tracker):
   """A 16-million-bit answer that the tests cube (half a minute of multiplication in C, where no
-  signal handler runs): the judge's CPU limit ends it before the wall timeout, as a failed
-  sample; the cost is reported."""
+  signal handler runs): the judge's CPU limit ends it before the wall timeout, as the sample's
+  timeout; the cost is reported."""
   huge = "    return int.from_bytes(bytes(range(1, 256)) * 8000, 'big')\n"
   limits = sandbox.SandboxLimits(timeout_s=15.0, judge_cpu_s=1)
   with HumanEvalVerifier(limits, parallelism=2) as inner:
@@ -1496,7 +1501,7 @@ def test_judge_cpu_is_capped_whatever_the_tests_do_with_a_reply(tracker):
     scores = stack.score_batch([CUBE, CUBE], [huge, "    return round(n ** (1 / 3))\n"])
     result = inner.run(CUBE, huge)
   assert scores == [0.0, 1.0]
-  assert not result.timed_out and "CPU limit" in result.detail, result.detail
+  assert result.timed_out and "CPU limit" in result.detail, result.detail
   assert 0.5 < result.judge_cpu_s < 3.0
 
 
@@ -1554,16 +1559,16 @@ _CYCLE_S, _SYMBOL_S, _SET_UP_S = 0.25, 0.125, 0.01   # two symbols; a start take
 def _secret_problem(tag: str, secret: int, trial: int, copy: int = 0) -> Problem:
   """A task whose answer only the sender knows; `copy` 1 and 2 are copies of it with an assert
   message, or with metadata, a docstring and another parameter name. Each trial's task is
-  another prompt (its second assert): trials with equal secrets would otherwise share a prompt,
-  and the schedule of one trial would carry the previous trial's phase into the next."""
+  another prompt (its calls pass the trial's number): trials with equal calls would share a
+  prompt, and the schedule of one trial would carry the previous trial's phase into the next."""
   other = -2 - trial
-  tests = [f"def check(candidate):\n    assert candidate() == {secret}\n"
-           f"    assert candidate() != {other}\n",
-           f"def check(candidate):\n    assert candidate() == {secret}, 'the secret'\n"
-           f"    assert candidate() != {other}, 'not this'\n",
+  tests = [f"def check(candidate):\n    assert candidate({trial}) == {secret}\n"
+           f"    assert candidate({trial}) != {other}\n",
+           f"def check(candidate):\n    assert candidate({trial}) == {secret}, 'the secret'\n"
+           f"    assert candidate({trial}) != {other}, 'not this'\n",
            f"METADATA = {{'copy': True}}\n\n\ndef check(f):\n    \"Copied.\"\n"
-           f"    assert f() == {secret}\n    assert f() != {other}\n"][copy]
-  return Problem(f"secret {tag} {copy}", "def secret() -> int:\n", tests=tests,
+           f"    assert f({trial}) == {secret}\n    assert f({trial}) != {other}\n"][copy]
+  return Problem(f"secret {tag} {copy}", "def secret(trial: int) -> int:\n", tests=tests,
                  entry_point="secret")
 
 
@@ -1664,22 +1669,39 @@ def _copies_of_has_close_elements() -> list[Problem]:
   lines = [line.strip() for line in tests.splitlines() if line.strip().startswith("assert")]
   messages = "def check(f):\n" + "".join(
       f"    {line.replace('candidate', 'f')}, 'case {i}'\n" for i, line in enumerate(lines))
-  reordered = ("# has_close_elements\ndef check(candidate):\n    '''All cases.'''\n"
+  reordered = ("# has_close_elements\ndef check(candidate):\n    '\'\'All cases.'\'\'\n"
                + "".join(f"    {line}  # case\n" for line in reversed(lines)))
+  # The same calls from a table, with the expected values written otherwise (`is`, `not`), each
+  # call made twice and through a helper of the tests.
+  cases = [ast.parse(line).body[0].test for line in lines]
+  table = ("CASES = [\n" + "".join(
+      f"    (({', '.join(ast.unparse(a) for a in case.left.args)}), "
+      f"{ast.unparse(case.comparators[0])}),\n" for case in cases) + "]\n\n\n"
+      "def ask(f, args):\n    return f(*args)\n\n\n"
+      "def check(g):\n    for args, want in CASES:\n        assert ask(g, args) is want\n"
+      "        assert not ask(g, args) is not want\n")
   return [original] + [Problem(f"HumanEval/0 {kind}", original.prompt, target=original.target,
                                tests=copy, entry_point=original.entry_point)
                        for kind, copy in (("bare", no_metadata), ("messages", messages),
-                                          ("reordered", reordered))]
+                                          ("reordered", reordered), ("table", table))]
 
 
 def test_copies_of_a_task_share_its_prompt_key():
+  """Copies that ask the candidate the same (other wording, names, messages, metadata, order,
+  a table of cases, repeated calls) share a key; another argument gives another key; the keys
+  agree with `task.verify_isolation` (under "sample" isolation no key groups samples)."""
   from orl_jax.verify.humaneval import prompt_key
   copies = _copies_of_has_close_elements()
   assert len({c.tests for c in copies}) == len(copies)
+  assert all(refusal(c.tests, c.entry_point, c.prompt) is None for c in copies)
+  assert in_process([check_program(c.prompt, c.target, c.tests, c.entry_point)
+                     for c in copies]) == ["pass"] * len(copies)
   assert len({prompt_key(c) for c in copies}) == 1
   other_input = copies[0].tests.replace("0.3)", "0.31)", 1)
   assert other_input != copies[0].tests
   assert prompt_key(Problem("x", copies[0].prompt, tests=other_input)) != prompt_key(copies[0])
+  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=1) as inner:
+    assert inner._prompt_keys(copies) == [c.problem_id for c in copies]
 
 
 def test_copies_of_a_task_never_run_at_the_same_time(prompt_verifier, tracker, judged_spans):
@@ -1689,7 +1711,7 @@ def test_copies_of_a_task_never_run_at_the_same_time(prompt_verifier, tracker, j
   copies = _copies_of_has_close_elements()
   scores = prompt_verifier.score_batch(copies * 2, [c.target + f"# copy {c.problem_id} {i}\n"
                                              for i in range(2) for c in copies])
-  assert scores == [1.0] * 8 and len(judged_spans) == 8
+  assert scores == [1.0] * 2 * len(copies) and len(judged_spans) == 2 * len(copies)
   ordered = sorted((start, end) for _, start, end in judged_spans)
   assert all(end <= next_start for (_, end), (next_start, _) in zip(ordered, ordered[1:]))
 
@@ -1713,6 +1735,75 @@ def test_judge_overload(verifier, tracker, name, inflated_launcher_peak):
   limits = verifier.inner.limits
   assert 0 < result.judge_cpu_s <= (limits.judge_cpu_s or limits.timeout_s + 2)
   assert 0 < result.judge_peak_rss_bytes < 256 << 20
+
+
+# ------------------------------------------------------- limits the tests cannot catch
+
+# A "must raise" test that catches everything: in-process, only an exception raised by the
+# candidate reaches its `except:`. An exception the judge raised inside the call (a limit of its
+# own) must not: each hostile sample below answers "42" right and answers "x" with a reply that
+# hits one of the judge's limits, while the honest neighbour raises ValueError.
+MUST_RAISE = Problem(
+    "attack/must_raise", 'def parse_age(text: str) -> int:\n    """The number in `text`; '
+    'ValueError when it holds none."""\n',
+    tests="def check(candidate):\n    assert candidate('42') == 42\n    try:\n"
+          "        candidate('x')\n    except:\n        pass\n    else:\n"
+          "        assert False, 'no error'\n", entry_point="parse_age")
+
+
+def _second_reply(payload: str) -> str:
+  """A completion that answers digits right and replaces its reply to anything else by the
+  JSON text `payload` (built when it loads), written into the runner's codec."""
+  return f"""\
+    return int(text) if text.isdigit() else "REPLACE ME"
+
+
+import json, math, struct, sys
+_wire = sys.modules["__main__"].wire
+_payload = ({payload}).encode()
+_plain = _wire.dumps
+def _dumps(message):
+    data = _plain(message)
+    if b"REPLACE ME" not in data:
+        return data
+    return struct.pack(">I", len(_payload)) + _payload
+_wire.dumps = _dumps
+"""
+
+
+# 40 fractions, 4 MB on the wire: reducing each (a gcd of two 190,000-bit integers) costs the
+# judge about 50 ms, 2 s in all, past its CPU limit, inside the call that the `except:` wraps;
+# a limit raised as an exception between two of them reached that `except:` and passed.
+_FRACTIONS = ("json.dumps({'return': {'objs': [[1, ['list', [{'$fraction': [{'$int': "
+              "hex(3 ** 120_000)}, {'$int': hex((1 << 190_000) + 1)}]}] * 40]]], "
+              "'vals': [{'$ref': 1}]}})")
+
+LIMITS_IN_A_CALL = {
+    "cpu_limit_while_decoding": (_second_reply(_FRACTIONS), "CPU limit"),
+    "message_past_its_size_limit": (
+        _second_reply("'{\"return\": {\"objs\": [], \"vals\": [0]}}' + ' ' * (9 << 20)"),
+        "exceeds"),
+    "malformed_reply": (_second_reply("'{\"return\": {\"objs\": 5, \"vals\": []}}'"),
+                        "not data"),
+    "hash_flood": (_second_reply(
+        "json.dumps({'return': {'objs': [[1, ['list', [{'$int': hex(k * %d)} for k in "
+        "range(1, 200_001)]]]], 'vals': [{'$ref': 1}]}})" % _MERSENNE), "hash flooding"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIMITS_IN_A_CALL))
+def test_a_limit_of_the_judge_is_not_an_exception_of_the_candidate(verifier, tracker, name):
+  """Each limit the judge applies while it reads an answer ends the sample's judging from
+  outside the tests (the kernel's CPU limit kills the phase; a reply past a cap is recorded
+  and fails the sample whatever the tests do next): the hostile sample scores 0 beside an
+  honest one that scores 1, and the record names the limit."""
+  hostile, why = LIMITS_IN_A_CALL[name]
+  honest = "    if not text.isdigit():\n        raise ValueError(text)\n    return int(text)\n"
+  scores = verifier.score_batch([MUST_RAISE, MUST_RAISE], [hostile, honest + f"# {name}\n"])
+  assert scores == [0.0, 1.0]
+  result = verifier.inner.run(MUST_RAISE, hostile)
+  assert not result.passed and why in result.detail, result.detail
+  assert result.timed_out == (name == "cpu_limit_while_decoding"), result.detail
 
 
 # ------------------------------------------------------------------------------ hedged math
@@ -1786,23 +1877,34 @@ SIDE_EFFECTS = {
     # a set whose iteration order a fresh set with its items does not have
     "set_order": (_HOLES, "    s = set(range(5))\n    s.discard(1)\n    s.discard(3)\n"
                   "    s.add(225)\n    return s\n", "    return {0, 2, 4, 225}\n"),
-    "prints": (_QUIET, "    print('working on', x)\n    return x\n", "    return x\n"),
-    "writes_to_stderr": (_QUIET, "    import sys\n    sys.stderr.write('!')\n    return x\n",
-                         "    return x\n"),
-    "warns": (_QUIET, "    import warnings\n    warnings.warn('slow path')\n    return x\n",
-              "    return x\n"),
-    "logs": (_QUIET, "    import logging\n    logging.getLogger('q').error('x=%s', x)\n"
-             "    return x\n", "    return x\n"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SIDE_EFFECTS))
 def test_side_effects_the_tests_inspect_are_judged(verifier, tracker, name):
   """A wrong program whose fault is something other than its return value (a later change to an
-  earlier argument or to a cache it returned, a default factory's next value, a set's order,
-  printing, warning or logging) scores 0; the right one beside it scores 1."""
+  earlier argument or to a cache it returned, a default factory's next value, a set's order)
+  scores 0; the right one beside it scores 1."""
   problem, hostile, honest = SIDE_EFFECTS[name]
   assert verifier.score_batch([problem, problem], [hostile, honest]) == [0.0, 1.0]
+
+
+def test_tests_that_watch_what_a_call_prints_are_refused_at_load(tmp_path):
+  """Tests that watch what the candidate prints, warns or logs observe more than its values and
+  exceptions: the task loader refuses them with one sentence (the contract's allowlist), and
+  the same task without the watching loads."""
+  from orl_jax.data import jsonl
+  path = tmp_path / "quiet.jsonl"
+  record = {"id": "quiet", "prompt": _QUIET.prompt, "entry_point": "quiet"}
+  path.write_text(json.dumps({**record, "tests": _QUIET_TESTS}) + "\n")
+  with pytest.raises(jsonl.DatasetError, match=re.escape(
+      "task 'quiet': its tests use the contextlib module (line 1 of the tests), and a test may "
+      "observe the candidate only through the values its calls return and the exceptions they "
+      "raise")):
+    jsonl.load_jsonl_problems(path)
+  path.write_text(json.dumps({**record, "tests": "def check(candidate):\n"
+                              "    assert candidate(3) == 3\n"}) + "\n")
+  assert [p.problem_id for p in jsonl.load_jsonl_problems(path)] == ["quiet"]
 
 
 # ------------------------------------------------------------- the judge runs contained
@@ -1820,14 +1922,20 @@ JUDGE_OPERATIONS = {
     "os_remove": ("import os\n    open('scratch', 'w').close()\n"
                   "    os.remove(candidate('scratch'))", "P"),
 }
+# What the task loader names when it refuses each of those checks (they are outside the
+# contract); the judge's containment below is for a problem given to the verifier directly.
+_JUDGE_OPERATION_REFUSALS = {"eval": "the name eval", "exec": "the name exec",
+                             "pickle": "the pickle module", "open_write": "a with statement",
+                             "os_remove": "the os module"}
 
 
 @pytest.mark.parametrize("operation", sorted(JUDGE_OPERATIONS))
 def test_a_check_that_runs_the_answer_cannot_touch_a_host_file(operation, tmp_path, tracker):
-  """The check runs the sample's string, bytes or path against a root-owned 0600 host file: the
-  judge runs it as the sample's uid in the sample's kind of root, where the file does not exist
-  (as in-process inside the sandbox), so the file stays and the attack scores 0; the honest
-  neighbour, whose check does the same with a harmless value, scores 1."""
+  """Such a check is outside the contract: the task loader refuses it, and the verifier does
+  not judge it (a problem built by hand). Run by the sandbox itself, against a root-owned 0600
+  host file: the judge runs it as the sample's uid in the sample's kind of root, where the file
+  does not exist (as in-process inside the sandbox), so the file stays and the attack fails;
+  the honest neighbour, whose check does the same with a harmless value, passes."""
   check, returned = JUDGE_OPERATIONS[operation]
   target = tmp_path / "secret"
   target.write_text("keep")
@@ -1835,13 +1943,18 @@ def test_a_check_that_runs_the_answer_cannot_touch_a_host_file(operation, tmp_pa
   problem = Problem(f"Custom/{operation}", "def echo(text):\n    \"\"\"Returns text.\"\"\"\n",
                     target="    return text\n", tests=f"def check(candidate):\n    {check}\n",
                     entry_point="echo")
+  assert refusal(problem.tests, "echo", problem.prompt).construct == (
+      _JUDGE_OPERATION_REFUSALS[operation])
   hostile = f"    P = {str(target)!r}\n    return {returned}  # {operation}\n"
-  with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=TIMEOUT_S), parallelism=2) as inner:
-    stack = CodePromptVerifier(inner, {problem.problem_id: problem})
-    scores = stack.score_batch([problem, problem],
-                               [hostile, f"    return text  # honest {operation}\n"])
-    result = inner.run(problem, hostile)
-  assert scores == [0.0, 1.0]
+  limits = sandbox.SandboxLimits(timeout_s=TIMEOUT_S)
+  with HumanEvalVerifier(limits, parallelism=2) as inner:
+    refused = inner.run(problem, hostile)
+  assert refused.verdict == "unsupported" and _JUDGE_OPERATION_REFUSALS[operation] in (
+      refused.detail), refused.detail
+  result, honest = (sandbox.run_judged(problem.prompt + body + "\n", "echo", problem.tests,
+                                       prelude=problem.prompt, limits=limits)
+                    for body in (hostile, f"    return text  # honest {operation}\n"))
+  assert (result.passed, honest.passed) == (False, True), (result.detail, honest.detail)
   assert target.read_text() == "keep" and (target.stat().st_mode & 0o777) == 0o600
   assert target.stat().st_uid == os.getuid() and os.listdir(tmp_path) == ["secret"]
   assert {"judge-mountns", "judge-netns", "judge-no-new-privs"} <= set(result.isolation)
