@@ -292,28 +292,44 @@ class _Layout:
     return slot, rs
 
   def _unit(self, ri: int, t: int, segment: int, local_resp: int, u: _Unit, state_id: int):
+    """Writes unit `u` at row `ri`, token `t`: its clean blocks, its captured states (those a
+    slot is left for) and, in the canvas layout, its still-masked future blocks; each part in
+    one vectorised write (`_blocks`). Returns (next token, next state id)."""
     p, b = self.prompt_len, self.b
     common = dict(segment=segment, src_resp=u.resp)
-    for j in range(u.clean_blocks):
-      t = self._set(ri, t, b, src_type=SRC_CLEAN, src_pos=j * b + np.arange(b),
-                    positions=p + j * b + np.arange(b), response=local_resp, kind=KIND_CLEAN,
-                    block=(p + j * b) // b, **common)
+    if u.clean_blocks:
+      n = u.clean_blocks * b
+      t = self._set(ri, t, n, src_type=SRC_CLEAN, src_pos=np.arange(n), positions=p + np.arange(n),
+                    response=local_resp, kind=KIND_CLEAN,
+                    block=self._blocks(np.arange(u.clean_blocks)), **common)
+    kept = []   # (capture index, block, state slot, response slot) of the states given a slot
     for cap_i, block in u.states:
       slots = self._slot(u.resp)
-      if slots is None:
-        continue
-      t = self._set(ri, t, b, src_type=SRC_STATE, src_state=cap_i, src_pos=np.arange(b),
-                    positions=p + block * b + np.arange(b), response=local_resp,
-                    kind=KIND_STATE, block=(p + block * b) // b, state_id=state_id,
-                    state_slot=slots[0], resp_slot=slots[1], **common)
-      state_id += 1
-      self.state_tokens += b
-      self.slot_of[(u.resp, cap_i)] = (slots[0], block)
-    for j in range(u.mask_blocks):  # canvas layout: the still-masked future blocks
-      first = u.states[-1][1] + 1 + j
-      t = self._set(ri, t, b, src_type=SRC_MASK, positions=p + first * b + np.arange(b),
+      if slots is not None:
+        kept.append((cap_i, block, *slots))
+        self.slot_of[(u.resp, cap_i)] = (slots[0], block)
+    if kept:
+      cap, blocks, state_slot, resp_slot = (np.asarray(c, np.int32) for c in zip(*kept))
+      n, within = len(kept) * b, np.tile(np.arange(b), len(kept))
+      t = self._set(ri, t, n, src_type=SRC_STATE, src_state=np.repeat(cap, b), src_pos=within,
+                    positions=p + np.repeat(blocks, b) * b + within, response=local_resp,
+                    kind=KIND_STATE, block=self._blocks(blocks),
+                    state_id=np.repeat(state_id + np.arange(len(kept)), b),
+                    state_slot=np.repeat(state_slot, b), resp_slot=np.repeat(resp_slot, b),
                     **common)
+      state_id += len(kept)
+      self.state_tokens += n
+    if u.mask_blocks:  # canvas layout: the still-masked future blocks
+      n = u.mask_blocks * b
+      t = self._set(ri, t, n, src_type=SRC_MASK,
+                    positions=p + (u.states[-1][1] + 1) * b + np.arange(n), **common)
     return t, state_id
+
+  def _blocks(self, blocks: np.ndarray) -> np.ndarray:
+    """Each token's block index in the row's positions (the prompt's blocks first) for the
+    response blocks `blocks`, `b` tokens each."""
+    p, b = self.prompt_len, self.b
+    return np.repeat((p + np.asarray(blocks) * b) // b, b)
 
 
 def lay_out(rows, prompt_valid, b: int, cfg: ReplayConfig) -> _Layout:
