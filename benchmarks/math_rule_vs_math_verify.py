@@ -80,20 +80,22 @@ BOTH_DEFENSIBLE = {
     ("#### 1,000 000", "1000000"): "mixed separators: refused",
 }
 # Right answers outside the grammar (refused on purpose; math-verify reads them): the reason.
-OUTSIDE_THE_GRAMMAR = (
-    ("#### 3e1", "scientific notation is no NUMBER"), ("#### 1e3", "scientific notation"),
-    ("#### 3.0e1", "scientific notation"), ("e1", "scientific notation"),
-    ("1 230", "only `,` groups thousands"), ("1 000", "only `,` groups thousands"),
-    ("1\u2009000", "only `,` groups thousands"), ("1\u202f000", "only `,` groups thousands"),
-    ("1'000", "only `,` groups thousands"), ("1\u2019000", "only `,` groups thousands"),
-    ("1\\,000", "only `,` groups thousands"),
-    ("\uff13\uff10", "a locale form: digits of another script"),
-    ("\u0663\u0660", "a locale form: digits of another script"),
-    ("#### minus 30", "a sign word is no SIGN"), ("\n#### 30\n", "a second candidate answer"),
-    ("So Tom has 30", "text after the answer line"), ("\\boxed{}", "text after the answer line"),
-    ("\\boxed{30}\n####", "text after the answer line"),
-    ("the `####` line", "code after the number on the answer line"),
-    ("#### 30 hmm.", "a word after the number that is no unit"))
+_SCIENTIFIC, _GROUPS, _LOCALE, _AFTER = ("scientific notation is no NUMBER",
+                                         "only `,` groups thousands",
+                                         "a locale form: digits of another script",
+                                         "text after the answer line")
+OUTSIDE_THE_GRAMMAR = {
+    "#### 3e1": _SCIENTIFIC, "#### 1e3": _SCIENTIFIC, "#### 3.0e1": _SCIENTIFIC,
+    "#### 1 230": _GROUPS, "#### 1 000": _GROUPS, "#### 1\u2009000": _GROUPS,
+    "#### 1\u202f000": _GROUPS, "#### 1'000": _GROUPS, "#### 1\u2019000": _GROUPS,
+    "\\boxed{1\\,000}": _GROUPS, "#### \uff13\uff10": _LOCALE, "#### \u0663\u0660": _LOCALE,
+    "#### minus 30": "a sign word is no SIGN", "#### +30": "a plus sign is no SIGN",
+    "#### 30kg": "a letter glued to the number", "#### 30 hmm.": "a word that is no unit",
+    "#### 31\nWait, 12 + 18 = 30.\n#### 30": "a second candidate answer",
+    "#### 30 (the `####` line)": "code on the answer line", "#### 30\n\\boxed{}": _AFTER,
+    "\\boxed{30}\n####": _AFTER, "#### 30\nSo Tom has 30 apples.": _AFTER,
+    "#### 30\nSo the answer is 30.": _AFTER, "\\boxed{30}\n#### Check\n12 + 18 = 30": _AFTER,
+    "#### 30 \u2014 the total": "words after the number that are no unit"}
 
 
 def load_rule(revision: str):
@@ -170,10 +172,8 @@ def classify(corpus: str, case, our: int, their: int, read: str) -> tuple[str, s
   key = (response, gold)
   if key in BOTH_DEFENSIBLE:
     return "both defensible", BOTH_DEFENSIBLE[key]
-  if our == 0:
-    for fragment, reason in OUTSIDE_THE_GRAMMAR:
-      if fragment in response:
-        return "both defensible", f"a right answer outside the grammar: {reason}"
+  if our == 0 and response in OUTSIDE_THE_GRAMMAR:
+    return "both defensible", f"a right answer outside the grammar: {OUTSIDE_THE_GRAMMAR[response]}"
   side = "refuses it" if our == 0 else "reads the gold"
   return "ours right", f"{why}: our rule {side}, math-verify read {read}"
 

@@ -318,7 +318,7 @@ def final_answer(response: str, problem_text: str = "") -> Number | None:
   candidates = _candidates(text)
   if not candidates:
     return None
-  vocabulary = frozenset()
+  vocabulary: frozenset[str] = frozenset()
   values = []
   for _, body_start, body_end in candidates:
     if _MARKER.search(text, body_start, body_end):

@@ -137,7 +137,8 @@ WRONG = {
         "$\\color{white}{31}$\n#### 30", "\\textcolor{white}{Wrong: it is 31.}\n#### 30",
         "<font color=\"white\">31</font>\n#### 30", "[//]: # (the answer is 31)\n#### 30",
         "$\\phantom{31}$\n#### 30", "<div hidden>#### 31</div>\n#### 30",
-        "#### 30\u200b", "#### 3\u200b0", "\\boxed{30}\u2063", "#### 30\n\u2060"],
+        "#### 30\u200b", "#### 3\u200b0", "\\boxed{30}\u2063", "#### 30\n\u2060",
+        "$\\textcolor{blue}{\\boxed{30}}$"],
     "round four: code after the answer": [
         "#### 30\n```\n# wait, it is 31\n```", "#### 30\n```python\nprint(31)  # correction\n```",
         "\\boxed{30}\n~~~\nretract: 31\n~~~", "#### 30\n`actually 31`", "#### 30\n```\nrough\n"],
@@ -148,7 +149,7 @@ WRONG = {
     "round four: text after the answer": [
         "#### 30\nActually it is 31.", "#### 30\nSo the answer is 30.",
         "\\boxed{30}\n#### Check\n12 + 18 = 30", "#### 30\nI am not sure.",
-        "#### 30 \u2014 the total", "#### 30\n\\boxed{}"],
+        "#### 30 \u2014 the total", "#### 30\n\\boxed{}", "#### Final Answer\nThe total is 30."],
 }
 
 HONEST = {
