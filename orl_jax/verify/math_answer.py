@@ -87,8 +87,8 @@ _FORMATTING = re.compile(r"\\(?:text|textbf|textrm|textit|mathbf|mathrm|mathit|m
                          r"(?![A-Za-z])|\*\*|\$|\\[()\[\]]|[{}]")
 _LATEX_SYMBOLS = (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("^\\circ", "°"), ("^{\\circ}", "°"),
                   ("\\,", " "), ("\\;", " "), ("\\ ", " "), ("\\!", ""))
-_UNIT = re.compile(r"[ \t\r\n]*(?:([%°])|[ \t\r\n]([^\W\d_]+(?:/[^\W\d_]+)?))?[ \t\r\n]*\.?"
-                   r"[ \t\r\n]*")
+_UNIT = re.compile(r"[ \t\r\n]*(?:([%°])|[ \t\r\n]([^\W\d_]+(?:/[^\W\d_]+)?)(?: *\^ *[23])?)?"
+                   r"[ \t\r\n]*\.?[ \t\r\n]*")   # a unit's exponent: `m^2`, `cm³`
 _SENTENCE_TOKEN = re.compile(r"\s+|[^\W\d_]+(?:['’-][^\W\d_]+)*|[0-9][0-9,.]*|[.,;()'\"/%°|]")
 _LETTER = re.compile(r"[^\W\d_]")
 _LINK_END = re.compile(r"(?:^|[=:|\u2192\u21d2\u2234]|\\(?:therefore|Rightarrow|implies|"
@@ -200,6 +200,8 @@ def _body(body: str, vocabulary: frozenset[str]) -> Number | None:
   if unit is None:
     return None
   word = unit.group(2)
+  if word is not None and word[-1] in "²³":
+    word = word[:-1]   # a unit's exponent (`m²`), one
   if word is not None and not all(w.lower() in UNIT_WORDS or _stem(w.lower()) in vocabulary
                                   for w in word.split("/")):
     return None
@@ -306,7 +308,7 @@ def _candidates(text: str) -> list[tuple[int, int, int]]:
 def _hash_placed(text: str, start: int) -> bool:
   """Whether a `####` starts its line or follows a full stop (`27 . #### 27`)."""
   before = text[text.rfind("\n", 0, start) + 1:start].rstrip()
-  return not before or before.endswith(".") and not before.endswith("..")
+  return not before or before.endswith(".")
 
 
 def final_answer(response: str, problem_text: str = "") -> Number | None:

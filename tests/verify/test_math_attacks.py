@@ -167,7 +167,7 @@ HONEST = {
     "units in \\text{}": [
         "\\boxed{30 \\text{ apples}}", "\\boxed{30\\text{ dollars}}", "\\boxed{30 \\mathrm{kg}}",
         "#### 30 \\text{dollars}", "\\boxed{30\\,\\text{m}}", "\\boxed{30^\\circ}",
-        "\\boxed{\\$30}", "\\boxed{30\\%}"],
+        "\\boxed{\\$30}", "\\boxed{30\\%}", "\\boxed{30 \\text{ cm}^2}", "#### 30 m\u00b2"],
     "restated in the sentence": [
         "Tom has 12 + 18 = \\boxed{30} apples.", "So Tom has \\boxed{30} apples in total.",
         "Tom buys 18 more, so he has 12 + 18 = $\\boxed{30}$ apples from the market.",
