@@ -4,27 +4,28 @@ math verifier is a `MathAnswerVerifier`, so one response gets one verdict whiche
 it. docs/verifier.md ("Math answers: an allowlist grammar") gives the reasons.
 
   response  = the text: fenced code before the answer dropped, cut at a `Question:` line after
-              the first marker; refused anywhere: hidden markup (HTML comments and tags but
+              the first marker; refused: hidden markup anywhere (HTML comments, HTML tags but
               `<think>` and special tokens, markdown reference comments, `\\color`,
-              `\\textcolor`, `\\phantom`, ...) and invisible, private or control code points
+              `\\textcolor`, `\\phantom`, ...), and control, format (but the joiners),
+              private-use or unassigned code points on the answer's line or after it
   candidate = "####" with a digit on its line | "\\boxed{...}" holding a digit
-  answer    = the last candidate; every other candidate must hold the same NUMBER
+  answer    = the last candidate; every other candidate holds the same NUMBER, none another
   "####"    : starts its line or follows a full stop; then BODY to the end of the line
   box       : LEAD "\\boxed{" BODY "}" SENTENCE to the end of the line
   after     = only closing lines: blanks, `\\]`, `$$`, `---`, table rules, special tokens
   BODY      = [SIGN] NUMBER [UNIT] ["."]
-  SIGN      = "-" | one of MINUS_SIGNS                       (a leading `$` is dropped)
+  SIGN      = one of MINUS_SIGNS                                   (a `$` is read as nothing)
   NUMBER    = DIGITS ["." DIGITS], "," groups of three | \\frac{a}{b} (\\dfrac, \\tfrac) in
               lowest terms, b > 1
-  UNIT      = "%" | "°" | one UNIT_WORDS word or word of the problem (`\\text{}`/`\\mathrm{}`
-              around it allowed), set off from the number by a space
-  LEAD      = the box's line up to it ends in a link (= : | → ⇒ ∴ \\therefore \\Rightarrow),
-              the line start, or a word of LINK_WORDS or of the problem that is no
-              COMPARISON_WORDS word; a SIGN may stand between the link and the box
-  SENTENCE  = words of the problem, FUNCTION_WORDS or UNIT_WORDS, numbers of the problem,
-              and the punctuation . , ; ( ) ' " /
+  UNIT      = "%" | "°" | one UNIT_WORDS word or word of the problem, set off by a space, bare
+              or in `\\text{}`/`\\mathrm{}`, with at most an exponent 2 or 3 (`m²`)
+  LEAD      = the box's line before it ends in a link (= : | → ⇒ ∴ \\therefore \\Rightarrow
+              \\implies), is empty, or ends in a LINK_WORDS, FUNCTION_WORDS or problem word that
+              is no COMPARISON_WORDS word; a SIGN may stand between the link and the box
+  SENTENCE  = words of the problem, of the working before the box, FUNCTION_WORDS or
+              UNIT_WORDS, but never HEDGE_WORDS; numbers of the problem; . , ; ( ) ' " / % ° |
 
-Formatting around a number (`**`, `$`, `\\(`, `\\text{}`, `\\mathbf{}`, `{,}`) is read as
+Formatting around a number (`**`, `$`, `\\(`, `\\text{}`, `\\mathbf{}`, `{,}`, `\\,`) is read as
 nothing. Every function here accepts any string without raising, in time linear in its length,
 except `gold_number`, whose input is data, not a model's output.
 """
@@ -65,7 +66,7 @@ LINK_WORDS = frozenset("""
 COMPARISON_WORDS = frozenset("""
   about around approximately approx roughly nearly almost over under above below than least
   most up of by to or nor not no never maybe probably perhaps possibly half twice double
-  times x plus minus
+  times x plus minus more less fewer between within
   """.split())
 
 # Words that hedge, negate or bound a number: never part of the sentence after a box, even where
