@@ -105,7 +105,7 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}+|~{3,}+)[^\n]*\n(?:.*?\n)? {0,3}\1[`~]*[ \t]
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _QUESTION_LINE = re.compile(r"^[ \t]*Question:", re.MULTILINE)
 _CODE = "\x02"   # where code stood: a control character, which no closing line or tail accepts
-_ALLOWED_CONTROLS = frozenset("\n\r\t")
+_ALLOWED_CONTROLS = frozenset("\n\r\t" + _CODE)   # code is refused by place, not here
 _JOINERS = frozenset("\u200c\u200d")   # scripts and emoji need them; they are no answer's part
 
 

@@ -174,7 +174,7 @@ HONEST = {
         "12 + 18 = \\boxed{30}", "Total \u2192 \\boxed{30}", "12 + 18 = 30 \\therefore \\boxed{30}",
         "Total $\\Rightarrow \\boxed{30}$", "12 + 18 = 30\n\u2234 \\boxed{30}",
         "So Tom has \\boxed{30}.", "That is 12 + 18 = \\boxed{30} apples, all of them Tom's.",
-        "Tom buys 12 + 18 = \\boxed{30} apples"],
+        "Tom buys 12 + 18 = \\boxed{30} apples", "With `12 + 18`, Tom has \\boxed{30} apples."],
     "table cells": [
         "| item | count |\n| --- | --- |\n| apples | \\boxed{30} |", "| Total | \\boxed{30} |",
         "| apples | 12 + 18 = \\boxed{30} |\n|---|---|"],
