@@ -90,7 +90,7 @@ _LATEX_SYMBOLS = (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("^\\circ", "°"), (
                   ("\\,", " "), ("\\;", " "), ("\\ ", " "), ("\\!", ""))
 _UNIT = re.compile(r"[ \t\r\n]*(?:([%°])|[ \t\r\n]([^\W\d_]+(?:/[^\W\d_]+)?)(?: *\^ *[23])?)?"
                    r"[ \t\r\n]*\.?[ \t\r\n]*")   # a unit's exponent: `m^2`, `cm³`
-_SENTENCE_TOKEN = re.compile(r"\s+|[^\W\d_]+(?:['’-][^\W\d_]+)*|[0-9][0-9,.]*|[.,;()'\"/%°|]")
+_SENTENCE_TOKEN = re.compile(r"\s+|[^\W\d_]+(?:['’-][^\W\d_]+)*|[0-9][0-9,.]*|[.,;()'’\"/%°|]")
 _LETTER = re.compile(r"[^\W\d_]")
 _LINK_END = re.compile(r"(?:^|[=:|\u2192\u21d2\u2234]|\\(?:therefore|Rightarrow|implies|"
                        r"Longrightarrow)|(?<![^\W\d_'’])([^\W\d_]+(?:['’][^\W\d_]+)*))\s*$")
