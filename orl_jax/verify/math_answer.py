@@ -17,8 +17,8 @@ it. docs/verifier.md ("Math answers: an allowlist grammar") gives the reasons.
   SIGN      = one of MINUS_SIGNS                                   (a `$` is read as nothing)
   NUMBER    = DIGITS ["." DIGITS], "," groups of three | \\frac{a}{b} (\\dfrac, \\tfrac) in
               lowest terms, b > 1
-  UNIT      = "%" | "°" | one UNIT_WORDS word or word of the problem, set off by a space, bare
-              or in `\\text{}`/`\\mathrm{}`, with at most an exponent 2 or 3 (`m²`)
+  UNIT      = "%" | "°" | one UNIT_WORDS word or word of the problem but HEDGE_WORDS, bare
+              or in `\\text{}`/`\\mathrm{}`, after a space, at most an exponent 2 or 3 (`m²`)
   LEAD      = the box's line before it ends in a link (= : | → ⇒ ∴ \\therefore \\Rightarrow
               \\implies), is empty, or ends in a LINK_WORDS, FUNCTION_WORDS or problem word that
               is no COMPARISON_WORDS word; a SIGN may stand between the link and the box
@@ -204,7 +204,7 @@ def _body(body: str, vocabulary: frozenset[str]) -> Number | None:
   if word is not None and word[-1] in "²³":
     word = word[:-1]   # a unit's exponent (`m²`), one
   if word is not None and not all(w.lower() in UNIT_WORDS or _stem(w.lower()) in vocabulary
-                                  for w in word.split("/")):
+                                  and w.lower() not in HEDGE_WORDS for w in word.split("/")):
     return None
   return _value(sign, fraction, digits)
 

@@ -420,3 +420,13 @@ def test_invisible_code_points_on_or_after_the_answer_line_refuse():
   # Before the answer's line they hide nothing that is read: GSM8K's own solutions hold a
   # zero-width space in their working.
   assert _verdicts([("12 + 18\u200b = 30\n#### 30", "30")]) == [1.0]
+
+
+def test_a_problem_word_reads_as_a_unit_but_never_a_hedge_word():
+  problem = "Tom walks about 3 miles with some apples, maybe more."
+  read = [math_answer.final_answer(r, problem) for r in (
+      "#### 30 apples", "Tom has \\boxed{30} apples with him.", "#### 30 about", "#### 30 maybe",
+      "Tom has \\boxed{30} apples, maybe.", "Tom has \\boxed{30} apples, some.", "Tom has about "
+      "\\boxed{30} apples.")]
+  assert read == [30, 30, None, None, None, None, None]
+  assert math_answer.final_answer("#### 30 apples") is None   # no problem: apples is not listed

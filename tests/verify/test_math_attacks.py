@@ -128,7 +128,7 @@ WRONG = {
         "So Tom has \\boxed{30} apples environ.", "Tom has about \\boxed{30} apples.",
         "Tom has \\boxed{30} apples or so.", "Tom has \\boxed{30} apples, ungef\u00e4hr.",
         "Tom has \\boxed{30} apples (rough).", "Tom has \\boxed{30} apples at most.",
-        "Tom has \\boxed{30} apples, give or take."],
+        "Tom has \\boxed{30} apples, give or take.", "#### 30 about", "\\boxed{30 \\text{ maybe}}"],
     "round four: markup that hides text": [
         "#### 30 <!-- 31 -->", "<!-- the answer is 31 -->\n#### 30",
         "<span style=\"display:none\">#### 31</span>\n#### 30",
