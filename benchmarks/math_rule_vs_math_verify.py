@@ -1,10 +1,13 @@
-"""The strict math-answer rule (`orl_jax.verify.math_answer`) beside math-verify, HuggingFace's
+"""The math-answer grammar (`orl_jax.verify.math_answer`) beside math-verify, HuggingFace's
 maintained answer verifier (`math_verify.parse` and `verify`), on the same responses, and the
 rule's cost per response beside the previous rule's.
 
 Responses, each scored against its gold by both:
 * `gsm8k`: the 1,319 GSM8K test solutions (orl_jax/data/gsm8k_test.jsonl.gz), each against the
   number after its own `####`: every one is right;
+* `gsm8k_boxed`: GSM8K's final sentences with the gold number boxed in place (1,276 of the
+  1,319 final sentences hold the gold number; tests/verify/test_math_rule_vs_math_verify.py
+  builds them), each scored with its question as the problem text: every one is right;
 * `tiny`: `--tiny-problems` tiny-task targets (`tiny_task.train_problem`) against their gold:
   every one is right;
 * `tables`: every response of tests/verify/test_math_answers.py's reference table and of
@@ -15,9 +18,10 @@ answer, or states it in a form math-verify does not read), `math-verify right` (
 wrong: a regression), or `both defensible` (a reading a grader could take either way; the
 choice is documented in docs/verifier.md), with a one-line reason and what math-verify read.
 
-Cost: `final_answer` over the GSM8K solutions, over the table responses and over both, timed for
-this rule and for the rule at `--baseline` (loaded from git into this process), runs interleaved,
-median of `--repeats` runs, microseconds per response. The machine may be shared: only the ratio
+Cost: `final_answer` over the GSM8K solutions (with their questions as the problem text), over
+the table responses and over both, timed for this rule and for the rule at `--baseline` (loaded
+from git into this process), runs interleaved, median of `--repeats` runs, microseconds per
+response. The machine may be shared: only the ratio
 within one run means much.
 
 math-verify is a reference for this benchmark and the tests only; the library never imports it
@@ -41,11 +45,11 @@ from math_verify import parse, verify  # test-only reference: pip install math-v
 
 from orl_jax.data import tiny_task
 from orl_jax.verify import math_answer
-from tests.verify import test_math_answers, test_math_attacks
+from tests.verify import test_math_answers, test_math_attacks, test_math_rule_vs_math_verify
 
 OUT = os.path.join(_common.ROOT, "benchmarks", "results", "math_rule_vs_math_verify.json")
 GSM8K = os.path.join(_common.ROOT, "orl_jax", "data", "gsm8k_test.jsonl.gz")
-BASELINE = "488a1ea"   # the last commit with the previous rule (before the grammar)
+BASELINE = "40e6f35"   # the last commit with the previous rule (the denylist, before the grammar)
 
 # Disagreements on the test tables where a grader could go either way: (response, gold) -> why.
 # Every other table disagreement is `ours right`, with the test's own reason.
@@ -72,10 +76,26 @@ BOTH_DEFENSIBLE = {
     ("#### 30\uffff", "30"): "a noncharacter after the number: refused",
     ("12 + 18 = 30.\n$\\boxed{30}$!", "30"):
         "`!` after the formula: an exclamation in prose, 30! in LaTeX; refused as ambiguous",
-    ("#### 3.0e1", "30"): "scientific notation (30) or 3.0 times e; math-verify read 3.0",
     ("#### 1 000,000", "1000000"): "mixed separators: 1,000,000 or 1000.000; refused",
     ("#### 1,000 000", "1000000"): "mixed separators: refused",
 }
+# Right answers outside the grammar (refused on purpose; math-verify reads them): the reason.
+_SCIENTIFIC, _GROUPS, _LOCALE, _AFTER = ("scientific notation is no NUMBER",
+                                         "only `,` groups thousands",
+                                         "a locale form: digits of another script",
+                                         "text after the answer line")
+OUTSIDE_THE_GRAMMAR = {
+    "#### 3e1": _SCIENTIFIC, "#### 1e3": _SCIENTIFIC, "#### 3.0e1": _SCIENTIFIC,
+    "#### 1 230": _GROUPS, "#### 1 000": _GROUPS, "#### 1\u2009000": _GROUPS,
+    "#### 1\u202f000": _GROUPS, "#### 1'000": _GROUPS, "#### 1\u2019000": _GROUPS,
+    "\\boxed{1\\,000}": _GROUPS, "#### \uff13\uff10": _LOCALE, "#### \u0663\u0660": _LOCALE,
+    "#### minus 30": "a sign word is no SIGN", "#### +30": "a plus sign is no SIGN",
+    "#### 30kg": "a letter glued to the number", "#### 30 hmm.": "a word that is no unit",
+    "#### 31\nWait, 12 + 18 = 30.\n#### 30": "a second candidate answer",
+    "#### 30 (the `####` line)": "code on the answer line", "#### 30\n\\boxed{}": _AFTER,
+    "\\boxed{30}\n####": _AFTER, "#### 30\nSo Tom has 30 apples.": _AFTER,
+    "#### 30\nSo the answer is 30.": _AFTER, "\\boxed{30}\n#### Check\n12 + 18 = 30": _AFTER,
+    "#### 30 \u2014 the total": "words after the number that are no unit"}
 
 
 def load_rule(revision: str):
@@ -99,32 +119,39 @@ def load_rule(revision: str):
   return answer.final_answer
 
 
-def gsm8k_cases() -> list[tuple[str, str, int, str]]:
+def gsm8k_cases() -> list[tuple[str, str, int, str, str]]:
   with gzip.open(GSM8K, "rt") as f:
     docs = [json.loads(line) for line in f]
-  return [(d["answer"], d["answer"].rsplit("####", 1)[1].strip(), 1, "a GSM8K solution")
-          for d in docs]
+  return [(d["answer"], d["answer"].rsplit("####", 1)[1].strip(), 1, "a GSM8K solution",
+           d["question"]) for d in docs]
 
 
-def tiny_cases(n: int) -> list[tuple[str, str, int, str]]:
+def gsm8k_boxed_cases() -> list[tuple[str, str, int, str, str]]:
+  return [(response, gold, 1, "a GSM8K final sentence boxed in place", question)
+          for response, gold, question in test_math_rule_vs_math_verify.gsm8k_boxed_sentences()]
+
+
+def tiny_cases(n: int) -> list[tuple[str, str, int, str, str]]:
   cfg = tiny_task.TinyTaskConfig()
   problems = [tiny_task.train_problem(i, cfg) for i in range(n)]
-  return [(p.target, str(p.answer), 1, "a tiny-task target") for p in problems]
+  return [(p.target, str(p.answer), 1, "a tiny-task target", p.prompt) for p in problems]
 
 
-def table_cases() -> list[tuple[str, str, int, str]]:
-  """(response, gold, the verdict the tests require, why) of every table row and attack."""
-  cases = [(r, g, ours, why) for r, g, ours, _s, _f, _m, why in test_math_answers.TABLE]
+def table_cases() -> list[tuple[str, str, int, str, str]]:
+  """(response, gold, the verdict the tests require, why, problem text) of every table row (no
+  problem text) and attack (test_math_attacks.PROMPT)."""
+  cases = [(r, g, ours, why, "q") for r, g, ours, _s, _f, _m, why in test_math_answers.TABLE]
   for verdict, classes in ((0, test_math_attacks.WRONG), (1, test_math_attacks.HONEST)):
     for name, responses in classes.items():
       for case in responses:
         response, gold = (case, "30") if isinstance(case, str) else case
-        cases.append((response, gold, verdict, f"{name} (tests/verify/test_math_attacks.py)"))
+        cases.append((response, gold, verdict, f"{name} (tests/verify/test_math_attacks.py)",
+                      test_math_attacks.PROMPT))
   return cases
 
 
-def ours(response: str, gold: str) -> int:
-  return int(math_answer.answers_match(response, gold))
+def ours(response: str, gold: str, problem_text: str) -> int:
+  return int(math_answer.answers_match(response, gold, problem_text))
 
 
 def theirs(response: str, gold: str) -> tuple[int, str]:
@@ -137,7 +164,7 @@ def theirs(response: str, gold: str) -> tuple[int, str]:
 
 
 def classify(corpus: str, case, our: int, their: int, read: str) -> tuple[str, str]:
-  response, gold, required, why = case
+  response, gold, required, why, _ = case
   if our != required:
     return "math-verify right", f"our rule fails {why}"
   if corpus != "tables":
@@ -145,16 +172,19 @@ def classify(corpus: str, case, our: int, their: int, read: str) -> tuple[str, s
   key = (response, gold)
   if key in BOTH_DEFENSIBLE:
     return "both defensible", BOTH_DEFENSIBLE[key]
+  if our == 0 and response in OUTSIDE_THE_GRAMMAR:
+    return "both defensible", f"a right answer outside the grammar: {OUTSIDE_THE_GRAMMAR[response]}"
   side = "refuses it" if our == 0 else "reads the gold"
   return "ours right", f"{why}: our rule {side}, math-verify read {read}"
 
 
-def cost(final_answer, responses: list[str], repeats: int) -> list[float]:
+def cost(final_answer, responses: list[tuple[str, str]], repeats: int) -> list[float]:
+  """µs per (response, problem text) of `final_answer`, `repeats` times."""
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    for response in responses:
-      final_answer(response)
+    for response, problem_text in responses:
+      final_answer(response, problem_text)
     times.append((time.perf_counter() - t0) / len(responses) * 1e6)
   return times
 
@@ -168,14 +198,14 @@ def main():
   parser.add_argument("--out", default=OUT)
   args = parser.parse_args()
 
-  corpora = {"gsm8k": gsm8k_cases(), "tiny": tiny_cases(args.tiny_problems),
-             "tables": table_cases()}
+  corpora = {"gsm8k": gsm8k_cases(), "gsm8k_boxed": gsm8k_boxed_cases(),
+             "tiny": tiny_cases(args.tiny_problems), "tables": table_cases()}
   summary, disagreements = {}, []
   for corpus, cases in corpora.items():
     counts = {"responses": len(cases), "agree": 0, "both_1": 0, "both_0": 0, "ours_only": 0,
               "math_verify_only": 0}
     for case in cases:
-      our = ours(case[0], case[1])
+      our = ours(case[0], case[1], case[4])
       their, read = theirs(case[0], case[1])
       if our == their:
         counts["agree"] += 1
@@ -193,12 +223,12 @@ def main():
     by_class[d["class"]] = by_class.get(d["class"], 0) + 1
   print(f"disagreements by class: {by_class}")
 
-  timed = {"gsm8k": [c[0] for c in corpora["gsm8k"]], "tables": [c[0] for c in corpora["tables"]]}
+  timed = {corpus: [(c[0], c[4]) for c in corpora[corpus]] for corpus in ("gsm8k", "tables")}
   timed["both"] = timed["gsm8k"] + timed["tables"]
   baseline = load_rule(args.baseline)
   rules = {"after": math_answer.final_answer}
   if baseline is not None:
-    rules["before"] = baseline
+    rules["before"] = lambda response, _problem_text: baseline(response)
   runs = {f"{rule}_{corpus}": [] for rule in rules for corpus in timed}
   for _ in range(args.repeats):   # interleaved: a change of load hits both rules alike
     for corpus, responses in timed.items():

@@ -12,15 +12,13 @@ Each row records our verdict and what three reference graders give on the same r
 The references are written here from their published regexes and normaliser, so that the table
 shows where the strict rule differs from them and why (see the `why` of each row).
 """
-import decimal
 import re
 import unicodedata
 
 import pytest
 
 from orl_jax.problem import Problem
-from orl_jax.verify import math_answer, math_number
-from orl_jax.verify.math_answer import canonical_number
+from orl_jax.verify import math_answer
 from orl_jax.verify.gsm8k import GSM8KVerifier
 from orl_jax.verify.tiny import TinyVerifier
 
@@ -113,13 +111,13 @@ TABLE = [
     ("#### 1,230", "1230", 1, 1, 1, 0, "thousands separator"),
     ("#### 30 dollars", "30", 1, 1, 1, 0, "unit after the number"),
     ("#### 50%", "50", 1, 1, 1, 0, "percent is a unit"),
-    ("#### 30 hmm.", "30", 1, 1, 1, 0, "words that are neither numbers nor hedges may follow"),
+    ("#### 30 hmm.", "30", 0, 1, 1, 0, "a word after the number that is no unit"),
     ("####30", "30", 1, 0, 1, 0, "no space after the marker"),
     ("#### -5", "-5", 1, 1, 1, 0, "negative"),
     ("#### −5", "-5", 1, 0, 0, 0, "unicode minus sign"),
     ("#### -$5", "-5", 1, 0, 1, 0, "sign before the currency sign"),
-    ("#### 3e1", "30", 1, 0, 0, 0, "integer-valued scientific notation"),
-    ("#### 1e3", "1000", 1, 0, 0, 0, "integer-valued scientific notation"),
+    ("#### 3e1", "30", 0, 0, 0, 0, "scientific notation is no NUMBER"),
+    ("#### 1e3", "1000", 0, 0, 0, 0, "scientific notation is no NUMBER"),
     ("#### 30<|im_end|>", "30", 1, 1, 1, 0, "a special token left by the detokenizer"),
     ("The answer is \\boxed{30}.", "30", 1, 0, 1, 1, "the last \\boxed{} is a marker"),
     ("\\boxed{\\$30}", "30", 1, 0, 1, 1, "LaTeX currency sign"),
@@ -127,8 +125,8 @@ TABLE = [
     ("\\boxed{30 \\text{ dollars}}", "30", 1, 0, 1, 1, "LaTeX unit"),
     ("12 + 18 = 30\n#### 30\n\nQuestion: Tom has 4 apples and 9 pears.", "30", 1, 1, 1, 0,
      "the invented next few-shot question is cut, as lm-eval's `until` does"),
-    ("#### 31\nWait, 12 + 18 = 30.\n#### 30", "30", 1, 0, 1, 0,
-     "the last marker wins (lm-eval strict takes the first)"),
+    ("#### 31\nWait, 12 + 18 = 30.\n#### 30", "30", 0, 0, 1, 0,
+     "a second candidate answer (31) before the last"),
     # hedges, several numbers, no marker
     ("I think #### 30 hmm.\nFinal answer: #### thirty-one", "30", 0, 1, 1, 0,
      "the last marker holds no digits: no fall-back to an earlier number"),
@@ -150,7 +148,7 @@ TABLE = [
     ("#### 30\nActually it is 31.", "30", 0, 1, 0, 0, "a second number after the answer"),
     ("#### 30\n#### 31", "30", 0, 1, 0, 0, "the last marker is 31"),
     ("#### 30 + 1 = 31", "30", 0, 1, 0, 0, "several numbers"),
-    ("#### 1 230", "1230", 1, 0, 0, 0, "a space groups thousands"),
+    ("#### 1 230", "1230", 0, 0, 0, 0, "only `,` groups thousands"),
     ("The answer is 30.", "30", 0, 0, 1, 0, "no marker"),
     ("30", "30", 0, 0, 1, 0, "no marker"),
     ("#### 3e-1", "0.3", 0, 0, 0, 0, "scientific notation that is not an integer"),
@@ -172,8 +170,8 @@ TABLE = [
      'a Unicode minus sign is a sign'),
     ('#### minus 30', '30', 0, 0, 1, 0,
      'a sign word'),
-    ('#### minus 30', '-30', 1, 0, 0, 0,
-     'a sign word right before the number is its sign'),
+    ('#### minus 30', '-30', 0, 0, 0, 0,
+     'a sign word is no SIGN'),
     ('#### negative 30', '30', 0, 0, 1, 0,
      'a sign word'),
     ('#### not 30', '30', 0, 0, 1, 0,
@@ -208,24 +206,24 @@ TABLE = [
      'a vulgar fraction'),
     ('#### 30 (٣١)', '30', 0, 1, 1, 0,
      'digits of two scripts'),
-    ('#### ３０', '30', 1, 0, 0, 0,
-     'full-width digits, one script'),
-    ('#### ٣٠', '30', 1, 0, 0, 0,
-     'Arabic-Indic digits, one script'),
+    ('#### ３０', '30', 0, 0, 0, 0,
+     'full-width digits: a locale form'),
+    ('#### ٣٠', '30', 0, 0, 0, 0,
+     'Arabic-Indic digits: a locale form'),
     ('#### 三十', '30', 0, 0, 0, 0,
      'CJK numerals are not read'),
-    ('#### 1 000', '1000', 1, 0, 0, 0,
-     'a space groups thousands'),
-    ('#### 1\u2009000', '1000', 1, 0, 0, 0,
-     'a thin space groups thousands'),
-    ('#### 1\u202f000', '1000', 1, 0, 0, 0,
-     'a narrow no-break space groups thousands'),
-    ("#### 1'000", '1000', 1, 0, 0, 0,
-     'an apostrophe groups thousands'),
-    ('#### 1’000', '1000', 1, 0, 0, 0,
-     'a right single quote groups thousands'),
-    ('\\boxed{1\\,000}', '1000', 1, 0, 0, 0,
-     'a LaTeX thin space groups thousands'),
+    ('#### 1 000', '1000', 0, 0, 0, 0,
+     'only `,` groups thousands (space groups thousands)'),
+    ('#### 1\u2009000', '1000', 0, 0, 0, 0,
+     'only `,` groups thousands (thin space groups thousands)'),
+    ('#### 1\u202f000', '1000', 0, 0, 0, 0,
+     'only `,` groups thousands (narrow no-break space groups thousands)'),
+    ("#### 1'000", '1000', 0, 0, 0, 0,
+     'only `,` groups thousands (apostrophe groups thousands)'),
+    ('#### 1’000', '1000', 0, 0, 0, 0,
+     'only `,` groups thousands (right single quote groups thousands)'),
+    ('\\boxed{1\\,000}', '1000', 0, 0, 0, 0,
+     'only `,` groups thousands (LaTeX thin space groups thousands)'),
     ('#### 1 00', '100', 0, 0, 0, 0,
      'not a group of three'),
     ('#### 10 000 0', '100000', 0, 0, 0, 0,
@@ -234,14 +232,14 @@ TABLE = [
      'code after the answer that prints another marked number is a second answer'),
     ("#### 30\n```python\nprint('#### ' + str(31))\n```", '31', 0, 0, 1, 0,
      'a marker inside code is code'),
-    ('#### 30 (the `####` line)', '30', 1, 1, 1, 0,
-     'inline code holds no marker'),
+    ('#### 30 (the `####` line)', '30', 0, 1, 1, 0,
+     'code and words after the number on the answer line'),
     ('```\n#### 30\n```', '30', 0, 1, 1, 0,
      'an answer only inside code'),
-    ('#### 30\n\\boxed{}', '30', 1, 1, 1, 0,
-     'a stray empty box after the answer'),
-    ('\\boxed{30}\n####', '30', 1, 0, 1, 1,
-     'a stray empty marker after the answer'),
+    ('#### 30\n\\boxed{}', '30', 0, 1, 1, 0,
+     'text after the answer line (an empty box)'),
+    ('\\boxed{30}\n####', '30', 0, 0, 1, 1,
+     'text after the answer line (an empty marker)'),
     ('Question: Tom has 12 apples and buys 18. How many?\n12 + 18 = 30\n#### 30', '30', 1, 0, 0, 0,
      'a restated question before the answer is kept (lm-eval cuts it)'),
     ('#### 30\nQuestion: Ann has 5 pens. How many?\nAnswer: #### 5', '30', 1, 1, 1, 0,
@@ -272,12 +270,12 @@ TABLE = [
      'an expression'),
     ('\\boxed{\\frac{60}{2}}', '30', 0, 0, 0, 0,
      'a fraction is an expression'),
-    ('#### 3.0e1', '30', 1, 0, 0, 0,
-     'integer-valued scientific notation'),
+    ('#### 3.0e1', '30', 0, 0, 0, 0,
+     'scientific notation is no NUMBER'),
     ('#### 030', '30', 1, 0, 0, 0,
      'a leading zero'),
-    ('#### 30\nSo Tom has 30 apples.', '30', 1, 1, 1, 0,
-     'the same number restated after words'),
+    ('#### 30\nSo Tom has 30 apples.', '30', 0, 1, 1, 0,
+     'text after the answer line'),
 ]
 
 
@@ -293,7 +291,7 @@ def test_strict_rule_beside_reference_graders(response, gold, ours, strict, flex
 
 def test_table_covers_both_kinds_and_every_reference_disagreement():
   assert len(TABLE) >= 87   # 47 of issue 25, 40 or more of issue 38
-  assert sum(row[2] for row in TABLE) >= 30 and sum(1 - row[2] for row in TABLE) >= 30
+  assert sum(row[2] for row in TABLE) >= 20 and sum(1 - row[2] for row in TABLE) >= 60
   # Each reference grader accepts at least one answer that the strict rule refuses.
   for column in (3, 4, 5):
     assert any(row[column] == 1 and row[2] == 0 for row in TABLE), column
@@ -306,16 +304,20 @@ def test_table_covers_both_kinds_and_every_reference_disagreement():
     ("#### 1,234", "1234"),
     ("#### 3.50", "3.5"),
     ("#### -0", "0"),
-    ("#### 1.5e2", "150"),
-    ("#### .5", "0.5"),
+    ("#### 1.5e2", None),
+    ("#### .5", None),
     ("##### 7", "7"),
     ("\\boxed{\\text{\\textbf{42}}}", "42"),
-    ("#### 7\n\\boxed{9}.", "9"),
-    ("\\boxed{9} #### 7", "7"),
+    ("#### 7\n\\boxed{9}.", None),
+    ("\\boxed{9} #### 7", None),
+    ("\\boxed{\\frac{3}{4}}", "0.75"),
+    ("\\boxed{\\frac{1}{3}}", "1/3"),
+    ("\\boxed{\\frac{2}{4}}", None),
     ("#### 1" + "0" * 60, "1" + "0" * 60),   # exact, beyond the decimal context's precision
     ("#### 1.5.3", None),
     ("\\boxed{30", None),
-    ("#### 5 pm", "5"),
+    ("#### 5 pm", None),
+    ("#### 5 hours", "5"),
     ("#### \\pm 5", None),
     ("#### <5", None),
 ])
@@ -359,14 +361,11 @@ def test_tiny_rule_is_the_shared_rule():
 
 
 # --------------------------------------------------------------------------- Unicode surveys
-# Every code point of each class the rule must read (or refuse), taken from the Unicode
-# database of the running Python, scored by both math verifiers in one batch each.
+# The grammar is an allowlist: every code point of a class, from the Unicode database of the
+# running Python, is placed where the grammar allows only a few, and scored by both math
+# verifiers in one batch each; the expected verdict is computed here from the listed few.
 
-_ALL = [chr(i) for i in range(0x110000)]
-
-
-def _by_category(*categories):
-  return [c for c in _ALL if unicodedata.category(c) in categories]
+_BMP = [chr(i) for i in range(0x10000) if not 0xd800 <= i < 0xe000]
 
 
 def _verdicts(cases):
@@ -378,148 +377,56 @@ def _verdicts(cases):
   return tiny
 
 
-def _named_minus():
-  """Symbols named MINUS (`−`, `⁻`, `˗`, `➖`, `∸`, ...), not dingbats such as BLACK DIAMOND
-  MINUS WHITE X."""
-  return [c for c in _ALL if "MINUS" in unicodedata.name(c, "").split()
-          and (unicodedata.category(c) in ("Sm", "Sk", "Po")
-               or "MINUS SIGN" in unicodedata.name(c, ""))]
+def test_only_the_listed_minus_signs_sign_a_number():
+  """Every dash, math symbol and character named MINUS before the number: a sign only when it
+  is one of the listed minus signs, and never the positive number."""
+  minus_like = [c for c in _BMP if unicodedata.category(c) in ("Pd", "Sm")
+                or "MINUS" in unicodedata.name(c, "")]
+  assert len(minus_like) > 900
+  assert _verdicts([(f"#### {c}30", "-30") for c in minus_like]) == [
+      float(c in "-\u2212\u2013\uff0d\ufe63") for c in minus_like]
+  assert _verdicts([(f"#### {c}30", "30") for c in minus_like]) == [0.0] * len(minus_like)
 
 
-def test_every_dash_and_minus_sign_is_read_as_a_minus_sign():
-  dashes, minus = _by_category("Pd"), _named_minus()
-  wave_dashes = {"\u301c", "\u3030"}   # tilde-like: hedges, never signs
-  assert set(dashes) - wave_dashes <= math_number.MINUS_SIGNS
-  assert {"\u2212", "\ufe63", "\uff0d", "\u2012", "\u2013", "\u2014", "\u2010", "\u2011",
-          "\u2043", "\u02d7"} <= math_number.MINUS_SIGNS
-  signs = sorted(set(dashes) | set(minus) | math_number.MINUS_SIGNS)
-  # Gold 30: a minus-like character before the number is never 30 (a sign, an operator or a
-  # hedge); gold -30: each minus sign is read as one.
-  assert _verdicts([(f"#### {c}30", "30") for c in signs]) == [0.0] * len(signs)
-  assert _verdicts([(f"#### {c}30", "-30") for c in signs]) == [
-      float(c in math_number.MINUS_SIGNS) for c in signs]
-  assert _verdicts([(f"#### 30{c}", "30") for c in signs]) == [0.0] * len(signs)
+def test_nothing_but_blanks_a_full_stop_or_a_unit_sign_follows_the_number():
+  """`#### 30` + any one code point: read only when it is a blank, a full stop, `%`, `°`, or
+  formatting that is read as nothing (`$`, a brace)."""
+  allowed = set(" \t\r\n.%°${}")
+  assert _verdicts([(f"#### 30{c}", "30") for c in _BMP]) == [float(c in allowed) for c in _BMP]
 
 
-def test_every_other_math_symbol_is_a_hedge_or_an_operator():
-  symbols = [c for c in _by_category("Sm") if c != "=" and c not in math_number.SIGNS]
-  assert len(symbols) > 900
-  links = [c for c in symbols if c in math_number.LINK_SYMBOLS]
-  assert links == ["\u2192", "\u21d2", "\u2234", "\u27f6", "\u27f9"]   # → ⇒ ∴ ⟶ ⟹
-  cases = [(f"#### {c}30", "30") for c in symbols if c not in links]
-  cases += [(f"#### 30 {c} 1", "30") for c in symbols] + [(f"#### 30{c}", "30") for c in symbols]
-  assert _verdicts(cases) == [0.0] * len(cases)
-  # A link ends the statement before the number (`Total → 30`, `∴ 30`); after it, it is an
-  # operator like any other.
-  links += [c for c in math_number.LINK_SYMBOLS if c not in links]
-  assert _verdicts([(f"#### Total {c} 30", "30") for c in links]) == [1.0] * len(links)
-  after = [(f"#### 30 {c}", "30") for c in links if unicodedata.category(c) == "Sm" and c != "="]
-  assert _verdicts(after) == [0.0] * len(after)
+def test_nothing_but_blanks_or_formatting_stands_between_the_marker_and_the_number():
+  allowed = set(" \t\r${}0")   # `#### 030` is 30
+  assert _verdicts([(f"#### {c}30", "30") for c in _BMP]) == [float(c in allowed) for c in _BMP]
 
 
-def test_every_number_in_another_script_is_a_second_number():
-  """`str.isnumeric` is exactly `unicodedata.numeric` is defined (CJK numerals included), so the
-  rule's test for a number in another script covers every numeric code point."""
-  numeric = [c for c in _ALL if unicodedata.numeric(c, None) is not None]
-  assert [c for c in _ALL if c.isnumeric()] == numeric and len(numeric) > 1800
-  others = [c for c in numeric if not c.isascii()]
-  cases = [(f"#### 30 ({c})", "30") for c in others] + [(f"#### 30 or {c}", "30") for c in others]
-  cases += [(f"#### 30{c}", "30") for c in others]
-  assert _verdicts(cases) == [0.0] * len(cases)
-  # Alone, only a decimal digit (category Nd) is read, as its own value.
-  alone = [(f"#### {c}", canonical_number(decimal.Decimal(unicodedata.numeric(c)))
-            if unicodedata.numeric(c) == int(unicodedata.numeric(c)) else "1.5") for c in others]
-  assert _verdicts(alone) == [float(c.isdecimal()) for c in others]
-
-
-def test_a_number_in_one_decimal_script_reads_and_two_scripts_never_do():
-  zeros = sorted({ord(c) - unicodedata.decimal(c) for c in _by_category("Nd")})
-  assert len(zeros) > 60
-  one_script = [(f"#### {chr(z + 3)}{chr(z)}", "30") for z in zeros]
-  mixed = [(f"#### {chr(z + 3)}0", "30") for z in zeros if z != ord("0")]
-  mixed += [(f"#### 30 ({chr(z + 3)}{chr(z)})", "30") for z in zeros if z != ord("0")]
-  assert _verdicts(one_script) == [1.0] * len(one_script)
-  assert _verdicts(mixed) == [0.0] * len(mixed)
-
-
-def test_every_space_groups_thousands_and_invisible_or_combining_marks_refuse():
-  # The Ogham space mark is a space drawn as a line: a dash look-alike, never a separator.
-  spaces = [c for c in _by_category("Zs") if c != "\u1680"]
-  assert _verdicts([(f"#### 1{c}000", "1000") for c in spaces]) == [1.0] * len(spaces)
-  assert _verdicts([(f"#### 1{c}00", "100") for c in spaces]) == [0.0] * len(spaces)
-  assert _verdicts([("#### 1\u1680000", "1000"), ("#### \u168030", "30")]) == [0.0, 0.0]
-  marks = _by_category("Cf", "Mn", "Me")
-  cases = [(f"#### 3{c}0", "30") for c in marks] + [(f"#### 30{c}", "30") for c in marks]
+def test_a_digit_of_any_other_script_is_a_locale_form():
+  digits = [c for c in _BMP if unicodedata.category(c) == "Nd" and not c.isascii()]
+  assert len(digits) > 300
+  cases = [(f"#### {c}", str(unicodedata.digit(c))) for c in digits]
+  cases += [(f"#### 3{c}", "3" + str(unicodedata.digit(c))) for c in digits]
   assert _verdicts(cases) == [0.0] * len(cases)
 
 
-def test_text_joiners_and_directional_marks_read_away_from_the_number():
-  """Persian and Hebrew text needs the zero-width non-joiner and joiner and the directional
-  marks; beside a digit or sign they could reorder or hide what is read, so there they refuse."""
-  joiners = ["\u200c", "\u200d", "\u200e", "\u200f", "\u061c"]
-  away = [(f"#### 30 {c}", "30") for c in joiners] + [(f"#### 30 ab{c}cd", "30") for c in joiners]
-  beside = [(f"#### 30{c}", "30") for c in joiners] + [(f"#### {c}30", "30") for c in joiners]
-  beside += [(f"#### -{c}30", "-30") for c in joiners] + [(f"#### 1,{c}000", "1000")
-                                                          for c in joiners]
-  assert _verdicts(away) == [1.0] * len(away)
-  assert _verdicts(beside) == [0.0] * len(beside)
-
-
-def _dash_lookalikes():
-  """Characters drawn as a horizontal stroke that are neither dashes (Pd) nor signs, found by
-  name: box-drawing horizontals and scan lines, prolonged sound marks, the Hangul vowel EU, CJK
-  stroke H, Kangxi radical one, the Canadian final short horizontal stroke, the Ogham space."""
-  exact = {"BOX DRAWINGS LIGHT HORIZONTAL", "BOX DRAWINGS HEAVY HORIZONTAL",
-           "BOX DRAWINGS DOUBLE HORIZONTAL", "HANGUL JUNGSEONG EU", "CJK STROKE H",
-           "KANGXI RADICAL ONE", "CANADIAN SYLLABICS FINAL SHORT HORIZONTAL STROKE",
-           "OGHAM SPACE MARK", "BOX DRAWINGS LIGHT LEFT AND HEAVY RIGHT",
-           "BOX DRAWINGS HEAVY LEFT AND LIGHT RIGHT"}
-  exact |= {f"BOX DRAWINGS {w} {side}" for w in ("LIGHT", "HEAVY") for side in ("LEFT", "RIGHT")}
-  ends = ("DASH HORIZONTAL", "PROLONGED SOUND MARK", "HANGUL LETTER EU")
-  return [c for c in _ALL if unicodedata.name(c, "") in exact
-          or unicodedata.name(c, "").endswith(ends)
-          or unicodedata.name(c, "").startswith("HORIZONTAL SCAN LINE")]
-
-
-def test_every_dash_lookalike_is_refused_unless_inside_a_word():
-  lookalikes = _dash_lookalikes()
-  assert set(lookalikes) == math_number.DASH_LOOKALIKES
-  cases = [(f"#### {c}30", gold) for c in lookalikes for gold in ("30", "-30")]
-  cases += [(f"#### {c} 30", "30") for c in lookalikes] + [(f"#### 30 {c}", "30")
-                                                          for c in lookalikes]
+def test_invisible_code_points_on_or_after_the_answer_line_refuse():
+  """Control, format (but the two joiners), private-use and unassigned code points hide or
+  reorder text: on the answer's line or after it they make the response wrong."""
+  hidden = [c for c in _BMP if unicodedata.category(c) in ("Cc", "Cf", "Co", "Cn")
+            and c not in "\n\r\t\u200c\u200d"][::7]
+  assert len(hidden) > 300
+  cases = [(f"#### 30\n{c}", "30") for c in hidden] + [(f"\\boxed{{30}} {c}", "30")
+                                                        for c in hidden]
   assert _verdicts(cases) == [0.0] * len(cases)
-  # Inside a word of its script the mark is a letter's: `コーヒー` (coffee).
-  assert _verdicts([("#### 30 \u30b3\u30fc\u30d2\u30fc", "30")]) == [1.0]
+  # Before the answer's line they hide nothing that is read: GSM8K's own solutions hold a
+  # zero-width space in their working.
+  assert _verdicts([("12 + 18\u200b = 30\n#### 30", "30")]) == [1.0]
 
 
-def test_a_variation_selector_may_follow_a_symbol_only():
-  checks = ["\u2714", "\u2705", "\u2611", "\u2713"]
-  assert _verdicts([(f"#### 30 {c}\ufe0f", "30") for c in checks]) == [1.0] * len(checks)
-  assert _verdicts([("#### 30\ufe0f", "30"), ("#### 3\ufe0f\u20e30", "30"),
-                    ("#### 30 \u274c", "30"), ("#### 30 \u274c\ufe0f", "30")]) == [0.0] * 4
-
-
-def _named_marks(*words):
-  """Non-letter, non-combining characters whose name holds one of `words`."""
-  return [c for c in _ALL if any(w in unicodedata.name(c, "") for w in words)
-          and unicodedata.category(c)[0] not in "LMC"]
-
-
-def test_every_question_mark_tilde_and_ellipsis_is_a_hedge_and_every_bang_a_factorial():
-  hedges = _named_marks("QUESTION MARK", "INTERROBANG", "TILDE", "ELLIPSIS", "TWO DOT LEADER")
-  assert len(hedges) > 60
-  cases = [(f"#### 30{c}", "30") for c in hedges] + [(f"#### {c}30", "30") for c in hedges]
-  bangs = _named_marks("EXCLAMATION")
-  cases += [(f"#### 30{c}", "30") for c in bangs] + [(f"#### (30){c}", "30") for c in bangs]
-  assert _verdicts(cases) == [0.0] * len(cases)
-
-
-def test_every_superscript_or_subscript_on_the_number_is_an_exponent():
-  scripts = [c for c in _ALL if unicodedata.decomposition(c).startswith(("<super>", "<sub>"))
-             and c not in "ºª™℠"]
-  assert len(scripts) > 200
-  cases = [(f"#### 30{c}", "30") for c in scripts]
-  assert _verdicts(cases) == [0.0] * len(cases)
-  # A unit's exponent is the unit's: square metres, cubic centimetres.
-  assert _verdicts([("#### 30 m²", "30"), ("#### 30 cm^3", "30"),
-                    ("\\boxed{30 \\text{ m}^2}", "30"), ("#### {30}^2", "30")]) == [1, 1, 1, 0]
+def test_a_problem_word_reads_as_a_unit_but_never_a_hedge_word():
+  problem = "Tom walks about 3 miles with some apples, maybe more."
+  read = [math_answer.final_answer(r, problem) for r in (
+      "#### 30 apples", "Tom has \\boxed{30} apples with him.", "#### 30 about", "#### 30 maybe",
+      "Tom has \\boxed{30} apples, maybe.", "Tom has \\boxed{30} apples, some.", "Tom has about "
+      "\\boxed{30} apples.")]
+  assert read == [30, 30, None, None, None, None, None]
+  assert math_answer.final_answer("#### 30 apples") is None   # no problem: apples is not listed

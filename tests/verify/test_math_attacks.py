@@ -1,7 +1,7 @@
 """Attacks on the math rewards, class by class, through every math verifier exactly as training
 and evaluation call it: the task registry's verifier (`get_task(...).verifier.score_batch`) for
 the tiny task, GSM8K and a JSONL answer task, an honest neighbour in every batch. Each wrong,
-negated or hedged answer scores 0 and each honest format 1, beside each other.
+negated or hedged answer scores 0 and each right answer inside the grammar 1, beside each other.
 
 The reference table (tests/verify/test_math_answers.py) compares the rule with the graders users
 know; this file holds the attacks themselves (docs/verifier.md lists the classes)."""
@@ -14,7 +14,9 @@ from configs import tiny
 from orl_jax.problem import Problem
 from orl_jax.tasks import get_task
 
-# Gold 30 unless a class says otherwise; each case is a whole response.
+# Gold 30 unless a class says otherwise; each case is a whole response, scored for PROMPT.
+PROMPT = ("Tom has 12 apples and buys 18 more apples at the market. How many apples does Tom "
+          "have in total?")
 WRONG = {
     "signs": [
         "#### \u201030", "#### \u201130", "#### \u204330", "#### \u02d730", "#### \u2015 30",
@@ -104,66 +106,95 @@ WRONG = {
         "Tom has 12 + 18 = 30 apples.\n#### upwards of 30", "#### in excess of 30",
         "The answer is \\boxed{30}.\n#### Alternatives\n31", "#### \u2212\ufe0f30",
         "#### 30 \\cdot 2", "#### 30 \u2714\ufe0f31", "Answer: 12 \\boxed{30}"],
+    # Round four: what the allowlist grammar refuses that the denylist rule read.
+    "round four: letters in or right after the number": [
+        "#### 3O", "#### 3o", "#### 3l", "#### 30 mill", "#### 30kg", "#### 30 apples!",
+        "\\boxed{3O}", "\\boxed{30k}", "#### 30e0", ("#### 1e3", "1000"), "#### 30th",
+        "#### 30 ft-lb", "#### 30 r"],
+    "round four: hex and locale forms": [
+        "#### 0x1E", "#### 1E", "#### \uff13\uff10", "#### \u0663\u0660", "#### 30,0",
+        ("#### 1 000", "1000"), ("#### 1'000", "1000"), ("#### 1.000", "1000"),
+        ("#### 1\u202f000", "1000"), ("\\boxed{1\\,000}", "1000"), ("#### 1.000,5", "1000.5"),
+        "#### 3.0e1", "#### +30", "#### 30-"],
+    "round four: magnitude words": [
+        "#### 30 million", "#### 30 thousand", "#### 30 dozen", "#### 30 grand",
+        "\\boxed{30 \\text{ million}}", "So Tom has \\boxed{30} million apples.",
+        "#### 30 Mrd.", "#### 30 crore", "#### 30 lakh"],
+    "round four: hedges in any language": [
+        "#### 30 (rough)", "#### 30 at a push", "#### 30 environ", "#### 30 etwa", "#### etwa 30",
+        "#### 30 aproximadamente", "#### 30 circa", "#### \u7d0430", "#### 30 \u304f\u3089\u3044",
+        "#### 30 \u0442\u0430\u043a", "#### 30 ish", "#### 30 give or take",
+        "\\boxed{30} at a push", "So Tom has \\boxed{30} apples, roughly.",
+        "So Tom has \\boxed{30} apples environ.", "Tom has about \\boxed{30} apples.",
+        "Tom has \\boxed{30} apples or so.", "Tom has \\boxed{30} apples, ungef\u00e4hr.",
+        "Tom has \\boxed{30} apples (rough).", "Tom has \\boxed{30} apples at most.",
+        "Tom has \\boxed{30} apples, give or take.", "#### 30 about", "\\boxed{30 \\text{ maybe}}"],
+    "round four: markup that hides text": [
+        "#### 30 <!-- 31 -->", "<!-- the answer is 31 -->\n#### 30",
+        "<span style=\"display:none\">#### 31</span>\n#### 30",
+        "<span hidden>It is 31.</span>\n#### 30",
+        "<details><summary>Check</summary>\nIt is 31.\n</details>\n#### 30",
+        "$\\color{white}{31}$\n#### 30", "\\textcolor{white}{Wrong: it is 31.}\n#### 30",
+        "<font color=\"white\">31</font>\n#### 30", "[//]: # (the answer is 31)\n#### 30",
+        "$\\phantom{31}$\n#### 30", "<div hidden>#### 31</div>\n#### 30",
+        "#### 30\u200b", "#### 3\u200b0", "\\boxed{30}\u2063", "#### 30\n\u2060",
+        "$\\textcolor{blue}{\\boxed{30}}$"],
+    "round four: code after the answer": [
+        "#### 30\n```\n# wait, it is 31\n```", "#### 30\n```python\nprint(31)  # correction\n```",
+        "\\boxed{30}\n~~~\nretract: 31\n~~~", "#### 30\n`actually 31`", "#### 30\n```\nrough\n"],
+    "round four: a second candidate answer": [
+        "\\boxed{31}\nSo \\boxed{30}.", "#### 29\nNo, wait.\n#### 30", "#### 31 hmm\n#### 30",
+        "\\boxed{29 or 30}\n#### 30", "In the working, \\boxed{31}. The answer is \\boxed{30}.",
+        "| a | \\boxed{31} |\n\n#### 30"],
+    "round four: text after the answer": [
+        "#### 30\nActually it is 31.", "#### 30\nSo the answer is 30.",
+        "\\boxed{30}\n#### Check\n12 + 18 = 30", "#### 30\nI am not sure.",
+        "#### 30 \u2014 the total", "#### 30\n\\boxed{}", "#### Final Answer\nThe total is 30."],
 }
+
 HONEST = {
     "formats": [
-        "#### 3.0e1", "#### 30.0", "#### 030", "#### $30", "#### 30 dollars", "#### 30.",
-        "#### 30,", "#### \\text{30}", "#### \\(30\\)", "#### **30**", "#### 30%",
-        "#### 30 apples", "#### 30\nSo the answer is 30.", "#### 30 (30 apples in all)",
-        "\\boxed{30}", "The answer is $\\boxed{30}$.", "\\boxed{30 \\text{ apples}}",
-        "#### +30", "#### 30 \u2014 the total", "#### 30-year", "#### 30\u00b0",
-        "\\boxed{30^\\circ}", "#### 30 m\u00b2", "#### x = 30", "12 + 18 = \\boxed{30}",
-        "#### 30<|im_end|>", "#### 30 :)", "####30", "#### 30 km/h", "#### 30kg", "#### 30 MB",
-        "#### 30 min", "#### USD30", "#### 30.00$", "#### 30 \u2705", "#### #### 30",
+        "#### 30", "#### 30.", "#### 30 .", "#### 30.0", "#### 030", "#### $30", "#### 30 dollars",
+        "#### \\text{30}", "#### \\(30\\)", "#### **30**", "#### 30%", "#### 30 apples",
+        "\\boxed{30}", "The answer is $\\boxed{30}$.", "####30", "#### 30<|im_end|>",
         "<think>12 + 18</think>\n#### 30", "#### 30\r\n", "The answer is: **\\boxed{30}**",
-        "\\[\n\\boxed{30}\n\\]", "\\boxed{30} dollars.", "#### 30 more apples",
-        "#### 30\u00ba", "#### 30 \\text{ cm}^2", "#### \\mathbf{30}", "#### 30, I think"],
-    "numbers in one other script": [
-        "#### \uff13\uff10", "#### \u0663\u0660", "#### \u06f3\u06f0", "#### \u0969\u0966",
-        "#### \u09e9\u09e6", "#### \U0001d7d1\U0001d7ce", "#### \u0e53\u0e50",
-        "\\boxed{\uff13\uff10}"],
+        "\\[\n\\boxed{30}\n\\]", "\\boxed{30} dollars.", "#### \\mathbf{30}", "#### 30.00$",
+        "12 + 18 = 30 . #### 30", "#### 0030.000", "\\boxed{\\text{\\textbf{30}}}"],
+    "fractions": [
+        ("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{\\dfrac{3}{4}}", "0.75"),
+        ("#### \\tfrac{5}{2}", "2.5"), ("\\boxed{-\\frac{1}{4}}", "-0.25"),
+        ("The share is $\\boxed{\\dfrac{1}{8}}$.", "0.125"), ("#### \\frac{61}{2}", "30.5")],
+    "units in \\text{}": [
+        "\\boxed{30 \\text{ apples}}", "\\boxed{30\\text{ dollars}}", "\\boxed{30 \\mathrm{kg}}",
+        "#### 30 \\text{dollars}", "\\boxed{30\\,\\text{m}}", "\\boxed{30^\\circ}",
+        "\\boxed{\\$30}", "\\boxed{30\\%}", "\\boxed{30 \\text{ cm}^2}", "#### 30 m\u00b2"],
+    "restated in the sentence": [
+        "Tom has 12 + 18 = \\boxed{30} apples.", "So Tom has \\boxed{30} apples in total.",
+        "Tom buys 18 more, so he has 12 + 18 = $\\boxed{30}$ apples from the market.",
+        "12 + 18 = \\boxed{30}", "Total \u2192 \\boxed{30}", "12 + 18 = 30 \\therefore \\boxed{30}",
+        "Total $\\Rightarrow \\boxed{30}$", "12 + 18 = 30\n\u2234 \\boxed{30}",
+        "So Tom has \\boxed{30}.", "That is 12 + 18 = \\boxed{30} apples, all of them Tom's.",
+        "Tom buys 12 + 18 = \\boxed{30} apples", "With `12 + 18`, Tom has \\boxed{30} apples."],
+    "table cells": [
+        "| item | count |\n| --- | --- |\n| apples | \\boxed{30} |", "| Total | \\boxed{30} |",
+        "| apples | 12 + 18 = \\boxed{30} |\n|---|---|"],
     "thousands groups": [
-        ("#### 1 000", "1000"), ("#### 1\u00a0000", "1000"), ("#### 1\u2007000", "1000"),
-        ("#### 1\u2009000", "1000"), ("#### 1\u202f000", "1000"), ("#### 1'000'000", "1000000"),
-        ("#### 1\u2019000\u2019000", "1000000"), ("#### 1 000 000", "1000000"),
-        ("\\boxed{1\\,000\\,000}", "1000000"), ("#### 1,000,000", "1000000"),
-        ("#### 1 000.5", "1000.5")],
-    "code and stray markers": [
-        "#### 30\n```python\nprint(12 + 18)\n```", "#### 30\n```\n####\n```",
+        ("#### 1,000", "1000"), ("#### 1,000,000", "1000000"), ("\\boxed{1{,}000}", "1000"),
+        ("#### 1,000.5", "1000.5"), ("#### 12,345,678.25", "12345678.25")],
+    "code and the same answer twice": [
         "```python\nanswer = 12 + 18\nprint(f'#### {answer}')\n```\n#### 30",
-        "#### 30 (the `####` line)", "#### 30\n\\boxed{ }", "\\boxed{30}\n\\boxed{}",
-        "#### 30\n####", "\\boxed{30}. ####", "#### 30 \\boxed{}."],
+        "```\n\\boxed{31}\n```\nSo \\boxed{30}.", "\\boxed{30}\n#### 30",
+        "The answer is \\boxed{30}.\n\n#### 30", "#### 30\n\n---", "12 + 18 = 30\n#### 30</think>",
+        "Check: `#### 31` is wrong.\n#### 30"],
     "restated questions": [
         "Question: Tom has 12 apples and buys 18 more. How many does he have?\n"
         "12 + 18 = 30\n#### 30",
         "Question: Tom has 12 apples and buys 18 more.\nAnswer: 12 + 18 = 30\n#### 30",
         "#### 30\n\nQuestion: Ann has 4 pens and 3 cups. How many things?\nAnswer: #### 7"],
     "negative gold": [
-        ("#### \u221230", "-30"), ("#### -30", "-30"), ("#### minus 30", "-30"),
-        ("#### negative 30", "-30"), ("#### \uff0d30", "-30"), ("\\boxed{-30}", "-30"),
-        ("So $-\\boxed{30}$.", "-30"), ("#### -$30", "-30"), ("#### (\u221230)", "-30"),
-        ("#### \u2013 30", "-30")],
-    # Round three: right answers the previous rule refused.
-    "round three: right answers": [
-        "12 + 18 = 30\n\u2234 \\boxed{30}", "Total \u2192 \\boxed{30}",
-        "Total $\\Rightarrow \\boxed{30}$", "12 + 18 = 30 \\therefore \\boxed{30}",
-        "12 + 18 = 30\n#### 30 \u2714\ufe0f",
-        "<think>12 + 18 = 30</think> #### 30", "12 + 18 = 30\n#### 30</think>",
-        "<think>12 + 18 = 30</think> \\boxed{30}", "</think>\n\nSo Tom has \\boxed{30}.",
-        "12 + 18 = 30\n#### 30 \u200f",
-        "12 + 18 = 30\n#### 30 \u0633\u06cc\u0628\u200c\u0647\u0627",
-        "12 + 18 = 30\n#### 30 \u05ea\u05e4\u05d5\u05d7\u05d9\u05dd\u200f",
-        "12 + 18 = 30\n#### 30 \u0645\u06cc\u200c\u0634\u0648\u062f\u061c",
-        "12 + 18 = 30\n#### 30\n---", "12 + 18 = 30\n#### 30\n***",
-        "Half of 60 is \\boxed{30}", "Twice 15 is $\\boxed{30}$.",
-        "The answer is \\boxed{30}.\n#### Check\n12 + 18 = 30",
-        "The answer is \\boxed{30}.\n#### **Verification**\n30 - 18 = 12, as given.",
-        "#### Final Answer\nThe total is 30.", "So Tom sold \\boxed{30} apples.",
-        "That makes a total of \\boxed{30} apples.", "The price rose to \\boxed{30} dollars.",
-        "#### The answer is 30", "#### Answer: 30", "#### Tom has 30 apples.",
-        "12 + 18 = 30\n#### 30\nQuestion: Ann has 5 pens. How many?\nAnswer: #### 5",
-        "$\\textcolor{blue}{\\boxed{30}}$", "#### 30 \u30b3\u30fc\u30d2\u30fc",
-        "#### USD30", "#### US$30", "#### Rs.30"],
+        ("#### \u221230", "-30"), ("#### -30", "-30"), ("#### \uff0d30", "-30"),
+        ("\\boxed{-30}", "-30"), ("So $-\\boxed{30}$.", "-30"), ("#### -$30", "-30"),
+        ("#### \u2013 30", "-30"), ("\\boxed{\u221230}", "-30")],
 }
 
 
@@ -180,7 +211,7 @@ def verifier(request, tmp_path_factory):
   if request.param == "gsm8k":
     return get_task(_task_cfg()).verifier
   path = tmp_path_factory.mktemp("jsonl") / "answers.jsonl"
-  path.write_text(json.dumps({"prompt": "What is 12 + 18?", "answer": 30}) + "\n")
+  path.write_text(json.dumps({"prompt": PROMPT, "answer": 30}) + "\n")
   return get_task(_task_cfg(name="jsonl", path=str(path))).verifier
 
 
@@ -193,7 +224,7 @@ def _scores_beside(verifier, cases, neighbour):
   problem (`neighbour(gold)`)."""
   problems, responses = [], []
   for response, gold in cases:
-    problem = Problem(f"q{len(problems)}", "Question: ...\nAnswer:", answer=gold)
+    problem = Problem(f"q{len(problems)}", PROMPT, answer=gold)
     problems += [problem, problem]
     responses += [response, neighbour(gold)]
   scores = verifier.score_batch(problems, responses)

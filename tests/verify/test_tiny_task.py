@@ -206,16 +206,18 @@ def test_verifier_scores_target_one_and_corrupted_answer_zero(eval_set):
   assert verifier.score_batch(problems, corrupted) == [0.0] * len(problems)
 
 
-def test_verifier_reads_the_last_answer_mark():
+def test_verifier_reads_one_answer_mark():
   verifier = TinyVerifier()
   problem = Problem("p", "q", answer="27")
-  assert verifier.score(problem, "#### 3 . 9 * 3 = 27 . #### 27") == 1.0
+  assert verifier.score(problem, "9 * 3 = 27 . #### 27") == 1.0
+  assert verifier.score(problem, "#### 3 . 9 * 3 = 27 . #### 27") == 0.0   # a second candidate
   assert verifier.score(problem, "#### 27 . #### 3") == 0.0
   assert verifier.score(problem, "9 * 3 = 27 .") == 0.0          # no mark
   assert verifier.score(problem, "#### .") == 0.0                # mark without a number
   assert verifier.score(problem, "#### 270") == 0.0
   assert verifier.score(problem, "#### 2 7") == 0.0              # two numbers in decoded text
-  assert extract_answer("x #### 027 .") == "27"
+  assert extract_answer("x . #### 027 .") == "27"
+  assert extract_answer("x #### 27") is None                    # a mark after a word
   with pytest.raises(ValueError, match="responses"):
     verifier.score_batch([problem], [])
 
