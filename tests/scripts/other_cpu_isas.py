@@ -3,7 +3,7 @@
     python tests/scripts/other_cpu_isas.py SSE4_2 AVX2   # prints, one per line, the caps that
                                                          # differ
 
-`make test-other-cpu` runs the suite under the caps this prints. A cap changes results when XLA
+`make test-other-cpu` runs the `numerics` tests under the caps this prints. A cap changes results when XLA
 then emits other vector widths, no fused multiply-add, or other dot kernels: reductions and dots
 round differently, which is what a test that depends on one machine's rounding trips over. Each
 cap runs a fixed probe (dots of decode-like shapes, softmax, log-softmax, a reduction, GELU,
