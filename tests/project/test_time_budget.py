@@ -63,7 +63,8 @@ def _run_suite(tmp_path, *args):
   (tmp_path / "known.txt").write_text(_KNOWN)
   out = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--test-budget=0.25",
-       "--test-budget-tolerance=2", f"--test-budget-known={tmp_path / 'known.txt'}", *args],
+       "--test-budget-tolerance=2", "--test-budget-fixed",
+       f"--test-budget-known={tmp_path / 'known.txt'}", *args],
       cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
       timeout=300)
   outcomes = {name: word for word, name in re.findall(
@@ -100,6 +101,12 @@ def test_the_allowance_is_the_budget_or_the_listed_time():
   assert time_budget.over_budget(179.0, "a.py::t", 30, 2, known) is None
   assert "listed at 90 s" in time_budget.over_budget(181.0, "a.py::t", 30, 2, known)
   assert time_budget.over_budget(59.0, "a.py::quick", 30, 2, known) is None   # never below
+
+
+def test_a_loaded_machine_scales_the_tolerance_by_its_load_per_core():
+  assert time_budget.load_factor(1.5, 2) == 1.0
+  assert time_budget.load_factor(8.0, 2) == 4.0
+  assert time_budget.load_factor(3.0, 0) == 3.0
 
 
 def test_a_bad_allowlist_line_names_the_file_and_line(tmp_path):
