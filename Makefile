@@ -56,15 +56,15 @@ TEST_WORKERS ?= 2
 test: venv compilers lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
-# The suite again under other floating-point numerics, so that no test depends on one machine's
-# rounding: XLA's CPU code generator capped (XLA_FLAGS=--xla_cpu_max_isa=CAP) at each cap of
-# OTHER_CPU_ISAS whose results differ from this host's (tests/scripts/other_cpu_isas.py probes
-# them; a cap that changes nothing is skipped). The first such cap runs the whole default suite; the
-# next ones run the tests that compare token ids, forward counts or signs (marker `numerics`),
-# which keeps `make test` + `make test-other-cpu` within about an hour on 2 cores. Tests that
-# compile for a TPU or GPU (marker `accelerator_compile`) do not depend on this host's numerics
-# and are not rerun, nor are tests/verify's (the verifiers and the sandbox run no XLA program:
-# no result of theirs can depend on XLA's code generator). More caps:
+# The tests that compare token ids, forward counts or signs (marker `numerics`) again under other
+# floating-point numerics, so that no test depends on one machine's rounding: XLA's CPU code
+# generator capped (XLA_FLAGS=--xla_cpu_max_isa=CAP) at each cap of OTHER_CPU_ISAS whose results
+# differ from this host's (tests/scripts/other_cpu_isas.py probes them; a cap that changes nothing
+# is skipped). Every other test compares floating-point values with tolerances relative to their
+# magnitudes, or bits of one program run twice, which no instruction-set cap can change; tests
+# that compile for a TPU or GPU (marker `accelerator_compile`) and tests/verify's (the verifiers
+# and the sandbox run no XLA program) are not rerun. What each pass covers and takes:
+# docs/testing.md#the-second-pass-other-cpu-numerics. More caps:
 # `make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"`.
 OTHER_CPU_ISAS ?= SSE4_2 AVX2
 test-other-cpu: venv compilers
@@ -72,12 +72,11 @@ test-other-cpu: venv compilers
 	if [ -z "$$caps" ]; then \
 	  echo "test-other-cpu: none of $(OTHER_CPU_ISAS) changes XLA's CPU results here; nothing to run"; \
 	  exit 0; fi; \
-	marker="not slow and not accelerator_compile"; \
+	marker="numerics and not slow and not accelerator_compile"; \
 	for cap in $$caps; do \
 	  echo "test-other-cpu: XLA_FLAGS=--xla_cpu_max_isa=$$cap, tests: $$marker"; \
 	  XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=$$cap" $(PY) -m pytest -q -n $(TEST_WORKERS) \
 	    --dist loadfile -m "$$marker" --ignore=tests/verify tests || exit 1; \
-	  marker="numerics and not slow"; \
 	done
 
 test-slow: venv

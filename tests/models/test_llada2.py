@@ -27,6 +27,10 @@ CFG = ModelConfig(vocab_size=48, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2
                   qk_norm=True, moe=MOE, first_k_dense=1)
 BLOCK = 4              # block-causal attention block of the tests
 
+# compares router expert ids with the reference and replays bit-exactly: rerun under other CPU
+# numerics (make test-other-cpu)
+pytestmark = pytest.mark.numerics
+
 
 # ----------------------------------------------------------------------------- helpers
 

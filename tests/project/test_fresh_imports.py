@@ -1,7 +1,8 @@
-"""Every library module is importable as a program's first import (a fresh interpreter, nothing
+"""Every library module is importable as a program's first import (nothing of the project
 imported before it): an import cycle that only works when another module happened to be
-imported first fails here, naming the module."""
-import concurrent.futures
+imported first fails here, naming the module. tests/scripts/import_each_first.py imports each in
+a child forked from a process that holds only the third-party modules (JAX's import paid once,
+not once per module)."""
 import os
 import subprocess
 import sys
@@ -25,16 +26,16 @@ def _modules() -> list[str]:
 MODULES = _modules()
 
 
-def _import(module: str) -> tuple[str, int, str]:
-  out = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  return module, out.returncode, out.stderr
-
-
 @pytest.fixture(scope="module")
 def imports():
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    return {m: (rc, err) for m, rc, err in pool.map(_import, MODULES)}
+  """{module: "ok" or "failed: <traceback>"} for every module of MODULES."""
+  out = subprocess.run([sys.executable, "tests/scripts/import_each_first.py", *MODULES],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  results = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+  assert sorted(results) == MODULES, out.stderr[-3000:]
+  return results
 
 
 def test_the_packages_have_modules():
@@ -43,5 +44,6 @@ def test_the_packages_have_modules():
 
 @pytest.mark.parametrize("module", MODULES)
 def test_the_module_is_importable_first(imports, module):
-  rc, err = imports[module]
-  assert rc == 0, f"`python -c 'import {module}'` failed:\n{err[-3000:]}"
+  outcome = imports[module]
+  assert outcome == "ok", (f"`import {module}` as the project's first import failed:\n"
+                           + outcome.encode().decode("unicode_escape")[-3000:])

@@ -1,9 +1,10 @@
 """Every launcher and benchmark script starts as documented (`python launch/X.py`, `python
 benchmarks/X.py`): `--help` prints its usage with no traceback, in a fresh interpreter whose
 only path entry is the script's folder (a script that imports the repository's packages must
-put the repository on sys.path itself)."""
-import concurrent.futures
+put the repository on sys.path itself). tests/scripts/start_each_script.py starts each in a
+child forked from a process that holds only the third-party modules (JAX's import paid once)."""
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -16,17 +17,17 @@ SCRIPTS = sorted(p for p in glob.glob(os.path.join(ROOT, "launch", "*.py"))
                  if not os.path.basename(p).startswith("_"))
 
 
-def _help(path: str) -> tuple[str, int, str]:
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  out = subprocess.run([sys.executable, path, "--help"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300, env=dict(env, JAX_PLATFORMS="cpu"))
-  return path, out.returncode, out.stdout + out.stderr
-
-
 @pytest.fixture(scope="module")
 def helps():
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    return {os.path.relpath(p, ROOT): (rc, text) for p, rc, text in pool.map(_help, SCRIPTS)}
+  """{script: (return code, output)} of `python SCRIPT --help` for every script of SCRIPTS."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  out = subprocess.run([sys.executable, "tests/scripts/start_each_script.py", *SCRIPTS],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=dict(env, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  results = [json.loads(line) for line in out.stdout.splitlines()]
+  assert len(results) == len(SCRIPTS), out.stderr[-3000:]
+  return {r["script"]: (r["returncode"], r["output"]) for r in results}
 
 
 def test_there_are_scripts():

@@ -3,9 +3,10 @@
     python tests/scripts/other_cpu_isas.py SSE4_2 AVX2   # prints, one per line, the caps that
                                                          # differ
 
-`make test-other-cpu` runs the suite under the caps this prints. A cap changes results when XLA
-then emits other vector widths, no fused multiply-add, or other dot kernels: reductions and dots
-round differently, which is what a test that depends on one machine's rounding trips over. Each
+`make test-other-cpu` runs the `numerics` tests under the caps this prints. A cap changes results
+when XLA then emits other vector widths, no fused multiply-add, or other dot kernels: reductions
+and dots round differently, which is what a test that depends on one machine's rounding trips
+over. Each
 cap runs a fixed probe (dots of decode-like shapes, softmax, log-softmax, a reduction, GELU,
 an attention einsum) in a fresh process with `XLA_FLAGS=--xla_cpu_max_isa=<cap>`; a cap is
 printed when the probe's bytes differ from the host default's. A cap this host does not have

@@ -151,6 +151,11 @@ def test_sigterm_stops_an_orl_run_at_an_iteration_boundary_and_it_resumes_bit_ex
   assert all(r["policy_lag"] == 0 and r["rollout_uses"] == 1 for r in rows)
 
 
+# Slow (about 100 s on 2 loaded cores): each of its parts keeps a fast guard in the default run:
+# a real SIGINT's checkpoint and bit-exact resume (the Ctrl-C test above), an ORL run's stop and
+# resume (the SIGTERM test above), and a rerun of the demo that evaluates nothing again
+# (tests/apps/test_demo_report.py).
+@pytest.mark.slow
 def test_an_interrupted_demo_resumes_the_stage_it_stopped_in(tmp_path):
   """The demo's ORL stage interrupted: the rerun keeps the evaluations already done and resumes
   the stage from its checkpoint, then finishes."""

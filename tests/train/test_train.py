@@ -274,6 +274,7 @@ _SHARDED_REPLAY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.numerics   # token ids of one program against another sharding of it
 def test_replay_loss_and_grads_agree_on_one_and_four_devices():
   """Cost-balanced rows on 4 data shards give the 1-device loss and gradients (the loss is
   normalised per response across shards)."""
@@ -332,6 +333,7 @@ _SHARDED_ROLLOUT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.numerics   # token ids of one program against another sharding of it
 def test_data_parallel_rollout_equals_single_device():
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   out = subprocess.run([sys.executable, "-c", _SHARDED_ROLLOUT], cwd=ROOT, env=env,
