@@ -66,8 +66,9 @@ EXERCISED = {
     "make test": ("Makefile::test", ("pytest",)),
     "make lint": ("Makefile::lint", ("ruff check", "mypy")),
     "make test-other-cpu": ("Makefile::test-other-cpu", ("pytest", "--xla_cpu_max_isa=")),
-    'make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2"':
-        ("Makefile::test-other-cpu", ("$(OTHER_CPU_ISAS)", "tests/scripts/other_cpu_isas.py")),
+    'make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2" OTHER_CPU_PASSES=3':
+        ("Makefile::test-other-cpu", ("$(OTHER_CPU_ISAS)", "$(OTHER_CPU_PASSES)",
+                                      "tests/scripts/other_cpu_isas.py")),
     "make test-slow": ("Makefile::test-slow", ("pytest", "-m slow")),
     "make compilers": ("Makefile::$(COMPILERS)", ("--target", "orl_jax.aot.targets tpu",
                                                   "orl_jax.aot.targets cuda")),
