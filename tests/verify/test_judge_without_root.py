@@ -37,14 +37,20 @@ table = json.loads(sys.argv[1])
 with open("/proc/self/status") as f:
   caps = [line.split()[1] for line in f if line.startswith("CapEff:")][0]
 out = {"uid": os.getuid(), "capabilities": caps}
-with HumanEvalVerifier(sandbox.SandboxLimits(timeout_s=20.0), parallelism=2) as inner:
+limits = sandbox.SandboxLimits(timeout_s=20.0)
+with HumanEvalVerifier(limits, parallelism=2) as inner:
   for name, (tests, hostile) in table.items():
     problem = Problem("Custom/" + name, 'def echo(text):\n    """Returns text."""\n',
                       target="    return text\n", tests=tests, entry_point="echo")
     stack = CodePromptVerifier(inner, {problem.problem_id: problem})
     scores = stack.score_batch([problem, problem], [hostile, "    return text  # honest\n"])
-    result = inner.run(problem, hostile)
-    out[name] = [scores, result.detail, list(result.isolation), result.infra_error]
+    # a check outside the contract is not judged by the verifier; the judge's containment of
+    # it is the sandbox's own (a problem run by the sandbox directly)
+    result, honest = (sandbox.run_judged(problem.prompt + body + "\n", "echo", tests,
+                                         prelude=problem.prompt, limits=limits)
+                      for body in (hostile, "    return text  # honest\n"))
+    out[name] = [scores, [float(result.passed), float(honest.passed)], result.detail,
+                 list(result.isolation), result.infra_error]
 print(json.dumps(out))
 '''
 
@@ -69,9 +75,10 @@ def _run_unprivileged(table: dict) -> dict:
 
 
 def test_without_root_a_check_that_runs_the_answer_cannot_touch_a_host_file(tmp_path):
-  """Every operation of the root test's table, from a process without capabilities: the host
-  file stays, the attack scores 0 and the honest neighbour 1; the judge's children report the
-  layers of the unprivileged path."""
+  """Every operation of the root test's table, from a process without capabilities: the
+  verifier refuses each such check (outside the contract), and run by the sandbox directly the
+  host file stays, the attack fails and the honest neighbour passes; the judge's children report
+  the layers of the unprivileged path."""
   target = tmp_path / "secret"
   target.write_text("keep")
   target.chmod(0o600)
@@ -84,11 +91,13 @@ def test_without_root_a_check_that_runs_the_answer_cannot_touch_a_host_file(tmp_
   out = _run_unprivileged(table)
   assert out["uid"] == 1000 and int(out["capabilities"], 16) == 0
   for name in JUDGE_OPERATIONS:
-    scores, detail, isolation, infra = out[name]
-    assert scores == [0.0, 1.0] and infra is None, (name, detail)
+    scores, judged, detail, isolation, infra = out[name]
+    assert scores == [0.0, 0.0], (name, scores)   # refused at load: nothing is judged
+    assert judged == [0.0, 1.0] and infra is None, (name, detail)
     assert "No such file" in detail or "Permission" in detail, (name, detail)
     assert {"judge-caps-dropped", "judge-mountns", "judge-netns", "judge-no-new-privs",
             "judge-seccomp"} <= set(isolation), (name, isolation)
-  assert out["wrong"][0] == [0.0, 1.0] and out["wrong"][3] is None
+  assert out["wrong"][0] == [0.0, 1.0] and out["wrong"][1] == [0.0, 1.0]
+  assert out["wrong"][4] is None
   assert target.read_text() == "keep" and (target.stat().st_mode & 0o777) == 0o600
   assert os.listdir(tmp_path) == ["secret"]

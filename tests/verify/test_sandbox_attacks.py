@@ -8,6 +8,7 @@ leaked, no process of either run survives, and no sandbox directory or cgroup is
 """
 import ast
 import concurrent.futures
+import dataclasses
 import ctypes
 import errno
 import fcntl
@@ -31,7 +32,7 @@ from orl_jax.tasks import CodePromptVerifier
 from orl_sandbox import launcher as sandbox
 from orl_sandbox import syscalls
 from orl_jax.problem import Problem
-from orl_jax.verify.humaneval import ISOLATIONS, HumanEvalVerifier
+from orl_jax.verify.humaneval import ISOLATIONS, HumanEvalVerifier, judge_run, limits_for
 from orl_jax.verify.test_support import refusal
 from tests.verify.test_judge_semantics import check_program, in_process
 
@@ -1728,11 +1729,15 @@ def inflated_launcher_peak():
 def test_judge_overload(verifier, tracker, name, inflated_launcher_peak):
   hostile, honest = _score_beside_honest(verifier, OVERLOAD[name], name)
   assert (hostile, honest) == (0.0, [1.0])
-  result = verifier.inner.run(TRUNCATE, OVERLOAD[name])
   # Refused by the codec's caps, not ended by a timeout; the judge's cost is reported and
-  # bounded (the old decoder took minutes of CPU and 642 MiB on these replies).
+  # bounded (the old decoder took minutes of CPU and 642 MiB on these replies). A hash flood's
+  # sample runs ~3 s of the 4 s wall limit on 2 quiet cores: this run has room for a loaded
+  # machine, its CPU limits are the verifier's.
+  limits = limits_for(TRUNCATE, verifier.inner.limits)
+  cpu_s = limits.cpu_s or int(limits.timeout_s + 0.999) + 1   # SandboxLimits' default
+  result = judge_run(TRUNCATE, OVERLOAD[name], dataclasses.replace(
+      limits, timeout_s=5 * limits.timeout_s, cpu_s=cpu_s, judge_cpu_s=sandbox.judge_cpu_s(limits)))
   assert not result.timed_out and _REFUSAL[name] in result.detail, result.detail
-  limits = verifier.inner.limits
   assert 0 < result.judge_cpu_s <= (limits.judge_cpu_s or limits.timeout_s + 2)
   assert 0 < result.judge_peak_rss_bytes < 256 << 20
 
