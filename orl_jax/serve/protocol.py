@@ -77,20 +77,15 @@ class _Request(BaseModel):
     if self.stream_options is not None and set(self.stream_options) - {"include_usage"}:
       raise RequestError("stream_options takes only include_usage", param="stream_options")
 
-  def rule(self, default: UnmaskRule) -> UnmaskRule | None:
-    """The request's decoder setting (`decoder`), or None for the engine's default."""
+  def rule(self, block_size: int | None = None) -> UnmaskRule | None:
+    """The request's decoder setting (`decoder`, in its rule's range: `UnmaskRule.parse`), or
+    None for the engine's default."""
     if self.decoder is None:
       return None
     try:
-      rule = UnmaskRule.parse(self.decoder)
+      return UnmaskRule.parse(self.decoder, block_size)
     except ValueError as e:
       raise RequestError(str(e), param="decoder") from None
-    if rule.name == "fixed_steps" and (rule.value != int(rule.value) or rule.value < 1):
-      raise RequestError(f"decoder {self.decoder!r}: fixed_steps takes a whole number >= 1",
-                         param="decoder")
-    if rule.name != "fixed_steps" and not 0 <= rule.value:
-      raise RequestError(f"decoder {self.decoder!r}: the value must be >= 0", param="decoder")
-    return rule
 
 
 class CompletionRequest(_Request):
