@@ -253,6 +253,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.serve.watch = ""                # a run's work directory (or params folder): serve its newest
                                     # weights as they land
   c.serve.watch_seconds = 10.0      # how often `watch` is looked at
+  c.serve.max_body_bytes = 1 << 20  # a request body past this is a 413
+  # seconds a client may take to send its request head, between two parts of its body (then a
+  # 408), and idle on a kept-alive connection; a connection past one is closed
+  c.serve.header_timeout = 10.0
+  c.serve.body_timeout = 30.0
+  c.serve.idle_timeout = 5.0
+  c.serve.drain_timeout = 30.0      # SIGTERM: the requests in flight get this long, then exit
 
   c.checkpoint = ml_collections.ConfigDict()
   # updates between checkpoints; the last step's is always saved, and so is the step a run

@@ -36,7 +36,8 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   served = served_model(_CONFIG.value, overridden=trained_run.overridden_fields(sys.argv))
-  serve_forever(served, _HOST.value, _PORT.value, start_watcher(served, _CONFIG.value))
+  serve_forever(served, _HOST.value, _PORT.value, start_watcher(served, _CONFIG.value),
+                _CONFIG.value.serve)
 
 
 if __name__ == "__main__":

@@ -336,6 +336,13 @@ class Serve(Section):
   model_name: str = ""
   watch: str = ""
   watch_seconds: float = 10.0
+  max_body_bytes: int = 1 << 20     # a request body past this is a 413 (nginx's default, 1 MiB)
+  # seconds a client may take: to send its request head, between two parts of its body, and
+  # idle between requests on a kept-alive connection (uvicorn's timeout_keep_alive is 5 s)
+  header_timeout: float = 10.0
+  body_timeout: float = 30.0
+  idle_timeout: float = 5.0
+  drain_timeout: float = 30.0       # SIGTERM: seconds the requests in flight get, then exit
 
 
 @dataclasses.dataclass(frozen=True)
