@@ -19,7 +19,10 @@ import time
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from starlette.responses import JSONResponse
+
 from orl_jax.serve.app import Served, create_app
+from orl_jax.serve.protocol import error_body
 
 
 class _HeadTimedProtocol(HttpToolsProtocol):
@@ -57,6 +60,33 @@ class _HeadTimedProtocol(HttpToolsProtocol):
   def on_headers_complete(self) -> None:
     self._disarm_head_timer()
     super().on_headers_complete()
+
+
+def _cut_at_drain_end(app, served: Served):
+  """`app`, whose requests still open when the drain's time is up (uvicorn cancels their
+  tasks) end as `cancelled`: a 503 sentence where no response has started, else the end of
+  the response begun, and no traceback in the log."""
+  async def wrapped(scope, receive, send):
+    started, complete = False, False
+
+    async def watched_send(message):
+      nonlocal started, complete
+      started = started or message["type"] == "http.response.start"
+      complete = complete or (message["type"] == "http.response.body"
+                              and not message.get("more_body", False))
+      await send(message)
+
+    try:
+      await app(scope, receive, watched_send)
+    except asyncio.CancelledError:
+      served.metrics.requests.labels("cancelled").inc()
+      if not started:
+        await JSONResponse(error_body("the server shut down (serve.drain_timeout) before this "
+                                      "request was answered", "server_error"),
+                           status_code=503)(scope, receive, send)
+      elif not complete:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+  return wrapped
 
 
 class _DrainingServer(uvicorn.Server):
@@ -106,7 +136,8 @@ def serve_forever(served: Served, host: str = "127.0.0.1", port: int = 8000,
   if limits is None:
     from orl_jax.config.sections import Serve
     limits = Serve()
-  config = uvicorn.Config(create_app(served, body_timeout=limits.body_timeout), host=host,
+  app = _cut_at_drain_end(create_app(served, body_timeout=limits.body_timeout), served)
+  config = uvicorn.Config(app, host=host,
                           port=port, log_level="warning", access_log=False, lifespan="off",
                           http=_HeadTimedProtocol, timeout_keep_alive=limits.idle_timeout,
                           timeout_graceful_shutdown=limits.drain_timeout)

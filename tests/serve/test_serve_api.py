@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
+import hypothesis
 import openai
 import pytest
 from safetensors.numpy import save_file
@@ -20,6 +21,7 @@ from safetensors.numpy import save_file
 from orl_jax.models.params_io import read_safetensors
 
 from orl_jax.serve.process import ServerProcess
+from tests.support import serve_fuzz
 from tests.support.serve import MODEL, README_SERVE, alone, offline, tiny_problems
 
 # compares token ids and forward counts with an offline decode: rerun under other numerics
@@ -120,6 +122,18 @@ BAD = [
     ({"model": MODEL, "prompt": "bob", "logprobs": 5}, 400, "logprobs are not supported"),
     ({"model": MODEL}, 400, "missing field 'prompt'"),
     ({"model": "gpt-4", "prompt": "bob"}, 404, "GET /v1/models lists 'tiny_base'"),
+    # decoder settings outside their rule's range, each its own sentence
+    *[({"model": MODEL, "prompt": "bob", "decoder": f"fixed_steps_{v}"}, 400,
+       "fixed_steps takes a whole number k >= 1 up to the block size of 32")
+      for v in ("nan", "inf", "-inf", "1e400", "1e9", "33", "2.5", "0")],
+    ({"model": MODEL, "prompt": "bob", "decoder": "threshold_1.5"}, 400, "tau in (0, 1]"),
+    ({"model": MODEL, "prompt": "bob", "decoder": "threshold_inf"}, 400, "tau in (0, 1]"),
+    ({"model": MODEL, "prompt": "bob", "decoder": "entropy_budget_inf"}, 400, "finite gamma"),
+    ({"model": MODEL, "prompt": "bob", "decoder": "threshold_1_0"}, 400, "is not a number"),
+    ({"model": MODEL, "prompt": [[]]}, 400, "prompt has no tokens"),
+    ({"model": MODEL, "prompt": [[3], []]}, 400, "prompt has no tokens"),
+    (b"[" * 100_000 + b"]" * 100_000, 400, "nests 100000 levels deep"),
+    (b'{"prompt": "' + b"x" * (1 << 20) + b'"}', 413, "serve.max_body_bytes"),
 ]
 
 
@@ -131,6 +145,46 @@ def test_a_bad_request_gets_a_4xx_sentence_and_the_server_keeps_serving(server, 
   assert reply["error"]["type"] and "\n" not in reply["error"]["message"]
   ok, good = _post(server.url, {"model": MODEL, "prompt": tiny_problems()[0].prompt})
   assert ok == 200 and good["choices"][0]["text"]
+
+
+@hypothesis.settings(max_examples=300, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=[hypothesis.HealthCheck.too_slow,
+                                            hypothesis.HealthCheck.data_too_large])
+@hypothesis.given(exchange=serve_fuzz.exchanges())
+def test_fuzzed_requests_get_a_4xx_or_a_200_never_a_5xx(server, exchange):
+  """Hypothesis over the request schema (`tests.support.serve_fuzz`); the answer to an ordinary
+  request after the fuzz is checked by the next test."""
+  status = serve_fuzz.send(server.url, *exchange)
+  assert status < 500, exchange
+
+
+def test_after_the_fuzz_an_ordinary_request_gets_its_exact_answer(server, client):
+  prompt = tiny_problems()[1].prompt
+  out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32)
+  assert out.choices[0].text == alone(offline(), prompt)[0]
+  health = json.loads(_get(server.url, "/health")[1])
+  assert health["status"] == "ok" and health["waiting"] == health["active"] == 0, health
+  assert "Traceback" not in server.output()
+
+
+def test_a_reload_whose_meta_json_has_fields_of_the_wrong_type_is_a_400(server, tmp_path):
+  for field, value, words in [("model", [], "model must be an object"),
+                              ("d_model", "wide", "field 'd_model'"),
+                              ("n_layers", [2], "model.n_layers must be"),
+                              ("run", {"special_tokens": {"eos": ["x"]}}, "special_tokens")]:
+    folder = tmp_path / field
+    shutil.copytree("assets/tiny_base", folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    if field in ("model", "run"):
+      meta[field] = value
+    else:
+      meta["model"][field] = value
+    (folder / "meta.json").write_text(json.dumps(meta))
+    status, body = _post(server.url, {"path": str(folder)}, "/v1/admin/reload")
+    assert status == 400 and words in body["error"]["message"], body
+  (tmp_path / "model" / "meta.json").write_text("[1, 2]")
+  status, body = _post(server.url, {"path": str(tmp_path / "model")}, "/v1/admin/reload")
+  assert status == 400 and "not the expected object" in body["error"]["message"], body
 
 
 def test_the_openai_client_reports_errors_with_their_status(client):
