@@ -260,6 +260,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.serve.body_timeout = 30.0
   c.serve.idle_timeout = 5.0
   c.serve.drain_timeout = 30.0      # SIGTERM: the requests in flight get this long, then exit
+  # keys (comma-separated; also --api-key / --admin-key and ORL_API_KEYS / ORL_ADMIN_KEYS):
+  # every /v1/* route takes an API key once one is set; /v1/admin/* is off without an admin
+  # key, and reloads only read folders under reload_root
+  c.serve.api_keys = ""
+  c.serve.admin_keys = ""
+  c.serve.reload_root = ""
+  c.serve.key_probes = False        # True: /health and /metrics take an API key too
 
   c.checkpoint = ml_collections.ConfigDict()
   # updates between checkpoints; the last step's is always saved, and so is the step a run

@@ -343,6 +343,10 @@ class Serve(Section):
   body_timeout: float = 30.0
   idle_timeout: float = 5.0
   drain_timeout: float = 30.0       # SIGTERM: seconds the requests in flight get, then exit
+  api_keys: str = ""                # comma-separated keys /v1/* takes ("": open; serve.keys)
+  admin_keys: str = ""              # comma-separated keys /v1/admin/* takes ("": off)
+  reload_root: str = ""             # the folder reloads may come from ("": none)
+  key_probes: bool = False          # /health and /metrics take an API key too
 
 
 @dataclasses.dataclass(frozen=True)

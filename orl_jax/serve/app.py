@@ -28,7 +28,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orl_jax.data.prompts import render_chat
-from orl_jax.serve import protocol
+from orl_jax.serve import keys, protocol
+from orl_jax.serve.keys import Access
 from orl_jax.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from orl_jax.serve.protocol import RequestError
 from orl_jax.serve.scheduler import Draining, Event, QueueFull, Request, Scheduler
@@ -54,19 +55,20 @@ class Served:
   source: str = ""                   # the weights served (a path)
   block_size: int | None = None      # a request's fixed_steps k at most this (None: unchecked)
   max_body_bytes: int = 1 << 20      # serve.max_body_bytes: a larger body is a 413
+  access: Access = Access()          # keys and the reload root (`keys`)
 
   @property
   def fingerprint(self) -> str:
     return f"orl-{self.name}-v{self.scheduler.model_version + 1}"
 
 
-_OUTCOMES = {400: "bad_request", 404: "not_found", 408: "bad_request", 413: "bad_request",
-             429: "queue_full", 503: "draining"}
+_OUTCOMES = {400: "bad_request", 401: "unauthorized", 403: "unauthorized", 404: "not_found",
+             408: "bad_request", 413: "bad_request", 429: "queue_full", 503: "draining"}
 
 
 def _error(status: int, message: str, param: str | None = None,
-           kind: str = "invalid_request_error") -> JSONResponse:
-  return JSONResponse(protocol.error_body(message, kind, param), status_code=status)
+           kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
+  return JSONResponse(protocol.error_body(message, kind, param, code), status_code=status)
 
 
 def _sse(obj) -> bytes:
@@ -376,26 +378,44 @@ class Routes:
     served = self.served
     if served.load_params is None:
       raise RequestError("this server was started without a weights loader")
+    folder = keys.reload_folder(served.access, body["path"])
     try:
-      params = await asyncio.get_running_loop().run_in_executor(None, served.load_params,
-                                                                body["path"])
+      params = await asyncio.get_running_loop().run_in_executor(None, served.load_params, folder)
     except (ValueError, OSError) as e:
-      raise RequestError(f"cannot load {body['path']!r}: {e}", param="path") from None
+      raise RequestError(f"cannot load {body['path']!r}: {keys.scrubbed(served.access, str(e))}",
+                         param="path") from None
     version = await asyncio.wrap_future(served.scheduler.reload(params))
-    served.source = body["path"]
+    served.source = folder
     return JSONResponse({"model": served.name, "model_version": version + 1,
                          "path": body["path"]})
 
 
-def create_app(served: Served, body_timeout: float = 30.0) -> Starlette:
-  """The Starlette application of `served` (module docstring); `body_timeout`: seconds a
-  client may pause while sending a body (serve.body_timeout), then a 408."""
+def _keyed(app, served: Served):
+  """`app` behind the key check (`keys.check`): a request without a key it needs gets
+  OpenAI's 401 (403 for the admin routes when they are off) before its body is read."""
+  async def wrapped(scope, receive, send):
+    if scope["type"] == "http":
+      authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+      try:
+        keys.check(served.access, scope["path"], authorization)
+      except RequestError as e:
+        served.metrics.requests.labels(_OUTCOMES[e.status]).inc()
+        await _error(e.status, str(e), e.param, e.kind, e.code)(scope, receive, send)
+        return
+    await app(scope, receive, send)
+  return wrapped
+
+
+def create_app(served: Served, body_timeout: float = 30.0):
+  """The ASGI application of `served` (module docstring): Starlette's routes behind the key
+  check (`_keyed`); `body_timeout`: seconds a client may pause while sending a body
+  (serve.body_timeout), then a 408."""
   r = Routes(served, body_timeout)
 
   async def request_error(_, e: Exception):
     assert isinstance(e, RequestError)
     served.metrics.requests.labels(_OUTCOMES.get(e.status, "bad_request")).inc()
-    return _error(e.status, str(e), e.param, e.kind)
+    return _error(e.status, str(e), e.param, e.kind, e.code)
 
   async def http_error(http: HttpRequest, e: Exception):
     assert isinstance(e, StarletteHTTPException)
@@ -414,7 +434,7 @@ def create_app(served: Served, body_timeout: float = 30.0) -> Starlette:
     served.metrics.requests.labels("error").inc()
     return _error(500, f"internal error: {e}", kind="server_error")
 
-  return Starlette(routes=[
+  return _keyed(Starlette(routes=[
       Route("/v1/completions", r.completions, methods=["POST"]),
       Route("/v1/chat/completions", r.chat, methods=["POST"]),
       Route("/v1/models", r.models, methods=["GET"]),
@@ -422,4 +442,4 @@ def create_app(served: Served, body_timeout: float = 30.0) -> Starlette:
       Route("/metrics", r.metrics, methods=["GET"]),
       Route("/v1/admin/reload", r.reload, methods=["POST"]),
   ], exception_handlers={RequestError: request_error, StarletteHTTPException: http_error,
-                         ClientDisconnect: gone, Exception: internal})
+                         ClientDisconnect: gone, Exception: internal}), served)

@@ -23,9 +23,9 @@ class RequestError(ValueError):
   """A request the server cannot serve: HTTP `status` and one sentence."""
 
   def __init__(self, message: str, status: int = 400, param: str | None = None,
-               kind: str = "invalid_request_error"):
+               kind: str = "invalid_request_error", code: str | None = None):
     super().__init__(message)
-    self.status, self.param, self.kind = status, param, kind
+    self.status, self.param, self.kind, self.code = status, param, kind, code
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,

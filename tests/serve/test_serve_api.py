@@ -28,9 +28,15 @@ from tests.support.serve import MODEL, README_SERVE, alone, offline, tiny_proble
 pytestmark = pytest.mark.numerics
 
 
+ADMIN_KEY = "admin-test-key"
+
+
 @pytest.fixture(scope="module")
-def server():
-  with ServerProcess(README_SERVE) as s:
+def server(tmp_path_factory):
+  """The README's server with the admin API on (its key from the environment), reloading from
+  under pytest's temporary folder (where each test's `tmp_path` lies)."""
+  root = f"--config.serve.reload_root={tmp_path_factory.getbasetemp()}"
+  with ServerProcess(README_SERVE + [root], env={**os.environ, "ORL_ADMIN_KEYS": ADMIN_KEY}) as s:
     yield s
 
 
@@ -39,11 +45,14 @@ def client(server):
   return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def _post(url: str, body, path: str = "/v1/completions"):
-  """(status, JSON body) of a raw POST (bytes are sent as they are)."""
+def _post(url: str, body, path: str = "/v1/completions", key: str = ""):
+  """(status, JSON body) of a raw POST (bytes are sent as they are), with `key` as its
+  bearer key when given."""
   data = body if isinstance(body, bytes) else json.dumps(body).encode()
-  req = urllib.request.Request(url + path, data=data, method="POST",
-                               headers={"Content-Type": "application/json"})
+  headers = {"Content-Type": "application/json"}
+  if key:
+    headers["Authorization"] = f"Bearer {key}"
+  req = urllib.request.Request(url + path, data=data, method="POST", headers=headers)
   try:
     with urllib.request.urlopen(req, timeout=120) as r:
       return r.status, json.load(r)
@@ -180,10 +189,10 @@ def test_a_reload_whose_meta_json_has_fields_of_the_wrong_type_is_a_400(server, 
     else:
       meta["model"][field] = value
     (folder / "meta.json").write_text(json.dumps(meta))
-    status, body = _post(server.url, {"path": str(folder)}, "/v1/admin/reload")
+    status, body = _reload(server, str(folder))
     assert status == 400 and words in body["error"]["message"], body
   (tmp_path / "model" / "meta.json").write_text("[1, 2]")
-  status, body = _post(server.url, {"path": str(tmp_path / "model")}, "/v1/admin/reload")
+  status, body = _reload(server, str(tmp_path / "model"))
   assert status == 400 and "not the expected object" in body["error"]["message"], body
 
 
@@ -305,6 +314,11 @@ def test_lm_evaluation_harness_scores_the_served_model_on_a_local_task(server, t
   assert score == pytest.approx(sum(ours) / len(problems))
 
 
+def _reload(server, path: str):
+  """(status, JSON body) of POST /v1/admin/reload of `path` with the admin key."""
+  return _post(server.url, {"path": str(path)}, "/v1/admin/reload", key=ADMIN_KEY)
+
+
 def _other_weights(folder) -> str:
   """A copy of the tiny base model with every weight scaled by 0.98 (other weights, the same
   tensors)."""
@@ -318,15 +332,32 @@ def _other_weights(folder) -> str:
 def test_new_weights_serve_without_a_restart(server, client, tmp_path):
   other = _other_weights(tmp_path / "other")
   prompts = [p.prompt for p in tiny_problems()[6:12]]
-  status, body = _post(server.url, {"path": other}, "/v1/admin/reload")
+  status, body = _reload(server, other)
   assert status == 200 and body["model_version"] == 2, body
   outs = [client.completions.create(model=MODEL, prompt=p) for p in prompts]
   assert [o.choices[0].text for o in outs] == [alone(offline(other), p)[0] for p in prompts]
   assert outs[0].system_fingerprint.endswith("-v2")
   assert [o.choices[0].text for o in outs] != [alone(offline(), p)[0] for p in prompts]
-  status, body = _post(server.url, {"path": "assets/tiny_warmup"}, "/v1/admin/reload")
+  status, body = _reload(server, shutil.copytree("assets/tiny_warmup", tmp_path / "warmup"))
   assert status == 400 and "another model's parameters" in body["error"]["message"]
-  assert _post(server.url, {"path": "assets/tiny_base"}, "/v1/admin/reload")[0] == 200
+  assert _reload(server, shutil.copytree("assets/tiny_base", tmp_path / "base"))[0] == 200
+
+
+def test_reloads_need_the_admin_key_and_a_folder_under_the_reload_root(server, tmp_path):
+  """Without the admin key: OpenAI's 401. Outside the root, a folder that exists and one that
+  does not get the same sentence, which names neither."""
+  status, body = _post(server.url, {"path": str(tmp_path)}, "/v1/admin/reload")
+  assert status == 401 and body["error"]["message"].startswith("You didn't provide an API key")
+  status, body = _post(server.url, {"path": str(tmp_path)}, "/v1/admin/reload", key="wrong")
+  assert status == 401 and body["error"]["code"] == "invalid_api_key"
+  outside = [_reload(server, p) for p in ("/etc", "/no/such/folder", "../../etc", os.getcwd())]
+  assert {status for status, _ in outside} == {403}
+  assert len({b["error"]["message"] for _, b in outside}) == 1
+  assert "/" not in outside[0][1]["error"]["message"].replace("serve.reload_root", "")
+  status, body = _reload(server, "missing-folder")      # relative: under the root
+  message = body["error"]["message"]
+  assert status == 400 and "<reload_root>/missing-folder' does not exist" in message, body
+  assert str(tmp_path.parent.parent) not in message
 
 
 def test_serve_watch_serves_the_newest_weights_of_a_folder_as_they_land(tmp_path):

@@ -1,28 +1,78 @@
-"""The server's limits on what a client may hold (docs/serving.md#limits-and-timeouts), over raw
-sockets against `launch/serve.py` with short timeouts: a request head that never completes
-and a body that stalls are cut off, a client gone mid-body is counted as cancelled without a
-traceback, and SIGTERM ends within `serve.drain_timeout` while a client holds half a body."""
+"""The server's keys and its limits on what a client may hold (docs/serving.md#keys,
+docs/serving.md#limits-and-timeouts), against `launch/serve.py` with API keys and short
+timeouts: the `openai` client gets 401 without a key and the normal answer with one; over raw
+sockets, a request head that never completes and a body that stalls are cut off, a client gone
+mid-body is counted as cancelled without a traceback, and SIGTERM ends within
+`serve.drain_timeout` while a client holds half a body."""
 import json
+import os
 import socket
 import time
+import urllib.error
 import urllib.request
 
+import openai
 import pytest
 
 from orl_jax.serve.process import ServerProcess
-from tests.support.serve import MODEL, README_SERVE, tiny_problems
+from tests.support.serve import MODEL, README_SERVE, alone, offline, tiny_problems
 
 # the drain timeout is shorter than the body timeout: a stalled body is ended by the drain
 LIMITS = ["--config.serve.header_timeout=1", "--config.serve.body_timeout=3",
           "--config.serve.idle_timeout=1", "--config.serve.drain_timeout=1"]
+# keys from the environment (two) and the command line (one); no admin key
+KEYS = {"ORL_API_KEYS": "key-one, key-two"}
 HALF = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 100\r\n\r\n{\"model\": ")
+        b"Authorization: Bearer key-one\r\nContent-Length: 100\r\n\r\n{\"model\": ")
 
 
 @pytest.fixture(scope="module")
 def server():
-  with ServerProcess(README_SERVE + LIMITS) as s:
+  with ServerProcess(README_SERVE + LIMITS + ["--api-key=key-three"],
+                     env={**os.environ, **KEYS}) as s:
     yield s
+
+
+def _request(server, path: str, body: dict | None = None, key: str = ""):
+  """(status, JSON body) of a GET (no body) or POST, with `key` as its bearer key."""
+  headers = {"Content-Type": "application/json"}
+  if key:
+    headers["Authorization"] = f"Bearer {key}"
+  data = None if body is None else json.dumps(body).encode()
+  req = urllib.request.Request(server.url + path, data=data, headers=headers)
+  try:
+    with urllib.request.urlopen(req, timeout=60) as r:
+      return r.status, r.read().decode()
+  except urllib.error.HTTPError as e:
+    return e.code, e.read().decode()
+
+
+def test_the_openai_client_gets_401_without_a_key_and_the_answer_with_one(server):
+  prompt = tiny_problems()[2].prompt
+  for wrong in ("", "key-four"):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=wrong or "-", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+      client.completions.create(model=MODEL, prompt=prompt)
+    with pytest.raises(openai.AuthenticationError):
+      client.models.list()
+  for key in ("key-one", "key-two", "key-three"):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+    out = client.completions.create(model=MODEL, prompt=prompt)
+    assert out.choices[0].text == alone(offline(), prompt)[0]
+
+
+def test_the_401_bodies_are_openais_and_probes_stay_open(server):
+  status, body = _request(server, "/v1/models")
+  error = json.loads(body)["error"]
+  assert status == 401 and error["code"] is None and error["type"] == "invalid_request_error"
+  assert error["message"].startswith("You didn't provide an API key.")
+  status, body = _request(server, "/v1/models", key="key-four")
+  error = json.loads(body)["error"]
+  assert status == 401 and error["code"] == "invalid_api_key" and "key-four" not in body
+  assert _request(server, "/health")[0] == 200 and _request(server, "/metrics")[0] == 200
+  status, body = _request(server, "/v1/admin/reload", {"path": "assets/tiny_base"},
+                          key="key-one")
+  assert status == 403 and "admin API is off" in json.loads(body)["error"]["message"]
 
 
 def _connect(server) -> socket.socket:
@@ -75,7 +125,8 @@ def test_a_client_gone_mid_body_is_cancelled_without_a_traceback(server):
   assert _cancelled(server) == before + 1
   assert "Traceback" not in server.output()
   body = json.dumps({"model": MODEL, "prompt": tiny_problems()[0].prompt}).encode()
-  req = urllib.request.Request(server.url + "/v1/completions", data=body, method="POST")
+  req = urllib.request.Request(server.url + "/v1/completions", data=body, method="POST",
+                               headers={"Authorization": "Bearer key-two"})
   with urllib.request.urlopen(req, timeout=60) as r:
     assert r.status == 200 and json.load(r)["choices"][0]["text"]
 
