@@ -53,9 +53,10 @@ class Served:
   # path -> parameters of the served tree (POST /v1/admin/reload), None: reloading refused
   load_params: Callable[[str], Any] | None = None
   source: str = ""                   # the weights served (a path)
-  block_size: int | None = None      # a request's fixed_steps k at most this (None: unchecked)
-  max_body_bytes: int = 1 << 20      # serve.max_body_bytes: a larger body is a 413
-  access: Access = Access()          # keys and the reload root (`keys`)
+  access: Access = keys.OPEN         # keys and the reload root (`keys`)
+  # a request's fixed_steps k at most this (None: unchecked)
+  block_size: int | None = dataclasses.field(kw_only=True)
+  max_body_bytes: int = dataclasses.field(kw_only=True)   # a larger body is a 413
 
   @property
   def fingerprint(self) -> str:

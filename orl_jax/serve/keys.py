@@ -21,12 +21,17 @@ ENV_API_KEYS, ENV_ADMIN_KEYS = "ORL_API_KEYS", "ORL_ADMIN_KEYS"
 PROBES = ("/health", "/metrics")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Access:
-  api_keys: tuple[str, ...] = ()     # none: /v1/* is open
-  admin_keys: tuple[str, ...] = ()   # none: /v1/admin/* is off
-  reload_root: str = ""              # an absolute folder reloads must lie under ("": none may)
-  key_probes: bool = False           # /health and /metrics take an API key too
+  """What the key check lets through (`access_from` builds it from the serve section)."""
+  api_keys: tuple[str, ...]          # none: /v1/* is open
+  admin_keys: tuple[str, ...]        # none: /v1/admin/* is off
+  reload_root: str                   # an absolute folder reloads must lie under ("": none may)
+  key_probes: bool                   # /health and /metrics take an API key too
+
+
+# no keys: every route open but the admin ones, no reloads (a server built without a config)
+OPEN = Access(api_keys=(), admin_keys=(), reload_root="", key_probes=False)
 
 
 def split_keys(sources: Iterable[str]) -> tuple[str, ...]:

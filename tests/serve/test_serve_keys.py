@@ -1,5 +1,6 @@
 """`serve.keys` by hand: which requests each setting lets through, where keys come from, and
 which reload paths lie under the root (the HTTP side: tests/serve/test_serve_limits.py)."""
+import dataclasses
 import os
 import types
 
@@ -26,7 +27,7 @@ def test_keys_come_from_the_config_the_flags_and_the_environment():
   access = keys.access_from(_serve(api_keys="a,b"), ["c", "a"], ["x"],
                             {"ORL_API_KEYS": " d ,,e", "ORL_ADMIN_KEYS": "y"})
   assert access.api_keys == ("a", "b", "c", "d", "e") and access.admin_keys == ("x", "y")
-  assert keys.access_from(_serve(), [], [], {}) == keys.Access()
+  assert keys.access_from(_serve(), [], [], {}) == keys.OPEN
 
 
 @pytest.mark.parametrize("path,authorization,open_,keyed,probes_keyed", [
@@ -42,14 +43,14 @@ def test_keys_come_from_the_config_the_flags_and_the_environment():
 ])
 def test_which_requests_each_setting_lets_through(path, authorization, open_, keyed,
                                                   probes_keyed):
-  assert _status(keys.Access(), path, authorization) == open_
-  assert _status(keys.Access(api_keys=("k",)), path, authorization) == keyed
-  assert _status(keys.Access(api_keys=("k",), key_probes=True), path, authorization) == \
-      probes_keyed
+  assert _status(keys.OPEN, path, authorization) == open_
+  assert _status(dataclasses.replace(keys.OPEN, api_keys=("k",)), path, authorization) == keyed
+  probes = dataclasses.replace(keys.OPEN, api_keys=("k",), key_probes=True)
+  assert _status(probes, path, authorization) == probes_keyed
 
 
 def test_the_admin_routes_take_only_an_admin_key():
-  access = keys.Access(api_keys=("k",), admin_keys=("adm",))
+  access = dataclasses.replace(keys.OPEN, api_keys=("k",), admin_keys=("adm",))
   assert _status(access, "/v1/admin/reload", "Bearer adm") == 200
   assert _status(access, "/v1/admin/reload", "Bearer k") == 401
   assert _status(access, "/v1/completions", "Bearer adm") == 401
@@ -59,7 +60,7 @@ def test_reload_paths_resolve_under_the_root_and_nowhere_else(tmp_path):
   root = tmp_path / "root"
   (root / "run").mkdir(parents=True)
   (root / "escape").symlink_to(tmp_path)
-  access = keys.Access(reload_root=os.path.realpath(root))
+  access = dataclasses.replace(keys.OPEN, reload_root=os.path.realpath(root))
   assert keys.reload_folder(access, "run") == os.path.realpath(root / "run")
   assert keys.reload_folder(access, str(root / "run" / ".." / "run")) == \
       os.path.realpath(root / "run")
@@ -71,4 +72,4 @@ def test_reload_paths_resolve_under_the_root_and_nowhere_else(tmp_path):
     messages.add(str(e.value))
   assert len(messages) == 1
   with pytest.raises(RequestError, match="reloads are off"):
-    keys.reload_folder(keys.Access(), "run")
+    keys.reload_folder(keys.OPEN, "run")
