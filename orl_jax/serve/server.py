@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import threading
 import time
@@ -34,7 +35,8 @@ class _HeadTimedProtocol(HttpToolsProtocol):
 
   def _arm_head_timer(self) -> None:
     self._disarm_head_timer()
-    self._head_timer = self.loop.call_later(self.config.header_timeout, self._head_late)
+    timeout = self.config.header_timeout      # type: ignore[attr-defined]  # serve_forever's
+    self._head_timer = self.loop.call_later(timeout, self._head_late)
 
   def _disarm_head_timer(self) -> None:
     if self._head_timer is not None:
@@ -124,7 +126,8 @@ class _DrainingServer(uvicorn.Server):
     while (not self.served.scheduler.idle() and self.served.scheduler.error is None
            and time.monotonic() < deadline):
       time.sleep(0.02)
-    self.config.timeout_graceful_shutdown = max(0.1, deadline - time.monotonic())
+    # uvicorn waits this long for the open connections, then cancels them
+    self.config.timeout_graceful_shutdown = max(1, math.ceil(deadline - time.monotonic()))
     self.should_exit = True
 
 
@@ -141,7 +144,7 @@ def serve_forever(served: Served, host: str = "127.0.0.1", port: int = 8000,
                           port=port, log_level="warning", access_log=False, lifespan="off",
                           http=_HeadTimedProtocol, timeout_keep_alive=limits.idle_timeout,
                           timeout_graceful_shutdown=limits.drain_timeout)
-  config.header_timeout = limits.header_timeout    # read by _HeadTimedProtocol
+  config.header_timeout = limits.header_timeout    # type: ignore[attr-defined]  # the protocol's
   server = _DrainingServer(config, served, limits.drain_timeout)
   try:
     server.run()

@@ -21,7 +21,7 @@ from tests.support.serve import MODEL, README_SERVE, alone, offline, tiny_proble
 LIMITS = ["--config.serve.header_timeout=1", "--config.serve.body_timeout=3",
           "--config.serve.idle_timeout=1", "--config.serve.drain_timeout=1"]
 # keys from the environment (two) and the command line (one); no admin key
-KEYS = {"ORL_API_KEYS": "key-one, key-two"}
+KEYS = {"ORL_API_KEYS": "key-one,key-two"}
 HALF = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Authorization: Bearer key-one\r\nContent-Length: 100\r\n\r\n{\"model\": ")
 

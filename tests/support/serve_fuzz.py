@@ -1,5 +1,5 @@
 """Requests for the server's fuzz tests: Hypothesis strategies over the OpenAI request schema
-as this server reads it (docs/serving.md#requests), each field drawn from values that are
+as this server reads it (docs/serving.md#the-api), each field drawn from values that are
 right, of the wrong type, out of range or odd (NaN, huge, empty, nested), plus bodies that
 are not JSON objects at all and routes and methods that do not exist. Whatever is drawn, the
 server owes a 4xx sentence or a 200 (`send`)."""
