@@ -39,8 +39,24 @@ def _prompts():
                             max_size=2))
 
 
+_RIGHT = {   # values the server must answer (with a good prompt): 200
+    "model": st.just(MODEL), "n": st.integers(1, 3), "max_tokens": st.integers(1, 32),
+    "temperature": st.floats(0, 2), "seed": st.integers(0, 2**64 - 1),
+    "stop": st.lists(st.sampled_from(["=", "1", " ", "ab"]), max_size=4),
+    "stream": st.booleans(), "stream_options": st.just({"include_usage": True}),
+    "decoder": st.one_of(st.floats(0.01, 1).map(lambda t: f"threshold_{t}"),
+                         st.floats(0, 5).map(lambda g: f"entropy_budget_{g}"),
+                         st.integers(1, 32).map(lambda k: f"fixed_steps_{k}")),
+}
+
+
 def _common(draw) -> dict:
-  """Fields both endpoints take, each present or not, right or odd."""
+  """Fields both endpoints take, each present or not; one body in four has only right values
+  (most of those are answered), the others right or odd ones."""
+  if draw(st.integers(0, 3)) == 0:
+    chosen = draw(st.lists(st.sampled_from(sorted(_RIGHT)), unique=True, max_size=5))
+    return {k: draw(_RIGHT[k]) for k in chosen} | {
+        "prompt": draw(st.sampled_from([p.prompt for p in tiny_problems()[:8]]))}
   fields = {
       "model": st.one_of(st.just(MODEL), _ODD),
       "n": st.one_of(st.integers(-1, 18), _ODD),
@@ -62,7 +78,7 @@ def _common(draw) -> dict:
 def completion_bodies(draw) -> dict:
   body = _common(draw)
   body.setdefault("model", MODEL)
-  if draw(st.integers(0, 9)):
+  if "prompt" not in body and draw(st.integers(0, 9)):
     body["prompt"] = draw(_prompts())
   for k in draw(st.lists(st.sampled_from(["echo", "best_of", "suffix"]), unique=True,
                          max_size=1)):
@@ -74,6 +90,9 @@ def completion_bodies(draw) -> dict:
 def chat_bodies(draw) -> dict:
   body = _common(draw)
   body.setdefault("model", MODEL)
+  if "prompt" in body:                      # right values: one user turn
+    body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
+    return body
   message = st.fixed_dictionaries(
       {"role": st.one_of(st.sampled_from(["user", "system", "assistant", "tool"]), _ODD),
        "content": st.one_of(_prompts(), _ODD)})
