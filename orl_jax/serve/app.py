@@ -391,9 +391,26 @@ class Routes:
                          "path": body["path"]})
 
 
-def _keyed(app, served: Served):
+async def _discard_body(receive, limit: int, timeout: float) -> None:
+  """Reads a refused request's body (up to `limit` bytes, `timeout` seconds a part) so that
+  its client, which sends the whole body before it reads, gets the answer and not a reset."""
+  size = 0
+  while size <= limit:
+    try:
+      message = await asyncio.wait_for(receive(), timeout)
+    except asyncio.TimeoutError:
+      return
+    if message["type"] != "http.request":
+      return
+    size += len(message.get("body", b""))
+    if not message.get("more_body", False):
+      return
+
+
+def _keyed(app, served: Served, body_timeout: float):
   """`app` behind the key check (`keys.check`): a request without a key it needs gets
-  OpenAI's 401 (403 for the admin routes when they are off) before its body is read."""
+  OpenAI's 401 (403 for the admin routes when they are off); its body is read and dropped,
+  never parsed."""
   async def wrapped(scope, receive, send):
     if scope["type"] == "http":
       authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
@@ -401,6 +418,7 @@ def _keyed(app, served: Served):
         keys.check(served.access, scope["path"], authorization)
       except RequestError as e:
         served.metrics.requests.labels(_OUTCOMES[e.status]).inc()
+        await _discard_body(receive, served.max_body_bytes, body_timeout)
         await _error(e.status, str(e), e.param, e.kind, e.code)(scope, receive, send)
         return
     await app(scope, receive, send)
@@ -443,4 +461,4 @@ def create_app(served: Served, body_timeout: float = 30.0):
       Route("/metrics", r.metrics, methods=["GET"]),
       Route("/v1/admin/reload", r.reload, methods=["POST"]),
   ], exception_handlers={RequestError: request_error, StarletteHTTPException: http_error,
-                         ClientDisconnect: gone, Exception: internal}), served)
+                         ClientDisconnect: gone, Exception: internal}), served, body_timeout)

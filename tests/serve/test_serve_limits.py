@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from orl_jax.serve.process import ServerProcess
+from tests.support import serve_fuzz
 from tests.support.serve import MODEL, README_SERVE, alone, offline, tiny_problems
 
 # the drain timeout is shorter than the body timeout: a stalled body is ended by the drain
@@ -59,6 +60,14 @@ def test_the_openai_client_gets_401_without_a_key_and_the_answer_with_one(server
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
     out = client.completions.create(model=MODEL, prompt=prompt)
     assert out.choices[0].text == alone(offline(), prompt)[0]
+
+
+def test_a_large_body_without_a_key_gets_its_401_not_a_reset(server):
+  """The refused body is read before the answer: a client that sends all of it before it
+  reads gets the 401, not a connection reset."""
+  body = json.dumps({"model": MODEL, "prompt": "bob " * 200_000}).encode()     # ~800 KB
+  for _ in range(3):
+    assert serve_fuzz.send(server.url, "POST", "/v1/completions", body) == 401
 
 
 def test_the_401_bodies_are_openais_and_probes_stay_open(server):
