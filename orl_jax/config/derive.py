@@ -74,6 +74,9 @@ def validate(config: RunConfig) -> None:
         f"serve.rows={sv.rows}, serve.iterations_per_call={sv.iterations_per_call}, "
         f"serve.max_waiting={sv.max_waiting} and serve.watch_seconds={sv.watch_seconds} must be "
         f"positive, serve.waiting_slots={sv.waiting_slots} >= 0")
+  limits = ("max_body_bytes", "header_timeout", "body_timeout", "idle_timeout", "drain_timeout")
+  bad = [f"serve.{k}={getattr(sv, k)}" for k in limits if not getattr(sv, k) > 0]
+  check(not bad, f"{', '.join(bad)} must be positive")
   check(config.loss.vocab_chunk >= 0,
         f"loss.vocab_chunk={config.loss.vocab_chunk} must be >= 0 (0 = off)")
   try:
@@ -92,7 +95,7 @@ def validate(config: RunConfig) -> None:
   errors += _replay_errors(config)
   for label in config.eval.settings:
     try:
-      UnmaskRule.parse(label)
+      UnmaskRule.parse(label, config.decode.block_size or None)
     except ValueError as e:
       errors.append(f"eval.settings: {e}")
   if len(errors) == 1:
