@@ -90,8 +90,9 @@ class LockstepSampler:
 
   def rollout(self, *, mask_id: int, eos_id: int,
               mesh=None) -> tuple[RolloutFn, DecodeConfig]:
-    return (trajectories.lockstep_trajectories,
-            self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id))
+    rollout = functools.partial(trajectories.lockstep_trajectories,
+                                prefill_once=self.config.orl.prefill_once)
+    return rollout, self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id)
 
   unresolved = staticmethod(masked_positions)
 

@@ -99,3 +99,21 @@ def test_prefill_once_is_the_repeated_prompt_rollout(family):
   responses = np.asarray(once.responses).reshape(N_PROMPTS, GROUP, -1)
   assert any(len({r.tobytes() for r in group}) > 1 for group in responses)
   assert np.asarray(once.capture.valid).sum() > N_PROMPTS * GROUP
+
+
+def test_orl_prefill_once_reaches_the_rollout(tmp_path):
+  """`orl.prefill_once` is the lock-step rollout's `prefill_once`; the per-row schedule, which
+  prefills each row as it starts, refuses it by name."""
+  from orl_jax.config.build import build
+  from orl_jax.errors import ConfigError
+  from orl_jax.decode.block_sampler import block_sampler
+  from tests.support.helpers import orl_smoke_config
+  c = orl_smoke_config(tmp_path)
+  for once in (False, True):
+    c.orl.prefill_once = once
+    rollout_fn, _ = block_sampler(build(c)).rollout(mask_id=1, eos_id=EOS)
+    assert rollout_fn.func is lockstep_trajectories and rollout_fn.keywords == {
+        "prefill_once": once}
+  c.decode.schedule = "per_row"
+  with pytest.raises(ConfigError, match="orl.prefill_once"):
+    build(c)
