@@ -90,8 +90,9 @@ class LockstepSampler:
 
   def rollout(self, *, mask_id: int, eos_id: int,
               mesh=None) -> tuple[RolloutFn, DecodeConfig]:
-    rollout = functools.partial(trajectories.lockstep_trajectories,
-                                prefill_once=self.config.orl.prefill_once)
+    rollout: RolloutFn = trajectories.lockstep_trajectories
+    if self.config.orl.prefill_once:
+      rollout = functools.partial(trajectories.lockstep_trajectories, prefill_once=True)
     return rollout, self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id)
 
   unresolved = staticmethod(masked_positions)

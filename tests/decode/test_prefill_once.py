@@ -109,11 +109,11 @@ def test_orl_prefill_once_reaches_the_rollout(tmp_path):
   from orl_jax.decode.block_sampler import block_sampler
   from tests.support.helpers import orl_smoke_config
   c = orl_smoke_config(tmp_path)
-  for once in (False, True):
-    c.orl.prefill_once = once
-    rollout_fn, _ = block_sampler(build(c)).rollout(mask_id=1, eos_id=EOS)
-    assert rollout_fn.func is lockstep_trajectories and rollout_fn.keywords == {
-        "prefill_once": once}
+  assert block_sampler(build(c)).rollout(mask_id=1, eos_id=EOS)[0] is lockstep_trajectories
+  c.orl.prefill_once = True
+  rollout_fn, _ = block_sampler(build(c)).rollout(mask_id=1, eos_id=EOS)
+  assert rollout_fn.func is lockstep_trajectories
+  assert rollout_fn.keywords == {"prefill_once": True}
   c.decode.schedule = "per_row"
   with pytest.raises(ConfigError, match="orl.prefill_once"):
     build(c)
