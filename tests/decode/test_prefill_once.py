@@ -79,11 +79,11 @@ def _rollout(family: str, prefill_once: bool, prefill_rows: list):
     return jax.device_get(compiled(params, prompts, valid, jax.random.key(5), 0))
 
 
-# SDAR and QwenDLM (Qwen3 layers, untied / tied head) behind `slow`: the tiny model covers the
-# dense path in the default suite
+# LLaDA2's MoE in the default suite (the repeated cache and routes); the dense families (the
+# tiny model, SDAR and QwenDLM: Qwen3 layers, untied / tied head) behind `slow`
 @pytest.mark.parametrize("family", [
-    "tiny", "llada2_moe", pytest.param("sdar", marks=pytest.mark.slow),
-    pytest.param("qwendlm", marks=pytest.mark.slow)])
+    "llada2_moe", pytest.param("tiny", marks=pytest.mark.slow),
+    pytest.param("sdar", marks=pytest.mark.slow), pytest.param("qwendlm", marks=pytest.mark.slow)])
 def test_prefill_once_is_the_repeated_prompt_rollout(family):
   once_rows, repeated_rows = [], []
   once = _rollout(family, True, once_rows)
