@@ -218,7 +218,8 @@ def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, 
     assert out.routing is not None, "an MoE model's forward returns its routing"
     routes = jnp.where(placed.valid[:, :, None, None],
                        token_major_routes(out.routing.expert_ids), -1).astype(ROUTE_DTYPE)
-    routes = jnp.repeat(routes, group_size, axis=0)                # [B*G, P, n_moe, K]
+    if group_size > 1:
+      routes = jnp.repeat(routes, group_size, axis=0)              # [B*G, P, n_moe, K]
     cap = cap._replace(routes=cap.routes._replace(prompt=routes))
   assert out.cache is not None, "a forward with cache_mode='write' returns its cache"
   cache = out.cache if group_size == 1 else _repeat_rows(out.cache, group_size)
