@@ -188,6 +188,10 @@ def base_config() -> ml_collections.ConfigDict:
   # The iteration's prompts are rolled out as this many chunks of P / rollout_chunks prompts
   # (docs/training.md#verification-overlapped-with-decoding); 1 = one rollout, as ever
   c.orl.rollout_chunks = 1
+  # decode.schedule="lockstep", block-causal models: run each prompt's forward once for its G
+  # responses, not once per response (docs/method.md#the-prompt-is-prefilled-once: the same
+  # tokens; captured floats may differ in the last bits where XLA's kernels depend on the batch)
+  c.orl.prefill_once = False
   # what a chunk holds: "samples" = every prompt, group_size / rollout_chunks responses each
   # (a prompt's samples are verified one after another, so this spreads them over the chunks);
   # "prompts" = prompts_per_step / rollout_chunks prompts, group_size responses each

@@ -291,6 +291,7 @@ class Orl(Section):
   verify_while_decoding: bool = True
   rollout_segment_iterations: int = 16
   max_staleness: int = recorded(0)
+  prefill_once: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
