@@ -188,6 +188,10 @@ def base_config() -> ml_collections.ConfigDict:
   # The iteration's prompts are rolled out as this many chunks of P / rollout_chunks prompts
   # (docs/training.md#verification-overlapped-with-decoding); 1 = one rollout, as ever
   c.orl.rollout_chunks = 1
+  # decode.schedule="lockstep", block-causal models: run each prompt's forward once for its G
+  # responses, not once per response (docs/method.md#the-prompt-is-prefilled-once: the same
+  # tokens; captured floats may differ in the last bits where XLA's kernels depend on the batch)
+  c.orl.prefill_once = False
   # what a chunk holds: "samples" = every prompt, group_size / rollout_chunks responses each
   # (a prompt's samples are verified one after another, so this spreads them over the chunks);
   # "prompts" = prompts_per_step / rollout_chunks prompts, group_size responses each
@@ -253,6 +257,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.serve.watch = ""                # a run's work directory (or params folder): serve its newest
                                     # weights as they land
   c.serve.watch_seconds = 10.0      # how often `watch` is looked at
+  c.serve.max_body_bytes = 1 << 20  # a request body past this is a 413
+  # seconds a client may take to send its request head, between two parts of its body (then a
+  # 408), and idle on a kept-alive connection; a connection past one is closed
+  c.serve.header_timeout = 10.0     # the request line and headers (nginx: 60, uvicorn: none)
+  c.serve.body_timeout = 30.0       # between two parts of a body (a 408)
+  c.serve.idle_timeout = 5.0        # a kept-alive connection between requests (uvicorn's 5)
+  c.serve.drain_timeout = 30.0      # SIGTERM: the requests in flight get this long, then exit
+  # keys (comma-separated; also --api-key / --admin-key and ORL_API_KEYS / ORL_ADMIN_KEYS):
+  # every /v1/* route takes an API key once one is set; /v1/admin/* is off without an admin
+  # key, and reloads only read folders under reload_root
+  c.serve.api_keys = ""             # "" = /v1/* open
+  c.serve.admin_keys = ""           # "" = /v1/admin/* off
+  c.serve.reload_root = ""          # "" = no reloads
+  c.serve.key_probes = False        # True: /health and /metrics take an API key too
 
   c.checkpoint = ml_collections.ConfigDict()
   # updates between checkpoints; the last step's is always saved, and so is the step a run

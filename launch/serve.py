@@ -23,6 +23,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from orl_jax.storage import trained_run
+from orl_jax.serve.keys import access_from
 from orl_jax.serve.load import served_model, start_watcher
 from orl_jax.serve.server import serve_forever
 
@@ -30,13 +31,19 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/
                                           lock_config=True)
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "address to bind (0.0.0.0: every interface)")
 _PORT = flags.DEFINE_integer("port", 8000, "port to bind (0: a free one, printed at start-up)")
+_API_KEY = flags.DEFINE_multi_string("api-key", [], "a key every /v1/* request must send as "
+                                     "`Authorization: Bearer KEY` (repeatable; also ORL_API_KEYS)")
+_ADMIN_KEY = flags.DEFINE_multi_string("admin-key", [], "a key that turns /v1/admin/* on "
+                                       "(repeatable; also ORL_ADMIN_KEYS)")
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   served = served_model(_CONFIG.value, overridden=trained_run.overridden_fields(sys.argv))
-  serve_forever(served, _HOST.value, _PORT.value, start_watcher(served, _CONFIG.value))
+  served.access = access_from(_CONFIG.value.serve, _API_KEY.value, _ADMIN_KEY.value)
+  serve_forever(served, _HOST.value, _PORT.value, start_watcher(served, _CONFIG.value),
+                _CONFIG.value.serve)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ Shared by evaluation decoding and rollouts. All functions are pure and batched o
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import typing
 from typing import Literal
 
@@ -34,12 +36,39 @@ class UnmaskRule:
     return f"{self.name}_{v}"
 
   @classmethod
-  def parse(cls, label: str) -> "UnmaskRule":
+  def parse(cls, label: str, block_size: int | None = None) -> "UnmaskRule":
+    """The rule a label names, its value in the rule's range (`check_range`); ValueError with
+    one sentence otherwise. `block_size`: fixed_steps' k at most this (None: unchecked)."""
     for name in RULES:
-      if label.startswith(name + "_"):
-        return cls(name, float(label[len(name) + 1:]))
+      if isinstance(label, str) and label.startswith(name + "_"):
+        text = label[len(name) + 1:]
+        if not _NUMBER.fullmatch(text):
+          raise ValueError(f"decoder setting {label!r}: {text!r} is not a number")
+        rule = cls(name, float(text))
+        rule.check_range(block_size, label)
+        return rule
     raise ValueError(f"cannot parse decoder setting {label!r}; expected e.g. 'threshold_0.9', "
                      f"'entropy_budget_0.5' or 'fixed_steps_1'")
+
+  def check_range(self, block_size: int | None = None, label: str = "") -> None:
+    """ValueError unless the value means something for the rule: tau in (0, 1], gamma >= 0 and
+    finite, k a whole number >= 1 (and <= `block_size` when given)."""
+    v, where = self.value, f"decoder setting {label or self.name!r}"
+    if self.name == "threshold" and not 0 < v <= 1:
+      raise ValueError(f"{where}: threshold takes tau in (0, 1], got {v}")
+    if self.name == "entropy_budget" and not 0 <= v < math.inf:
+      raise ValueError(f"{where}: entropy_budget takes a finite gamma >= 0, got {v}")
+    if self.name == "fixed_steps":
+      top = block_size if block_size is not None else math.inf
+      if not (math.isfinite(v) and v == int(v) and 1 <= v <= top):
+        limit = f" up to the block size of {block_size}" if block_size is not None else ""
+        raise ValueError(f"{where}: fixed_steps takes a whole number k >= 1{limit}, got {v}")
+
+
+# a decimal number as the labels write it (no '_' digit groups, no spaces, no hex); 'inf' and
+# 'nan' pass here and are refused by the range checks with a sentence naming the rule
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|infinity|nan)",
+                     re.IGNORECASE)
 
 
 def _ranked(masked, score):

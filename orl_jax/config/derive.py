@@ -74,6 +74,9 @@ def validate(config: RunConfig) -> None:
         f"serve.rows={sv.rows}, serve.iterations_per_call={sv.iterations_per_call}, "
         f"serve.max_waiting={sv.max_waiting} and serve.watch_seconds={sv.watch_seconds} must be "
         f"positive, serve.waiting_slots={sv.waiting_slots} >= 0")
+  limits = ("max_body_bytes", "header_timeout", "body_timeout", "idle_timeout", "drain_timeout")
+  bad = [f"serve.{k}={getattr(sv, k)}" for k in limits if not getattr(sv, k) > 0]
+  check(not bad, f"{', '.join(bad)} must be positive")
   check(config.loss.vocab_chunk >= 0,
         f"loss.vocab_chunk={config.loss.vocab_chunk} must be >= 0 (0 = off)")
   try:
@@ -92,7 +95,7 @@ def validate(config: RunConfig) -> None:
   errors += _replay_errors(config)
   for label in config.eval.settings:
     try:
-      UnmaskRule.parse(label)
+      UnmaskRule.parse(label, config.decode.block_size or None)
     except ValueError as e:
       errors.append(f"eval.settings: {e}")
   if len(errors) == 1:
@@ -282,6 +285,10 @@ def _schedule_errors(config: RunConfig) -> list[str]:
     errors.append(f"orl.rollout_rows={rows} sets the rows of the per-row engine, but "
                   f"decode.schedule={schedule!r}: set decode.schedule='per_row' or "
                   "orl.rollout_rows=0")
+  elif o.prefill_once and schedule != "lockstep":
+    errors.append(f"orl.prefill_once prefills a lock-step rollout's prompts once, but "
+                  f"decode.schedule={schedule!r}: set decode.schedule='lockstep' or "
+                  "orl.prefill_once=False")
   elif rows > n_responses:
     errors.append(f"orl.rollout_rows={rows} exceeds the {n_responses} responses of a rollout "
                   f"(orl.prompts_per_step={o.prompts_per_step} x orl.group_size="

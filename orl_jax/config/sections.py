@@ -291,6 +291,7 @@ class Orl(Section):
   verify_while_decoding: bool = True
   rollout_segment_iterations: int = 16
   max_staleness: int = recorded(0)
+  prefill_once: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +337,17 @@ class Serve(Section):
   model_name: str = ""
   watch: str = ""
   watch_seconds: float = 10.0
+  max_body_bytes: int = 1 << 20     # a request body past this is a 413 (nginx's default, 1 MiB)
+  # seconds a client may take: to send its request head, between two parts of its body, and
+  # idle between requests on a kept-alive connection (uvicorn's timeout_keep_alive is 5 s)
+  header_timeout: float = 10.0
+  body_timeout: float = 30.0
+  idle_timeout: float = 5.0
+  drain_timeout: float = 30.0       # SIGTERM: seconds the requests in flight get, then exit
+  api_keys: str = ""                # comma-separated keys /v1/* takes ("": open; serve.keys)
+  admin_keys: str = ""              # comma-separated keys /v1/admin/* takes ("": off)
+  reload_root: str = ""             # the folder reloads may come from ("": none)
+  key_probes: bool = False          # /health and /metrics take an API key too
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,8 +90,10 @@ class LockstepSampler:
 
   def rollout(self, *, mask_id: int, eos_id: int,
               mesh=None) -> tuple[RolloutFn, DecodeConfig]:
-    return (trajectories.lockstep_trajectories,
-            self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id))
+    rollout: RolloutFn = trajectories.lockstep_trajectories
+    if self.config.orl.prefill_once:
+      rollout = functools.partial(trajectories.lockstep_trajectories, prefill_once=True)
+    return rollout, self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id)
 
   unresolved = staticmethod(masked_positions)
 

@@ -42,7 +42,7 @@ from orl_jax.decode.placement import (Placed, final_blocks, finished_response, f
                                       place_for_decoder, row_blocks)
 from orl_jax.decode.step import needs_step, step_key, take_step
 from orl_jax.models.decoded import ROUTE_DTYPE, Capture, DecodeOutput, token_major_routes
-from orl_jax.models.transformer import Transformer, init_cache
+from orl_jax.models.transformer import KVCache, Transformer, init_cache
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import KIND_CLEAN, KIND_PAD, KIND_PROMPT, make_meta
 
@@ -194,9 +194,22 @@ def _check_decode(model: Transformer, cfg: DecodeConfig, p: int):
                      "its blocks at the prompt's end: set decode.block_placement='prompt_end'")
 
 
-def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, cap):
+def _repeat_rows(cache: KVCache, group_size: int) -> KVCache:
+  """`cache` with each row repeated `group_size` times, the copies adjacent (a group's rows)."""
+  rep = lambda x, axis: jnp.repeat(x, group_size, axis=axis)
+  return KVCache(rep(cache.k, 1), rep(cache.v, 1),                 # [L, B*G, Tc, Hkv, Dh]
+                 jax.tree.map(lambda m: rep(m, 0), cache.meta))    # [B*G, Tc]
+
+
+def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, cap,
+             group_size: int = 1):
   """The KV cache [.., width] holding the prompt's complete blocks (one forward); with
-  `capture_routes`, their routes in `cap`. -> (cache, cap)."""
+  `capture_routes`, their routes in `cap`. -> (cache, cap).
+
+  `placed` holds each distinct prompt once; the forward runs on those rows, and its cache and
+  routes then serve each prompt's `group_size` adjacent decode rows: a block-causal prompt's
+  keys and values do not depend on what is decoded after it
+  (docs/method.md#the-prompt-is-prefilled-once)."""
   b_rows = placed.tokens.shape[0]
   pos, meta = prompt_layout(placed.valid, cfg.block_size)
   out = model(placed.tokens, pos, meta, cache=init_cache(model.cfg, b_rows, width),
@@ -205,8 +218,12 @@ def _prefill(model: Transformer, placed: Placed, cfg: DecodeConfig, width: int, 
     assert out.routing is not None, "an MoE model's forward returns its routing"
     routes = jnp.where(placed.valid[:, :, None, None],
                        token_major_routes(out.routing.expert_ids), -1).astype(ROUTE_DTYPE)
+    if group_size > 1:
+      routes = jnp.repeat(routes, group_size, axis=0)              # [B*G, P, n_moe, K]
     cap = cap._replace(routes=cap.routes._replace(prompt=routes))
-  return out.cache, cap
+  assert out.cache is not None, "a forward with cache_mode='write' returns its cache"
+  cache = out.cache if group_size == 1 else _repeat_rows(out.cache, group_size)
+  return cache, cap
 
 
 def _start(model: Transformer, prompt_tokens, prompt_valid, cfg: DecodeConfig):
@@ -234,14 +251,21 @@ def _has_cache(cv: Canvas) -> bool:
   return cfg.cache != "none" if cv.bidirectional else cfg.kv_cache
 
 
-def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig) -> DecodeOutput:
-  """Decodes a batch of left-padded prompts [B, P]. Call under `jax.jit` (see
-  `lockstep_decoder`)."""
-  cv, grid, canvas, cap = _start(model, prompt_tokens, prompt_valid, cfg)
+def decode(model: Transformer, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
+           group_size: int = 1) -> DecodeOutput:
+  """Decodes a batch of left-padded prompts [B, P], `group_size` responses each (rows of a
+  group adjacent: the decode of the prompts repeated `group_size` times, whose prompt forward
+  runs once per distinct prompt). Call under `jax.jit` (see `lockstep_decoder`)."""
+  if group_size > 1:
+    reps = lambda x: jnp.repeat(x, group_size, axis=0)
+    cv, grid, canvas, cap = _start(model, reps(prompt_tokens), reps(prompt_valid), cfg)
+  else:
+    cv, grid, canvas, cap = _start(model, prompt_tokens, prompt_valid, cfg)
   b_rows, p, width = cv.b_rows, cv.p, canvas.shape[1]
   cache = None
   if not cv.bidirectional and cfg.kv_cache:
-    cache, cap = _prefill(model, grid, cfg, width, cap)
+    distinct = place_for_decoder(prompt_tokens, prompt_valid, cfg) if group_size > 1 else grid
+    cache, cap = _prefill(model, distinct, cfg, width, cap, group_size)
 
   def block_cond(c: _Blocks):
     return (c.j < cfg.max_blocks) & jnp.any(_active(cv, c))

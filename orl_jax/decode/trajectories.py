@@ -30,11 +30,19 @@ def _check_capture(cfg: DecodeConfig):
 
 
 def lockstep_trajectories(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
-                          group_size: int, rollout_step) -> Trajectories:
-  """Decodes `group_size` responses per prompt (rows of a group are adjacent)."""
+                          group_size: int, rollout_step,
+                          prefill_once: bool = False) -> Trajectories:
+  """Decodes `group_size` responses per prompt (rows of a group are adjacent): the prompts
+  repeated `group_size` times, one prompt forward per row; with `prefill_once`, one prompt
+  forward per prompt whose KV cache serves the group's rows: the same trajectories where the
+  compiled kernels do not depend on the batch size, off by default since XLA:CPU's YNNPACK
+  fusions do (docs/method.md#the-prompt-is-prefilled-once)."""
   _check_capture(cfg)
-  reps = lambda x: jnp.repeat(x, group_size, axis=0)
-  out = decode(model, reps(prompt_tokens), reps(prompt_valid), key, cfg)
+  if prefill_once:
+    out = decode(model, prompt_tokens, prompt_valid, key, cfg, group_size)
+  else:
+    reps = lambda x: jnp.repeat(x, group_size, axis=0)
+    out = decode(model, reps(prompt_tokens), reps(prompt_valid), key, cfg)
   placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
   return trajectories(out, placed.tokens, placed.valid, rollout_step)
 

@@ -17,17 +17,19 @@ import dataclasses
 import json
 import os
 import random
+import re
 import time
 from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request as HttpRequest
+from starlette.requests import ClientDisconnect, Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orl_jax.data.prompts import render_chat
-from orl_jax.serve import protocol
+from orl_jax.serve import keys, protocol
+from orl_jax.serve.keys import Access
 from orl_jax.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from orl_jax.serve.protocol import RequestError
 from orl_jax.serve.scheduler import Draining, Event, QueueFull, Request, Scheduler
@@ -51,18 +53,23 @@ class Served:
   # path -> parameters of the served tree (POST /v1/admin/reload), None: reloading refused
   load_params: Callable[[str], Any] | None = None
   source: str = ""                   # the weights served (a path)
+  access: Access = keys.OPEN         # keys and the reload root (`keys`)
+  # a request's fixed_steps k at most this (None: unchecked)
+  block_size: int | None = dataclasses.field(kw_only=True)
+  max_body_bytes: int = dataclasses.field(kw_only=True)   # a larger body is a 413
 
   @property
   def fingerprint(self) -> str:
     return f"orl-{self.name}-v{self.scheduler.model_version + 1}"
 
 
-_OUTCOMES = {400: "bad_request", 404: "not_found", 429: "queue_full", 503: "draining"}
+_OUTCOMES = {400: "bad_request", 401: "unauthorized", 403: "unauthorized", 404: "not_found",
+             408: "bad_request", 413: "bad_request", 429: "queue_full", 503: "draining"}
 
 
 def _error(status: int, message: str, param: str | None = None,
-           kind: str = "invalid_request_error") -> JSONResponse:
-  return JSONResponse(protocol.error_body(message, kind, param), status_code=status)
+           kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
+  return JSONResponse(protocol.error_body(message, kind, param, code), status_code=status)
 
 
 def _sse(obj) -> bytes:
@@ -150,6 +157,8 @@ def _encode(served: Served, text_or_ids, param: str) -> list[int]:
   """A prompt's token ids, checked against the vocabulary and the engine's prompt length."""
   if isinstance(text_or_ids, list):
     ids = list(text_or_ids)
+    if not ids:
+      raise RequestError(f"{param} has no tokens", param=param)
     bad = [i for i in ids if not 0 <= i < served.tokenizer.vocab_size]
     if bad:
       raise RequestError(f"{param}: token id {bad[0]} is outside the vocabulary of "
@@ -169,7 +178,7 @@ def _encode(served: Served, text_or_ids, param: str) -> list[int]:
 
 def _settings(served: Served, req, max_tokens: int | None):
   """(rule, temperature, max_tokens, seed) of a request, checked against the engine."""
-  rule = req.rule(served.rule) or served.rule
+  rule = req.rule(served.block_size) or served.rule
   if rule != served.rule and rule.name not in served.rules:
     rules = f"one of {', '.join(served.rules)}" if served.rules else f"{served.rule.label} only"
     raise RequestError(f"decoder {rule.label!r}: this model decodes with {rules}",
@@ -186,18 +195,56 @@ def _settings(served: Served, req, max_tokens: int | None):
   return rule, temperature, limit, seed
 
 
+MAX_JSON_DEPTH = 32       # no request field nests deeper than 3; a body may add a few levels
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(raw: bytes) -> int:
+  """How deep the arrays and objects of JSON text `raw` nest (brackets inside strings do not
+  count), without decoding it: deep text is refused before a recursive decoder sees it."""
+  brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+  depth = deepest = 0
+  for b in brackets:
+    depth += 1 if b in b"[{" else -1
+    deepest = max(deepest, depth)
+  return deepest
+
+
 _SEEDS = random.Random(os.urandom(16))    # a request without a seed samples with one of these
 
 
 class Routes:
   """The API of one served model (module docstring); `create_app` mounts it."""
 
-  def __init__(self, served: Served):
-    self.served = served
+  def __init__(self, served: Served, body_timeout: float = 30.0):
+    self.served, self.body_timeout = served, body_timeout
 
   async def _body(self, http: HttpRequest):
+    """The request's JSON, read up to `serve.max_body_bytes` (413 past it) and nested at most
+    `MAX_JSON_DEPTH` deep (Python's decoder recurses per level)."""
+    limit, chunks, size = self.served.max_body_bytes, [], 0
+    parts = http.stream()
+    while True:
+      try:
+        chunk = await asyncio.wait_for(anext(parts), self.body_timeout)
+      except StopAsyncIteration:
+        break
+      except asyncio.TimeoutError:
+        raise RequestError(f"the request body stalled for {self.body_timeout:g} s "
+                           "(serve.body_timeout)", status=408) from None
+      size += len(chunk)
+      if size > limit:
+        raise RequestError(f"the request body is over this server's limit of {limit} bytes "
+                           "(serve.max_body_bytes)", status=413)
+      chunks.append(chunk)
+    raw = b"".join(chunks)
+    depth = json_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+      raise RequestError(f"the request body nests {depth} levels deep; at most "
+                         f"{MAX_JSON_DEPTH} are taken")
     try:
-      return json.loads(await http.body())
+      return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise RequestError(f"the request body is not valid JSON ({e})") from None
 
@@ -332,25 +379,62 @@ class Routes:
     served = self.served
     if served.load_params is None:
       raise RequestError("this server was started without a weights loader")
+    folder = keys.reload_folder(served.access, body["path"])
     try:
-      params = await asyncio.get_running_loop().run_in_executor(None, served.load_params,
-                                                                body["path"])
+      params = await asyncio.get_running_loop().run_in_executor(None, served.load_params, folder)
     except (ValueError, OSError) as e:
-      raise RequestError(f"cannot load {body['path']!r}: {e}", param="path") from None
+      raise RequestError(f"cannot load {body['path']!r}: {keys.scrubbed(served.access, str(e))}",
+                         param="path") from None
     version = await asyncio.wrap_future(served.scheduler.reload(params))
-    served.source = body["path"]
+    served.source = folder
     return JSONResponse({"model": served.name, "model_version": version + 1,
                          "path": body["path"]})
 
 
-def create_app(served: Served) -> Starlette:
-  """The Starlette application of `served` (module docstring)."""
-  r = Routes(served)
+async def _discard_body(receive, limit: int, timeout: float) -> None:
+  """Reads a refused request's body (up to `limit` bytes, `timeout` seconds a part) so that
+  its client, which sends the whole body before it reads, gets the answer and not a reset."""
+  size = 0
+  while size <= limit:
+    try:
+      message = await asyncio.wait_for(receive(), timeout)
+    except asyncio.TimeoutError:
+      return
+    if message["type"] != "http.request":
+      return
+    size += len(message.get("body", b""))
+    if not message.get("more_body", False):
+      return
+
+
+def _keyed(app, served: Served, body_timeout: float):
+  """`app` behind the key check (`keys.check`): a request without a key it needs gets
+  OpenAI's 401 (403 for the admin routes when they are off); its body is read and dropped,
+  never parsed."""
+  async def wrapped(scope, receive, send):
+    if scope["type"] == "http":
+      authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+      try:
+        keys.check(served.access, scope["path"], authorization)
+      except RequestError as e:
+        served.metrics.requests.labels(_OUTCOMES[e.status]).inc()
+        await _discard_body(receive, served.max_body_bytes, body_timeout)
+        await _error(e.status, str(e), e.param, e.kind, e.code)(scope, receive, send)
+        return
+    await app(scope, receive, send)
+  return wrapped
+
+
+def create_app(served: Served, body_timeout: float = 30.0):
+  """The ASGI application of `served` (module docstring): Starlette's routes behind the key
+  check (`_keyed`); `body_timeout`: seconds a client may pause while sending a body
+  (serve.body_timeout), then a 408."""
+  r = Routes(served, body_timeout)
 
   async def request_error(_, e: Exception):
     assert isinstance(e, RequestError)
     served.metrics.requests.labels(_OUTCOMES.get(e.status, "bad_request")).inc()
-    return _error(e.status, str(e), e.param, e.kind)
+    return _error(e.status, str(e), e.param, e.kind, e.code)
 
   async def http_error(http: HttpRequest, e: Exception):
     assert isinstance(e, StarletteHTTPException)
@@ -359,11 +443,17 @@ def create_app(served: Served) -> Starlette:
                                                                              str(e.detail))
     return _error(e.status_code, message)
 
+  async def gone(_, e: Exception):
+    """A client that closed its connection mid-body: cancelled, as one that leaves
+    mid-response (nobody reads the answer)."""
+    served.metrics.requests.labels("cancelled").inc()
+    return Response(status_code=499)
+
   async def internal(_, e: Exception):
     served.metrics.requests.labels("error").inc()
     return _error(500, f"internal error: {e}", kind="server_error")
 
-  return Starlette(routes=[
+  return _keyed(Starlette(routes=[
       Route("/v1/completions", r.completions, methods=["POST"]),
       Route("/v1/chat/completions", r.chat, methods=["POST"]),
       Route("/v1/models", r.models, methods=["GET"]),
@@ -371,4 +461,4 @@ def create_app(served: Served) -> Starlette:
       Route("/metrics", r.metrics, methods=["GET"]),
       Route("/v1/admin/reload", r.reload, methods=["POST"]),
   ], exception_handlers={RequestError: request_error, StarletteHTTPException: http_error,
-                         Exception: internal})
+                         ClientDisconnect: gone, Exception: internal}), served, body_timeout)

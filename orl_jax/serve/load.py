@@ -124,7 +124,9 @@ def served_model(config, path: str = "", overridden: frozenset = frozenset()) ->
       chat=run.task.chat if run.task.name != "tiny" else "none", scheduler=scheduler,
       metrics=metrics, rule=parts.rule, temperature=run.decode.temperature, samples=block,
       rules=RULES if block else (), prompt_len=shape.prompt_len,
-      gen_length=engine.cfg.gen_length, load_params=load_params, source=parts.path)
+      gen_length=engine.cfg.gen_length, load_params=load_params, source=parts.path,
+      block_size=engine.cfg.block_size if block else None,
+      max_body_bytes=run.serve.max_body_bytes)
   logging.info("serving %s (%s): prompts of %d tokens, responses of %d", served.name,
                parts.path, shape.prompt_len, engine.cfg.gen_length)
   scheduler.start()

@@ -20,8 +20,8 @@ class ServerMetrics:
 
   def __init__(self, rows: int):
     r = self.registry = CollectorRegistry()
-    self.requests = Counter("orl_requests", "Requests by outcome (ok, cancelled, "
-                            "bad_request, not_found, queue_full, draining, error).", ["outcome"],
+    self.requests = Counter("orl_requests", "Requests by outcome (ok, cancelled, bad_request, "
+                            "unauthorized, not_found, queue_full, draining, error).", ["outcome"],
                             registry=r)
     self.prompt_tokens = Counter("orl_prompt_tokens", "Prompt tokens of served requests.",
                                  registry=r)

@@ -23,9 +23,9 @@ class RequestError(ValueError):
   """A request the server cannot serve: HTTP `status` and one sentence."""
 
   def __init__(self, message: str, status: int = 400, param: str | None = None,
-               kind: str = "invalid_request_error"):
+               kind: str = "invalid_request_error", code: str | None = None):
     super().__init__(message)
-    self.status, self.param, self.kind = status, param, kind
+    self.status, self.param, self.kind, self.code = status, param, kind, code
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -77,20 +77,15 @@ class _Request(BaseModel):
     if self.stream_options is not None and set(self.stream_options) - {"include_usage"}:
       raise RequestError("stream_options takes only include_usage", param="stream_options")
 
-  def rule(self, default: UnmaskRule) -> UnmaskRule | None:
-    """The request's decoder setting (`decoder`), or None for the engine's default."""
+  def rule(self, block_size: int | None = None) -> UnmaskRule | None:
+    """The request's decoder setting (`decoder`, in its rule's range: `UnmaskRule.parse`), or
+    None for the engine's default."""
     if self.decoder is None:
       return None
     try:
-      rule = UnmaskRule.parse(self.decoder)
+      return UnmaskRule.parse(self.decoder, block_size)
     except ValueError as e:
       raise RequestError(str(e), param="decoder") from None
-    if rule.name == "fixed_steps" and (rule.value != int(rule.value) or rule.value < 1):
-      raise RequestError(f"decoder {self.decoder!r}: fixed_steps takes a whole number >= 1",
-                         param="decoder")
-    if rule.name != "fixed_steps" and not 0 <= rule.value:
-      raise RequestError(f"decoder {self.decoder!r}: the value must be >= 0", param="decoder")
-    return rule
 
 
 class CompletionRequest(_Request):

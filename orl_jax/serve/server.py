@@ -2,27 +2,101 @@
 
 SIGTERM (a preempted VM, `kill`, a container stop) and Ctrl-C drain: new requests get 503, the
 requests in flight and waiting finish, then the process exits 0; a second signal stops at
-once. The first line printed once the port listens names the address (`--port=0` picks a
-free port).
+once. The drain ends within `serve.drain_timeout` seconds whatever clients hold: what is still
+open then is cancelled. A client gets `serve.header_timeout` seconds to send a request head,
+`serve.body_timeout` between two parts of its body (`Routes._body`) and `serve.idle_timeout`
+idle on a kept-alive connection; a connection past one is closed. The first line printed
+once the port listens names the address (`--port=0` picks a free port).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import signal
 import threading
 import time
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from starlette.responses import JSONResponse
 
 from orl_jax.serve.app import Served, create_app
+from orl_jax.serve.protocol import error_body
+
+
+class _HeadTimedProtocol(HttpToolsProtocol):
+  """uvicorn's HTTP/1.1 protocol that closes a connection whose request head (request line and
+  headers) is not complete `config.header_timeout` seconds after the connection or the head's
+  first byte: a silent or trickling client holds no socket for ever (slowloris)."""
+
+  _head_timer: asyncio.TimerHandle | None = None
+
+  def _arm_head_timer(self) -> None:
+    self._disarm_head_timer()
+    timeout = self.config.header_timeout      # type: ignore[attr-defined]  # serve_forever's
+    self._head_timer = self.loop.call_later(timeout, self._head_late)
+
+  def _disarm_head_timer(self) -> None:
+    if self._head_timer is not None:
+      self._head_timer.cancel()
+      self._head_timer = None
+
+  def _head_late(self) -> None:
+    if not self.transport.is_closing():
+      self.transport.close()
+
+  def connection_made(self, transport) -> None:  # type: ignore[override]
+    super().connection_made(transport)
+    self._arm_head_timer()
+
+  def connection_lost(self, exc) -> None:
+    self._disarm_head_timer()
+    super().connection_lost(exc)
+
+  def on_message_begin(self) -> None:
+    super().on_message_begin()
+    self._arm_head_timer()
+
+  def on_headers_complete(self) -> None:
+    self._disarm_head_timer()
+    super().on_headers_complete()
+
+
+def _cut_at_drain_end(app, served: Served):
+  """`app`, whose requests still open when the drain's time is up (uvicorn cancels their
+  tasks) end as `cancelled`: a 503 sentence where no response has started, else the end of
+  the response begun, and no traceback in the log."""
+  async def wrapped(scope, receive, send):
+    started, complete = False, False
+
+    async def watched_send(message):
+      nonlocal started, complete
+      started = started or message["type"] == "http.response.start"
+      complete = complete or (message["type"] == "http.response.body"
+                              and not message.get("more_body", False))
+      await send(message)
+
+    try:
+      await app(scope, receive, watched_send)
+    except asyncio.CancelledError:
+      served.metrics.requests.labels("cancelled").inc()
+      if not started:
+        await JSONResponse(error_body("the server shut down (serve.drain_timeout) before this "
+                                      "request was answered", "server_error"),
+                           status_code=503)(scope, receive, send)
+      elif not complete:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+  return wrapped
 
 
 class _DrainingServer(uvicorn.Server):
   """uvicorn's server whose first exit signal drains the scheduler (module docstring)."""
 
-  def __init__(self, config: uvicorn.Config, served: Served):
+  def __init__(self, config: uvicorn.Config, served: Served, drain_timeout: float):
     super().__init__(config)
-    self.served = served
+    self.served, self.drain_timeout = served, drain_timeout
     self.draining = False
     self.address = ""
 
@@ -46,25 +120,44 @@ class _DrainingServer(uvicorn.Server):
     threading.Thread(target=self._exit_when_idle, name="orl-drain", daemon=True).start()
 
   def _exit_when_idle(self) -> None:
-    while not self.served.scheduler.idle() and self.served.scheduler.error is None:
+    """Exits once the engine is idle or the drain's time is up; uvicorn then waits for the
+    open connections the rest of `drain_timeout` and cancels what remains."""
+    deadline = time.monotonic() + self.drain_timeout
+    while (not self.served.scheduler.idle() and self.served.scheduler.error is None
+           and time.monotonic() < deadline):
       time.sleep(0.02)
+    # uvicorn waits this long for the open connections, then cancels them
+    self.config.timeout_graceful_shutdown = max(1, math.ceil(deadline - time.monotonic()))
     self.should_exit = True
 
 
 def serve_forever(served: Served, host: str = "127.0.0.1", port: int = 8000,
-                  watcher=None) -> None:
+                  watcher=None, limits=None) -> None:
   """Serves until a signal drains the server (module docstring). `watcher`: a started
-  background poller of new weights, stopped on exit."""
-  config = uvicorn.Config(create_app(served), host=host, port=port, log_level="warning",
-                          access_log=False, lifespan="off", timeout_graceful_shutdown=None)
-  server = _DrainingServer(config, served)
+  background poller of new weights, stopped on exit; `limits`: the config's `serve` section
+  (its timeouts; None: the section's defaults)."""
+  if limits is None:
+    from orl_jax.config.sections import Serve
+    limits = Serve()
+  app = _cut_at_drain_end(create_app(served, body_timeout=limits.body_timeout), served)
+  config = uvicorn.Config(app, host=host,
+                          port=port, log_level="warning", access_log=False, lifespan="off",
+                          http=_HeadTimedProtocol, timeout_keep_alive=limits.idle_timeout,
+                          timeout_graceful_shutdown=limits.drain_timeout)
+  config.header_timeout = limits.header_timeout    # type: ignore[attr-defined]  # the protocol's
+  server = _DrainingServer(config, served, limits.drain_timeout)
   try:
     server.run()
   finally:
     if watcher is not None:
       watcher.stop()
-    served.scheduler.stop(timeout=60)
+    served.scheduler.stop(timeout=10)     # it stops after the device call it is in
   if served.scheduler.error is not None:
     logging.error("the engine stopped: %s", served.scheduler.error)
     raise SystemExit(1)
-  print("drained: every request answered; exiting", flush=True)
+  left = served.scheduler.stats()
+  if left.active or left.waiting:
+    print(f"drain timeout: {left.active + left.waiting} request(s) cancelled; exiting",
+          flush=True)
+  else:
+    print("drained: every request answered; exiting", flush=True)

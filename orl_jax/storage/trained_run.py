@@ -82,7 +82,7 @@ def trained_settings(kind: str, folder: str) -> dict:
     from orl_jax.models import hf_read
     recorded = hf_read.read_hf_config(folder).get(RESIDUAL_KEY, {})
     return {f"model.residual.{k}": recorded[k] for k in RESIDUAL.values() if k in recorded}
-  meta = params_io.read_meta(folder)
+  meta = _checked_meta(params_io.read_meta(folder), folder)
   model, run = meta.get("model", {}), meta.get(RUN_KEY, {})
   out = {f"model.{k}": model[k] for k in ARCHITECTURE if k in model}
   out.update({f"model.residual.{v}": model[k] for k, v in RESIDUAL.items() if k in model})
@@ -134,6 +134,37 @@ def apply_settings(config, settings: Mapping, overridden: frozenset[str] = froze
   return changed
 
 
+def _checked_meta(meta, folder: str) -> dict:
+  """`meta` if each field `trained_settings` reads has its type, else ParamsFileError naming
+  the file and the field (a hand-edited or foreign meta.json stops with a sentence)."""
+  where = os.path.join(folder, params_io.META_FILE)
+
+  def fail(field: str, want: str, value) -> None:
+    raise params_io.ParamsFileError(f"{where}: {field} must be {want}, got {value!r:.60}")
+
+  if not isinstance(meta, dict):
+    fail("the file", "a JSON object", meta)
+  model, run = meta.get("model", {}), meta.get(RUN_KEY, {})
+  for name, record in (("model", model), (RUN_KEY, run)):
+    if not isinstance(record, dict):
+      fail(name, "an object", record)
+  for k in (*ARCHITECTURE, *RESIDUAL):
+    if k in model and (model[k] is None or not isinstance(model[k], (bool, int, float, str))):
+      fail(f"model.{k}", "a number, a boolean or a string", model[k])
+  moe = model.get("moe")
+  if moe and not (isinstance(moe, dict) and all(
+      isinstance(moe.get(k), (int, float)) for k in MOE_ARCHITECTURE)):
+    fail("model.moe", f"an object of numbers {MOE_ARCHITECTURE}", moe)
+  for k in ("tokenizer", "chat"):
+    if k in run and not isinstance(run[k], str):
+      fail(f"{RUN_KEY}.{k}", "a string", run[k])
+  tokens = run.get("special_tokens", {})
+  if not (isinstance(tokens, dict) and all(
+      isinstance(ids, list) and all(type(i) is int for i in ids) for ids in tokens.values())):
+    fail(f"{RUN_KEY}.special_tokens", "an object of token id lists", tokens)
+  return meta
+
+
 def model_config_for(config, path: str, overridden: frozenset = frozenset(),
                      field: str = "model.path"):
   """A copy of `config` whose weights come from `path` (set as model.path): a Hugging Face
@@ -151,7 +182,11 @@ def model_config_for(config, path: str, overridden: frozenset = frozenset(),
   if path == RANDOM_INIT:
     return cfg
   kind, folder = weights_lib.resolve(path, field)
-  apply_settings(cfg, trained_settings(kind, folder), overridden)
+  try:
+    apply_settings(cfg, trained_settings(kind, folder), overridden)
+  except TypeError as e:      # a recorded value of another type than the config field's
+    raise params_io.ParamsFileError(f"{folder}: a recorded setting does not fit the config "
+                                    f"({e})") from None
   with cfg.unlocked():
     cfg.model.path = folder
   return cfg

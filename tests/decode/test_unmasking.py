@@ -1,3 +1,5 @@
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -103,3 +105,33 @@ def test_each_rows_own_rule_commits_what_that_rule_commits(compare):
     alone = select_commits(rule, masked[i:i + 1], confidence[i:i + 1], entropy[i:i + 1],
                            compare)
     np.testing.assert_array_equal(per_row[i], alone[0], err_msg=rule.label)
+
+
+@pytest.mark.parametrize("label,words", [
+    ("threshold_0", "tau in (0, 1]"), ("threshold_1.5", "tau in (0, 1]"),
+    ("threshold_nan", "tau in (0, 1]"), ("entropy_budget_inf", "finite gamma >= 0"),
+    ("entropy_budget_-0.1", "finite gamma >= 0"), ("fixed_steps_0", "whole number k >= 1"),
+    ("fixed_steps_2.5", "whole number k >= 1"), ("fixed_steps_1e400", "whole number k >= 1"),
+    ("fixed_steps_33", "up to the block size of 32"), ("threshold_1_0", "is not a number"),
+    ("threshold_0x1", "is not a number"), ("greedy_1", "cannot parse")])
+def test_a_setting_outside_its_rules_range_is_refused_with_one_sentence(label, words):
+  with pytest.raises(ValueError, match=re.escape(words)):
+    UnmaskRule.parse(label, block_size=32)
+
+
+def test_settings_at_the_ends_of_their_ranges_parse():
+  assert UnmaskRule.parse("threshold_1", 32) == UnmaskRule("threshold", 1.0)
+  assert UnmaskRule.parse("entropy_budget_0", 32) == UnmaskRule("entropy_budget", 0.0)
+  assert UnmaskRule.parse("fixed_steps_32", 32) == UnmaskRule("fixed_steps", 32.0)
+  assert UnmaskRule.parse("fixed_steps_33") == UnmaskRule("fixed_steps", 33.0)   # no block
+
+
+def test_eval_settings_are_held_to_the_same_ranges():
+  from configs import tiny
+  from orl_jax.config import build as run_config
+  from orl_jax.config.derive import validate
+  from orl_jax.config.sections import ConfigError
+  config = tiny.get_config("smoke").to_dict()
+  config["eval"]["settings"] = ("threshold_0.9", "threshold_1.5")
+  with pytest.raises(ConfigError, match=r"eval\.settings: .*'threshold_1\.5'.*tau in \(0, 1\]"):
+    validate(run_config.convert(config))

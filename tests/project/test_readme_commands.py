@@ -168,6 +168,19 @@ EXERCISED = {
     "python launch/serve.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base":
         ("tests/serve/test_serve_api.py::test_openai_completions_equal_the_offline_decode_with_forward_"
          "counts", ("client.completions.create(", "alone(parts")),
+    # the server with API keys from the environment and the command line, through the openai
+    # package (401 without a key, the offline decode's text with each); with an admin key and
+    # a reload root (pytest's temporary folder in the test), reloads from under it only
+    "ORL_API_KEYS=key-one,key-two python launch/serve.py --config=configs/tiny.py:eval "
+    "--config.model.path=assets/tiny_base --api-key=key-three":
+        ("tests/serve/test_serve_limits.py::"
+         "test_the_openai_client_gets_401_without_a_key_and_the_answer_with_one",
+         ("openai.AuthenticationError", "alone(offline()")),
+    "ORL_ADMIN_KEYS=admin-key python launch/serve.py --config=configs/tiny.py:eval "
+    "--config.model.path=assets/tiny_base --config.serve.reload_root=work_dirs":
+        ("tests/serve/test_serve_api.py::"
+         "test_reloads_need_the_admin_key_and_a_folder_under_the_reload_root",
+         ("_reload(server", "reload_root", "{403}")),
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
     "--config=configs/diffusion_gemma.py:26b-a4b --config.dry_run=True":
         ("tests/models/test_diffusion_gemma_registry.py::test_26b_a4b_dry_run_matches_hand_calculation",
@@ -483,6 +496,14 @@ TOO_LONG = {
     "python launch/serve.py --config=configs/tiny.py:eval --config.model.path=assets/tiny_base":
         "a server runs until it is stopped: tests/serve/test_serve_api.py starts this command "
         "(with --port=0, README_SERVE), talks to it and drains it with SIGTERM",
+    "ORL_API_KEYS=key-one,key-two python launch/serve.py --config=configs/tiny.py:eval "
+    "--config.model.path=assets/tiny_base --api-key=key-three":
+        "a server runs until it is stopped: tests/serve/test_serve_limits.py starts this command "
+        "(with --port=0 and short timeouts) and talks to it with and without each key",
+    "ORL_ADMIN_KEYS=admin-key python launch/serve.py --config=configs/tiny.py:eval "
+    "--config.model.path=assets/tiny_base --config.serve.reload_root=work_dirs":
+        "a server runs until it is stopped: tests/serve/test_serve_api.py starts this command "
+        "(its reload root pytest's temporary folder) and reloads with and without the key",
     "make warmup": "400 warm-up steps and their evaluation",
     "python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000": "2000 steps",
     "python launch/train.py --config=configs/tiny.py:warmup": "400 warm-up steps",

@@ -3,6 +3,7 @@
 `openai` package (completions, chat, streaming, errors), raw HTTP (bad requests, disconnects),
 lm-evaluation-harness's OpenAI-compatible completions model on a local task; concurrent
 responses equal decoding alone; new weights without a restart; SIGTERM drains."""
+import collections
 import concurrent.futures
 import json
 import os
@@ -13,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 
+import hypothesis
 import openai
 import pytest
 from safetensors.numpy import save_file
@@ -20,15 +22,22 @@ from safetensors.numpy import save_file
 from orl_jax.models.params_io import read_safetensors
 
 from orl_jax.serve.process import ServerProcess
+from tests.support import serve_fuzz
 from tests.support.serve import MODEL, README_SERVE, alone, offline, tiny_problems
 
 # compares token ids and forward counts with an offline decode: rerun under other numerics
 pytestmark = pytest.mark.numerics
 
 
+ADMIN_KEY = "admin-test-key"
+
+
 @pytest.fixture(scope="module")
-def server():
-  with ServerProcess(README_SERVE) as s:
+def server(tmp_path_factory):
+  """The README's server with the admin API on (its key from the environment), reloading from
+  under pytest's temporary folder (where each test's `tmp_path` lies)."""
+  root = f"--config.serve.reload_root={tmp_path_factory.getbasetemp()}"
+  with ServerProcess(README_SERVE + [root], env={**os.environ, "ORL_ADMIN_KEYS": ADMIN_KEY}) as s:
     yield s
 
 
@@ -37,11 +46,14 @@ def client(server):
   return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def _post(url: str, body, path: str = "/v1/completions"):
-  """(status, JSON body) of a raw POST (bytes are sent as they are)."""
+def _post(url: str, body, path: str = "/v1/completions", key: str = ""):
+  """(status, JSON body) of a raw POST (bytes are sent as they are), with `key` as its
+  bearer key when given."""
   data = body if isinstance(body, bytes) else json.dumps(body).encode()
-  req = urllib.request.Request(url + path, data=data, method="POST",
-                               headers={"Content-Type": "application/json"})
+  headers = {"Content-Type": "application/json"}
+  if key:
+    headers["Authorization"] = f"Bearer {key}"
+  req = urllib.request.Request(url + path, data=data, method="POST", headers=headers)
   try:
     with urllib.request.urlopen(req, timeout=120) as r:
       return r.status, json.load(r)
@@ -120,6 +132,18 @@ BAD = [
     ({"model": MODEL, "prompt": "bob", "logprobs": 5}, 400, "logprobs are not supported"),
     ({"model": MODEL}, 400, "missing field 'prompt'"),
     ({"model": "gpt-4", "prompt": "bob"}, 404, "GET /v1/models lists 'tiny_base'"),
+    # decoder settings outside their rule's range, each its own sentence
+    *[({"model": MODEL, "prompt": "bob", "decoder": f"fixed_steps_{v}"}, 400,
+       "fixed_steps takes a whole number k >= 1 up to the block size of 32")
+      for v in ("nan", "inf", "-inf", "1e400", "1e9", "33", "2.5", "0")],
+    ({"model": MODEL, "prompt": "bob", "decoder": "threshold_1.5"}, 400, "tau in (0, 1]"),
+    ({"model": MODEL, "prompt": "bob", "decoder": "threshold_inf"}, 400, "tau in (0, 1]"),
+    ({"model": MODEL, "prompt": "bob", "decoder": "entropy_budget_inf"}, 400, "finite gamma"),
+    ({"model": MODEL, "prompt": "bob", "decoder": "threshold_1_0"}, 400, "is not a number"),
+    ({"model": MODEL, "prompt": [[]]}, 400, "prompt has no tokens"),
+    ({"model": MODEL, "prompt": [[3], []]}, 400, "prompt has no tokens"),
+    (b"[" * 100_000 + b"]" * 100_000, 400, "nests 100000 levels deep"),
+    (b'{"prompt": "' + b"x" * (1 << 20) + b'"}', 413, "serve.max_body_bytes"),
 ]
 
 
@@ -131,6 +155,68 @@ def test_a_bad_request_gets_a_4xx_sentence_and_the_server_keeps_serving(server, 
   assert reply["error"]["type"] and "\n" not in reply["error"]["message"]
   ok, good = _post(server.url, {"model": MODEL, "prompt": tiny_problems()[0].prompt})
   assert ok == 200 and good["choices"][0]["text"]
+
+
+def _fuzz(server, examples: int) -> collections.Counter:
+  """Sends `examples` Hypothesis-drawn requests (`tests.support.serve_fuzz`, derandomized:
+  the same ones each run); asserts none gets a 5xx; -> how many got each status."""
+  statuses: collections.Counter = collections.Counter()
+
+  @hypothesis.settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                       suppress_health_check=list(hypothesis.HealthCheck))
+  @hypothesis.given(exchange=serve_fuzz.exchanges())
+  def one(exchange):
+    status = serve_fuzz.send(server.url, *exchange)
+    statuses[status] += 1
+    assert status < 500, exchange
+  one()
+  return statuses
+
+
+def test_fuzzed_requests_get_a_4xx_or_a_200_never_a_5xx(server):
+  """300 requests over the request schema; the answer to an ordinary request after the fuzz
+  is checked by the next test. Both answers and refusals are drawn (the fuzz is not all
+  refusals)."""
+  statuses = _fuzz(server, 300)
+  print(f"fuzz: {dict(sorted(statuses.items()))}")
+  assert statuses[200] >= 20 and statuses[400] >= 100 and sum(statuses.values()) >= 300
+
+
+@pytest.mark.slow
+def test_ten_thousand_fuzzed_requests_get_no_5xx(server):
+  """The issue's floor: no 5xx over 10,000 drawn requests (about 10 minutes on 2 cores)."""
+  statuses = _fuzz(server, 10_000)
+  print(f"fuzz: {sum(statuses.values())} requests, statuses {dict(sorted(statuses.items()))}")
+  assert sum(statuses.values()) >= 10_000
+
+
+def test_after_the_fuzz_an_ordinary_request_gets_its_exact_answer(server, client):
+  prompt = tiny_problems()[1].prompt
+  out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32)
+  assert out.choices[0].text == alone(offline(), prompt)[0]
+  health = json.loads(_get(server.url, "/health")[1])
+  assert health["status"] == "ok" and health["waiting"] == health["active"] == 0, health
+  assert "Traceback" not in server.output()
+
+
+def test_a_reload_whose_meta_json_has_fields_of_the_wrong_type_is_a_400(server, tmp_path):
+  for field, value, words in [("model", [], "model must be an object"),
+                              ("d_model", "wide", "field 'd_model'"),
+                              ("n_layers", [2], "model.n_layers must be"),
+                              ("run", {"special_tokens": {"eos": ["x"]}}, "special_tokens")]:
+    folder = tmp_path / field
+    shutil.copytree("assets/tiny_base", folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    if field in ("model", "run"):
+      meta[field] = value
+    else:
+      meta["model"][field] = value
+    (folder / "meta.json").write_text(json.dumps(meta))
+    status, body = _reload(server, str(folder))
+    assert status == 400 and words in body["error"]["message"], body
+  (tmp_path / "model" / "meta.json").write_text("[1, 2]")
+  status, body = _reload(server, str(tmp_path / "model"))
+  assert status == 400 and "not the expected object" in body["error"]["message"], body
 
 
 def test_the_openai_client_reports_errors_with_their_status(client):
@@ -251,6 +337,11 @@ def test_lm_evaluation_harness_scores_the_served_model_on_a_local_task(server, t
   assert score == pytest.approx(sum(ours) / len(problems))
 
 
+def _reload(server, path: str):
+  """(status, JSON body) of POST /v1/admin/reload of `path` with the admin key."""
+  return _post(server.url, {"path": str(path)}, "/v1/admin/reload", key=ADMIN_KEY)
+
+
 def _other_weights(folder) -> str:
   """A copy of the tiny base model with every weight scaled by 0.98 (other weights, the same
   tensors)."""
@@ -264,15 +355,32 @@ def _other_weights(folder) -> str:
 def test_new_weights_serve_without_a_restart(server, client, tmp_path):
   other = _other_weights(tmp_path / "other")
   prompts = [p.prompt for p in tiny_problems()[6:12]]
-  status, body = _post(server.url, {"path": other}, "/v1/admin/reload")
+  status, body = _reload(server, other)
   assert status == 200 and body["model_version"] == 2, body
   outs = [client.completions.create(model=MODEL, prompt=p) for p in prompts]
   assert [o.choices[0].text for o in outs] == [alone(offline(other), p)[0] for p in prompts]
   assert outs[0].system_fingerprint.endswith("-v2")
   assert [o.choices[0].text for o in outs] != [alone(offline(), p)[0] for p in prompts]
-  status, body = _post(server.url, {"path": "assets/tiny_warmup"}, "/v1/admin/reload")
+  status, body = _reload(server, shutil.copytree("assets/tiny_warmup", tmp_path / "warmup"))
   assert status == 400 and "another model's parameters" in body["error"]["message"]
-  assert _post(server.url, {"path": "assets/tiny_base"}, "/v1/admin/reload")[0] == 200
+  assert _reload(server, shutil.copytree("assets/tiny_base", tmp_path / "base"))[0] == 200
+
+
+def test_reloads_need_the_admin_key_and_a_folder_under_the_reload_root(server, tmp_path):
+  """Without the admin key: OpenAI's 401. Outside the root, a folder that exists and one that
+  does not get the same sentence, which names neither."""
+  status, body = _post(server.url, {"path": str(tmp_path)}, "/v1/admin/reload")
+  assert status == 401 and body["error"]["message"].startswith("You didn't provide an API key")
+  status, body = _post(server.url, {"path": str(tmp_path)}, "/v1/admin/reload", key="wrong")
+  assert status == 401 and body["error"]["code"] == "invalid_api_key"
+  outside = [_reload(server, p) for p in ("/etc", "/no/such/folder", "../../etc", os.getcwd())]
+  assert {status for status, _ in outside} == {403}
+  assert len({b["error"]["message"] for _, b in outside}) == 1
+  assert "/" not in outside[0][1]["error"]["message"].replace("serve.reload_root", "")
+  status, body = _reload(server, "missing-folder")      # relative: under the root
+  message = body["error"]["message"]
+  assert status == 400 and "<reload_root>/missing-folder' does not exist" in message, body
+  assert str(tmp_path.parent.parent) not in message
 
 
 def test_serve_watch_serves_the_newest_weights_of_a_folder_as_they_land(tmp_path):

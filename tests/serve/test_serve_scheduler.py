@@ -254,7 +254,7 @@ def _app(engine, **kw):
   s = Scheduler(engine, Words(), max_waiting=kw.pop("max_waiting", 64))
   s.start()
   served = Served("scripted", Words(), "none", s, metrics, UnmaskRule(), 0.0, True, RULES, 8,
-                  engine.cfg.gen_length)
+                  engine.cfg.gen_length, block_size=None, max_body_bytes=1 << 20)
   return TestClient(create_app(served)), s
 
 

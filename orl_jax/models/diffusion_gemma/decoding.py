@@ -65,6 +65,10 @@ class UniformNoiseSampler:
       raise ValueError(f"orl.rollout_rows={rows} sets the per-row engine's rows, but "
                        "diffusion_gemma models roll out with their family's own sampler: set "
                        "orl.rollout_rows=0")
+    if self.config.orl.prefill_once:
+      raise ValueError("orl.prefill_once prefills the block decoder's prompts once; "
+                       "diffusion_gemma models roll out with their family's own sampler: set "
+                       "orl.prefill_once=False")
     return dg_trajectories.sampler_trajectories, self._sampler_config()
 
   unresolved = staticmethod(not_accepted)
