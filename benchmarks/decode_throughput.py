@@ -30,6 +30,7 @@ import os
 import tempfile
 
 import _common  # noqa: F401
+import _roofline
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,12 +160,37 @@ def run_tiny(args):
       "speedup": t_naive / t_jit, "jitted_runs": all_jit, "naive_runs": all_naive,
       "outputs_identical": same,
   }
+  result["bounds"] = {str(b): tiny_bound(s, graphdef, params, jitted, dcfg, (prompts, valid), b,
+                                         args.repeats) for b in args.batches}
   _common.write_json(args.out, result)
   print(f"batch {args.batch}, {args.rule}, params: {used}, {n_tokens} tokens, "
         f"NFE {result['nfe_mean']:.1f}")
   print(f"jitted: {result['jitted_tokens_per_s']:.0f} tok/s   naive: "
         f"{result['naive_tokens_per_s']:.0f} tok/s")
   print(f"decode_speedup_jitted_vs_naive: {result['speedup']:.2f}")
+
+
+def tiny_bound(s, graphdef, params, jitted, dcfg, problems, batch: int, repeats: int) -> dict:
+  """The jitted decoder on the first `batch` problems: tok/s and its shares of the machine's
+  FLOP and bandwidth bounds (`bound_figures`; the peaks timed in the same rounds), with XLA's
+  count of one step beside ours."""
+  prompts, valid = (x[:batch] for x in problems)
+  key = jax.random.key(0)
+  run = lambda: jax.block_until_ready(jitted(params, prompts, valid, key))
+  res = run()                                                      # compile + warm-up
+  times = interleaved_times({"jitted": run, **_roofline.peak_runs()}, repeats)
+  hw = _roofline.peaks({k: v[0] for k, v in times.items() if k.startswith("peak/")})
+  seconds, runs = times["jitted"]
+  m, p = s.model_cfg, prompts.shape[1]
+  kind = decode_kind(m, dict(kv_cache=dcfg.kv_cache))
+  tokens = int(np.asarray(res.n_generated).sum())
+  fig = dict(tokens_per_s=tokens / seconds, seconds_median=seconds, runs=runs, hardware=hw,
+             generated_tokens=tokens, nfe_per_row=float(np.asarray(res.nfe).mean()),
+             **bound_figures(hw, our_work(m, dcfg, kind, res, p), seconds, tokens),
+             xla_step_check=xla_step_check(graphdef, params, dcfg, prompts, valid, m, kind, p))
+  print(f"batch {batch:3d} jitted {fig['tokens_per_s']:8.0f} tok/s  {bound_line(fig)}; a step: "
+        f"XLA's count / ours {fig['xla_step_check']['xla_over_counted']:.3f}", flush=True)
+  return fig
 
 
 # ------------------------------------------------------------------ 60M: ours vs Fast-dLLM
@@ -191,58 +217,77 @@ def n_params(m) -> dict:
               total=body + 2 * m.vocab_size * m.d_model + m.d_model)
 
 
-def forward_flops(m, n_query: int, n_keys: int, n_head: int) -> float:
-  """Matmul FLOPs of one row's forward: projections and MLP of n_query tokens, attention
-  scores and values against n_keys, the vocabulary head on n_head tokens."""
-  p = n_params(m)
-  return (2 * n_query * p["body"] + 4 * n_query * n_keys * m.n_heads * m.head_dim * m.n_layers
-          + 2 * n_head * m.d_model * m.vocab_size)
+def decode_kind(m, mode: dict) -> str:
+  """The `_roofline.decode_work` kind of one of our modes on model config `m`."""
+  if m.attention == "bidirectional":
+    return mode.get("cache", "none")
+  return "kv" if mode.get("kv_cache", True) else "plain"
 
 
-def row_flops(m, mode: str, nfe: float, n_blocks: int) -> float:
-  """Least matmul FLOPs of one row's decode (the head only on the active block): `none` /
-  `plain` forward the canvas every step; `dual` / `prefix` one canvas forward per block, then
-  the block (dual) or the canvas from the block on (prefix, its mean length); `kv` block-causal
-  through the exact KV cache (prefill, then the block against the mean visible context)."""
-  width = PROMPT_LEN + GEN
-  full = forward_flops(m, width, width, BLOCK)
-  rest = max(nfe - n_blocks, 0.0)
-  if mode in ("none", "plain"):
-    return nfe * full
-  if mode == "dual":
-    return n_blocks * full + rest * forward_flops(m, BLOCK, width, BLOCK)
-  if mode == "prefix":
-    tail = (GEN + BLOCK) // 2
-    return n_blocks * full + rest * forward_flops(m, tail, width, BLOCK)
-  ctx = PROMPT_LEN + GEN // 2
-  return forward_flops(m, PROMPT_LEN, PROMPT_LEN, 0) + nfe * forward_flops(m, BLOCK, ctx, BLOCK)
+def blocks_decoded(dcfg, n_generated):
+  """[B] blocks each row decoded: all of them, or (eos_early_stop) through its EOS's block."""
+  n = np.asarray(n_generated)
+  if not dcfg.eos_early_stop:
+    return np.full(n.shape, dcfg.n_blocks)
+  return np.clip(-(-n // dcfg.block_size), 1, dcfg.n_blocks)
 
 
-def measure_hardware(repeats: int = 5) -> dict:
-  """What this machine sustains now (it may be shared): memory bandwidth of a jitted
-  reduction over 64 MiB, and the f32 matmul rate at 1024^3."""
-  big = jnp.ones((16 << 20,), jnp.float32)
-  total = jax.jit(jnp.sum)
-  jax.block_until_ready(total(big))
-  t_read, _ = _common.median_time(lambda: jax.block_until_ready(total(big)), repeats)
-  a = jnp.ones((1024, 1024), jnp.float32)
-  mm = jax.jit(lambda x: x @ x)
-  jax.block_until_ready(mm(a))
-  t_mm, _ = _common.median_time(lambda: jax.block_until_ready(mm(a)), repeats)
-  return dict(bandwidth_gb_s=big.nbytes / t_read / 1e9, matmul_gflop_s=2 * 1024 ** 3 / t_mm / 1e9)
+def bound_figures(hw: dict, work: dict, seconds: float, tokens: int) -> dict:
+  """The decode's shares of this machine's FLOP and bandwidth bounds (`_roofline.fractions`)
+  and the tok/s each bound allows (the generated tokens over the least time the decode's FLOPs
+  or bytes take at the measured peaks)."""
+  frac = _roofline.fractions(work, seconds, hw)
+  return dict(frac, flop_bound_tok_s=tokens * hw["matmul_gflop_s"] * 1e9 / work["flops"],
+              bandwidth_bound_tok_s=tokens * hw["bandwidth_gb_s"] * 1e9 / work["bytes"],
+              batch_forwards=work["batch_forwards"])
 
 
-def bounds(m, hw: dict, mode: str, batch: int, tokens_per_row: float, nfe_per_row: float):
-  """Upper bounds on tok/s beside a measured figure: memory (the weights read once per
-  forward, shared by the batch: batch x TPF x bandwidth / weight bytes) and compute
-  (matmul rate / least FLOPs per generated token, `row_flops`)."""
-  p = n_params(m)
-  weight_bytes = 4 * (p["body"] + p["head"])          # f32; the embedding is a gather
-  tpf = tokens_per_row / nfe_per_row
-  flops = row_flops(m, mode, nfe_per_row, GEN // BLOCK)
-  bandwidth = batch * tpf * hw["bandwidth_gb_s"] * 1e9 / weight_bytes
-  return dict(tpf=tpf, bandwidth_bound_tok_s=bandwidth,
-              flop_bound_tok_s=hw["matmul_gflop_s"] * 1e9 * tokens_per_row / flops)
+def our_work(m, dcfg, kind: str, res, prompt_len: int) -> dict:
+  """`_roofline.decode_work` of one of our decodes from its DecodeOutput's forward counts (the
+  per-row engine: its loop's iterations are the batch forwards)."""
+  work = _roofline.decode_work(
+      m, kind, prompt_len=prompt_len, gen=dcfg.gen_length, block=dcfg.block_size,
+      denoise=res.nfe_denoise, ran=res.nfe_engine,
+      n_blocks=blocks_decoded(dcfg, res.n_generated))
+  if res.iterations is not None:
+    extra = float(np.asarray(res.iterations)) - work["batch_forwards"]
+    work = dict(work, batch_forwards=work["batch_forwards"] + extra,
+                bytes=work["bytes"] + extra * _roofline.weight_bytes(m))
+  return work
+
+
+def peer_work(m, kind: str, nfe: float, batch: int) -> dict:
+  """`_roofline.decode_work` of a Fast-dLLM decode: `nfe` forwards of the batch, every block,
+  the head at every position its forward carries."""
+  rows = np.full((batch,), nfe)
+  return _roofline.decode_work(m, kind, prompt_len=PROMPT_LEN, gen=GEN, block=BLOCK,
+                               denoise=rows, ran=rows, n_blocks=np.full((batch,), GEN // BLOCK),
+                               full_head=True)
+
+
+def xla_step_check(graphdef, params, dcfg, ids, valid, m, kind: str, prompt_len: int) -> dict:
+  """One denoising step of the decode compiled alone (`lockstep.denoising_step`): XLA's FLOP
+  count against `_roofline.forward_flops` of the same step with the head at every block
+  position (XLA counts the masked head's `switch` at its widest branch)."""
+  from orl_jax.decode import lockstep
+  b, width = dcfg.block_size, prompt_len + dcfg.gen_length
+  ids, valid = jnp.asarray(ids), jnp.asarray(valid)
+
+  def step(state, ids, valid):
+    model = nnx.merge(graphdef, state)
+    cache, carry = lockstep.denoising_step_inputs(model, ids, valid, dcfg)
+    return lockstep.denoising_step(model, ids, valid, jax.random.key(0), dcfg, cache, carry)
+
+  xla = _roofline.xla_flops(jax.jit(step).lower(params, ids, valid).compile())
+  if kind in ("none", "plain"):
+    row = _roofline.forward_flops(m, width, width, b, b)
+  elif kind in ("dual", "prefix"):
+    n = b if kind == "dual" else dcfg.gen_length
+    row = _roofline.forward_flops(m, n, width + n, b, b)
+  else:
+    row = _roofline.forward_flops(m, b, width, b)
+  counted = row * ids.shape[0]
+  return dict(xla_step_flops=xla, counted_step_flops=counted, xla_over_counted=xla / counted)
 
 
 def supported_modes(modes) -> tuple[list, list]:
@@ -329,39 +374,64 @@ def bench_batch(ctx: dict, batch: int, repeats: int) -> dict:
     n_queue = batch * mode.get("refill", 1)         # refill: a longer queue on `batch` rows
     q_ids, q_valid = llada_dir.random_prompts(n_queue, PROMPT_LEN, MIN_PROMPT, m.vocab_size,
                                               seed=1)   # its first `batch` prompts are `ids`
-    kind = mode.get("cache", "kv" if mode.get("kv_cache", True) else "none")
-    if m.attention != "bidirectional" and kind == "none":
-      kind = "plain"
+    kind = decode_kind(m, mode)
     name = "ours/" + "/".join(f"{k}{v}" if k == "refill" else ("kv" if v else "recompute")
                               if isinstance(v, bool) else str(v) for k, v in mode.items())
     runs[name], results[name] = prepare_ours(ctx["graphdef"], ctx["params"], config, q_ids,
                                              q_valid, batch)
-    meta[name] = (kind, n_queue)
+    meta[name] = (kind, n_queue, our_decode_config(config, m), mode["schedule"] == "lockstep")
   for peer_name in (ctx["peer_modes"] if ctx["peer"] is not None else ()):
     runs[f"peer/{peer_name}"], results[f"peer/{peer_name}"] = prepare_peer(
         ctx["peer"], peer_name, ids, valid)
-    meta[f"peer/{peer_name}"] = (peer_name, batch)
+    meta[f"peer/{peer_name}"] = (peer_name, batch, None, False)
+  runs.update(_roofline.peak_runs())
   times = interleaved_times(runs, repeats)
-  out, exact, n_exact = {}, None, 0
+  hw = _roofline.peaks({k: times.pop(k)[0] for k in list(times) if k.startswith("peak/")})
+  out, exact, n_exact = {"hardware": hw}, None, 0
   for name, res in results.items():
-    kind, n_queue = meta[name]
+    kind, n_queue, dcfg, lockstep = meta[name]
     if name.startswith("ours/"):
       toks, nfe = np.asarray(res.tokens), float(np.asarray(res.nfe).mean())
       tokens = int(np.asarray(res.n_generated).sum())
+      work = our_work(m, dcfg, kind, res, PROMPT_LEN)
       if exact is None:             # the first mode is the exact one (cache none / kv)
         exact, n_exact = toks, tokens
     else:
       toks, nfe = _eos_filled(res[0], llada_dir.EOS_ID), float(res[1])
       tokens = n_exact or int(np.asarray(_n_generated(toks, llada_dir.EOS_ID)).sum())
+      work = peer_work(m, kind, nfe, batch)
     out[name] = _figure(*times[name], tokens, nfe,
-                        bounds(m, ctx["hw"], kind, batch, tokens / n_queue, nfe),
+                        bound_figures(hw, work, times[name][0], tokens),
                         None if exact is None else float((toks[:batch] == exact).mean()))
-  for k, v in out.items():
+    if lockstep:
+      out[name]["xla_step_check"] = xla_step_check(ctx["graphdef"], ctx["params"], dcfg, ids,
+                                                   valid, m, kind, PROMPT_LEN)
+  print(f"batch {batch:3d} machine in these rounds: {hw['matmul_gflop_s']:.0f} GFLOP/s, "
+        f"{hw['bandwidth_gb_s']:.1f} GB/s")
+  for k, v in ((k, v) for k, v in out.items() if k != "hardware"):
     print(f"batch {batch:3d} {k:24s} {v['tokens_per_s']:9.1f} tok/s  NFE/row "
-          f"{v['nfe_per_row']:5.1f}  bounds: bandwidth {v['bandwidth_bound_tok_s']:9.0f}  "
-          f"flops {v['flop_bound_tok_s']:8.0f}  agree "
+          f"{v['nfe_per_row']:5.1f}  {bound_line(v)}  agree "
           f"{v.get('tokens_agree_with_exact', float('nan')):.3f}", flush=True)
+    if "xla_step_check" in v:
+      print(f"          {k}: a step counted {v['xla_step_check']['counted_step_flops']:.3g} "
+            f"FLOPs, XLA's cost analysis {v['xla_step_check']['xla_step_flops']:.3g} "
+            f"(x{v['xla_step_check']['xla_over_counted']:.3f})")
   return out
+
+
+def bound_line(fig: dict) -> str:
+  """The decode's shares of the machine's bounds, as printed beside each figure."""
+  return (f"{fig['gflop_s']:6.1f} GFLOP/s = {fig['flop_bound_fraction']:6.1%} of the FLOP "
+          f"bound, {fig['gb_s']:6.2f} GB/s = {fig['bandwidth_bound_fraction']:6.1%} of the "
+          "bandwidth bound")
+
+
+def our_decode_config(config, m) -> DecodeConfig:
+  """The DecodeConfig `prepare_ours` decodes with (greedy, threshold 0.9)."""
+  from benchmarks.peers import llada_dir
+  return block_sampler.block_decode_config(
+      config, m, "evaluate", mask_id=llada_dir.MASK_ID, eos_id=llada_dir.EOS_ID,
+      rule=UnmaskRule("threshold", THRESHOLD), temperature=0.0)
 
 
 def setup_60m(args) -> dict:
@@ -395,7 +465,7 @@ def setup_60m(args) -> dict:
     print(f"skipped ours {sk['mode']}: DecodeConfig has no field {', '.join(sk['missing'])}")
   return dict(graphdef=graphdef, params=params, setup=s, model_cfg=m, peer=peer, modes=modes,
               peer_modes=tuple(args.peer_modes.split(",")),
-              skipped=skipped, hw=measure_hardware(), weights=path)
+              skipped=skipped, hw=_roofline.measure_peaks(), weights=path)
 
 
 def ratios(batches: dict) -> dict:
@@ -432,7 +502,8 @@ def run_60m(args):
       result["ratios"] = ratios(result["batches"])
     _common.write_json(out, result)      # after every batch: a partial run still reports
   if ctx["peer"] is None:
-    best = max(v["tokens_per_s"] for b in result["batches"].values() for v in b.values())
+    best = max(v["tokens_per_s"] for b in result["batches"].values() for k, v in b.items()
+               if k != "hardware")
     print(f"decode_best_tokens_per_s: {best:.1f}")
     return
   r = result["ratios"]
@@ -446,7 +517,8 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--model", default="tiny", choices=("tiny", "llada60m", "blockcausal60m"))
   ap.add_argument("--batch", type=int, default=64, help="tiny: the batch")
-  ap.add_argument("--batches", default="1,16,64", help="60M: the batch sizes")
+  ap.add_argument("--batches", default="1,16,64",
+                  help="the batch sizes (tiny: of the bound figures; the comparison is --batch)")
   ap.add_argument("--rule", default="threshold_0.9", help="tiny: the unmasking rule")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--params", default="assets/tiny_base",
