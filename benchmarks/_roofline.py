@@ -15,12 +15,12 @@ one denoising step is checked against XLA's cost analysis of the compiled step
 from __future__ import annotations
 
 import math
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-import _common
 
 MATMUL_N, COPY_MIB = 2048, 128
 
@@ -52,8 +52,15 @@ def peaks(seconds: dict) -> dict:
 
 def measure_peaks(repeats: int = 5) -> dict:
   """`peaks` of `repeats` runs of each probe: what this machine sustains now (it may be shared)."""
-  return dict(peaks({name: _common.median_time(run, repeats)[0]
-                     for name, run in peak_runs().items()}), repeats=repeats)
+  def median(run):
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      run()
+      times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+  return dict(peaks({name: median(run) for name, run in peak_runs().items()}), repeats=repeats)
 
 
 def weight_counts(m) -> dict:

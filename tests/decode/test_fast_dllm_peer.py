@@ -171,6 +171,12 @@ def test_decode_benchmark_small_llada_runs_end_to_end(tmp_path):
     figures = report["batches"][batch]
     assert {"ours/none/lockstep", "peer/plain", "peer/dual"} <= set(figures)
     assert figures["peer/plain"]["tokens_agree_with_exact"] == 1.0
-    for fig in figures.values():
+    assert figures["hardware"]["matmul_gflop_s"] > 0 < figures["hardware"]["bandwidth_gb_s"]
+    for name, fig in figures.items():
+      if name == "hardware":
+        continue
       assert fig["tokens_per_s"] > 0 and fig["flop_bound_tok_s"] > 0
       assert fig["bandwidth_bound_tok_s"] > 0
+      assert fig["flop_bound_fraction"] > 0 and fig["bandwidth_bound_fraction"] > 0
+      if "xla_step_check" in fig:      # our lock-step decoders: the count is XLA's within 10%
+        assert 0.95 < fig["xla_step_check"]["xla_over_counted"] < 1.1, name
