@@ -43,7 +43,13 @@ def _kernel_cases(data) -> str:
 
 # (the benchmark's row in the table, the figure as printed, results JSON, field, format)
 FIGURES = [
-    ("`decode_throughput.py`", "9.79×", "decode_throughput.json", _at("speedup"), "{:.2f}×"),
+    ("`decode_throughput.py`", "5.35×", "decode_throughput.json", _at("speedup"), "{:.2f}×"),
+    ("`decode_throughput.py`", "34% / 63% / 37%", "decode_throughput.json",
+     lambda d: " / ".join(f"{d['bounds'][b]['flop_bound_fraction']:.0%}"
+                          for b in ("1", "16", "64")), "{}"),
+    ("`decode_throughput.py`", "4.9% / 1.1% / 0.5%", "decode_throughput.json",
+     lambda d: " / ".join(f"{d['bounds'][b]['bandwidth_bound_fraction']:.1%}"
+                          for b in ("1", "16", "64")), "{}"),
     ("`replay_speedup.py`", "27.7 s", "replay_speedup.json",
      _at("by_group", "16", "naive", "seconds_median"), "{:.1f} s"),
     ("`replay_speedup.py`", "2.92 s", "replay_speedup.json",
