@@ -34,6 +34,7 @@ says what a test may observe.
 from __future__ import annotations
 
 import ast
+import opcode
 import random
 import sys
 
@@ -43,6 +44,7 @@ else:   # loaded by path by the sandbox runner, which loads the codec first
   wire = sys.modules["_orl_sandbox_script_wire"]
 
 MAX_CALLS = 100_000
+_CALL_STARRED = opcode.opmap["CALL_FUNCTION_EX"]   # `f(*args)`, `f(**kwargs)`
 _SEED = 0
 
 
@@ -207,9 +209,8 @@ class _Kept:
 
   def refusal(self, args, kwargs, frame) -> str:
     """The sentence for the first kept argument of a call made from `frame`, or ""."""
-    import dis  # pylint: disable=import-outside-toplevel
     line = frame.f_lineno
-    starred = dis.opname[frame.f_code.co_code[frame.f_lasti]] == "CALL_FUNCTION_EX"
+    starred = frame.f_code.co_code[frame.f_lasti] == _CALL_STARRED
     positional, nested, keyword = self.baselines[(starred, bool(kwargs))]
     found = _argument_references(args, kwargs)
     seen: set[int] = set()
@@ -435,7 +436,9 @@ class _Replay:
 
   def _exception(self, described) -> Exception:
     """The exception the candidate raised, as its class only: the first of the prompt's classes
-    named in its class hierarchy, else the nearest built-in exception class."""
+    named in its class hierarchy, else the nearest built-in exception class; a StopIteration
+    is a RuntimeError, as in a generator (PEP 479): it would end the tests' loop over
+    `map(candidate, ...)` silently."""
     import builtins  # pylint: disable=import-outside-toplevel
     if type(described) is not dict or set(described) != {"names", "builtin"} or type(
         described["names"]) is not list:
@@ -443,10 +446,13 @@ class _Replay:
     for name in described["names"][:wire.MAX_DEPTH]:
       found = self.namespace.get(name) if type(name) is str else None
       if isinstance(found, type) and issubclass(found, Exception):
-        return found.__new__(found)
-    found = vars(builtins).get(str(described["builtin"]))
-    if not (isinstance(found, type) and issubclass(found, Exception)):
-      raise wire.WireError("malformed exception class")
+        break
+    else:
+      found = vars(builtins).get(str(described["builtin"]))
+      if not (isinstance(found, type) and issubclass(found, Exception)):
+        raise wire.WireError("malformed exception class")
+    if issubclass(found, (StopIteration, StopAsyncIteration)):   # would end a loop of the tests
+      found = RuntimeError
     return found.__new__(found)
 
 
