@@ -310,17 +310,20 @@ pytestmark_linux = pytest.mark.skipif(sys.platform != "linux", reason="the sandb
 
 @pytestmark_linux
 def test_forged_classes_are_refused_by_the_task_and_honest_neighbours_score(tmp_path):
-  """The issue's forgeries under a recursion limit and a timed test: the task loader refuses
-  those items; the file without them loads, and through the training verifier a right
+  """Forgeries under a recursion limit, a timed test, an identity test and a kept argument:
+  the task loader refuses those items; the file without them loads, and through the training verifier a right
   completion scores 1 beside a wrong one."""
   honest = {"prompt": _PROMPT, "tests": SUPPORTED["while_on_a_counter"], "entry_point": "f",
             "id": "honest"}
-  for forged in ("recursion_limit", "perf_counter_alias"):
+  forgeries = {name: REFUSED[name][0] for name in ("recursion_limit", "perf_counter_alias",
+                                                     "identity_of_answers")}
+  forgeries["read_after_the_call"] = KEPT["read_after_the_call"][0]
+  for forged, tests in forgeries.items():
     path = tmp_path / f"{forged}.jsonl"
     path.write_text(json.dumps(honest) + "\n" + json.dumps(
-        {**honest, "id": forged, "tests": REFUSED[forged][0]}) + "\n")
+        {**honest, "id": forged, "tests": tests}) + "\n")
     config = types.SimpleNamespace(name="jsonl", path=str(path), chat="none")
-    with pytest.raises(jsonl.DatasetError, match=f"task '{forged}': its tests use"):
+    with pytest.raises(jsonl.DatasetError, match=f"task '{forged}': its tests (use|pass)"):
       get_task(config)
   path = tmp_path / "honest.jsonl"
   path.write_text(json.dumps(honest) + "\n")

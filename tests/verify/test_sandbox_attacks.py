@@ -722,79 +722,113 @@ def test_calls_do_not_depend_on_earlier_answers(verifier, tracker):
 
 # ------------------------------------------------------------------------------ Python's meaning
 
-# Problems whose tests look at exceptions, arguments and identity (no HumanEval test does): the
-# verdict must be what in-process Python gives.
+# Problems whose tests look at exceptions and plain values (docs/verifier.md#what-crosses): the
+# verdict is what in-process Python gives, or 0 for an answer that is not plain data.
 PARSE_AGE = Problem(
     "attack/parse_age", 'def parse_age(text: str) -> int:\n    """The number in `text`; '
     'ValueError when it holds none."""\n',
     tests="def check(candidate):\n    assert candidate('42') == 42\n    try:\n"
           "        candidate('x')\n    except ValueError:\n        pass\n    else:\n"
           "        assert False, 'no ValueError'\n", entry_point="parse_age")
-SORT_IN_PLACE = Problem(
-    "attack/sort_in_place", 'def sort_in_place(items: list) -> None:\n    """Sorts `items` '
-    'in place."""\n',
-    tests="def check(candidate):\n    items = [3, 1, 2]\n    assert candidate(items) is None\n"
-          "    assert items == [1, 2, 3]\n", entry_point="sort_in_place")
-TOTAL = Problem(
-    "attack/total", 'def total(items: list) -> int:\n    """The sum of `items`, left as they '
-    'are."""\n',
-    tests="def check(candidate):\n    items = [1, 2, 3]\n    assert candidate(items) == 6\n"
-          "    assert items == [1, 2, 3]\n", entry_point="total")
-SORTED_COPY = Problem(
-    "attack/sorted_copy", 'def sorted_copy(items: list) -> list:\n    """A new list: `items` '
-    'sorted."""\n',
-    tests="def check(candidate):\n    items = [3, 1, 2]\n    result = candidate(items)\n"
-          "    assert result == [1, 2, 3]\n    assert result is not items\n",
-    entry_point="sorted_copy")
+SQUARES = Problem(
+    "attack/squares", 'def squares(n: int) -> list:\n    """[n*n, ..., 1], a new list."""\n',
+    tests="def check(candidate):\n    first = candidate(3)\n    first.sort(reverse=True)\n"
+          "    assert first == [9, 4, 1]\n    assert candidate(3) == [9, 4, 1]\n",
+    entry_point="squares")
+PREFIXES = Problem(
+    "attack/prefixes", 'def prefixes(n: int) -> list:\n    """[[0], [0, 1], ...] up to '
+    'n items."""\n',
+    tests="def check(candidate):\n    assert list(candidate(3)) == [[0], [0, 1], [0, 1, 2]]\n",
+    entry_point="prefixes")
+MIN_MAX = Problem(
+    "attack/min_max", 'def min_max(xs: list) -> tuple:\n    """(smallest, largest)."""\n',
+    tests="def check(candidate):\n    assert candidate([3, 1, 2]) == (1, 3)\n"
+          "    assert candidate([5])[0] == 5\n", entry_point="min_max")
+DATE_PARTS = Problem(
+    "attack/date_parts", 'def date_parts(text: str) -> tuple:\n    """The 9 fields '
+    'time.strptime(text, "%Y-%m-%d") gives, as a tuple."""\n',
+    tests="def check(candidate):\n    assert candidate('2020-01-02') == "
+          "(2020, 1, 2, 0, 0, 0, 3, 2, -1)\n", entry_point="date_parts")
+DIGITS = Problem(
+    "attack/digits", 'def digits(text: str) -> tuple:\n    """(the first run of digits,)."""'
+    '\n', tests="def check(candidate):\n    assert candidate('ab12c')[0] == '12'\n",
+    entry_point="digits")
+WORDS = Problem(
+    "attack/words", 'def words(text: str) -> set:\n    """The distinct words."""\n',
+    tests="def check(candidate):\n    assert candidate('b a b c') == {'a', 'b', 'c'}\n"
+          "    assert sorted(candidate('x y')) == ['x', 'y']\n", entry_point="words")
 
-# (problem, attacker, honest neighbour): the attacker is right except where Python's meaning
-# and a judge working on names and copies differ; the honest one is right only by that meaning.
+# (problem, attacker, its score, honest neighbour): a forged answer is 0 whatever Python's `==`
+# would make of it in-process; a right answer of plain data is 1 beside it.
 _RAISES = "    if not text.isdigit():\n        raise {name}(text)\n    return int(text)\n"
 MEANING = {
     "own_class_named_value_error": (
         PARSE_AGE, "    class ValueError(Exception):\n        pass\n" + _RAISES.format(
-            name="ValueError"),
+            name="ValueError"), 0.0,
         "    class AgeError(ValueError):   # a real ValueError\n        pass\n"
         + _RAISES.format(name="AgeError")),
     "value_error_named_class_from_key_error": (
         PARSE_AGE, "    class ValueError(KeyError):\n        pass\n" + _RAISES.format(
-            name="ValueError"),
+            name="ValueError"), 0.0,
         "    import json\n    return json.loads(text)   # json.JSONDecodeError is a ValueError\n"),
     "class_forged_as_builtins_value_error": (
         PARSE_AGE, "    class Forged(Exception):\n        pass\n    Forged.__module__, "
         "Forged.__qualname__, Forged.__name__ = 'builtins', 'ValueError', 'ValueError'\n"
-        + _RAISES.format(name="Forged"), "    return int(text)\n"),
-    "destroys_its_argument": (TOTAL, """\
-    s = 0
-    while items:
-        s += items.pop()
-    return s
-""", "    return sum(items)\n"),
-    "sorts_its_argument_and_returns_it": (
-        SORTED_COPY, "    items.sort()\n    return items\n", "    return sorted(items)\n"),
-    "sorts_a_copy": (SORT_IN_PLACE, "    items = sorted(items)\n", "    items.sort()\n"),
-    # Values that the old judge would have read as their contents: in Python an Enum member is
-    # not its value, a dict view never equals a float; a Fraction equals the float it stands for.
+        + _RAISES.format(name="Forged"), 0.0, "    return int(text)\n"),
+    # an exception class's own methods: only its class crosses, none of them runs in the judge
+    "exception_class_with_its_own_methods": (
+        PARSE_AGE, "    class Tricky(Exception):\n        args = property(lambda self: 1 / 0)\n"
+        "        def __str__(self):\n            raise SystemExit(0)\n"
+        "        def __eq__(self, other):\n            return True\n"
+        + _RAISES.format(name="Tricky"), 0.0, "    return int(text)  # plain\n"),
+    # a returned cache the tests sort in place: in-process the second answer is the sorted
+    # cache; here it is the sample's value
+    "returned_cache_the_tests_sort": (
+        SQUARES, "    CACHE = squares.__dict__.setdefault('cache', [1, 4, 9])\n    return CACHE\n",
+        0.0, "    return [k * k for k in range(n, 0, -1)]\n"),
+    # a generator yielding one list changed in place: not plain data
+    "generator_yielding_one_object": (
+        PREFIXES, "    row = []\n    for k in range(n):\n        row.append(k)\n"
+        "        yield row\n", 0.0, "    return [list(range(k + 1)) for k in range(n)]\n"),
+    # standard-library values equal to the tuple the tests expect in-process: not plain data
+    "namedtuple_answer": (
+        MIN_MAX, "    import collections\n"
+        "    return collections.namedtuple('MinMax', 'lo hi')(min(xs), max(xs))\n", 0.0,
+        "    return min(xs), max(xs)\n"),
+    "struct_time_answer": (
+        DATE_PARTS, "    import time\n    return time.strptime(text, '%Y-%m-%d')\n", 0.0,
+        "    import time\n    return tuple(time.strptime(text, '%Y-%m-%d'))\n"),
+    "re_match_answer": (
+        DIGITS, "    import re\n    return re.search(r'\\d+', text)\n", 0.0,
+        "    import re\n    return (re.search(r'\\d+', text)[0],)\n"),
+    # a set of strings shrunk by deletions: a right answer, compared by value, scores 1
+    "shrunk_string_set": (
+        WORDS, "    s = set(text.split()) | {str(k) for k in range(2000)}\n"
+        "    s -= {str(k) for k in range(2000)}\n    return s\n", 1.0,
+        "    return set(text.split())\n"),
+    # values that are not plain data: an Enum member is not its value, a dict view is no float
     "enum_member_for_a_number": (TRUNCATE, """\
     import enum
     Answer = enum.Enum("Answer", [("VALUE", number % 1.0)])
     return Answer.VALUE
-""", "    import fractions\n    return fractions.Fraction(number) % 1\n"),
+""", 0.0, "    import fractions\n    return fractions.Fraction(number) % 1\n"),
     "values_view_for_a_number": (
-        TRUNCATE, "    return {0: number % 1.0}.values()\n",
+        TRUNCATE, "    return {0: number % 1.0}.values()\n", 0.0,
         "    import decimal\n    return float(decimal.Decimal(number) % 1)\n"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MEANING))
-def test_python_meaning_of_exceptions_arguments_and_values(verifier, tracker, name):
-  problem, attacker, honest = MEANING[name]
+def test_python_meaning_of_exceptions_and_values(verifier, tracker, name):
+  problem, attacker, score, honest = MEANING[name]
   scores = verifier.score_batch([problem, problem], [attacker, honest + f"    # {name}\n"])
-  assert scores == [0.0, 1.0]
+  assert scores == [score, 1.0]
+  assert verifier.inner.stats.unsupported == 0
 
 
-def test_realistic_right_solutions_with_rich_values_pass(verifier, tracker):
-  """HumanEval solutions returning a Counter, a namedtuple, a Fraction: right in Python."""
+def test_rich_values_outside_plain_data_are_wrong_and_plain_ones_right(verifier, tracker):
+  """HumanEval solutions returning a Counter or a namedtuple are judged wrong (not plain data,
+  though `==` in-process would pass them); a Fraction is plain data and right."""
   try:
     from orl_jax.data.humaneval import load_humaneval
     by_id = {p.problem_id: p for p in load_humaneval()}
@@ -808,7 +842,7 @@ def test_realistic_right_solutions_with_rich_values_pass(verifier, tracker):
   fraction = "    import fractions\n    return fractions.Fraction(number) % 1  # rich\n"
   scores = verifier.score_batch([by_id["HumanEval/111"], by_id["HumanEval/8"], TRUNCATE],
                                 [counter, named, fraction])
-  assert scores == [1.0, 1.0, 1.0]
+  assert scores == [0.0, 0.0, 1.0]
 
 
 # ------------------------------------------------------------------------------ collusion
