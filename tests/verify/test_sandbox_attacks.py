@@ -1451,7 +1451,7 @@ _MERSENNE = (1 << 61) - 1   # every multiple of it hashes to 0
 
 def _raw_reply(payload: str) -> str:
   """A completion that replaces its replies by the JSON text `payload` (an expression built
-  when it loads; `one(kind, items)` is a reply returning one new container, `colliding(n)` n
+  when it loads; `one(kind, items)` is a reply returning one container, `colliding(n)` n
   integers of one hash), written straight into the runner's codec as a hostile sample could."""
   return f"""\
     return -1.0
@@ -1459,7 +1459,7 @@ def _raw_reply(payload: str) -> str:
 
 import json, struct, sys
 def one(kind, items):
-    return json.dumps({{"return": {{"objs": [[1, [kind, items]]], "vals": [{{"$ref": 1}}]}}}})
+    return json.dumps({{"return": items if kind == "list" else {{"$" + kind: items}}}})
 def colliding(n):
     return [{{"$int": hex(k * {_MERSENNE})}} for k in range(1, n)]
 _wire = sys.modules["__main__"].wire
@@ -1471,14 +1471,12 @@ _wire.dumps = lambda message: (struct.pack(">I", len(_payload)) + _payload
 
 
 OVERLOAD = {
-    "hash_flood_set": _raw_reply("one('set', [1 << 20, colliding(200_001)])"),
+    "hash_flood_set": _raw_reply("one('set', colliding(200_001))"),
     "hash_flood_dict": _raw_reply("one('dict', [[k, 0] for k in colliding(100_001)])"),
     # A list: harmless to decode, quadratic once the tests build a set or dict from it.
     "hash_flood_list": _raw_reply("one('list', colliding(200_001))"),
-    # Tuples that each hold the next one twice: 2**60 nodes for repr, == or hash to walk.
-    "shared_tuples": _raw_reply(
-        "json.dumps({'return': {'objs': [[1, ['tuple', [1]]]] + [[k, ['tuple', [{'$ref': k - 2}, "
-        "{'$ref': k - 2}]]] for k in range(3, 123, 2)], 'vals': [{'$ref': 121}]}})"),
+    # Tuples nested past the codec's depth: refused before the tests could hash them.
+    "deep_tuples": _raw_reply("'{\"return\": ' + '{\"$tuple\": [' * 80 + ']}' * 80 + '}'"),
     "deep_nesting": _raw_reply("'{\"return\": ' + '[' * 4_000_000 + ']' * 4_000_000 + '}'"),
     "wide_nesting": _raw_reply("'{\"return\": [' + '[],' * 2_700_000 + '[]]}'"),
     # Right answers, each padded with 6 MiB of JSON whitespace: 18 MiB in three replies.
@@ -1498,7 +1496,7 @@ _wire.dumps = _padded
 """,
 }
 _REFUSAL = {"hash_flood_set": "hash flooding", "hash_flood_dict": "hash flooding",
-            "hash_flood_list": "hash flooding", "shared_tuples": "larger than",
+            "hash_flood_list": "hash flooding", "deep_tuples": "nested deeper",
             "deep_nesting": "values", "wide_nesting": "values",
             "replies_past_the_budget": "exceeds"}
 
@@ -1813,20 +1811,18 @@ _wire.dumps = _dumps
 # 40 fractions, 4 MB on the wire: reducing each (a gcd of two 190,000-bit integers) costs the
 # judge about 50 ms, 2 s in all, past its CPU limit, inside the call that the `except:` wraps;
 # a limit raised as an exception between two of them reached that `except:` and passed.
-_FRACTIONS = ("json.dumps({'return': {'objs': [[1, ['list', [{'$fraction': [{'$int': "
-              "hex(3 ** 120_000)}, {'$int': hex((1 << 190_000) + 1)}]}] * 40]]], "
-              "'vals': [{'$ref': 1}]}})")
+_FRACTIONS = ("json.dumps({'return': [{'$fraction': [{'$int': hex(3 ** 120_000)}, "
+              "{'$int': hex((1 << 190_000) + 1)}]}] * 40})")
 
 LIMITS_IN_A_CALL = {
     "cpu_limit_while_decoding": (_second_reply(_FRACTIONS), "CPU limit"),
     "message_past_its_size_limit": (
-        _second_reply("'{\"return\": {\"objs\": [], \"vals\": [0]}}' + ' ' * (9 << 20)"),
+        _second_reply("'{\"return\": 0}' + ' ' * (9 << 20)"),
         "exceeds"),
-    "malformed_reply": (_second_reply("'{\"return\": {\"objs\": 5, \"vals\": []}}'"),
-                        "not data"),
+    "malformed_reply": (_second_reply("'{\"return\": {\"$tuple\": 5}}'"), "not data"),
     "hash_flood": (_second_reply(
-        "json.dumps({'return': {'objs': [[1, ['list', [{'$int': hex(k * %d)} for k in "
-        "range(1, 200_001)]]]], 'vals': [{'$ref': 1}]}})" % _MERSENNE), "hash flooding"),
+        "json.dumps({'return': [{'$int': hex(k * %d)} for k in range(1, 200_001)]})"
+        % _MERSENNE), "hash flooding"),
 }
 
 
@@ -1867,21 +1863,6 @@ def _problem(name: str, signature: str, doc: str, tests: str) -> Problem:
                  entry_point=signature[4:signature.index("(")])
 
 
-_BAG = _problem("bag", "def add(item, bag: list) -> int:",
-                "Appends `item` to `bag`; returns its new length.",
-                "def check(candidate):\n    first = []\n    assert candidate(1, first) == 1\n"
-                "    assert candidate(2, []) == 1\n    assert first == [1]\n")
-_SQUARES = _problem("squares", "def squares(n: int) -> dict:",
-                    "A new dict {k: k * k} for k below n.",
-                    "def check(candidate):\n    a = candidate(2)\n"
-                    "    assert candidate(3) == {0: 0, 1: 1, 2: 4}\n    assert a == {0: 0, 1: 1}\n")
-_COUNTS = _problem("counts", "def counts(words: list):",
-                   "A collections.defaultdict(int) counting `words`.",
-                   "def check(candidate):\n    d = candidate(['a'])\n"
-                   "    assert d['a'] == 1 and d['zzz'] == 0 and d['yyy'] == 0\n")
-_HOLES = _problem("holes", "def holes() -> set:", "The set {0, 2, 4, 225}, built from a literal.",
-                  "def check(candidate):\n    s = candidate()\n    assert s == {0, 2, 4, 225}\n"
-                  "    assert str(s) == '{0, 225, 2, 4}' and s.pop() == 0\n")
 _QUIET_TESTS = ("import contextlib, io, logging, warnings\n\n\ndef check(candidate):\n"
                 "    out, err, records = io.StringIO(), io.StringIO(), []\n"
                 "    handler = logging.Handler()\n    handler.emit = records.append\n"
@@ -1894,39 +1875,6 @@ _QUIET_TESTS = ("import contextlib, io, logging, warnings\n\n\ndef check(candida
                 "('', '', [], [])\n")
 _QUIET = _problem("quiet", "def quiet(x: int) -> int:",
                   "Returns `x`; prints, warns and logs nothing.", _QUIET_TESTS)
-
-SIDE_EFFECTS = {
-    # changes an argument of an earlier call during a later one
-    "late_change_to_an_earlier_argument": (
-        _BAG, "    global KEPT\n    if KEPT is not None:\n        KEPT.append(99)\n"
-        "    KEPT = bag\n    bag.append(item)\n    return len(bag)\n\n\nKEPT = None\n",
-        "    bag.append(item)\n    return len(bag)\n"),
-    # empties a dict it returned earlier and kept
-    "returned_cache_changed_later": (
-        _SQUARES, "    global LAST\n    if LAST is not None:\n        LAST.clear()\n"
-        "    LAST = {k: k * k for k in range(n)}\n    return LAST\n\n\nLAST = None\n",
-        "    return {k: k * k for k in range(n)}\n"),
-    # a default factory whose second value differs: the judge used to copy the first
-    "stateful_default_factory": (
-        _COUNTS, "    import collections, itertools\n    seq = itertools.count()\n"
-        "    d = collections.defaultdict(lambda: next(seq))\n    for w in words:\n"
-        "        d[w] = d.get(w, 0) + 1\n    return d\n",
-        "    import collections\n    d = collections.defaultdict(int)\n    for w in words:\n"
-        "        d[w] += 1\n    return d\n"),
-    # a set whose iteration order a fresh set with its items does not have
-    "set_order": (_HOLES, "    s = set(range(5))\n    s.discard(1)\n    s.discard(3)\n"
-                  "    s.add(225)\n    return s\n", "    return {0, 2, 4, 225}\n"),
-}
-
-
-@pytest.mark.parametrize("name", sorted(SIDE_EFFECTS))
-def test_side_effects_the_tests_inspect_are_judged(verifier, tracker, name):
-  """A wrong program whose fault is something other than its return value (a later change to an
-  earlier argument or to a cache it returned, a default factory's next value, a set's order)
-  scores 0; the right one beside it scores 1."""
-  problem, hostile, honest = SIDE_EFFECTS[name]
-  assert verifier.score_batch([problem, problem], [hostile, honest]) == [0.0, 1.0]
-
 
 def test_tests_that_watch_what_a_call_prints_are_refused_at_load(tmp_path):
   """Tests that watch what the candidate prints, warns or logs observe more than its values and
