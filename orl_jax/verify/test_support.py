@@ -12,7 +12,12 @@ test may use (`_CONSTRUCTS`), the builtins (`BUILTINS`), the modules and, per mo
 (`MODULES`), and any public attribute of a value (never one that starts with `_`). Whatever the
 list does not name is refused with one sentence naming it and its line, so a construct the rule
 has not seen is refused, never misjudged. Loops that end on an answer are refused too: their
-calls cannot be known before the sample answers (`_answer_loops`).
+calls cannot be known before the sample answers (`_answer_loops`); and so is what the judge,
+whose values cross as plain data by value, could not reproduce: an identity test other than
+against None, True, False or Ellipsis, an exception bound to a name (`except ... as e`), and
+the candidate used other than by calling it. An argument the tests keep after the call needs
+the values: the judge's collection refuses it (`orl_sandbox/judge.py`, `_Kept`), run at load by
+`humaneval.kept_argument_refusals`.
 """
 from __future__ import annotations
 
