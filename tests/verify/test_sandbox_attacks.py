@@ -1704,15 +1704,16 @@ def _copies_of_has_close_elements() -> list[Problem]:
       f"    {line.replace('candidate', 'f')}, 'case {i}'\n" for i, line in enumerate(lines))
   reordered = ("# has_close_elements\ndef check(candidate):\n    '\'\'All cases.'\'\'\n"
                + "".join(f"    {line}  # case\n" for line in reversed(lines)))
-  # The same calls from a table, with the expected values written otherwise (`is`, `not`), each
-  # call made twice and through a helper of the tests.
+  # The same calls from a table (each passed a fresh copy: the table keeps its lists), with the
+  # expected values written otherwise (`not`, `!=`), each call made twice and through a helper
+  # of the tests.
   cases = [ast.parse(line).body[0].test for line in lines]
-  table = ("CASES = [\n" + "".join(
+  table = ("import copy\n\n\nCASES = [\n" + "".join(
       f"    (({', '.join(ast.unparse(a) for a in case.left.args)}), "
       f"{ast.unparse(case.comparators[0])}),\n" for case in cases) + "]\n\n\n"
-      "def ask(f, args):\n    return f(*args)\n\n\n"
-      "def check(g):\n    for args, want in CASES:\n        assert ask(g, args) is want\n"
-      "        assert not ask(g, args) is not want\n")
+      "def ask(f, args):\n    return f(*copy.deepcopy(args))\n\n\n"
+      "def check(g):\n    for args, want in CASES:\n        assert ask(g, args) == want\n"
+      "        assert not ask(g, args) != want\n")
   return [original] + [Problem(f"HumanEval/0 {kind}", original.prompt, target=original.target,
                                tests=copy, entry_point=original.entry_point)
                        for kind, copy in (("bare", no_metadata), ("messages", messages),
