@@ -8,8 +8,9 @@ setting, a patched name, a name reached through `__import__`, `importlib`, `geta
 `sys.modules` or an alias, the candidate object's attributes, a loop that ends on an answer.
 An identity test, an exception bound to a name, the candidate passed as a value and an argument
 the tests can still reach after the call are refused too: the plain-data judge could not
-reproduce what they see. Each has a test here (the loader's sentence); each neighbour inside the contract (HumanEval's
-164 problems, MBPP-style asserts, names that only look like refused ones) is loaded and judged,
+reproduce what they see. Each has a test here (the loader's sentence); each neighbour inside
+the contract (HumanEval's 164 problems, MBPP-style asserts, names that only look like refused
+ones) is loaded and judged,
 right and wrong, with the verdict of in-process `check()`. Through the verifier: a loop the
 load-time check cannot see is the sample's timeout (counted and cached as one), and the
 stop-sequence cut leaves a fence inside a string literal in the code.
@@ -311,8 +312,8 @@ pytestmark_linux = pytest.mark.skipif(sys.platform != "linux", reason="the sandb
 @pytestmark_linux
 def test_forged_classes_are_refused_by_the_task_and_honest_neighbours_score(tmp_path):
   """Forgeries under a recursion limit, a timed test, an identity test and a kept argument:
-  the task loader refuses those items; the file without them loads, and through the training verifier a right
-  completion scores 1 beside a wrong one."""
+  the task loader refuses those items; the file without them loads, and through the training
+  verifier a right completion scores 1 beside a wrong one."""
   honest = {"prompt": _PROMPT, "tests": SUPPORTED["while_on_a_counter"], "entry_point": "f",
             "id": "honest"}
   forgeries = {name: REFUSED[name][0] for name in ("recursion_limit", "perf_counter_alias",
