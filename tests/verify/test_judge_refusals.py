@@ -10,10 +10,9 @@ An identity test, an exception bound to a name, the candidate passed as a value 
 the tests can still reach after the call are refused too: the plain-data judge could not
 reproduce what they see. Each has a test here (the loader's sentence); each neighbour inside
 the contract (HumanEval's 164 problems, MBPP-style asserts, names that only look like refused
-ones) is loaded and judged,
-right and wrong, with the verdict of in-process `check()`. Through the verifier: a loop the
-load-time check cannot see is the sample's timeout (counted and cached as one), and the
-stop-sequence cut leaves a fence inside a string literal in the code.
+ones) is loaded and judged, right and wrong, with the verdict of in-process `check()`. Through
+the verifier: a loop the load-time check cannot see is the sample's timeout (counted and cached
+as one), and the stop-sequence cut leaves a fence inside a string literal in the code.
 """
 import importlib.util
 import json
