@@ -467,8 +467,8 @@ def _judge_refused(spec: dict, reply: dict, note) -> bool:
 
 def _collect_step(judge_module, entry):
   def step(judge, _given):
-    calls = judge_module.collect_calls(judge["prelude"], judge["tests"], entry)
-    return [call.decode("latin-1") for call in calls]
+    calls, refusal = judge_module.collect(judge["prelude"], judge["tests"], entry)
+    return {"calls": [call.decode("latin-1") for call in calls], "refusal": refusal}
   return step
 
 
@@ -489,7 +489,8 @@ def _start_judges(spec: dict, judge_module):
 
 
 def _collect(spec, collector, note):
-  """Step 1 in the contained judge: the calls, or None (noted) when the judge failed."""
+  """Step 1 in the contained judge: (the calls, the sentence refusing the tests or ""), or None
+  (noted) when the judge failed."""
   reply = _finish_judge(spec, collector, None)
   if reply is None:
     note("infra:the judge died while collecting the tests' calls")
@@ -506,7 +507,8 @@ def _collect(spec, collector, note):
   if "result" not in reply:
     note(f"infra:the judge failed collecting the tests' calls: {reply.get('error', '')}")
     return None
-  return [call.encode("latin-1") for call in reply["result"]]
+  return ([call.encode("latin-1") for call in reply["result"]["calls"]],
+          reply["result"]["refusal"])
 
 
 def _replay(spec, replayer, calls, replies, stopped, note):
@@ -530,9 +532,12 @@ def _judged_verdict(spec, judges, judge_module, child, ctrl, to_sample, from_sam
   """Collect the calls, let the sample answer them, end it, then judge (judge.py's three
   steps); None when the judge itself failed (an infrastructure error). Steps 1 and 3 run the
   task's own code, each in its contained child (`_start_judge`); R only moves bytes."""
-  calls = _collect(spec, judges[0], note)
-  if calls is None:
+  collected = _collect(spec, judges[0], note)
+  if collected is None:
     return None
+  calls, refusal = collected
+  if refusal:   # tests outside the contract (the task loader says so first): nothing is sent
+    calls = []
   try:
     first = wire.read_message(from_sample, spec["max_message_bytes"])
   except (OSError, wire.WireError) as error:
@@ -565,6 +570,8 @@ def _judged_verdict(spec, judges, judge_module, child, ctrl, to_sample, from_sam
     return "fail", "the sample exited before defining the candidate"
   if first != {"loaded": True}:
     return "fail", f"the candidate did not load: {str(first.get('load_error'))[:1000]}"
+  if refusal:
+    return "unsupported", f"not judged: {refusal}"
   note("judging")
   return _replay(spec, judges[1], calls, replies, stopped, note)
 
@@ -1106,9 +1113,8 @@ def _flush_and_exit(code: int) -> None:
 
 
 def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
-  """Defines the candidate, then answers the judge's calls with data until EOF. One session
-  for all calls: an argument the tests pass again is the same object here, and what the
-  candidate does to its arguments goes back with each answer."""
+  """Defines the candidate, then answers the judge's calls with plain data until EOF; each
+  call's arguments are decoded afresh (by value: nothing is kept between calls)."""
   import traceback  # pylint: disable=import-outside-toplevel
   # No __name__, as in the usual harness's `exec(program, {})`: its classes' __module__ is
   # "builtins" and an `if __name__ == "__main__":` block does not run.
@@ -1131,51 +1137,53 @@ def _serve(spec: dict, rpc_in: int, rpc_out: int) -> None:
     _flush_and_exit(1)
   if "load_error" in first:
     _flush_and_exit(1)
-  session = wire.Session(1, namespace)
   while True:
     try:
       message = wire.read_message(rpc_in, spec["max_message_bytes"])
       if message is None:
         _flush_and_exit(0)
-      values = session.decode(message["call"]["part"])
       names = message["call"]["kw"]
+      values = [wire.decode(v) for v in message["call"]["args"]]
       args, kwargs = values[:len(values) - len(names)], dict(zip(names, values[len(
           values) - len(names):]))
-    except wire.Unsupported as unsupported:
-      args = kwargs = values = unsupported
     except Exception:  # pylint: disable=broad-except
       _flush_and_exit(1)
     try:
-      wire.write_message(rpc_out, _answer(session, function, args, kwargs, values))
+      wire.write_message(rpc_out, _answer(namespace, function, args, kwargs))
     except (OSError, ValueError):
       _flush_and_exit(1)
-    values = args = kwargs = None   # then containers only the session holds are not watched
-    session.forget()
 
 
-def _answer(session, function, args, kwargs, values) -> dict:
-  """The reply to one call: its result or the exception it raised, with every container that
-  crossed and changed; "abort" when that is not data, "unsupported" when a value cannot be
-  reproduced exactly. What the call prints, warns or logs is not sent: no test inside the
-  judge's contract can watch it (docs/verifier.md#what-a-test-may-use)."""
-  if isinstance(values, wire.Unsupported):
-    return {"unsupported": _message(values)}
+def _answer(namespace: dict, function, args, kwargs) -> dict:
+  """The reply to one call: its result as plain data, or the class of the exception it raised
+  (`_raised`); "notdata" naming the result's type when it is not plain data; "abort" when a
+  BaseException escaped. What the call prints, warns or logs, or does to its arguments, is not
+  sent: no test inside the judge's contract can watch it (docs/verifier.md#what-crosses)."""
   try:
     try:
       result = function(*args, **kwargs)
-      how = "return"
     except Exception as error:  # pylint: disable=broad-except
-      how, result = "raise", error
-      error.__traceback__ = None   # (its frames would keep the arguments watched)
-    if session.unsupported:
-      return {"unsupported": session.unsupported}
-    return {how: session.encode([result], also=values, watch=True)}
-  except wire.Unsupported:
-    return {"unsupported": session.unsupported}
+      return {"raise": _raised(namespace, type(error))}
+    return {"return": wire.encode(result)}
   except (wire.WireError, RecursionError) as error:
-    return {"abort": f"the answer is not data: {_message(error)}"}
+    return {"notdata": _message(error)}
   except BaseException as error:  # pylint: disable=broad-except
     return {"abort": f"{type(error).__name__} escaped the candidate"}
+
+
+def _raised(namespace: dict, cls: type) -> dict:
+  """An exception class as it crosses: the names of the classes of its hierarchy that the
+  program binds to their names (the prompt's own classes among them), up to the nearest
+  built-in exception class, which is sent too."""
+  import builtins  # pylint: disable=import-outside-toplevel
+  names = []
+  for base in cls.__mro__:
+    name = getattr(base, "__qualname__", "")
+    if vars(builtins).get(name) is base:
+      return {"names": names, "builtin": name}
+    if namespace.get(name) is base:
+      names.append(name)
+  return {"names": names, "builtin": "Exception"}
 
 
 def _message(error: BaseException) -> str:

