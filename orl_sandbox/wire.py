@@ -10,6 +10,9 @@ of exactly those types (not subclasses), as a tree:
 * **No identity.** Every value is encoded afresh and decoded into new objects; nothing is
   remembered from one message to the next. An argument the tests pass twice arrives as two
   equal values; what the candidate does to its arguments is never sent back.
+* **No order from the sender for sets.** A set or frozenset is rebuilt inserting its elements
+  in an order fixed by their values (`_content_order`), so its iteration order in the tests is
+  the same whatever the sender's set looked like.
 * **No aliasing.** A sub-value that appears twice inside a value arrives as two copies; a value
   that contains itself (a cycle) is deeper than `MAX_DEPTH` and is not data.
 * **Anything else is not data** (`WireError` naming its type): a generator, a named tuple, an
@@ -158,6 +161,17 @@ def _module(name: str):
   return sys.modules.get(name) or importlib.import_module(name)
 
 
+def _content_order(value) -> tuple:
+  """A set's elements are inserted in an order that depends on their values only (hash, type,
+  then repr), never on the order the sender's set iterated: a sample cannot choose the
+  iteration order of the set the tests receive (docs/verifier.md#what-crosses)."""
+  try:
+    text = repr(value)
+  except ValueError:   # an int past the interpreter's digit limit (its hash orders it)
+    text = ""
+  return hash(value), type(value).__name__, text
+
+
 class _Decoder:
   """One value's decoding into new objects; `size` of each value (its nodes) is what hashing
   it costs."""
@@ -196,9 +210,12 @@ class _Decoder:
     return [v for v, _ in items], 1 + sum(s for _, s in items)
 
   def _tagged(self, tag: str, body, depth: int):
-    if tag in ("$tuple", "$set", "$frozenset"):
+    if tag == "$tuple":
       items, size = self._items(body, depth)
-      return {"$tuple": tuple, "$set": set, "$frozenset": frozenset}[tag](items), size
+      return tuple(items), size
+    if tag in ("$set", "$frozenset"):
+      items, size = self._items(body, depth)
+      return (set if tag == "$set" else frozenset)(sorted(items, key=_content_order)), size
     if tag == "$dict":
       if type(body) is not list or not all(type(p) is list and len(p) == 2 for p in body):
         raise WireError("malformed dict")
