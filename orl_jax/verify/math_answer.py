@@ -245,7 +245,7 @@ def _value(sign: str, fraction: str | None, digits: str | None) -> Number | None
   return -value if sign else value
 
 
-def _body(body: str, vocabulary: frozenset[str]) -> Number | None:
+def _body(body: str, problem_text: str) -> Number | None:
   """The NUMBER of a BODY (plain text): SIGN NUMBER UNIT "."; None outside the grammar."""
   match = _BODY.fullmatch(body)
   if match is None:
@@ -259,14 +259,24 @@ def _body(body: str, vocabulary: frozenset[str]) -> Number | None:
   word = unit.group(2)
   if word is not None and word[-1] in "²³":
     word = word[:-1]   # a unit's exponent (`m²`), one
-  if word is not None and not all(_unit_word(w.lower(), vocabulary) for w in word.split("/")):
+  if word is not None and not all(_unit_word(w.lower(), problem_text) for w in word.split("/")):
     return None
   return _value(sign, fraction, digits)
 
 
-def _unit_word(word: str, vocabulary: frozenset[str]) -> bool:
-  """Whether `word` (lowercase) is a UNIT: listed, or the problem's and no restricted word."""
-  return word in UNIT_WORDS or _lemma(word) in vocabulary and not _restricted(word)
+def _unit_word(word: str, problem_text: str) -> bool:
+  """Whether `word` (lowercase) is a UNIT: listed, the problem's and no restricted word, or
+  what the problem counts (`million` for `How many million people ...?`)."""
+  if word in UNIT_WORDS:
+    return True
+  words, _, pairs, _ = _problem_words(problem_text)
+  lemma = _lemma(word)
+  return _asked_for(lemma, pairs) if _restricted(word) else lemma in words
+
+
+def _asked_for(lemma: str, pairs: frozenset[tuple[str, str]]) -> bool:
+  """Whether the problem asks to count the word (`how many times`, `how much more`)."""
+  return ("many", lemma) in pairs or ("much", lemma) in pairs
 
 
 def _lemma(word: str) -> str:
@@ -336,8 +346,7 @@ def _in_problem_phrase(words: Sequence[str], at: int, pairs: frozenset[tuple[str
   count (`how many more`, `how many times`) and no number follows it (`times two`)."""
   word = _lemma(words[at])
   after = words[at + 1] if at + 1 < len(words) else ""
-  if (("many", word) in pairs or ("much", word) in pairs) and not (
-      after[:1].isdigit() or after in NUMBER_WORDS):
+  if _asked_for(word, pairs) and not (after[:1].isdigit() or after in NUMBER_WORDS):
     return True
   for neighbour, pair in ((at - 1, lambda n: (n, word)), (at + 1, lambda n: (word, n))):
     if 0 <= neighbour < len(words) and words[neighbour][0].isalpha():
@@ -460,8 +469,8 @@ def _link_word(word: str, before: list[str], words: frozenset[str]) -> bool:
   of`, `more than`)."""
   if word == "of":
     noun = before[-1] if before else ""
-    return noun.isalpha() and noun not in FUNCTION_WORDS and not _restricted(noun) and (
-        noun in LINK_WORDS or _lemma(noun) in words) and noun not in COMPARISON_WORDS
+    return (noun.isalpha() and not _restricted(noun) and noun not in COMPARISON_WORDS
+            and (noun in LINK_WORDS or noun not in FUNCTION_WORDS and _lemma(noun) in words))
   return word not in COMPARISON_WORDS and (word in LINK_WORDS or word in FUNCTION_WORDS
                                            or _lemma(word) in words)
 
@@ -505,15 +514,11 @@ def final_answer(response: str, problem_text: str = "") -> Number | None:
   candidates = _candidates(text)
   if not candidates:
     return None
-  vocabulary: frozenset[str] = frozenset()
   values = []
   for _, body_start, body_end in candidates:
     if _MARKER.search(text, body_start, body_end):
       return None   # a candidate inside a candidate
-    body = _plain(text[body_start:body_end])
-    if _LETTER.search(body):
-      vocabulary = _problem_words(problem_text)[0]
-    values.append(_body(body, vocabulary))
+    values.append(_body(_plain(text[body_start:body_end]), problem_text))
   answer = values[-1]
   if answer is None or any(v != answer for v in values):
     return None   # an unreadable answer, or a second candidate answer
