@@ -279,6 +279,7 @@ def _asked_for(lemma: str, pairs: frozenset[tuple[str, str]]) -> bool:
   return ("many", lemma) in pairs or ("much", lemma) in pairs
 
 
+@functools.lru_cache(maxsize=4096)
 def _lemma(word: str) -> str:
   """A lowercase word's base form, the same for its regular and listed irregular forms
   (`remained`, `remaining` -> `remain`; `quizzes`, `quiz` -> `quiz`; `made`, `makes` -> `mak`),
@@ -381,18 +382,22 @@ def _sentence_allowed(sentence: str, problem_text: str, working: str) -> bool:
   words, numbers, pairs, _ = _problem_words(problem_text)
   if any(_is_number(t) for t in tokens):
     numbers = numbers | _words(working)[1]
-  return all(_token_allowed(tokens, at, words, numbers, pairs) for at in range(len(tokens)))
+  first_number = next((at for at, t in enumerate(tokens) if _is_number(t)), len(tokens))
+  return all(_token_allowed(tokens, at, words, numbers, pairs, first_number)
+             for at in range(len(tokens)))
 
 
 def _token_allowed(tokens: Sequence[str], at: int, words: frozenset[str],
-                   numbers: frozenset[str], pairs: frozenset[tuple[str, str]]) -> bool:
-  """Whether `tokens[at]`, in the sentence after a box, is one that SENTENCE allows."""
+                   numbers: frozenset[str], pairs: frozenset[tuple[str, str]],
+                   first_number: int) -> bool:
+  """Whether `tokens[at]`, in the sentence after a box, is one that SENTENCE allows
+  (`first_number`: where the sentence's first number stands)."""
   token = tokens[at]
   before = tokens[at - 1] if at else ""
   after = tokens[at + 1] if at + 1 < len(tokens) else ""
   if _is_number(token):
     number = NUMBER_WORDS.get(token) or token.lstrip("#").rstrip(".,").replace(",", "")
-    return number in numbers and _counts_something_else(tokens, at)
+    return number in numbers and _counts_something_else(tokens, at, first_number)
   if token in "-–":
     return before[:1].isalpha() and after[:1].isalpha()
   if not token[0].isalpha():
@@ -413,7 +418,7 @@ def _is_number(token: str) -> bool:
   return token[0] in "#0123456789" or token in NUMBER_WORDS
 
 
-def _counts_something_else(tokens: Sequence[str], at: int) -> bool:
+def _counts_something_else(tokens: Sequence[str], at: int, first_number: int) -> bool:
   """Whether the number `tokens[at]` in the sentence after a box counts something else: after a
   NUMBER_LEADS word (`in 3 bags`, `horse #12`), after an infinitive's verb (`to fill 170
   balloons`) or after `and` in a list of counts (`for 5 apples and 5 oranges`), and then a
@@ -425,7 +430,7 @@ def _counts_something_else(tokens: Sequence[str], at: int) -> bool:
   if not after[:1].isalpha():
     return False
   if before == "and":
-    return any(_is_number(t) for t in tokens[:at - 1])
+    return first_number < at - 1
   return (at >= 2 and tokens[at - 2] == "to" and before.isalpha() and not _restricted(before)
           and before not in FUNCTION_WORDS)
 

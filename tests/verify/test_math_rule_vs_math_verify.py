@@ -26,10 +26,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MATH_VERIFY_READS_THE_WORKING = {226, 258, 876, 1303}
 # Boxed gold sentences (of 1,276) the grammar refuses, by class (docs/verifier.md): a piece of
 # each sentence. The denylist rule refused 117 of them, the grammar's first version 71.
+NOT_THE_PROBLEMS_WORD = "a word the problem does not use"
 REFUSED_BOXED_SENTENCES = {
     # A word the problem never uses, after the box or as the verb before it: an allowlist of the
     # problem's words cannot tell `at the gardening store` from `at a stretch`.
-    "a word the problem does not use": [
+    NOT_THE_PROBLEMS_WORD: [
         "bolts of fabric", "on these activities", "Sylas adds four", "to make the chicken",
         "for his friends", "= \\boxed{123} students", "to put in all", "training sessions",
         "5 minutes sooner", "of different colors", "the full house", "year gap",
