@@ -266,6 +266,7 @@ def main():
       print(f"({rule}, {revision}, is not in this clone)")
     else:
       rules[rule] = loaded
+  load_before = os.getloadavg()[0]   # the cost is only as quiet as the machine
   runs = {f"{rule}_{corpus}": [] for rule in rules for corpus in timed}
   for _ in range(args.repeats):   # interleaved: a change of load hits both rules alike
     for corpus, responses in timed.items():
@@ -283,6 +284,7 @@ def main():
       "cost_us_per_response": cost_us, "cost_runs_us": runs, "cost_baseline": args.baseline,
       "cost_grammar_baseline": args.grammar_baseline,
       "cost_responses": {k: len(v) for k, v in timed.items()},
+      "cost_load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
       "math_verify_right_ours_wrong": wrong})
   print(f"wrote {args.out}")
   print(f"math_verify_right_ours_wrong: {wrong}")

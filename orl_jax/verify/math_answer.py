@@ -99,9 +99,9 @@ LEAD_HEDGE_WORDS = HEDGE_WORDS - frozenset("""
 # hedge words they read after a box only inside a phrase of the problem (`how many more floral
 # shirts` -> `\boxed{10} more floral shirts`), never as a unit.
 QUANTITY_WORDS = frozenset("""
-  times more less fewer over twice double triple thrice half quarter dozen dozens score hundred
-  hundreds thousand thousands million millions billion billions trillion lakh crore grand k
-  mil mill bn tn squared cubed doubled tripled halved x up
+  times more less fewer over twice double doubles triple thrice half quarter dozen dozens
+  hundred hundreds thousand thousands million millions billion billions trillion trillions
+  lakh crore grand k mil mill bn tn squared cubed doubled tripled halved x up
   """.split())
 # The words before a number inside the sentence after a box: a number there is a place or a
 # count of something else (`in 3 bags`, `after 15 days`, `horse #12`), never a second answer.
@@ -303,14 +303,13 @@ def _lemma(word: str) -> str:
 
 
 RESTRICTED_WORDS = HEDGE_WORDS | QUANTITY_WORDS
-_RESTRICTED_LEMMAS = (frozenset(_lemma(w) for w in RESTRICTED_WORDS)
-                      - frozenset(_lemma(w) for w in FUNCTION_WORDS | UNIT_WORDS))
 
 
 def _restricted(word: str) -> bool:
-  """Whether a lowercase word hedges, negates, bounds or changes a quantity (in any of its
-  forms: `estimates`, `doubles`)."""
-  return word in RESTRICTED_WORDS or _lemma(word) in _RESTRICTED_LEMMAS
+  """Whether a lowercase word hedges, negates, bounds or changes a quantity. The listed forms
+  only: by lemma, `tops` would take `top` and `mines` `min`; an unlisted form is no word of the
+  problem's but when the problem uses it."""
+  return word in RESTRICTED_WORDS
 
 
 _WORD = r"[^\W\d_]+(?:['’&-][^\W\d_]+)*"   # `M&M's`, `already-stamped`, `Helena’s`
@@ -320,14 +319,16 @@ _PHRASE_TOKEN = re.compile(_WORD + r"|[0-9]+|[^\w\s]")
 @functools.lru_cache(maxsize=256)
 def _problem_words(problem_text: str) -> tuple[frozenset[str], frozenset[str],
                                                frozenset[tuple[str, str]], frozenset[str]]:
-  """(the lemmas of the words, the numbers, the pairs of adjacent words as lemmas, the
-  capitalised words: names) of a problem's text (one prompt scores many responses)."""
+  """(the lemmas of the words, the numbers, the pairs of adjacent words as lemmas, the words
+  capitalised inside a sentence: names) of a problem's text (one prompt scores many
+  responses)."""
   words, numbers = _words(problem_text)
   tokens = _PHRASE_TOKEN.findall(problem_text)
   lower = [t.lower() for t in tokens]
   pairs = frozenset((_lemma(a), _lemma(b)) for a, b in zip(lower, lower[1:])
                     if a[0].isalpha() and b[0].isalpha())
-  names = frozenset(t for t in tokens if t[0].isupper())
+  names = frozenset(t for before, t in zip(["."] + tokens, tokens)
+                    if t[0].isupper() and before not in (".", "?", "!", ":"))   # mid-sentence
   return words, numbers, pairs, names
 
 
