@@ -86,7 +86,8 @@ COMPARISON_WORDS = frozenset("""
 HEDGE_WORDS = frozenset("""
   or nor about around approximately approx roughly rough nearly almost maybe probably perhaps
   possibly likely ish odd some tops max maximum min minimum least most push guess
-  estimate estimated est not no never isn wrong incorrect false except unless if either
+  estimate estimated est not no never isn cannot none nothing nobody neither wrong incorrect
+  false except unless if either
   plus minus above below under beyond upwards sure unsure
   """.split())
 # The hedge words that hedge a box anywhere before it on its line (`Roughly, Tom has`); the others
@@ -106,7 +107,7 @@ QUANTITY_WORDS = frozenset("""
 # The words before a number inside the sentence after a box: a number there is a place or a
 # count of something else (`in 3 bags`, `after 15 days`, `horse #12`), never a second answer.
 NUMBER_LEADS = frozenset("""
-  in after for of at on from per every each with before by the first last next
+  in after for of at on from per every each with before the first last next
   """.split())
 # A comparative right after the number or its noun states what the number counts (`\boxed{18}
 # more vlogs`, `\boxed{5} hours more`); anywhere else it bounds it (`apples and more`).
@@ -426,10 +427,10 @@ def _counts_something_else(tokens: Sequence[str], at: int, first_number: int) ->
   word. Never right after the box, a unit or a restricted word (`and 31`, `times 2`)."""
   before = tokens[at - 1] if at else ""
   after = tokens[at + 1] if at + 1 < len(tokens) else ""
+  if not after[:1].isalpha():
+    return False   # `out of 50`, `by 30`: a count of nothing is a second value
   if before in NUMBER_LEADS or tokens[at][0] == "#" and before[:1].isalpha():
     return True
-  if not after[:1].isalpha():
-    return False
   if before == "and":
     return first_number < at - 1
   return (at >= 2 and tokens[at - 2] == "to" and before.isalpha() and not _restricted(before)
@@ -460,13 +461,18 @@ def _lead_sign(lead: str, problem_text: str) -> str | None:
   words, _, pairs, names = _problem_words(problem_text)
   written = _PHRASE_TOKEN.findall(lead)
   tokens = [t.lower() for t in written]
-  if any(t in LEAD_HEDGE_WORDS and written[at] not in names
+  if any(_lead_hedge(t) and written[at] not in names
          and not _in_problem_phrase(tokens, at, pairs) for at, t in enumerate(tokens)):
     return None   # a hedge word but as the problem's name (`Max`) or phrase
   word = link.group(1)
   if word is not None and not _link_word(word.lower(), tokens[-3:-1], words):
     return None
   return sign
+
+
+def _lead_hedge(token: str) -> bool:
+  """Whether a lowercase token of a box's line hedges or negates it (`roughly`, `doesn't`)."""
+  return token in LEAD_HEDGE_WORDS or token.endswith(("n't", "n’t"))
 
 
 def _link_word(word: str, before: list[str], words: frozenset[str]) -> bool:

@@ -230,6 +230,9 @@ TWINS = {
         ("Tom has \\boxed{30} apples, less one.", "Tom has \\boxed{30} apples, in total."),
         ("Tom has \\boxed{30} apples and up.", "Tom has \\boxed{30} apples."),
         ("Tom has \\boxed{30} apples, make that 31 apples.", "Tom has \\boxed{30} apples."),
+        ("12 + 18 = 30, so Tom has \\boxed{30} apples by 30.",
+         "12 + 18 = 30, so Tom has \\boxed{30} apples at the market."),
+        ("Tom has \\boxed{30} apples out of 12.", "Tom has \\boxed{30} apples in total."),
         ("He rang it \\boxed{30} times two.", "He rang it 12 + 18 = \\boxed{30} times.", "30",
          TIMES)],
     "hedges in any language": [
@@ -244,6 +247,8 @@ TWINS = {
         ("Tom has \\boxed{30} apples, \u043f\u0440\u0438\u043c\u0435\u0440\u043d\u043e.",
          "Tom has \\boxed{30} apples."),
         ("Roughly, Tom has \\boxed{30} apples.", "So, Tom has \\boxed{30} apples."),
+        ("Tom doesn't have \\boxed{30} apples.", "Tom does have \\boxed{30} apples."),
+        ("Tom cannot have \\boxed{30} apples.", "Tom must have \\boxed{30} apples."),
         ("Tom has about 12 + 18 = \\boxed{30} apples.", "Tom has 12 + 18 = \\boxed{30} apples."),
         # A hedge planted in the working first: the working's words are not read.
         ("12 + 18 = 30 environ.\nSo Tom has \\boxed{30} apples environ.",
