@@ -23,13 +23,13 @@ it. docs/verifier.md ("Math answers: an allowlist grammar") gives the reasons.
   LEAD      = the box's line before it ends in a link (= : | → ⇒ ∴ \\therefore \\Rightarrow
               \\implies), is empty, or ends in a LINK_WORDS, FUNCTION_WORDS or problem word that
               is no COMPARISON_WORDS word (`of` after a noun: `a profit of`); a SIGN may stand
-              between the link and the box; no LEAD_HEDGE_WORDS word on the line (`Roughly,`)
-              but in a PHRASE or as the problem's name (`Max`)
+              between the link and the box; no LEAD_HEDGE_WORDS word or `n't` on the line
+              (`Roughly,`, `doesn't`) but in a PHRASE or as the problem's name (`Max`)
   SENTENCE  = words of the problem in any of their forms (`remained`, `brought`), FUNCTION_WORDS
               or UNIT_WORDS; a RESTRICTED word (HEDGE_WORDS, QUANTITY_WORDS) only in a PHRASE,
               as what the problem counts (`how many more`, `how many times`) or as a comparative
               right after the number or its noun (`\\boxed{18} more vlogs`); a number of the
-              problem or the working that counts something else (`in 3 bags`, `to fill 170
+              problem or the working that counts the word after it (`in 3 bags`, `to fill 170
               balloons`, `horse #12`); a dash between words; . , ; ( ) ' " / % ° |
   PHRASE    = two adjacent words of the problem, one of them no RESTRICTED word (`are not in`)
 
