@@ -109,8 +109,9 @@ QUANTITY_WORDS = frozenset("""
 NUMBER_LEADS = frozenset("""
   in after for of at on from per every each with before the first last next
   """.split())
-# A comparative right after the number or its noun states what the number counts (`\boxed{18}
-# more vlogs`, `\boxed{5} hours more`); anywhere else it bounds it (`apples and more`).
+# A comparative, or a word the problem asks to count (`how many times`), right after the number
+# or its noun states what the number counts (`\boxed{18} more vlogs`, `\boxed{5} hours more`,
+# `\boxed{22} times`); anywhere else it bounds it (`apples and more`, `dozen dozen`).
 COMPARATIVES = frozenset("more less fewer".split())
 # Number words, for the numbers of a problem that spells them (`After fifteen days`).
 NUMBER_WORDS = {word: str(value) for value, word in enumerate(
@@ -320,14 +321,14 @@ _PHRASE_TOKEN = re.compile(_WORD + r"|[0-9]+|[^\w\s]")
 @functools.lru_cache(maxsize=256)
 def _problem_words(problem_text: str) -> tuple[frozenset[str], frozenset[str],
                                                frozenset[tuple[str, str]], frozenset[str]]:
-  """(the lemmas of the words, the numbers, the pairs of adjacent words as lemmas, the words
-  capitalised inside a sentence: names) of a problem's text (one prompt scores many
-  responses)."""
+  """(the lemmas of the words, the numbers, the phrases: pairs of adjacent tokens as lemmas
+  ("" for a number or a mark), the words capitalised inside a sentence: names) of a problem's
+  text (one prompt scores many responses)."""
   words, numbers = _words(problem_text)
   tokens = _PHRASE_TOKEN.findall(problem_text)
   lower = [t.lower() for t in tokens]
-  pairs = frozenset((_lemma(a), _lemma(b)) for a, b in zip(lower, lower[1:])
-                    if a[0].isalpha() and b[0].isalpha())
+  lemmas = [_lemma(t) if t[0].isalpha() else "" for t in lower]
+  pairs = frozenset(zip(lemmas, lemmas[1:]))
   names = frozenset(t for before, t in zip(["."] + tokens, tokens)
                     if t[0].isupper() and before not in (".", "?", "!", ":"))   # mid-sentence
   return words, numbers, pairs, names
@@ -342,20 +343,18 @@ def _words(text: str) -> tuple[frozenset[str], frozenset[str]]:
   return words, numbers
 
 
-def _in_problem_phrase(words: Sequence[str], at: int, pairs: frozenset[tuple[str, str]]) -> bool:
-  """Whether the restricted word `words[at]` stands in a pair of adjacent words that the problem
-  also has, beside a word that is no restricted word (`girls are not in` for `How many girls
-  are not in the girl scout?`; `maybe more` twice is no phrase), or is what the problem asks to
-  count (`how many more`, `how many times`) and no number follows it (`times two`)."""
+def _in_problem_phrase(words: Sequence[str], at: int,
+                       phrases: frozenset[tuple[str, str]]) -> bool:
+  """Whether the restricted word `words[at]` stands in a phrase of the problem with a word
+  beside it (`girls are not in` for `How many girls are not in the girl scout?`, `\\boxed{75}
+  if he sells`) that is no restricted word (`maybe more` twice is no phrase)."""
+  left, right = (words[n] if 0 <= n < len(words) and words[n][0].isalpha() else ""
+                 for n in (at - 1, at + 1))
+  if not (left or right) or _restricted(left) or _restricted(right):
+    return False
   word = _lemma(words[at])
-  after = words[at + 1] if at + 1 < len(words) else ""
-  if _asked_for(word, pairs) and not (after[:1].isdigit() or after in NUMBER_WORDS):
-    return True
-  for neighbour, pair in ((at - 1, lambda n: (n, word)), (at + 1, lambda n: (word, n))):
-    if 0 <= neighbour < len(words) and words[neighbour][0].isalpha():
-      if not _restricted(words[neighbour]) and pair(_lemma(words[neighbour])) in pairs:
-        return True
-  return False
+  return (bool(left) and (_lemma(left), word) in phrases
+          or bool(right) and (word, _lemma(right)) in phrases)
 
 
 def _sentence_tokens(sentence: str) -> list[str] | None:
@@ -409,8 +408,8 @@ def _token_allowed(tokens: Sequence[str], at: int, words: frozenset[str],
     return (token == "times" and not after[:1].isalnum()   # a count: `rang \boxed{22} times.`
             or token == "up" and at > 1 and before not in ("and", "or")   # `to save up`
             and before[0].isalpha() and not _restricted(before)
-            or token in COMPARATIVES and counted
-            and (at == 0 or at == 1 and before[0].isalpha())
+            or (token in COMPARATIVES or _asked_for(_lemma(token), pairs)) and counted
+            and (at == 0 or at == 1 and before[0].isalpha() and not _restricted(before))
             or _in_problem_phrase(tokens, at, pairs))
   return all(p in FUNCTION_WORDS or p in UNIT_WORDS or _lemma(p) in words and not _restricted(p)
              for p in re.split(r"['’&-]", token) if p)

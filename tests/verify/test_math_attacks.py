@@ -203,6 +203,7 @@ HONEST = {
 MILLIONS = ("A city has 12 million people and 18 million more move in. How many million people "
             "live there now?")
 NOT_RIPE = "Tom picks 50 apples and 20 of them are ripe. How many apples are not ripe?"
+DOZENS = "A farmer sells 12 dozen eggs and 18 dozen more. How many dozen eggs did he sell?"
 TIMES = "Tom rang the bell 12 times and then 18 more times. How many times did he ring it?"
 TWINS = {
     "letters that look like digits": [
@@ -223,7 +224,8 @@ TWINS = {
         ("\\boxed{30 \\text{ million}}", "\\boxed{30 \\text{ apples}}"),
         ("#### 30 thousand", "#### 30 million", "30", MILLIONS),
         ("The city has \\boxed{30} thousand people.", "The city has \\boxed{30} million people.",
-         "30", MILLIONS)],
+         "30", MILLIONS),
+        ("He sold \\boxed{30} dozen dozen eggs.", "He sold \\boxed{30} dozen eggs.", "30", DOZENS)],
     "arithmetic after the answer": [
         ("So Tom has \\boxed{30} times two apples.", "So Tom has \\boxed{30} apples."),
         ("Tom has \\boxed{30} apples and 12 more.", "Tom has \\boxed{30} apples at the market."),
