@@ -88,7 +88,9 @@ HEDGE_WORDS = frozenset("""
   possibly likely ish odd some tops max maximum min minimum least most push guess
   estimate estimated est not no never isn cannot none nothing nobody neither wrong incorrect
   false except unless if either
-  plus minus above below under beyond upwards sure unsure
+  plus minus above below under beyond upwards sure unsure rounded rounding approximate
+  approximated approximation estimates estimating unlikely circa ca
+  nearest
   """.split())
 # The hedge words that hedge a box anywhere before it on its line (`Roughly, Tom has`); the others
 # are arithmetic, conditions or alternatives in the working (`because 200 minus 174 equals`,

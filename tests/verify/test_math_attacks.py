@@ -204,6 +204,7 @@ MILLIONS = ("A city has 12 million people and 18 million more move in. How many 
             "live there now?")
 NOT_RIPE = "Tom picks 50 apples and 20 of them are ripe. How many apples are not ripe?"
 DOZENS = "A farmer sells 12 dozen eggs and 18 dozen more. How many dozen eggs did he sell?"
+ROUND_TRIP = "Tom has 12 apples and buys 18 more on a round trip. How many apples does Tom have?"
 TIMES = "Tom rang the bell 12 times and then 18 more times. How many times did he ring it?"
 TWINS = {
     "letters that look like digits": [
@@ -252,6 +253,9 @@ TWINS = {
         ("Tom doesn't have \\boxed{30} apples.", "Tom does have \\boxed{30} apples."),
         ("Tom cannot have \\boxed{30} apples.", "Tom must have \\boxed{30} apples."),
         ("Tom has about 12 + 18 = \\boxed{30} apples.", "Tom has 12 + 18 = \\boxed{30} apples."),
+        # A problem word (`round`) in a hedging form.
+        ("Tom has \\boxed{30} apples, rounded.", "Tom has \\boxed{30} apples.", "30",
+         ROUND_TRIP),
         # A hedge planted in the working first: the working's words are not read.
         ("12 + 18 = 30 environ.\nSo Tom has \\boxed{30} apples environ.",
          "12 + 18 = 30.\nSo Tom has \\boxed{30} apples."),
