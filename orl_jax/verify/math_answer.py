@@ -18,8 +18,8 @@ it. docs/verifier.md ("Math answers: an allowlist grammar") gives the reasons.
   NUMBER    = DIGITS ["." DIGITS], "," groups of three | \\frac{a}{b} (\\dfrac, \\tfrac) in
               lowest terms, b > 1
   UNIT      = "%" | "°" | one UNIT_WORDS word or word of the problem (any of its forms) but a
-              RESTRICTED word, bare or in `\\text{}`/`\\mathrm{}`, after a space, at most an
-              exponent 2 or 3 (`m²`)
+              RESTRICTED word (unless the problem counts it: `how many million`), bare or in
+              `\\text{}`/`\\mathrm{}`, after a space, at most an exponent 2 or 3 (`m²`)
   LEAD      = the box's line before it ends in a link (= : | → ⇒ ∴ \\therefore \\Rightarrow
               \\implies), is empty, or ends in a LINK_WORDS, FUNCTION_WORDS or problem word that
               is no COMPARISON_WORDS word (`of` after a noun: `a profit of`); a SIGN may stand
@@ -27,8 +27,8 @@ it. docs/verifier.md ("Math answers: an allowlist grammar") gives the reasons.
               (`Roughly,`, `doesn't`) but in a PHRASE or as the problem's name (`Max`)
   SENTENCE  = words of the problem in any of their forms (`remained`, `brought`), FUNCTION_WORDS
               or UNIT_WORDS; a RESTRICTED word (HEDGE_WORDS, QUANTITY_WORDS) only in a PHRASE,
-              as what the problem counts (`how many more`, `how many times`) or as a comparative
-              right after the number or its noun (`\\boxed{18} more vlogs`); a number of the
+              or, as what the problem counts (`how many times`) or a comparative, right after
+              the number or its noun (`\\boxed{18} more vlogs`); a number of the
               problem or the working that counts the word after it (`in 3 bags`, `to fill 170
               balloons`, `horse #12`); a dash between words; . , ; ( ) ' " / % ° |
   PHRASE    = two adjacent words of the problem, one of them no RESTRICTED word (`are not in`)
