@@ -31,7 +31,11 @@ machine may be shared: only the ratio within one run means much.
 math-verify is a reference for this benchmark and the tests only; the library never imports it
 (`make venv` installs it with the other test-only references).
 
+With `--tiny-decodes N`, the committed tiny base model's greedy decodes of the first N
+evaluation problems (under `fixed_steps_1` and `threshold_0.9`) are scored by every rule too.
+
   python benchmarks/math_rule_vs_math_verify.py [--tiny-problems 2000] [--repeats 7]
+  python benchmarks/math_rule_vs_math_verify.py --tiny-decodes 512
 """
 import argparse
 import gzip
@@ -170,6 +174,36 @@ def table_cases() -> list[tuple[str, str, int, str, str]]:
   return cases
 
 
+def tiny_decodes(n: int, rules: dict) -> dict:
+  """The committed tiny base model's (assets/tiny_base) greedy decodes of the first `n`
+  evaluation problems under `fixed_steps_1` and `threshold_0.9`, scored by each rule: {setting:
+  {rule: right answers}, and how many responses the rules score differently}."""
+  from configs import tiny
+  from orl_jax import evaluate
+  from orl_jax.setup.build import build_setup, initial_params
+  from orl_jax.storage import trained_run
+  from orl_jax.unmasking import UnmaskRule
+  config = tiny.get_config("eval")
+  base = os.path.join(_common.ROOT, "assets", "tiny_base")
+  setup = build_setup(trained_run.model_config_for(config, base, frozenset(), "model.path"))
+  problems = setup.task.eval_problems()[:n]
+  graphdef, params = initial_params(setup)
+  scored = {}
+  for label in ("fixed_steps_1", "threshold_0.9"):
+    decoded = evaluate.decode_problems(graphdef, params, problems, setup.task, setup.config,
+                                       UnmaskRule.parse(label), batch_size=64)
+    texts = [setup.task.tokenizer.decode(t, stop_at_eos=True) for t in decoded.tokens]
+    golds = [math_answer.gold_number(p.answer) for p in problems]
+    verdicts = {rule: [final_answer(t, p.prompt) == gold
+                       for p, t, gold in zip(problems, texts, golds)]
+                for rule, final_answer in rules.items()}
+    scored[label] = {rule: sum(v) for rule, v in verdicts.items()}
+    scored[label]["responses_scored_differently"] = sum(
+        len(set(row)) > 1 for row in zip(*verdicts.values()))
+    print(f"tiny decodes, {label}: {scored[label]}")
+  return scored
+
+
 def ours(response: str, gold: str, problem_text: str) -> int:
   return int(math_answer.answers_match(response, gold, problem_text))
 
@@ -225,6 +259,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--tiny-problems", type=int, default=2000)
   parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--tiny-decodes", type=int, default=0,
+                      help="also decode this many tiny evaluation problems with assets/tiny_base "
+                           "and score them with every rule (minutes on a CPU; 0: skip)")
   parser.add_argument("--baseline", default=BASELINE,
                       help="git revision of the rule to time beside this one")
   parser.add_argument("--grammar-baseline", default=GRAMMAR_V1,
@@ -277,8 +314,10 @@ def main():
     figures = ", ".join(f"{rule} {cost_us[f'{rule}_{corpus}']:.1f}" for rule in rules)
     print(f"final_answer µs per response, {corpus} ({len(responses)}): {figures}")
 
+  decodes = tiny_decodes(args.tiny_decodes, rules) if args.tiny_decodes else None
   wrong = by_class.get("math-verify right", 0)
   _common.write_json(args.out, {
+      "tiny_decodes": decodes, "tiny_decodes_problems": args.tiny_decodes,
       "math_verify": "0.9.0", "tiny_problems": args.tiny_problems, "summary": summary,
       "disagreements_by_class": by_class, "disagreements": disagreements,
       "cost_us_per_response": cost_us, "cost_runs_us": runs, "cost_baseline": args.baseline,
