@@ -61,8 +61,8 @@ UNIT_WORDS = frozenset("""
 FUNCTION_WORDS = frozenset("""
   a an the in all total each for on at from with that who which this these those it its they
   them their he she his her him we our you your i my me us left remaining altogether together
-  so then now is are was were be been being am has have had will would can could shall should
-  may must do does did doing done needs need needed per of to by into onto out down off
+  so then now is are was were be been being am has have had will would can shall do
+  does did doing done needs need needed per of to by into onto out down off
   away after before during since until between without within through across along among
   toward towards behind beside as than there here what when where how many much time worth
   old new
@@ -89,14 +89,14 @@ HEDGE_WORDS = frozenset("""
   estimate estimated est not no never isn cannot none nothing nobody neither wrong incorrect
   false except unless if either
   plus minus above below under beyond upwards sure unsure rounded rounding approximate
-  approximated approximation estimates estimating unlikely circa ca
-  nearest
+  approximated approximation estimates estimating unlikely circa ca nearest may might could
   """.split())
 # The hedge words that hedge a box anywhere before it on its line (`Roughly, Tom has`); the others
-# are arithmetic, conditions or alternatives in the working (`because 200 minus 174 equals`,
-# `If he sells everything,`, `or 150/5 =`), refused only right before the box.
+# are arithmetic, conditions, alternatives or abilities in the working (`because 200 minus 174
+# equals`, `If he sells everything,`, `or 150/5 =`, `before Jerome could open`), refused only
+# right before the box.
 LEAD_HEDGE_WORDS = HEDGE_WORDS - frozenset("""
-  if or nor either except unless plus minus above below under beyond upwards some
+  if or nor either except unless plus minus above below under beyond upwards some could
   """.split())
 # Words that change the quantity a number states: arithmetic, comparison and magnitude. With the
 # hedge words they read after a box only inside a phrase of the problem (`how many more floral

@@ -252,6 +252,8 @@ TWINS = {
         ("Roughly, Tom has \\boxed{30} apples.", "So, Tom has \\boxed{30} apples."),
         ("Tom doesn't have \\boxed{30} apples.", "Tom does have \\boxed{30} apples."),
         ("Tom cannot have \\boxed{30} apples.", "Tom must have \\boxed{30} apples."),
+        ("Tom might have \\boxed{30} apples.", "Tom does have \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples, could be.", "Tom has \\boxed{30} apples."),
         ("Tom has about 12 + 18 = \\boxed{30} apples.", "Tom has 12 + 18 = \\boxed{30} apples."),
         # A problem word (`round`) in a hedging form.
         ("Tom has \\boxed{30} apples, rounded.", "Tom has \\boxed{30} apples.", "30",
