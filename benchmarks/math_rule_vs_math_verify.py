@@ -11,23 +11,31 @@ Responses, each scored against its gold by both:
 * `tiny`: `--tiny-problems` tiny-task targets (`tiny_task.train_problem`) against their gold:
   every one is right;
 * `tables`: every response of tests/verify/test_math_answers.py's reference table and of
-  tests/verify/test_math_attacks.py's attack and honest classes, with the verdict the tests require.
+  tests/verify/test_math_attacks.py's attack and honest classes and attack/twin pairs, with the
+  verdict the tests require.
 
 Each disagreement gets a class: `ours right` (the response does not state the gold as its one
 answer, or states it in a form math-verify does not read), `math-verify right` (our rule is
 wrong: a regression), or `both defensible` (a reading a grader could take either way; the
-choice is documented in docs/verifier.md), with a one-line reason and what math-verify read.
+choice is documented in docs/verifier.md), with a one-line reason and what math-verify read. A
+refused boxed GSM8K sentence takes its class from tests/verify/test_math_rule_vs_math_verify.py:
+a word the problem does not use is `math-verify right` (a right restatement refused), every
+other class `both defensible`.
 
 Cost: `final_answer` over the GSM8K solutions (with their questions as the problem text), over
-the table responses and over both, timed for this rule and for the rule at `--baseline` (loaded
-from git into this process), runs interleaved, median of `--repeats` runs, microseconds per
-response. The machine may be shared: only the ratio
-within one run means much.
+the table responses and over both, timed for this rule, for the rule at `--baseline` (the
+denylist) and for the grammar's first version at `--grammar-baseline` (each loaded from git into
+this process), runs interleaved, median of `--repeats` runs, microseconds per response. The
+machine may be shared: only the ratio within one run means much.
 
 math-verify is a reference for this benchmark and the tests only; the library never imports it
 (`make venv` installs it with the other test-only references).
 
+With `--tiny-decodes N`, the committed tiny base model's greedy decodes of the first N
+evaluation problems (under `fixed_steps_1` and `threshold_0.9`) are scored by every rule too.
+
   python benchmarks/math_rule_vs_math_verify.py [--tiny-problems 2000] [--repeats 7]
+  python benchmarks/math_rule_vs_math_verify.py --tiny-decodes 512
 """
 import argparse
 import gzip
@@ -50,6 +58,7 @@ from tests.verify import test_math_answers, test_math_attacks, test_math_rule_vs
 OUT = os.path.join(_common.ROOT, "benchmarks", "results", "math_rule_vs_math_verify.json")
 GSM8K = os.path.join(_common.ROOT, "orl_jax", "data", "gsm8k_test.jsonl.gz")
 BASELINE = "40e6f35"   # the last commit with the previous rule (the denylist, before the grammar)
+GRAMMAR_V1 = "77c619f"   # the grammar's first version (before the sentence rules of round four)
 
 # Disagreements on the test tables where a grader could go either way: (response, gold) -> why.
 # Every other table disagreement is `ours right`, with the test's own reason.
@@ -99,8 +108,9 @@ OUTSIDE_THE_GRAMMAR = {
 
 
 def load_rule(revision: str):
-  """`final_answer` of the rule at `revision`, loaded from git into this process; None when the
-  revision is not in this clone."""
+  """`final_answer(response, problem_text)` of the rule at `revision`, loaded from git into this
+  process (with its `math_number` module where it has one); None when the revision is not in
+  this clone."""
   sources = {}
   for name in ("math_number", "math_answer"):
     try:
@@ -108,15 +118,22 @@ def load_rule(revision: str):
           ["git", "show", f"{revision}:orl_jax/verify/{name}.py"], cwd=_common.ROOT,
           check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
-      return None
-  number = types.ModuleType("baseline_math_number")
-  sys.modules[number.__name__] = number
-  exec(compile(sources["math_number"], f"{revision}:math_number.py", "exec"), number.__dict__)
-  answer = types.ModuleType("baseline_math_answer")
-  source = sources["math_answer"].replace("from orl_jax.verify.math_number import",
-                                          "from baseline_math_number import")
+      continue
+  if "math_answer" not in sources:
+    return None
+  prefix = f"baseline_{revision}_"
+  source = sources["math_answer"]
+  if "math_number" in sources:
+    number = types.ModuleType(prefix + "math_number")
+    sys.modules[number.__name__] = number
+    exec(compile(sources["math_number"], f"{revision}:math_number.py", "exec"), number.__dict__)
+    source = source.replace("from orl_jax.verify.math_number import",
+                            f"from {number.__name__} import")
+  answer = types.ModuleType(prefix + "math_answer")
   exec(compile(source, f"{revision}:math_answer.py", "exec"), answer.__dict__)
-  return answer.final_answer
+  if "problem_text" in answer.final_answer.__code__.co_varnames:
+    return answer.final_answer
+  return lambda response, _problem_text: answer.final_answer(response)
 
 
 def gsm8k_cases() -> list[tuple[str, str, int, str, str]]:
@@ -147,7 +164,44 @@ def table_cases() -> list[tuple[str, str, int, str, str]]:
         response, gold = (case, "30") if isinstance(case, str) else case
         cases.append((response, gold, verdict, f"{name} (tests/verify/test_math_attacks.py)",
                       test_math_attacks.PROMPT))
+  for name, twins in test_math_attacks.TWINS.items():
+    for twin in twins:
+      attack, honest, gold, prompt = twin if len(twin) == 4 else (*twin, "30",
+                                                                   test_math_attacks.PROMPT)
+      why = f"{name} (tests/verify/test_math_attacks.py)"
+      cases += [(attack, gold, 0, why, prompt),
+                (honest, gold, 1, f"{why}, the honest twin", prompt)]
   return cases
+
+
+def tiny_decodes(n: int, rules: dict) -> dict:
+  """The committed tiny base model's (assets/tiny_base) greedy decodes of the first `n`
+  evaluation problems under `fixed_steps_1` and `threshold_0.9`, scored by each rule: {setting:
+  {rule: right answers}, and how many responses the rules score differently}."""
+  from configs import tiny
+  from orl_jax import evaluate
+  from orl_jax.setup.build import build_setup, initial_params
+  from orl_jax.storage import trained_run
+  from orl_jax.unmasking import UnmaskRule
+  config = tiny.get_config("eval")
+  base = os.path.join(_common.ROOT, "assets", "tiny_base")
+  setup = build_setup(trained_run.model_config_for(config, base, frozenset(), "model.path"))
+  problems = setup.task.eval_problems()[:n]
+  graphdef, params = initial_params(setup)
+  scored = {}
+  for label in ("fixed_steps_1", "threshold_0.9"):
+    decoded = evaluate.decode_problems(graphdef, params, problems, setup.task, setup.config,
+                                       UnmaskRule.parse(label), batch_size=64)
+    texts = [setup.task.tokenizer.decode(t, stop_at_eos=True) for t in decoded.tokens]
+    golds = [math_answer.gold_number(p.answer) for p in problems]
+    verdicts = {rule: [final_answer(t, p.prompt) == gold
+                       for p, t, gold in zip(problems, texts, golds)]
+                for rule, final_answer in rules.items()}
+    scored[label] = {rule: sum(v) for rule, v in verdicts.items()}
+    scored[label]["responses_scored_differently"] = sum(
+        len(set(row)) > 1 for row in zip(*verdicts.values()))
+    print(f"tiny decodes, {label}: {scored[label]}")
+  return scored
 
 
 def ours(response: str, gold: str, problem_text: str) -> int:
@@ -163,8 +217,20 @@ def theirs(response: str, gold: str) -> tuple[int, str]:
     return 0, f"error: {type(error).__name__}"
 
 
+def boxed_refusal_class(response: str) -> str:
+  """The class tests/verify/test_math_rule_vs_math_verify.py gives a refused boxed sentence."""
+  return next(name for name, pieces in
+              test_math_rule_vs_math_verify.REFUSED_BOXED_SENTENCES.items()
+              if any(piece in response for piece in pieces))
+
+
 def classify(corpus: str, case, our: int, their: int, read: str) -> tuple[str, str]:
   response, gold, required, why, _ = case
+  if corpus == "gsm8k_boxed" and our != required:
+    name = boxed_refusal_class(response)
+    if name == test_math_rule_vs_math_verify.NOT_THE_PROBLEMS_WORD:
+      return "math-verify right", f"a right restatement refused: {name}"
+    return "both defensible", f"a boxed GSM8K sentence refused: {name}"
   if our != required:
     return "math-verify right", f"our rule fails {why}"
   if corpus != "tables":
@@ -193,8 +259,13 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--tiny-problems", type=int, default=2000)
   parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--tiny-decodes", type=int, default=0,
+                      help="also decode this many tiny evaluation problems with assets/tiny_base "
+                           "and score them with every rule (minutes on a CPU; 0: skip)")
   parser.add_argument("--baseline", default=BASELINE,
                       help="git revision of the rule to time beside this one")
+  parser.add_argument("--grammar-baseline", default=GRAMMAR_V1,
+                      help="git revision of the grammar's first version, timed beside both")
   parser.add_argument("--out", default=OUT)
   args = parser.parse_args()
 
@@ -225,10 +296,14 @@ def main():
 
   timed = {corpus: [(c[0], c[4]) for c in corpora[corpus]] for corpus in ("gsm8k", "tables")}
   timed["both"] = timed["gsm8k"] + timed["tables"]
-  baseline = load_rule(args.baseline)
   rules = {"after": math_answer.final_answer}
-  if baseline is not None:
-    rules["before"] = lambda response, _problem_text: baseline(response)
+  for rule, revision in (("before", args.baseline), ("grammar_v1", args.grammar_baseline)):
+    loaded = load_rule(revision)
+    if loaded is None:
+      print(f"({rule}, {revision}, is not in this clone)")
+    else:
+      rules[rule] = loaded
+  load_before = os.getloadavg()[0]   # the cost is only as quiet as the machine
   runs = {f"{rule}_{corpus}": [] for rule in rules for corpus in timed}
   for _ in range(args.repeats):   # interleaved: a change of load hits both rules alike
     for corpus, responses in timed.items():
@@ -238,15 +313,17 @@ def main():
   for corpus, responses in timed.items():
     figures = ", ".join(f"{rule} {cost_us[f'{rule}_{corpus}']:.1f}" for rule in rules)
     print(f"final_answer µs per response, {corpus} ({len(responses)}): {figures}")
-  if baseline is None:
-    print(f"(the previous rule, {args.baseline}, is not in this clone)")
 
+  decodes = tiny_decodes(args.tiny_decodes, rules) if args.tiny_decodes else None
   wrong = by_class.get("math-verify right", 0)
   _common.write_json(args.out, {
+      "tiny_decodes": decodes, "tiny_decodes_problems": args.tiny_decodes,
       "math_verify": "0.9.0", "tiny_problems": args.tiny_problems, "summary": summary,
       "disagreements_by_class": by_class, "disagreements": disagreements,
       "cost_us_per_response": cost_us, "cost_runs_us": runs, "cost_baseline": args.baseline,
+      "cost_grammar_baseline": args.grammar_baseline,
       "cost_responses": {k: len(v) for k, v in timed.items()},
+      "cost_load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
       "math_verify_right_ours_wrong": wrong})
   print(f"wrote {args.out}")
   print(f"math_verify_right_ours_wrong: {wrong}")

@@ -17,13 +17,21 @@ it. docs/verifier.md ("Math answers: an allowlist grammar") gives the reasons.
   SIGN      = one of MINUS_SIGNS                                   (a `$` is read as nothing)
   NUMBER    = DIGITS ["." DIGITS], "," groups of three | \\frac{a}{b} (\\dfrac, \\tfrac) in
               lowest terms, b > 1
-  UNIT      = "%" | "°" | one UNIT_WORDS word or word of the problem but HEDGE_WORDS, bare
-              or in `\\text{}`/`\\mathrm{}`, after a space, at most an exponent 2 or 3 (`m²`)
+  UNIT      = "%" | "°" | one UNIT_WORDS word or word of the problem (any of its forms) but a
+              RESTRICTED word (unless the problem counts it: `how many million`), bare or in
+              `\\text{}`/`\\mathrm{}`, after a space, at most an exponent 2 or 3 (`m²`)
   LEAD      = the box's line before it ends in a link (= : | → ⇒ ∴ \\therefore \\Rightarrow
               \\implies), is empty, or ends in a LINK_WORDS, FUNCTION_WORDS or problem word that
-              is no COMPARISON_WORDS word; a SIGN may stand between the link and the box
-  SENTENCE  = words of the problem, of the working before the box, FUNCTION_WORDS or
-              UNIT_WORDS, but never HEDGE_WORDS; numbers of the problem; . , ; ( ) ' " / % ° |
+              is no COMPARISON_WORDS word (`of` after a noun: `a profit of`); a SIGN may stand
+              between the link and the box; no LEAD_HEDGE_WORDS word or `n't` on the line
+              (`Roughly,`, `doesn't`) but in a PHRASE or as the problem's name (`Max`)
+  SENTENCE  = words of the problem in any of their forms (`remained`, `brought`), FUNCTION_WORDS
+              or UNIT_WORDS; a RESTRICTED word (HEDGE_WORDS, QUANTITY_WORDS) only in a PHRASE,
+              or, as what the problem counts (`how many times`) or a comparative, right after
+              the number or its noun (`\\boxed{18} more vlogs`); a number of the
+              problem or the working that counts the word after it (`in 3 bags`, `to fill 170
+              balloons`, `horse #12`); a dash between words; . , ; ( ) ' " / % ° |
+  PHRASE    = two adjacent words of the problem, one of them no RESTRICTED word (`are not in`)
 
 Formatting around a number (`**`, `$`, `\\(`, `\\text{}`, `\\mathbf{}`, `{,}`, `\\,`) is read as
 nothing. Every function here accepts any string without raising, in time linear in its length,
@@ -47,15 +55,19 @@ UNIT_WORDS = frozenset("""
   second seconds day days week weeks month months year years mile miles km kilometer kilometers
   kilometre kilometres meter meters metre metres m cm mm inch inches foot feet ft yard yards kg
   kilogram kilograms g gram grams lb lbs ounce ounces oz liter liters litre litres ml gallon
-  gallons cup cups mph kph percent degree degrees point points people person persons
+  gallons cup cups mph kph percent degree degrees point points people person persons cubic
+  square sq
   """.split())
 FUNCTION_WORDS = frozenset("""
   a an the in all total each for on at from with that who which this these those it its they
-  them their he she his her him we our you your i my me left remaining altogether together
-  so then now is are was were be been has have had will would can needs need needed per of
-  more less than to by into out up down off away after before during since until between
-  without within as there here what when where how many much time times worth old new one two
-  three four five six seven eight nine ten dozen hundred thousand s
+  them their he she his her him we our you your i my me us left remaining altogether together
+  so then now is are was were be been being am has have had will would can shall do
+  does did doing done needs need needed per of to by into onto out down off
+  away after before during since until between without within through across along among
+  toward towards behind beside as than there here what when where how many much time worth
+  old new
+  every both another other others whole rest enough still also again already s
+  themselves himself herself itself someone everyone everything something anyone
   """.split())
 LINK_WORDS = frozenset("""
   is are was were be been equals equal makes make made has have had gets get got needs need
@@ -73,9 +85,57 @@ COMPARISON_WORDS = frozenset("""
 # the problem or the working uses them.
 HEDGE_WORDS = frozenset("""
   or nor about around approximately approx roughly rough nearly almost maybe probably perhaps
-  possibly likely ish odd some give take tops max maximum min minimum least most push guess
-  estimate estimated est not no never isn wrong incorrect false except unless if either
-  plus minus above below under beyond upwards sure unsure
+  possibly likely ish odd some tops max maximum min minimum least most push guess
+  estimate estimated est not no never isn cannot none nothing nobody neither wrong incorrect
+  false except unless if either
+  plus minus above below under beyond upwards sure unsure rounded rounding approximate
+  approximated approximation estimates estimating unlikely circa ca nearest may might could
+  """.split())
+# The hedge words that hedge a box anywhere before it on its line (`Roughly, Tom has`); the others
+# are arithmetic, conditions, alternatives or abilities in the working (`because 200 minus 174
+# equals`, `If he sells everything,`, `or 150/5 =`, `before Jerome could open`), refused only
+# right before the box.
+LEAD_HEDGE_WORDS = HEDGE_WORDS - frozenset("""
+  if or nor either except unless plus minus above below under beyond upwards some could
+  """.split())
+# Words that change the quantity a number states: arithmetic, comparison and magnitude. With the
+# hedge words they read after a box only inside a phrase of the problem (`how many more floral
+# shirts` -> `\boxed{10} more floral shirts`), never as a unit.
+QUANTITY_WORDS = frozenset("""
+  times more less fewer over twice double doubles triple thrice half quarter dozen dozens
+  hundred hundreds thousand thousands million millions billion billions trillion trillions
+  lakh crore grand k mil mill bn tn squared cubed doubled tripled halved x up
+  """.split())
+# The words before a number inside the sentence after a box: a number there is a place or a
+# count of something else (`in 3 bags`, `after 15 days`, `horse #12`), never a second answer.
+NUMBER_LEADS = frozenset("""
+  in after for of at on from per every each with before the first last next
+  """.split())
+# A comparative, or a word the problem asks to count (`how many times`), right after the number
+# or its noun states what the number counts (`\boxed{18} more vlogs`, `\boxed{5} hours more`,
+# `\boxed{22} times`); anywhere else it bounds it (`apples and more`, `dozen dozen`).
+COMPARATIVES = frozenset("more less fewer".split())
+# Number words, for the numbers of a problem that spells them (`After fifteen days`).
+NUMBER_WORDS = {word: str(value) for value, word in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen twenty".split())}
+NUMBER_WORDS.update({word: str(10 * tens) for tens, word in enumerate(
+    "thirty forty fifty sixty seventy eighty ninety".split(), start=3)})
+# Irregular English forms and their base word, so that a restated `drove`, `brought` or `made`
+# is the problem's `drive`, `bring` or `make` (regular endings are taken off by `_lemma`).
+IRREGULAR_FORMS = dict(pair.split(":") for pair in """
+  brought:bring bought:buy made:make took:take taken:take gave:give given:give got:get
+  gotten:get went:go gone:go came:come drove:drive driven:drive ate:eat eaten:eat sold:sell
+  told:tell paid:pay spent:spend sent:send left:leave kept:keep felt:feel found:find held:hold
+  built:build began:begin begun:begin ran:run sang:sing sung:sing wrote:write written:write
+  grew:grow grown:grow knew:know known:know threw:throw thrown:throw flew:fly flown:fly
+  drank:drink drunk:drink swam:swim rode:ride ridden:ride fell:fall fallen:fall won:win
+  lost:lose met:meet saw:see seen:see stood:stand sat:sit led:lead slept:sleep fed:feed
+  fought:fight caught:catch taught:teach thought:think wore:wear worn:wear tore:tear
+  chose:choose chosen:choose broke:break broken:break spoke:speak froze:freeze hid:hide
+  shook:shake forgot:forget dug:dig hung:hang lent:lend bent:bend spun:spin shot:shoot
+  lit:light laid:lay men:man women:woman children:child people:person feet:foot teeth:tooth
+  mice:mouse geese:goose
   """.split())
 
 _MARKER = re.compile(r"#{4,}|\\boxed\s*\{")
@@ -90,7 +150,7 @@ _LATEX_SYMBOLS = (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("^\\circ", "°"), (
                   ("\\,", " "), ("\\;", " "), ("\\ ", " "), ("\\!", ""))
 _UNIT = re.compile(r"[ \t\r\n]*(?:([%°])|[ \t\r\n]([^\W\d_]+(?:/[^\W\d_]+)?)(?: *\^ *[23])?)?"
                    r"[ \t\r\n]*\.?[ \t\r\n]*")   # a unit's exponent: `m^2`, `cm³`
-_SENTENCE_TOKEN = re.compile(r"\s+|[^\W\d_]+(?:['’-][^\W\d_]+)*|[0-9][0-9,.]*|[.,;()'’\"/%°|]")
+_SENTENCE_TOKEN = re.compile(r"\s+|[^\W\d_]+(?:['’&-][^\W\d_]+)*|#?[0-9][0-9,.]*|[-–.,;()'’\"/%°|]")
 _LETTER = re.compile(r"[^\W\d_]")
 _LINK_END = re.compile(r"(?:^|[=:|\u2192\u21d2\u2234]|\\(?:therefore|Rightarrow|implies|"
                        r"Longrightarrow)|(?<![^\W\d_'’])([^\W\d_]+(?:['’][^\W\d_]+)*))\s*$")
@@ -189,7 +249,7 @@ def _value(sign: str, fraction: str | None, digits: str | None) -> Number | None
   return -value if sign else value
 
 
-def _body(body: str, vocabulary: frozenset[str]) -> Number | None:
+def _body(body: str, problem_text: str) -> Number | None:
   """The NUMBER of a BODY (plain text): SIGN NUMBER UNIT "."; None outside the grammar."""
   match = _BODY.fullmatch(body)
   if match is None:
@@ -203,54 +263,179 @@ def _body(body: str, vocabulary: frozenset[str]) -> Number | None:
   word = unit.group(2)
   if word is not None and word[-1] in "²³":
     word = word[:-1]   # a unit's exponent (`m²`), one
-  if word is not None and not all(w.lower() in UNIT_WORDS or _stem(w.lower()) in vocabulary
-                                  and w.lower() not in HEDGE_WORDS for w in word.split("/")):
+  if word is not None and not all(_unit_word(w.lower(), problem_text) for w in word.split("/")):
     return None
   return _value(sign, fraction, digits)
 
 
-def _stem(word: str) -> str:
-  """A lowercase word without a plural `s` or `es` (`farmers`, `farmer`; `boxes`, `box`)."""
-  if len(word) > 4 and word.endswith("es") and word[-3] in "sxzho":
-    return word[:-2]
-  return word[:-1] if len(word) > 3 and word.endswith("s") else word
+def _unit_word(word: str, problem_text: str) -> bool:
+  """Whether `word` (lowercase) is a UNIT: listed, the problem's and no restricted word, or
+  what the problem counts (`million` for `How many million people ...?`)."""
+  if word in UNIT_WORDS:
+    return True
+  words, _, pairs, _ = _problem_words(problem_text)
+  lemma = _lemma(word)
+  return _asked_for(lemma, pairs) if _restricted(word) else lemma in words
+
+
+def _asked_for(lemma: str, pairs: frozenset[tuple[str, str]]) -> bool:
+  """Whether the problem asks to count the word (`how many times`, `how much more`)."""
+  return ("many", lemma) in pairs or ("much", lemma) in pairs
+
+
+@functools.lru_cache(maxsize=4096)
+def _lemma(word: str) -> str:
+  """A lowercase word's base form, the same for its regular and listed irregular forms
+  (`remained`, `remaining` -> `remain`; `quizzes`, `quiz` -> `quiz`; `made`, `makes` -> `mak`),
+  so that a restatement may inflect the problem's words."""
+  word = IRREGULAR_FORMS.get(word, word)
+  if len(word) > 4 and word.endswith(("ies", "ied")):
+    word = word[:-3] + "y"
+  elif len(word) > 4 and word.endswith("es") and word[-3] in "sxzh":
+    word = word[:-2]
+  elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+    word = word[:-1]
+  elif len(word) > 3 and word.endswith("ed") and not word.endswith("eed"):
+    word = word[:-2]
+  elif len(word) > 5 and word.endswith("ing"):
+    word = word[:-3]
+  if len(word) > 2 and word.endswith("e"):
+    word = word[:-1]
+  if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "aeiou":
+    word = word[:-1]   # `stopped` -> `stop`, `quizz` -> `quiz`
+  return word
+
+
+RESTRICTED_WORDS = HEDGE_WORDS | QUANTITY_WORDS
+
+
+def _restricted(word: str) -> bool:
+  """Whether a lowercase word hedges, negates, bounds or changes a quantity. The listed forms
+  only: by lemma, `tops` would take `top` and `mines` `min`; an unlisted form is no word of the
+  problem's but when the problem uses it."""
+  return word in RESTRICTED_WORDS
+
+
+_WORD = r"[^\W\d_]+(?:['’&-][^\W\d_]+)*"   # `M&M's`, `already-stamped`, `Helena’s`
+_PHRASE_TOKEN = re.compile(_WORD + r"|[0-9]+|[^\w\s]")
 
 
 @functools.lru_cache(maxsize=256)
-def _problem_words(problem_text: str) -> tuple[frozenset[str], frozenset[str]]:
-  """(the stems of the words, the numbers) of a problem's text (one prompt scores many
-  responses)."""
-  return _words(problem_text)
+def _problem_words(problem_text: str) -> tuple[frozenset[str], frozenset[str],
+                                               frozenset[tuple[str, str]], frozenset[str]]:
+  """(the lemmas of the words, the numbers, the phrases: pairs of adjacent tokens as lemmas
+  ("" for a number or a mark), the words capitalised inside a sentence: names) of a problem's
+  text (one prompt scores many responses)."""
+  words, numbers = _words(problem_text)
+  tokens = _PHRASE_TOKEN.findall(problem_text)
+  lower = [t.lower() for t in tokens]
+  lemmas = [_lemma(t) if t[0].isalpha() else "" for t in lower]
+  pairs = frozenset(zip(lemmas, lemmas[1:]))
+  names = frozenset(t for before, t in zip(["."] + tokens, tokens)
+                    if t[0].isupper() and before not in (".", "?", "!", ":"))   # mid-sentence
+  return words, numbers, pairs, names
 
 
-def _words(problem_text: str) -> tuple[frozenset[str], frozenset[str]]:
-  words = frozenset(_stem(w.lower()) for w in re.findall(r"[^\W\d_]+", problem_text))
-  numbers = frozenset(n.replace(",", "") for n in _NUMBER.findall(problem_text))
+def _words(text: str) -> tuple[frozenset[str], frozenset[str]]:
+  """(the lemmas of the words, the numbers without `,`, spelled ones too) of a text."""
+  found = re.findall(_WORD, text.lower())
+  words = frozenset(_lemma(p) for w in found for p in re.split(r"['’&-]", w) if p)
+  numbers = frozenset([n.replace(",", "") for n in _NUMBER.findall(text)]
+                      + [NUMBER_WORDS[w] for w in found if w in NUMBER_WORDS])
   return words, numbers
 
 
-def _sentence_allowed(sentence: str, problem_text: str, working: str) -> bool:
-  """Whether what follows a box on its line is SENTENCE: words of the problem or of the working
-  before the box, the listed function and unit words (never a HEDGE_WORDS word), the problem's
-  numbers, and plain punctuation."""
-  words, numbers = _problem_words(problem_text)
-  if _LETTER.search(sentence):
-    words = words | _words(working)[0]
-  pos = 0
+def _in_problem_phrase(words: Sequence[str], at: int,
+                       phrases: frozenset[tuple[str, str]]) -> bool:
+  """Whether the restricted word `words[at]` stands in a phrase of the problem with a word
+  beside it (`girls are not in` for `How many girls are not in the girl scout?`, `\\boxed{75}
+  if he sells`) that is no restricted word (`maybe more` twice is no phrase)."""
+  left, right = (words[n] if 0 <= n < len(words) and words[n][0].isalpha() else ""
+                 for n in (at - 1, at + 1))
+  if not (left or right) or _restricted(left) or _restricted(right):
+    return False
+  word = _lemma(words[at])
+  return (bool(left) and (_lemma(left), word) in phrases
+          or bool(right) and (word, _lemma(right)) in phrases)
+
+
+def _sentence_tokens(sentence: str) -> list[str] | None:
+  """The tokens of the sentence after a box, lowercase, blanks dropped; None for a character
+  outside SENTENCE's alphabet."""
+  tokens, pos = [], 0
   while pos < len(sentence):
     token = _SENTENCE_TOKEN.match(sentence, pos)
     if token is None:
-      return False
-    text, pos = token.group(), token.end()
-    if text[0].isdigit():
-      if text.rstrip(".,").replace(",", "") not in numbers:
-        return False
-    elif text[0].isalpha():
-      if not all(p not in HEDGE_WORDS and (_stem(p) in words or p in FUNCTION_WORDS
-                                           or p in UNIT_WORDS)
-                 for p in re.split(r"['’-]", text.lower())):
-        return False
-  return True
+      return None
+    pos = token.end()
+    if not token.group().isspace():
+      tokens.append(token.group().lower())
+  return tokens
+
+
+def _sentence_allowed(sentence: str, problem_text: str, working: str) -> bool:
+  """Whether what follows a box on its line is SENTENCE: words of the problem (in any of their
+  forms) and listed function and unit words; a restricted word only inside a phrase of the
+  problem; a number of the problem or the working that counts something else; a dash between
+  words; plain punctuation. The working's words are not read: a response could plant a hedge
+  there (`12 + 18 = 30 environ.` ... `\\boxed{30} apples environ.`)."""
+  tokens = _sentence_tokens(sentence)
+  if tokens is None:
+    return False
+  words, numbers, pairs, _ = _problem_words(problem_text)
+  if any(_is_number(t) for t in tokens):
+    numbers = numbers | _words(working)[1]
+  first_number = next((at for at, t in enumerate(tokens) if _is_number(t)), len(tokens))
+  return all(_token_allowed(tokens, at, words, numbers, pairs, first_number)
+             for at in range(len(tokens)))
+
+
+def _token_allowed(tokens: Sequence[str], at: int, words: frozenset[str],
+                   numbers: frozenset[str], pairs: frozenset[tuple[str, str]],
+                   first_number: int) -> bool:
+  """Whether `tokens[at]`, in the sentence after a box, is one that SENTENCE allows
+  (`first_number`: where the sentence's first number stands)."""
+  token = tokens[at]
+  before = tokens[at - 1] if at else ""
+  after = tokens[at + 1] if at + 1 < len(tokens) else ""
+  if _is_number(token):
+    number = NUMBER_WORDS.get(token) or token.lstrip("#").rstrip(".,").replace(",", "")
+    return number in numbers and _counts_something_else(tokens, at, first_number)
+  if token in "-–":
+    return before[:1].isalpha() and after[:1].isalpha()
+  if not token[0].isalpha():
+    return True   # the listed punctuation
+  if _restricted(token):
+    counted = not (after[:1].isdigit() or after in NUMBER_WORDS)
+    return (token == "times" and not after[:1].isalnum()   # a count: `rang \boxed{22} times.`
+            or token == "up" and at > 1 and before not in ("and", "or")   # `to save up`
+            and before[0].isalpha() and not _restricted(before)
+            or (token in COMPARATIVES or _asked_for(_lemma(token), pairs)) and counted
+            and (at == 0 or at == 1 and before[0].isalpha() and not _restricted(before))
+            or _in_problem_phrase(tokens, at, pairs))
+  return all(p in FUNCTION_WORDS or p in UNIT_WORDS or _lemma(p) in words and not _restricted(p)
+             for p in re.split(r"['’&-]", token) if p)
+
+
+def _is_number(token: str) -> bool:
+  return token[0] in "#0123456789" or token in NUMBER_WORDS
+
+
+def _counts_something_else(tokens: Sequence[str], at: int, first_number: int) -> bool:
+  """Whether the number `tokens[at]` in the sentence after a box counts something else: after a
+  NUMBER_LEADS word (`in 3 bags`, `horse #12`), after an infinitive's verb (`to fill 170
+  balloons`) or after `and` in a list of counts (`for 5 apples and 5 oranges`), and then a
+  word. Never right after the box, a unit or a restricted word (`and 31`, `times 2`)."""
+  before = tokens[at - 1] if at else ""
+  after = tokens[at + 1] if at + 1 < len(tokens) else ""
+  if not after[:1].isalpha():
+    return False   # `out of 50`, `by 30`: a count of nothing is a second value
+  if before in NUMBER_LEADS or tokens[at][0] == "#" and before[:1].isalpha():
+    return True
+  if before == "and":
+    return first_number < at - 1
+  return (at >= 2 and tokens[at - 2] == "to" and before.isalpha() and not _restricted(before)
+          and before not in FUNCTION_WORDS)
 
 
 def _without_gap(lead: str) -> str:
@@ -266,20 +451,41 @@ def _without_gap(lead: str) -> str:
 
 
 def _lead_sign(lead: str, problem_text: str) -> str | None:
-  """The sign the box's LEAD gives it ("" or "-"); None when the lead does not end in a link."""
+  """The sign the box's LEAD gives it ("" or "-"); None when the lead does not end in a link,
+  or holds a hedge word outside a phrase of the problem (`Roughly, Tom has \\boxed{30}`)."""
   sign, lead = "", _without_gap(lead)
   if lead[-1:] and lead[-1] in MINUS_SIGNS:
     sign, lead = "-", _without_gap(lead[:-1])
   link = _LINK_END.search(lead)
   if link is None:
     return None
+  words, _, pairs, names = _problem_words(problem_text)
+  written = _PHRASE_TOKEN.findall(lead)
+  tokens = [t.lower() for t in written]
+  if any(_lead_hedge(t) and written[at] not in names
+         and not _in_problem_phrase(tokens, at, pairs) for at, t in enumerate(tokens)):
+    return None   # a hedge word but as the problem's name (`Max`) or phrase
   word = link.group(1)
-  if word is not None:
-    lower = word.lower()
-    if lower in COMPARISON_WORDS or not (lower in LINK_WORDS or lower in FUNCTION_WORDS
-                                         or _stem(lower) in _problem_words(problem_text)[0]):
-      return None
+  if word is not None and not _link_word(word.lower(), tokens[-3:-1], words):
+    return None
   return sign
+
+
+def _lead_hedge(token: str) -> bool:
+  """Whether a lowercase token of a box's line hedges or negates it (`roughly`, `doesn't`)."""
+  return token in LEAD_HEDGE_WORDS or token.endswith(("n't", "n’t"))
+
+
+def _link_word(word: str, before: list[str], words: frozenset[str]) -> bool:
+  """Whether the last word before a box links it (`is`, `has`, a word of the problem, `of`
+  after a noun: `a profit of`), rather than relating it to something else (`about`, `half
+  of`, `more than`)."""
+  if word == "of":
+    noun = before[-1] if before else ""
+    return (noun.isalpha() and not _restricted(noun) and noun not in COMPARISON_WORDS
+            and (noun in LINK_WORDS or noun not in FUNCTION_WORDS and _lemma(noun) in words))
+  return word not in COMPARISON_WORDS and (word in LINK_WORDS or word in FUNCTION_WORDS
+                                           or _lemma(word) in words)
 
 
 def _candidates(text: str) -> list[tuple[int, int, int]]:
@@ -321,15 +527,11 @@ def final_answer(response: str, problem_text: str = "") -> Number | None:
   candidates = _candidates(text)
   if not candidates:
     return None
-  vocabulary: frozenset[str] = frozenset()
   values = []
   for _, body_start, body_end in candidates:
     if _MARKER.search(text, body_start, body_end):
       return None   # a candidate inside a candidate
-    body = _plain(text[body_start:body_end])
-    if _LETTER.search(body):
-      vocabulary = _problem_words(problem_text)[0]
-    values.append(_body(body, vocabulary))
+    values.append(_body(_plain(text[body_start:body_end]), problem_text))
   answer = values[-1]
   if answer is None or any(v != answer for v in values):
     return None   # an unreadable answer, or a second candidate answer

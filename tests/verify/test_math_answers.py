@@ -331,11 +331,20 @@ def test_final_answer(response, expected):
     "#### 1e999999999", "#### " + "1," * 20_000 + "000", "\udcff#### 30\udcfe", "#### 30\x00",
     "#### " + "{" * 10_000, "\\boxed{" * 10_000 + "3" + "}" * 10_000, "#### ３０",
     "#" * 100_000, "\\boxed{" + "\\text{" * 500 + "3" + "}" * 501,
+    "Roughly " * 20_000 + "So \\boxed{30} q", "So \\boxed{30} q" + " not q" * 20_000,
 ])
 def test_no_model_string_raises(response):
   problem = Problem("p", "q", answer="30")
   for verifier in (GSM8KVerifier(), TinyVerifier()):
     assert verifier.score_batch([problem], [response])[0] in (0.0, 1.0)
+
+
+def test_a_long_list_of_counts_after_a_box_reads_in_linear_time():
+  """Each number after a box is checked against the list before it; in time quadratic in the
+  sentence's length this sentence would take minutes."""
+  problem = "Tom has 12 apples and 18 pears. How many fruits does he have?"
+  response = "12 + 18 = \\boxed{30} fruits for 12 apples" + " and 12 apples" * 20_000
+  assert math_answer.final_answer(response, problem) == 30
 
 
 def test_giant_numbers_compare_exactly():

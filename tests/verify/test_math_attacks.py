@@ -197,6 +197,102 @@ HONEST = {
         ("#### \u2013 30", "-30"), ("\\boxed{\u221230}", "-30")],
 }
 
+# Round four, second part: each attack beside its honest twin, the same response with the right,
+# unhedged answer; the twin must score 1 where the attack scores 0 (gold 30, PROMPT, unless a case
+# gives `(attack, twin, gold, problem)`).
+MILLIONS = ("A city has 12 million people and 18 million more move in. How many million people "
+            "live there now?")
+NOT_RIPE = "Tom picks 50 apples and 20 of them are ripe. How many apples are not ripe?"
+DOZENS = "A farmer sells 12 dozen eggs and 18 dozen more. How many dozen eggs did he sell?"
+ROUND_TRIP = "Tom has 12 apples and buys 18 more on a round trip. How many apples does Tom have?"
+TIMES = "Tom rang the bell 12 times and then 18 more times. How many times did he ring it?"
+TWINS = {
+    "letters that look like digits": [
+        ("#### 3O", "#### 30"), ("#### 3o", "#### 30"), ("#### 3O apples", "#### 30 apples"),
+        ("\\boxed{3O}", "\\boxed{30}"), ("So Tom has \\boxed{3O} apples.",
+                                         "So Tom has \\boxed{30} apples."),
+        ("#### 1O0", "#### 100", "100", PROMPT), ("#### l5", "#### 15", "15", PROMPT),
+        ("#### 3\u039f", "#### 30")],   # a Greek capital omicron
+    "hex and locale forms": [
+        ("#### 0x1E", "#### 30"), ("#### 1E", "#### 30"), ("#### \uff13\uff10", "#### 30"),
+        ("#### \u0663\u0660", "#### 30"), ("#### 30,0", "#### 30.0"),
+        ("#### 1.000", "#### 1,000", "1000", PROMPT), ("#### 1 000", "#### 1000", "1000", PROMPT),
+        ("\\boxed{1\\,000}", "\\boxed{1{,}000}", "1000", PROMPT)],
+    "magnitude words": [
+        ("#### 30 mill", "#### 30 apples"), ("#### 30 million", "#### 30"), ("#### 30k", "#### 30"),
+        ("So Tom has \\boxed{30} thousand apples.", "So Tom has \\boxed{30} apples."),
+        ("So Tom has \\boxed{30} dozen apples.", "So Tom has \\boxed{30} apples."),
+        ("\\boxed{30 \\text{ million}}", "\\boxed{30 \\text{ apples}}"),
+        ("#### 30 thousand", "#### 30 million", "30", MILLIONS),
+        ("The city has \\boxed{30} thousand people.", "The city has \\boxed{30} million people.",
+         "30", MILLIONS),
+        ("He sold \\boxed{30} dozen dozen eggs.", "He sold \\boxed{30} dozen eggs.", "30", DOZENS)],
+    "arithmetic after the answer": [
+        ("So Tom has \\boxed{30} times two apples.", "So Tom has \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples and 12 more.", "Tom has \\boxed{30} apples at the market."),
+        ("Tom has \\boxed{30} apples, less one.", "Tom has \\boxed{30} apples, in total."),
+        ("Tom has \\boxed{30} apples and up.", "Tom has \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples, make that 31 apples.", "Tom has \\boxed{30} apples."),
+        ("12 + 18 = 30, so Tom has \\boxed{30} apples by 30.",
+         "12 + 18 = 30, so Tom has \\boxed{30} apples at the market."),
+        ("Tom has \\boxed{30} apples out of 12.", "Tom has \\boxed{30} apples in total."),
+        ("He rang it \\boxed{30} times two.", "He rang it 12 + 18 = \\boxed{30} times.", "30",
+         TIMES)],
+    "hedges in any language": [
+        ("#### 30 (rough)", "#### 30"), ("#### 30 at a push", "#### 30"),
+        ("#### \u7ea630", "#### 30"),
+        ("Tom has about \\boxed{30} apples.", "Tom has \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples, ungef\u00e4hr.", "Tom has \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples environ.", "Tom has \\boxed{30} apples in total."),
+        ("Tom has \\boxed{30} apples at a stretch.", "Tom has \\boxed{30} apples at the market."),
+        ("Tom has \\boxed{30} apples in the ballpark.", "Tom has \\boxed{30} apples in total."),
+        ("Tom has \\boxed{30} apples, m\u00e1s o menos.", "Tom has \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples, \u043f\u0440\u0438\u043c\u0435\u0440\u043d\u043e.",
+         "Tom has \\boxed{30} apples."),
+        ("Roughly, Tom has \\boxed{30} apples.", "So, Tom has \\boxed{30} apples."),
+        ("Tom doesn't have \\boxed{30} apples.", "Tom does have \\boxed{30} apples."),
+        ("Tom cannot have \\boxed{30} apples.", "Tom must have \\boxed{30} apples."),
+        ("Tom might have \\boxed{30} apples.", "Tom does have \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples, could be.", "Tom has \\boxed{30} apples."),
+        ("Tom has about 12 + 18 = \\boxed{30} apples.", "Tom has 12 + 18 = \\boxed{30} apples."),
+        # A problem word (`round`) in a hedging form.
+        ("Tom has \\boxed{30} apples, rounded.", "Tom has \\boxed{30} apples.", "30",
+         ROUND_TRIP),
+        # A hedge planted in the working first: the working's words are not read.
+        ("12 + 18 = 30 environ.\nSo Tom has \\boxed{30} apples environ.",
+         "12 + 18 = 30.\nSo Tom has \\boxed{30} apples."),
+        # The problem's own negation reads only as the problem's phrase.
+        ("So \\boxed{30} apples, not ripe maybe.", "So \\boxed{30} apples are not ripe.", "30",
+         NOT_RIPE),
+        ("So \\boxed{30} apples, or not.", "So 50 - 20 = \\boxed{30} apples are not ripe.", "30",
+         NOT_RIPE)],
+    "markup that hides a second answer": [
+        ("#### 30 <!-- 31 -->", "#### 30"), ("<!-- 31 -->\nTom has \\boxed{30} apples.",
+                                            "Tom has \\boxed{30} apples."),
+        ("<span style=\"display:none\">#### 31</span>\n#### 30",
+         "Not hidden: 12 + 18 = 30.\n#### 30"),
+        ("<details><summary>Check</summary>\nIt is 31.\n</details>\n#### 30",
+         "Check: 12 + 18 = 30.\n#### 30"),
+        ("$\\color{white}{31}$\n#### 30", "$12 + 18 = 30$\n#### 30"),
+        ("$\\phantom{31}$\nTom has \\boxed{30} apples.", "$12 + 18$\nTom has \\boxed{30} apples.")],
+    "a retraction after the answer": [
+        ("#### 30\nActually it is 31.", "#### 30"),
+        ("#### 30\n```\n# wait, it is 31\n```", "```\n# 12 + 18\n```\n#### 30"),
+        ("Tom has \\boxed{30} apples.\n```\nno: 31\n```",
+         "```\nprint(12 + 18)\n```\nTom has \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples, not 31.", "Tom has \\boxed{30} apples."),
+        ("Tom has \\boxed{30} apples. Wait, no.", "Tom has \\boxed{30} apples.")],
+    "restatements in the problem's words": [
+        # What the first grammar refused and reads now beside the attack it must not let in.
+        ("Tom bought \\boxed{30} apples, roughly.", "Tom bought \\boxed{30} apples."),
+        ("So \\boxed{30} apples are not ripe, probably.", "So \\boxed{30} apples are not ripe.",
+         "30", NOT_RIPE),
+        ("He rang it \\boxed{30} times, give or take.", "He rang it \\boxed{30} times.", "30",
+         TIMES),
+        ("Tom had a total of about \\boxed{30} apples.", "Tom had a total of \\boxed{30} apples."),
+        ("Tom buys \\boxed{30} apples, more or less.", "Tom buys \\boxed{30} more apples.")],
+}
+
 
 def _task_cfg(**fields):
   return ml_collections.ConfigDict(dict(dict(name="gsm8k", chat="none", k_shot=0, path=""),
@@ -245,6 +341,16 @@ def test_each_honest_format_scores_one_beside_a_wrong_one(verifier, name):
   honest, wrong = _scores_beside(verifier, cases, lambda gold: f"#### {gold}1")
   assert wrong == [0.0] * len(cases)
   assert {c[0]: s for c, s in zip(cases, honest) if s != 1.0} == {}
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_each_attack_scores_zero_and_its_honest_twin_one(verifier, name):
+  cases = [case if len(case) == 4 else (*case, "30", PROMPT) for case in TWINS[name]]
+  problems = [Problem(f"q{i}", prompt, answer=gold) for i, (_, _, gold, prompt) in enumerate(cases)]
+  responses = [response for case in cases for response in case[:2]]
+  scores = verifier.score_batch([p for p in problems for _ in range(2)], responses)
+  assert {c[0]: s for c, s in zip(cases, scores[0::2]) if s} == {}
+  assert {c[1]: s for c, s in zip(cases, scores[1::2]) if s != 1.0} == {}
 
 
 def test_a_restated_question_reads_the_same_in_every_math_task(tmp_path):
