@@ -64,7 +64,7 @@ FIGURES = [
     ("`bidirectional_cache.py`", "3.05×", "bidirectional_cache.json",
      _at("results", "dual", "tps_vs_none"), "{:.2f}×"),
     ("`serve_load.py`", "0.946", "serve_load.json", _at("saturation", "ratio_median"), "{:.3f}"),
-    ("`math_rule_vs_math_verify.py`", "71 math-verify right", "math_rule_vs_math_verify.json",
+    ("`math_rule_vs_math_verify.py`", "34 math-verify right", "math_rule_vs_math_verify.json",
      _at("math_verify_right_ours_wrong"), "{} math-verify right"),
     ("`serve_sweep.py`", "1.39×", "serve_sweep.json", _serve_sweep_ratio, "{:.2f}×"),
     ("`prefill_once.py`", "1.32×", "prefill_once.json", _at("runs", 0, "speedup_measured"),
