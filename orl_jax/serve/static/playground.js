@@ -26,9 +26,11 @@ function makePane(name) {
   panes.set(name, {pane, title, status, canvas, text, cells: [], length: 0});
 }
 
-// Blue for the first forward to red for the last a response of `length` positions can take.
+// Blue for the first forward to red for the last a response can take (`scale`: its positions
+// and blocks, a forward each at most), on a log scale: most tokens come early.
 function colour(forward, scale) {
-  const hue = 220 * (1 - Math.min(1, (forward - 1) / Math.max(1, scale - 1)));
+  const x = Math.log(Math.max(1, forward)) / Math.log(Math.max(2, scale));
+  const hue = 220 * (1 - Math.min(1, x));
   return `hsl(${hue.toFixed(0)}, 75%, 78%)`;
 }
 
@@ -70,6 +72,7 @@ function commit(p, d) {
     cell.style.background = colour(d.forwards, p.scale);
   }
   p.pane.dataset.forwards = d.forwards;
+  p.pane.dataset.updates = Number(p.pane.dataset.updates || 0) + 1;
   p.status.textContent = `forward ${d.forwards}`;
 }
 
@@ -100,6 +103,7 @@ function onChunk(p, chunk) {
 async function ask(name, body, key) {
   const p = panes.get(name);
   p.pane.dataset.state = "waiting";
+  p.pane.dataset.updates = 0;
   p.pane.querySelectorAll(".badge").forEach((b) => b.remove());
   p.status.textContent = "waiting for the engine";
   p.text.textContent = "";
@@ -141,7 +145,9 @@ async function ask(name, body, key) {
 function markFewest() {
   const done = [...panes.values()].filter((p) => p.pane.dataset.state === "done");
   if (done.length < 2 || done.length !== panes.size) return;
-  const fewest = Math.min(...done.map((p) => Number(p.pane.dataset.forwards)));
+  const counts = done.map((p) => Number(p.pane.dataset.forwards));
+  const fewest = Math.min(...counts);
+  if (counts.every((n) => n === fewest)) return;     // a tie: no pane is ahead
   for (const p of done) {
     if (Number(p.pane.dataset.forwards) !== fewest) continue;
     const badge = document.createElement("span");
