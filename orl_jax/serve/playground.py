@@ -49,7 +49,9 @@ async def read_body(receive, limit: int, timeout: float) -> tuple[list[dict], by
   """(the messages received, the whole body): read until the body ends, passes `limit` bytes,
   pauses `timeout` seconds or the client leaves (then the body is None: the model's own app
   answers what is wrong, from the same messages)."""
-  messages, chunks, size = [], [], 0
+  messages: list[dict] = []
+  chunks: list[bytes] = []
+  size = 0
   while True:
     try:
       message = await asyncio.wait_for(receive(), timeout)

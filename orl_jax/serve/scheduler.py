@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from orl_jax.apps.trajectory_view import token_text
+from orl_jax.data.tokenizer import token_text
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.serve.engine import EngineShape, Entry, HostView
 from orl_jax.unmasking import UnmaskRule
