@@ -1,7 +1,10 @@
-"""A request that asks for the denoising (`orl_denoise`, docs/serving.md#the-playground): the
-scheduler's canvas events show each forward's commits, in the order and groups the offline
-per-row engine's capture records them, and end on the response the request returns."""
+"""The playground's server side (docs/serving.md#the-playground): a request that asks for the
+denoising (`orl_denoise`) gets canvas events that show each forward's commits, in the order and
+groups the offline per-row engine's capture records them, ending on the response the request
+returns; several models behind one port (`playground.front`, `--models`): each request
+answered by the model it names, the page open, the API keyed."""
 import dataclasses
+import json
 import threading
 
 import jax
@@ -14,11 +17,15 @@ from orl_jax.decode import per_row
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.serve.engine import BlockEngine, EngineShape
 from orl_jax.serve.load import parse_models
-from orl_jax.serve.playground import named_model
+from orl_jax.serve import keys
+from orl_jax.serve.app import Served
+from orl_jax.serve.metrics import ServerMetrics
+from orl_jax.serve.playground import front, named_model
 from orl_jax.serve.scheduler import Request, Scheduler
 from orl_jax.errors import ConfigError
 from orl_jax.sharding import make_mesh
-from orl_jax.unmasking import UnmaskRule
+from orl_jax.unmasking import RULES, UnmaskRule
+from tests.serve import test_serve_scheduler as scripted
 from tests.support.helpers import TINY, TINY_BLOCK, TINY_RULES, live_adapter, tiny_model
 
 # compares token ids and commit order with an offline decode: rerun under other numerics
@@ -105,3 +112,69 @@ def test_models_flag_and_the_model_a_body_names():
   assert named_model(b'{"model": "orl", "prompt": "x"}') == "orl"
   for body in (b'{"model": 3}', b"[1]", b"{not json", b"[" * 100 + b"]" * 100, b"\xff"):
     assert named_model(body) is None
+
+
+class _Scripted(scripted.ScriptedEngine):
+  """The scheduler tests' scripted engine (one block a call), for any iteration count."""
+
+  def dispatch(self, entries, cancel, iterations=None):
+    return super().dispatch(entries, cancel)
+
+
+class _Words(scripted.Words):
+  def decode(self, ids, skip_special=True, stop_at_eos=False):
+    return super().decode(ids)
+
+
+def _served(name: str, script: dict, access=keys.OPEN) -> Served:
+  engine = _Scripted(script=script)
+  scheduler = Scheduler(engine, _Words(), max_waiting=8)
+  scheduler.start()
+  return Served(name, _Words(), "none", scheduler, ServerMetrics(engine.shape.rows),
+                UnmaskRule(), 0.0, True, RULES, 8, engine.cfg.gen_length, access=access,
+                block_size=None, max_body_bytes=1 << 20)
+
+
+def test_two_models_behind_one_port_each_answers_the_requests_that_name_it():
+  from starlette.testclient import TestClient
+  access = keys.Access(api_keys=("k",), admin_keys=(), reload_root="", key_probes=False)
+  models = [_served("base", {5: 2}, access), _served("orl", {5: 6}, access)]
+  client = TestClient(front(models))
+  auth = {"Authorization": "Bearer k"}
+  try:
+    page = client.get("/")
+    assert page.status_code == 200 and "playground.js" in page.text      # open: no key
+    assert "orl_denoise: true" in client.get("/playground.js").text
+    assert client.get("/v1/models").status_code == 401
+    assert [m["id"] for m in client.get("/v1/models", headers=auth).json()["data"]] == [
+        "base", "orl"]
+    texts = {}
+    for name in ("base", "orl"):
+      body = client.post("/v1/completions", headers=auth,
+                         json={"model": name, "prompt": "w5 w6"}).json()
+      assert body["model"] == name, body
+      texts[name] = body["choices"][0]["text"]
+    assert texts == {"base": "w5 w6", "orl": "w5 w6 w7 w8 w9 w10"}       # each its script
+    unknown = client.post("/v1/completions", headers=auth, json={"model": "x", "prompt": "w5"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["message"] == (
+        "model 'x' is not served here; GET /v1/models lists 'base', 'orl'")
+    assert client.post("/v1/completions", json={"model": "orl", "prompt": "w5"}
+                       ).status_code == 401
+    missing = client.post("/v1/completions", headers=auth, json={"prompt": "w5"})
+    assert missing.status_code == 400 and "missing field 'model'" in missing.text
+    refused = client.post("/v1/completions", headers=auth,
+                          json={"model": "orl", "prompt": "w5", "orl_denoise": True})
+    assert refused.status_code == 400 and "set stream to true" in refused.text
+    with client.stream("POST", "/v1/chat/completions", headers=auth, json={
+        "model": "orl", "messages": [{"role": "user", "content": "w5"}], "stream": True,
+        "orl_denoise": True}) as stream:
+      chunks = [json.loads(line[6:]) for line in stream.iter_lines()
+                if line.startswith("data: {")]
+    canvases = [c["choices"][0]["orl_denoise"] for c in chunks
+                if "orl_denoise" in c["choices"][0]]
+    # a scripted engine shows no block in progress: its canvas arrives when the choice ends
+    assert [[p for p, _, _ in c["commits"]] for c in canvases] == [list(range(8))]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == texts["orl"]
+  finally:
+    for m in models:
+      m.scheduler.stop(timeout=10)
