@@ -60,7 +60,8 @@ class Engine(Protocol):
 
 
 class Event(NamedTuple):
-  """What a request's handler receives, in order, per choice: `block` events, then `done`."""
+  """What a request's handler receives, in order, per choice: `block` events (and `canvas`
+  events, for a request with `denoise`), then `done`."""
   kind: str                    # "block" | "canvas" | "done" | "error"
   choice: int
   text: str                    # block: the text it adds; done: the choice's whole text
