@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv compilers demo lint test test-other-cpu test-slow test-all base warmup bench clean
+.PHONY: venv compilers demo lint test test-other-cpu test-slow test-all browser base warmup bench \
+  clean
 
 # The project and its test extras; then torch and transformers, the test-only references of the
 # parity tests, lm-evaluation-harness, the independent client of the server's tests, and
@@ -86,6 +87,15 @@ test-slow: venv
 
 test-all: venv
 	$(PY) -m pytest -q tests
+
+# The playground in headless Chromium (tests marked `browser`; docs/serving.md#the-playground):
+# Debian's chromium, installed when missing (apt-get: root), driven through Playwright's Python
+# package (in the dev extras; it downloads no browser of its own). The tests fail, they do not
+# skip, without either.
+CHROMIUM ?= /usr/bin/chromium
+browser: venv
+	test -x $(CHROMIUM) || (apt-get update -q && apt-get install -y -q chromium)
+	$(PY) -m pytest -q -m browser tests
 
 # Re-trains the tiny base model into assets/tiny_base: params.safetensors, meta.json (with the
 # machine and the measured accuracy) and a regenerated README.md; what reproduces is in that README.

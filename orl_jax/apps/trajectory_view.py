@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from orl_jax.data.tokenizer import token_text
 from orl_jax.metrics import TPF_COUNT
 
 
@@ -144,17 +145,6 @@ def _colour(step: int, n_steps: int) -> str:
   x = step / max(n_steps - 1, 1)
   r, g, b = int(60 + 195 * x), int(170 - 90 * x), int(240 - 200 * x)
   return f"rgb({r},{g},{b})"
-
-
-def token_text(tokenizer, token: int) -> str:
-  """What a token reads as on its own: its decoded text, or, where that is not whole
-  characters (a byte-level tokenizer's piece of a character), its bytes as \\xNN; a line break
-  as the return sign."""
-  text = tokenizer.decode([int(token)], skip_special=False)
-  if "\ufffd" in text:
-    piece = getattr(getattr(tokenizer, "backend", None), "id_to_token", lambda t: None)(int(token))
-    text = piece if piece and "\ufffd" not in piece else f"<{int(token)}>"
-  return text.replace("\n", "\u23ce")
 
 
 def _legend(n_steps: int) -> str:

@@ -143,3 +143,15 @@ class WordTokenizer:
         words.append(word)
       previous_was_digit = is_digit
     return " ".join(words)
+
+
+def token_text(tokenizer, token: int) -> str:
+  """What one token of any of the project's tokenizers (`WordTokenizer`,
+  `hf_tokenizer.HFTokenizer`) reads as on its own: its decoded text, or, where that is not whole
+  characters (a byte-level tokenizer's piece of a character), its bytes as \\xNN; a line break
+  as the return sign."""
+  text = tokenizer.decode([int(token)], skip_special=False)
+  if "\ufffd" in text:
+    piece = getattr(getattr(tokenizer, "backend", None), "id_to_token", lambda t: None)(int(token))
+    text = piece if piece and "\ufffd" not in piece else f"<{int(token)}>"
+  return text.replace("\n", "\u23ce")

@@ -518,6 +518,10 @@ class ServeView(NamedTuple):
   results: _Results       # [Q] (`done`: retired since its admission)
   waiting: jax.Array      # scalar int32 admitted slots still waiting for a row
   iterations: jax.Array   # scalar int32 engine iterations so far
+  # the block each row is denoising, as committed so far (what a live view of the decoder
+  # shows between finished blocks: docs/serving.md#the-playground)
+  row_active: jax.Array   # [B] int32 its response block index (-1: none, e.g. prefilling)
+  row_tokens: jax.Array   # [B, b] int32 its tokens (mask where not committed yet)
 
 
 def new_serve_state(model_cfg, cfg: DecodeConfig, n_rows: int, n_slots: int,
@@ -589,8 +593,10 @@ def serve_call(model: Transformer, state: ServeState, admission: Admission, canc
 
 def serve_view(state: ServeState) -> ServeView:
   rows = state.carry.rows
+  active = jnp.where((rows.phase == DENOISE) | (rows.phase == COMMIT), rows.block, -1)
   return ServeView(rows.slot, rows.response, rows.nfe, rows.denoise, state.carry.results,
-                   state.n_order - state.carry.cursor, state.carry.iterations)
+                   state.n_order - state.carry.cursor, state.carry.iterations, active,
+                   rows.tokens)
 
 
 def make_server_call(graphdef, cfg: DecodeConfig, n_rows: int, iterations: int,

@@ -261,7 +261,8 @@ class Routes:
     try:
       for i, ids in enumerate(prompts):
         r = Request(ids, limit, rule, temperature, (seed + i) % 2**64, call.emitter(i),
-                    n=req.n, stop=req.stop_strings(), stream=req.stream)
+                    n=req.n, stop=req.stop_strings(), stream=req.stream,
+                    denoise=req.orl_denoise)
         self.served.scheduler.submit(r)
         call.requests.append(r)
     except QueueFull as e:
@@ -336,6 +337,8 @@ class Routes:
             break
           if event.kind == "block":
             yield _sse(chunk(event.choice, event.text))
+          elif event.kind == "canvas":
+            yield _sse(protocol.denoise_chunk(chunk(event.choice, ""), event.canvas))
           else:
             usage = call.usage() if call.finished else None
             yield _sse(chunk(event.choice, "", event.finish_reason, usage))

@@ -54,6 +54,9 @@ class HostView(NamedTuple):
   done: np.ndarray          # [Q] bool retired since admission
   waiting: int              # admitted slots still waiting for a row
   iterations: int           # engine iterations so far
+  # the block each row is denoising (`per_row.ServeView`; None: an engine without rows)
+  row_active: np.ndarray | None = None   # [B] int32 its response block index (-1: none)
+  row_tokens: np.ndarray | None = None   # [B, b] int32 its tokens so far (mask elsewhere)
 
 
 @dataclasses.dataclass
@@ -108,8 +111,10 @@ class BlockEngine:
     state_shardings = _state_shardings(jax.eval_shape(new_state), mesh)
     with sharding_lib.tracing_mesh(mesh):
       self.state = jax.jit(new_state, out_shardings=state_shardings)()
-    self._call = per_row.make_server_call(graphdef, cfg, shape.rows, shape.iterations,
-                                          self._params_shardings, state_shardings)
+    make = lambda iterations: per_row.make_server_call(
+        graphdef, cfg, shape.rows, iterations, self._params_shardings, state_shardings)
+    self._calls = {shape.iterations: make(shape.iterations)}
+    self._make_call = make
 
   @property
   def block_size(self) -> int:
@@ -145,15 +150,21 @@ class BlockEngine:
     return per_row.Admission(slot, tokens, valid, seed_lo, seed_hi, choice, gen_length,
                              RowSettings(index, value, temperature))
 
-  def dispatch(self, entries: list[Entry], cancel_slots: list[int]):
+  def dispatch(self, entries: list[Entry], cancel_slots: list[int],
+               iterations: int | None = None):
     """Starts one device call (module docstring) and returns at once (JAX dispatches
-    asynchronously): the host works while the device runs. -> the call's view on the device
-    (`fetch` it)."""
+    asynchronously): the host works while the device runs. `iterations`: at most this many
+    engine iterations in this call (default `shape.iterations`; another count compiles its
+    own program once: a call of one iteration shows every forward's commits). -> the call's
+    view on the device (`fetch` it)."""
+    iterations = iterations or self.shape.iterations
+    if iterations not in self._calls:
+      self._calls[iterations] = self._make_call(iterations)
     cancel = np.zeros((self.shape.slots,), bool)
     cancel[list(cancel_slots)] = True
     with sharding_lib.tracing_mesh(self.mesh):
-      self.state, view = self._call(self.params, self.state, self.admission(entries),
-                                    jnp.asarray(cancel))
+      self.state, view = self._calls[iterations](self.params, self.state,
+                                                 self.admission(entries), jnp.asarray(cancel))
     return view
 
   @staticmethod
@@ -164,7 +175,8 @@ class BlockEngine:
     return HostView(np.asarray(v.row_slot), np.asarray(v.row_blocks), np.asarray(v.row_nfe),
                     np.asarray(v.row_denoise), np.asarray(r.blocks),
                     np.asarray(r.nfe), np.asarray(r.nfe_engine), np.asarray(r.nfe_denoise),
-                    np.asarray(r.done), int(v.waiting), int(v.iterations))
+                    np.asarray(r.done), int(v.waiting), int(v.iterations),
+                    np.asarray(v.row_active), np.asarray(v.row_tokens))
 
   def call(self, entries: list[Entry], cancel_slots: list[int]) -> HostView:
     """One device call, its view on the host."""
@@ -203,10 +215,12 @@ class WholeEngine:
   def set_params(self, params) -> None:
     self.params = jax.device_put(params, self._params_shardings)
 
-  def dispatch(self, entries: list[Entry], cancel_slots: list[int]):
-    """Decodes `entries` (cancellations have nothing to stop: a call decodes its requests
-    whole); returns at once. -> (the outputs on the device, their slots)."""
-    del cancel_slots
+  def dispatch(self, entries: list[Entry], cancel_slots: list[int],
+               iterations: int | None = None):
+    """Decodes `entries` (cancellations have nothing to stop, nor iterations to count: a call
+    decodes its requests whole); returns at once. -> (the outputs on the device, their
+    slots)."""
+    del cancel_slots, iterations
     if not entries:
       return None, []
     width, p = 1, self.shape.prompt_len

@@ -101,6 +101,24 @@ def engine_parts(config, path: str = "", overridden: frozenset = frozenset()) ->
   return EngineParts(s, graphdef, params, cfg, shape, path)
 
 
+def parse_models(flag: str) -> list[tuple[str, str]]:
+  """(name, weights path) of each `NAME=DIR` of `--models=NAME=DIR,...` (launch/serve.py), in
+  order; ConfigError for an entry without a name or a name given twice."""
+  models = []
+  for entry in (e.strip() for e in flag.split(",") if e.strip()):
+    name, _, path = entry.partition("=")
+    if not name.strip() or not path.strip():
+      raise ConfigError(f"--models: {entry!r} is not NAME=DIR (e.g. --models=base=DIR,orl=DIR)")
+    models.append((name.strip(), path.strip()))
+  names = [n for n, _ in models]
+  if len(set(names)) != len(names):
+    raise ConfigError(f"--models names a model twice ({', '.join(names)}): each needs its own "
+                      "name, the API's `model` field picks it")
+  if not models:
+    raise ConfigError("--models is empty: give NAME=DIR,... (e.g. --models=base=DIR,orl=DIR)")
+  return models
+
+
 def served_model(config, path: str = "", overridden: frozenset = frozenset()) -> Served:
   """The model `config` serves with the weights at `path` (`engine_parts`), its engine built
   and its scheduler started."""

@@ -3,8 +3,10 @@ value of the wrong type or out of range is a 400 with one sentence), responses, 
 and error bodies. docs/serving.md lists what is supported.
 
 DLM extensions, all in one place: the request field `decoder` (the unmasking rule,
-`threshold_<tau>` | `entropy_budget_<gamma>` | `fixed_steps_<k>`; default: the config's), and in
-`usage` the forward counts and TPF (`usage_dict`).
+`threshold_<tau>` | `entropy_budget_<gamma>` | `fixed_steps_<k>`; default: the config's), the
+request field `orl_denoise` (a streamed request's chunks also carry each forward's commits, in
+`orl_denoise` of their choice: `denoise_chunk`), and in `usage` the forward counts and TPF
+(`usage_dict`).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class _Request(BaseModel):
   top_p: float | None = None
   user: str | None = None
   decoder: str | None = None          # DLM extension: the unmasking rule of this request
+  orl_denoise: bool = False           # DLM extension: stream each forward's commits too
   # accepted only at the values that change nothing (the engine has no such feature)
   frequency_penalty: float | None = None
   presence_penalty: float | None = None
@@ -74,6 +77,9 @@ class _Request(BaseModel):
     if self.logprobs not in (None, False, 0):
       raise RequestError("logprobs are not supported: a diffusion LM commits tokens in parallel, "
                          "in no left-to-right order (leave logprobs out)", param="logprobs")
+    if self.orl_denoise and not self.stream:
+      raise RequestError("orl_denoise streams each forward's commits: set stream to true",
+                         param="orl_denoise")
     if self.stream_options is not None and set(self.stream_options) - {"include_usage"}:
       raise RequestError("stream_options takes only include_usage", param="stream_options")
 
@@ -237,4 +243,12 @@ def chat_chunk(rid: str, model: str, fingerprint: str, index: int, delta: dict,
                         "finish_reason": finish_reason}]}
   if usage is not None:
     chunk["usage"] = usage
+  return chunk
+
+
+def denoise_chunk(chunk: dict, canvas: dict) -> dict:
+  """A stream chunk (`completion_chunk` or `chat_chunk` of one choice, with no new text) that
+  carries one forward's commits (`scheduler.Scheduler._canvas`) in its choice's
+  `orl_denoise`."""
+  chunk["choices"][0]["orl_denoise"] = canvas
   return chunk

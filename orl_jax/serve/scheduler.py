@@ -12,6 +12,13 @@ placement), cut at `max_tokens` and at the first EOS; a stop string ends it wher
 starts (the choice's row is then freed: fewer forwards than decoding on). A block's text is
 what the decoded prefix adds (a byte-level tokenizer's incomplete character waits for the next
 block).
+
+A request that asks for the denoising (`denoise`, the API's `orl_denoise`) also gets `canvas`
+events: after each device call, the positions of its response whose token changed (committed,
+or edited by an editing rule) and the forwards run so far. While such a request holds a slot,
+device calls run one engine iteration each, so each canvas event is one forward's commits
+(docs/serving.md#the-playground); the other requests' answers do not change, only their calls
+get shorter.
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
+from orl_jax.data.tokenizer import token_text
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.serve.engine import EngineShape, Entry, HostView
 from orl_jax.unmasking import UnmaskRule
@@ -44,7 +52,7 @@ class Engine(Protocol):
   cfg: DecodeConfig
   params: Any
 
-  def dispatch(self, entries: list[Entry], cancel_slots: list[int]): ...
+  def dispatch(self, entries: list[Entry], cancel_slots: list[int], **call): ...
 
   def fetch(self, view) -> HostView: ...
 
@@ -52,12 +60,14 @@ class Engine(Protocol):
 
 
 class Event(NamedTuple):
-  """What a request's handler receives, in order, per choice: `block` events, then `done`."""
-  kind: str                    # "block" | "done" | "error"
+  """What a request's handler receives, in order, per choice: `block` events (and `canvas`
+  events, for a request with `denoise`), then `done`."""
+  kind: str                    # "block" | "canvas" | "done" | "error"
   choice: int
   text: str                    # block: the text it adds; done: the choice's whole text
   finish_reason: str | None = None   # done: "stop" (EOS or a stop string) | "length"
   usage: dict | None = None    # done: this choice's counts (`ChoiceUsage` as a dict)
+  canvas: dict | None = None   # canvas: what changed on the response (`Scheduler._canvas`)
 
 
 @dataclasses.dataclass
@@ -72,6 +82,7 @@ class Request:
   n: int = 1
   stop: tuple[str, ...] = ()
   stream: bool = True          # False: no `block` events (only `done`)
+  denoise: bool = False        # `canvas` events too, one per forward (module docstring)
   arrival: float = dataclasses.field(default_factory=time.monotonic)
   first_block: float | None = None
   admitted: float | None = None   # when its first choice took a slot
@@ -88,6 +99,7 @@ class _Choice:
   blocks_seen: int = 0
   text: str = ""               # sent so far
   stopped: bool = False        # a stop string ended it
+  canvas: np.ndarray | None = None   # [max_tokens] response tokens sent in canvas events
 
 
 class Stats(NamedTuple):
@@ -236,7 +248,10 @@ class Scheduler:
           self._cancel_next = []
         new = None
         if dispatch:
-          view = self.engine.dispatch(entries, cancel)
+          if any(c.request.denoise for c in self._active.values()):
+            view = self.engine.dispatch(entries, cancel, iterations=1)
+          else:
+            view = self.engine.dispatch(entries, cancel)
           new = _InFlight(view, self._dispatched, cancel, len(entries), time.perf_counter())
           self._dispatched += 1
         if in_flight is not None:
@@ -324,8 +339,11 @@ class Scheduler:
     for slot in np.flatnonzero(view.done).tolist():
       c = active.get(slot)
       if c is not None and c.call <= number:        # not admitted by a later call
+        if c.request.denoise:
+          self._canvas(c, view.blocks[slot], int(view.nfe_engine[slot]))
         self._progress(c, view.blocks[slot], final=True)
         self._finish(c, view, slot, on_row=None)
+    self._read_canvases(view, number)
     finished = self._finished_blocks(view.row_blocks)
     for row in np.flatnonzero(finished).tolist():
       slot = int(view.row_slot[row])
@@ -334,6 +352,41 @@ class Scheduler:
           and (c.request.stream or c.request.stop)
           and self._progress(c, view.row_blocks[row], final=False)):
         self._finish(c, view, slot, on_row=row)
+
+  def _read_canvases(self, view: HostView, number: int) -> None:
+    """Canvas events of the rows whose choice asked for the denoising: its finished blocks
+    with the block it is denoising laid over them."""
+    if view.row_active is None or view.row_tokens is None:
+      return
+    b = self.engine.cfg.block_size
+    for row, slot in enumerate(view.row_slot.tolist()):
+      c = self._active.get(slot)
+      if c is None or c.call > number or not c.request.denoise:
+        continue
+      blocks = view.row_blocks[row].copy()
+      block = int(view.row_active[row])
+      if block >= 0:
+        blocks[block * b:(block + 1) * b] = view.row_tokens[row]
+      self._canvas(c, blocks, int(view.row_nfe[row]))
+
+  def _canvas(self, c: _Choice, blocks: np.ndarray, forwards: int) -> None:
+    """Emits the choice's canvas event: [position, token id, token text] of each response
+    position (`max_tokens` of them) that changed since the last one, after `forwards` forwards
+    the engine ran for it (none when nothing changed)."""
+    r, cfg = c.request, self.engine.cfg
+    tokens = blocks[c.lead:c.lead + r.max_tokens]
+    if c.canvas is None:
+      c.canvas = np.full((r.max_tokens,), cfg.mask_id, blocks.dtype)
+    changed = np.flatnonzero(tokens != c.canvas[:len(tokens)]).tolist()
+    if not changed or r.cancelled:
+      return
+    c.canvas[:len(tokens)] = tokens
+    commits = [[p, int(tokens[p]), "" if tokens[p] == cfg.mask_id
+                else token_text(self.tokenizer, tokens[p])] for p in changed]
+    r.emit(Event("canvas", c.index, "", canvas={
+        "forwards": forwards, "length": r.max_tokens, "block_size": cfg.block_size,
+        "lead": c.lead, "mask_id": cfg.mask_id, "eos_id": self.tokenizer.eos_id,
+        "commits": commits}))
 
   def _response(self, c: _Choice, blocks: np.ndarray, upto: int) -> tuple[np.ndarray, bool]:
     """(the choice's response tokens through finished block `upto`, cut at max_tokens and

@@ -6,7 +6,8 @@ once. The drain ends within `serve.drain_timeout` seconds whatever clients hold:
 open then is cancelled. A client gets `serve.header_timeout` seconds to send a request head,
 `serve.body_timeout` between two parts of its body (`Routes._body`) and `serve.idle_timeout`
 idle on a kept-alive connection; a connection past one is closed. The first line printed
-once the port listens names the address (`--port=0` picks a free port).
+once the port listens names the address (`--port=0` picks a free port). Several models
+(`--models`) share the port and the drain (`playground.front`); `GET /` is the playground.
 """
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ import math
 import signal
 import threading
 import time
+from typing import Sequence
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from starlette.responses import JSONResponse
 
-from orl_jax.serve.app import Served, create_app
+from orl_jax.serve.app import Served
+from orl_jax.serve.playground import front
 from orl_jax.serve.protocol import error_body
 
 
@@ -94,9 +97,9 @@ def _cut_at_drain_end(app, served: Served):
 class _DrainingServer(uvicorn.Server):
   """uvicorn's server whose first exit signal drains the scheduler (module docstring)."""
 
-  def __init__(self, config: uvicorn.Config, served: Served, drain_timeout: float):
+  def __init__(self, config: uvicorn.Config, models: Sequence[Served], drain_timeout: float):
     super().__init__(config)
-    self.served, self.drain_timeout = served, drain_timeout
+    self.models, self.drain_timeout = list(models), drain_timeout
     self.draining = False
     self.address = ""
 
@@ -106,8 +109,9 @@ class _DrainingServer(uvicorn.Server):
       return
     host, port = self.servers[0].sockets[0].getsockname()[:2]
     self.address = f"http://{host}:{port}"
-    print(f"serving {self.served.name!r} at {self.address} (POST /v1/completions, "
-          "/v1/chat/completions; GET /v1/models, /health, /metrics)", flush=True)
+    names = ", ".join(repr(m.name) for m in self.models)
+    print(f"serving {names} at {self.address} (POST /v1/completions, /v1/chat/completions; "
+          "GET /v1/models, /health, /metrics; the playground at /)", flush=True)
 
   def handle_exit(self, sig: int, frame) -> None:
     if self.draining:
@@ -116,14 +120,16 @@ class _DrainingServer(uvicorn.Server):
     self.draining = True
     name = signal.Signals(sig).name if sig else "exit"
     print(f"{name}: draining (new requests get 503; the ones in flight finish)", flush=True)
-    self.served.scheduler.drain()
+    for m in self.models:
+      m.scheduler.drain()
     threading.Thread(target=self._exit_when_idle, name="orl-drain", daemon=True).start()
 
   def _exit_when_idle(self) -> None:
     """Exits once the engine is idle or the drain's time is up; uvicorn then waits for the
     open connections the rest of `drain_timeout` and cancels what remains."""
     deadline = time.monotonic() + self.drain_timeout
-    while (not self.served.scheduler.idle() and self.served.scheduler.error is None
+    schedulers = [m.scheduler for m in self.models]
+    while (not all(s.idle() for s in schedulers) and all(s.error is None for s in schedulers)
            and time.monotonic() < deadline):
       time.sleep(0.02)
     # uvicorn waits this long for the open connections, then cancels them
@@ -132,32 +138,35 @@ class _DrainingServer(uvicorn.Server):
 
 
 def serve_forever(served: Served, host: str = "127.0.0.1", port: int = 8000,
-                  watcher=None, limits=None) -> None:
+                  watcher=None, limits=None, also: Sequence[Served] = ()) -> None:
   """Serves until a signal drains the server (module docstring). `watcher`: a started
   background poller of new weights, stopped on exit; `limits`: the config's `serve` section
-  (its timeouts; None: the section's defaults)."""
+  (its timeouts; None: the section's defaults); `also`: more models on the same port
+  (`served` is the default one)."""
   if limits is None:
     from orl_jax.config.sections import Serve
     limits = Serve()
-  app = _cut_at_drain_end(create_app(served, body_timeout=limits.body_timeout), served)
+  models = [served, *also]
+  app = _cut_at_drain_end(front(models, body_timeout=limits.body_timeout), served)
   config = uvicorn.Config(app, host=host,
                           port=port, log_level="warning", access_log=False, lifespan="off",
                           http=_HeadTimedProtocol, timeout_keep_alive=limits.idle_timeout,
                           timeout_graceful_shutdown=limits.drain_timeout)
   config.header_timeout = limits.header_timeout    # type: ignore[attr-defined]  # the protocol's
-  server = _DrainingServer(config, served, limits.drain_timeout)
+  server = _DrainingServer(config, models, limits.drain_timeout)
   try:
     server.run()
   finally:
     if watcher is not None:
       watcher.stop()
-    served.scheduler.stop(timeout=10)     # it stops after the device call it is in
-  if served.scheduler.error is not None:
-    logging.error("the engine stopped: %s", served.scheduler.error)
-    raise SystemExit(1)
-  left = served.scheduler.stats()
-  if left.active or left.waiting:
-    print(f"drain timeout: {left.active + left.waiting} request(s) cancelled; exiting",
-          flush=True)
+    for m in models:
+      m.scheduler.stop(timeout=10)     # it stops after the device call it is in
+  for m in models:
+    if m.scheduler.error is not None:
+      logging.error("the engine of %r stopped: %s", m.name, m.scheduler.error)
+      raise SystemExit(1)
+  left = sum(s.active + s.waiting for s in (m.scheduler.stats() for m in models))
+  if left:
+    print(f"drain timeout: {left} request(s) cancelled; exiting", flush=True)
   else:
     print("drained: every request answered; exiting", flush=True)

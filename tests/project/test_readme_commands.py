@@ -70,6 +70,7 @@ EXERCISED = {
         ("Makefile::test-other-cpu", ("$(OTHER_CPU_ISAS)", "$(OTHER_CPU_PASSES)",
                                       "tests/scripts/other_cpu_isas.py")),
     "make test-slow": ("Makefile::test-slow", ("pytest", "-m slow")),
+    "make browser": ("Makefile::browser", ("pytest", "-m browser", "apt-get install")),
     "make compilers": ("Makefile::$(COMPILERS)", ("--target", "orl_jax.aot.targets tpu",
                                                   "orl_jax.aot.targets cuda")),
     # the compile command on the tiny ORL iteration for v5e (the paper models' own runs take
@@ -181,6 +182,12 @@ EXERCISED = {
         ("tests/serve/test_serve_api.py::"
          "test_reloads_need_the_admin_key_and_a_folder_under_the_reload_root",
          ("_reload(server", "reload_root", "{403}")),
+    # two models and the playground, driven in headless Chromium (`make browser`)
+    "python launch/serve.py --config=configs/tiny.py:eval "
+    "--models=base=assets/tiny_base,warmup=assets/tiny_warmup --config.serve.iterations_per_call=1":
+        ("tests/serve/test_playground_browser.py::"
+         "test_the_page_streams_the_prompt_to_both_models_until_both_finish",
+         ("sync_playwright", "launch_persistent_context", 'server.url + "/"')),
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/train.py "
     "--config=configs/diffusion_gemma.py:26b-a4b --config.dry_run=True":
         ("tests/models/test_diffusion_gemma_registry.py::test_26b_a4b_dry_run_matches_hand_calculation",
@@ -504,6 +511,10 @@ TOO_LONG = {
     "--config.model.path=assets/tiny_base --config.serve.reload_root=work_dirs":
         "a server runs until it is stopped: tests/serve/test_serve_api.py starts this command "
         "(its reload root pytest's temporary folder) and reloads with and without the key",
+    "python launch/serve.py --config=configs/tiny.py:eval "
+    "--models=base=assets/tiny_base,warmup=assets/tiny_warmup --config.serve.iterations_per_call=1":
+        "a server runs until it is stopped: tests/serve/test_playground_browser.py starts this "
+        "command (with --port=0, PLAYGROUND_SERVE) and drives its page in headless Chromium",
     "make warmup": "400 warm-up steps and their evaluation",
     "python launch/train.py --config=configs/tiny.py:sft --config.train.steps=2000": "2000 steps",
     "python launch/train.py --config=configs/tiny.py:warmup": "400 warm-up steps",
