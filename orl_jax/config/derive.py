@@ -285,10 +285,6 @@ def _schedule_errors(config: RunConfig) -> list[str]:
     errors.append(f"orl.rollout_rows={rows} sets the rows of the per-row engine, but "
                   f"decode.schedule={schedule!r}: set decode.schedule='per_row' or "
                   "orl.rollout_rows=0")
-  elif o.prefill_once and schedule != "lockstep":
-    errors.append(f"orl.prefill_once prefills a lock-step rollout's prompts once, but "
-                  f"decode.schedule={schedule!r}: set decode.schedule='lockstep' or "
-                  "orl.prefill_once=False")
   elif rows > n_responses:
     errors.append(f"orl.rollout_rows={rows} exceeds the {n_responses} responses of a rollout "
                   f"(orl.prompts_per_step={o.prompts_per_step} x orl.group_size="

@@ -44,10 +44,10 @@ from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.placement import (final_blocks, finished_response, fixed_positions,
                                       place_for_decoder, row_blocks)
 from orl_jax.decode.step import RowSettings, needs_step, step_key, take_step
-from orl_jax.models.transformer import Transformer, init_cache, write_at
+from orl_jax.models.transformer import KVCache, Transformer, init_cache, write_at
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
-                                                make_meta)
+                                                TokenMeta, make_meta)
 
 PREFILL, DENOISE, COMMIT, IDLE = 0, 1, 2, 3   # what a row's next forward does
 
@@ -77,6 +77,15 @@ class _Results(NamedTuple):
   done: jax.Array       # [Q] bool its row retired (the serving engine clears it on admission)
 
 
+class PromptPool(NamedTuple):
+  """Prompt caches that rows copy instead of prefilling (docs/decoding.md#the-prompt-pool):
+  each distinct prompt's keys, values and metadata over its P positions, written once."""
+  k: jax.Array          # [L, D, P, Hkv, Dh] D distinct prompts
+  v: jax.Array          # [L, D, P, Hkv, Dh]
+  meta: TokenMeta       # [D, P]
+  entry: jax.Array      # [Q] int32 the pool entry holding each queue index's prompt
+
+
 class _Carry(NamedTuple):
   rows: _Rows
   cache: object         # KVCache [L, B, P + M*b + b, ...] (block-causal) or None
@@ -84,6 +93,7 @@ class _Carry(NamedTuple):
   results: _Results
   cap: Capture | None
   iterations: jax.Array  # scalar int32
+  pool: PromptPool | None = None   # None: every row prefills its own prompt
 
 
 class Queue(NamedTuple):
@@ -157,10 +167,11 @@ def _fresh_block(eng: _Engine, rows: _Rows, start, block) -> _Rows:
                        res=res, post=at(0, rows.post), settled=at(False, rows.settled))
 
 
-def _refill(eng: _Engine, rows: _Rows, cache, cursor, free):
+def _refill(eng: _Engine, rows: _Rows, cache, cursor, free, pool: PromptPool | None = None):
   """Rows `free` [B] take the next prompts of the queue, in `eng.order` from `cursor` (or go
   idle once it is drained). Block-causal rows start with the prefill at their prompt's first
-  non-padding block, with the row's cache emptied (its metadata marks every position padding);
+  non-padding block, with the row's cache emptied (its metadata marks every position padding),
+  or, with a `pool`, copy their prompt's cache from it and start denoising block 0;
   bidirectional rows start denoising block 0. -> (rows, cache, cursor)."""
   cfg, p, b = eng.cfg, eng.p, eng.cfg.block_size
   at_order = cursor + jnp.cumsum(free.astype(jnp.int32)) - 1
@@ -172,7 +183,13 @@ def _refill(eng: _Engine, rows: _Rows, cache, cursor, free):
                        response=at(cfg.mask_id, rows.response), nfe=at(0, rows.nfe),
                        denoise=at(0, rows.denoise), skipped=at(0, rows.skipped))
   if eng.cv.bidirectional:
+    return _fresh_block(eng, rows, take, jnp.zeros_like(slot)), cache, cursor + jnp.sum(
+        take, dtype=jnp.int32)
+  kind = jnp.where(take[:, None], KIND_PAD, cache.meta.kind)
+  cache = cache._replace(meta=cache.meta._replace(kind=kind))
+  if pool is not None:
     rows = _fresh_block(eng, rows, take, jnp.zeros_like(slot))
+    cache = _copy_from_pool(cache, pool, take, slot)
   else:
     _, valid = eng.prompts(slot)
     first = jnp.where(jnp.any(valid, axis=1), jnp.argmax(valid, axis=1) // b, p // b)
@@ -180,9 +197,25 @@ def _refill(eng: _Engine, rows: _Rows, cache, cursor, free):
     prefill = take & (first < p // b)
     rows = rows._replace(phase=jnp.where(prefill, PREFILL, rows.phase),
                          block=jnp.where(prefill, first, rows.block))
-    kind = jnp.where(take[:, None], KIND_PAD, cache.meta.kind)
-    cache = cache._replace(meta=cache.meta._replace(kind=kind))
   return rows, cache, cursor + jnp.sum(take, dtype=jnp.int32)
+
+
+def _copy_from_pool(cache: KVCache, pool: PromptPool, take, slot) -> KVCache:
+  """`cache` with the rows `take` [B] holding their prompts' pool entries at [0, P). A copy,
+  not a read by index: the attention reads one [Tc] cache per row, prompt and response
+  together, so the pool's P x prompt is shared by the queue and each row holds its own copy
+  while it decodes. Skipped (a `cond`) in the iterations where no row takes a prompt."""
+  p, n_rows = pool.k.shape[2], take.shape[0]
+  entry = pool.entry[jnp.minimum(slot, pool.entry.shape[0] - 1)]    # [B]
+  row = jnp.where(take, jnp.arange(n_rows), n_rows)                  # out of bounds -> dropped
+
+  def copy(cache: KVCache) -> KVCache:
+    kv = lambda c, x: c.at[:, row, :p].set(x[:, entry], mode="drop")
+    meta = jax.tree.map(lambda c, x: c.at[row, :p].set(x[entry], mode="drop"), cache.meta,
+                        pool.meta)
+    return KVCache(kv(cache.k, pool.k), kv(cache.v, pool.v), meta)
+
+  return jax.lax.cond(jnp.any(take), copy, lambda c: c, cache)
 
 
 def _slab_inputs(eng: _Engine, rows: _Rows):
@@ -264,18 +297,26 @@ def _record_routes(eng: _Engine, rows: _Rows, routes, cap):
   The lock-step decoder records the same forwards (its prefill in one piece)."""
   if routes is None:
     return cap
-  _, positions, meta, _ = _slab_inputs(eng, rows)
-  ids = token_major_routes(routes)                                   # [B, b, L_moe, K]
-
-  def put(buf, do, cols, val):
-    slot = jnp.where(do, rows.slot, eng.n_queue)[:, None]          # out of bounds -> dropped
-    return buf.at[slot, cols].set(val, mode="drop")
-
   r = cap.routes
-  prompt_ids = jnp.where((meta.kind == KIND_PROMPT)[..., None, None], ids, -1)
-  prompt = put(r.prompt, rows.phase == PREFILL, positions, prompt_ids)
-  clean = put(r.clean, rows.phase == COMMIT, positions - eng.p, ids)
+  prompt = _prompt_routes(eng, rows, routes, r.prompt)
+  clean = _put_routes(eng, rows, r.clean, rows.phase == COMMIT,
+                      _slab_inputs(eng, rows)[1] - eng.p, token_major_routes(routes))
   return cap._replace(routes=r._replace(prompt=prompt, clean=clean))
+
+
+def _put_routes(eng: _Engine, rows: _Rows, buf, do, cols, val):
+  """`buf` [Q, T, L_moe, K] with the rows `do` [B] writing `val` [B, b, ...] at their prompts'
+  rows, columns `cols` [B, b]."""
+  slot = jnp.where(do, rows.slot, eng.n_queue)[:, None]          # out of bounds -> dropped
+  return buf.at[slot, cols].set(val, mode="drop")
+
+
+def _prompt_routes(eng: _Engine, rows: _Rows, routes, buf):
+  """`buf` [Q, P, L_moe, K] with the routes of the prompt blocks the PREFILL rows wrote (valid
+  tokens; padding keeps -1)."""
+  _, positions, meta, _ = _slab_inputs(eng, rows)
+  ids = jnp.where((meta.kind == KIND_PROMPT)[..., None, None], token_major_routes(routes), -1)
+  return _put_routes(eng, rows, buf, rows.phase == PREFILL, positions, ids)
 
 
 def _advance(eng: _Engine, rows: _Rows):
@@ -327,8 +368,8 @@ def _iteration(eng: _Engine, c: _Carry) -> _Carry:
   rows, cap = _denoise(eng, c.rows, hidden, routes, cap)
   rows, retire = _advance(eng, rows)
   results = _retire(c.results, rows, retire, eng.n_queue)
-  rows, cache, cursor = _refill(eng, rows, cache, c.cursor, retire)
-  return _Carry(rows, cache, cursor, results, cap, c.iterations + 1)
+  rows, cache, cursor = _refill(eng, rows, cache, c.cursor, retire, c.pool)
+  return _Carry(rows, cache, cursor, results, cap, c.iterations + 1, c.pool)
 
 
 def _initial_rows(cfg: DecodeConfig, mcfg, n_rows: int, n_queue: int) -> _Rows:
@@ -392,14 +433,58 @@ def _queue_engine(model: Transformer, queue_tokens, queue_valid, key, cfg: Decod
   return _Engine(cv, queue, jnp.arange(n_queue, dtype=jnp.int32), jnp.int32(n_queue))
 
 
-def _start(model: Transformer, eng: _Engine, n_rows: int) -> _Carry:
-  """The loop's first carry: the rows take the queue's first prompts."""
+def _fill_pool(eng: _Engine, group_size: int):
+  """The prompt pool of a queue whose entries come in groups of `group_size` adjacent copies of
+  one prompt: each group's prompt prefilled once, before the loop, by the loop's own forward
+  (`_forward`: `[D, b]` slabs of the prompt blocks in turn, a cache of the rows' width), so
+  its keys and values are those a row's own prefill writes. -> (PromptPool, the prefill's
+  routes [D, P, L_moe, K] with `capture_routes`, else None)."""
+  model, cfg, p = eng.cv.model, eng.cfg, eng.p
+  if eng.n_queue % group_size:
+    raise ValueError(f"a queue of {eng.n_queue} entries is not made of groups of {group_size}")
+  queue = jax.tree.map(lambda t: t[::group_size], eng.queue)       # [D, ...] one per group
+  n = queue.tokens.shape[0]
+  cv = Canvas(model, cfg, n, p, None, None, None, model.embedding_table)
+  fill = _Engine(cv, queue, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
+  rows, cache, _ = _refill(fill, _initial_rows(cfg, model.cfg, n, n),
+                           _new_cache(model.cfg, cfg, n, p), jnp.int32(0), jnp.ones((n,), bool))
+  rows = rows._replace(phase=jnp.where(rows.phase == PREFILL, PREFILL, IDLE))
+  routes = None
+  if cfg.capture_routes:
+    routes = new_capture(model, cfg, n, p).routes.prompt           # [D, P, L_moe, K] all -1
+
+  def prefill_block(c):
+    rows, cache, routes = c
+    _, slab_routes, cache = _forward(fill, rows, cache)
+    if routes is not None:
+      routes = _prompt_routes(fill, rows, slab_routes, routes)
+    last = rows.block + 1 == p // cfg.block_size
+    return rows._replace(block=rows.block + 1, phase=jnp.where(last, IDLE, rows.phase)), cache, \
+        routes
+
+  _, cache, routes = jax.lax.while_loop(lambda c: jnp.any(c[0].phase == PREFILL), prefill_block,
+                                        (rows, cache, routes))
+  entry = jnp.arange(eng.n_queue, dtype=jnp.int32) // group_size
+  pool = PromptPool(cache.k[:, :, :p], cache.v[:, :, :p],
+                    jax.tree.map(lambda m: m[:, :p], cache.meta), entry)
+  return pool, routes
+
+
+def _start(model: Transformer, eng: _Engine, n_rows: int, group_size: int = 1) -> _Carry:
+  """The loop's first carry: the rows take the queue's first prompts; with `group_size` > 1
+  (block-causal), from a prompt pool filled first (`_fill_pool`), its prefill's routes those
+  of every entry of the group."""
   cfg, n_queue = eng.cfg, eng.n_queue
   cap = new_capture(model, cfg, n_queue, eng.p)
+  pool = None
+  if group_size > 1 and not eng.cv.bidirectional:
+    pool, routes = _fill_pool(eng, group_size)
+    if routes is not None:
+      cap = cap._replace(routes=cap.routes._replace(prompt=routes[pool.entry]))
   rows = _initial_rows(cfg, model.cfg, n_rows, n_queue)
   rows, cache, cursor = _refill(eng, rows, _new_cache(model.cfg, cfg, n_rows, eng.p),
-                                jnp.int32(0), jnp.ones((n_rows,), bool))
-  return _Carry(rows, cache, cursor, _empty_results(cfg, n_queue), cap, jnp.int32(0))
+                                jnp.int32(0), jnp.ones((n_rows,), bool), pool)
+  return _Carry(rows, cache, cursor, _empty_results(cfg, n_queue), cap, jnp.int32(0), pool)
 
 
 def _run(eng: _Engine, carry: _Carry, iterations: int | None = None) -> _Carry:
@@ -423,12 +508,14 @@ def _output(eng: _Engine, out: _Carry) -> DecodeOutput:
 
 
 def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
-                 n_rows: int) -> DecodeOutput:
+                 n_rows: int, group_size: int = 1) -> DecodeOutput:
   """Decodes Q left-padded prompts [Q, P] on `n_rows` rows, each row refilled from the queue
   as soon as its response ends. key: one key (prompt q samples with `fold_in(key, q)`,
-  `prompt_keys`) or [Q] keys, one per prompt. Call under `jax.jit` (see `make_engine`)."""
+  `prompt_keys`) or [Q] keys, one per prompt. `group_size` > 1: the queue is made of groups of
+  that many adjacent copies of one prompt, and each group's prompt is prefilled once (a prompt
+  pool, `_fill_pool`) instead of once per entry. Call under `jax.jit` (see `make_engine`)."""
   eng = _queue_engine(model, queue_tokens, queue_valid, key, cfg, n_rows)
-  return _output(eng, _run(eng, _start(model, eng, n_rows)))
+  return _output(eng, _run(eng, _start(model, eng, n_rows, group_size)))
 
 
 class Retired(NamedTuple):
@@ -439,11 +526,12 @@ class Retired(NamedTuple):
 
 
 def start_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
-                n_rows: int) -> _Carry:
+                n_rows: int, group_size: int = 1) -> _Carry:
   """A segmented `decode_queue`: its first carry (then `advance_queue`, then `finish_queue`,
-  each called with the same queue, key, config and rows; the result is `decode_queue`'s)."""
+  each called with the same queue, key, config and rows; the result is `decode_queue`'s; the
+  prompt pool of `group_size` travels in the carry)."""
   eng = _queue_engine(model, queue_tokens, queue_valid, key, cfg, n_rows)
-  return _start(model, eng, n_rows)
+  return _start(model, eng, n_rows, group_size)
 
 
 def advance_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
@@ -578,12 +666,12 @@ def serve_call(model: Transformer, state: ServeState, admission: Admission, canc
   results = c.results._replace(done=c.results.done.at[admission.slot].set(False, mode="drop"))
   cv = Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
   eng = _Engine(cv, queue, order, n_order)
-  rows, cache, cursor = _refill(eng, rows, c.cache, jnp.int32(0), rows.phase == IDLE)
+  rows, cache, cursor = _refill(eng, rows, c.cache, jnp.int32(0), rows.phase == IDLE, c.pool)
   limit = c.iterations + iterations
   out = jax.lax.while_loop(
       lambda c: (c.iterations < limit) & jnp.any(c.rows.phase != IDLE),
       lambda c: _iteration(eng, c),
-      _Carry(rows, cache, cursor, results, None, c.iterations))
+      _Carry(rows, cache, cursor, results, None, c.iterations, c.pool))
   return ServeState(queue, order, n_order, out)
 
 
