@@ -36,9 +36,9 @@ from flax import nnx
 from jax.typing import ArrayLike
 
 from orl_jax import residual as residual_lib
-from orl_jax.models.decoded import Capture, DecodeOutput, token_major_routes
+from orl_jax.models.decoded import ROUTE_DTYPE, Capture, DecodeOutput, token_major_routes
 from orl_jax.decode.canvas import Canvas
-from orl_jax.decode.capture import check_route_capture, new_capture
+from orl_jax.decode.capture import captured_top_k, check_route_capture, new_capture
 from orl_jax.decode.compile_options import StepSizedJit, step_compiler_options
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.placement import (final_blocks, finished_response, fixed_positions,
@@ -83,7 +83,8 @@ class PromptPool(NamedTuple):
   k: jax.Array          # [L, D, P, Hkv, Dh] D distinct prompts
   v: jax.Array          # [L, D, P, Hkv, Dh]
   meta: TokenMeta       # [D, P]
-  entry: jax.Array      # [Q] int32 the pool entry holding each queue index's prompt
+  entry: jax.Array      # [Q] int32 the pool entry holding each queue index's prompt (D: none,
+                        # the row prefills it)
 
 
 class _Carry(NamedTuple):
@@ -171,7 +172,8 @@ def _refill(eng: _Engine, rows: _Rows, cache, cursor, free, pool: PromptPool | N
   """Rows `free` [B] take the next prompts of the queue, in `eng.order` from `cursor` (or go
   idle once it is drained). Block-causal rows start with the prefill at their prompt's first
   non-padding block, with the row's cache emptied (its metadata marks every position padding),
-  or, with a `pool`, copy their prompt's cache from it and start denoising block 0;
+  or, where the `pool` holds their prompt (`PromptPool.entry`), copy its cache from there and
+  start denoising block 0;
   bidirectional rows start denoising block 0. -> (rows, cache, cursor)."""
   cfg, p, b = eng.cfg, eng.p, eng.cfg.block_size
   at_order = cursor + jnp.cumsum(free.astype(jnp.int32)) - 1
@@ -187,16 +189,16 @@ def _refill(eng: _Engine, rows: _Rows, cache, cursor, free, pool: PromptPool | N
         take, dtype=jnp.int32)
   kind = jnp.where(take[:, None], KIND_PAD, cache.meta.kind)
   cache = cache._replace(meta=cache.meta._replace(kind=kind))
+  pooled = jnp.zeros_like(take)
   if pool is not None:
-    rows = _fresh_block(eng, rows, take, jnp.zeros_like(slot))
-    cache = _copy_from_pool(cache, pool, take, slot)
-  else:
-    _, valid = eng.prompts(slot)
-    first = jnp.where(jnp.any(valid, axis=1), jnp.argmax(valid, axis=1) // b, p // b)
-    rows = _fresh_block(eng, rows, take & (first == p // b), jnp.zeros_like(slot))
-    prefill = take & (first < p // b)
-    rows = rows._replace(phase=jnp.where(prefill, PREFILL, rows.phase),
-                         block=jnp.where(prefill, first, rows.block))
+    pooled = take & (eng.of(slot, pool.entry) < pool.k.shape[1])
+    cache = _copy_from_pool(cache, pool, pooled, slot)
+  _, valid = eng.prompts(slot)
+  first = jnp.where(jnp.any(valid, axis=1), jnp.argmax(valid, axis=1) // b, p // b)
+  rows = _fresh_block(eng, rows, pooled | (take & (first == p // b)), jnp.zeros_like(slot))
+  prefill = take & ~pooled & (first < p // b)
+  rows = rows._replace(phase=jnp.where(prefill, PREFILL, rows.phase),
+                       block=jnp.where(prefill, first, rows.block))
   return rows, cache, cursor + jnp.sum(take, dtype=jnp.int32)
 
 
@@ -433,37 +435,46 @@ def _queue_engine(model: Transformer, queue_tokens, queue_valid, key, cfg: Decod
   return _Engine(cv, queue, jnp.arange(n_queue, dtype=jnp.int32), jnp.int32(n_queue))
 
 
-def _fill_pool(eng: _Engine, group_size: int):
-  """The prompt pool of a queue whose entries come in groups of `group_size` adjacent copies of
-  one prompt: each group's prompt prefilled once, before the loop, by the loop's own forward
-  (`_forward`: `[D, b]` slabs of the prompt blocks in turn, a cache of the rows' width), so
-  its keys and values are those a row's own prefill writes. -> (PromptPool, the prefill's
-  routes [D, P, L_moe, K] with `capture_routes`, else None)."""
-  model, cfg, p = eng.cv.model, eng.cfg, eng.p
-  if eng.n_queue % group_size:
-    raise ValueError(f"a queue of {eng.n_queue} entries is not made of groups of {group_size}")
-  queue = jax.tree.map(lambda t: t[::group_size], eng.queue)       # [D, ...] one per group
-  n = queue.tokens.shape[0]
+def _prefill_slabs(model: Transformer, cfg: DecodeConfig, queue: Queue, fill):
+  """The prefill of the queue's prompts `fill` [n] on n rows by the loop's own forward
+  (`_forward`: `[n, b]` slabs of the prompt blocks in turn, a cache of the engine rows' width),
+  so that its keys and values are those a row's own prefill writes. -> (KVCache [L, n, ...],
+  the prefill's routes [n, P, L_moe, K] with `capture_routes`, else None)."""
+  n, p = queue.tokens.shape
   cv = Canvas(model, cfg, n, p, None, None, None, model.embedding_table)
-  fill = _Engine(cv, queue, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
-  rows, cache, _ = _refill(fill, _initial_rows(cfg, model.cfg, n, n),
+  eng = _Engine(cv, queue, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
+  rows, cache, _ = _refill(eng, _initial_rows(cfg, model.cfg, n, n),
                            _new_cache(model.cfg, cfg, n, p), jnp.int32(0), jnp.ones((n,), bool))
-  rows = rows._replace(phase=jnp.where(rows.phase == PREFILL, PREFILL, IDLE))
+  rows = rows._replace(phase=jnp.where((rows.phase == PREFILL) & fill, PREFILL, IDLE))
   routes = None
   if cfg.capture_routes:
-    routes = new_capture(model, cfg, n, p).routes.prompt           # [D, P, L_moe, K] all -1
+    mcfg = model.cfg
+    routes = jnp.full((n, p, mcfg.n_moe_layers, captured_top_k(mcfg)), -1,
+                      ROUTE_DTYPE)                                   # [n, P, L_moe, K]
 
   def prefill_block(c):
     rows, cache, routes = c
-    _, slab_routes, cache = _forward(fill, rows, cache)
+    _, slab_routes, cache = _forward(eng, rows, cache)
     if routes is not None:
-      routes = _prompt_routes(fill, rows, slab_routes, routes)
+      routes = _prompt_routes(eng, rows, slab_routes, routes)
     last = rows.block + 1 == p // cfg.block_size
     return rows._replace(block=rows.block + 1, phase=jnp.where(last, IDLE, rows.phase)), cache, \
         routes
 
   _, cache, routes = jax.lax.while_loop(lambda c: jnp.any(c[0].phase == PREFILL), prefill_block,
                                         (rows, cache, routes))
+  return cache, routes
+
+
+def _fill_pool(eng: _Engine, group_size: int):
+  """The prompt pool of a queue whose entries come in groups of `group_size` adjacent copies of
+  one prompt: each group's prompt prefilled once, before the loop (`_prefill_slabs`). ->
+  (PromptPool, the prefill's routes [D, P, L_moe, K] with `capture_routes`, else None)."""
+  if eng.n_queue % group_size:
+    raise ValueError(f"a queue of {eng.n_queue} entries is not made of groups of {group_size}")
+  queue = jax.tree.map(lambda t: t[::group_size], eng.queue)       # [D, ...] one per group
+  n, p = queue.tokens.shape
+  cache, routes = _prefill_slabs(eng.cv.model, eng.cfg, queue, jnp.ones((n,), bool))
   entry = jnp.arange(eng.n_queue, dtype=jnp.int32) // group_size
   pool = PromptPool(cache.k[:, :, :p], cache.v[:, :, :p],
                     jax.tree.map(lambda m: m[:, :p], cache.meta), entry)
@@ -480,6 +491,7 @@ def _start(model: Transformer, eng: _Engine, n_rows: int, group_size: int = 1) -
   if group_size > 1 and not eng.cv.bidirectional:
     pool, routes = _fill_pool(eng, group_size)
     if routes is not None:
+      assert cap is not None and cap.routes is not None, "rollouts capture routes"
       cap = cap._replace(routes=cap.routes._replace(prompt=routes[pool.entry]))
   rows = _initial_rows(cfg, model.cfg, n_rows, n_queue)
   rows, cache, cursor = _refill(eng, rows, _new_cache(model.cfg, cfg, n_rows, eng.p),
@@ -586,6 +598,8 @@ class Admission(NamedTuple):
   choice: ArrayLike       # [W] int32
   gen_length: ArrayLike   # [W] int32 response tokens at most (<= cfg.gen_length)
   settings: RowSettings   # [W] each request's rule and temperature
+  pool_entry: ArrayLike   # [W] int32 the prompt-pool entry its row copies (E: none, it prefills)
+  pool_fill: ArrayLike    # [W] bool its prompt is prefilled into that entry in this call
 
 
 class ServeState(NamedTuple):
@@ -606,14 +620,16 @@ class ServeView(NamedTuple):
   results: _Results       # [Q] (`done`: retired since its admission)
   waiting: jax.Array      # scalar int32 admitted slots still waiting for a row
   iterations: jax.Array   # scalar int32 engine iterations so far
+  pool_busy: jax.Array    # [E] bool prompt-pool entries a waiting slot will still copy
 
 
 def new_serve_state(model_cfg, cfg: DecodeConfig, n_rows: int, n_slots: int,
-                    prompt_len: int, n_waiting: int) -> ServeState:
+                    prompt_len: int, n_waiting: int, pool_entries: int = 0) -> ServeState:
   """An empty engine for a model of `model_cfg`: `n_rows` rows, `n_slots` request slots,
   prompts of `prompt_len` tokens (a multiple of b), at most `n_waiting` admitted requests
-  waiting for a row. Call under `jax.jit` (every leaf its own buffer, the engine state is
-  donated; `orl_jax.serve.engine` creates it with its shardings)."""
+  waiting for a row, a prompt pool of `pool_entries` prompt caches (block-causal; the choices
+  of a request share one). Call under `jax.jit` (every leaf its own buffer, the engine state
+  is donated; `orl_jax.serve.engine` creates it with its shardings)."""
   _check(model_cfg, cfg, prompt_len, n_rows)
   if cfg.capture_states:
     raise ValueError("the serving engine captures no states (capture_states must be 0)")
@@ -623,16 +639,44 @@ def new_serve_state(model_cfg, cfg: DecodeConfig, n_rows: int, n_slots: int,
   queue = Queue(jnp.zeros((q, p), jnp.int32), jnp.zeros((q, p), bool), zeros,
                 jnp.full((q, b), cfg.mask_id, jnp.int32), prompt_keys(jax.random.key(0), q),
                 zeros + 1, settings)
-  carry = _Carry(_initial_rows(cfg, model_cfg, n_rows, q), _new_cache(model_cfg, cfg, n_rows, p),
-                 jnp.int32(0), _empty_results(cfg, q), None, jnp.int32(0))
+  cache = _new_cache(model_cfg, cfg, n_rows, p)
+  pool = None
+  if cache is not None and pool_entries:
+    empty = init_cache(model_cfg, pool_entries, p)
+    pool = PromptPool(empty.k, empty.v, empty.meta, zeros + pool_entries)
+  carry = _Carry(_initial_rows(cfg, model_cfg, n_rows, q), cache, jnp.int32(0),
+                 _empty_results(cfg, q), None, jnp.int32(0), pool)
   return ServeState(queue, jnp.full((n_waiting,), q, jnp.int32), jnp.int32(0), carry)
 
 
-def _admit(queue: Queue, new: Admission, cfg: DecodeConfig) -> Queue:
-  """The queue with the admitted requests in their slots."""
+def _admit(queue: Queue, new: Admission, cfg: DecodeConfig) -> tuple[Queue, Queue]:
+  """(the queue with the admitted requests in their slots, the admitted entries [W])."""
   keys = request_keys(new.seed_lo, new.seed_hi, new.choice)
   entered = new_queue(new.tokens, new.valid, keys, cfg, new.gen_length, new.settings)
-  return jax.tree.map(lambda table, x: table.at[new.slot].set(x, mode="drop"), queue, entered)
+  return jax.tree.map(lambda table, x: table.at[new.slot].set(x, mode="drop"), queue,
+                      entered), entered
+
+
+def _pool_admitted(model: Transformer, cfg: DecodeConfig, pool: PromptPool | None,
+                   entered: Queue, new: Admission) -> PromptPool | None:
+  """The pool with the admitted prompts marked `pool_fill` prefilled into their entries
+  (`_prefill_slabs` on the admission's rows; skipped in calls that fill none), and each
+  admitted slot pointing at its entry."""
+  if pool is None:
+    return None
+  n_entries, n_slots, p = pool.k.shape[1], pool.entry.shape[0], pool.k.shape[2]
+  fill = (jnp.asarray(new.pool_fill) & (jnp.asarray(new.pool_entry) < n_entries)
+          & (jnp.asarray(new.slot) < n_slots))
+  at = jnp.where(fill, new.pool_entry, n_entries)                  # out of bounds -> dropped
+
+  def prefill(pool: PromptPool) -> PromptPool:
+    cache, _ = _prefill_slabs(model, cfg, entered, fill)
+    kv = lambda x, c: x.at[:, at].set(c[:, :, :p], mode="drop")
+    meta = jax.tree.map(lambda x, c: x.at[at].set(c[:, :p], mode="drop"), pool.meta, cache.meta)
+    return pool._replace(k=kv(pool.k, cache.k), v=kv(pool.v, cache.v), meta=meta)
+
+  pool = jax.lax.cond(jnp.any(fill), prefill, lambda x: x, pool)
+  return pool._replace(entry=pool.entry.at[new.slot].set(new.pool_entry, mode="drop"))
 
 
 def _waiting_order(state: ServeState, cancel, admitted):
@@ -661,24 +705,32 @@ def serve_call(model: Transformer, state: ServeState, admission: Admission, canc
   gone = (rows.slot < n_slots) & cancel[jnp.minimum(rows.slot, n_slots - 1)]
   rows = rows._replace(phase=jnp.where(gone, IDLE, rows.phase),
                        slot=jnp.where(gone, n_slots, rows.slot))
-  queue = _admit(state.queue, admission, cfg)
+  queue, entered = _admit(state.queue, admission, cfg)
+  pool = _pool_admitted(model, cfg, c.pool, entered, admission)
   order, n_order = _waiting_order(state, cancel, admission.slot)
   results = c.results._replace(done=c.results.done.at[admission.slot].set(False, mode="drop"))
   cv = Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
   eng = _Engine(cv, queue, order, n_order)
-  rows, cache, cursor = _refill(eng, rows, c.cache, jnp.int32(0), rows.phase == IDLE, c.pool)
+  rows, cache, cursor = _refill(eng, rows, c.cache, jnp.int32(0), rows.phase == IDLE, pool)
   limit = c.iterations + iterations
   out = jax.lax.while_loop(
       lambda c: (c.iterations < limit) & jnp.any(c.rows.phase != IDLE),
       lambda c: _iteration(eng, c),
-      _Carry(rows, cache, cursor, results, None, c.iterations, c.pool))
+      _Carry(rows, cache, cursor, results, None, c.iterations, pool))
   return ServeState(queue, order, n_order, out)
 
 
 def serve_view(state: ServeState) -> ServeView:
-  rows = state.carry.rows
+  rows, pool = state.carry.rows, state.carry.pool
+  busy = jnp.zeros((0,), bool)
+  if pool is not None:         # the entries of the slots still in the waiting order
+    n_entries, n_slots = pool.k.shape[1], pool.entry.shape[0]
+    at = jnp.arange(state.order.shape[0])
+    waiting = (at >= state.carry.cursor) & (at < state.n_order)
+    entry = jnp.where(waiting, pool.entry[jnp.minimum(state.order, n_slots - 1)], n_entries)
+    busy = jnp.zeros((n_entries,), bool).at[entry].set(True, mode="drop")
   return ServeView(rows.slot, rows.response, rows.nfe, rows.denoise, state.carry.results,
-                   state.n_order - state.carry.cursor, state.carry.iterations)
+                   state.n_order - state.carry.cursor, state.carry.iterations, busy)
 
 
 def make_server_call(graphdef, cfg: DecodeConfig, n_rows: int, iterations: int,
