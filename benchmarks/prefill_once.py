@@ -21,6 +21,8 @@ but its keys differ from the block-by-block prefill's in the last bits) are time
 
   python benchmarks/prefill_once.py [--prompts 2] [--group 16] [--prompt-len 512] [--gen 256]
                                     [--rounds 5] [--schedules lockstep,per_row]
+
+JSON: benchmarks/results/prefill_once.json (lock-step), prefill_once_per_row.json (per-row).
 """
 import argparse
 import dataclasses
@@ -43,6 +45,7 @@ from orl_jax.models.transformer import ModelConfig, Transformer
 from orl_jax.unmasking import UnmaskRule
 
 OUT = os.path.join(_common.ROOT, "benchmarks", "results", "prefill_once.json")
+OUT_PER_ROW = os.path.join(_common.ROOT, "benchmarks", "results", "prefill_once_per_row.json")
 # the tests' tiny width (tests/support/helpers.py TINY) with a residual adapter
 MODEL = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                     mlp_dim=64, mask_id=1, qk_norm=True, residual_mode="adapter",
@@ -133,11 +136,13 @@ def main():
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--schedules", default="lockstep,per_row")
   args = p.parse_args()
-  runs = [measure(args, k, schedule) for schedule in args.schedules.split(",")
-          for k in (1, BLOCK)]
-  result = {**vars(args), "model": dataclasses.asdict(MODEL), "block_size": BLOCK,
-            "device": jax.devices()[0].device_kind, "jax": jax.__version__, "runs": runs}
-  _common.write_json(OUT, result)
+  runs = []
+  for schedule in args.schedules.split(","):
+    runs_of = [measure(args, k, schedule) for k in (1, BLOCK)]
+    result = {**vars(args), "model": dataclasses.asdict(MODEL), "block_size": BLOCK,
+              "device": jax.devices()[0].device_kind, "jax": jax.__version__, "runs": runs_of}
+    _common.write_json(OUT if schedule == "lockstep" else OUT_PER_ROW, result)
+    runs += runs_of
   for r in runs:
     m = r["median_s"]
     one_shot = (f" (one-shot prefill of P rows {m['one_shot_prefill_p']:.3f} s)"

@@ -48,10 +48,11 @@ def _rollout(family: str, prefill_once: bool, n_rows: int, prefills: list):
     return jax.device_get(compiled(params, prompts, valid, jax.random.key(5), 0))
 
 
-# LLaDA2's MoE (its routes: the pool's prefill routes serve the group) and the tiny model at
-# fewer rows in the default suite; the rest behind `slow`
+# LLaDA2's MoE (its routes: the pool's prefill routes serve the group) in the default suite
+# (fewer rows with a pool: tests/decode/test_rollout_refill.py); the rest behind `slow`
 @pytest.mark.parametrize("family,n_rows", [
-    ("llada2_moe", 0), ("tiny", 5), pytest.param("tiny", 0, marks=pytest.mark.slow),
+    ("llada2_moe", 0), pytest.param("tiny", 5, marks=pytest.mark.slow),
+    pytest.param("tiny", 0, marks=pytest.mark.slow),
     pytest.param("llada2_moe", 5, marks=pytest.mark.slow),
     pytest.param("sdar", 0, marks=pytest.mark.slow),
     pytest.param("qwendlm", 5, marks=pytest.mark.slow)])
