@@ -110,6 +110,8 @@ def served_model(config, path: str = "", overridden: frozenset = frozenset()) ->
   run, tok = s.config, s.tokenizer
   engine = parts.engine()
   metrics = ServerMetrics(shape.rows or shape.waiting)
+  if getattr(engine, "pool", None) is not None:    # the block engine's prompt pool
+    metrics.watch_pool(engine.pool)
   scheduler = Scheduler(engine, tok, max_waiting=run.serve.max_waiting,
                         on_call=metrics.device_call)
 
