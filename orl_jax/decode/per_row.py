@@ -185,8 +185,8 @@ def _refill(eng: _Engine, rows: _Rows, cache, cursor, free, pool: PromptPool | N
                        response=at(cfg.mask_id, rows.response), nfe=at(0, rows.nfe),
                        denoise=at(0, rows.denoise), skipped=at(0, rows.skipped))
   if eng.cv.bidirectional:
-    return _fresh_block(eng, rows, take, jnp.zeros_like(slot)), cache, cursor + jnp.sum(
-        take, dtype=jnp.int32)
+    rows = _fresh_block(eng, rows, take, jnp.zeros_like(slot))
+    return rows, cache, cursor + jnp.sum(take, dtype=jnp.int32)
   kind = jnp.where(take[:, None], KIND_PAD, cache.meta.kind)
   cache = cache._replace(meta=cache.meta._replace(kind=kind))
   pooled = jnp.zeros_like(take)
