@@ -252,6 +252,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.serve.iterations_per_call = 8   # engine iterations per device call (the host acts between)
   c.serve.waiting_slots = 0         # requests waiting on the device for a row, refilling rows
                                     # inside a call (0 = 3 x serve.rows)
+  c.serve.prompt_pool = 16          # prompt caches the n choices of a request share (0 = off)
   c.serve.max_waiting = 256         # choices waiting for the engine before a 429
   c.serve.model_name = ""           # the model's name in the API ("" = the weights' folder name)
   c.serve.watch = ""                # a run's work directory (or params folder): serve its newest

@@ -70,10 +70,11 @@ def validate(config: RunConfig) -> None:
         f"decode.block_size={d.block_size} (prompts are left-padded to a block boundary)")
   sv = config.serve
   check(sv.rows >= 1 and sv.iterations_per_call >= 1 and sv.waiting_slots >= 0
-        and sv.max_waiting >= 1 and sv.watch_seconds > 0,
+        and sv.prompt_pool >= 0 and sv.max_waiting >= 1 and sv.watch_seconds > 0,
         f"serve.rows={sv.rows}, serve.iterations_per_call={sv.iterations_per_call}, "
         f"serve.max_waiting={sv.max_waiting} and serve.watch_seconds={sv.watch_seconds} must be "
-        f"positive, serve.waiting_slots={sv.waiting_slots} >= 0")
+        f"positive, serve.waiting_slots={sv.waiting_slots} and serve.prompt_pool="
+        f"{sv.prompt_pool} >= 0")
   limits = ("max_body_bytes", "header_timeout", "body_timeout", "idle_timeout", "drain_timeout")
   bad = [f"serve.{k}={getattr(sv, k)}" for k in limits if not getattr(sv, k) > 0]
   check(not bad, f"{', '.join(bad)} must be positive")
@@ -285,10 +286,6 @@ def _schedule_errors(config: RunConfig) -> list[str]:
     errors.append(f"orl.rollout_rows={rows} sets the rows of the per-row engine, but "
                   f"decode.schedule={schedule!r}: set decode.schedule='per_row' or "
                   "orl.rollout_rows=0")
-  elif o.prefill_once and schedule != "lockstep":
-    errors.append(f"orl.prefill_once prefills a lock-step rollout's prompts once, but "
-                  f"decode.schedule={schedule!r}: set decode.schedule='lockstep' or "
-                  "orl.prefill_once=False")
   elif rows > n_responses:
     errors.append(f"orl.rollout_rows={rows} exceeds the {n_responses} responses of a rollout "
                   f"(orl.prompts_per_step={o.prompts_per_step} x orl.group_size="

@@ -333,6 +333,7 @@ class Serve(Section):
   rows: int = 16
   iterations_per_call: int = 8
   waiting_slots: int = 0
+  prompt_pool: int = 16
   max_waiting: int = 256
   model_name: str = ""
   watch: str = ""

@@ -120,8 +120,10 @@ class PerRowSampler(LockstepSampler):
     if rows and mesh is not None and sharding_lib.n_batch_shards(mesh.shape) > 1:
       raise ValueError(f"orl.rollout_rows={rows} decodes the rollout queue on one batch shard: "
                        "set mesh.data = mesh.fsdp = mesh.expert = 1, or orl.rollout_rows=0")
-    return (functools.partial(trajectories.per_row_trajectories, n_rows=rows),
-            self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id))
+    rollout = functools.partial(trajectories.per_row_trajectories, n_rows=rows)
+    if self.config.orl.prefill_once:
+      rollout = functools.partial(rollout, prefill_once=True)
+    return rollout, self.forward_config("rollout", mask_id=mask_id, eos_id=eos_id)
 
 
 def block_sampler(config, model_cfg=None) -> LockstepSampler:

@@ -63,4 +63,4 @@ def segmented_rollout(config, model_cfg, graphdef, *, mask_id: int, eos_id: int,
     return None
   _, cfg = sampler.rollout(mask_id=mask_id, eos_id=eos_id, mesh=mesh)   # checks rows and mesh
   return trajectories.SegmentedRollout(graphdef, cfg, group_size, config.orl.rollout_rows,
-                                       iterations, mesh)
+                                       iterations, mesh, config.orl.prefill_once)

@@ -36,18 +36,18 @@ from flax import nnx
 from jax.typing import ArrayLike
 
 from orl_jax import residual as residual_lib
-from orl_jax.models.decoded import Capture, DecodeOutput, token_major_routes
+from orl_jax.models.decoded import ROUTE_DTYPE, Capture, DecodeOutput, token_major_routes
 from orl_jax.decode.canvas import Canvas
-from orl_jax.decode.capture import check_route_capture, new_capture
+from orl_jax.decode.capture import captured_top_k, check_route_capture, new_capture
 from orl_jax.decode.compile_options import StepSizedJit, step_compiler_options
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.decode.placement import (final_blocks, finished_response, fixed_positions,
                                       place_for_decoder, row_blocks)
 from orl_jax.decode.step import RowSettings, needs_step, step_key, take_step
-from orl_jax.models.transformer import Transformer, init_cache, write_at
+from orl_jax.models.transformer import KVCache, Transformer, init_cache, write_at
 from orl_jax.residual import Residual
 from pallas_kernels.staircase_attention import (KIND_CLEAN, KIND_PAD, KIND_PROMPT, KIND_STATE,
-                                                make_meta)
+                                                TokenMeta, make_meta)
 
 PREFILL, DENOISE, COMMIT, IDLE = 0, 1, 2, 3   # what a row's next forward does
 
@@ -77,6 +77,16 @@ class _Results(NamedTuple):
   done: jax.Array       # [Q] bool its row retired (the serving engine clears it on admission)
 
 
+class PromptPool(NamedTuple):
+  """Prompt caches that rows copy instead of prefilling (docs/decoding.md#the-prompt-pool):
+  each distinct prompt's keys, values and metadata over its P positions, written once."""
+  k: jax.Array          # [L, D, P, Hkv, Dh] D distinct prompts
+  v: jax.Array          # [L, D, P, Hkv, Dh]
+  meta: TokenMeta       # [D, P]
+  entry: jax.Array      # [Q] int32 the pool entry holding each queue index's prompt (D: none,
+                        # the row prefills it)
+
+
 class _Carry(NamedTuple):
   rows: _Rows
   cache: object         # KVCache [L, B, P + M*b + b, ...] (block-causal) or None
@@ -84,6 +94,7 @@ class _Carry(NamedTuple):
   results: _Results
   cap: Capture | None
   iterations: jax.Array  # scalar int32
+  pool: PromptPool | None = None   # None: every row prefills its own prompt
 
 
 class Queue(NamedTuple):
@@ -157,10 +168,12 @@ def _fresh_block(eng: _Engine, rows: _Rows, start, block) -> _Rows:
                        res=res, post=at(0, rows.post), settled=at(False, rows.settled))
 
 
-def _refill(eng: _Engine, rows: _Rows, cache, cursor, free):
+def _refill(eng: _Engine, rows: _Rows, cache, cursor, free, pool: PromptPool | None = None):
   """Rows `free` [B] take the next prompts of the queue, in `eng.order` from `cursor` (or go
   idle once it is drained). Block-causal rows start with the prefill at their prompt's first
-  non-padding block, with the row's cache emptied (its metadata marks every position padding);
+  non-padding block, with the row's cache emptied (its metadata marks every position padding),
+  or, where the `pool` holds their prompt (`PromptPool.entry`), copy its cache from there and
+  start denoising block 0;
   bidirectional rows start denoising block 0. -> (rows, cache, cursor)."""
   cfg, p, b = eng.cfg, eng.p, eng.cfg.block_size
   at_order = cursor + jnp.cumsum(free.astype(jnp.int32)) - 1
@@ -173,16 +186,38 @@ def _refill(eng: _Engine, rows: _Rows, cache, cursor, free):
                        denoise=at(0, rows.denoise), skipped=at(0, rows.skipped))
   if eng.cv.bidirectional:
     rows = _fresh_block(eng, rows, take, jnp.zeros_like(slot))
-  else:
-    _, valid = eng.prompts(slot)
-    first = jnp.where(jnp.any(valid, axis=1), jnp.argmax(valid, axis=1) // b, p // b)
-    rows = _fresh_block(eng, rows, take & (first == p // b), jnp.zeros_like(slot))
-    prefill = take & (first < p // b)
-    rows = rows._replace(phase=jnp.where(prefill, PREFILL, rows.phase),
-                         block=jnp.where(prefill, first, rows.block))
-    kind = jnp.where(take[:, None], KIND_PAD, cache.meta.kind)
-    cache = cache._replace(meta=cache.meta._replace(kind=kind))
+    return rows, cache, cursor + jnp.sum(take, dtype=jnp.int32)
+  kind = jnp.where(take[:, None], KIND_PAD, cache.meta.kind)
+  cache = cache._replace(meta=cache.meta._replace(kind=kind))
+  pooled = jnp.zeros_like(take)
+  if pool is not None:
+    pooled = take & (eng.of(slot, pool.entry) < pool.k.shape[1])
+    cache = _copy_from_pool(cache, pool, pooled, slot)
+  _, valid = eng.prompts(slot)
+  first = jnp.where(jnp.any(valid, axis=1), jnp.argmax(valid, axis=1) // b, p // b)
+  rows = _fresh_block(eng, rows, pooled | (take & (first == p // b)), jnp.zeros_like(slot))
+  prefill = take & ~pooled & (first < p // b)
+  rows = rows._replace(phase=jnp.where(prefill, PREFILL, rows.phase),
+                       block=jnp.where(prefill, first, rows.block))
   return rows, cache, cursor + jnp.sum(take, dtype=jnp.int32)
+
+
+def _copy_from_pool(cache: KVCache, pool: PromptPool, take, slot) -> KVCache:
+  """`cache` with the rows `take` [B] holding their prompts' pool entries at [0, P). A copy,
+  not a read by index: the attention reads one [Tc] cache per row, prompt and response
+  together, so the pool's P x prompt is shared by the queue and each row holds its own copy
+  while it decodes. Skipped (a `cond`) in the iterations where no row takes a prompt."""
+  p, n_rows = pool.k.shape[2], take.shape[0]
+  entry = pool.entry[jnp.minimum(slot, pool.entry.shape[0] - 1)]    # [B]
+  row = jnp.where(take, jnp.arange(n_rows), n_rows)                  # out of bounds -> dropped
+
+  def copy(cache: KVCache) -> KVCache:
+    kv = lambda c, x: c.at[:, row, :p].set(x[:, entry], mode="drop")
+    meta = jax.tree.map(lambda c, x: c.at[row, :p].set(x[entry], mode="drop"), cache.meta,
+                        pool.meta)
+    return KVCache(kv(cache.k, pool.k), kv(cache.v, pool.v), meta)
+
+  return jax.lax.cond(jnp.any(take), copy, lambda c: c, cache)
 
 
 def _slab_inputs(eng: _Engine, rows: _Rows):
@@ -264,18 +299,26 @@ def _record_routes(eng: _Engine, rows: _Rows, routes, cap):
   The lock-step decoder records the same forwards (its prefill in one piece)."""
   if routes is None:
     return cap
-  _, positions, meta, _ = _slab_inputs(eng, rows)
-  ids = token_major_routes(routes)                                   # [B, b, L_moe, K]
-
-  def put(buf, do, cols, val):
-    slot = jnp.where(do, rows.slot, eng.n_queue)[:, None]          # out of bounds -> dropped
-    return buf.at[slot, cols].set(val, mode="drop")
-
   r = cap.routes
-  prompt_ids = jnp.where((meta.kind == KIND_PROMPT)[..., None, None], ids, -1)
-  prompt = put(r.prompt, rows.phase == PREFILL, positions, prompt_ids)
-  clean = put(r.clean, rows.phase == COMMIT, positions - eng.p, ids)
+  prompt = _prompt_routes(eng, rows, routes, r.prompt)
+  clean = _put_routes(eng, rows, r.clean, rows.phase == COMMIT,
+                      _slab_inputs(eng, rows)[1] - eng.p, token_major_routes(routes))
   return cap._replace(routes=r._replace(prompt=prompt, clean=clean))
+
+
+def _put_routes(eng: _Engine, rows: _Rows, buf, do, cols, val):
+  """`buf` [Q, T, L_moe, K] with the rows `do` [B] writing `val` [B, b, ...] at their prompts'
+  rows, columns `cols` [B, b]."""
+  slot = jnp.where(do, rows.slot, eng.n_queue)[:, None]          # out of bounds -> dropped
+  return buf.at[slot, cols].set(val, mode="drop")
+
+
+def _prompt_routes(eng: _Engine, rows: _Rows, routes, buf):
+  """`buf` [Q, P, L_moe, K] with the routes of the prompt blocks the PREFILL rows wrote (valid
+  tokens; padding keeps -1)."""
+  _, positions, meta, _ = _slab_inputs(eng, rows)
+  ids = jnp.where((meta.kind == KIND_PROMPT)[..., None, None], token_major_routes(routes), -1)
+  return _put_routes(eng, rows, buf, rows.phase == PREFILL, positions, ids)
 
 
 def _advance(eng: _Engine, rows: _Rows):
@@ -327,8 +370,8 @@ def _iteration(eng: _Engine, c: _Carry) -> _Carry:
   rows, cap = _denoise(eng, c.rows, hidden, routes, cap)
   rows, retire = _advance(eng, rows)
   results = _retire(c.results, rows, retire, eng.n_queue)
-  rows, cache, cursor = _refill(eng, rows, cache, c.cursor, retire)
-  return _Carry(rows, cache, cursor, results, cap, c.iterations + 1)
+  rows, cache, cursor = _refill(eng, rows, cache, c.cursor, retire, c.pool)
+  return _Carry(rows, cache, cursor, results, cap, c.iterations + 1, c.pool)
 
 
 def _initial_rows(cfg: DecodeConfig, mcfg, n_rows: int, n_queue: int) -> _Rows:
@@ -392,14 +435,68 @@ def _queue_engine(model: Transformer, queue_tokens, queue_valid, key, cfg: Decod
   return _Engine(cv, queue, jnp.arange(n_queue, dtype=jnp.int32), jnp.int32(n_queue))
 
 
-def _start(model: Transformer, eng: _Engine, n_rows: int) -> _Carry:
-  """The loop's first carry: the rows take the queue's first prompts."""
+def _prefill_slabs(model: Transformer, cfg: DecodeConfig, queue: Queue, fill):
+  """The prefill of the queue's prompts `fill` [n] on n rows by the loop's own forward
+  (`_forward`: `[n, b]` slabs of the prompt blocks in turn, a cache of the engine rows' width),
+  so that its keys and values are those a row's own prefill writes. -> (KVCache [L, n, ...],
+  the prefill's routes [n, P, L_moe, K] with `capture_routes`, else None)."""
+  n, p = queue.tokens.shape
+  cv = Canvas(model, cfg, n, p, None, None, None, model.embedding_table)
+  eng = _Engine(cv, queue, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
+  rows, cache, _ = _refill(eng, _initial_rows(cfg, model.cfg, n, n),
+                           _new_cache(model.cfg, cfg, n, p), jnp.int32(0), jnp.ones((n,), bool))
+  rows = rows._replace(phase=jnp.where((rows.phase == PREFILL) & fill, PREFILL, IDLE))
+  routes = None
+  if cfg.capture_routes:
+    mcfg = model.cfg
+    routes = jnp.full((n, p, mcfg.n_moe_layers, captured_top_k(mcfg)), -1,
+                      ROUTE_DTYPE)                                   # [n, P, L_moe, K]
+
+  def prefill_block(c):
+    rows, cache, routes = c
+    _, slab_routes, cache = _forward(eng, rows, cache)
+    if routes is not None:
+      routes = _prompt_routes(eng, rows, slab_routes, routes)
+    last = rows.block + 1 == p // cfg.block_size
+    return rows._replace(block=rows.block + 1, phase=jnp.where(last, IDLE, rows.phase)), cache, \
+        routes
+
+  _, cache, routes = jax.lax.while_loop(lambda c: jnp.any(c[0].phase == PREFILL), prefill_block,
+                                        (rows, cache, routes))
+  return cache, routes
+
+
+def _fill_pool(eng: _Engine, group_size: int):
+  """The prompt pool of a queue whose entries come in groups of `group_size` adjacent copies of
+  one prompt: each group's prompt prefilled once, before the loop (`_prefill_slabs`). ->
+  (PromptPool, the prefill's routes [D, P, L_moe, K] with `capture_routes`, else None)."""
+  if eng.n_queue % group_size:
+    raise ValueError(f"a queue of {eng.n_queue} entries is not made of groups of {group_size}")
+  queue = jax.tree.map(lambda t: t[::group_size], eng.queue)       # [D, ...] one per group
+  n, p = queue.tokens.shape
+  cache, routes = _prefill_slabs(eng.cv.model, eng.cfg, queue, jnp.ones((n,), bool))
+  entry = jnp.arange(eng.n_queue, dtype=jnp.int32) // group_size
+  pool = PromptPool(cache.k[:, :, :p], cache.v[:, :, :p],
+                    jax.tree.map(lambda m: m[:, :p], cache.meta), entry)
+  return pool, routes
+
+
+def _start(model: Transformer, eng: _Engine, n_rows: int, group_size: int = 1) -> _Carry:
+  """The loop's first carry: the rows take the queue's first prompts; with `group_size` > 1
+  (block-causal), from a prompt pool filled first (`_fill_pool`), its prefill's routes those
+  of every entry of the group."""
   cfg, n_queue = eng.cfg, eng.n_queue
   cap = new_capture(model, cfg, n_queue, eng.p)
+  pool = None
+  if group_size > 1 and not eng.cv.bidirectional:
+    pool, routes = _fill_pool(eng, group_size)
+    if routes is not None:
+      assert cap is not None and cap.routes is not None, "rollouts capture routes"
+      cap = cap._replace(routes=cap.routes._replace(prompt=routes[pool.entry]))
   rows = _initial_rows(cfg, model.cfg, n_rows, n_queue)
   rows, cache, cursor = _refill(eng, rows, _new_cache(model.cfg, cfg, n_rows, eng.p),
-                                jnp.int32(0), jnp.ones((n_rows,), bool))
-  return _Carry(rows, cache, cursor, _empty_results(cfg, n_queue), cap, jnp.int32(0))
+                                jnp.int32(0), jnp.ones((n_rows,), bool), pool)
+  return _Carry(rows, cache, cursor, _empty_results(cfg, n_queue), cap, jnp.int32(0), pool)
 
 
 def _run(eng: _Engine, carry: _Carry, iterations: int | None = None) -> _Carry:
@@ -423,12 +520,14 @@ def _output(eng: _Engine, out: _Carry) -> DecodeOutput:
 
 
 def decode_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
-                 n_rows: int) -> DecodeOutput:
+                 n_rows: int, group_size: int = 1) -> DecodeOutput:
   """Decodes Q left-padded prompts [Q, P] on `n_rows` rows, each row refilled from the queue
   as soon as its response ends. key: one key (prompt q samples with `fold_in(key, q)`,
-  `prompt_keys`) or [Q] keys, one per prompt. Call under `jax.jit` (see `make_engine`)."""
+  `prompt_keys`) or [Q] keys, one per prompt. `group_size` > 1: the queue is made of groups of
+  that many adjacent copies of one prompt, and each group's prompt is prefilled once (a prompt
+  pool, `_fill_pool`) instead of once per entry. Call under `jax.jit` (see `make_engine`)."""
   eng = _queue_engine(model, queue_tokens, queue_valid, key, cfg, n_rows)
-  return _output(eng, _run(eng, _start(model, eng, n_rows)))
+  return _output(eng, _run(eng, _start(model, eng, n_rows, group_size)))
 
 
 class Retired(NamedTuple):
@@ -439,11 +538,12 @@ class Retired(NamedTuple):
 
 
 def start_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
-                n_rows: int) -> _Carry:
+                n_rows: int, group_size: int = 1) -> _Carry:
   """A segmented `decode_queue`: its first carry (then `advance_queue`, then `finish_queue`,
-  each called with the same queue, key, config and rows; the result is `decode_queue`'s)."""
+  each called with the same queue, key, config and rows; the result is `decode_queue`'s; the
+  prompt pool of `group_size` travels in the carry)."""
   eng = _queue_engine(model, queue_tokens, queue_valid, key, cfg, n_rows)
-  return _start(model, eng, n_rows)
+  return _start(model, eng, n_rows, group_size)
 
 
 def advance_queue(model: Transformer, queue_tokens, queue_valid, key, cfg: DecodeConfig,
@@ -498,6 +598,8 @@ class Admission(NamedTuple):
   choice: ArrayLike       # [W] int32
   gen_length: ArrayLike   # [W] int32 response tokens at most (<= cfg.gen_length)
   settings: RowSettings   # [W] each request's rule and temperature
+  pool_entry: ArrayLike   # [W] int32 the prompt-pool entry its row copies (E: none, it prefills)
+  pool_fill: ArrayLike    # [W] bool its prompt is prefilled into that entry in this call
 
 
 class ServeState(NamedTuple):
@@ -522,14 +624,16 @@ class ServeView(NamedTuple):
   # shows between finished blocks: docs/serving.md#the-playground)
   row_active: jax.Array   # [B] int32 its response block index (-1: none, e.g. prefilling)
   row_tokens: jax.Array   # [B, b] int32 its tokens (mask where not committed yet)
+  pool_busy: jax.Array    # [E] bool prompt-pool entries a waiting slot will still copy
 
 
 def new_serve_state(model_cfg, cfg: DecodeConfig, n_rows: int, n_slots: int,
-                    prompt_len: int, n_waiting: int) -> ServeState:
+                    prompt_len: int, n_waiting: int, pool_entries: int = 0) -> ServeState:
   """An empty engine for a model of `model_cfg`: `n_rows` rows, `n_slots` request slots,
   prompts of `prompt_len` tokens (a multiple of b), at most `n_waiting` admitted requests
-  waiting for a row. Call under `jax.jit` (every leaf its own buffer, the engine state is
-  donated; `orl_jax.serve.engine` creates it with its shardings)."""
+  waiting for a row, a prompt pool of `pool_entries` prompt caches (block-causal; the choices
+  of a request share one). Call under `jax.jit` (every leaf its own buffer, the engine state
+  is donated; `orl_jax.serve.engine` creates it with its shardings)."""
   _check(model_cfg, cfg, prompt_len, n_rows)
   if cfg.capture_states:
     raise ValueError("the serving engine captures no states (capture_states must be 0)")
@@ -539,16 +643,44 @@ def new_serve_state(model_cfg, cfg: DecodeConfig, n_rows: int, n_slots: int,
   queue = Queue(jnp.zeros((q, p), jnp.int32), jnp.zeros((q, p), bool), zeros,
                 jnp.full((q, b), cfg.mask_id, jnp.int32), prompt_keys(jax.random.key(0), q),
                 zeros + 1, settings)
-  carry = _Carry(_initial_rows(cfg, model_cfg, n_rows, q), _new_cache(model_cfg, cfg, n_rows, p),
-                 jnp.int32(0), _empty_results(cfg, q), None, jnp.int32(0))
+  cache = _new_cache(model_cfg, cfg, n_rows, p)
+  pool = None
+  if cache is not None and pool_entries:
+    empty = init_cache(model_cfg, pool_entries, p)
+    pool = PromptPool(empty.k, empty.v, empty.meta, zeros + pool_entries)
+  carry = _Carry(_initial_rows(cfg, model_cfg, n_rows, q), cache, jnp.int32(0),
+                 _empty_results(cfg, q), None, jnp.int32(0), pool)
   return ServeState(queue, jnp.full((n_waiting,), q, jnp.int32), jnp.int32(0), carry)
 
 
-def _admit(queue: Queue, new: Admission, cfg: DecodeConfig) -> Queue:
-  """The queue with the admitted requests in their slots."""
+def _admit(queue: Queue, new: Admission, cfg: DecodeConfig) -> tuple[Queue, Queue]:
+  """(the queue with the admitted requests in their slots, the admitted entries [W])."""
   keys = request_keys(new.seed_lo, new.seed_hi, new.choice)
   entered = new_queue(new.tokens, new.valid, keys, cfg, new.gen_length, new.settings)
-  return jax.tree.map(lambda table, x: table.at[new.slot].set(x, mode="drop"), queue, entered)
+  return jax.tree.map(lambda table, x: table.at[new.slot].set(x, mode="drop"), queue,
+                      entered), entered
+
+
+def _pool_admitted(model: Transformer, cfg: DecodeConfig, pool: PromptPool | None,
+                   entered: Queue, new: Admission) -> PromptPool | None:
+  """The pool with the admitted prompts marked `pool_fill` prefilled into their entries
+  (`_prefill_slabs` on the admission's rows; skipped in calls that fill none), and each
+  admitted slot pointing at its entry."""
+  if pool is None:
+    return None
+  n_entries, n_slots, p = pool.k.shape[1], pool.entry.shape[0], pool.k.shape[2]
+  fill = (jnp.asarray(new.pool_fill) & (jnp.asarray(new.pool_entry) < n_entries)
+          & (jnp.asarray(new.slot) < n_slots))
+  at = jnp.where(fill, new.pool_entry, n_entries)                  # out of bounds -> dropped
+
+  def prefill(pool: PromptPool) -> PromptPool:
+    cache, _ = _prefill_slabs(model, cfg, entered, fill)
+    kv = lambda x, c: x.at[:, at].set(c[:, :, :p], mode="drop")
+    meta = jax.tree.map(lambda x, c: x.at[at].set(c[:, :p], mode="drop"), pool.meta, cache.meta)
+    return pool._replace(k=kv(pool.k, cache.k), v=kv(pool.v, cache.v), meta=meta)
+
+  pool = jax.lax.cond(jnp.any(fill), prefill, lambda x: x, pool)
+  return pool._replace(entry=pool.entry.at[new.slot].set(new.pool_entry, mode="drop"))
 
 
 def _waiting_order(state: ServeState, cancel, admitted):
@@ -577,26 +709,34 @@ def serve_call(model: Transformer, state: ServeState, admission: Admission, canc
   gone = (rows.slot < n_slots) & cancel[jnp.minimum(rows.slot, n_slots - 1)]
   rows = rows._replace(phase=jnp.where(gone, IDLE, rows.phase),
                        slot=jnp.where(gone, n_slots, rows.slot))
-  queue = _admit(state.queue, admission, cfg)
+  queue, entered = _admit(state.queue, admission, cfg)
+  pool = _pool_admitted(model, cfg, c.pool, entered, admission)
   order, n_order = _waiting_order(state, cancel, admission.slot)
   results = c.results._replace(done=c.results.done.at[admission.slot].set(False, mode="drop"))
   cv = Canvas(model, cfg, n_rows, p, None, None, None, model.embedding_table)
   eng = _Engine(cv, queue, order, n_order)
-  rows, cache, cursor = _refill(eng, rows, c.cache, jnp.int32(0), rows.phase == IDLE)
+  rows, cache, cursor = _refill(eng, rows, c.cache, jnp.int32(0), rows.phase == IDLE, pool)
   limit = c.iterations + iterations
   out = jax.lax.while_loop(
       lambda c: (c.iterations < limit) & jnp.any(c.rows.phase != IDLE),
       lambda c: _iteration(eng, c),
-      _Carry(rows, cache, cursor, results, None, c.iterations))
+      _Carry(rows, cache, cursor, results, None, c.iterations, pool))
   return ServeState(queue, order, n_order, out)
 
 
 def serve_view(state: ServeState) -> ServeView:
-  rows = state.carry.rows
+  rows, pool = state.carry.rows, state.carry.pool
   active = jnp.where((rows.phase == DENOISE) | (rows.phase == COMMIT), rows.block, -1)
+  busy = jnp.zeros((0,), bool)
+  if pool is not None:         # the entries of the slots still in the waiting order
+    n_entries, n_slots = pool.k.shape[1], pool.entry.shape[0]
+    at = jnp.arange(state.order.shape[0])
+    waiting = (at >= state.carry.cursor) & (at < state.n_order)
+    entry = jnp.where(waiting, pool.entry[jnp.minimum(state.order, n_slots - 1)], n_entries)
+    busy = jnp.zeros((n_entries,), bool).at[entry].set(True, mode="drop")
   return ServeView(rows.slot, rows.response, rows.nfe, rows.denoise, state.carry.results,
                    state.n_order - state.carry.cursor, state.carry.iterations, active,
-                   rows.tokens)
+                   rows.tokens, busy)
 
 
 def make_server_call(graphdef, cfg: DecodeConfig, n_rows: int, iterations: int,

@@ -48,17 +48,20 @@ def lockstep_trajectories(model, prompt_tokens, prompt_valid, key, cfg: DecodeCo
 
 
 def per_row_trajectories(model, prompt_tokens, prompt_valid, key, cfg: DecodeConfig,
-                         group_size: int, rollout_step, n_rows: int = 0) -> Trajectories:
+                         group_size: int, rollout_step, n_rows: int = 0,
+                         prefill_once: bool = False) -> Trajectories:
   """`lockstep_trajectories` on the per-row engine (`decode.schedule = "per_row"`): the P*G
   responses are one queue decoded on `n_rows` rows (`orl.rollout_rows`; 0 = P*G, one row per
   response), a row whose response ended taking the next response of the queue. Response i
   samples with fold_in(key, i) and its states land in capture row i, as in
-  `lockstep_trajectories`, whatever `n_rows`."""
+  `lockstep_trajectories`, whatever `n_rows`. With `prefill_once`, each prompt is prefilled
+  once into a prompt pool that its group's rows copy (`per_row.decode_queue`'s `group_size`,
+  docs/decoding.md#the-prompt-pool)."""
   _check_capture(cfg)
   reps = lambda x: jnp.repeat(x, group_size, axis=0)
   n_queue = prompt_tokens.shape[0] * group_size
   out = per_row.decode_queue(model, reps(prompt_tokens), reps(prompt_valid), key, cfg,
-                            n_rows or n_queue)
+                            n_rows or n_queue, group_size if prefill_once else 1)
   placed = place_for_decoder(prompt_tokens, prompt_valid, cfg)
   return trajectories(out, placed.tokens, placed.valid, rollout_step)
 
@@ -70,10 +73,11 @@ class SegmentedRollout:
   -> the Trajectories `per_row_trajectories` returns for the same inputs (the same loop body,
   cut between iterations). Every program takes the iteration's (params, prompt_tokens,
   prompt_valid, key) and rebuilds the queue from them; the carry (rows, cache, capture) stays
-  on the device and is donated from one program to the next."""
+  on the device and is donated from one program to the next; with `prefill_once`, the prompt
+  pool that `start` fills travels in it."""
 
   def __init__(self, graphdef, cfg: DecodeConfig, group_size: int, n_rows: int,
-               iterations: int, mesh=None):
+               iterations: int, mesh=None, prefill_once: bool = False):
     _check_capture(cfg)
     if iterations < 1:
       raise ValueError(f"a segment runs at least one iteration, got {iterations}")
@@ -87,7 +91,8 @@ class SegmentedRollout:
 
     def start(params, prompt_tokens, prompt_valid, key):
       model, tokens, valid, rows = queue(params, prompt_tokens, prompt_valid)
-      return per_row.start_queue(model, tokens, valid, key, cfg, rows)
+      return per_row.start_queue(model, tokens, valid, key, cfg, rows,
+                                 group_size if prefill_once else 1)
 
     def advance(params, prompt_tokens, prompt_valid, key, carry):
       model, tokens, valid, rows = queue(params, prompt_tokens, prompt_valid)

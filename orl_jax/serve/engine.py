@@ -34,6 +34,7 @@ class EngineShape:
   waiting: int       # W admitted requests that may wait on the device for a row
   prompt_len: int    # P prompt tokens at most (a multiple of the block size)
   iterations: int    # engine iterations per device call at most
+  pool: int = 0      # prompt caches the choices of a request share (`serve.prompt_pool`)
 
   @property
   def slots(self) -> int:
@@ -57,6 +58,7 @@ class HostView(NamedTuple):
   # the block each row is denoising (`per_row.ServeView`; None: an engine without rows)
   row_active: np.ndarray | None = None   # [B] int32 its response block index (-1: none)
   row_tokens: np.ndarray | None = None   # [B, b] int32 its tokens so far (mask elsewhere)
+  pool_busy: np.ndarray | None = None   # [E] bool prompt-pool entries still to be copied
 
 
 @dataclasses.dataclass
@@ -86,8 +88,48 @@ def _state_shardings(state: per_row.ServeState, mesh):
   rep = lambda tree: jax.tree.map(lambda _: NamedSharding(mesh, P()), tree)
   carry = state.carry._replace(rows=rows, cache=cache, cursor=rep(state.carry.cursor),
                                results=rep(state.carry.results),
-                               iterations=rep(state.carry.iterations))
+                               iterations=rep(state.carry.iterations), pool=rep(state.carry.pool))
   return per_row.ServeState(rep(state.queue), rep(state.order), rep(state.n_order), carry)
+
+
+class PoolBook:
+  """The host's account of the engine's prompt pool (docs/serving.md#the-prompt-pool): which
+  of its `n` entries a call may assign, and what was shared. An entry is free once the latest
+  view read shows no waiting slot that will copy it (`ServeView.pool_busy`) and no call after
+  that view assigned it (calls are dispatched before the previous one is read)."""
+
+  def __init__(self, n: int):
+    self.n = n
+    self.busy = np.zeros((n,), bool)
+    self.assigned = np.full((n,), -1)   # the call that last assigned each entry
+    self.read_call = -1                 # the last call whose view was read
+    self.fills = 0                      # prompts prefilled into the pool
+    self.shared = 0                     # choices whose prompt cache came from the pool
+                                        # (n-1 of a request's n prefill nothing)
+
+  def assign(self, entries: list[Entry], call: int) -> tuple[np.ndarray, np.ndarray]:
+    """([len(entries)] pool entry, [len(entries)] fills it) for call `call`'s admissions: the
+    entries with one prompt (a request's `n` choices) share a free pool entry, the first
+    prefilling it; n: none (a lone prompt, or no free entry: its row prefills it)."""
+    groups: dict[bytes, list[int]] = {}
+    for i, e in enumerate(entries):
+      groups.setdefault(np.asarray(e.prompt, np.int32).tobytes(), []).append(i)
+    free = [k for k in range(self.n) if not self.busy[k] and self.assigned[k] <= self.read_call]
+    entry = np.full((len(entries),), self.n, np.int32)
+    fill = np.zeros((len(entries),), bool)
+    for at in groups.values():
+      if len(at) < 2 or not free:
+        continue
+      k = free.pop(0)
+      self.assigned[k] = call
+      entry[at], fill[at[0]] = k, True
+      self.fills += 1
+      self.shared += len(at)
+    return entry, fill
+
+  def read(self, busy: np.ndarray, call: int) -> None:
+    """Call `call`'s view: the entries its waiting slots still copy."""
+    self.busy, self.read_call = busy, call
 
 
 class BlockEngine:
@@ -107,7 +149,7 @@ class BlockEngine:
     self._params_shardings = sharding_lib.tree_shardings(params, mesh, rules)
     self.params = jax.device_put(params, self._params_shardings)
     new_state = lambda: per_row.new_serve_state(model_cfg, cfg, shape.rows, shape.slots,
-                                                shape.prompt_len, shape.waiting)
+                                                shape.prompt_len, shape.waiting, shape.pool)
     state_shardings = _state_shardings(jax.eval_shape(new_state), mesh)
     with sharding_lib.tracing_mesh(mesh):
       self.state = jax.jit(new_state, out_shardings=state_shardings)()
@@ -115,6 +157,8 @@ class BlockEngine:
         graphdef, cfg, shape.rows, iterations, self._params_shardings, state_shardings)
     self._calls = {shape.iterations: make(shape.iterations)}
     self._make_call = make
+    self.pool = PoolBook(shape.pool if self.state.carry.pool is not None else 0)
+    self._dispatched = 0
 
   @property
   def block_size(self) -> int:
@@ -147,8 +191,12 @@ class BlockEngine:
         valid[i, p - n:] = True
       seed_lo[i], seed_hi[i] = e.seed % 2**32, e.seed // 2**32
       index[i], value[i], temperature[i] = rule_index(e.rule), e.rule.value, e.temperature
+    pool_entry = np.full((w,), self.pool.n, np.int32)
+    pool_fill = np.zeros((w,), bool)
+    pool_entry[:len(entries)], pool_fill[:len(entries)] = self.pool.assign(entries,
+                                                                           self._dispatched)
     return per_row.Admission(slot, tokens, valid, seed_lo, seed_hi, choice, gen_length,
-                             RowSettings(index, value, temperature))
+                             RowSettings(index, value, temperature), pool_entry, pool_fill)
 
   def dispatch(self, entries: list[Entry], cancel_slots: list[int],
                iterations: int | None = None):
@@ -165,18 +213,21 @@ class BlockEngine:
     with sharding_lib.tracing_mesh(self.mesh):
       self.state, view = self._calls[iterations](self.params, self.state,
                                                  self.admission(entries), jnp.asarray(cancel))
-    return view
+    self._dispatched += 1
+    return view, self._dispatched - 1
 
-  @staticmethod
-  def fetch(view) -> HostView:
-    """The view of a dispatched call on the host (waits for the call)."""
+  def fetch(self, dispatched) -> HostView:
+    """The view of a dispatched call on the host (waits for the call); calls are fetched in
+    the order they were dispatched."""
+    view, number = dispatched
     v = jax.device_get(view)
     r = v.results
+    self.pool.read(np.asarray(v.pool_busy), number)
     return HostView(np.asarray(v.row_slot), np.asarray(v.row_blocks), np.asarray(v.row_nfe),
                     np.asarray(v.row_denoise), np.asarray(r.blocks),
                     np.asarray(r.nfe), np.asarray(r.nfe_engine), np.asarray(r.nfe_denoise),
                     np.asarray(r.done), int(v.waiting), int(v.iterations),
-                    np.asarray(v.row_active), np.asarray(v.row_tokens))
+                    np.asarray(v.row_active), np.asarray(v.row_tokens), np.asarray(v.pool_busy))
 
   def call(self, entries: list[Entry], cancel_slots: list[int]) -> HostView:
     """One device call, its view on the host."""

@@ -97,7 +97,8 @@ def engine_parts(config, path: str = "", overridden: frozenset = frozenset()) ->
     shape = EngineShape(rows=0, waiting=sv.rows, prompt_len=prompt_len, iterations=1)
   else:
     shape = EngineShape(rows=sv.rows, waiting=sv.waiting_slots or 3 * sv.rows,
-                        prompt_len=prompt_len, iterations=sv.iterations_per_call)
+                        prompt_len=prompt_len, iterations=sv.iterations_per_call,
+                        pool=sv.prompt_pool)
   return EngineParts(s, graphdef, params, cfg, shape, path)
 
 
@@ -127,6 +128,8 @@ def served_model(config, path: str = "", overridden: frozenset = frozenset()) ->
   run, tok = s.config, s.tokenizer
   engine = parts.engine()
   metrics = ServerMetrics(shape.rows or shape.waiting)
+  if getattr(engine, "pool", None) is not None:    # the block engine's prompt pool
+    metrics.watch_pool(engine.pool)
   scheduler = Scheduler(engine, tok, max_waiting=run.serve.max_waiting,
                         on_call=metrics.device_call)
 

@@ -2,8 +2,9 @@
 
 Requests by outcome; prompt, completion and generated tokens; forwards in both counts (the
 paper's, with one commit forward per decoded block, and the authors' denoising forwards) and
-pooled TPF; queue depth, busy rows, device calls and engine iterations; histograms of time to
-first block, end-to-end latency, queue wait and device call time.
+pooled TPF; queue depth, busy rows, device calls and engine iterations; the prompt pool's
+prefills and the choices it served; histograms of time to first block, end-to-end latency,
+queue wait and device call time.
 """
 from __future__ import annotations
 
@@ -64,6 +65,20 @@ class ServerMetrics:
       self.forwards.labels(count).inc(usage[key])
     paper = self.forwards.labels("paper")._value.get()
     self.tpf.set(self.generated_tokens._value.get() / max(paper, 1))
+
+  def watch_pool(self, book) -> None:
+    """Reads the engine's prompt pool account (`serve.engine.PoolBook`) at each scrape."""
+    self.pool_prefills = Gauge("orl_prompt_pool_prefills", "Prompts prefilled once into the "
+                               "prompt pool for the n choices of a request (since start).",
+                               registry=self.registry)
+    self.pool_choices = Gauge("orl_prompt_pool_choices", "Choices whose prompt cache came from "
+                              "the prompt pool (since start; n per pooled request).",
+                              registry=self.registry)
+    self.pool_entries = Gauge("orl_prompt_pool_entries", "Prompt caches in the pool "
+                              "(serve.prompt_pool).", registry=self.registry)
+    self.pool_prefills.set_function(lambda: book.fills)
+    self.pool_choices.set_function(lambda: book.shared)
+    self.pool_entries.set(book.n)
 
   def device_call(self, seconds: float, busy_rows: int) -> None:
     self.device_calls.inc()

@@ -102,11 +102,11 @@ def test_prefill_once_is_the_repeated_prompt_rollout(family):
 
 
 def test_orl_prefill_once_reaches_the_rollout(tmp_path):
-  """`orl.prefill_once` is the lock-step rollout's `prefill_once`; the per-row schedule, which
-  prefills each row as it starts, refuses it by name."""
+  """`orl.prefill_once` is the lock-step rollout's `prefill_once`, and the per-row rollout's
+  (its prompt pool, `tests/decode/test_per_row_prefill_once.py`)."""
   from orl_jax.config.build import build
-  from orl_jax.errors import ConfigError
   from orl_jax.decode.block_sampler import block_sampler
+  from orl_jax.decode.trajectories import per_row_trajectories
   from tests.support.helpers import orl_smoke_config
   c = orl_smoke_config(tmp_path)
   assert block_sampler(build(c)).rollout(mask_id=1, eos_id=EOS)[0] is lockstep_trajectories
@@ -115,5 +115,6 @@ def test_orl_prefill_once_reaches_the_rollout(tmp_path):
   assert rollout_fn.func is lockstep_trajectories
   assert rollout_fn.keywords == {"prefill_once": True}
   c.decode.schedule = "per_row"
-  with pytest.raises(ConfigError, match="orl.prefill_once"):
-    build(c)
+  rollout_fn, _ = block_sampler(build(c)).rollout(mask_id=1, eos_id=EOS)
+  assert rollout_fn.func is per_row_trajectories
+  assert rollout_fn.keywords == {"n_rows": 0, "prefill_once": True}

@@ -82,8 +82,8 @@ def engine_calls(monkeypatch):
   return calls
 
 
-def _rollout(graphdef, params, cfg, n_rows, key):
-  fn = functools.partial(per_row_trajectories, n_rows=n_rows)
+def _rollout(graphdef, params, cfg, n_rows, key, prefill_once=False):
+  fn = functools.partial(per_row_trajectories, n_rows=n_rows, prefill_once=prefill_once)
   run = make_trajectories(graphdef, cfg, GROUP, rollout_fn=fn)
   return jax.device_get(run(params, *_prompts(), key, 0))
 
@@ -196,20 +196,21 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
     rollout_fn(two)
 
 
-@pytest.mark.parametrize("attention,n_rows,iterations", [
-    ("block_causal", 3, 4), ("bidirectional", 0, 5)])
-def test_a_segmented_rollout_is_the_rollout(attention, n_rows, iterations):
+@pytest.mark.parametrize("attention,n_rows,iterations,prefill_once", [
+    ("block_causal", 3, 4, False), ("bidirectional", 0, 5, False), ("block_causal", 3, 4, True)])
+def test_a_segmented_rollout_is_the_rollout(attention, n_rows, iterations, prefill_once):
   """The per-row rollout cut into segments of `iterations` loop iterations (the ORL loop
   verifies the responses retired after each): the same Trajectories, bit for bit, and each
-  segment's retired responses are final (equal to the rollout's) and only grow."""
+  segment's retired responses are final (equal to the rollout's) and only grow; with
+  `prefill_once`, the prompt pool filled by the first program serves the later ones."""
   from orl_jax.decode.trajectories import SegmentedRollout
   graphdef, params = _model(attention)
   cfg = DecodeConfig(gen_length=GEN, block_size=TINY_BLOCK, mask_id=TINY.mask_id, eos_id=EOS,
                      rule=UnmaskRule("threshold", 0.3), temperature=1.0, capture_states=3 * GEN,
                      **TINY_RULES)
   key = jax.random.key(4)
-  whole = _rollout(graphdef, params, cfg, n_rows, key)
-  seg = SegmentedRollout(graphdef, cfg, GROUP, n_rows, iterations)
+  whole = _rollout(graphdef, params, cfg, n_rows, key, prefill_once)
+  seg = SegmentedRollout(graphdef, cfg, GROUP, n_rows, iterations, prefill_once=prefill_once)
   tokens, valid = _prompts()
   carry = seg.start(params, tokens, valid, key)
   seen, segments = np.zeros(N_PROMPTS * GROUP, bool), 0

@@ -291,10 +291,23 @@ def test_clients_that_disconnect_free_their_requests(server):
   assert _post(server.url, {"model": MODEL, "prompt": tiny_problems()[0].prompt})[0] == 200
 
 
+def _metric(text: str, name: str) -> float:
+  """The value of an unlabelled metric in a Prometheus text."""
+  line = [line for line in text.splitlines() if line.startswith(name + " ")]
+  assert line, name
+  return float(line[0].split()[-1])
+
+
 def test_health_and_prometheus_metrics(server):
   status, body = _get(server.url, "/health")
   assert status == 200 and json.loads(body)["status"] == "ok"
+  # a request of 3 choices: one prompt prefilled into the prompt pool, 3 choices copying it
+  before = _get(server.url, "/metrics")[1]
+  body = {"model": MODEL, "prompt": tiny_problems()[1].prompt, "n": 3, "temperature": 1.0}
+  assert _post(server.url, body)[0] == 200
   metrics = _get(server.url, "/metrics")[1]
+  gain = lambda name: _metric(metrics, name) - _metric(before, name)
+  assert (gain("orl_prompt_pool_prefills"), gain("orl_prompt_pool_choices")) == (1, 3), metrics
   for name in ("orl_requests_total", "orl_prompt_tokens_total", "orl_generated_tokens_total",
                'orl_forwards_total{count="paper"}', "orl_tpf", "orl_queue_depth",
                "orl_busy_rows", "orl_time_to_first_block_seconds_bucket",

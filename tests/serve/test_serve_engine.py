@@ -178,3 +178,50 @@ print("SHARDED_OK")
 
 def test_rows_split_over_two_devices_decode_the_same_tokens():
   run_on_4_cpu_devices(_SHARDED, "SHARDED_OK")
+
+
+# requests of several choices (one prompt and seed, choices 0..n-1) beside lone requests:
+# request -> (prompt, seed, choices, max_tokens, rule, temperature)
+CHOICE_REQUESTS = [(1, 21, 4, 12, "threshold_0.3", 1.0), (2, 22, 3, 12, "entropy_budget_0.4", 0.8),
+                   (1, 23, 2, 8, "threshold_0.5", 1.0)]
+CHOICE_ARRIVALS = {0: [("n", 0), ("lone", 0)], 1: [("n", 1), ("lone", 3)], 6: [("n", 2)]}
+
+
+def test_the_choices_of_a_request_prefill_once_and_answer_as_without():
+  """A request's `n` choices admitted in one call share one prompt cache of the prompt pool
+  (`EngineShape.pool`, docs/serving.md#the-prompt-pool): one of them prefills it, the others
+  copy it; with lone requests beside them and entries reused, every choice answers as with no
+  pool (blocks and both forward counts)."""
+  model, graphdef, params = _model("block_causal")
+  cfg = _cfg()
+  prompts = _prompts()
+  requests, arrivals = [], {}
+  for call, admitted in CHOICE_ARRIVALS.items():
+    for kind, i in admitted:
+      if kind == "lone":
+        arrivals.setdefault(call, []).append(len(requests))
+        requests.append(REQUESTS[i])
+        continue
+      q, seed, n, max_tokens, rule, temperature = CHOICE_REQUESTS[i]
+      for choice in range(n):
+        arrivals.setdefault(call, []).append(len(requests))
+        requests.append((q, seed, choice, max_tokens, rule, temperature))
+  mesh = make_mesh(devices=jax.devices()[:1])
+  outs, books = [], []
+  for pool in (2, 0):
+    engine = BlockEngine(graphdef, params, model.cfg, cfg, EngineShape(ROWS, 8, P, 3, pool), mesh)
+    outs.append(_serve(engine, prompts, requests, arrivals))
+    books.append(engine.pool)
+  pooled, plain = outs
+  assert set(pooled) == set(plain) == set(range(len(requests)))
+  for r in pooled:
+    np.testing.assert_array_equal(pooled[r][0], plain[r][0], err_msg=f"request {r}")
+    assert pooled[r][1:] == plain[r][1:], r
+  # one request of several choices against its prompt decoded alone (the plain engine is
+  # checked against it request by request above)
+  q = requests[0][0]
+  ref = _alone(graphdef, params, cfg, prompts[q], requests[0], 0)
+  np.testing.assert_array_equal(_response(pooled[0][0], GEN, 0), ref.tokens[0])
+  # one prefill per request of several choices, and the two entries reused by the third
+  assert (books[0].fills, books[0].shared) == (3, 9) and books[1].fills == 0
+  assert len({tuple(requests[r][:3]) for r in pooled}) == len(requests)
