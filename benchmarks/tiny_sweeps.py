@@ -37,6 +37,13 @@ STUDIES = {
 }
 
 
+# the per-update metrics kept per run (docs/method.md#metrics): the terms, the anchor's view,
+# the gradient norms (with loss.term_grad_norms)
+DIAGNOSTICS = ("loss", "loss_ce", "loss_aec_weighted", "loss_rkl", "loss_rkl_weighted",
+               "anchor_gate_share", "anchor_cap_share", "anchor_kl_uncapped", "kl_ref_masked",
+               "grad_norm", "grad_norm_ce", "grad_norm_aec", "grad_norm_anchor")
+
+
 def parse_run(spec: str) -> tuple[str, dict]:
   """'name:a.b=1,c.d=x' -> ('name', {'a.b': 1, 'c.d': 'x'})."""
   name, _, rest = spec.partition(":")
@@ -106,11 +113,12 @@ def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
   from orl_jax.train.entry import train
   cfg = run_config(name, overrides, seed, args.workdir)
   steps, t0 = cfg.train.steps, time.time()
-  stops = list(range(args.segment, steps, args.segment)) + [steps] if args.segment else [steps]
+  end = min(args.stop, steps) if args.stop else steps   # --stop: the schedule of `steps`, cut
+  stops = list(range(args.segment, end, args.segment)) + [end] if args.segment else [end]
   # the curve points of an interrupted run (its checkpoints resume the training)
   curve_path = os.path.join(cfg.workdir, "curve.json")
   curve = json.load(open(curve_path)) if os.path.exists(curve_path) else []
-  params_dir = os.path.join(cfg.workdir, "params")
+  params_dir, r = os.path.join(cfg.workdir, "params"), None
   for stop in stops[len(curve):]:
     params_dir = train(cfg, progress=args.progress, stop_after=stop)
     r = evaluate(cfg, params_dir, args.curve_problems, [args.setting])[args.setting]
@@ -119,16 +127,22 @@ def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
       json.dump(curve, f)
     print(f"{name} seed {seed}: {stop}/{steps} updates, accuracy {r['accuracy']:.3f}, "
           f"TPF {r['tpf_pooled']:.2f} ({args.curve_problems} problems)", flush=True)
-  final = evaluate(cfg, params_dir, args.final_problems, args.final_settings)
+  if (r is not None and args.final_problems == args.curve_problems
+      and args.final_settings == [args.setting]):
+    final = {args.setting: r}   # the last curve point is the final evaluation
+  else:
+    final = evaluate(cfg, params_dir, args.final_problems, args.final_settings)
   metrics_path = os.path.join(cfg.workdir, "metrics.jsonl")
   rows = read_jsonl(metrics_path)
-  return {"overrides": overrides, "seed": seed, "updates": steps, "minutes":
+  return {"overrides": overrides, "seed": seed, "updates": end, "minutes":
           (time.time() - t0) / 60, "final": final, "curve": curve,
           "summary": demo.training_summary(metrics_path),
           "entropy_profile": entropy_profile(rows),
           "reward_curve": [(r["step"], r["reward"]) for r in rows if "reward" in r],
           "rollout_tpf_curve": [(r["step"], r["rollout_tpf"]) for r in rows
-                                if "rollout_tpf" in r]}
+                                if "rollout_tpf" in r],
+          "diagnostics": {k: [(r["step"], r[k]) for r in rows if k in r] for k in DIAGNOSTICS
+                          if any(k in r for r in rows)}}
 
 
 def runs_of(results: dict, name: str) -> list[dict]:
@@ -233,6 +247,8 @@ def main():
   ap.add_argument("--workdir", default="work_dirs/tiny_sweeps")
   ap.add_argument("--out", default="benchmarks/results/tiny_sweeps.json")
   ap.add_argument("--segment", type=int, default=100, help="updates between accuracy points")
+  ap.add_argument("--stop", type=int, default=0, help="end each run after this many updates of "
+                  "its schedule (train.steps; 0 = all)")
   ap.add_argument("--curve_problems", type=int, default=512)
   ap.add_argument("--final_problems", type=int, default=2048)
   ap.add_argument("--setting", default="threshold_0.9")
