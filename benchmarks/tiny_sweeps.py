@@ -10,6 +10,8 @@ step k of a block, over the last tenth of training) and the curves.
   python benchmarks/tiny_sweeps.py --run=hot:train.lr=3e-4,loss.w_aec=10 --seeds=0,1,2
   python benchmarks/tiny_sweeps.py --plot=lr1e-3,lr1e-3_no_kl --png=curves.png   # no training
   python benchmarks/tiny_sweeps.py --table=lr5e-4,lr5e-4_no_kl   # mean ± std over the seeds
+  python benchmarks/tiny_sweeps.py --out=benchmarks/results/tiny_anchor_drift.json \
+      --plot=lr5e-4_diag --diagnostics --png=docs/img/anchor.png  # the anchor's view per update
 
 Runs start from the committed warm-up (`assets/tiny_warmup`) unless `stage=` names a stage of
 configs/tiny.py that starts from the base. A seed sets the rollout noise and the prompt order
@@ -239,6 +241,45 @@ def plot(results: dict, names: list[str], png: str, title: str = "") -> None:
   print(f"plot: {png}")
 
 
+def plot_diagnostics(results: dict, names: list[str], png: str, title: str = "") -> None:
+  """The anchor's view per logged update (docs/method.md#metrics), one colour per run name, a
+  line per seed: training reward, the policy's uncapped KL to the reference over every masked
+  position and over the anchored ones, the shares of masked positions anchored and of anchored
+  positions at the cap, and the anchor's and AEC's gradient norms over CE's."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  panels = [("reward", "training reward", None), ("kl_ref_masked", "KL(q || p_ref), all masked "
+            "positions", None), ("anchor_kl_uncapped", "KL(q || p_ref), anchored positions",
+            None), ("anchor_gate_share", "masked positions anchored (gate)", None),
+            ("anchor_cap_share", "anchored positions at the cap", None),
+            ("grad_norm_anchor", "|grad anchor| / |grad CE|", "grad_norm_ce"),
+            ("grad_norm_aec", "|grad AEC| / |grad CE|", "grad_norm_ce")]
+  fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4))
+  for i, name in enumerate(names):
+    for j, run in enumerate(runs_of(results, name)):
+      d = dict(run.get("diagnostics", {}), reward=run["reward_curve"])
+      for ax, (key, label, over) in zip(axes, panels):
+        if key not in d or (over and over not in d):
+          continue
+        steps = [s for s, _ in d[key]]
+        y = np.asarray([v for _, v in d[key]], np.float64)
+        if over:
+          y = y / np.maximum([v for _, v in d[over]], 1e-12)
+        ax.plot(steps, y, color=f"C{i}", lw=1.2, label=name if j == 0 else None)
+        ax.set(title=label, xlabel="ORL update")
+        if key in ("kl_ref_masked", "anchor_kl_uncapped") or over:
+          ax.set_yscale("log")
+  for ax in axes:
+    ax.title.set_fontsize(8)
+  axes[0].legend(fontsize=7)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(png, dpi=100)
+  print(f"plot: {png}")
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--study", choices=sorted(STUDIES), action="append", default=[])
@@ -256,6 +297,8 @@ def main():
   ap.add_argument("--plot", default="", help="comma-separated run names to plot (no training)")
   ap.add_argument("--png", default="benchmarks/results/tiny_sweeps.png")
   ap.add_argument("--title", default="", help="--plot: the figure's title")
+  ap.add_argument("--diagnostics", action="store_true",
+                  help="--plot: the anchor's per-update diagnostics instead of the curves")
   ap.add_argument("--table", default="", help="comma-separated run names: a markdown table of "
                   "each as mean ± std over its seeds (no training)")
   ap.add_argument("--base_tpf", type=float, default=3.23, help="--table: the base's pooled TPF")
@@ -268,7 +311,8 @@ def main():
       results = json.load(f).get("runs", {})
   if args.plot or args.table:
     if args.plot:
-      plot(results, args.plot.split(","), args.png, args.title)
+      draw = plot_diagnostics if args.diagnostics else plot
+      draw(results, args.plot.split(","), args.png, args.title)
     if args.table:
       print(seed_table(results, args.table.split(","), args.base_tpf, args.setting))
     return
