@@ -9,6 +9,7 @@ step k of a block, over the last tenth of training) and the curves.
   python benchmarks/tiny_sweeps.py --study=anchor           # lr 2e-4 / 1e-3, with / without KL
   python benchmarks/tiny_sweeps.py --run=hot:train.lr=3e-4,loss.w_aec=10 --seeds=0,1,2
   python benchmarks/tiny_sweeps.py --plot=lr1e-3,lr1e-3_no_kl --png=curves.png   # no training
+  python benchmarks/tiny_sweeps.py --record=hot:train.lr=3e-4   # a run stopped early: its logs
   python benchmarks/tiny_sweeps.py --table=lr5e-4,lr5e-4_no_kl   # mean ± std over the seeds
   python benchmarks/tiny_sweeps.py --out=benchmarks/results/tiny_anchor_drift.json \
       --plot=lr5e-4_diag --diagnostics --png=docs/img/anchor.png  # the anchor's view per update
@@ -147,6 +148,23 @@ def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
                           if any(k in r for r in rows)}}
 
 
+def logged_run(name: str, overrides: dict, seed: int, args) -> dict:
+  """The record of a run stopped before its evaluation (`--record`): what its metrics.jsonl
+  logged (reward, TPF and the anchor's per-update view), with no accuracy."""
+  from orl_jax.metrics import read_jsonl
+  cfg = run_config(name, overrides, seed, args.workdir)
+  rows = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
+  if not rows:
+    raise FileNotFoundError(f"--record {name}: nothing logged under {cfg.workdir}")
+  return {"overrides": overrides, "seed": seed, "updates": int(rows[-1].get("updates", 0)),
+          "stopped_before_evaluation": True, "final": None, "curve": [],
+          "reward_curve": [(r["step"], r["reward"]) for r in rows if "reward" in r],
+          "rollout_tpf_curve": [(r["step"], r["rollout_tpf"]) for r in rows
+                                if "rollout_tpf" in r],
+          "diagnostics": {k: [(r["step"], r[k]) for r in rows if k in r] for k in DIAGNOSTICS
+                          if any(k in r for r in rows)}}
+
+
 def runs_of(results: dict, name: str) -> list[dict]:
   """The runs of `name` (keys `name@seedK`), in seed order."""
   keys = sorted((k for k in results if k.rpartition("@")[0] == name),
@@ -255,7 +273,8 @@ def plot_diagnostics(results: dict, names: list[str], png: str, title: str = "")
             ("anchor_cap_share", "anchored positions at the cap", None),
             ("grad_norm_anchor", "|grad anchor| / |grad CE|", "grad_norm_ce"),
             ("grad_norm_aec", "|grad AEC| / |grad CE|", "grad_norm_ce")]
-  fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4))
+  fig, grid = plt.subplots(2, 4, figsize=(14, 6.4))
+  axes = grid.ravel()
   for i, name in enumerate(names):
     for j, run in enumerate(runs_of(results, name)):
       d = dict(run.get("diagnostics", {}), reward=run["reward_curve"])
@@ -271,8 +290,9 @@ def plot_diagnostics(results: dict, names: list[str], png: str, title: str = "")
         if key in ("kl_ref_masked", "anchor_kl_uncapped") or over:
           ax.set_yscale("log")
   for ax in axes:
-    ax.title.set_fontsize(8)
-  axes[0].legend(fontsize=7)
+    ax.title.set_fontsize(9)
+  axes[-1].axis("off")
+  axes[-1].legend(*axes[0].get_legend_handles_labels(), loc="center", fontsize=8)
   if title:
     fig.suptitle(title)
   fig.tight_layout()
@@ -280,10 +300,19 @@ def plot_diagnostics(results: dict, names: list[str], png: str, title: str = "")
   print(f"plot: {png}")
 
 
+def save(results: dict, out: str) -> None:
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  with open(out + ".tmp", "w") as f:
+    json.dump({"about": __doc__.split("\n\n")[0], "runs": results}, f, indent=1)
+  os.replace(out + ".tmp", out)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--study", choices=sorted(STUDIES), action="append", default=[])
   ap.add_argument("--run", action="append", default=[], help="name:key=value,key=value")
+  ap.add_argument("--record", action="append", default=[], help="name:key=value,...: record "
+                  "what a run stopped before its evaluation logged (no training)")
   ap.add_argument("--seeds", default="0")
   ap.add_argument("--workdir", default="work_dirs/tiny_sweeps")
   ap.add_argument("--out", default="benchmarks/results/tiny_sweeps.json")
@@ -316,6 +345,12 @@ def main():
     if args.table:
       print(seed_table(results, args.table.split(","), args.base_tpf, args.setting))
     return
+  if args.record:
+    for seed in (int(s) for s in args.seeds.split(",")):
+      for name, overrides in map(parse_run, args.record):
+        results[f"{name}@seed{seed}"] = logged_run(name, overrides, seed, args)
+    save(results, args.out)
+    return
   runs = [item for study in args.study for item in STUDIES[study].items()]
   runs += [parse_run(spec) for spec in args.run]
   headline = None
@@ -330,11 +365,7 @@ def main():
       headline = (key, r["accuracy"], r["tpf_pooled"])
       print(f"{key}: accuracy {r['accuracy']:.4f}, pooled TPF {r['tpf_pooled']:.3f}, "
             f"summary {json.dumps(results[key]['summary'])}", flush=True)
-      os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-      tmp = args.out + ".tmp"
-      with open(tmp, "w") as f:
-        json.dump({"about": __doc__.split("\n\n")[0], "runs": results}, f, indent=1)
-      os.replace(tmp, args.out)
+      save(results, args.out)
   if headline:
     print(f"tiny_sweeps_last_pooled_tpf[{headline[0]}]: {headline[2]:.3f}")
 
