@@ -9,7 +9,10 @@ step k of a block, over the last tenth of training) and the curves.
   python benchmarks/tiny_sweeps.py --study=anchor           # lr 2e-4 / 1e-3, with / without KL
   python benchmarks/tiny_sweeps.py --run=hot:train.lr=3e-4,loss.w_aec=10 --seeds=0,1,2
   python benchmarks/tiny_sweeps.py --plot=lr1e-3,lr1e-3_no_kl --png=curves.png   # no training
+  python benchmarks/tiny_sweeps.py --record=hot:train.lr=3e-4   # a run stopped early: its logs
   python benchmarks/tiny_sweeps.py --table=lr5e-4,lr5e-4_no_kl   # mean ± std over the seeds
+  python benchmarks/tiny_sweeps.py --out=benchmarks/results/tiny_anchor_drift.json \
+      --plot=lr5e-4_diag --diagnostics --png=docs/img/anchor.png  # the anchor's view per update
 
 Runs start from the committed warm-up (`assets/tiny_warmup`) unless `stage=` names a stage of
 configs/tiny.py that starts from the base. A seed sets the rollout noise and the prompt order
@@ -35,6 +38,13 @@ STUDIES = {
     "anchor": {"lr2e-4": {"train.lr": 2e-4}, "lr2e-4_no_kl": {"train.lr": 2e-4, "loss.w_kl": 0.0},
                "lr1e-3": {"train.lr": 1e-3}, "lr1e-3_no_kl": {"train.lr": 1e-3, "loss.w_kl": 0.0}},
 }
+
+
+# the per-update metrics kept per run (docs/method.md#metrics): the terms, the anchor's view,
+# the gradient norms (with loss.term_grad_norms)
+DIAGNOSTICS = ("loss", "loss_ce", "loss_aec_weighted", "loss_rkl", "loss_rkl_weighted",
+               "anchor_gate_share", "anchor_cap_share", "anchor_kl_uncapped", "kl_ref_masked",
+               "grad_norm", "grad_norm_ce", "grad_norm_aec", "grad_norm_anchor")
 
 
 def parse_run(spec: str) -> tuple[str, dict]:
@@ -106,11 +116,12 @@ def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
   from orl_jax.train.entry import train
   cfg = run_config(name, overrides, seed, args.workdir)
   steps, t0 = cfg.train.steps, time.time()
-  stops = list(range(args.segment, steps, args.segment)) + [steps] if args.segment else [steps]
+  end = min(args.stop, steps) if args.stop else steps   # --stop: the schedule of `steps`, cut
+  stops = list(range(args.segment, end, args.segment)) + [end] if args.segment else [end]
   # the curve points of an interrupted run (its checkpoints resume the training)
   curve_path = os.path.join(cfg.workdir, "curve.json")
   curve = json.load(open(curve_path)) if os.path.exists(curve_path) else []
-  params_dir = os.path.join(cfg.workdir, "params")
+  params_dir, r = os.path.join(cfg.workdir, "params"), None
   for stop in stops[len(curve):]:
     params_dir = train(cfg, progress=args.progress, stop_after=stop)
     r = evaluate(cfg, params_dir, args.curve_problems, [args.setting])[args.setting]
@@ -119,16 +130,39 @@ def train_and_measure(name: str, overrides: dict, seed: int, args) -> dict:
       json.dump(curve, f)
     print(f"{name} seed {seed}: {stop}/{steps} updates, accuracy {r['accuracy']:.3f}, "
           f"TPF {r['tpf_pooled']:.2f} ({args.curve_problems} problems)", flush=True)
-  final = evaluate(cfg, params_dir, args.final_problems, args.final_settings)
+  if (r is not None and args.final_problems == args.curve_problems
+      and args.final_settings == [args.setting]):
+    final = {args.setting: r}   # the last curve point is the final evaluation
+  else:
+    final = evaluate(cfg, params_dir, args.final_problems, args.final_settings)
   metrics_path = os.path.join(cfg.workdir, "metrics.jsonl")
   rows = read_jsonl(metrics_path)
-  return {"overrides": overrides, "seed": seed, "updates": steps, "minutes":
+  return {"overrides": overrides, "seed": seed, "updates": end, "minutes":
           (time.time() - t0) / 60, "final": final, "curve": curve,
           "summary": demo.training_summary(metrics_path),
           "entropy_profile": entropy_profile(rows),
           "reward_curve": [(r["step"], r["reward"]) for r in rows if "reward" in r],
           "rollout_tpf_curve": [(r["step"], r["rollout_tpf"]) for r in rows
-                                if "rollout_tpf" in r]}
+                                if "rollout_tpf" in r],
+          "diagnostics": {k: [(r["step"], r[k]) for r in rows if k in r] for k in DIAGNOSTICS
+                          if any(k in r for r in rows)}}
+
+
+def logged_run(name: str, overrides: dict, seed: int, args) -> dict:
+  """The record of a run stopped before its evaluation (`--record`): what its metrics.jsonl
+  logged (reward, TPF and the anchor's per-update view), with no accuracy."""
+  from orl_jax.metrics import read_jsonl
+  cfg = run_config(name, overrides, seed, args.workdir)
+  rows = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
+  if not rows:
+    raise FileNotFoundError(f"--record {name}: nothing logged under {cfg.workdir}")
+  return {"overrides": overrides, "seed": seed, "updates": int(rows[-1].get("updates", 0)),
+          "stopped_before_evaluation": True, "final": None, "curve": [],
+          "reward_curve": [(r["step"], r["reward"]) for r in rows if "reward" in r],
+          "rollout_tpf_curve": [(r["step"], r["rollout_tpf"]) for r in rows
+                                if "rollout_tpf" in r],
+          "diagnostics": {k: [(r["step"], r[k]) for r in rows if k in r] for k in DIAGNOSTICS
+                          if any(k in r for r in rows)}}
 
 
 def runs_of(results: dict, name: str) -> list[dict]:
@@ -225,14 +259,66 @@ def plot(results: dict, names: list[str], png: str, title: str = "") -> None:
   print(f"plot: {png}")
 
 
+def plot_diagnostics(results: dict, names: list[str], png: str, title: str = "") -> None:
+  """The anchor's view per logged update (docs/method.md#metrics), one colour per run name, a
+  line per seed: training reward, the policy's uncapped KL to the reference over every masked
+  position and over the anchored ones, the shares of masked positions anchored and of anchored
+  positions at the cap, and the anchor's and AEC's gradient norms over CE's."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  panels = [("reward", "training reward", None), ("kl_ref_masked", "KL(q || p_ref), all masked "
+            "positions", None), ("anchor_kl_uncapped", "KL(q || p_ref), anchored positions",
+            None), ("anchor_gate_share", "masked positions anchored (gate)", None),
+            ("anchor_cap_share", "anchored positions at the cap", None),
+            ("grad_norm_anchor", "|grad anchor| / |grad CE|", "grad_norm_ce"),
+            ("grad_norm_aec", "|grad AEC| / |grad CE|", "grad_norm_ce")]
+  fig, grid = plt.subplots(2, 4, figsize=(14, 6.4))
+  axes = grid.ravel()
+  for i, name in enumerate(names):
+    for j, run in enumerate(runs_of(results, name)):
+      d = dict(run.get("diagnostics", {}), reward=run["reward_curve"])
+      for ax, (key, label, over) in zip(axes, panels):
+        if key not in d or (over and over not in d):
+          continue
+        steps = [s for s, _ in d[key]]
+        y = np.asarray([v for _, v in d[key]], np.float64)
+        if over:
+          y = y / np.maximum([v for _, v in d[over]], 1e-12)
+        ax.plot(steps, y, color=f"C{i}", lw=1.2, label=name if j == 0 else None)
+        ax.set(title=label, xlabel="ORL update")
+        if key in ("kl_ref_masked", "anchor_kl_uncapped") or over:
+          ax.set_yscale("log")
+  for ax in axes:
+    ax.title.set_fontsize(9)
+  axes[-1].axis("off")
+  axes[-1].legend(*axes[0].get_legend_handles_labels(), loc="center", fontsize=8)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(png, dpi=100)
+  print(f"plot: {png}")
+
+
+def save(results: dict, out: str) -> None:
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  with open(out + ".tmp", "w") as f:
+    json.dump({"about": __doc__.split("\n\n")[0], "runs": results}, f, indent=1)
+  os.replace(out + ".tmp", out)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--study", choices=sorted(STUDIES), action="append", default=[])
   ap.add_argument("--run", action="append", default=[], help="name:key=value,key=value")
+  ap.add_argument("--record", action="append", default=[], help="name:key=value,...: record "
+                  "what a run stopped before its evaluation logged (no training)")
   ap.add_argument("--seeds", default="0")
   ap.add_argument("--workdir", default="work_dirs/tiny_sweeps")
   ap.add_argument("--out", default="benchmarks/results/tiny_sweeps.json")
   ap.add_argument("--segment", type=int, default=100, help="updates between accuracy points")
+  ap.add_argument("--stop", type=int, default=0, help="end each run after this many updates of "
+                  "its schedule (train.steps; 0 = all)")
   ap.add_argument("--curve_problems", type=int, default=512)
   ap.add_argument("--final_problems", type=int, default=2048)
   ap.add_argument("--setting", default="threshold_0.9")
@@ -240,6 +326,8 @@ def main():
   ap.add_argument("--plot", default="", help="comma-separated run names to plot (no training)")
   ap.add_argument("--png", default="benchmarks/results/tiny_sweeps.png")
   ap.add_argument("--title", default="", help="--plot: the figure's title")
+  ap.add_argument("--diagnostics", action="store_true",
+                  help="--plot: the anchor's per-update diagnostics instead of the curves")
   ap.add_argument("--table", default="", help="comma-separated run names: a markdown table of "
                   "each as mean ± std over its seeds (no training)")
   ap.add_argument("--base_tpf", type=float, default=3.23, help="--table: the base's pooled TPF")
@@ -252,9 +340,16 @@ def main():
       results = json.load(f).get("runs", {})
   if args.plot or args.table:
     if args.plot:
-      plot(results, args.plot.split(","), args.png, args.title)
+      draw = plot_diagnostics if args.diagnostics else plot
+      draw(results, args.plot.split(","), args.png, args.title)
     if args.table:
       print(seed_table(results, args.table.split(","), args.base_tpf, args.setting))
+    return
+  if args.record:
+    for seed in (int(s) for s in args.seeds.split(",")):
+      for name, overrides in map(parse_run, args.record):
+        results[f"{name}@seed{seed}"] = logged_run(name, overrides, seed, args)
+    save(results, args.out)
     return
   runs = [item for study in args.study for item in STUDIES[study].items()]
   runs += [parse_run(spec) for spec in args.run]
@@ -270,11 +365,7 @@ def main():
       headline = (key, r["accuracy"], r["tpf_pooled"])
       print(f"{key}: accuracy {r['accuracy']:.4f}, pooled TPF {r['tpf_pooled']:.3f}, "
             f"summary {json.dumps(results[key]['summary'])}", flush=True)
-      os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-      tmp = args.out + ".tmp"
-      with open(tmp, "w") as f:
-        json.dump({"about": __doc__.split("\n\n")[0], "runs": results}, f, indent=1)
-      os.replace(tmp, args.out)
+      save(results, args.out)
   if headline:
     print(f"tiny_sweeps_last_pooled_tpf[{headline[0]}]: {headline[2]:.3f}")
 

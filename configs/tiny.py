@@ -233,6 +233,10 @@ def base_config() -> ml_collections.ConfigDict:
   # one more copy of the weights); "rollout" = the rollout's own top-K (an ablation: zero
   # under one update per fresh rollout)
   c.loss.kl_reference = "initial"
+  # True: log the gradient norms of CE, AEC and the anchor separately per update
+  # (`grad_norm_ce`, `grad_norm_aec`, `grad_norm_anchor`; docs/method.md#metrics): a second
+  # forward and one backward per term, off by default for their cost; not with micro_batches > 1
+  c.loss.term_grad_norms = False
 
   c.eval = ml_collections.ConfigDict()
   # 2048 problems: a standard error of about 0.5 point on accuracies near 0.95 (512 gave about

@@ -48,6 +48,7 @@ class LossConfig:
   w_kl: float           # lambda_KL
   vocab_chunk: int      # tokens per chunk of the head statistics (0 = all at once)
   kl_reference: KlReference  # "initial" (frozen start model) | "rollout" (ablation)
+  term_grad_norms: bool      # log each term's gradient norm (one more backward per term)
 
   @classmethod
   def from_section(cls, section) -> "LossConfig":
@@ -252,6 +253,45 @@ def loss_totals(batch: ReplayBatch, cfg: LossConfig) -> LossTotals:
       n_carried=_n_carried(batch))
 
 
+def anchor_diagnostics(kl, where, masked, cap: float, n_masked, n_anchored) -> dict:
+  """What the anchor sees, per update (docs/method.md#metrics), from the per-position uncapped
+  KL `kl` to its reference and its positions `where` (`kl_positions`): the share of masked
+  positions the entropy gate anchors, the share of anchored positions at the cap (where the
+  capped term has no gradient), the uncapped KL averaged over the anchored positions and over
+  every masked position (the policy's drift from the reference, gated or not). Position means
+  over `n_masked` / `n_anchored`, the update's counts, so micro-batch shares add up."""
+  m = masked.astype(jnp.float32)
+  kl = jax.lax.stop_gradient(kl)
+  n_masked, n_anchored = jnp.maximum(n_masked, 1), jnp.maximum(n_anchored, 1)
+  return {"anchor_gate_share": jnp.sum(where) / n_masked,
+          "anchor_cap_share": jnp.sum(where * (kl >= cap)) / n_anchored,
+          "anchor_kl_uncapped": jnp.sum(where * kl) / n_anchored,
+          "kl_ref_masked": jnp.sum(m * kl) / n_masked}
+
+
+def _anchor_term(stats, batch: ReplayBatch, cfg: LossConfig, n: int, kl_den, totals):
+  """(capped anchor, responses it covers, `anchor_diagnostics`; no diagnostics without an
+  anchor: no reference to measure against)."""
+  if cfg.uses_reference:
+    kl_pos, gate_entropy = stats.kl_ref, batch.ref_entropy
+    kl, n_kl = capped_kl_to_reference(kl_pos, batch.masked, gate_entropy, batch.resp_slot, n,
+                                      cfg.conf_entropy, cfg.kl_cap, kl_den)
+  elif cfg.w_kl > 0:
+    gate_entropy = batch.rollout_entropy
+    kl, n_kl, kl_pos = capped_reverse_kl_at(stats.logp_at, batch.topk_logprobs, batch.masked,
+                                            gate_entropy, batch.resp_slot, n,
+                                            cfg.conf_entropy, cfg.kl_cap, kl_den)
+  else:   # no anchor: no reference forward, no term
+    return jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), {}
+  where = kl_positions(batch.masked, gate_entropy, cfg.conf_entropy)
+  if totals is None:
+    n_masked, n_anchored = jnp.sum(batch.masked), jnp.sum(where)
+  else:
+    n_masked, n_anchored = totals.n_masked, jnp.sum(totals.kl_weight)
+  return kl, n_kl, anchor_diagnostics(kl_pos, where, batch.masked, cfg.kl_cap, n_masked,
+                                      n_anchored)
+
+
 def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | None = None,
              carry: AecCarry | None = None, reference=None):
   """Returns (loss, metrics). The head statistics are computed `cfg.vocab_chunk` tokens at a
@@ -287,16 +327,7 @@ def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | No
     aec_den, n_pairs = totals.aec_pairs, totals.n_pairs
   ce, n_ce = gated_ce(nll, batch.masked, batch.rollout_entropy, batch.resp_slot, n,
                       cfg.gate_entropy, ce_den)
-  if cfg.uses_reference:
-    kl, n_kl = capped_kl_to_reference(stats.kl_ref, batch.masked, batch.ref_entropy,
-                                      batch.resp_slot, n, cfg.conf_entropy, cfg.kl_cap,
-                                      kl_den)
-  elif cfg.w_kl > 0:
-    kl, n_kl, _ = capped_reverse_kl_at(stats.logp_at, batch.topk_logprobs, batch.masked,
-                                       batch.rollout_entropy, batch.resp_slot, n,
-                                       cfg.conf_entropy, cfg.kl_cap, kl_den)
-  else:   # no anchor: no reference forward, no term
-    kl, n_kl = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+  kl, n_kl, anchor_metrics = _anchor_term(stats, batch, cfg, n, kl_den, totals)
   h_state, _ = state_entropies(entropy, batch.masked, batch.state_slot, n)
   pair_valid, h_source, extra = batch.pair_valid, None, {}
   if totals is not None:  # micro-batch: pairs whose state k+1 is here; H_k here or carried
@@ -325,7 +356,7 @@ def orl_loss(model, batch: ReplayBatch, cfg: LossConfig, totals: LossTotals | No
       "replay_token_acc": jnp.sum((stats.argmax == batch.targets) * m)
                           / jnp.maximum(n_masked, 1),
       "residual_norm_ratio": norm_ratio,
-      **extra,
+      **anchor_metrics, **extra,
   }
   return loss, metrics
 
@@ -337,6 +368,15 @@ class OrlObjective:
   `prepare` (what every micro-batch needs from the whole batch), `split` (rows into
   micro-batches) and `micro_loss` (one micro-batch's additive share of loss and metrics)."""
   cfg: LossConfig
+
+  @property
+  def grad_norm_terms(self) -> dict[str, str]:
+    """{name: metric} of the terms whose gradient norms the train step logs as
+    `grad_norm_<name>` (`loss.term_grad_norms`; each as it enters the objective, weighted),
+    or {} when off."""
+    if not self.cfg.term_grad_norms:
+      return {}
+    return {"ce": "loss_ce", "aec": "loss_aec_weighted", "anchor": "loss_rkl_weighted"}
 
   def __call__(self, model, batch: ReplayBatch, key, reference=None):
     del key

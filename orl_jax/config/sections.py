@@ -315,6 +315,7 @@ class Loss(Section):
   w_kl: float = recorded(1.0)
   vocab_chunk: int = 0
   kl_reference: KlReference = recorded("initial")
+  term_grad_norms: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -408,3 +408,36 @@ def test_anchor_weight_changes_the_second_update_not_the_first(rolled_out):
   assert diff(1) > 1e-2 * one_update         # update 2: the anchor changed it
   assert kl[1] > 1e-3                        # the policy is away from the reference ...
   assert abs(kl[0]) <= 1e-4 * kl[1]          # ... and was not at update 1: zero up to rounding
+
+
+def test_term_grad_norms_are_each_terms_own_gradient(rolled_out, reference, kl_batch):
+  """loss.term_grad_norms: `grad_norm_{ce,aec,anchor}` equal the norms of each weighted term's
+  own gradient (taken here one term at a time), and the update's gradient is unchanged."""
+  import optax
+  from orl_jax.train.state import loss_and_grads
+  graphdef, params, _, _ = rolled_out
+  cfg = dataclasses.replace(KL_CFG, w_aec=30.0, w_kl=3.0)
+  run = lambda c: jax.jit(lambda p, r: loss_and_grads(
+      graphdef, losses.OrlObjective(c), p, kl_batch, jax.random.key(0), reference=r))
+  (_, metrics), grads = run(dataclasses.replace(cfg, term_grad_norms=True))(params, reference)
+  (_, plain), plain_grads = run(cfg)(params, reference)
+  assert not any(k.startswith("grad_norm_") for k in plain)
+  for g, g_plain in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
+    _close(g, g_plain)
+  f = _kl_loss(graphdef, kl_batch, cfg)
+  for name, metric in (("ce", "loss_ce"), ("aec", "loss_aec_weighted"),
+                       ("anchor", "loss_rkl_weighted")):
+    own = jax.grad(lambda p, m=metric: f(p, reference)[1][m])(params)
+    expected = float(optax.global_norm(own))
+    assert expected > 0, name
+    assert math.isclose(float(metrics[f"grad_norm_{name}"]), expected, rel_tol=1e-4), name
+
+
+def test_term_grad_norms_need_one_micro_batch(rolled_out):
+  from orl_jax.train.state import loss_and_grads
+  graphdef, params, traj, valid = rolled_out
+  plan, _ = _plan(traj, valid, layout="naive", row_len=20, n_rows=40, micro_batches=2)
+  batch = gather_batch(traj, plan, mask_id=TINY.mask_id, unresolved=masked_positions)
+  objective = losses.OrlObjective(dataclasses.replace(KL_CFG, term_grad_norms=True))
+  with pytest.raises(ValueError, match="term_grad_norms needs micro_batches=1"):
+    loss_and_grads(graphdef, objective, params, batch, jax.random.key(0), micro_batches=2)
