@@ -64,10 +64,10 @@ class _HeadTimedProtocol(HttpToolsProtocol):
     super().on_headers_complete()
 
 
-def _cut_at_drain_end(app, served: Served):
+def _cut_at_drain_end(app, served: Served, cut: list[int]):
   """`app`, whose requests still open when the drain's time is up (uvicorn cancels their
   tasks) end as `cancelled`: a 503 sentence where no response has started, else the end of
-  the response begun, and no traceback in the log."""
+  the response begun, and no traceback in the log; `cut[0]` counts them (the closing line)."""
   async def wrapped(scope, receive, send):
     started, complete = False, False
 
@@ -81,6 +81,7 @@ def _cut_at_drain_end(app, served: Served):
     try:
       await app(scope, receive, watched_send)
     except asyncio.CancelledError:
+      cut[0] += 1
       served.metrics.requests.labels("cancelled").inc()
       if not started:
         await JSONResponse(error_body("the server shut down (serve.drain_timeout) before this "
@@ -139,7 +140,8 @@ def serve_forever(served: Served, host: str = "127.0.0.1", port: int = 8000,
   if limits is None:
     from orl_jax.config.sections import Serve
     limits = Serve()
-  app = _cut_at_drain_end(create_app(served, body_timeout=limits.body_timeout), served)
+  cut = [0]            # requests the drain's end cut off
+  app = _cut_at_drain_end(create_app(served, body_timeout=limits.body_timeout), served, cut)
   config = uvicorn.Config(app, host=host,
                           port=port, log_level="warning", access_log=False, lifespan="off",
                           http=_HeadTimedProtocol, timeout_keep_alive=limits.idle_timeout,
@@ -155,9 +157,13 @@ def serve_forever(served: Served, host: str = "127.0.0.1", port: int = 8000,
   if served.scheduler.error is not None:
     logging.error("the engine stopped: %s", served.scheduler.error)
     raise SystemExit(1)
-  left = served.scheduler.stats()
-  if left.active or left.waiting:
-    print(f"drain timeout: {left.active + left.waiting} request(s) cancelled; exiting",
-          flush=True)
-  else:
-    print("drained: every request answered; exiting", flush=True)
+  print(_closing_line(cut[0], served.scheduler.stats(), limits.drain_timeout), flush=True)
+
+
+def _closing_line(cut: int, left, drain_timeout: float) -> str:
+  """What the drain did: every request answered, or how many it cut off (requests whose
+  handler was cancelled; choices left in the engine when no handler was)."""
+  if not (cut or left.active or left.waiting):
+    return "drained: every request answered; exiting"
+  what = f"{cut} request(s)" if cut else f"{left.active + left.waiting} choice(s)"
+  return f"drain timeout ({drain_timeout:g} s, serve.drain_timeout): {what} cut off; exiting"
