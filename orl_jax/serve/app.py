@@ -19,7 +19,7 @@ import os
 import random
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -70,7 +70,7 @@ _OUTCOMES = {400: "bad_request", 401: "unauthorized", 403: "unauthorized", 404: 
 
 def _error(status: int, message: str, param: str | None = None,
            kind: str = "invalid_request_error", code: str | None = None,
-           headers: dict | None = None) -> JSONResponse:
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
   return JSONResponse(protocol.error_body(message, kind, param, code), status_code=status,
                       headers=headers)
 
