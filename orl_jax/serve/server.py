@@ -6,7 +6,9 @@ once. The drain ends within `serve.drain_timeout` seconds whatever clients hold:
 open then is cancelled. A client gets `serve.header_timeout` seconds to send a request head,
 `serve.body_timeout` between two parts of its body (`Routes._body`) and `serve.idle_timeout`
 idle on a kept-alive connection; a connection past one is closed. The first line printed
-once the port listens names the address (`--port=0` picks a free port).
+once the port listens names the address (`--port=0` picks a free port); the engine is compiled
+by then (`load.warm`). The last line says whether the drain answered every request or cut
+some off.
 """
 from __future__ import annotations
 
