@@ -189,7 +189,7 @@ def parse(model: type[RequestT], body: Any) -> RequestT:
   for k, v in body.items():
     if v is None and _required(model, k):
       raise RequestError(f"field {k!r} is required and cannot be null", param=k)
-  body = {k: v for k, v in body.items() if v is not None}
+  body = {k: v for k, v in body.items() if v is not None or k not in model.model_fields}
   try:
     request = model.model_validate(body)
   except pydantic.ValidationError as e:

@@ -286,6 +286,8 @@ def test_null_is_a_field_left_out(server, client):
   out = client.completions.create(model=MODEL, prompt=prompt, n=None, max_tokens=None,
                                   temperature=None, seed=None, stop=None, user=None)
   assert out.choices[0].text == plain["choices"][0]["text"]
+  status, reply = _post(server.url, {"model": MODEL, "prompt": prompt, "colour": None})
+  assert status == 400 and "unknown field 'colour'" in reply["error"]["message"], reply
   status, reply = _post(server.url, {"model": MODEL, "prompt": None})
   assert (status, reply["error"]["message"]) == (
       400, "field 'prompt' is required and cannot be null"), reply
