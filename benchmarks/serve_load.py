@@ -148,6 +148,16 @@ def saturation(args, url: str, off: Offline) -> dict:
 
 # ------------------------------------------------------------------------- equal to alone
 
+# a streamed request's fields: its usage comes in a last chunk only when asked (OpenAI's way)
+STREAM = {"stream": True, "stream_options": {"include_usage": True}}
+
+
+def streamed(body: dict, stream: bool = True) -> dict:
+  """`body` streamed with its usage, or not streamed."""
+  rest = {k: v for k, v in body.items() if k not in STREAM}
+  return {**rest, **STREAM} if stream else {**rest, "stream": False}
+
+
 def mixed_requests(off: Offline, n: int, rng: random.Random) -> list[dict]:
   rules = ["threshold_0.9", "threshold_0.7", "entropy_budget_0.5", "fixed_steps_4"]
   gen = off.parts.cfg.gen_length
@@ -155,8 +165,8 @@ def mixed_requests(off: Offline, n: int, rng: random.Random) -> list[dict]:
   for i in range(n):
     body = {"model": "tiny", "prompt": off.problems[i].prompt, "seed": rng.randrange(2**40),
             "temperature": rng.choice([0.0, 0.0, 0.7, 1.0]), "decoder": rng.choice(rules),
-            "max_tokens": rng.choice([gen, gen, 16, 24]), "stream": rng.random() < 0.5}
-    out.append(body)
+            "max_tokens": rng.choice([gen, gen, 16, 24])}
+    out.append(streamed(body, rng.random() < 0.5))
   return out
 
 
@@ -267,7 +277,7 @@ def load_figures(wall: float, results: list[tuple[dict, Reply]]) -> dict:
 
 
 def rates(args, url: str, off: Offline, saturated_rps: float) -> list[dict]:
-  bodies = [{"model": "tiny", "prompt": p.prompt, "stream": True} for p in off.problems[:2048]]
+  bodies = [streamed({"model": "tiny", "prompt": p.prompt}) for p in off.problems[:2048]]
   out = []
   for fraction in [float(x) for x in args.rates.split(",") if x]:
     rate = fraction * saturated_rps
@@ -296,14 +306,14 @@ def soak_mix(body: dict, rng: random.Random):
   if roll < 0.1:
     return rng.choice(BAD_BODIES), None
   if roll < 0.2:
-    return dict(body, stream=True), 1            # cancelled after its first block
+    return streamed(body), 1                     # cancelled after its first block
   if roll < 0.3:
-    return dict(body, n=2, stream=False), None
+    return dict(streamed(body, False), n=2), None
   return body, None
 
 
 def soak(args, server: ServerProcess, off: Offline, saturated_rps: float) -> dict:
-  bodies = [{"model": "tiny", "prompt": p.prompt, "stream": i % 2 == 0}
+  bodies = [streamed({"model": "tiny", "prompt": p.prompt}, i % 2 == 0)
             for i, p in enumerate(off.problems[:2048])]
   rss: list[tuple[float, int]] = []
   start = time.perf_counter()
@@ -345,7 +355,7 @@ def drain_under_load(server: ServerProcess, bodies: list[dict]) -> dict:
   """SIGTERM while requests are in flight: they finish, later ones get 503, exit status 0."""
   async def run():
     conns = [Connection(server.url) for _ in range(16)]
-    flight = [asyncio.ensure_future(c.post("/v1/completions", dict(bodies[i], stream=False)))
+    flight = [asyncio.ensure_future(c.post("/v1/completions", streamed(bodies[i], False)))
               for i, c in enumerate(conns)]
     await asyncio.sleep(0.05)
     server._proc.send_signal(15)                # SIGTERM  # noqa: SLF001

@@ -62,6 +62,12 @@ def validate(config: RunConfig) -> None:
   check(m.n_kv_heads <= 0 or m.n_heads % m.n_kv_heads == 0,
         f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={m.n_kv_heads}")
   check(d.rule in RULES, f"decode.rule={d.rule!r} must be one of {RULES}")
+  if d.rule in RULES:
+    try:       # the parser of a request's and eval.settings' decoder names, and its ranges
+      UnmaskRule.parse(f"{d.rule}_{d.rule_value}", d.block_size or None)
+    except ValueError as e:
+      errors.append(f"decode.rule_value={d.rule_value} for decode.rule={d.rule!r}: "
+                    f"{str(e).split(': ', 1)[-1]}")
   check(d.block_size > 0 and gen_length % d.block_size == 0,
         f"decode.gen_length={gen_length} must be a positive multiple of "
         f"decode.block_size={d.block_size}")

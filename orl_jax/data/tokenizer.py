@@ -19,6 +19,15 @@ SPECIAL_TOKENS = (PAD, MASK, EOS, BOS, UNK)
 DIGITS = tuple("0123456789")
 
 
+class UnknownWordError(ValueError):
+  """A word outside the lexicon (`word`): callers that cannot pass `allow_unknown` (a server's
+  client) name the lexicon instead (`WordTokenizer.lexicon`)."""
+
+  def __init__(self, message: str, word: str):
+    super().__init__(message)
+    self.word = word
+
+
 def pretokenize(text: str) -> list[str]:
   """Splits `text` on whitespace, then splits every number into its digits."""
   words: list[str] = []
@@ -55,6 +64,12 @@ class WordTokenizer:
   @property
   def vocab(self) -> tuple[str, ...]:
     return self._vocab
+
+  @property
+  def lexicon(self) -> tuple[str, ...]:
+    """The words a text may use besides numbers (the vocabulary without the special tokens and
+    the digits), sorted."""
+    return tuple(w for w in self._vocab if w not in SPECIAL_TOKENS and w not in DIGITS)
 
   @property
   def vocab_size(self) -> int:
@@ -98,15 +113,16 @@ class WordTokenizer:
       The token ids.
 
     Raises:
-      ValueError: a word is outside the lexicon and `allow_unknown` is False.
+      UnknownWordError: a word is outside the lexicon and `allow_unknown` is False.
     """
     ids = [self.bos_id] if add_bos else []
     for word in pretokenize(text):
       token_id = self._ids.get(word)
       if token_id is None:
         if not allow_unknown:
-          raise ValueError(f"Word {word!r} is not in the tiny-task lexicon (in {text!r}); extend "
-                           "the grammar's lexicon or pass allow_unknown=True to map it to <unk>.")
+          raise UnknownWordError(
+              f"Word {word!r} is not in the tiny-task lexicon (in {text!r}); extend the "
+              "grammar's lexicon or pass allow_unknown=True to map it to <unk>.", word)
         token_id = self.unk_id
       ids.append(token_id)
     if add_eos:

@@ -19,7 +19,7 @@ import os
 import random
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orl_jax.data.prompts import render_chat
+from orl_jax.data.tokenizer import UnknownWordError
 from orl_jax.serve import keys, protocol
 from orl_jax.serve.keys import Access
 from orl_jax.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -68,8 +69,10 @@ _OUTCOMES = {400: "bad_request", 401: "unauthorized", 403: "unauthorized", 404: 
 
 
 def _error(status: int, message: str, param: str | None = None,
-           kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
-  return JSONResponse(protocol.error_body(message, kind, param, code), status_code=status)
+           kind: str = "invalid_request_error", code: str | None = None,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
+  return JSONResponse(protocol.error_body(message, kind, param, code), status_code=status,
+                      headers=headers)
 
 
 def _sse(obj) -> bytes:
@@ -168,6 +171,10 @@ def _encode(served: Served, text_or_ids, param: str) -> list[int]:
       raise RequestError(f"{param} is empty", param=param)
     try:
       ids = served.tokenizer.encode(text_or_ids)
+    except UnknownWordError as e:
+      raise RequestError(f"{param}: the word {e.word!r} is not in this model's lexicon; a "
+                         f"prompt uses numbers and the words {' '.join(served.tokenizer.lexicon)}"
+                         " (docs/serving.md#the-tiny-models-words)", param=param) from None
     except ValueError as e:
       raise RequestError(f"{param} cannot be tokenized: {e}", param=param) from None
   if len(ids) > served.prompt_len:
@@ -193,6 +200,17 @@ def _settings(served: Served, req, max_tokens: int | None):
                        f"{served.gen_length} tokens (decode.gen_length)", param="max_tokens")
   seed = req.seed if req.seed is not None else _SEEDS.getrandbits(64)
   return rule, temperature, limit, seed
+
+
+def _fits(served: Served, n_prompts: int, n: int) -> None:
+  """A 400 for a request with more choices (prompts x n) than the scheduler ever queues at
+  once (`serve.max_waiting`): a 429's "retry later" would never come true for it."""
+  limit = served.scheduler.max_waiting
+  if n_prompts * n > limit:
+    raise RequestError(f"this request asks for {n_prompts * n} choices ({n_prompts} prompt(s) "
+                       f"x n={n}), more than this server ever queues at once (serve.max_waiting="
+                       f"{limit}): send fewer prompts or a smaller n",
+                       param="prompt" if n == 1 else "n")
 
 
 MAX_JSON_DEPTH = 32       # no request field nests deeper than 3; a body may add a few levels
@@ -254,8 +272,9 @@ class Routes:
                          f"{self.served.name!r}", status=404, param="model")
 
   def _start(self, prompts: list[list[int]], req, max_tokens: int | None) -> _Call:
-    """The request's choices submitted to the scheduler (429 when its queue is full, 503
-    while draining)."""
+    """The request's choices submitted to the scheduler: a 400 when they can never all wait
+    at once (`_fits`), a 429 when the queue is full now, a 503 while draining."""
+    _fits(self.served, len(prompts), req.n)
     call = _Call(self.served, len(prompts), req.n, sum(len(p) for p in prompts))
     rule, temperature, limit, seed = _settings(self.served, req, max_tokens)
     try:
@@ -293,8 +312,8 @@ class Routes:
                        req.max_tokens)
     rid, s = protocol.new_id("cmpl"), self.served
     if req.stream:
-      return self._stream(call, lambda i, text, reason=None, usage=None: protocol.
-                          completion_chunk(rid, s.name, s.fingerprint, i, text, reason, usage))
+      return self._stream(call, req.include_usage, lambda i, text, reason=None: protocol.
+                          completion_chunk(rid, s.name, s.fingerprint, i, text, reason))
     if not await self._collect(call, http):
       return Response(status_code=499)
     return JSONResponse(protocol.completion_body(rid, s.name, s.fingerprint, call.choices(),
@@ -303,32 +322,38 @@ class Routes:
   async def chat(self, http: HttpRequest):
     req = protocol.parse(protocol.ChatRequest, await self._body(http))
     self._check_model(req.model)
+    turns = req.turns()
     try:
-      text = render_chat([(m.role, m.content) for m in req.messages], self.served.chat)
+      text = render_chat(turns, self.served.chat)
     except ValueError as e:
       raise RequestError(str(e), param="messages") from None
     call = self._start([_encode(self.served, text, "messages")], req, req.token_limit)
     rid, s = protocol.new_id("chatcmpl"), self.served
 
-    def chunk(i, text, reason=None, usage=None, role=False):
+    def chunk(i, text, reason=None, role=False):
       delta = {"role": "assistant", "content": ""} if role else (
           {} if reason else {"content": text})
-      return protocol.chat_chunk(rid, s.name, s.fingerprint, i, delta, reason, usage)
+      return protocol.chat_chunk(rid, s.name, s.fingerprint, i, delta, reason)
     if req.stream:
-      return self._stream(call, chunk, opening=lambda i: chunk(i, "", role=True))
+      return self._stream(call, req.include_usage, chunk,
+                          opening=lambda i: chunk(i, "", role=True))
     if not await self._collect(call, http):
       return Response(status_code=499)
     return JSONResponse(protocol.chat_body(rid, s.name, s.fingerprint, call.choices(),
                                            call.usage()))
 
-  def _stream(self, call: _Call, chunk, opening=None) -> StreamingResponse:
+  def _stream(self, call: _Call, include_usage: bool, chunk, opening=None) -> StreamingResponse:
     """Server-sent events: `opening(i)` per choice, a chunk per committed block, a last chunk
-    per choice with its finish reason (the request's last one with the usage), `[DONE]`. A
-    client that goes away cancels the request (Starlette stops the generator)."""
+    per choice with its finish reason, with `include_usage` a chunk with `choices: []` and
+    the usage (the other chunks then carry `"usage": null`, as OpenAI sends them), `[DONE]`.
+    A client that goes away cancels the request (Starlette stops the generator)."""
+    def sse(obj: dict) -> bytes:
+      return _sse({**obj, "usage": None} if include_usage else obj)
+
     async def events():
       try:
         for i in range(call.total if opening else 0):
-          yield _sse(opening(i))
+          yield sse(opening(i))
         while not call.finished:
           try:
             event = await call.next_event()
@@ -336,12 +361,15 @@ class Routes:
             yield _sse(protocol.error_body(str(e), "server_error"))
             break
           if event.kind == "block":
-            yield _sse(chunk(event.choice, event.text))
+            yield sse(chunk(event.choice, event.text))
           elif event.kind == "canvas":
-            yield _sse(protocol.denoise_chunk(chunk(event.choice, ""), event.canvas))
+            yield sse(protocol.denoise_chunk(chunk(event.choice, ""), event.canvas))
           else:
-            usage = call.usage() if call.finished else None
-            yield _sse(chunk(event.choice, "", event.finish_reason, usage))
+            yield sse(chunk(event.choice, "", event.finish_reason))
+        if call.finished:
+          usage = call.usage()          # counted in the metrics whether it is sent or not
+          if include_usage:
+            yield _sse(protocol.usage_chunk(chunk(0, ""), usage))
         yield b"data: [DONE]\n\n"
       finally:
         if not call.finished:
@@ -444,7 +472,7 @@ def create_app(served: Served, body_timeout: float = 30.0):
     message = {404: f"no route {http.method} {http.url.path}: see docs/serving.md",
                405: f"{http.method} is not allowed on {http.url.path}"}.get(e.status_code,
                                                                              str(e.detail))
-    return _error(e.status_code, message)
+    return _error(e.status_code, message, headers=e.headers)     # 405: its `Allow` header
 
   async def gone(_, e: Exception):
     """A client that closed its connection mid-body: cancelled, as one that leaves

@@ -13,8 +13,10 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 
 import jax
+import numpy as np
 
 from orl_jax.storage import trained_run
 from orl_jax.storage import weights as weights_lib
@@ -22,7 +24,7 @@ from orl_jax.errors import ConfigError
 from orl_jax.decode import build as decode_build
 from orl_jax.decode.config import DecodeConfig
 from orl_jax.serve.app import Served
-from orl_jax.serve.engine import BlockEngine, EngineShape, WholeEngine
+from orl_jax.serve.engine import BlockEngine, EngineShape, Entry, WholeEngine
 from orl_jax.serve.metrics import ServerMetrics
 from orl_jax.serve import weights_watch
 from orl_jax.serve.scheduler import Scheduler
@@ -120,6 +122,20 @@ def parse_models(flag: str) -> list[tuple[str, str]]:
   return models
 
 
+def warm(engine, rule: UnmaskRule, token_id: int) -> float:
+  """Compiles `engine`'s device call before the server says it serves, so that its first
+  request does not wait for XLA -> seconds taken. The block engine runs an empty call (nothing
+  admitted: its state is unchanged); a whole-request engine decodes a one-token prompt alone
+  (the width of a request that arrives alone), its result dropped."""
+  start = time.perf_counter()
+  if isinstance(engine, BlockEngine):
+    engine.call([], [])
+  else:
+    engine.call([Entry(0, np.array([token_id], np.int32), 0, 0, engine.cfg.gen_length, rule,
+                       0.0)], [])
+  return time.perf_counter() - start
+
+
 def served_model(config, path: str = "", overridden: frozenset = frozenset()) -> Served:
   """The model `config` serves with the weights at `path` (`engine_parts`), its engine built
   and its scheduler started."""
@@ -148,8 +164,9 @@ def served_model(config, path: str = "", overridden: frozenset = frozenset()) ->
       gen_length=engine.cfg.gen_length, load_params=load_params, source=parts.path,
       block_size=engine.cfg.block_size if block else None,
       max_body_bytes=run.serve.max_body_bytes)
-  logging.info("serving %s (%s): prompts of %d tokens, responses of %d", served.name,
-               parts.path, shape.prompt_len, engine.cfg.gen_length)
+  seconds = warm(engine, parts.rule, tok.eos_id)
+  logging.info("serving %s (%s): prompts of %d tokens, responses of %d; compiled in %.1f s",
+               served.name, parts.path, shape.prompt_len, engine.cfg.gen_length, seconds)
   scheduler.start()
   return served
 
@@ -192,9 +209,9 @@ class _Follower:
 def start_watcher(served: Served, config):
   """A started follower of `serve.watch` (None when unset); its first poll serves the newest
   weights there unless they are the ones already served."""
-  path = config.serve.watch
-  if not path:
+  if not config.serve.watch:
     return None
+  path = os.path.abspath(config.serve.watch)     # Orbax reads absolute paths only
   if not os.path.isdir(path):
     raise ConfigError(f"serve.watch={path}: no such directory (a run's work directory or its "
                       "params/ folder)")

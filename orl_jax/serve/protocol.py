@@ -36,6 +36,12 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
   return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+class StreamOptions(BaseModel):
+  """`stream_options`: `include_usage` true adds a last chunk with `choices: []` and the usage."""
+  model_config = ConfigDict(extra="forbid", strict=True)
+  include_usage: bool | None = None
+
+
 class _Request(BaseModel):
   model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -44,7 +50,7 @@ class _Request(BaseModel):
   seed: int | None = Field(None, ge=0, lt=2**64)
   stop: Union[str, list[str], None] = None
   stream: bool = False
-  stream_options: dict[str, Any] | None = None
+  stream_options: StreamOptions | None = None
   temperature: float | None = Field(None, ge=0.0, le=2.0)
   top_p: float | None = None
   user: str | None = None
@@ -80,8 +86,14 @@ class _Request(BaseModel):
     if self.orl_denoise and not self.stream:
       raise RequestError("orl_denoise streams each forward's commits: set stream to true",
                          param="orl_denoise")
-    if self.stream_options is not None and set(self.stream_options) - {"include_usage"}:
-      raise RequestError("stream_options takes only include_usage", param="stream_options")
+    if self.stream_options is not None and not self.stream:
+      raise RequestError("stream_options is only allowed when stream is true",
+                         param="stream_options")
+
+  @property
+  def include_usage(self) -> bool:
+    """A streamed response ends with a usage chunk (OpenAI's `stream_options.include_usage`)."""
+    return bool(self.stream_options and self.stream_options.include_usage)
 
   def rule(self, block_size: int | None = None) -> UnmaskRule | None:
     """The request's decoder setting (`decoder`, in its rule's range: `UnmaskRule.parse`), or
@@ -126,8 +138,26 @@ class CompletionRequest(_Request):
 class ChatMessage(BaseModel):
   model_config = ConfigDict(extra="forbid", strict=True)
   role: Literal["system", "user", "assistant"]
-  content: str
+  content: Union[str, list[dict[str, Any]]]     # a string, or parts of type text (`text`)
   name: str | None = None
+
+  def text(self, where: str) -> str:
+    """The message's text: its string, or its parts' texts joined by newlines (as vLLM joins
+    them); a part of another type than `text` is a RequestError naming it."""
+    if isinstance(self.content, str):
+      return self.content
+    texts = []
+    for j, part in enumerate(self.content):
+      kind = part.get("type")
+      if kind != "text":
+        raise RequestError(f"{where}.content.{j}: content parts of type {_short(kind)} are not "
+                           "supported by this engine (only type 'text')",
+                           param=f"{where}.content")
+      if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+        raise RequestError(f'{where}.content.{j}: a text part is {{"type": "text", "text": '
+                           f'STRING}} (got {_short(part)})', param=f"{where}.content")
+      texts.append(part["text"])
+    return "\n".join(texts)
 
 
 class ChatRequest(_Request):
@@ -145,6 +175,10 @@ class ChatRequest(_Request):
       if getattr(self, name) is not None:
         raise RequestError(f"{name} is not supported by this engine", param=name)
 
+  def turns(self) -> list[tuple[str, str]]:
+    """(role, text) of each message (`ChatMessage.text`)."""
+    return [(m.role, m.text(f"messages.{i}")) for i, m in enumerate(self.messages)]
+
   @property
   def token_limit(self) -> int | None:
     return self.max_completion_tokens or self.max_tokens
@@ -157,6 +191,11 @@ def parse(model: type[RequestT], body: Any) -> RequestT:
   """The request, or RequestError with one sentence naming the first bad field."""
   if not isinstance(body, dict):
     raise RequestError("the request body must be a JSON object")
+  # null is the field left out, as OpenAI reads it; a required field cannot be left out
+  for k, v in body.items():
+    if v is None and _required(model, k):
+      raise RequestError(f"field {k!r} is required and cannot be null", param=k)
+  body = {k: v for k, v in body.items() if v is not None or k not in model.model_fields}
   try:
     request = model.model_validate(body)
   except pydantic.ValidationError as e:
@@ -171,6 +210,11 @@ def parse(model: type[RequestT], body: Any) -> RequestT:
                        param=where) from None
   request.check_unsupported()
   return request
+
+
+def _required(model: type[BaseModel], name: str) -> bool:
+  field = model.model_fields.get(name)
+  return field is not None and field.is_required()
 
 
 def _short(value, limit: int = 60) -> str:
@@ -225,25 +269,25 @@ def chat_body(rid: str, model: str, fingerprint: str, choices: list[dict], usage
 
 
 def completion_chunk(rid: str, model: str, fingerprint: str, index: int, text: str,
-                     finish_reason: str | None = None, usage: dict | None = None) -> dict:
-  chunk = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-           "system_fingerprint": fingerprint,
-           "choices": [{"index": index, "text": text, "logprobs": None,
-                        "finish_reason": finish_reason}]}
-  if usage is not None:
-    chunk["usage"] = usage
-  return chunk
+                     finish_reason: str | None = None) -> dict:
+  return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+          "system_fingerprint": fingerprint,
+          "choices": [{"index": index, "text": text, "logprobs": None,
+                       "finish_reason": finish_reason}]}
 
 
 def chat_chunk(rid: str, model: str, fingerprint: str, index: int, delta: dict,
-               finish_reason: str | None = None, usage: dict | None = None) -> dict:
-  chunk = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
-           "model": model, "system_fingerprint": fingerprint,
-           "choices": [{"index": index, "delta": delta, "logprobs": None,
-                        "finish_reason": finish_reason}]}
-  if usage is not None:
-    chunk["usage"] = usage
-  return chunk
+               finish_reason: str | None = None) -> dict:
+  return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+          "model": model, "system_fingerprint": fingerprint,
+          "choices": [{"index": index, "delta": delta, "logprobs": None,
+                       "finish_reason": finish_reason}]}
+
+
+def usage_chunk(chunk: dict, usage: dict) -> dict:
+  """A stream's usage chunk (`stream_options.include_usage`): `chunk`'s id, object and model,
+  no choices, the request's usage."""
+  return {**chunk, "choices": [], "usage": usage}
 
 
 def denoise_chunk(chunk: dict, canvas: dict) -> dict:

@@ -6,8 +6,10 @@ once. The drain ends within `serve.drain_timeout` seconds whatever clients hold:
 open then is cancelled. A client gets `serve.header_timeout` seconds to send a request head,
 `serve.body_timeout` between two parts of its body (`Routes._body`) and `serve.idle_timeout`
 idle on a kept-alive connection; a connection past one is closed. The first line printed
-once the port listens names the address (`--port=0` picks a free port). Several models
-(`--models`) share the port and the drain (`playground.front`); `GET /` is the playground.
+once the port listens names the address (`--port=0` picks a free port); the engine is compiled
+by then (`load.warm`). Several models (`--models`) share the port and the drain
+(`playground.front`); `GET /` is the playground. The last line says whether the drain
+answered every request or cut some off.
 """
 from __future__ import annotations
 
@@ -67,10 +69,10 @@ class _HeadTimedProtocol(HttpToolsProtocol):
     super().on_headers_complete()
 
 
-def _cut_at_drain_end(app, served: Served):
+def _cut_at_drain_end(app, served: Served, cut: list[int]):
   """`app`, whose requests still open when the drain's time is up (uvicorn cancels their
   tasks) end as `cancelled`: a 503 sentence where no response has started, else the end of
-  the response begun, and no traceback in the log."""
+  the response begun, and no traceback in the log; `cut[0]` counts them (the closing line)."""
   async def wrapped(scope, receive, send):
     started, complete = False, False
 
@@ -84,6 +86,7 @@ def _cut_at_drain_end(app, served: Served):
     try:
       await app(scope, receive, watched_send)
     except asyncio.CancelledError:
+      cut[0] += 1
       served.metrics.requests.labels("cancelled").inc()
       if not started:
         await JSONResponse(error_body("the server shut down (serve.drain_timeout) before this "
@@ -147,7 +150,8 @@ def serve_forever(served: Served, host: str = "127.0.0.1", port: int = 8000,
     from orl_jax.config.sections import Serve
     limits = Serve()
   models = [served, *also]
-  app = _cut_at_drain_end(front(models, body_timeout=limits.body_timeout), served)
+  cut = [0]            # requests the drain's end cut off
+  app = _cut_at_drain_end(front(models, body_timeout=limits.body_timeout), served, cut)
   config = uvicorn.Config(app, host=host,
                           port=port, log_level="warning", access_log=False, lifespan="off",
                           http=_HeadTimedProtocol, timeout_keep_alive=limits.idle_timeout,
@@ -166,7 +170,13 @@ def serve_forever(served: Served, host: str = "127.0.0.1", port: int = 8000,
       logging.error("the engine of %r stopped: %s", m.name, m.scheduler.error)
       raise SystemExit(1)
   left = sum(s.active + s.waiting for s in (m.scheduler.stats() for m in models))
-  if left:
-    print(f"drain timeout: {left} request(s) cancelled; exiting", flush=True)
-  else:
-    print("drained: every request answered; exiting", flush=True)
+  print(_closing_line(cut[0], left, limits.drain_timeout), flush=True)
+
+
+def _closing_line(cut: int, left: int, drain_timeout: float) -> str:
+  """What the drain did: every request answered, or how many it cut off (requests whose
+  handler was cancelled; else the choices `left` in the engines when no handler was)."""
+  if not (cut or left):
+    return "drained: every request answered; exiting"
+  what = f"{cut} request(s)" if cut else f"{left} choice(s)"
+  return f"drain timeout ({drain_timeout:g} s, serve.drain_timeout): {what} cut off; exiting"

@@ -132,6 +132,7 @@ def checkpoint_params(workdir: str, step: int, params_like):
   ValueError naming the folder when the step is not a complete checkpoint or its parameters are
   another model's (other tensors or shapes); FileNotFoundError when the step does not exist.
   """
+  workdir = os.path.abspath(workdir)       # Orbax refuses a relative path
   step_dir = _step_folder(workdir, step)
   state_dir = os.path.join(step_dir, STATE_ITEM)
   if not os.path.isdir(step_dir):

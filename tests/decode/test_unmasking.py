@@ -135,3 +135,31 @@ def test_eval_settings_are_held_to_the_same_ranges():
   config["eval"]["settings"] = ("threshold_0.9", "threshold_1.5")
   with pytest.raises(ConfigError, match=r"eval\.settings: .*'threshold_1\.5'.*tau in \(0, 1\]"):
     validate(run_config.convert(config))
+
+
+
+@pytest.mark.parametrize("rule,value,words", [
+    ("threshold", 1.5, "threshold takes tau in (0, 1], got 1.5"),
+    ("entropy_budget", -0.5, "entropy_budget takes a finite gamma >= 0, got -0.5"),
+    ("fixed_steps", 2.5, "fixed_steps takes a whole number k >= 1 up to the block size of 8, "
+                         "got 2.5"),
+    ("fixed_steps", 9, "fixed_steps takes a whole number k >= 1 up to the block size of 8, "
+                       "got 9.0"),
+])
+def test_the_configs_own_rule_value_is_held_to_the_same_ranges(rule, value, words):
+  """decode.rule_value goes through the parser of a request's decoder (one sentence naming
+  the fields); the ends of each range pass."""
+  from configs import tiny
+  from orl_jax.config import build as run_config
+  from orl_jax.config.derive import validate
+  from orl_jax.config.sections import ConfigError
+  config = tiny.get_config("smoke").to_dict()
+  assert config["decode"]["block_size"] == 8
+  config["decode"]["rule"], config["decode"]["rule_value"] = rule, value
+  with pytest.raises(ConfigError) as e:
+    validate(run_config.convert(config))
+  assert str(e.value) == (f"invalid config: decode.rule_value={value} for decode.rule={rule!r}: "
+                          f"{words}")
+  config["decode"]["rule_value"] = {"threshold": 1.0, "entropy_budget": 0.0,
+                                    "fixed_steps": 8}[rule]      # the ends of the ranges
+  validate(run_config.convert(config))

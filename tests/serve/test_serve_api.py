@@ -10,6 +10,8 @@ import os
 import random
 import shutil
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -89,8 +91,8 @@ def test_chat_and_streams_give_the_same_text(client):
                                                                 "content": prompt}])
   assert chat.choices[0].message.content == whole     # the tiny model has no chat template
   chunks = list(client.completions.create(model=MODEL, prompt=prompt, stream=True))
-  assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
-  assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.forwards > 0
+  assert "".join(c.choices[0].text for c in chunks) == whole
+  assert chunks[-1].choices[0].finish_reason == "stop"
   deltas = list(client.chat.completions.create(
       model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True))
   assert deltas[0].choices[0].delta.role == "assistant"
@@ -127,7 +129,9 @@ BAD = [
     ({"model": MODEL, "prompt": "bob", "n": "2"}, 400, "field 'n'"),
     ({"model": MODEL, "prompt": "bob", "max_tokens": 33}, 400, "max_tokens=33 is more than"),
     ({"model": MODEL, "prompt": "bob " * 40}, 400, "longer than this engine's context"),
-    ({"model": MODEL, "prompt": "hello"}, 400, "not in the tiny-task lexicon"),
+    ({"model": MODEL, "prompt": "hello"}, 400,
+     "the word 'hello' is not in this model's lexicon; a prompt uses numbers and the words "
+     "#### * + - . = ? a ann apples away"),
     ({"model": MODEL, "prompt": "bob", "decoder": "greedy"}, 400, "cannot parse decoder"),
     ({"model": MODEL, "prompt": "bob", "logprobs": 5}, 400, "logprobs are not supported"),
     ({"model": MODEL}, 400, "missing field 'prompt'"),
@@ -229,11 +233,109 @@ def test_the_openai_client_reports_errors_with_their_status(client):
         {"role": "system", "content": "be brief"}, {"role": "user", "content": "bob"}])
 
 
+def test_usage_streams_only_when_asked_in_a_last_chunk_without_choices(server, client):
+  """`stream_options.include_usage` as OpenAI sends it: without it no chunk has a usage;
+  with it every chunk has `usage: null` but the last, which has no choices and the usage of
+  the request as the non-streamed response counts it. A non-boolean value, or stream_options
+  without a stream, is a 400."""
+  prompt = tiny_problems()[6].prompt
+  whole = client.completions.create(model=MODEL, prompt=prompt, n=2, seed=3)
+  plain = list(client.completions.create(model=MODEL, prompt=prompt, n=2, seed=3, stream=True))
+  assert all(c.usage is None and len(c.choices) == 1 for c in plain)
+  asked = list(client.completions.create(model=MODEL, prompt=prompt, n=2, seed=3, stream=True,
+                                         stream_options={"include_usage": True}))
+  *body, last = asked
+  assert last.choices == [] and all(c.usage is None and len(c.choices) == 1 for c in body)
+  usage = last.usage.model_dump()
+  usage.pop("queue_seconds")
+  assert usage == {k: v for k, v in whole.usage.model_dump().items() if k != "queue_seconds"}
+  for i in range(2):
+    assert "".join(c.choices[0].text for c in body if c.choices[0].index == i) == \
+        whole.choices[i].text
+  messages = [{"role": "user", "content": prompt}]
+  chat = client.chat.completions.create(model=MODEL, messages=messages)
+  streamed = list(client.chat.completions.create(model=MODEL, messages=messages, stream=True,
+                                                 stream_options={"include_usage": True}))
+  assert streamed[-1].choices == [] and streamed[-1].object == "chat.completion.chunk"
+  assert streamed[-1].usage.forwards == chat.usage.forwards > 0
+  assert streamed[-1].usage.completion_tokens == chat.usage.completion_tokens
+  for options, stream, words in [({"include_usage": "yes"}, True, "stream_options.include_usage"),
+                                 ({"include_usage": True}, False, "only allowed when stream"),
+                                 ({"colour": 1}, True, "unknown field 'stream_options.colour'")]:
+    status, reply = _post(server.url, {"model": MODEL, "prompt": prompt, "stream": stream,
+                                       "stream_options": options})
+    assert status == 400 and words in reply["error"]["message"], reply
+
+
+def test_null_is_a_field_left_out(server, client):
+  """Every optional field OpenAI lets a client send as null is read as left out: the
+  answer equals the plain request's; a null required field stays a 400."""
+  prompt = tiny_problems()[8].prompt
+  plain = _post(server.url, {"model": MODEL, "prompt": prompt})[1]
+  nulls = dict.fromkeys(["n", "stream", "stream_options", "echo", "max_tokens", "temperature",
+                         "top_p", "stop", "seed", "logprobs", "user", "best_of", "suffix",
+                         "frequency_penalty", "presence_penalty", "logit_bias", "decoder"])
+  status, got = _post(server.url, {"model": MODEL, "prompt": prompt, **nulls})
+  assert status == 200 and got["choices"] == plain["choices"], got
+  chat_nulls = {k: None for k in nulls if k not in ("echo", "best_of", "suffix")}
+  chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt, "name": None}],
+          "max_completion_tokens": None, "tools": None, "tool_choice": None,
+          "response_format": None, **chat_nulls}
+  status, got = _post(server.url, chat, "/v1/chat/completions")
+  assert status == 200 and got["choices"][0]["message"]["content"] == plain["choices"][0]["text"]
+  out = client.completions.create(model=MODEL, prompt=prompt, n=None, max_tokens=None,
+                                  temperature=None, seed=None, stop=None, user=None)
+  assert out.choices[0].text == plain["choices"][0]["text"]
+  status, reply = _post(server.url, {"model": MODEL, "prompt": prompt, "colour": None})
+  assert status == 400 and "unknown field 'colour'" in reply["error"]["message"], reply
+  status, reply = _post(server.url, {"model": MODEL, "prompt": None})
+  assert (status, reply["error"]["message"]) == (
+      400, "field 'prompt' is required and cannot be null"), reply
+
+
+def test_chat_content_as_text_parts_is_their_text_joined(server, client):
+  prompt = tiny_problems()[9].prompt
+  words = prompt.split()
+  first, second = " ".join(words[:4]), " ".join(words[4:])
+  joined = client.completions.create(model=MODEL, prompt=first + "\n" + second).choices[0].text
+  parts = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+      {"type": "text", "text": first}, {"type": "text", "text": second}]}])
+  assert parts.choices[0].message.content == joined
+  status, reply = _post(server.url, {"model": MODEL, "messages": [{"role": "user", "content": [
+      {"type": "text", "text": first},
+      {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "/v1/chat/completions")
+  assert status == 400 and reply["error"]["message"] == (
+      "messages.0.content.1: content parts of type 'image_url' are not supported by this "
+      "engine (only type 'text')"), reply
+
+
+def test_a_request_that_can_never_fit_is_a_400_not_a_429(server, client):
+  """More choices than the server ever queues (serve.max_waiting, 256) can never be served:
+  a 400 saying why; the openai client, which retries a 429, does not retry it."""
+  prompt = tiny_problems()[0].prompt
+  for prompts, n, words in [(300, 1, "300 choices (300 prompt(s) x n=1)"),
+                            (17, 16, "272 choices (17 prompt(s) x n=16)")]:
+    status, reply = _post(server.url, {"model": MODEL, "prompt": [prompt] * prompts, "n": n})
+    assert status == 400 and words in reply["error"]["message"], reply
+    assert "serve.max_waiting=256" in reply["error"]["message"]
+  with pytest.raises(openai.BadRequestError, match="more than this server ever queues"):
+    client.completions.create(model=MODEL, prompt=[prompt] * 257)
+  assert _post(server.url, {"model": MODEL, "prompt": [prompt] * 16, "n": 16})[0] == 200
+
+
 def test_routes_and_methods_that_do_not_exist_get_json_errors(server):
   status, body = _get(server.url, "/v1/engines")
   assert status == 404 and "no route GET /v1/engines" in json.loads(body)["error"]["message"]
-  status, body = _get(server.url, "/v1/completions")
-  assert status == 405
+  try:
+    urllib.request.urlopen(server.url + "/v1/completions", timeout=60)
+  except urllib.error.HTTPError as e:
+    status, allow, message = e.code, e.headers["Allow"], json.load(e)["error"]["message"]
+  assert (status, allow, message) == (405, "POST", "GET is not allowed on /v1/completions")
+  try:
+    urllib.request.urlopen(urllib.request.Request(server.url + "/health", data=b"{}"), timeout=60)
+  except urllib.error.HTTPError as e:
+    status, allow = e.code, e.headers["Allow"]
+  assert (status, allow) == (405, "GET, HEAD")
 
 
 def test_concurrent_mixed_requests_equal_decoding_each_alone(server, client):
@@ -255,9 +357,10 @@ def test_concurrent_mixed_requests_equal_decoding_each_alone(server, client):
     if not b["stream"]:
       out = client.completions.create(**kw)
       return out.choices[0].text, out.usage.forwards, out.usage.forwards_denoise
-    chunks = list(client.completions.create(stream=True, **kw))
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True},
+                                            **kw))
     u = chunks[-1].usage
-    return "".join(c.choices[0].text for c in chunks), u.forwards, u.forwards_denoise
+    return "".join(c.choices[0].text for c in chunks[:-1]), u.forwards, u.forwards_denoise
 
   with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
     got = list(pool.map(ask, bodies))
@@ -315,13 +418,40 @@ def test_health_and_prometheus_metrics(server):
     assert name in metrics, name
 
 
-def test_lm_evaluation_harness_scores_the_served_model_on_a_local_task(server, tmp_path):
-  """lm-eval's `local-completions` model against the server on a task written from a local
-  file (nothing downloaded): its exact-match score equals the tiny verifier's on our own
-  decodes of the same problems."""
-  import lm_eval
-  from lm_eval.tasks import TaskManager
-  problems = tiny_problems()[:12]
+PAGE = "docs/serving.md"
+DOCS_URL = "http://127.0.0.1:8000"        # the page's address; the tests' server has its own
+
+
+def _page_blocks(lang: str) -> list[str]:
+  """The page's code blocks of language `lang` ("" for a plain block), as printed."""
+  blocks: list[tuple[str, list[str]]] = []
+  inside = False
+  for line in open(PAGE).read().splitlines():
+    if line.startswith("```"):
+      inside = not inside
+      if inside:
+        blocks.append((line[3:].strip(), []))
+    elif inside:
+      blocks[-1][1].append(line)
+  return ["\n".join(lines) for kind, lines in blocks if kind == lang]
+
+
+def _page_commands(program: str) -> list[str]:
+  """The page's plain-block commands that run `program` (each with its continuation lines
+  and its quoted body, as a shell reads them)."""
+  out: list[str] = []
+  for block in _page_blocks(""):
+    for line in block.splitlines():
+      if line.split(" ", 1)[0] in ("curl", "lm-eval"):
+        out.append(line)
+      elif out:
+        out[-1] += "\n" + line
+  return [c for c in out if c.startswith(program + " ")]
+
+
+def _task(tmp_path, problems) -> str:
+  """A generate-until task on `problems` written as a local file (no `max_gen_toks`: the
+  page's command sets it) -> its folder."""
   task_dir = tmp_path / "task"
   task_dir.mkdir()
   with open(task_dir / "tiny.jsonl", "w") as f:
@@ -332,22 +462,76 @@ def test_lm_evaluation_harness_scores_the_served_model_on_a_local_task(server, t
       "task: orl_tiny_served\ndataset_path: json\n"
       f"dataset_kwargs:\n  data_files:\n    test: {task_dir / 'tiny.jsonl'}\n"
       "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{question}}'\n"
-      "doc_to_target: '{{answer}}'\ngeneration_kwargs:\n  until: []\n  max_gen_toks: 32\n"
+      "doc_to_target: '{{answer}}'\ngeneration_kwargs:\n  until: []\n"
       "  do_sample: false\n  temperature: 0.0\nfilter_list:\n  - name: answer\n    filter:\n"
       "      - function: regex\n        regex_pattern: '#### (\\d+)'\n"
       "      - function: take_first\nmetric_list:\n  - metric: exact_match\n")
-  os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-                    HF_HOME=str(tmp_path / "hf"))
-  out = lm_eval.simple_evaluate(
-      model="local-completions", tasks=["orl_tiny_served"],
-      task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
-      model_args={"model": MODEL, "base_url": server.url + "/v1/completions",
-                  "tokenizer_backend": None, "num_concurrent": 4})
-  score = out["results"]["orl_tiny_served"]["exact_match,answer"]
+  return str(task_dir)
+
+
+def test_the_pages_curl_and_python_lines_run_as_printed(server):
+  """Each `curl` line and the Python block of docs/serving.md, at the tests' server's
+  address: no error, an answer of the kind the page says (the streamed chat with its usage
+  chunk)."""
+  curls = _page_commands("curl")
+  assert len(curls) == 4, curls
+  outputs = []
+  for command in curls:
+    run = subprocess.run(["bash", "-c", command.replace(DOCS_URL, server.url)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout and '"error"' not in run.stdout, (command, run)
+    outputs.append(run.stdout)
+  assert "####" in json.loads(outputs[0])["choices"][0]["text"]
+  events = [json.loads(e[6:]) for e in outputs[1].split("\n\n") if e.startswith("data: {")]
+  assert events[-1]["choices"] == [] and events[-1]["usage"]["tpf"] > 0
+  assert outputs[1].rstrip().endswith("data: [DONE]")
+  assert json.loads(outputs[2])["status"] == "ok" and "orl_requests_total" in outputs[3]
+  (code,) = _page_blocks("python")
+  code = code.replace(DOCS_URL, server.url)
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, run.stderr
+  text, tpf = run.stdout.rsplit(" ", 1)
+  assert "####" in text and float(tpf) > 0
+
+
+def test_the_pages_tiny_words_are_the_tokenizers_lexicon():
+  text = open(PAGE).read()
+  block = text[text.index("### The tiny model's words"):].split("```text\n", 1)[1]
+  words = block.split("```", 1)[0].split()
+  assert tuple(words) == offline().setup.tokenizer.lexicon
+  assert f"these {len(words)} words" in " ".join(text.split())
+
+
+def _number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
+
+
+def test_lm_evaluation_harness_scores_the_served_model_on_a_local_task(server, tmp_path):
+  """The page's lm-eval line as printed (`local-completions` against the server, with the
+  page's `max_gen_toks` cap) on a task written from a local file (nothing downloaded): its
+  exact-match score equals the tiny verifier's on our own decodes of the same problems."""
+  problems = tiny_problems()[:12]
+  (command,) = _page_commands("lm-eval")
+  command = (command.replace(DOCS_URL, server.url)
+             .replace("YOUR_TASK_DIR", _task(tmp_path, problems))
+             .replace("YOUR_TASK", "orl_tiny_served"))
+  env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+         "HF_HOME": str(tmp_path / "hf"),
+         "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+  run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env,
+                       timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  (row,) = [line for line in run.stdout.splitlines() if "|exact_match|" in line]
+  cells = [c.strip() for c in row.split("|")]
+  score = float(next(c for c in cells[cells.index("exact_match"):] if _number(c)))
   parts = offline()
   from orl_jax.verify.tiny import TinyVerifier
   ours = TinyVerifier().score_batch(list(problems), [alone(parts, p.prompt)[0] for p in problems])
-  assert score == pytest.approx(sum(ours) / len(problems))
+  assert score == pytest.approx(sum(ours) / len(problems), abs=1e-4)
 
 
 def _reload(server, path: str):

@@ -16,7 +16,7 @@ from orl_jax.data.pipeline import encode_prompt
 from orl_jax.decode import build as decode_build
 from orl_jax.decode import per_row
 from orl_jax.problem import Problem
-from orl_jax.serve.load import engine_parts
+from orl_jax.serve.load import engine_parts, warm
 from orl_jax.serve.scheduler import Event, Request, Scheduler
 from tests.support.serve import tiny_problems
 
@@ -34,9 +34,12 @@ CONFIGS = {"llada2": lambda: llada.get_config("debug"), "llada2.1-editing": _lla
 
 
 def _serve(parts, prompts, seeds):
-  """{i: done event} of each prompt served with seed seeds[i] (4 rows, all at once)."""
+  """{i: done event} of each prompt served with seed seeds[i] (4 rows, all at once), by an
+  engine warmed as the server warms it (`load.warm`: it must change nothing)."""
   tok = parts.setup.tokenizer
-  scheduler = Scheduler(parts.engine(), tok, max_waiting=64)
+  engine = parts.engine()
+  warm(engine, parts.rule, tok.eos_id)
+  scheduler = Scheduler(engine, tok, max_waiting=64)
   scheduler.start()
   done: dict[int, Event] = {}
   finished = threading.Event()

@@ -152,4 +152,8 @@ def test_sigterm_ends_within_the_drain_timeout_while_a_client_holds_half_a_body(
   assert status == 0, server.output()
   assert elapsed < 3, elapsed          # the drain (1 s), not the body timeout (3 s), ended it
   assert "Traceback" not in server.output()
+  # the closing line tells the truth: the held request was cut off, not answered
+  assert "drain timeout (1 s, serve.drain_timeout): 1 request(s) cut off; exiting" in \
+      server.output(), server.output()
+  assert "every request answered" not in server.output()
   sock.close()

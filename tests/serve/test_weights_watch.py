@@ -118,6 +118,22 @@ def test_a_finished_runs_export_is_newer_than_its_last_checkpoint(run):
                                                          jax.tree.leaves(like)))
 
 
+def test_a_relative_work_directory_as_the_docs_print_it_is_read(run, monkeypatch):
+  """`--config.serve.watch=work_dirs/RUN` (relative to where the server starts; Orbax itself
+  refuses relative paths): the watcher reports the run's checkpoints and they are read."""
+  workdir, setup = run
+  base = os.path.dirname(os.path.dirname(workdir))
+  monkeypatch.chdir(base)
+  relative = os.path.relpath(workdir, base)           # <folder>/run, as work_dirs/RUN
+  assert not os.path.isabs(relative) and not relative.startswith("..")
+  like = _params_like(setup)
+  got = ww.checkpoint_params(relative, STEPS, like)
+  _assert_bit_equal(_flat(got), _flat(ww.checkpoint_params(workdir, STEPS, like)))
+  seen = []
+  ww.WeightsWatcher(relative, seen.append).poll()
+  assert seen == [ww.load_newest(workdir, like)[0]]
+
+
 def test_another_models_checkpoint_is_a_one_sentence_error(run):
   workdir, setup = run
   state_dir = os.path.join(workdir, "checkpoints", str(STEPS), "state")

@@ -39,15 +39,19 @@ def _prompts():
                             max_size=2))
 
 
-_RIGHT = {   # values the server must answer (with a good prompt): 200
+_RIGHT = {   # values the server must answer (with a good prompt): 200; null is left out
     "model": st.just(MODEL), "n": st.integers(1, 3), "max_tokens": st.integers(1, 32),
     "temperature": st.floats(0, 2), "seed": st.integers(0, 2**64 - 1),
     "stop": st.lists(st.sampled_from(["=", "1", " ", "ab"]), max_size=4),
-    "stream": st.booleans(), "stream_options": st.just({"include_usage": True}),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.one_of(st.booleans(),
+                                                                        st.none())}),
     "decoder": st.one_of(st.floats(0.01, 1).map(lambda t: f"threshold_{t}"),
                          st.floats(0, 5).map(lambda g: f"entropy_budget_{g}"),
                          st.integers(1, 32).map(lambda k: f"fixed_steps_{k}")),
 }
+_NULLABLE = ("n", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options",
+             "decoder")
 
 
 def _common(draw) -> dict:
@@ -55,8 +59,11 @@ def _common(draw) -> dict:
   (most of those are answered), the others right or odd ones."""
   if draw(st.integers(0, 3)) == 0:
     chosen = draw(st.lists(st.sampled_from(sorted(_RIGHT)), unique=True, max_size=5))
-    return {k: draw(_RIGHT[k]) for k in chosen} | {
-        "prompt": draw(st.sampled_from([p.prompt for p in tiny_problems()[:8]]))}
+    body = {k: draw(st.one_of(_RIGHT[k], st.none()) if k in _NULLABLE else _RIGHT[k])
+            for k in chosen}
+    if body.get("stream_options") is not None:
+      body["stream"] = True                         # stream_options go with a stream only
+    return body | {"prompt": draw(st.sampled_from([p.prompt for p in tiny_problems()[:8]]))}
   fields = {
       "model": st.one_of(st.just(MODEL), _ODD),
       "n": st.one_of(st.integers(-1, 18), _ODD),
@@ -95,7 +102,9 @@ def chat_bodies(draw) -> dict:
     return body
   message = st.fixed_dictionaries(
       {"role": st.one_of(st.sampled_from(["user", "system", "assistant", "tool"]), _ODD),
-       "content": st.one_of(_prompts(), _ODD)})
+       "content": st.one_of(_prompts(), _ODD, st.lists(st.one_of(
+           st.fixed_dictionaries({"type": st.just("text"), "text": _prompts()}),
+           st.fixed_dictionaries({"type": _ODD}), _ODD), max_size=2))})
   body["messages"] = draw(st.one_of(st.lists(message, max_size=3), _ODD))
   return body
 
