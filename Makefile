@@ -40,11 +40,12 @@ $(COMPILERS): $(STAMP)
 compilers: $(COMPILERS)
 
 # The numerics of the tiny trainings (`make demo`, `make base`, `make warmup`): XLA's CPU code
-# generator capped at AVX2, so that an x86 machine with AVX-512 compiles the kernels an AVX2 one
-# does (on this project's AVX2 machines the cap changes no bit; an unknown cap, e.g. on ARM, is
-# ignored with a warning). Other core counts still round differently, and the machine is recorded
-# in each run's meta.json (docs/training.md#reproducing-the-tiny-models). A value of XLA_FLAGS
-# given on the command line comes after these and wins.
+# generator capped at AVX2, so that an x86 machine with AVX-512 emits the AVX2 kernels (not yet
+# compared on one; libraries with their own CPU dispatch may still differ). On the AVX2 machine
+# it was measured on the cap changes no bit; an ISA name XLA does not know is ignored with a
+# warning. Other core counts still round differently, so each run's meta.json records the
+# machine (docs/training.md#reproducing-the-tiny-models). XLA_FLAGS given on the command line
+# comes after these and wins.
 TINY_XLA_FLAGS ?= --xla_cpu_max_isa=AVX2
 TINY_ENV = XLA_FLAGS="$(TINY_XLA_FLAGS) $$XLA_FLAGS"
 
