@@ -11,53 +11,19 @@ from __future__ import annotations
 import copy
 import json
 import os
-import platform
 import shutil
 import sys
 import textwrap
 import time
 
-import jax
-
 from orl_jax import evaluate as eval_lib
 from orl_jax.models import params_io
 from orl_jax.train.entry import train
 from orl_jax.setup.build import build_setup, initial_params
+from orl_jax.storage.machine import machine
 
 # The settings the README reports (accuracy at one token per forward, and the default decoder).
 SETTINGS = ("fixed_steps_1", "threshold_0.9")
-# Instruction sets that change the kernels XLA:CPU emits (and so the last bits of the results).
-_CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni",
-              "amx_tile", "asimd", "sve")
-
-
-def machine() -> dict:
-  """What decides whether a re-run can be bit-identical: the CPU and what XLA compiles for it."""
-  flags: list[str]
-  model, flags = "", []
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and not model:
-          model = value.strip()
-        if key.strip() in ("flags", "Features") and not flags:
-          flags = sorted(set(value.split()) & set(_CPU_FLAGS))
-  except OSError:
-    pass
-  model = model or platform.processor() or platform.machine()
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  import jaxlib
-  return {"cpu": model, "cores": cores, "cpu_flags": flags,
-          "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
-          "jaxlib": jaxlib.__version__, "device": jax.devices()[0].device_kind,
-          "python": platform.python_version(), "os": f"{platform.system()} {platform.release()}"}
-
-
-def same_machine(a: dict | None, b: dict | None) -> bool:
-  """Whether two machine records promise bit-identical training."""
-  keys = ("cpu", "cores", "cpu_flags", "xla_flags", "jax", "jaxlib")
-  return bool(a and b and all(a.get(k) == b.get(k) for k in keys))
 
 
 def make_base(config, out_dir: str, *, progress: bool = True) -> dict:

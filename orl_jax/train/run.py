@@ -13,6 +13,7 @@ from tqdm import tqdm   # text bars: also in notebooks, where widgets may not re
 from orl_jax.config import derive as config_lib
 from orl_jax import distributed
 from orl_jax.models import params_io
+from orl_jax.storage import machine as machine_lib
 from orl_jax.storage import run_settings as run_settings_lib
 from orl_jax.storage import trained_run
 from orl_jax.storage import weights as weights_lib
@@ -78,9 +79,10 @@ def resume_with_extra(run: Run, data_iter, abstract_extra) -> tuple[Any, int, An
 
 
 def finish_run(setup: Setup, run: Run, state, step: int) -> str:
-  """Waits for checkpoints and exports the final parameters to WORKDIR/params, and, for a
-  model of a registered family, as a Hugging Face directory WORKDIR/hf with its official tensor
-  names (process 0 writes; every process returns once the folders are complete)."""
+  """Waits for checkpoints and exports the final parameters to WORKDIR/params (its meta.json
+  records the machine, `storage/machine.py`, which decides the last bits), and, for a model of a
+  registered family, as a Hugging Face directory WORKDIR/hf with its official tensor names
+  (process 0 writes; every process returns once the folders are complete)."""
   assert run.ckpt is not None   # `prepare_run` opens it
   run.ckpt.close()
   out = os.path.join(setup.config.workdir, weights_lib.RUN_PARAMS)
@@ -92,6 +94,7 @@ def finish_run(setup: Setup, run: Run, state, step: int) -> str:
     params_io.save_params(out, params, params_meta(setup, {"train_steps": int(step),
                                                        "seed": setup.config.seed,
                                                        "mode": setup.config.train.mode,
+                                                       "machine": machine_lib.machine(),
                                                        trained_run.RUN_KEY: record}),
                           lambda folder: trained_run.save_tokenizer(setup.tokenizer, folder))
     if setup.model_cfg.hf_family:

@@ -11,6 +11,7 @@ from orl_jax.apps import base_model
 from orl_jax import evaluate as eval_lib
 from orl_jax.models import params_io
 from orl_jax.setup.build import build_setup, initial_params
+from orl_jax.storage import machine as machine_lib
 from orl_jax.unmasking import UnmaskRule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,8 +61,8 @@ def test_make_base_writes_its_files_and_leaves_the_rest(tmp_path):
   base_model.write_base(str(out), str(run_params), record)
   assert (out / "NOTES.txt").read_text() == "kept"
   meta = params_io.read_meta(str(out))
-  assert meta["machine"] == base_model.machine() and meta["machine"]["cores"] >= 1
-  assert base_model.same_machine(meta["machine"], base_model.machine())
+  assert meta["machine"] == machine_lib.machine() and meta["machine"]["cores"] >= 1
+  assert machine_lib.same_machine(meta["machine"], machine_lib.machine())
   text = (out / "README.md").read_text()
   assert "training took 17.5 min" in text and "0.961 with `fixed_steps_1`" in text
   assert meta["machine"]["cpu"] in text
@@ -78,7 +79,7 @@ def test_make_base_reproduces_the_committed_base(tmp_path):
   config = tiny.get_config("sft")
   config.workdir = str(tmp_path / "work")
   record = base_model.make_base(config, str(tmp_path / "base"), progress=False)
-  if base_model.same_machine(committed.get("machine"), base_model.machine()):
+  if machine_lib.same_machine(committed.get("machine"), machine_lib.machine()):
     ours = load_file(os.path.join(BASE, params_io.PARAMS_FILE))
     theirs = load_file(os.path.join(tmp_path, "base", params_io.PARAMS_FILE))
     assert ours.keys() == theirs.keys()

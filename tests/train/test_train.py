@@ -12,6 +12,8 @@ from safetensors.numpy import load_file
 from configs import tiny
 from orl_jax.config.build import ConfigError, build
 from orl_jax.metrics import read_jsonl
+from orl_jax.models import params_io
+from orl_jax.storage import machine as machine_lib
 from orl_jax.train import entry
 from orl_jax.train.entry import train
 from orl_jax.setup.build import build_setup
@@ -63,6 +65,8 @@ def test_exact_resume_is_bit_identical(tmp_path, caplog):
   assert a.keys() == b.keys()
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  # the export records where it was trained (what decides its last bits)
+  assert params_io.read_meta(straight)["machine"] == machine_lib.machine()
   # each step logged once: step 2's row is the killed run's, its step 3 row was dropped
   after = read_jsonl(str(tmp_path / "b" / "metrics.jsonl"))
   assert [r["step"] for r in after] == [2, 4] and after[0] == before[0]
