@@ -230,9 +230,9 @@ class VerifierStats:
     return {f"verify_{f.name}": float(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
-# The program that computes a task's prompt key in the sandbox: the judge's own modules, loaded
-# from their text (the sandbox hides the installed packages), then `judge.call_set_digest`.
-_KEY_PROGRAM = """\
+# What a sandboxed program of the judge's starts with: the judge's own modules, loaded from their
+# text (the sandbox hides the installed packages).
+_JUDGE_PRELUDE = """\
 import json, sys, types
 def _load(name, source):
     module = types.ModuleType(name)
@@ -241,6 +241,9 @@ def _load(name, source):
     return module
 _load("_orl_sandbox_script_wire", {wire!r})
 judge = _load("_orl_sandbox_script_judge", {judge!r})
+"""
+# The program that computes a task's prompt key in the sandbox (`judge.call_set_digest`).
+_KEY_PROGRAM = _JUDGE_PRELUDE + """\
 task = json.loads({task!r})
 print("prompt key", judge.call_set_digest(task["prompt"], task["tests"], task["entry_point"]))
 """
@@ -275,16 +278,8 @@ def _calls_key(prompt: str, tests: str, entry_point: str, limits: sandbox.Sandbo
 
 
 # The program that runs the judge's collection step over many tasks in one sandbox run and
-# prints the kept-argument refusals (`judge.collect`), loaded like `_KEY_PROGRAM`'s modules.
-_KEPT_PROGRAM = """\
-import json, sys, types
-def _load(name, source):
-    module = types.ModuleType(name)
-    sys.modules[name] = module
-    exec(compile(source, name, "exec"), module.__dict__)
-    return module
-_load("_orl_sandbox_script_wire", {wire!r})
-judge = _load("_orl_sandbox_script_judge", {judge!r})
+# prints the kept-argument refusals (`judge.collect`).
+_KEPT_PROGRAM = _JUDGE_PRELUDE + """\
 for index, task in enumerate(json.loads({tasks!r})):
     refusal = judge.collect(task["prompt"], task["tests"], task["entry_point"])[1]
     print("kept", json.dumps([index, refusal]), flush=True)
