@@ -73,9 +73,10 @@ test: venv compilers lint
 # OTHER_CPU_ISAS whose results differ from this host's (tests/scripts/other_cpu_isas.py probes
 # them in order; a cap that changes nothing is skipped; one pass by default, which keeps CI within
 # its time). Every other test compares floating-point values with tolerances relative to their
-# magnitudes, or bits of one program run twice, which no instruction-set cap can change; tests
-# that compile for a TPU or GPU (marker `accelerator_compile`) and tests/verify's (the verifiers
-# and the sandbox run no XLA program) are not rerun. What each pass covers and takes:
+# magnitudes, bits of one program run twice, shapes or config errors, which no instruction-set
+# cap can change; tests that compile for a TPU or GPU (marker `accelerator_compile`) and
+# tests/verify's (the verifiers and the sandbox run no XLA program) are not rerun. What each pass
+# covers and takes:
 # docs/testing.md#the-second-pass-other-cpu-numerics. More caps:
 # `make test-other-cpu OTHER_CPU_ISAS="SSE4_2 AVX AVX2" OTHER_CPU_PASSES=3`.
 OTHER_CPU_ISAS ?= SSE4_2 AVX2

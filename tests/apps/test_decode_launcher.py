@@ -4,7 +4,9 @@ a directory with another hidden size and layer count loads with no shape overrid
 QwenDLM and LLaDA2 (MoE) directories decode with their configs; the printed text equals
 decoding the same prompt through the library API directly (loader, tokenizer, chat template,
 block decoder), without the launcher's set-up. Also: `--models` side by side on the tiny
-models, one-line errors for rejected options, DiffusionGemma's pointer to its sampler."""
+models, one-line errors for rejected options, DiffusionGemma's pointer to its sampler. Rerun
+under other CPU numerics (`numerics`): the tests comparing the launcher's tokens and forward
+counts with another decode; not the page, the errors, the special tokens, the side-by-side run."""
 import dataclasses
 import json
 import os
@@ -31,8 +33,6 @@ from orl_jax.unmasking import UnmaskRule
 from tests.support.hf import (BOS, EOS, OTHER_FAMILIES, PAD, PROMPT, SPECIALS, VOCAB,
                               byte_tokenizer, config_of, decode_launcher, write_llada_hf_dir)
 
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what the user changes for a quick CPU run (run-time choices, not shapes): the byte-level
@@ -93,6 +93,7 @@ def _decode_py(command: list[str], tmp_path):
   return out
 
 
+@pytest.mark.numerics
 def test_decode_prompt_from_hf_llada_directory_equals_library_decode(llada_dirs, tmp_path):
   """The README's command on a saved HF LLaDA directory, through the command line."""
   config = llada.get_config("8b-instruct")
@@ -104,6 +105,7 @@ def test_decode_prompt_from_hf_llada_directory_equals_library_decode(llada_dirs,
   assert (tmp_path / "page.html").is_file()
 
 
+@pytest.mark.numerics
 def test_other_hidden_size_and_layer_count_need_no_shape_override(llada_dirs):
   """A directory of another width and depth: the launcher's decode path (in process) reads
   them from config.json; the 8B config's shapes are not touched."""
@@ -191,6 +193,7 @@ def test_rejected_options_say_what_to_set(llada_dirs, tmp_path):
   assert "does not exist" in lines[0] and "Hugging Face model directory" in lines[0]
 
 
+@pytest.mark.numerics
 def test_a_diffusion_gemma_directory_decodes_with_its_uniform_noise_sampler(tmp_path):
   """launch/decode.py decodes a tiny random DiffusionGemma directory with the family's sampler:
   its tokens are `sampler.generate`'s for the same prompt and key, its forwards
@@ -246,6 +249,7 @@ def test_default_llada_config_reads_a_llada_8b_directory_with_its_special_tokens
   assert load_tokenizer(same, llada_dirs[0], "llada").eos_id == 126081
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", sorted(OTHER_FAMILIES))
 def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
   """configs/sdar.py (model_type sdar), configs/qwendlm.py (qwen3, tied head) and
@@ -271,6 +275,7 @@ def test_each_family_config_decodes_its_hf_directory(name, tmp_path):
   assert decoded.nfe[0] - decoded.nfe_denoise[0] >= 32 // config.decode.block_size
 
 
+@pytest.mark.numerics
 def test_a_directory_with_its_own_special_tokens_decodes_with_no_override(tmp_path):
   """A LLaDA2 directory whose tokenizer has 300 ids (the family's mask 156895 is none of them):
   config.json declares mask 299 and pad 298, generation_config.json the EOS ids [297, 295]

@@ -3,7 +3,9 @@ docs/decoding.md#decoding-as-each-models-authors-do): block placement, commit co
 and forward counts, against the official `generate` loops restated in
 `tests/support/official_generate.py` and driven by independent float64 models on tiny random
 directories (LLaDA2: the numpy forward of tests/support/llada2.py over the official tensors;
-SDAR / QwenDLM: transformers' Qwen3 forward with the block-causal mask)."""
+SDAR / QwenDLM: transformers' Qwen3 forward with the block-causal mask).
+Rerun under other CPU numerics (`numerics`): the decodes against the official loops and the
+replays; not the placement of integer prompts, the comparison on literal scores, the table."""
 import json
 import os
 
@@ -23,9 +25,6 @@ from orl_jax.unmasking import UnmaskRule, select_commits
 from tests.support import official_generate as official
 from tests.support.helpers import TINY, tiny_qwen3
 from tests.support.llada2 import reference_forward, write_llada2_dir
-
-# compares token ids and forward counts: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 MARGIN = 1e-4    # decisions closer than this to a tie could go either way in float32 (our
                  # float32 probabilities differ from the float64 reference by < 6e-6 here)
@@ -135,6 +134,7 @@ def _llada2_official(llada2, prompt, block, **kw):
   return ref
 
 
+@pytest.mark.numerics
 def test_llada20_prompts_of_any_length_decode_as_the_official_generate(llada2):
   """Block 16, 48 new tokens, threshold 0.9, greedy, fp32: prompts of 23, 16 and 9 tokens in
   one left-padded batch give each the official tokens and forward counts (the 23-token prompt
@@ -156,6 +156,7 @@ def test_llada20_prompts_of_any_length_decode_as_the_official_generate(llada2):
     _assert_row_is_official(engine, row, ref)
 
 
+@pytest.mark.numerics
 def test_llada20_gen256_block32_decodes_as_the_official_generate(llada2):
   """The issue's long case: 256 new tokens in blocks of 32 after a 45-token prompt (the
   prompt's second block holds 13 prompt tokens and 19 generated ones), fp32."""
@@ -186,6 +187,7 @@ def _eos_of(llada2, prompt, **kw):
   return _first_new_token(ref.tokens, 16 - len(prompt) % 16)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("eos_early_stop", [False, True])
 def test_llada21_editing_and_eos_stop_decode_as_the_official_generate(llada2, eos_early_stop):
   """LLaDA2.1 with dllm's editing preset (threshold 0.95, edit 0.9, 16 post steps): a
@@ -251,6 +253,7 @@ def qwen3(request, tmp_path_factory):
   return path, cfg, logits_fn, prompt_seed
 
 
+@pytest.mark.numerics
 def test_sdar_and_qwendlm_decode_as_sdars_generate(qwen3):
   """SDAR's block_diffusion_generate (block 4, threshold 0.8, greedy, stop at a generated id):
   prompts of 7 and 10 tokens (3 and 2 prompt tokens in the first decoded block) in one batch
@@ -303,6 +306,7 @@ def _tiny_rollout(schedule: str, edit_threshold: float = 1.0, post: int = 0):
   return graphdef, params, jax.device_get(traj), np.asarray(prompts)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("schedule,edit", [("lockstep", 1.0), ("lockstep", 0.15),
                                            ("per_row", 1.0)])
 def test_absolute_placement_rollouts_replay_exactly(schedule, edit):
@@ -333,6 +337,7 @@ def test_absolute_placement_rollouts_replay_exactly(schedule, edit):
   np.testing.assert_allclose(replayed, captured, atol=1e-4)
 
 
+@pytest.mark.numerics
 def test_absolute_placement_moe_replay_with_captured_routes():
   """LLaDA2-shaped MoE rollout with absolute placement and route capture: the prompt's
   complete blocks, the shared block (state and clean) and every later block replay with the

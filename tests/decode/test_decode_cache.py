@@ -3,7 +3,9 @@
 The block-start forward of a cached mode is `none`'s first step of the block (same logits);
 a later step equals an independent dense reference that takes the K/V of the frozen positions
 from the block-start canvas and recomputes the rest; forwards are counted as in `none` (the
-block-start forward is the block's first step) and rows finish independently (EOS)."""
+block-start forward is the block's first step) and rows finish independently (EOS). Rerun under
+other CPU numerics (`numerics`): the decodes against the dense reference and their forward counts;
+not the config validation."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,9 +23,6 @@ from orl_jax.residual import Residual
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PAD, KIND_PROMPT, make_meta
 from tests.support.helpers import TINY, TINY_RULES, live_adapter, tiny_model
-
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 P, B_SIZE, GEN = 8, 4, 12          # prompt, block, response: three blocks
 UNUSED_EOS = TINY.vocab_size       # an EOS id outside the vocabulary: no row ever finishes
@@ -162,6 +161,7 @@ def _block_start(model, cache):
   return cached, none, direct[:, start:start + B_SIZE], stored.k
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_block_start_forward_is_nones_first_step(model, cache):
   """The block-start forward that fills the cache gives exactly the logits `none` computes for
@@ -190,6 +190,7 @@ def _later_step(model, cache):
   return got, expected, none
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_later_step_matches_dense_reference(model, cache):
   """A later step of block 1: the block (dual) or the block and the rest (prefix) recomputed,
@@ -204,6 +205,7 @@ def test_later_step_matches_dense_reference(model, cache):
 # ------------------------------------------------------------------ whole decodes
 
 
+@pytest.mark.numerics
 def test_one_step_blocks_decode_exactly_like_none(model):
   """fixed_steps(b) commits a whole block per step: every step is a block-start forward, so
   the cached modes must decode exactly what `none` decodes, with the same counts."""
@@ -216,6 +218,7 @@ def test_one_step_blocks_decode_exactly_like_none(model):
   np.testing.assert_array_equal(runs["none"].nfe, GEN // B_SIZE)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_forwards_are_counted_as_steps(model, cache, per_step=2):
   """fixed_steps(k) takes b/k steps per block in every mode (the first being the block-start
@@ -227,6 +230,7 @@ def test_forwards_are_counted_as_steps(model, cache, per_step=2):
   assert (out.tokens != TINY.mask_id).all()
 
 
+@pytest.mark.numerics
 def test_rows_finish_independently(model, cache="dual"):
   """Making a token row 0 writes in its first block the EOS: row 0 stops after that block
   (fewer forwards, EOS-filled after its first EOS) while the other rows decode as before."""

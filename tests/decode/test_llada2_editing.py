@@ -1,7 +1,8 @@
 """LLaDA2.1 token editing (docs/models.md#llada21-token-editing, issue 13): the edit rule on
 hand-built probabilities, the decoder's editing steps driven by a scripted model (which tokens
 change, the post-edit step limit, TPF), default-off decoding equal to the decoder before editing
-existed, rollout capture of edit steps replaying exactly, and the config checks."""
+existed, rollout capture of edit steps replaying exactly, and the config checks. Rerun under other
+CPU numerics (`numerics`): the edits, steps and replays; not the config validation."""
 import dataclasses
 
 import jax
@@ -22,9 +23,6 @@ from orl_jax.models.transformer import ForwardOutput
 from orl_jax.unmasking import UnmaskRule, select_edits
 from tests.support.helpers import TINY, TINY_RULES, tiny_model
 
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
-
 M, EOS, V = TINY.mask_id, 2, TINY.vocab_size
 
 
@@ -39,6 +37,7 @@ def _logits_for(candidates, probs):
   return jnp.asarray(np.log(p)[None], jnp.float32)
 
 
+@pytest.mark.numerics
 def test_edit_rule_on_hand_built_logits():
   # positions:       0 masked, 1 same token, 2 differs & confident, 3 differs, not confident,
   #                  4 differs at exactly the threshold (strict >), 5 prompt (not editable)
@@ -97,6 +96,7 @@ def _scripted(model, rule=UnmaskRule("threshold", 0.9), **edit):
   return jax.jit(lambda p, v: decode(model, p, v, jax.random.key(0), cfg))(prompts, valid)
 
 
+@pytest.mark.numerics
 def test_editing_steps_stop_at_the_post_edit_limit():
   """A model that always wants to change every committed token: each block commits all masks
   in one step, then edits every token in each of its `max_post_edit_steps` extra steps."""
@@ -114,6 +114,7 @@ def test_editing_steps_stop_at_the_post_edit_limit():
   assert cap.commit[0, :8].all()
 
 
+@pytest.mark.numerics
 def test_editing_stops_once_a_step_edits_nothing():
   stable = _scripted(ScriptedModel(prob=0.99, shift=0), edit_threshold=0.5,
                      max_post_edit_steps=16)
@@ -130,6 +131,7 @@ def test_editing_stops_once_a_step_edits_nothing():
   np.testing.assert_array_equal(np.asarray(off.nfe), [2 * 1 + 2] * 2)
 
 
+@pytest.mark.numerics
 def test_edits_during_unmasking_without_post_edit_steps():
   """One commit a step (fixed_steps 1): every earlier commit of the block is edited at each
   later step; with max_post_edit_steps=0 the block ends when its last mask is filled."""
@@ -159,6 +161,7 @@ BEFORE_EDITING = {
 }
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", sorted(BEFORE_EDITING))
 def test_default_off_decoding_is_unchanged(name):
   if name.startswith("dense"):
@@ -182,6 +185,7 @@ def test_default_off_decoding_is_unchanged(name):
   np.testing.assert_array_equal(np.asarray(out.capture.n_states), want["n_states"])
 
 
+@pytest.mark.numerics
 def test_rollout_with_editing_replays_exactly():
   """Edit steps are captured states (their canvas holds committed tokens that may still
   change) and replay like any other: f32 log-probs within 1e-4 of the largest logit, on the

@@ -3,7 +3,8 @@
 A step gathers each row's masked positions into the smallest of b, b/2, ..., 1 slots, runs the
 head and the proposal there and scatters the results back. It must propose what the whole-block
 head proposes at every masked position (greedy and sampled: the same Gumbel noise), and whole
-decodes must not change."""
+decodes must not change. Rerun under other CPU numerics (`numerics`): all but the head widths
+(integers)."""
 import dataclasses
 
 import jax
@@ -19,9 +20,6 @@ from orl_jax.decode.step import head_widths, propose_masked, propose_step
 from orl_jax.unmasking import UnmaskRule
 from tests.support.helpers import TINY, TINY_RULES, live_adapter, tiny_model
 
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
-
 P, B_SIZE, GEN = 8, 8, 16
 
 
@@ -31,6 +29,7 @@ def test_head_widths():
   assert head_widths(1) == (1,)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("counts", [(8, 5, 1, 0), (3, 1, 0, 2), (1, 0, 1, 0), (0, 0, 0, 0)])
 def test_masked_proposal_equals_the_whole_block_head(counts, temperature):
@@ -75,6 +74,7 @@ def _decode(model, masked_head, temperature, cache="none"):
 _SLOW = pytest.mark.slow   # ~17 s each: the default run keeps one greedy and one sampled case
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("attention,cache,temperature", [
     ("bidirectional", "dual", 0.0), ("block_causal", "none", 1.0),
     pytest.param("block_causal", "none", 0.0, marks=_SLOW),
@@ -89,6 +89,7 @@ def test_decodes_do_not_change(attention, cache, temperature):
   assert on.tokens.shape == (3, GEN)
 
 
+@pytest.mark.numerics
 def test_the_decoder_switches_between_head_widths():
   """The compiled step holds one head per width (so narrower heads really run), and none when
   every position's logits are read (capture)."""
@@ -108,6 +109,7 @@ def test_the_decoder_switches_between_head_widths():
   assert head_shapes(capture_states=8) == {B_SIZE}
 
 
+@pytest.mark.numerics
 def test_small_decode_steps_compile_without_ynnpack_fusions_on_cpu():
   """`lockstep_decoder` compiles a batch whose steps forward <= SMALL_STEP_TOKENS tokens with
   XLA:CPU's YNNPACK fusions off, a larger one with XLA's defaults; both decode alike."""

@@ -1,6 +1,8 @@
 """The per-row engine (continuous batching, `decode.schedule = "per_row"`): every queued prompt
 decodes exactly as it would alone with `decode.lockstep.decode`, whichever row takes it and whatever
-the other rows do, and rows that finish early do not wait for the batch."""
+the other rows do, and rows that finish early do not wait for the batch. Rerun under other CPU
+numerics (`numerics`): the tests comparing tokens and forward counts of two programs; not the
+schedule's validation and the shapes."""
 import dataclasses
 
 import jax
@@ -14,9 +16,6 @@ from orl_jax.decode.lockstep import lockstep_decoder
 from orl_jax.decode.per_row import make_engine
 from orl_jax.unmasking import UnmaskRule
 from tests.support.helpers import TINY, TINY_BLOCK, TINY_RULES, live_adapter, tiny_model
-
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 Q, ROWS, P, GEN = 7, 3, 8, 12
 PAD_LEFT = [0, 3, 6, 4, 0, 1, 8]     # the last prompt is all padding
@@ -97,6 +96,7 @@ def _assert_well_formed(out, q: int, cfg, attention: str):
   assert int(out.nfe[q]) == steps.sum() + commits, q
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("attention,temperature,rule,rules", [
     ("block_causal", 0.0, UnmaskRule("threshold", 0.3), {}),
     ("block_causal", 1.0, UnmaskRule("entropy_budget", 0.4), {}),
@@ -148,6 +148,7 @@ def test_each_queued_prompt_decodes_as_it_would_alone(attention, temperature, ru
     assert out.iterations >= -(-np.sum(prefill_blocks + out.nfe_engine) // ROWS)
 
 
+@pytest.mark.numerics
 def test_rows_advance_independently_without_refill():
   """Two prompts on two rows, each slower than the other in some block: after the prefill the
   engine takes as many forwards as its slower row needs, where the lock-step decoder pays the
@@ -207,6 +208,7 @@ def test_per_row_rollout_has_the_lockstep_rollouts_shapes():
     assert (a.shape, a.dtype) == (b.shape, b.dtype)
 
 
+@pytest.mark.numerics
 def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
   """Greedy evaluation of the committed tiny base model: the per-row queue (refilled rows)
   gives every problem the tokens and forward counts of the lock-step batches."""
@@ -230,6 +232,7 @@ def test_evaluation_per_row_equals_lockstep_on_the_tiny_base():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("attention", ["block_causal", "bidirectional"])
 def test_the_engine_steps_with_the_masked_head(attention):
   """The engine's step is the lock-step decoder's (`decode.step.take_step`): without capture the

@@ -1,6 +1,8 @@
 """ORL rollouts with refill (`orl.rollout_rows`, `decode.schedule = "per_row"`): the P*G
 responses decoded on fewer rows than responses, a row whose response ended taking the next one,
-give every response the tokens, forward counts and captured states of decoding it alone."""
+give every response the tokens, forward counts and captured states of decoding it alone. Rerun under
+other CPU numerics (`numerics`): the refilled rollouts against decoding alone and the lock-step
+rollout; not the validation and the choice of rollout."""
 import functools
 
 import jax
@@ -16,9 +18,6 @@ from orl_jax.decode.trajectories import make_trajectories, per_row_trajectories
 from orl_jax.unmasking import UnmaskRule
 from tests.support.helpers import (TINY, TINY_BLOCK, TINY_RULES, live_adapter, orl_smoke_config,
                                    tiny_model)
-
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 N_PROMPTS, GROUP, P, GEN = 4, 2, 8, 12
 PAD_LEFT = [0, 3, 6, 4]
@@ -88,6 +87,7 @@ def _rollout(graphdef, params, cfg, n_rows, key, prefill_once=False):
   return jax.device_get(run(params, *_prompts(), key, 0))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("attention,temperature,rule", [
     ("block_causal", 1.0, UnmaskRule("threshold", 0.3)),
     ("bidirectional", 1.0, UnmaskRule("entropy_budget", 0.4)),
@@ -122,6 +122,7 @@ def test_fewer_rows_decode_each_response_as_alone(engine_calls, attention, tempe
   assert not np.all(few.responses[0::GROUP] == few.responses[1::GROUP]), "a group's samples differ"
 
 
+@pytest.mark.numerics
 def test_fewer_rows_greedy_equal_the_lockstep_rollout(engine_calls):
   """Greedy (where the lock-step and per-row schedules agree): 3 rows for 8 responses give the
   lock-step `rollout`'s responses, counts and captured states."""
@@ -157,6 +158,7 @@ def test_rollout_rows_is_validated(overrides, match):
   build(c)
 
 
+@pytest.mark.numerics
 @pytest.mark.slow  # ~25 s: two ORL iterations through the training loop
 def test_orl_trains_on_refilled_rollouts(tmp_path, engine_calls):
   """Two ORL iterations of the smoke shapes with 6 responses decoded on 4 rows: every update
@@ -196,6 +198,7 @@ def test_the_loop_picks_the_rollout_of_the_schedule():
     rollout_fn(two)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("attention,n_rows,iterations,prefill_once", [
     ("block_causal", 3, 4, False), ("bidirectional", 0, 5, False), ("block_causal", 3, 4, True)])
 def test_a_segmented_rollout_is_the_rollout(attention, n_rows, iterations, prefill_once):

@@ -1,3 +1,6 @@
+"""The unmasking rules. Rerun under other CPU numerics (`numerics`): the entropy budget's sums
+against gamma, the proposal's argmax against numpy's and the per-row rules against the batch
+rules (two programs); not the rules on literal scores and the parsing."""
 import re
 
 import jax.numpy as jnp
@@ -5,9 +8,6 @@ import numpy as np
 import pytest
 
 from orl_jax.unmasking import RULES, UnmaskRule, select_commits, select_commits_per_row
-
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 MASKED = jnp.array([[True, True, True, False, True]])
 CONF = jnp.array([[0.95, 0.5, 0.92, 0.99, 0.3]])
@@ -31,6 +31,7 @@ def test_fixed_steps_commits_top_k():
   assert _commit(UnmaskRule("fixed_steps", 9)) == [True, True, True, False, True]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("gamma,expected", [
     # sorted entropies of masked positions: 0.05 (2), 0.10 (0), 0.30 (1), 0.40 (4)
     # cumsum - current: 0, 0.05, 0.15, 0.45
@@ -68,6 +69,7 @@ def _propose_reference(logits, temperature):
   return p, h
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
 def test_propose_matches_a_float64_softmax(temperature):
   """The fused two-pass proposal: greedy picks the argmax; the candidate's probability and the
@@ -86,6 +88,7 @@ def test_propose_matches_a_float64_softmax(temperature):
   np.testing.assert_allclose(ent, h, rtol=1e-4, atol=1e-6)   # h in [0, 1]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("compare", [">=", ">"])
 def test_each_rows_own_rule_commits_what_that_rule_commits(compare):
   """`select_commits_per_row` (the serving engine: every request its own rule) equals

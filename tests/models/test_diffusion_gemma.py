@@ -9,6 +9,10 @@ the largest reference logit. The sampler trace feeds both implementations the sa
 RNG cannot be matched): `torch.multinomial` and the sampler's uniform canvases are patched to
 read it.
 
+Rerun under other CPU numerics (`numerics`): the parities and the sampler (routed expert ids,
+token ids, accepted positions and forward counts of two programs), the entropy-bound acceptance
+(XLA's cumulative sum against numpy's) and the expert-axis split (expert ids across meshes).
+
 Install the references with: pip install torch==2.13.0 transformers==5.24.0
 """
 import json
@@ -30,9 +34,6 @@ from orl_jax.models.diffusion_gemma.config import (FULL, SLIDING, AttentionSpec,
                                                    DiffusionGemmaConfig, release_26b_a4b)
 from orl_jax.sharding import path_name
 from tests.support.diffusion_gemma import SMALL_MOE
-
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 LOGIT_RTOL = 5e-5   # max |Δ| / max |logit| (f32; measured ~1e-5)
 TEXT_CONFIG = {
@@ -184,6 +185,7 @@ def test_decoder_sees_the_last_window_minus_one_cached_tokens():
   assert np.flatnonzero(commit[1]).tolist() == [6, 7, 8, 9]
 
 
+@pytest.mark.numerics
 def test_entropy_bound_accepts_the_lowest_entropy_prefix():
   rng = np.random.default_rng(0)
   h = rng.exponential(0.05, (4, 12)).astype(np.float32)
@@ -211,6 +213,7 @@ def _prompts(rng, b, p):
   return rng.integers(7, 99, (b, p)).astype(np.int64)   # no pad/eos/image tokens
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("window", [512, SMALL_WINDOW])
 def test_logits_match_transformers(hf_dirs, torch_mod, window):
   """Commit-forward (encoder prefill) logits, and one decoder step without and with
@@ -345,6 +348,7 @@ def _assert_same_run(out, rec, ours, trace, p, cfg):
   return hf_tokens
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("window,stability,confidence", [(512, 1, 0.005),
                                                          (SMALL_WINDOW, 0, 1.5)])
 def test_sampler_trace_matches_transformers(hf_dirs, window, stability, confidence):
@@ -368,6 +372,7 @@ EARLY_ENDS = {"all rows in canvas 0": (tuple(range(7, 17)), 3, [0, 0, 0]),
               "rows in canvases 0 and 1": (tuple(range(7, 14)), 5, [0, 1, 0])}
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("case", sorted(EARLY_ENDS))
 def test_no_canvas_is_generated_after_every_row_finished(hf_dirs, case):
   """transformers stops generating canvases once every row has an EOS; so do we: the same
@@ -399,6 +404,7 @@ def test_no_canvas_is_generated_after_every_row_finished(hf_dirs, case):
                                 np.asarray(ours.decoder_forwards) + np.asarray(ends) + 1)
 
 
+@pytest.mark.numerics
 def test_sampler_runs_on_its_own_noise_in_jit(hf_dirs):
   model, _ = dg_hf.load_dir(hf_dirs[SMALL_WINDOW])
   cfg = sampler.SamplerConfig(n_canvases=2, max_steps=4, eos_ids=(2,))
@@ -474,6 +480,7 @@ def test_missing_tensor_is_named(hf_dirs, tmp_path):
     dg_hf.load_dir(str(broken))
 
 
+@pytest.mark.numerics
 def test_ragged_experts_equal_dense_experts():
   """The dropless grouped (`ragged_dot`) expert compute with the GELU gate equals the dense
   oracle, through a whole commit forward and decoder step."""
@@ -531,6 +538,7 @@ _EXPERT_AXIS_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.numerics
 def test_experts_split_over_the_expert_axis_equal_one_device():
   """With a mesh `expert` axis, DiffusionGemma's experts run where their weights are (tokens
   exchanged inside shard_map, 10 tokens padded to split over 4 devices): values, captured

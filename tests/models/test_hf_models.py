@@ -4,6 +4,10 @@ loaders, export, parity.
 Qwen3 parity runs transformers (torch CPU) as the independent reference; LLaDA parity runs a
 numpy forward written from the published architecture that never calls our JAX code. Install
 the test-only references with: pip install torch==2.13.0 transformers==5.24.0
+
+Rerun under other CPU numerics (`numerics`): the residual modes, whose fresh adapter must give
+exactly the base model's logits (two programs); the parities are dense and compare within
+tolerances, the rest are loaders' bits and errors.
 """
 import dataclasses
 import os
@@ -23,8 +27,6 @@ from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
 from tests.support.helpers import tiny_qwen3
 from tests.support.hf import llada_cfg, write_llada_dir
 
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 T = 12
 
@@ -197,6 +199,7 @@ def test_loader_lists_missing_unexpected_and_misshaped(tmp_path):
     hf_read.load_model_params(str(tmp_path / "nowhere"), "llada", cfg)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("family", ["llada", "qwen3"])
 @pytest.mark.parametrize("mode", ["none", "rcd", "adapter"])
 def test_residual_modes_on_loaded_models(tmp_path, qwen3_dirs, family, mode):

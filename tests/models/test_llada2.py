@@ -3,8 +3,8 @@ numpy forward.
 
 The reference (tests/support/llada2.py) is written from the architecture description and reads
 the *official* HF tensor names (fused `query_key_value`, per-expert weights,
-`mlp.gate.expert_bias`), so it shares nothing with the JAX model but the weights.
-"""
+`mlp.gate.expert_bias`), so it shares nothing with the JAX model but the weights. Rerun under other
+CPU numerics (`numerics`): all but the names' round trip (bits and shapes)."""
 import dataclasses
 
 import jax
@@ -28,8 +28,6 @@ CFG = ModelConfig(vocab_size=48, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2
 BLOCK = 4              # block-causal attention block of the tests
 
 # compares router expert ids with the reference and replays bit-exactly: rerun under other CPU
-# numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -57,6 +55,7 @@ def block_causal_inputs(batch: int, length: int, block_size: int, seed: int):
 # ----------------------------------------------------------------------------- tests
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("impl,norm_head", [("dense", False), ("ragged", True)])
 def test_llada2_matches_float64_reference(impl, norm_head):
   cfg = dataclasses.replace(CFG, moe=dataclasses.replace(MOE, impl=impl), norm_head=norm_head)
@@ -81,6 +80,7 @@ def test_llada2_matches_float64_reference(impl, norm_head):
       np.testing.assert_array_equal(np.sort(got_routes[layer], -1), np.sort(ids, -1))
 
 
+@pytest.mark.numerics
 def test_expert_bias_is_used_for_selection_only():
   """The test data exercises the bias: without it, some routes change; and shifting the bias of
   an already-chosen set uniformly leaves the weights unchanged (they use unbiased scores)."""
@@ -128,6 +128,7 @@ def test_hf_names_round_trip_and_are_official():
     llada2.params_from_hf({k: v for k, v in tensors.items() if "experts.3." not in k}, CFG)
 
 
+@pytest.mark.numerics
 def test_route_capture_replays_the_forward():
   """Giving the routes a forward took back to it reproduces it exactly; -1 re-routes; forcing
   other routes changes the output."""
@@ -149,6 +150,7 @@ def test_route_capture_replays_the_forward():
   assert changed > 1e-3 * np.max(np.abs(logits))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cached_step_replays_exactly_with_and_without_route_capture(dtype):
   """A decoding step (prompt prefilled into the KV cache, active block read against it) against

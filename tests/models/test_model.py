@@ -1,3 +1,5 @@
+"""The tiny model. Rerun under other CPU numerics (`numerics`): the exact logits of two different
+models (plain vs a zero residual pathway) and the KV-cache decode's token ids and forward counts."""
 import dataclasses
 import functools
 
@@ -13,9 +15,6 @@ from orl_jax.residual import Residual, residual_from_logits
 from orl_jax.unmasking import UnmaskRule
 from pallas_kernels.staircase_attention import KIND_PROMPT, make_meta
 from tests.support.helpers import TINY, TINY_RULES, TINY_BLOCK, tiny_model
-
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 
 def _inputs(b=2, t=12, seed=0):
@@ -39,6 +38,7 @@ def _same_base(model_a, model_b):
   nnx.update(model_b, sb)
 
 
+@pytest.mark.numerics
 def test_adapter_model_equals_plain_model_at_init():
   tokens, pos, meta, res = _inputs()
   plain = tiny_model(0)
@@ -58,6 +58,7 @@ def test_adapter_model_equals_plain_model_at_init():
   assert not np.allclose(np.asarray(c.logits), np.asarray(a))
 
 
+@pytest.mark.numerics
 def test_rcd_with_zero_residual_equals_plain_model():
   tokens, pos, meta, res = _inputs()
   plain = tiny_model(0)
@@ -91,6 +92,7 @@ def test_residual_soft_embedding_is_probability_weighted_table():
   np.testing.assert_allclose(np.asarray(r.alpha), h, rtol=1e-5)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("mode,rule,temperature", [
     ("none", UnmaskRule("threshold", 0.3), 0.0),
     ("adapter", UnmaskRule("entropy_budget", 0.4), 1.0),

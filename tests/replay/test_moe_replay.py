@@ -3,7 +3,9 @@ docs/models.md#moe-llada2x-mini): with `capture_routes` the rollout records the 
 forward it ran (each step, the prompt prefill, the commit forwards); the replay rows carry them
 token by token and the training forward routes with them. Both rollouts record them: the lock-step
 decoder's and the per-row engine's (`decode.schedule = "per_row"`, here on fewer rows than
-responses, so rows are refilled mid-rollout)."""
+responses, so rows are refilled mid-rollout). Rerun under other CPU numerics
+(`numerics`): the tests comparing rollouts, routes and replays of two programs; not the
+capture's byte count and the refusal."""
 import dataclasses
 
 import jax
@@ -23,13 +25,11 @@ from tests.support.helpers import TINY_RULES
 from tests.support.moe_replay import (B_SIZE, CFG, EOS, G, GEN, MOE, moe_rollout, replay_batch,
                                       replay_error)
 
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
-
 SCHEDULES = ("lockstep", "per_row")
 BF16_EPS = 2.0 ** -8   # bf16 unit roundoff (8 significand bits)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_route_capture_changes_nothing_in_the_rollout(schedule):
   *_, plain, _, _ = moe_rollout("float32", False, schedule=schedule)
@@ -40,6 +40,7 @@ def test_route_capture_changes_nothing_in_the_rollout(schedule):
                                 np.asarray(captured.capture.topk_logprobs))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("capture_routes,schedule", [(False, "lockstep"), (True, "lockstep"),
                                                      (True, "per_row")])
 def test_moe_replay_reproduces_rollout_logits_f32(capture_routes, schedule):
@@ -50,6 +51,7 @@ def test_moe_replay_reproduces_rollout_logits_f32(capture_routes, schedule):
   assert err <= 1e-4, err
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_captured_routes_cover_every_forward_and_drive_the_replay(schedule):
   """Each captured state, the valid prompt tokens and every committed block carry routes; the
@@ -85,6 +87,7 @@ def test_captured_routes_cover_every_forward_and_drive_the_replay(schedule):
   np.testing.assert_array_equal(np.sort(fresh[real], -1), np.sort(routes[real], -1))
 
 
+@pytest.mark.numerics
 def test_moe_replay_bf16_with_captured_routes():
   """bf16 compute: the cached rollout and the packed replay round differently (other operand
   orders and shapes), so re-routing can flip a near-tie. With the captured routes the replay
@@ -107,6 +110,7 @@ def test_moe_replay_bf16_with_captured_routes():
   assert flips >= 1 and err_fresh > 5 * BF16_EPS, (flips, err_fresh)
 
 
+@pytest.mark.numerics
 def test_per_row_moe_replay_bf16_with_captured_routes():
   """The per-row engine's bf16 rollout (prefill block by block, one slab forward for all rows)
   replays with its captured routes to bf16 rounding, as the lock-step one does (the bound of
@@ -117,6 +121,7 @@ def test_per_row_moe_replay_bf16_with_captured_routes():
   assert err <= 5 * BF16_EPS, err
 
 
+@pytest.mark.numerics
 def test_orl_loss_replays_with_the_captured_routes():
   """The ORL loss consumes the batch's routes (f32: the same values as re-routing), also
   split into row micro-batches."""

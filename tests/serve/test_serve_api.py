@@ -2,7 +2,9 @@
 --config.model.path=assets/tiny_base`, on a free port), through independent clients: the
 `openai` package (completions, chat, streaming, errors), raw HTTP (bad requests, disconnects),
 lm-evaluation-harness's OpenAI-compatible completions model on a local task; concurrent
-responses equal decoding alone; new weights without a restart; SIGTERM drains."""
+responses equal decoding alone; new weights without a restart; SIGTERM drains. Rerun under other
+CPU numerics (`numerics`): the tests comparing served texts or forward counts with an offline
+decode (another program); not the refusals, errors, routes, metrics and the drain."""
 import collections
 import concurrent.futures
 import json
@@ -26,9 +28,6 @@ from orl_jax.models.params_io import read_safetensors
 from orl_jax.serve.process import ServerProcess
 from tests.support import serve_fuzz
 from tests.support.serve import MODEL, README_SERVE, alone, offline, tiny_problems
-
-# compares token ids and forward counts with an offline decode: rerun under other numerics
-pytestmark = pytest.mark.numerics
 
 
 ADMIN_KEY = "admin-test-key"
@@ -71,6 +70,7 @@ def _get(url: str, path: str):
     return e.code, e.read().decode()
 
 
+@pytest.mark.numerics
 def test_openai_completions_equal_the_offline_decode_with_forward_counts(server, client):
   assert [m.id for m in client.models.list()] == [MODEL]
   parts = offline()
@@ -100,6 +100,7 @@ def test_chat_and_streams_give_the_same_text(client):
   assert deltas[-1].choices[0].finish_reason == "stop"
 
 
+@pytest.mark.numerics
 def test_seeded_sampling_repeats_and_n_choices_differ(client):
   prompt = tiny_problems()[4].prompt
   ask = lambda seed: client.completions.create(model=MODEL, prompt=prompt, n=3, seed=seed,
@@ -194,6 +195,7 @@ def test_ten_thousand_fuzzed_requests_get_no_5xx(server):
   assert sum(statuses.values()) >= 10_000
 
 
+@pytest.mark.numerics
 def test_after_the_fuzz_an_ordinary_request_gets_its_exact_answer(server, client):
   prompt = tiny_problems()[1].prompt
   out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32)
@@ -338,6 +340,7 @@ def test_routes_and_methods_that_do_not_exist_get_json_errors(server):
   assert (status, allow) == (405, "GET, HEAD")
 
 
+@pytest.mark.numerics
 def test_concurrent_mixed_requests_equal_decoding_each_alone(server, client):
   """24 requests from 24 threads in a shuffled order, greedy and sampled, several rules and
   lengths, streamed or not: each response's text and forward counts equal the offline engine
@@ -510,6 +513,7 @@ def _number(text: str) -> bool:
   return True
 
 
+@pytest.mark.numerics
 def test_lm_evaluation_harness_scores_the_served_model_on_a_local_task(server, tmp_path):
   """The page's lm-eval line as printed (`local-completions` against the server, with the
   page's `max_gen_toks` cap) on a task written from a local file (nothing downloaded): its
@@ -549,6 +553,7 @@ def _other_weights(folder) -> str:
   return str(folder)
 
 
+@pytest.mark.numerics
 def test_new_weights_serve_without_a_restart(server, client, tmp_path):
   other = _other_weights(tmp_path / "other")
   prompts = [p.prompt for p in tiny_problems()[6:12]]
@@ -580,6 +585,7 @@ def test_reloads_need_the_admin_key_and_a_folder_under_the_reload_root(server, t
   assert str(tmp_path.parent.parent) not in message
 
 
+@pytest.mark.numerics
 def test_serve_watch_serves_the_newest_weights_of_a_folder_as_they_land(tmp_path):
   """`serve.watch` on a params folder: weights that land there are served after the next poll
   (in this process: the library's served model and its follower, no HTTP)."""

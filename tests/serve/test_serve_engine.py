@@ -2,7 +2,8 @@
 admitted between device calls, each with its own seed, decoder rule, temperature and length,
 decode exactly as the offline per-row engine decodes that prompt alone with the request's key,
 whatever else runs beside them and in whatever order they arrive; a cancelled request leaves
-its row to the next one; rows split over two devices give the same tokens."""
+its row to the next one; rows split over two devices give the same tokens. Every test compares
+token ids and forward counts of two programs: all are rerun under other CPU numerics."""
 import dataclasses
 
 import jax
@@ -18,7 +19,7 @@ from orl_jax.unmasking import UnmaskRule
 from tests.support.helpers import (TINY, TINY_BLOCK, TINY_RULES, live_adapter,
                                    run_on_4_cpu_devices, tiny_model)
 
-# compares token ids and forward counts: rerun under other CPU numerics (make test-other-cpu)
+# all of them (`numerics`): token ids and forward counts of the engine against another program
 pytestmark = pytest.mark.numerics
 
 P, GEN, ROWS, WAITING = 8, 12, 3, 4

@@ -1,3 +1,6 @@
+"""ORL replay and losses. Rerun under other CPU numerics (`numerics`): the tests comparing one
+batch's loss and metrics across packings, micro-batches or vocabulary chunks, whose confidence
+gate (reference entropy < tau_conf) and AEC hinge signs are computed by each program anew."""
 import dataclasses
 import math
 
@@ -16,9 +19,6 @@ from orl_jax.replay import ReplayConfig, build_plan, gather_batch
 from orl_jax.decode.trajectories import make_trajectories
 from orl_jax.unmasking import UnmaskRule
 from tests.support.helpers import TINY, TINY_RULES, replayed_vs_captured, tiny_model
-
-# compares token ids, forward counts or signs: rerun under other CPU numerics (make test-other-cpu)
-pytestmark = pytest.mark.numerics
 
 B_SIZE, GEN, G = 4, 12, 3
 
@@ -117,6 +117,7 @@ def test_bidirectional_canvas_replay_reproduces_rollout_logits():
   assert np.abs(replayed - captured).max() > 1e-3
 
 
+@pytest.mark.numerics
 def test_packing_does_not_change_the_loss(rolled_out, reference):
   graphdef, params, traj, valid = rolled_out
   model, ref = nnx.merge(graphdef, params), nnx.merge(graphdef, reference)
@@ -203,6 +204,7 @@ def _loss_and_grads(graphdef, params, traj, plan, micro_batches, n_shards=1, ref
 
 # naive: one state per row (AEC pairs always cross rows); packed rows of 24 tokens split
 # responses across rows, so some pairs cross rows there too.
+@pytest.mark.numerics
 @pytest.mark.parametrize("layout,kw", [("naive", dict(row_len=20, n_rows=40)),
                                        ("packed", dict(row_len=24, n_rows=24)),
                                        ("packed", dict(row_len=64, n_rows=8, n_shards=2))])
@@ -284,6 +286,7 @@ def test_micro_batches_must_divide_the_rows(rolled_out):
     split_rows(batch, 3)
 
 
+@pytest.mark.numerics
 def test_train_step_with_micro_batches_matches_one_batch(rolled_out):
   from orl_jax import sharding
   from orl_jax.optimizer import OptimizerConfig, make_optimizer
@@ -355,6 +358,7 @@ def test_kl_only_step_decreases_it_and_no_gradient_reaches_the_reference(rolled_
   assert after < 0.95 * before
 
 
+@pytest.mark.numerics
 def test_kl_anchor_in_the_vocabulary_chunks_equals_the_whole_vocabulary(rolled_out, reference,
                                                                         kl_batch):
   graphdef, params, _, _ = rolled_out
