@@ -73,8 +73,8 @@ def engine_calls(monkeypatch):
   """(rows, loop iterations) of every engine run the rollouts below make."""
   calls, decode_queue = [], per_row.decode_queue
 
-  def spy(model, queue_tokens, queue_valid, key, cfg, n_rows):
-    out = decode_queue(model, queue_tokens, queue_valid, key, cfg, n_rows)
+  def spy(model, queue_tokens, queue_valid, key, cfg, n_rows, *rest, **named):
+    out = decode_queue(model, queue_tokens, queue_valid, key, cfg, n_rows, *rest, **named)
     jax.debug.callback(lambda it: calls.append((n_rows, int(it))), out.iterations)
     return out
   monkeypatch.setattr(per_row, "decode_queue", spy)
